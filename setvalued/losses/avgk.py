@@ -1,1 +1,384 @@
-"""Placeholder: filled by the losses issues."""
+"""Average-K losses: the two-head loss of Garcin et al. and the single-positive multi-label
+baselines AN, EPR and ROLE (thesis ch. 5; S2 = arXiv 2303.18118; digest losses-avgk.md).
+
+Notation: L classes, batch B with |B| examples, z_i the logits of example i, y_i its label,
+sigma the sigmoid, varsigma the softmax.  Logs of sigmoids use the stable forms
+``log sigma(z) = logsigmoid(z)`` and ``log(1 - sigma(z)) = logsigmoid(-z)``.
+
+Every loss's ``prediction_scores(output)`` returns raw logits of the head that is evaluated;
+whether softmax or sigmoid is put on them before the average-K threshold is an evaluation option
+(erratum E4 of losses-avgk.md; ``setvalued.metrics.activate``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+
+__all__ = [
+    "TwoHeadClassifier",
+    "candidate_masks",
+    "AvgKTwoHeadLoss",
+    "AssumeNegativeLoss",
+    "EPRLoss",
+    "ROLELoss",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# parameter checks
+# --------------------------------------------------------------------------------------------
+
+def _number(name: str, value: Any, low: float, *, integer: bool = False, low_open: bool = False,
+            what: str = "") -> float:
+    """Check a scalar parameter; raise ValueError naming it and the allowed range."""
+    bad = isinstance(value, bool) or not isinstance(value, numbers.Real)
+    if not bad:
+        bad = not math.isfinite(value) or (integer and int(value) != value)
+        bad = bad or (value <= low if low_open else value < low)
+    if bad:
+        kind = "an integer" if integer else "a finite number"
+        bound = f"> {low}" if low_open else f">= {low}"
+        raise ValueError(f"{what or 'loss'} parameter {name} must be {kind} {bound}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _num_classes(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    return int(_number("num_classes", value, 1, integer=True, what=name))
+
+
+def _check_logits(name: str, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(f"{name} expects scores of shape (batch, classes), got "
+                         f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))}")
+    if logits.shape[0] == 0:
+        raise ValueError(f"{name}: the batch is empty")
+    if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise ValueError(f"{name}: targets must have shape ({logits.shape[0]},), got {tuple(targets.shape)}")
+
+
+def _single_head(name: str, output: Any) -> torch.Tensor:
+    if isinstance(output, TwoHeadOutput):
+        raise ValueError(f"{name} is a single-head loss; got a two-head output (set model.head to 'linear')")
+    return output
+
+
+# --------------------------------------------------------------------------------------------
+# two-head model wrapper and loss (thesis 5.5.2, eqs. 5.10-5.15)
+# --------------------------------------------------------------------------------------------
+
+class TwoHeadClassifier(nn.Module):
+    """Two independent linear heads on shared features H (thesis 5.5.2).
+
+    ``ml``: Z = H W, the multi-label head trained with the BCE of eq. 5.14 (the prediction head
+    at test time); ``sccp``: Z' = H W', the set-candidate-classes-proposal head trained with CE
+    (eq. 5.10).  The thesis writes H W without a bias; a bias is harmless (digest 1.2) and on by
+    default.
+    """
+
+    def __init__(self, in_features: int, num_classes: int, bias: bool = True):
+        super().__init__()
+        if in_features < 1 or num_classes < 1:
+            raise ValueError(f"in_features and num_classes must be >= 1, got {in_features}, {num_classes}")
+        self.in_features = in_features
+        self.num_classes = num_classes
+        self.sccp = nn.Linear(in_features, num_classes, bias=bias)
+        self.ml = nn.Linear(in_features, num_classes, bias=bias)
+
+    def forward(self, features: torch.Tensor) -> TwoHeadOutput:
+        return TwoHeadOutput(sccp=self.sccp(features), ml=self.ml(features))
+
+
+@torch.no_grad()
+def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bool masks (positive, candidate, negative), each (|B|, L), of thesis eqs. 5.11-5.14.
+
+    positive: ``j = y_i``.  candidate ``S_c``: the (k-1)|B| largest entries of the **whole**
+    masked batch matrix ``varsigma(Z')`` with the label entries set to -inf (eqs. 5.11, 5.12),
+    computed from the detached SCCP softmax (no gradient through the discrete choice).
+    negative: ``j not in S(x_i) = {y_i} u S_c(x_i)`` (erratum E1 of losses-avgk.md: the label is
+    excluded too), exactly (L-k)|B| entries.
+
+    Ties are broken by position in the row-major flattened matrix (lower example index first,
+    then lower class index): a stable descending sort, so the choice is deterministic and the
+    counts are exact even when many probabilities are equal.
+    """
+    batch, num_classes = sccp_logits.shape
+    probs = torch.softmax(sccp_logits.detach().to(torch.float64), dim=1)
+    positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=sccp_logits.device)
+    positive[torch.arange(batch, device=sccp_logits.device), targets] = True
+    masked = probs.masked_fill(positive, -math.inf).reshape(-1)
+    order = torch.sort(masked, descending=True, stable=True).indices
+    candidate = torch.zeros(batch * num_classes, dtype=torch.bool, device=sccp_logits.device)
+    candidate[order[: (k - 1) * batch]] = True
+    candidate = candidate.reshape(batch, num_classes)
+    negative = ~(positive | candidate)
+    return positive, candidate, negative
+
+
+@register_loss("avgk_two_head")
+class AvgKTwoHeadLoss(SetValuedLoss):
+    """``l_AVG^{K,alpha} = l_CE(Z', Y) + l_BCE(Z, Y, S_c)`` (thesis eq. 5.15 with erratum E2:
+    the CE term is on the SCCP logits Z'), with (eq. 5.14, erratum E1)::
+
+        l_BCE = - 1/|B|            sum_{i,j} 1[j = y_i]      log sigma(z_ij)
+                - alpha/((K-1)|B|) sum_{i,j} 1[j in S_c(x_i)] log sigma(z_ij)
+                - alpha/((L-K)|B|) sum_{i,j} 1[j not in S(x_i)] log(1 - sigma(z_ij))
+
+    ``|B|`` is the actual batch size (a short last batch stays consistent, digest 1.5).  The
+    candidates come from the detached SCCP softmax (:func:`candidate_masks`), so the SCCP head
+    gets gradient only from CE and the ML head only from the BCE.  ``reduction="none"`` returns
+    per-example values whose mean is the loss: example i carries its CE, its label term and
+    alpha/(K-1) resp. alpha/(L-K) times its own candidate and negative terms.
+
+    Parameters: ``k`` (integer >= 2; K = 1 has no candidates, digest 1.4), ``alpha >= 0`` (weight
+    of the pseudo-labels), ``prediction_head`` in {"ml", "sccp"} (S2 appendix C).
+    """
+
+    head = "two_head"
+    requires_indices = False
+
+    def __init__(self, k: int = 5, alpha: float = 1.0, prediction_head: str = "ml",
+                 num_classes: int | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.k = _number("k", k, 2, integer=True, what="avgk_two_head")
+        self.alpha = _number("alpha", alpha, 0, what="avgk_two_head")
+        if prediction_head not in ("ml", "sccp"):
+            raise ValueError(f"avgk_two_head parameter prediction_head must be 'ml' or 'sccp', got {prediction_head!r}")
+        self.prediction_head = prediction_head
+        self.num_classes = _num_classes("avgk_two_head", num_classes)
+        if self.num_classes is not None:
+            self._check_fits(1, self.num_classes)
+
+    def _check_fits(self, batch: int, num_classes: int) -> None:
+        """A batch of |B| x L entries must hold the (k-1)|B| candidates among its |B|(L-1)
+        non-label entries and leave at least one negative: (L-k)|B| >= 1, i.e. k < L."""
+        available = batch * (num_classes - 1)
+        needed = (self.k - 1) * batch
+        if needed + 1 > available:
+            raise ValueError(
+                f"avgk_two_head parameter k={self.k} needs (k-1)|B| = {needed} candidates plus at "
+                f"least one negative, but a batch of |B|={batch} examples over L={num_classes} classes "
+                f"has only {available} non-label entries; k must be < L = {num_classes}"
+            )
+
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(output, TwoHeadOutput):
+            raise ValueError("avgk_two_head needs a TwoHeadOutput(sccp=..., ml=...) from a two-head "
+                             "model (model.head: two_head)")
+        sccp, ml = output.sccp, output.ml
+        _check_logits("avgk_two_head", ml, targets)
+        if sccp.shape != ml.shape:
+            raise ValueError(f"avgk_two_head: the heads differ in shape: sccp {tuple(sccp.shape)}, ml {tuple(ml.shape)}")
+        batch, num_classes = ml.shape
+        self._check_fits(batch, num_classes)
+        targets = targets.to(device=ml.device, dtype=torch.long)
+        positive, candidate, negative = candidate_masks(sccp, targets, self.k)
+
+        ce = F.cross_entropy(sccp, targets, reduction="none")  # eq. 5.10, erratum E2
+        log_p = F.logsigmoid(ml)
+        log_not_p = F.logsigmoid(-ml)
+        zero = torch.zeros((), dtype=ml.dtype, device=ml.device)
+        label_term = -torch.where(positive, log_p, zero).sum(dim=1)
+        candidate_term = -torch.where(candidate, log_p, zero).sum(dim=1) / (self.k - 1)
+        negative_term = -torch.where(negative, log_not_p, zero).sum(dim=1) / (num_classes - self.k)
+        per_example = ce + label_term + self.alpha * (candidate_term + negative_term)
+        return self.reduce(per_example)
+
+    def prediction_scores(self, output: Any) -> torch.Tensor:
+        if not isinstance(output, TwoHeadOutput):
+            raise ValueError("avgk_two_head needs a TwoHeadOutput(sccp=..., ml=...)")
+        return output.ml if self.prediction_head == "ml" else output.sccp
+
+
+# --------------------------------------------------------------------------------------------
+# single-positive multi-label baselines (thesis 5.4; Cole et al. 2021)
+# --------------------------------------------------------------------------------------------
+
+@register_loss("assume_negative")
+class AssumeNegativeLoss(SetValuedLoss):
+    """Assume Negative (thesis eq. 5.5, Cole et al.'s weighted variant)::
+
+        l_AN(z_i, y_i) = - sum_j [ 1[j=y_i] log sigma(z_ij) + w 1[j!=y_i] log(1 - sigma(z_ij)) ]
+
+    with ``w = negative_weight``, by default 1/(L-1) so that the negatives weigh as much as the
+    positive; averaged over the batch (digest 1.6, [inferred]).  The thesis scaling is kept:
+    Cole's code also divides by L (a constant factor).
+
+    ``targets`` are class indices (B,), or an observed-label matrix (B, L) with 1 = observed
+    positive, -1 = observed negative (weight 1) and 0 = unobserved, assumed negative (weight w).
+    With every label observed (no 0) the loss is plain BCE summed over classes.
+    """
+
+    head = "linear"
+    requires_indices = False
+
+    def __init__(self, negative_weight: float | None = None, num_classes: int | None = None,
+                 reduction: str = "mean"):
+        super().__init__(reduction)
+        self.negative_weight = (None if negative_weight is None
+                                else _number("negative_weight", negative_weight, 0, what="assume_negative"))
+        self.num_classes = _num_classes("assume_negative", num_classes)
+        if self.num_classes is not None and self.num_classes < 2 and negative_weight is None:
+            raise ValueError("assume_negative needs num_classes >= 2 for the default weight 1/(L-1)")
+
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        logits = _single_head("assume_negative", output)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] == 0:
+            raise ValueError(f"assume_negative expects non-empty scores (batch, classes), got {tuple(getattr(logits, 'shape', ()))}")
+        batch, num_classes = logits.shape
+        if targets.dim() == 1:
+            _check_logits("assume_negative", logits, targets)
+            observed = torch.zeros_like(logits, dtype=torch.long)
+            observed[torch.arange(batch, device=logits.device), targets.to(logits.device).long()] = 1
+        elif targets.shape == logits.shape:
+            observed = targets.to(device=logits.device).round().long()
+            if bool(((observed < -1) | (observed > 1)).any()):
+                raise ValueError("assume_negative: a label matrix must hold 1 (positive), -1 (negative), 0 (unobserved)")
+        else:
+            raise ValueError(f"assume_negative: targets must be class indices ({batch},) or a label matrix "
+                             f"{tuple(logits.shape)}, got {tuple(targets.shape)}")
+        weight = self.negative_weight
+        if weight is None:
+            if num_classes < 2:
+                raise ValueError("assume_negative needs at least 2 classes for the weight 1/(L-1)")
+            weight = 1.0 / (num_classes - 1)
+        zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
+        positive = -torch.where(observed == 1, F.logsigmoid(logits), zero)
+        log_not_p = F.logsigmoid(-logits)
+        negative = -torch.where(observed == -1, log_not_p, zero) - weight * torch.where(observed == 0, log_not_p, zero)
+        return self.reduce((positive + negative).sum(dim=1))
+
+
+@register_loss("epr")
+class EPRLoss(SetValuedLoss):
+    """Expected Positive Regularization (thesis eqs. 5.7-5.8)::
+
+        K_hat(Z) = 1/|B| sum_i sum_j sigma(z_ij)
+        l_EPR^beta = -1/|B| sum_i log sigma(z_{i,y_i}) + beta (K_hat(Z) - K)^2
+
+    Thesis scaling (Cole's code divides the main term by L and the penalty by L^2; a
+    multi-decade beta grid covers both, digest 1.6).  The penalty is a batch-level term; with
+    ``reduction="none"`` it is added to every example so that the mean is the loss.
+    """
+
+    head = "linear"
+    requires_indices = False
+
+    def __init__(self, k: float = 5, beta: float = 0.01, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.k = _number("k", k, 0, low_open=True, what="epr")
+        self.beta = _number("beta", beta, 0, what="epr")
+
+    @staticmethod
+    def expected_set_size(logits: torch.Tensor) -> torch.Tensor:
+        """K_hat of eq. 5.7: batch mean of the summed sigmoids."""
+        return torch.sigmoid(logits).sum(dim=1).mean()
+
+    def penalty(self, logits: torch.Tensor) -> torch.Tensor:
+        """beta (K_hat - K)^2 of eq. 5.8."""
+        return self.beta * (self.expected_set_size(logits) - self.k) ** 2
+
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        logits = _single_head("epr", output)
+        _check_logits("epr", logits, targets)
+        targets = targets.to(device=logits.device, dtype=torch.long)
+        positive = -F.logsigmoid(logits.gather(1, targets[:, None]))[:, 0]
+        return self.reduce(positive + self.penalty(logits))
+
+
+#: ROLE label-estimate initialisation (Cole et al., digest 1.6 [code]): unobserved entries
+#: uniform in [-logit(0.6), logit(0.6)], observed positives logit(0.995).
+ROLE_INIT_UNOBSERVED = math.log(0.6 / 0.4)
+ROLE_INIT_POSITIVE = math.log(0.995 / 0.005)
+
+
+@register_loss("role")
+class ROLELoss(SetValuedLoss):
+    """Regularized Online Label Estimation (Cole et al. 2021; thesis 5.4.6 gives no formula,
+    so the form follows the digest, losses-avgk.md 1.6 [code], and erratum E5 for lambda_).
+
+    The loss owns a label-estimate logit matrix Theta (num_examples, L), ``g = sigma(Theta)``,
+    looked up with the batch's training-set indices; ``f = sigma(z)`` is the classifier.  Per batch::
+
+        [ sum_i 0.5 (-log f_{i,y_i} - log g_{i,y_i})
+          + sum_{i,j} 0.5 (BCE(f_ij; target sg(g_ij)) + BCE(g_ij; target sg(f_ij))) ] / (|B| L)
+        + lambda_ 0.5 (R(f) + R(g)),   R(q) = (1/|B| sum_{i,j} q_ij - K)^2 / L^2
+
+    sg = stop-gradient.  lambda_ weighs the expected-positive regulariser (erratum E5; Cole's
+    code uses 1, the thesis selects 0.0 on CIFAR-100).  Logs are the stable log-sigmoid forms
+    (Cole uses -log(x + 1e-5)).  Theta rows start uniform in [-logit(0.6), logit(0.6)]; the
+    label entry of a row is set to logit(0.995) the first time its example is seen (the loss
+    does not know the training labels in advance).  The thesis's "learning rate Theta x 1.0"
+    is ``lr_multiplier`` (default 1.0), for a trainer that gives Theta its own parameter group;
+    no weight decay on Theta [inferred].  Memory: num_examples x L floats (plus optimiser state).
+    """
+
+    head = "linear"
+    requires_indices = True
+
+    def __init__(self, k: float = 5, lambda_: float = 1.0, num_examples: int | None = None,
+                 num_classes: int | None = None, lr_multiplier: float = 1.0, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.k = _number("k", k, 0, low_open=True, what="role")
+        self.lambda_ = _number("lambda_", lambda_, 0, what="role")
+        self.lr_multiplier = _number("lr_multiplier", lr_multiplier, 0, low_open=True, what="role")
+        if num_examples is None or num_classes is None:
+            raise ValueError("role needs the context keys num_examples (training set size) and "
+                             f"num_classes, got num_examples={num_examples!r}, num_classes={num_classes!r}")
+        self.num_examples = int(_number("num_examples", num_examples, 1, integer=True, what="role"))
+        self.num_classes = int(_number("num_classes", num_classes, 1, integer=True, what="role"))
+        init = (torch.rand(self.num_examples, self.num_classes) * 2 - 1) * ROLE_INIT_UNOBSERVED
+        #: Theta, the label-estimate logits (a learnable parameter of the loss)
+        self.label_logits = nn.Parameter(init)
+        self.register_buffer("seen", torch.zeros(self.num_examples, dtype=torch.bool))
+
+    def label_estimates(self, indices: torch.Tensor) -> torch.Tensor:
+        """g = sigma(Theta[indices])."""
+        return torch.sigmoid(self.label_logits[indices])
+
+    def _regulariser(self, probs: torch.Tensor) -> torch.Tensor:
+        return (probs.sum(dim=1).mean() - self.k) ** 2 / self.num_classes ** 2
+
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        logits = _single_head("role", output)
+        _check_logits("role", logits, targets)
+        if indices is None:
+            raise ValueError("role needs the training-set indices of the batch: loss(output, targets, indices)")
+        batch, num_classes = logits.shape
+        if num_classes != self.num_classes:
+            raise ValueError(f"role was built for num_classes={self.num_classes}, the scores have {num_classes}")
+        indices = indices.to(device=self.label_logits.device, dtype=torch.long)
+        if indices.shape != (batch,):
+            raise ValueError(f"role: indices must have shape ({batch},), got {tuple(indices.shape)}")
+        if int(indices.min()) < 0 or int(indices.max()) >= self.num_examples:
+            raise ValueError(f"role: indices must lie in [0, {self.num_examples - 1}] (num_examples)")
+        targets = targets.to(device=logits.device, dtype=torch.long)
+
+        with torch.no_grad():  # first visit: the observed label starts at logit(0.995)
+            fresh = ~self.seen[indices]
+            if bool(fresh.any()):
+                self.label_logits[indices[fresh], targets.to(indices.device)[fresh]] = ROLE_INIT_POSITIVE
+                self.seen[indices[fresh]] = True
+
+        theta = self.label_logits[indices].to(logits.device)
+        f, g = torch.sigmoid(logits), torch.sigmoid(theta)
+        log_f, log_not_f = F.logsigmoid(logits), F.logsigmoid(-logits)
+        log_g, log_not_g = F.logsigmoid(theta), F.logsigmoid(-theta)
+        rows = torch.arange(batch, device=logits.device)
+        positive = 0.5 * (-log_f[rows, targets] - log_g[rows, targets])
+        f_to_g = -(g.detach() * log_f + (1 - g.detach()) * log_not_f)
+        g_to_f = -(f.detach() * log_g + (1 - f.detach()) * log_not_g)
+        cross = 0.5 * (f_to_g + g_to_f).sum(dim=1)
+        regulariser = self.lambda_ * 0.5 * (self._regulariser(f) + self._regulariser(g))
+        return self.reduce((positive + cross) / num_classes + regulariser)
