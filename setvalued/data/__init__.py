@@ -1,0 +1,75 @@
+"""Data sets of the studies: ``build_datasets(data_config, seed) -> DataSplits``.
+
+Every split yields ``(input, label, index)`` and exposes ``num_classes`` and the training
+``class_counts`` (see ``setvalued.data.common``). ``DataSplits`` unpacks as
+``train, val, test``. The config keys are those of docs/interfaces.md section 1 (``data:``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from setvalued.data.common import (  # noqa: F401
+    DataLayoutError,
+    DataSplits,
+    IndexedDataset,
+    TensorSplit,
+    counts_of,
+)
+
+#: Known config keys of the ``data`` section and their defaults (docs/interfaces.md section 1).
+#: ``val_size: None`` means the data set's own default: 500 (synthetic), 5,000 (cifar100);
+#: Pl@ntNet-300K and ImageNet-LT have official validation splits and ignore it.
+DATA_DEFAULTS: dict[str, Any] = {
+    "name": "synthetic",
+    "root": None,
+    "download": False,
+    "num_classes": 40,
+    "num_superclasses": 8,
+    "train_size": 2000,
+    "val_size": None,
+    "test_size": 1000,
+    "pareto_shape": 1.2,
+    "form": "features",
+    "feature_dim": 32,
+    "label_noise": 0.0,
+    "noise_groups": "consecutive",
+    "split_seed": 1234,
+    "stratified_split": False,
+    "num_workers": 0,
+}
+
+
+def _builders() -> dict[str, Callable[[dict[str, Any], int], DataSplits]]:
+    from setvalued.data import cifar100, imagenet_lt, plantnet, synthetic
+
+    return {
+        "synthetic": synthetic.build,
+        "cifar100": cifar100.build,
+        "plantnet300k": plantnet.build,
+        "imagenet_lt": imagenet_lt.build,
+    }
+
+
+DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
+
+__all__ = ["DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
+           "build_datasets", "counts_of"]
+
+
+def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
+    """Build the train/val/test splits named by ``data_config["name"]``.
+
+    ``seed`` is the trial seed; only the CIFAR-100 label noise depends on it (validation
+    splits and the synthetic data are fixed by ``split_seed``).
+    """
+    unknown = sorted(set(data_config) - set(DATA_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown key(s) in data config: {', '.join('data.' + k for k in unknown)}; "
+                         f"known keys: {', '.join(DATA_DEFAULTS)}")
+    cfg = {**DATA_DEFAULTS, **data_config}
+    name = cfg["name"]
+    builders = _builders()
+    if name not in builders:
+        raise ValueError(f"data.name must be one of {', '.join(DATASET_NAMES)}, got {name!r}")
+    return builders[name](cfg, int(seed))

@@ -1,0 +1,158 @@
+"""Pieces shared by every data set: the (input, label, index) contract, errors, splits.
+
+Every data set of this package is a ``torch.utils.data.Dataset`` whose items are
+``(input, label, index)``: ``index`` is the position of the example in its split, which
+losses with per-example state (ROLE's label estimates) need. Every split also exposes
+
+- ``num_classes``: the number of classes L;
+- ``class_counts``: the number of *training* examples per class (the same list on the
+  train, val and test splits, since margins and shot groups are defined by the training
+  counts, thesis section 1.7);
+- ``targets``: the labels of this split, as a 1-D int64 tensor;
+- ``class_names``: one name per class.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+#: ImageNet channel statistics, used by every model pre-trained on ImageNet
+#: (Pl@ntNet-300K and ImageNet-LT transforms, losses-topk.md section 1.7).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: File endings read as images in folder layouts (lower case).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+class DataLayoutError(FileNotFoundError, ValueError):
+    """A data folder is missing or does not have the expected layout.
+
+    It is both a ``FileNotFoundError`` (something on disk is missing) and a ``ValueError``
+    (bad input, as every other configuration error), so callers can catch either.
+    """
+
+
+def layout_error(path: str | os.PathLike, problem: str, expected: str) -> DataLayoutError:
+    """An error naming the path, what is wrong and the layout that was expected."""
+    return DataLayoutError(f"{problem}: {os.fspath(path)!r}. Expected layout: {expected}")
+
+
+def counts_of(labels: Sequence[int] | np.ndarray | torch.Tensor, num_classes: int) -> list[int]:
+    """Number of examples of each class 0..num_classes-1."""
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+    return torch.bincount(labels, minlength=num_classes).tolist()
+
+
+class IndexedDataset(Dataset):
+    """Base class: a split whose items are ``(input, label, index)``.
+
+    Subclasses set ``targets``, ``num_classes``, ``class_counts`` and ``class_names`` and
+    implement ``load(index) -> input``.
+    """
+
+    targets: torch.Tensor
+    num_classes: int
+    class_counts: list[int]
+    class_names: list[str]
+    split: str
+
+    def __len__(self) -> int:
+        return int(self.targets.numel())
+
+    def load(self, index: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[Any, int, int]:
+        index = int(index)
+        return self.load(index), int(self.targets[index]), index
+
+    @property
+    def split_counts(self) -> list[int]:
+        """Number of examples of each class in this split."""
+        return counts_of(self.targets, self.num_classes)
+
+
+class TensorSplit(IndexedDataset):
+    """A split held in memory as one tensor, with an optional per-example transform.
+
+    Without a transform it offers ``get_batch(indices)``, which the trainer uses to skip
+    the per-item DataLoader path (the synthetic data trains in seconds this way).
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, *, num_classes: int,
+                 class_counts: list[int], class_names: list[str], split: str,
+                 transform=None):
+        if inputs.shape[0] != targets.shape[0]:
+            raise ValueError(f"{split}: {inputs.shape[0]} inputs but {targets.shape[0]} labels")
+        self.inputs = inputs
+        self.targets = targets.to(torch.int64)
+        self.num_classes = num_classes
+        self.class_counts = list(class_counts)
+        self.class_names = list(class_names)
+        self.split = split
+        self.transform = transform
+
+    def load(self, index: int) -> torch.Tensor:
+        x = self.inputs[index]
+        return self.transform(x) if self.transform is not None else x
+
+    @property
+    def supports_batches(self) -> bool:
+        return self.transform is None
+
+    def get_batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch ``(inputs, labels, indices)`` of the given indices (no transform)."""
+        if self.transform is not None:
+            raise RuntimeError("get_batch is only available for splits without a transform")
+        return self.inputs[indices], self.targets[indices], indices
+
+
+@dataclass
+class DataSplits:
+    """The three splits of a data set; unpacks as ``train, val, test = splits``."""
+
+    train: IndexedDataset
+    val: IndexedDataset
+    test: IndexedDataset
+    num_classes: int
+    class_counts: list[int]
+    class_names: list[str]
+    input_shape: tuple[int, ...]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[IndexedDataset]:
+        return iter((self.train, self.val, self.test))
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed derived from integers (e.g. (trial seed, epoch, purpose)).
+
+    Uses NumPy's SeedSequence so that nearby inputs give unrelated streams.
+    """
+    state = np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts]).generate_state(2, np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
+
+
+def list_image_files(folder: str) -> list[str]:
+    """Image files directly inside ``folder``, sorted by name."""
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries
+                      if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))
+
+
+def load_rgb(path: str):
+    """Open an image file as an RGB PIL image, naming the file when it cannot be read."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except (OSError, UnidentifiedImageError) as err:
+        raise DataLayoutError(f"cannot read image file {path!r}: {err}") from err

@@ -1,0 +1,599 @@
+"""The training core: one call of ``fit`` is one trial (one config, one seed).
+
+``fit(config, seed, on_epoch=None, checkpoint=None) -> dict`` (docs/interfaces.md section 4)
+follows the papers' protocol (losses-topk.md section 1.7, losses-avgk.md section 1.7,
+thesis-context.md section 5):
+
+- SGD with Nesterov momentum and weight decay on the model's and the loss's parameters
+  (a loss's own parameters, ROLE's label estimates, get ``lr * loss.lr_multiplier`` and no
+  weight decay); the learning rate is multiplied by ``gamma`` at the start of every
+  0-indexed epoch listed in ``optim.milestones`` (erratum E8 of losses-topk.md: the
+  authors' ``--lr_decay 151 226`` is ``milestones: [151, 226]`` here).
+- Every epoch: train, then score the validation set, calibrate the average-K thresholds
+  on it (thesis Algorithm 1) and compute ``setvalued.metrics.evaluate``; the checkpoint
+  with the best ``eval.selection`` metric is kept ("early stopping" = checkpoint
+  selection, thesis-context.md section 5) with its thresholds, and the test set is
+  evaluated once, on it, with those thresholds (losses-avgk.md section 1.7).
+- ``grad_nonzero``: the mean number of non-zero coordinates of dLoss/dscores per training
+  example (the papers' gradient-sparsity figure, losses-topk.md section 2.4), read from
+  the gradient of the score tensor that the metrics rank; ``grad_nonzero_active`` is the
+  mean over the examples whose gradient is not zero (erratum E18 of losses-topk.md).
+- Mixed precision on CUDA only (bfloat16 where supported, else float16 with a gradient
+  scaler), with the loss computed in float32; ``amp: false`` turns it off.
+- Determinism and resume: the model is initialised from the trial seed, and every epoch
+  re-seeds Python, NumPy and torch (CPU and CUDA) from (seed, epoch) and draws its batch
+  order from a generator seeded by (seed, epoch). An epoch therefore depends only on the
+  state at its start, so ``fit(config, seed, checkpoint=state)`` with the ``state`` handed
+  to ``on_epoch`` after epoch e continues exactly as the uninterrupted run (bit for bit on
+  CPU; on CUDA up to the non-determinism of cuDNN kernels).
+- A non-finite loss raises ``NonFiniteLossError`` with the epoch and the step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+import re
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from setvalued.data import DATA_DEFAULTS, build_datasets
+from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
+from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
+from setvalued.metrics import activate, calibrate_avgk_thresholds, evaluate, per_class_avgk, per_class_topk, shot_groups
+from setvalued.models import HEADS, MODEL_DEFAULTS, build_model
+
+__all__ = ["fit", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]
+
+CHECKPOINT_FORMAT = 1
+
+#: The trial config of docs/interfaces.md section 1 with its defaults. ``loss`` is used as a
+#: whole only when the config has no ``loss`` section (its keys are the loss's parameters).
+#: ``amp`` (not in the interface table) switches mixed precision on CUDA off when false.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "data": dict(DATA_DEFAULTS),
+    "model": dict(MODEL_DEFAULTS),
+    "loss": {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 10},
+    "optim": {
+        "lr": 0.1,
+        "momentum": 0.9,
+        "nesterov": True,
+        "weight_decay": 0.0001,
+        "batch_size": 64,
+        "milestones": [150, 225],
+        "gamma": 0.1,
+    },
+    "epochs": 300,
+    "eval": {
+        "ks": [1, 3, 5, 10],
+        "avgk": [],
+        "avgk_activation": "softmax",
+        "shot_thresholds": [20, 100],
+        "selection": "val/top5",
+        "selection_mode": "max",
+    },
+    "device": "auto",
+    "amp": True,
+}
+
+#: Config keys that may differ between a checkpoint and the run resuming from it.
+RESUME_FREE_KEYS = ("data.num_workers", "device", "epochs")
+
+#: Metric paths whose K can be checked against eval.ks / eval.avgk before training.
+_SELECTION_RE = re.compile(r"^val/(?:(?:few|medium|many)/)?(?:macro_)?(?P<kind>top|avg)(?P<k>[0-9]+(?:\.[0-9]+)?)$")
+
+# Stream tags, so that (seed, epoch) draws for different purposes are independent.
+_MODEL_STREAM, _EPOCH_STREAM, _ORDER_STREAM, _WORKER_STREAM = 11, 12, 13, 14
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; ``epoch`` and ``step`` are 0-indexed."""
+
+    def __init__(self, epoch: int, step: int, value: float):
+        self.epoch, self.step, self.value = epoch, step, value
+        super().__init__(f"non-finite training loss ({value}) at epoch {epoch}, step {step} (0-indexed); "
+                         "the trial is stopped (lower optim.lr or check the loss parameters)")
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+
+def _fail(key: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"config {key} must be {expected}, got {value!r}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with defaults filled in and the training keys checked.
+
+    Errors are ``ValueError``s naming the dotted key and the expected value. Data and model
+    keys are checked by their builders, the loss parameters by ``build_loss``.
+    """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a mapping, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(DEFAULT_CONFIG))
+    if unknown:
+        raise ValueError(f"unknown top-level config key(s): {', '.join(unknown)}; known: {', '.join(DEFAULT_CONFIG)}")
+    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    for section in ("data", "model", "optim", "eval"):
+        given = config.get(section) or {}
+        if not isinstance(given, Mapping):
+            raise _fail(section, "a mapping", given)
+        if section in ("optim", "eval"):
+            extra = sorted(set(given) - set(cfg[section]))
+            if extra:
+                raise ValueError(f"unknown key(s) in {section} config: {', '.join(section + '.' + k for k in extra)}; "
+                                 f"known: {', '.join(cfg[section])}")
+        cfg[section].update(copy.deepcopy(dict(given)))
+    if config.get("loss") is not None:
+        if not isinstance(config["loss"], Mapping) or "name" not in config["loss"]:
+            raise _fail("loss", "a mapping with a 'name'", config["loss"])
+        cfg["loss"] = copy.deepcopy(dict(config["loss"]))
+    for key in ("epochs", "device", "amp"):
+        if key in config:
+            cfg[key] = config[key]
+
+    o = cfg["optim"]
+    if not _is_number(o["lr"]) or o["lr"] <= 0:
+        raise _fail("optim.lr", "a number > 0", o["lr"])
+    if not _is_number(o["momentum"]) or not 0 <= o["momentum"] < 1:
+        raise _fail("optim.momentum", "a number in [0, 1)", o["momentum"])
+    if not isinstance(o["nesterov"], bool):
+        raise _fail("optim.nesterov", "true or false", o["nesterov"])
+    if o["nesterov"] and o["momentum"] == 0:
+        raise _fail("optim.momentum", "> 0 when optim.nesterov is true", o["momentum"])
+    if not _is_number(o["weight_decay"]) or o["weight_decay"] < 0:
+        raise _fail("optim.weight_decay", "a number >= 0", o["weight_decay"])
+    if not _is_int(o["batch_size"]) or o["batch_size"] < 1:
+        raise _fail("optim.batch_size", "an integer >= 1", o["batch_size"])
+    if not isinstance(o["milestones"], (list, tuple)) or not all(_is_int(m) and m >= 0 for m in o["milestones"]):
+        raise _fail("optim.milestones", "a list of 0-indexed epochs (integers >= 0)", o["milestones"])
+    if not _is_number(o["gamma"]) or o["gamma"] <= 0:
+        raise _fail("optim.gamma", "a number > 0", o["gamma"])
+    if not _is_int(cfg["epochs"]) or cfg["epochs"] < 1:
+        raise _fail("epochs", "an integer >= 1", cfg["epochs"])
+    if cfg["device"] not in ("auto", "cpu", "cuda") and not str(cfg["device"]).startswith("cuda:"):
+        raise _fail("device", "auto, cpu or cuda", cfg["device"])
+    if not isinstance(cfg["amp"], bool):
+        raise _fail("amp", "true or false", cfg["amp"])
+
+    e = cfg["eval"]
+    if not isinstance(e["ks"], (list, tuple)) or not all(_is_int(k) and k >= 1 for k in e["ks"]):
+        raise _fail("eval.ks", "a list of integers >= 1", e["ks"])
+    if not isinstance(e["avgk"], (list, tuple)) or not all(_is_number(k) and k > 0 for k in e["avgk"]):
+        raise _fail("eval.avgk", "a list of numbers > 0", e["avgk"])
+    if e["avgk_activation"] not in ("softmax", "sigmoid"):
+        raise _fail("eval.avgk_activation", "softmax or sigmoid", e["avgk_activation"])
+    st = e["shot_thresholds"]
+    if not isinstance(st, (list, tuple)) or len(st) != 2 or not all(_is_number(t) for t in st) or st[0] > st[1]:
+        raise _fail("eval.shot_thresholds", "two numbers [few_below, many_above] in increasing order", st)
+    if not isinstance(e["selection"], str) or not e["selection"].startswith("val/"):
+        raise _fail("eval.selection", "a validation metric path such as val/top5", e["selection"])
+    match = _SELECTION_RE.match(e["selection"])
+    if match:
+        k = float(match.group("k"))
+        listed = e["ks"] if match.group("kind") == "top" else e["avgk"]
+        if k not in [float(v) for v in listed]:
+            key = "eval.ks" if match.group("kind") == "top" else "eval.avgk"
+            raise ValueError(f"config eval.selection is {e['selection']!r} but {key} ({list(listed)}) does not "
+                             f"contain {match.group('k')}")
+    if e["selection_mode"] not in ("max", "min"):
+        raise _fail("eval.selection_mode", "max or min", e["selection_mode"])
+    head = cfg["model"].get("head", "auto")
+    if head != "auto" and head not in HEADS:
+        raise _fail("model.head", f"one of auto, {', '.join(HEADS)}", head)
+    return cfg
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices) from one integer."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"config device is {name!r} but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def _resolve_head(requested: str, loss: SetValuedLoss) -> str:
+    needed = getattr(loss, "head", "linear")
+    if requested == "auto":
+        return needed
+    if (needed == "two_head") != (requested == "two_head"):
+        raise ValueError(f"model.head is {requested!r} but loss {getattr(loss, 'registry_name', '?')!r} needs "
+                         f"{needed!r} (set model.head: auto)")
+    return requested
+
+
+def _to_float32(output: Any) -> Any:
+    if isinstance(output, TwoHeadOutput):
+        return TwoHeadOutput(*(t.float() for t in output))
+    return output.float()
+
+
+def _watched_scores(output: Any, loss: SetValuedLoss) -> torch.Tensor | None:
+    """The score tensor whose gradient ``grad_nonzero`` counts: the one the metrics rank."""
+    if isinstance(output, TwoHeadOutput):
+        chosen = loss.prediction_scores(output)
+        return next((t for t in output if t is chosen), None)
+    return output
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """A deep copy with every tensor detached, cloned and moved to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _lr_at(base_lr: float, gamma: float, milestones, epoch: int) -> float:
+    """Learning rate of a 0-indexed epoch: ``base * gamma ** #{m in milestones : m <= epoch}``."""
+    return base_lr * gamma ** sum(1 for m in milestones if m <= epoch)
+
+
+def _seed_worker(worker_id: int) -> None:
+    worker_seed = torch.initial_seed() % (2 ** 32)
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+
+
+def _batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_workers: int,
+             device: torch.device, loader_seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Batches ``(inputs, labels, indices)`` of ``ds`` in the given order.
+
+    In-memory splits without transforms are sliced directly; the others go through a
+    DataLoader whose worker seeds come from ``loader_seed``.
+    """
+    if getattr(ds, "supports_batches", False) and num_workers == 0:
+        for start in range(0, len(order), batch_size):
+            yield ds.get_batch(order[start:start + batch_size])
+        return
+    generator = torch.Generator()
+    generator.manual_seed(loader_seed)
+    loader = DataLoader(ds, batch_size=batch_size, sampler=order.tolist(), num_workers=num_workers,
+                        pin_memory=device.type == "cuda", drop_last=False, generator=generator,
+                        worker_init_fn=_seed_worker if num_workers > 0 else None)
+    yield from loader
+
+
+def _load_checkpoint(checkpoint: Any) -> dict[str, Any]:
+    if isinstance(checkpoint, (str, os.PathLike)):
+        checkpoint = torch.load(os.fspath(checkpoint), map_location="cpu", weights_only=False)
+    if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint is not a setvalued.train state (format {CHECKPOINT_FORMAT}); got "
+                         f"{type(checkpoint).__name__} with format {getattr(checkpoint, 'get', lambda _: None)('format')!r}")
+    return dict(checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer
+# ---------------------------------------------------------------------------------------------
+
+class _Trial:
+    """State of one ``fit`` call; methods are the steps of the protocol."""
+
+    def __init__(self, cfg: dict[str, Any], seed: int):
+        self.cfg, self.seed = cfg, seed
+        self.device = _resolve_device(str(cfg["device"]))
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+        seed_everything(seed)
+        self.data: DataSplits = build_datasets(cfg["data"], seed)
+        params = {k: v for k, v in cfg["loss"].items() if k != "name"}
+        self.loss = build_loss(cfg["loss"]["name"], **params, class_counts=list(self.data.class_counts),
+                               num_classes=self.data.num_classes, num_examples=len(self.data.train))
+        head = _resolve_head(cfg["model"].get("head", "auto"), self.loss)
+        seed_everything(mix_seed(seed, _MODEL_STREAM))
+        self.model = build_model(cfg["model"], self.data.num_classes, self.data.input_shape, head)
+        self.model.to(self.device)
+        self.loss.to(self.device)
+
+        o = cfg["optim"]
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad],
+                   "weight_decay": o["weight_decay"], "lr_multiplier": 1.0}]
+        loss_params = [p for p in self.loss.parameters() if p.requires_grad]
+        if loss_params:
+            groups.append({"params": loss_params, "weight_decay": 0.0,
+                           "lr_multiplier": float(getattr(self.loss, "lr_multiplier", 1.0))})
+        self.optimizer = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"])
+
+        self.amp_dtype = None
+        if self.device.type == "cuda" and cfg["amp"]:
+            self.amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+
+        self.history: list[dict[str, float]] = []
+        self.best: dict[str, Any] | None = None
+        self.start_epoch = 0
+
+    # -- forward passes ------------------------------------------------------------------------
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast("cuda", dtype=self.amp_dtype)
+
+    @torch.no_grad()
+    def predict(self, ds: IndexedDataset) -> torch.Tensor:
+        """Float32 CPU scores (n, L) that the metrics rank, in the order of ``ds``."""
+        self.model.eval()
+        order = torch.arange(len(ds))
+        bs = max(2 * self.cfg["optim"]["batch_size"], 128)
+        out = []
+        for x, _, _ in _batches(ds, order, bs, int(self.cfg["data"]["num_workers"]), self.device, 0):
+            with self._autocast():
+                output = self.model(x.to(self.device, non_blocking=True))
+            out.append(self.loss.prediction_scores(_to_float32(output)).float().cpu())
+        return torch.cat(out)
+
+    def metrics_of(self, scores: torch.Tensor, targets: torch.Tensor,
+                   thresholds: Mapping[float, float] | None) -> dict[str, float]:
+        """``evaluate`` of the top-K metrics on the raw scores and of the average-K metrics on the
+        activated scores (the thresholds live on the softmax/sigmoid scale, erratum E4 of
+        losses-avgk.md; ranking raw scores avoids ties from saturated sigmoids)."""
+        e = self.cfg["eval"]
+        counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
+        out = evaluate(scores, targets, e["ks"], counts, None, shots)
+        if thresholds:
+            out.update(evaluate(activate(scores, e["avgk_activation"]), targets, [], counts, thresholds, shots))
+        return out
+
+    # -- one epoch -------------------------------------------------------------------------------
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        o = self.cfg["optim"]
+        lr = _lr_at(o["lr"], o["gamma"], o["milestones"], epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_multiplier", 1.0)
+        seed_everything(mix_seed(self.seed, epoch, _EPOCH_STREAM))
+        order_gen = torch.Generator()
+        order_gen.manual_seed(mix_seed(self.seed, epoch, _ORDER_STREAM))
+        train = self.data.train
+        order = torch.randperm(len(train), generator=order_gen)
+
+        self.model.train()
+        self.loss.train()
+        dev = self.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        nonzero_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        active = torch.zeros((), dtype=torch.float64, device=dev)
+        grad_examples = 0
+        step_losses: list[torch.Tensor] = []
+        checked = 0
+        check_every = 1 if dev.type == "cpu" else 50
+        start = time.perf_counter()
+        batches = _batches(train, order, o["batch_size"], int(self.cfg["data"]["num_workers"]), dev,
+                           mix_seed(self.seed, epoch, _WORKER_STREAM))
+        for step, (x, y, idx) in enumerate(batches):
+            x = x.to(dev, non_blocking=True)
+            y = y.to(dev, non_blocking=True)
+            idx = idx.to(dev, non_blocking=True)
+            with self._autocast():
+                output = self.model(x)
+            output = _to_float32(output)  # the loss is computed in float32
+            watched = _watched_scores(output, self.loss)
+            if watched is not None and watched.requires_grad:
+                watched.retain_grad()
+            loss = self.loss(output, y, idx)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                loss.backward()
+                self.optimizer.step()
+
+            value = loss.detach()
+            step_losses.append(value)
+            loss_sum += value.double() * y.shape[0]
+            if watched is not None and watched.grad is not None:
+                per_example = (watched.grad != 0).sum(dim=1)
+                nonzero_sum += per_example.sum()
+                active += (per_example > 0).sum()
+                grad_examples += per_example.shape[0]
+            if step + 1 - checked >= check_every:
+                self._check_finite(epoch, step_losses, checked)
+                checked = step + 1
+        self._check_finite(epoch, step_losses, checked)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        n = len(train)
+        nan = float("nan")
+        active_count = float(active)
+        return {
+            "train/loss": float(loss_sum) / n,
+            "lr": lr,
+            "epoch_time_s": elapsed,
+            "grad_nonzero": float(nonzero_sum) / grad_examples if grad_examples else nan,
+            "grad_nonzero_active": float(nonzero_sum) / active_count if active_count else nan,
+        }
+
+    @staticmethod
+    def _check_finite(epoch: int, step_losses: list[torch.Tensor], first: int) -> None:
+        if first >= len(step_losses):
+            return
+        recent = torch.stack(step_losses[first:])
+        finite = torch.isfinite(recent)
+        if not bool(finite.all()):
+            bad = int((~finite).nonzero()[0, 0])
+            raise NonFiniteLossError(epoch, first + bad, float(recent[bad]))
+
+    def validate(self) -> tuple[dict[str, float], dict[float, float]]:
+        start = time.perf_counter()
+        scores = self.predict(self.data.val)
+        e = self.cfg["eval"]
+        thresholds = {}
+        if e["avgk"]:
+            thresholds = calibrate_avgk_thresholds(activate(scores, e["avgk_activation"]), list(e["avgk"]))
+        metrics = {f"val/{k}": v for k, v in self.metrics_of(scores, self.data.val.targets, thresholds).items()}
+        for k, t in thresholds.items():
+            metrics[f"val/avg{_fmt_k(k)}_threshold"] = float(t)
+        metrics["eval_time_s"] = time.perf_counter() - start
+        return metrics, thresholds
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state(self, epoch: int) -> dict[str, Any]:
+        """Everything needed to continue after ``epoch`` (CPU tensors, ``torch.save``-able)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "epoch": epoch,
+            "seed": self.seed,
+            "config": copy.deepcopy(self.cfg),
+            "model": _cpu_copy(self.model.state_dict()),
+            "loss": _cpu_copy(self.loss.state_dict()),
+            "optimizer": _cpu_copy(self.optimizer.state_dict()),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "best": _cpu_copy(self.best),
+            "history": copy.deepcopy(self.history),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"checkpoint was taken with seed {state['seed']}, not {self.seed}")
+        mine, theirs = _flat(self.cfg), _flat(state["config"])
+        differing = sorted(k for k in set(mine) | set(theirs)
+                           if k not in RESUME_FREE_KEYS and mine.get(k, "<missing>") != theirs.get(k, "<missing>"))
+        if differing:
+            raise ValueError("checkpoint config differs from this config at: " + ", ".join(
+                f"{k} ({theirs.get(k, '<missing>')!r} vs {mine.get(k, '<missing>')!r})" for k in differing))
+        self.model.load_state_dict(state["model"])
+        self.loss.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.best = copy.deepcopy(state["best"])
+        self.history = copy.deepcopy(state["history"])
+        self.start_epoch = int(state["epoch"]) + 1
+
+    # -- the whole run ---------------------------------------------------------------------------
+    def run(self, on_epoch: Callable[[int, dict, dict], Any] | None) -> dict[str, Any]:
+        e = self.cfg["eval"]
+        selection, maximize = e["selection"], e["selection_mode"] == "max"
+        for epoch in range(self.start_epoch, self.cfg["epochs"]):
+            metrics = {"epoch": epoch}
+            metrics.update(self.train_epoch(epoch))
+            val_metrics, thresholds = self.validate()
+            metrics.update(val_metrics)
+            if selection not in metrics:
+                available = sorted(k for k in metrics if k.startswith("val/"))
+                raise ValueError(f"eval.selection {selection!r} is not a validation metric of this run; "
+                                 f"available: {', '.join(available)}")
+            value = metrics[selection]
+            if _improves(value, None if self.best is None else self.best["value"], maximize):
+                self.best = {"epoch": epoch, "value": float(value), "thresholds": dict(thresholds),
+                             "model": _cpu_copy(self.model.state_dict())}
+            self.history.append(metrics)
+            if on_epoch is not None:
+                on_epoch(epoch, dict(metrics), self.state(epoch))
+        return self.test()
+
+    def test(self) -> dict[str, Any]:
+        """Evaluate the selected checkpoint once on the test set, with its thresholds."""
+        self.model.load_state_dict(self.best["model"])
+        scores = self.predict(self.data.test)
+        targets = self.data.test.targets
+        thresholds = self.best["thresholds"]
+        test = self.metrics_of(scores, targets, thresholds)
+        L = self.data.num_classes
+        per_class: dict[str, list] = {
+            "class": list(range(L)),
+            "name": list(self.data.class_names),
+            "train_count": [int(c) for c in self.data.class_counts],
+            "test_count": torch.bincount(targets, minlength=L).tolist(),
+        }
+        groups = shot_groups(self.data.class_counts, tuple(self.cfg["eval"]["shot_thresholds"]))
+        per_class["shot"] = [next(g for g, mask in groups.items() if bool(mask[c])) for c in range(L)]
+
+        def rates(hits: torch.Tensor, counts: torch.Tensor) -> list[float]:
+            return [float(h) / float(c) if c > 0 else float("nan") for h, c in zip(hits.tolist(), counts.tolist())]
+
+        for k in self.cfg["eval"]["ks"]:
+            if k <= L:
+                per_class[f"top{k}"] = rates(*per_class_topk(scores, targets, k, L))
+        if thresholds:
+            probs = activate(scores, self.cfg["eval"]["avgk_activation"])
+            for k, t in thresholds.items():
+                per_class[f"avg{_fmt_k(k)}"] = rates(*per_class_avgk(probs, targets, t, L))
+        return {
+            "best_epoch": int(self.best["epoch"]),
+            "best_val": float(self.best["value"]),
+            "test": test,
+            "per_class": per_class,
+            "history": copy.deepcopy(self.history),
+            "thresholds": {_fmt_k(k): float(t) for k, t in thresholds.items()},
+            "selection": self.cfg["eval"]["selection"],
+            "device": str(self.device),
+        }
+
+
+def _improves(value: float, best: float | None, maximize: bool) -> bool:
+    """Whether ``value`` replaces the best so far (strictly better; the first epoch always
+    counts, and a finite value beats a NaN)."""
+    if best is None:
+        return True
+    if not math.isfinite(value):
+        return False
+    if not math.isfinite(best):
+        return True
+    return value > best if maximize else value < best
+
+
+def _fmt_k(k: float) -> str:
+    return str(int(k)) if float(k).is_integer() else repr(float(k))
+
+
+def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dict], Any] | None = None,
+        checkpoint: Mapping[str, Any] | str | os.PathLike | None = None) -> dict[str, Any]:
+    """Train one trial and evaluate its selected checkpoint on the test set.
+
+    ``on_epoch(epoch, metrics, state)`` is called after every epoch; ``state`` is a
+    ``torch.save``-able dict, and ``fit(config, seed, checkpoint=state)`` (or the path of a
+    saved state) resumes after that epoch. Returns ``{"best_epoch", "best_val", "test",
+    "per_class", "history", "thresholds", "selection", "device"}`` (docs/interfaces.md
+    section 4; the last three are extras). Raises ``NonFiniteLossError`` when the training
+    loss becomes NaN or infinite, ``ValueError`` for a bad config.
+    """
+    if not _is_int(seed):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    cfg = resolve_config(config)
+    trial = _Trial(cfg, int(seed))
+    if checkpoint is not None:
+        trial.restore(_load_checkpoint(checkpoint))
+    return trial.run(on_epoch)

@@ -1,0 +1,139 @@
+"""Models: the CIFAR DenseNet-BC, the small backbones, timm by name with local weights only,
+and the three heads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from setvalued.losses import TwoHeadOutput
+from setvalued.models import DenseNetBC, build_model
+
+torch.set_num_threads(1)
+
+
+def densenet_bc_parameter_count(depth: int, growth: int, num_classes: int) -> int:
+    """Parameters of DenseNet-BC (Huang et al. 2017, section 3) counted from its description:
+    3x3 stem conv to 2k maps; 3 blocks of (depth-4)/6 bottlenecks BN-1x1(4k)-BN-3x3(k);
+    transitions BN-1x1 to floor(c/2) maps; final BN; linear classifier."""
+    n = (depth - 4) // 6
+    c = 2 * growth
+    total = 3 * c * 9
+    for block in range(3):
+        for _ in range(n):
+            total += 2 * c + c * 4 * growth + 2 * 4 * growth + 4 * growth * growth * 9
+            c += growth
+        if block < 2:
+            total += 2 * c + c * (c // 2)
+            c //= 2
+    return total + 2 * c + c * num_classes + num_classes
+
+
+def test_densenet_bc_40_40():
+    model = build_model({"name": "densenet_bc_cifar"}, 100, (3, 32, 32))
+    assert model.feature_dim == 440  # losses-avgk.md section 1.2
+    assert sum(p.numel() for p in model.parameters()) == densenet_bc_parameter_count(40, 40, 100)
+    bottlenecks = [m for m in model.modules() if type(m).__name__ == "_Bottleneck"]
+    assert len(bottlenecks) == 18
+    out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 100)
+    # other depths follow the same rule
+    small = DenseNetBC(depth=16, growth_rate=12)  # 2 layers a block: 24 -> 48 -> 24 -> 48 -> 24 -> 48
+    assert small.out_features == 48
+    assert sum(p.numel() for p in small.parameters()) == densenet_bc_parameter_count(16, 12, 0)
+    with pytest.raises(ValueError, match="6n \\+ 4"):
+        DenseNetBC(depth=41)
+
+
+def test_small_backbones_and_heads():
+    x = torch.randn(5, 3, 32, 32)
+    mlp = build_model({"name": "mlp", "hidden_dim": 16}, 7, (3, 32, 32))
+    assert mlp(x).shape == (5, 7) and mlp.feature_dim == 16
+    cnn = build_model({"name": "small_cnn", "hidden_dim": 24}, 7, (3, 32, 32), head="two_head")
+    out = cnn(x)
+    assert isinstance(out, TwoHeadOutput) and out.sccp.shape == out.ml.shape == (5, 7)
+    assert not torch.equal(out.sccp, out.ml)  # independent heads
+    normed = build_model({"name": "mlp", "hidden_dim": 16}, 7, (12,), head="normed")
+    cos = normed(torch.randn(9, 12))
+    assert cos.shape == (9, 7) and cos.abs().max() <= 1 + 1e-6
+    # a cosine head: scaling the features does not change the scores
+    feats = normed.features(torch.randn(3, 12))
+    torch.testing.assert_close(normed.head(feats), normed.head(3.0 * feats))
+    mlp(torch.randn(1, 3, 32, 32)).sum().backward()  # a batch of one trains (no BatchNorm in the MLP)
+
+    with pytest.raises(ValueError, match="needs image inputs"):
+        build_model({"name": "small_cnn"}, 7, (12,))
+    with pytest.raises(ValueError, match="model.head"):
+        build_model({"name": "mlp"}, 7, (12,), head="cosine")
+    with pytest.raises(ValueError, match="model.widht"):
+        build_model({"name": "mlp", "widht": 3}, 7, (12,))
+    with pytest.raises(ValueError, match="not_a_net"):
+        build_model({"name": "not_a_net"}, 7, (3, 32, 32))
+
+
+def test_timm_by_name_with_local_weights(tmp_path):
+    import timm
+
+    torch.manual_seed(0)
+    reference = timm.create_model("resnet18", num_classes=1000)
+    path = tmp_path / "resnet18.pth"
+    torch.save(reference.state_dict(), path)
+    model = build_model({"name": "resnet18", "pretrained": str(path)}, 10, (3, 32, 32))
+    assert model.feature_dim == 512
+    torch.testing.assert_close(model.backbone.conv1.weight, reference.conv1.weight, rtol=0, atol=0)
+    torch.testing.assert_close(model.backbone.layer4[1].bn2.running_var, reference.layer4[1].bn2.running_var)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+    from safetensors.torch import save_file
+
+    st_path = tmp_path / "resnet18.safetensors"
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(st_path))
+    model = build_model({"name": "resnet18", "pretrained": str(st_path)}, 10, (3, 32, 32), head="normed")
+    torch.testing.assert_close(model.backbone.conv1.weight, reference.conv1.weight, rtol=0, atol=0)
+
+    # weights of another architecture, or a file that is not there: clear errors, no download
+    other = tmp_path / "resnet34.pth"
+    torch.save(timm.create_model("resnet34", num_classes=1000).state_dict(), other)
+    with pytest.raises(ValueError, match="resnet34.pth"):
+        build_model({"name": "resnet18", "pretrained": str(other)}, 10, (3, 32, 32))
+    with pytest.raises(FileNotFoundError, match="missing.pth"):
+        build_model({"name": "resnet18", "pretrained": str(tmp_path / "missing.pth")}, 10, (3, 32, 32))
+
+
+def test_pretrained_true_reads_only_local_caches(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+    import timm
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    old_hub_dir = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "torch_hub"))
+    try:
+        with pytest.raises(FileNotFoundError, match="never downloaded"):
+            build_model({"name": "resnet18", "pretrained": True}, 10, (3, 32, 32))
+        # the torch hub cache file of timm's default weights is used when it is there
+        url = timm.models.get_pretrained_cfg("resnet18").url
+        cached = tmp_path / "torch_hub" / "checkpoints" / os.path.basename(url)
+        cached.parent.mkdir(parents=True)
+        torch.manual_seed(1)
+        reference = timm.create_model("resnet18", num_classes=1000)
+        torch.save(reference.state_dict(), cached)
+        model = build_model({"name": "resnet18", "pretrained": True}, 10, (3, 32, 32))
+        torch.testing.assert_close(model.backbone.conv1.weight, reference.conv1.weight, rtol=0, atol=0)
+    finally:
+        torch.hub.set_dir(old_hub_dir)
+    with pytest.raises(ValueError, match="no default weights"):
+        build_model({"name": "mlp", "pretrained": True}, 10, (12,))
+
+
+def test_own_model_weights_from_file(tmp_path):
+    torch.manual_seed(0)
+    source = build_model({"name": "mlp", "hidden_dim": 8}, 3, (12,))
+    path = tmp_path / "mlp.pt"
+    torch.save({"state_dict": source.backbone.state_dict()}, path)
+    loaded = build_model({"name": "mlp", "hidden_dim": 8, "pretrained": str(path)}, 3, (12,))
+    for a, b in zip(source.backbone.parameters(), loaded.backbone.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="does not fit"):
+        build_model({"name": "mlp", "hidden_dim": 9, "pretrained": str(path)}, 3, (12,))
