@@ -16,3 +16,4 @@ from setvalued.losses.base import (  # noqa: F401
 from setvalued.losses import topk  # noqa: F401,E402
 from setvalued.losses import smooth_svm  # noqa: F401,E402
 from setvalued.losses import avgk  # noqa: F401,E402
+from setvalued.losses.normed import NormedLinear  # noqa: F401,E402

@@ -1,1 +1,556 @@
-"""Placeholder: filled by the losses issues."""
+"""Top-K losses of Garcin et al. (ICML 2022, thesis ch. 4) and their baselines.
+
+Registered names: ``ce``, ``focal``, ``ldam``, ``hinge_topk``, ``cvx_hinge_topk``,
+``calibrated_hinge_topk``, ``noised_topk``, ``noised_topk_imbalanced``.
+Formulas and errata: ``spec/losses-topk.md`` (cited below as "digest"), sections 0 and 1.
+
+Notation: ``s`` the (B, L) scores, ``y`` the targets, ``s_[k]`` the k-th largest entry of a
+row (thesis eq. 4.1), ``(x)_+ = max(x, 0)``.
+
+Public helpers:
+
+- :func:`smooth_kth_largest` -- the Monte-Carlo perturbed k-th largest value
+  ``tau_hat_{k,eps,M}(s) = (1/M) sum_m (s + eps Z_m)_[k]`` (thesis eq. 4.11 with one shared
+  draw, digest section 1.3), differentiable with the pathwise gradient
+  ``(1/M) sum_m onehot(argk(s + eps Z_m))`` (thesis eq. 4.12).
+- :func:`ldam_margins` -- per-class margins ``m_y = max_margin * (n_min / n_y)^(1/4)``
+  (Cao et al. 2019; digest section 1.5).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+
+__all__ = [
+    "smooth_kth_largest",
+    "ldam_margins",
+    "CrossEntropy",
+    "Focal",
+    "LDAM",
+    "HingeTopK",
+    "ConvexHingeTopK",
+    "CalibratedHingeTopK",
+    "NoisedTopK",
+    "NoisedTopKImbalanced",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Parameter checks: every bad value raises a ValueError that names the parameter and the
+# allowed range (docs/interfaces.md, section 2).
+# --------------------------------------------------------------------------------------
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None,
+               why: str = "") -> int:
+    """``value`` as an int in [minimum, maximum]; ValueError naming ``name`` otherwise.
+
+    Integral floats (5.0, as a YAML or sampler may give) are accepted; 5.5 and booleans are not.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    try:
+        as_int = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if as_int < minimum or (maximum is not None and as_int > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        reason = f" ({why})" if why else ""
+        raise ValueError(f"{name} must be an integer {allowed}{reason}, got {as_int}")
+    return as_int
+
+
+def _check_float(name: str, value: Any, minimum: float | None = None, *,
+                 strict: bool = False) -> float:
+    """``value`` as a finite float, >= minimum (> minimum when ``strict``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    if not math.isfinite(as_float):
+        raise ValueError(f"{name} must be finite, got {as_float}")
+    if minimum is not None:
+        if strict and not as_float > minimum:
+            raise ValueError(f"{name} must be > {minimum}, got {as_float}")
+        if not strict and not as_float >= minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {as_float}")
+    return as_float
+
+
+def _check_k_for_classes(k: int, num_classes: int, loss_name: str, reason: str) -> None:
+    """The top-K losses need 1 <= k <= L - 1; ``reason`` says why for this loss."""
+    if k > num_classes - 1:
+        raise ValueError(
+            f"{loss_name}: k must be in [1, {num_classes - 1}] for {num_classes} classes "
+            f"({reason}), got k={k}"
+        )
+
+
+def _score_tensor(output: Any, loss_name: str) -> torch.Tensor:
+    """The (B, L) score tensor of a single-head model output."""
+    if isinstance(output, TwoHeadOutput):
+        raise ValueError(f"{loss_name} expects a (batch, classes) score tensor, got a two-head output")
+    if not isinstance(output, torch.Tensor) or output.dim() != 2:
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise ValueError(f"{loss_name} expects scores of shape (batch, classes), got {shape}")
+    return output
+
+
+def _check_targets(targets: torch.Tensor, scores: torch.Tensor, loss_name: str) -> torch.Tensor:
+    if targets.dim() != 1 or targets.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"{loss_name}: targets must have shape ({scores.shape[0]},) to match the scores, "
+            f"got {tuple(targets.shape)}"
+        )
+    return targets.long()
+
+
+def _working_dtype(scores: torch.Tensor) -> torch.Tensor:
+    """Half-precision scores are upcast: eps-sized noise and margins need float32 (digest 5.2)."""
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        return scores.float()
+    return scores
+
+
+# --------------------------------------------------------------------------------------
+# The perturbed k-th largest value (thesis section 4.3, digest section 1.3)
+# --------------------------------------------------------------------------------------
+
+def _select_kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Value and index of the k-th largest entry along the last axis (no gradient).
+
+    ``topk(sorted=False)`` followed by a min over the k survivors. On CPU (torch 2.14,
+    perturbed scores, L in {100, 1000}) this measured as fast as ``kthvalue`` or faster, and
+    3-10x faster when k << L, where PyTorch uses a partial sort, so its cost grows with k
+    there; on GPU both are one radix-select pass.
+    """
+    top_values, top_positions = torch.topk(values, k, dim=-1, sorted=False)
+    kth_values, where = top_values.min(dim=-1, keepdim=True)
+    return kth_values.squeeze(-1), top_positions.gather(-1, where).squeeze(-1)
+
+
+def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples: int,
+                           noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Monte-Carlo value (B,) and selected indices (B, M) of the k-th largest of s + eps Z.
+
+    ``flat``: (B, L) scores; ``noise``: None (fresh ``torch.randn`` draw) or (B, M, L).
+    No gradient: the callers' backward scatters to the returned indices.
+    """
+    with torch.no_grad():
+        flat = flat.detach()
+        if epsilon == 0.0:
+            # No perturbation: every copy is s itself; one copy gives the same value and
+            # gradient (the exact s_[k] and its one-hot), without drawing noise.
+            perturbed, scale = flat.unsqueeze(1), 1.0
+        else:
+            # (s + eps Z)_[k] = eps * (s / eps + Z)_[k] for eps > 0: one pass over the
+            # (B, M, L) tensor instead of two (the scale goes on the (B,) result).
+            shifted = (flat / epsilon if epsilon != 1.0 else flat).unsqueeze(1)
+            if noise is None:
+                perturbed = torch.randn(flat.shape[0], n_samples, flat.shape[1],
+                                        dtype=flat.dtype, device=flat.device)
+                perturbed.add_(shifted)
+            else:
+                perturbed = noise + shifted
+            scale = epsilon
+        values, indices = _select_kth_largest(perturbed, k)
+        smoothed = values.mean(dim=-1)
+        if scale != 1.0:
+            smoothed.mul_(scale)
+    return smoothed, indices
+
+
+def _scatter_mean_one_hot(weights: torch.Tensor, indices: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``weights[b] * (1/M) sum_m onehot(indices[b, m])`` as a (B, L) tensor (thesis eq. 4.12)."""
+    grad = weights.new_zeros(indices.shape[0], num_classes)
+    share = (weights / indices.shape[-1]).unsqueeze(-1).expand(indices.shape)
+    return grad.scatter_add_(-1, indices, share)
+
+
+class _PerturbedKthLargest(torch.autograd.Function):
+    """Mean over M noisy copies of the k-th largest entry, with the pathwise gradient.
+
+    The forward keeps only the (B, M) indices of the selected entries, not the (B, M, L)
+    perturbed tensor, and the backward scatters ``grad / M`` to them (thesis eq. 4.12).
+    """
+
+    @staticmethod
+    def forward(ctx, flat, k, epsilon, n_samples, noise):
+        smoothed, indices = _perturbed_kth_largest(flat, k, epsilon, n_samples, noise)
+        ctx.save_for_backward(indices)
+        ctx.num_classes = flat.shape[-1]
+        return smoothed
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (indices,) = ctx.saved_tensors
+        return _scatter_mean_one_hot(grad_output, indices, ctx.num_classes), None, None, None, None
+
+
+class _NoisedHinge(torch.autograd.Function):
+    """Per-sample ``scale * (margin + tau_hat_{k,eps,M}(s) - s_y)_+`` in one autograd node.
+
+    Thesis eq. 4.10 / 4.13 with the estimated gradient of eq. 4.12:
+    ``1{hinge > 0} * scale * ((1/M) sum_m onehot(argk(s + eps Z_m)) - onehot(y))``, from the
+    same draw as the value and the hinge test (digest 1.3). One node instead of a chain of
+    gather/sub/relu nodes: the same result, less per-call overhead on small batches.
+    """
+
+    @staticmethod
+    def forward(ctx, scores, targets, margin, k, epsilon, n_samples, scale, noise):
+        smoothed, indices = _perturbed_kth_largest(scores, k, epsilon, n_samples, noise)
+        target_scores = scores.detach().gather(1, targets.unsqueeze(1)).squeeze(1)
+        hinge = smoothed.add_(margin).sub_(target_scores)
+        if scale != 1.0:
+            hinge.mul_(scale)
+        active = hinge > 0
+        ctx.save_for_backward(indices, targets, active)
+        ctx.num_classes, ctx.scale = scores.shape[1], scale
+        return hinge.clamp_(min=0.0)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        indices, targets, active = ctx.saved_tensors
+        weights = grad_output * active.to(grad_output.dtype)
+        if ctx.scale != 1.0:
+            weights = weights * ctx.scale
+        grad = _scatter_mean_one_hot(weights, indices, ctx.num_classes)
+        grad.scatter_add_(1, targets.unsqueeze(1), -weights.unsqueeze(1))
+        return grad, None, None, None, None, None, None, None
+
+
+def _check_noise(noise: torch.Tensor, lead_shape: tuple, n_samples: int, like: torch.Tensor) -> torch.Tensor:
+    num_classes = like.shape[-1]
+    expected = tuple(lead_shape) + (n_samples, num_classes)
+    if tuple(noise.shape) != expected:
+        raise ValueError(
+            f"noise must have shape {expected} (batch dims, n_samples, classes), got {tuple(noise.shape)}"
+        )
+    return noise.to(device=like.device, dtype=like.dtype).reshape(-1, n_samples, num_classes)
+
+
+def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: int,
+                       noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Smoothed k-th largest value of each row: ``(1/M) sum_m (s + eps Z_m)_[k]``.
+
+    Thesis Def. 4.3.4 and eq. 4.11: with one draw ``Z_1..Z_M ~ N(0, I_L)`` shared by the two
+    top-sum terms, ``topSum_{k} - topSum_{k-1}`` is the mean of the k-th largest entries of
+    the noisy copies (digest section 1.3). Its gradient is the mean of the one-hot vectors
+    at the selected entries (thesis eq. 4.12), computed from the same draw as the value.
+
+    Args:
+        scores: (..., L) scores; the operator acts on the last axis.
+        k: which largest entry, 1 <= k <= L.
+        epsilon: standard deviation of the Gaussian perturbation, >= 0 (0 gives s_[k]).
+        n_samples: M, the number of noise draws, >= 1.
+        noise: optional fixed standard-normal draws of shape ``(..., M, L)`` (row m is
+            Z_m); ``None`` draws fresh ones with ``torch.randn`` at every call.
+
+    Returns:
+        (...,) tensor of smoothed values.
+    """
+    if not isinstance(scores, torch.Tensor) or scores.dim() < 1:
+        raise ValueError("scores must be a tensor with the classes on its last axis")
+    num_classes = scores.shape[-1]
+    k = _check_int("k", k, 1, num_classes, why=f"the k-th largest of {num_classes} scores")
+    epsilon = _check_float("epsilon", epsilon, 0.0)
+    n_samples = _check_int("n_samples", n_samples, 1)
+    work = _working_dtype(scores)
+    lead_shape = work.shape[:-1]
+    flat = work.reshape(-1, num_classes)
+    if noise is not None:
+        noise = _check_noise(noise, lead_shape, n_samples, flat)
+    return _PerturbedKthLargest.apply(flat, k, epsilon, n_samples, noise).reshape(lead_shape)
+
+
+# --------------------------------------------------------------------------------------
+# Margins of LDAM and of the imbalanced noised loss (Cao et al. 2019; digest 1.5)
+# --------------------------------------------------------------------------------------
+
+def _class_counts_tensor(class_counts: Any, num_classes: int | None = None) -> torch.Tensor:
+    """Validate per-class training counts: 1-D, positive, finite, length ``num_classes``."""
+    if class_counts is None:
+        raise ValueError("class_counts is required: the training count of every class "
+                         "(a list of positive numbers, one per class)")
+    try:
+        counts = torch.as_tensor(class_counts, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"class_counts must be a list of positive numbers, got {class_counts!r}") from None
+    if counts.dim() != 1 or counts.numel() == 0:
+        raise ValueError(f"class_counts must be a non-empty 1-D list, got shape {tuple(counts.shape)}")
+    if num_classes is not None and counts.numel() != num_classes:
+        raise ValueError(
+            f"class_counts must have one entry per class (length {num_classes}), "
+            f"got length {counts.numel()}"
+        )
+    if not torch.isfinite(counts).all() or (counts <= 0).any():
+        bad = [c for c in counts.tolist() if not (math.isfinite(c) and c > 0)]
+        raise ValueError(f"class_counts must be finite and > 0 for every class, got {bad[:5]}")
+    return counts
+
+
+def ldam_margins(class_counts: Sequence[float] | torch.Tensor, max_margin: float,
+                 num_classes: int | None = None) -> torch.Tensor:
+    """LDAM margins ``m_y = max_margin * (n_min / n_y)^(1/4)`` as a float32 tensor.
+
+    Cao et al. 2019: ``m_y = C / n_y^(1/4)``, with C set so that the rarest class gets
+    ``max_margin`` (digest section 1.5). Example: counts [17, 23, 55], max 0.3 give
+    [0.3, 0.27816, 0.22369].
+    """
+    max_margin = _check_float("max_margin", max_margin, 0.0)
+    counts = _class_counts_tensor(class_counts, num_classes)
+    inverse_root = counts.pow(-0.25)
+    margins = inverse_root * (max_margin / inverse_root.max())
+    return margins.to(torch.float32)
+
+
+class _MarginLoss(SetValuedLoss):
+    """Shared part of the losses that hold per-class margins as a buffer."""
+
+    def _init_margins(self, class_counts: Any, max_margin: float, num_classes: int | None) -> None:
+        if num_classes is not None:
+            num_classes = _check_int("num_classes", num_classes, 2)
+        self.max_margin = _check_float("max_margin", max_margin, 0.0)
+        self.register_buffer("margins", ldam_margins(class_counts, self.max_margin, num_classes))
+
+    def _target_margins(self, scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if scores.shape[1] != self.margins.numel():
+            raise ValueError(
+                f"{self.registry_name}: class_counts has {self.margins.numel()} entries but the "
+                f"scores have {scores.shape[1]} classes; class_counts must have one entry per class"
+            )
+        return self.margins.to(device=scores.device, dtype=scores.dtype)[targets]
+
+
+# --------------------------------------------------------------------------------------
+# Baselines: CE, focal, LDAM (digest section 1.6)
+# --------------------------------------------------------------------------------------
+
+@register_loss("ce")
+class CrossEntropy(SetValuedLoss):
+    """Cross-entropy ``-log softmax(s)_y`` (digest 1.6)."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__(reduction)
+
+    def forward(self, output, targets, indices=None):
+        scores = _score_tensor(output, "ce")
+        targets = _check_targets(targets, scores, "ce")
+        return self.reduce(F.cross_entropy(_working_dtype(scores), targets, reduction="none"))
+
+
+@register_loss("focal")
+class Focal(SetValuedLoss):
+    """Focal loss ``(1 - p_y)^gamma * CE`` with ``p_y = exp(-CE)`` (Lin et al. 2017).
+
+    Erratum E2 of losses-topk.md: the papers' Table 1 prints ``(1 - log[CE])^gamma``; the
+    standard form is implemented, without alpha-balancing.
+    """
+
+    def __init__(self, gamma: float = 2.0, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.gamma = _check_float("gamma", gamma, 0.0)
+
+    def forward(self, output, targets, indices=None):
+        scores = _score_tensor(output, "focal")
+        targets = _check_targets(targets, scores, "focal")
+        ce = F.cross_entropy(_working_dtype(scores), targets, reduction="none")
+        # 1 - p_y = -expm1(-CE), accurate when p_y -> 1; the floor keeps the gradient of
+        # (1 - p_y)^gamma finite (no 0 * inf) when CE underflows to 0 and gamma < 1.
+        one_minus_p = (-torch.expm1(-ce)).clamp_min(torch.finfo(ce.dtype).tiny)
+        return self.reduce(one_minus_p.pow(self.gamma) * ce)
+
+
+@register_loss("ldam")
+class LDAM(_MarginLoss):
+    """LDAM: CE on ``scale * (cos - m_y * onehot(y))`` (Cao et al. 2019; digest 1.6).
+
+    The margin is subtracted from the true-class cosine before scaling, so it is in cosine
+    units and ``scale`` acts as an inverse temperature. Plain LDAM: no class weights and no
+    DRW re-weighting (erratum E16 of losses-topk.md). Expects cosine scores (``NormedLinear``).
+    """
+
+    head = "normed"
+
+    def __init__(self, max_margin: float = 0.5, scale: float = 30.0, class_counts=None,
+                 num_classes: int | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.scale = _check_float("scale", scale, 0.0, strict=True)
+        self._init_margins(class_counts, max_margin, num_classes)
+
+    def forward(self, output, targets, indices=None):
+        scores = _working_dtype(_score_tensor(output, "ldam"))
+        targets = _check_targets(targets, scores, "ldam")
+        margin = self._target_margins(scores, targets)
+        shifted = scores - F.one_hot(targets, scores.shape[1]).to(scores.dtype) * margin.unsqueeze(1)
+        return self.reduce(F.cross_entropy(self.scale * shifted, targets, reduction="none"))
+
+
+# --------------------------------------------------------------------------------------
+# Hinge-type top-K losses (digest 1.4, 1.6)
+# --------------------------------------------------------------------------------------
+
+def _kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact k-th largest entry of each row of a (B, L) tensor (gradient: one-hot at its index)."""
+    _, index = _select_kth_largest(values.detach(), k)
+    return values.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+
+
+def _target_scores(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return scores.gather(1, targets.unsqueeze(1)).squeeze(1)
+
+
+class _TopKLoss(SetValuedLoss):
+    """Shared constructor of the losses parameterised by k (1 <= k <= L - 1)."""
+
+    #: why k must be below the number of classes, for the error message
+    k_reason = "the (k+1)-th largest score must exist"
+
+    def _init_k(self, k: int, num_classes: int | None) -> None:
+        self.k = _check_int("k", k, 1)
+        if num_classes is not None:
+            num_classes = _check_int("num_classes", num_classes, 2)
+            _check_k_for_classes(self.k, num_classes, self.registry_name, self.k_reason)
+
+    def _scores_and_targets(self, output, targets):
+        scores = _working_dtype(_score_tensor(output, self.registry_name))
+        targets = _check_targets(targets, scores, self.registry_name)
+        _check_k_for_classes(self.k, scores.shape[1], self.registry_name, self.k_reason)
+        return scores, targets
+
+
+@register_loss("hinge_topk")
+class HingeTopK(_TopKLoss):
+    """Lapin et al. top-K hinge ``(1 + (s without y)_[k] - s_y)_+`` (digest 1.6, eq. 4)."""
+
+    k_reason = "the k-th largest of the L - 1 non-target scores must exist"
+
+    def __init__(self, k: int = 5, num_classes: int | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self._init_k(k, num_classes)
+
+    def forward(self, output, targets, indices=None):
+        scores, targets = self._scores_and_targets(output, targets)
+        is_target = F.one_hot(targets, scores.shape[1]).bool()
+        others = scores.masked_fill(is_target, float("-inf"))
+        return self.reduce(F.relu(1.0 + _kth_largest(others, self.k) - _target_scores(scores, targets)))
+
+
+@register_loss("cvx_hinge_topk")
+class ConvexHingeTopK(_TopKLoss):
+    """Lapin et al. convex top-K hinge ``((1/k) sum_{j<=k} (1 - onehot(y) + s)_[j] - s_y)_+``.
+
+    Digest 1.6 (Lapin "top-K SVM^alpha" with margin 1).
+    """
+
+    k_reason = "top-K with K = L is trivially correct"
+
+    def __init__(self, k: int = 5, num_classes: int | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self._init_k(k, num_classes)
+
+    def forward(self, output, targets, indices=None):
+        scores, targets = self._scores_and_targets(output, targets)
+        shifted = scores + 1.0 - F.one_hot(targets, scores.shape[1]).to(scores.dtype)
+        top_mean = torch.topk(shifted, self.k, dim=1).values.mean(dim=1)
+        return self.reduce(F.relu(top_mean - _target_scores(scores, targets)))
+
+
+@register_loss("calibrated_hinge_topk")
+class CalibratedHingeTopK(_TopKLoss):
+    """Yang & Koyejo top-K calibrated hinge ``(1 + s_[k+1] - s_y)_+`` (thesis eq. 4.5).
+
+    The (k+1)-th largest is taken over the full score vector, s_y included (digest 1.4).
+    """
+
+    def __init__(self, k: int = 5, num_classes: int | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self._init_k(k, num_classes)
+
+    def forward(self, output, targets, indices=None):
+        scores, targets = self._scores_and_targets(output, targets)
+        return self.reduce(F.relu(1.0 + _kth_largest(scores, self.k + 1) - _target_scores(scores, targets)))
+
+
+# --------------------------------------------------------------------------------------
+# The noised top-K losses (thesis eq. 4.10 and 4.13)
+# --------------------------------------------------------------------------------------
+
+@register_loss("noised_topk")
+class NoisedTopK(_TopKLoss):
+    """Balanced noised top-K hinge ``(1 + tau_hat_{k+1,eps,M}(s) - s_y)_+`` (thesis eq. 4.10).
+
+    The (k+1)-th largest of the full score vector (s_y included, digest 1.4 "K+1 index") is
+    smoothed by :func:`smooth_kth_largest`; s_y in the hinge is not perturbed. One fresh draw
+    of M noise vectors per example and per call serves the value, the hinge test and the
+    gradient (digest 1.3). ``epsilon = 0`` gives ``calibrated_hinge_topk``. Raw logits.
+    Defaults: pytopk's ``n_sample=5`` and ``epsilon=1.0`` (reference-implementations.md 1.1).
+    """
+
+    def __init__(self, k: int = 5, epsilon: float = 1.0, n_samples: int = 5,
+                 num_classes: int | None = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self._init_k(k, num_classes)
+        self.epsilon = _check_float("epsilon", epsilon, 0.0)
+        self.n_samples = _check_int("n_samples", n_samples, 1)
+
+    def per_sample(self, scores: torch.Tensor, targets: torch.Tensor,
+                   noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example losses; ``noise`` (B, M, L) fixes the draw (for tests)."""
+        scores, targets = self._scores_and_targets(scores, targets)
+        if noise is not None:
+            noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
+        return _NoisedHinge.apply(scores, targets, 1.0, self.k + 1, self.epsilon, self.n_samples,
+                                  1.0, noise)
+
+    def forward(self, output, targets, indices=None):
+        return self.reduce(self.per_sample(output, targets))
+
+
+@register_loss("noised_topk_imbalanced")
+class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
+    """Imbalanced noised top-K hinge ``scale * (m_y + tau_hat_{k+1,eps,M}(s) - s_y)_+``.
+
+    Thesis eq. 4.13 with LDAM margins (:func:`ldam_margins`). Scores are cosines
+    (``NormedLinear``); margins and epsilon are in cosine units and ``scale`` multiplies the
+    whole hinge, as in the authors' code (erratum E9 of losses-topk.md), so it is a pure loss
+    multiplier. Defaults: pytopk's ``scale=50``, ``n_sample=5`` (digest E10, 1.4).
+    """
+
+    head = "normed"
+
+    def __init__(self, k: int = 5, epsilon: float = 0.01, n_samples: int = 5,
+                 max_margin: float = 0.2, scale: float = 50.0, class_counts=None,
+                 num_classes: int | None = None, reduction: str = "mean"):
+        SetValuedLoss.__init__(self, reduction)
+        self._init_k(k, num_classes)
+        self.epsilon = _check_float("epsilon", epsilon, 0.0)
+        self.n_samples = _check_int("n_samples", n_samples, 1)
+        self.scale = _check_float("scale", scale, 0.0, strict=True)
+        self._init_margins(class_counts, max_margin, num_classes)
+
+    def per_sample(self, scores: torch.Tensor, targets: torch.Tensor,
+                   noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example losses; ``noise`` (B, M, L) fixes the draw (for tests)."""
+        scores, targets = self._scores_and_targets(scores, targets)
+        margin = self._target_margins(scores, targets)
+        if noise is not None:
+            noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
+        return _NoisedHinge.apply(scores, targets, margin, self.k + 1, self.epsilon, self.n_samples,
+                                  self.scale, noise)
+
+    def forward(self, output, targets, indices=None):
+        return self.reduce(self.per_sample(output, targets))

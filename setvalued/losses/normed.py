@@ -1,0 +1,49 @@
+"""Cosine classifier layer for the losses that expect cosine scores (``head = "normed"``).
+
+Used by ``ldam`` and ``noised_topk_imbalanced`` (Wang et al. 2018; Cao et al. 2019;
+losses-topk.md section 1.5): features and class weights are both L2-normalised, so every
+score is a cosine in [-1, 1]; the losses apply their own ``scale``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["NormedLinear"]
+
+
+class NormedLinear(nn.Module):
+    """``scores[b, c] = cos(x_b, w_c)``: a bias-free linear layer on unit vectors.
+
+    The weight has shape (in_features, out_features), one column per class (the layout of
+    the reference code), initialised uniform in [-1, 1] and rescaled to unit columns.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
+            raise ValueError(f"in_features must be an integer >= 1, got {in_features!r}")
+        if isinstance(out_features, bool) or not isinstance(out_features, int) or out_features < 1:
+            raise ValueError(f"out_features must be an integer >= 1, got {out_features!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.uniform_(-1.0, 1.0)
+            self.weight.div_(self.weight.norm(dim=0, keepdim=True).clamp_min(1e-12))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if features.dim() != 2 or features.shape[1] != self.in_features:
+            raise ValueError(
+                f"NormedLinear expects features of shape (batch, {self.in_features}), "
+                f"got {tuple(features.shape)}"
+            )
+        return F.normalize(features, dim=1) @ F.normalize(self.weight, dim=0)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
