@@ -1,0 +1,565 @@
+"""Confidence intervals over seeds and paired comparisons between variants.
+
+A *config* is everything but the seed (`config_id`, docs/interfaces.md section 6); its seeds
+are replicates. The papers report the mean and a 95% confidence interval over 3 or 4 seeds
+without naming the method (spec/thesis-context.md, section 6); here the method is explicit:
+
+- `t` (default): Student's t interval on n - 1 degrees of freedom,
+  mean ± t_{(1+level)/2, n-1} · sd / sqrt(n), sd with the n - 1 denominator. With n = 3 the
+  t quantile is 4.303, about 2.2 times the normal 1.96, which matters for few seeds.
+- `bootstrap`: percentile bootstrap of the mean (seeded, `n_boot` resamples).
+
+With n = 1 there is no interval: the bounds are NaN, `no_interval` is true and the note
+says why. Paired comparisons pair a variant's config with the matching reference config
+seed by seed (the same seed list is used for every config), and use the paired t-test;
+p-values are Holm-corrected across the variants compared with the same reference config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+from scipy import stats as _sps
+
+from analysis.collect import PARAM_PREFIX
+
+CI_METHODS = ("t", "bootstrap")
+DEFAULT_LEVEL = 0.95
+NOTE_SINGLE = "n=1: no interval (a single seed)"
+NOTE_EMPTY = "no value: no finished seed reported this metric"
+
+_FRACTION_METRIC = re.compile(r"^(macro_)?(top|avg)\d+$")
+
+
+def is_fraction_metric(metric: str) -> bool:
+    """Accuracies in [0, 1] (`test/top5`, `val/macro_avg3`, `test/few/top1`): shown in percent."""
+    return bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))
+
+
+def lower_is_better(metric: str) -> bool:
+    """Losses, times and set sizes are minimised; accuracies are maximised."""
+    last = metric.rsplit("/", 1)[-1].lower()
+    return any(word in last for word in ("loss", "time", "size", "error", "duration"))
+
+
+def _check_level(level: float) -> float:
+    level = float(level)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1), e.g. 0.95; got {level!r}")
+    return level
+
+
+def _check_method(method: str) -> str:
+    if method not in CI_METHODS:
+        raise ValueError(f"CI method must be one of {CI_METHODS}, got {method!r}")
+    return method
+
+
+def _finite(values: Iterable[Any]) -> tuple[np.ndarray, int]:
+    kept, dropped = [], 0
+    for v in values:
+        if v is None:
+            continue
+        v = float(v)
+        if math.isfinite(v):
+            kept.append(v)
+        else:
+            dropped += 1
+    return np.asarray(kept, dtype=float), dropped
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n replicate values with a confidence interval (NaN bounds when n < 2)."""
+
+    n: int
+    mean: float
+    sd: float
+    low: float
+    high: float
+    level: float
+    method: str
+    note: str = ""
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2.0
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+
+def t_half_width(sd: float, n: int, level: float = DEFAULT_LEVEL) -> float:
+    """t_{(1+level)/2, n-1} · sd / sqrt(n): half-width of the Student-t interval of a mean."""
+    if n < 2:
+        return math.nan
+    return float(_sps.t.ppf((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n))
+
+
+def bootstrap_interval(
+    x: np.ndarray, level: float, n_boot: int, seed: int
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (resampling with replacement, seeded)."""
+    if n_boot < 100:
+        raise ValueError(f"n_boot must be at least 100, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def mean_ci(
+    values: Iterable[Any],
+    level: float = DEFAULT_LEVEL,
+    method: str = "t",
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> Interval:
+    """Mean, sd and a `level` confidence interval of the mean of `values` (None/NaN ignored)."""
+    level, method = _check_level(level), _check_method(method)
+    x, dropped = _finite(values)
+    dropped_note = f"{dropped} non-finite value(s) ignored" if dropped else ""
+    n = int(x.size)
+    if n == 0:
+        return Interval(0, math.nan, math.nan, math.nan, math.nan, level, method,
+                        "; ".join(filter(None, [NOTE_EMPTY, dropped_note])))
+    mean = float(x.mean())
+    if n == 1:
+        return Interval(1, mean, math.nan, math.nan, math.nan, level, method,
+                        "; ".join(filter(None, [NOTE_SINGLE, dropped_note])))
+    sd = float(x.std(ddof=1))
+    if method == "t":
+        half = t_half_width(sd, n, level)
+        low, high = mean - half, mean + half
+    else:
+        low, high = bootstrap_interval(x, level, n_boot, seed)
+    return Interval(n, mean, sd, low, high, level, method, dropped_note)
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values; NaN entries stay NaN and do not count in m.
+
+    Sorted p_(1) <= ... <= p_(m): adj_(i) = max_{j<=i} min(1, (m - j + 1) p_(j)).
+    """
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(p.shape, np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    m = finite.size
+    if m == 0:
+        return out
+    order = finite[np.argsort(p[finite], kind="stable")]
+    scaled = (m - np.arange(m)) * p[order]
+    out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return out
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Mean of the paired differences a - b over seeds, its CI and the paired t-test."""
+
+    n: int
+    mean_diff: float
+    sd_diff: float
+    low: float
+    high: float
+    t: float
+    df: int
+    p_value: float
+    level: float
+    note: str = ""
+
+
+def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL
+                ) -> PairedResult:
+    """Paired t-test of a against b (same order = same seed): scipy.stats.ttest_rel's statistic.
+
+    d_i = a_i - b_i, t = mean(d) / (sd(d) / sqrt(n)) on n - 1 df, two-sided p; CI of mean(d)
+    with the Student-t quantile. n = 1 gives no interval and no test (NaN, note says so).
+    """
+    level = _check_level(level)
+    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a_arr.shape != b_arr.shape or a_arr.ndim != 1:
+        raise ValueError(f"paired samples must be 1-D of equal length, got {a_arr.shape} "
+                         f"and {b_arr.shape}")
+    d = a_arr - b_arr
+    n = int(d.size)
+    if n == 0:
+        return PairedResult(0, math.nan, math.nan, math.nan, math.nan, math.nan, 0, math.nan,
+                            level, "no common seed")
+    mean = float(d.mean())
+    if n == 1:
+        return PairedResult(1, mean, math.nan, math.nan, math.nan, math.nan, 0, math.nan,
+                            level, "n=1: one common seed, no interval and no test")
+    sd = float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = float(np.divide(mean, se))
+    p = float(2.0 * _sps.t.sf(abs(t), n - 1)) if not math.isnan(t) else math.nan
+    half = t_half_width(sd, n, level)
+    note = "all paired differences are equal" if sd <= 1e-12 * max(1.0, abs(mean)) else ""
+    return PairedResult(n, mean, sd, mean - half, mean + half, t, n - 1, p, level, note)
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _rows(table: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
+    if isinstance(table, pa.Table):
+        return table.to_pylist()
+    return [dict(r) for r in table]
+
+
+def _param_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key.startswith(PARAM_PREFIX):
+                seen[key] = None
+    return list(seen)
+
+
+def group_by_config(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
+    """{config_id: rows of its seeds}, in the order configs first appear."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["config_id"], []).append(dict(row))
+    return groups
+
+
+SUMMARY_FIXED = (
+    "config_id", "variant", "swept", "metric", "n", "mean", "sd", "ci_low", "ci_high",
+    "half_width", "level", "method", "no_interval", "note", "seeds", "values",
+)
+
+
+def summarize(
+    table: pa.Table | Sequence[Mapping[str, Any]],
+    metrics: Sequence[str],
+    level: float = DEFAULT_LEVEL,
+    method: str = "t",
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> pa.Table:
+    """One row per (config, metric): n, mean, sd, CI bounds and the raw per-seed values.
+
+    `table` is `Collected.table` (or its rows). The config's `param:*` columns are copied so
+    that curves and tables can use the parameter values.
+    """
+    level, method = _check_level(level), _check_method(method)
+    rows = _rows(table)
+    params = _param_columns(rows)
+    missing = [m for m in metrics if rows and not any(m in r for r in rows)]
+    if missing:
+        available = sorted({k for r in rows for k in r
+                            if not k.startswith(PARAM_PREFIX)})
+        raise ValueError(f"metric(s) {missing} not found among the collected columns "
+                         f"{available}")
+    records = []
+    for config_id, group in group_by_config(rows).items():
+        group.sort(key=lambda r: r["seed"])
+        first = group[0]
+        for metric in metrics:
+            pairs = [(r["seed"], r.get(metric)) for r in group]
+            ci = mean_ci([v for _, v in pairs], level, method, n_boot=n_boot, seed=seed)
+            kept = [(s, float(v)) for s, v in pairs if v is not None and math.isfinite(v)]
+            record = {
+                "config_id": config_id,
+                "variant": first.get("variant"),
+                "swept": first.get("swept", "{}"),
+                "metric": metric,
+                "n": ci.n,
+                "mean": ci.mean,
+                "sd": ci.sd,
+                "ci_low": ci.low,
+                "ci_high": ci.high,
+                "half_width": ci.half_width,
+                "level": level,
+                "method": method,
+                "no_interval": not ci.has_interval,
+                "note": ci.note,
+                "seeds": [s for s, _ in kept],
+                "values": [v for _, v in kept],
+            }
+            for p in params:
+                record[p] = first.get(p)
+            records.append(record)
+    return _summary_table(records, params, rows)
+
+
+def _summary_table(records: list[dict], params: list[str], rows: list[dict]) -> pa.Table:
+    from analysis.collect import typed_column
+
+    columns: dict[str, pa.Array] = {
+        "config_id": pa.array([r["config_id"] for r in records], pa.string()),
+        "variant": pa.array([r["variant"] for r in records], pa.string()),
+        "swept": pa.array([r["swept"] for r in records], pa.string()),
+        "metric": pa.array([r["metric"] for r in records], pa.string()),
+        "n": pa.array([r["n"] for r in records], pa.int64()),
+    }
+    for name in ("mean", "sd", "ci_low", "ci_high", "half_width", "level"):
+        columns[name] = pa.array([r[name] for r in records], pa.float64())
+    columns["method"] = pa.array([r["method"] for r in records], pa.string())
+    columns["no_interval"] = pa.array([r["no_interval"] for r in records], pa.bool_())
+    columns["note"] = pa.array([r["note"] for r in records], pa.string())
+    columns["seeds"] = pa.array([r["seeds"] for r in records], pa.list_(pa.int64()))
+    columns["values"] = pa.array([r["values"] for r in records], pa.list_(pa.float64()))
+    for p in params:
+        columns[p] = typed_column([r.get(p) for r in records])
+    return pa.table(columns)
+
+
+# ----------------------------------------------------------------------------- pairing
+
+
+def _swept(row: Mapping[str, Any]) -> dict:
+    try:
+        return json.loads(row.get("swept") or "{}")
+    except ValueError:
+        return {}
+
+
+def variant_defining_paths(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Param paths that are constant inside every variant but differ between variants.
+
+    These are what a variant overlay sets (loss name, its parameters, ...); they are not
+    part of the context on which a variant is matched with the reference.
+    """
+    per_variant: dict[str, dict[str, set]] = {}
+    for row in rows:
+        values = per_variant.setdefault(row.get("variant"), {})
+        for key, value in row.items():
+            if key.startswith(PARAM_PREFIX):
+                values.setdefault(key[len(PARAM_PREFIX):], set()).add(json.dumps(value))
+    if len(per_variant) < 2:
+        return set()
+    paths = set().union(*(v.keys() for v in per_variant.values()))
+    defining = set()
+    for path in paths:
+        sets = [v.get(path, {json.dumps(None)}) for v in per_variant.values()]
+        if all(len(s) == 1 for s in sets) and len(set().union(*sets)) > 1:
+            defining.add(path)
+    return defining
+
+
+def _ignored(path: str, ignore: set[str]) -> bool:
+    return any(path == p or path.startswith(p + ".") for p in ignore)
+
+
+def configs_match(a: Mapping[str, Any], b: Mapping[str, Any], ignore: set[str]) -> bool:
+    """Whether two configs share their context: every param equal except the ignored paths.
+
+    When the two configs use different losses (`loss.name`), the loss's own parameters
+    (`loss.*`) are not comparable and are ignored too.
+    """
+    keys = {k for k in list(a) + list(b) if k.startswith(PARAM_PREFIX)}
+    different_loss = a.get(PARAM_PREFIX + "loss.name") != b.get(PARAM_PREFIX + "loss.name")
+    for key in keys:
+        path = key[len(PARAM_PREFIX):]
+        if _ignored(path, ignore) or (different_loss and path.startswith("loss.")):
+            continue
+        if a.get(key) != b.get(key):
+            return False
+    return True
+
+
+def paired_comparisons(
+    table: pa.Table | Sequence[Mapping[str, Any]],
+    metrics: Sequence[str],
+    reference: str,
+    level: float = DEFAULT_LEVEL,
+    *,
+    variant_paths: Iterable[str] | None = None,
+) -> pa.Table:
+    """Each variant's configs against the matching config(s) of `reference`, paired by seed.
+
+    A config of another variant is compared with every reference config that has the same
+    context: all params equal except the paths that define a variant (`variant_paths`, e.g.
+    the keys of the study's variant overlays; default: `variant_defining_paths`) and, when
+    the losses differ, the `loss.*` parameters. Holm's correction is applied per metric over
+    all comparisons against the same reference config.
+    """
+    level = _check_level(level)
+    rows = _rows(table)
+    variants = list(dict.fromkeys(r.get("variant") for r in rows))
+    if reference not in variants:
+        raise ValueError(f"reference variant {reference!r} not among the finished variants "
+                         f"{variants}")
+    ignore = set(variant_paths) if variant_paths is not None else set()
+    ignore |= variant_defining_paths(rows)
+    groups = group_by_config(rows)
+    ref_configs = {c: g for c, g in groups.items() if g[0].get("variant") == reference}
+    records = []
+    for metric in metrics:
+        for config_id, group in groups.items():
+            variant = group[0].get("variant")
+            if variant == reference:
+                continue
+            for ref_id, ref_group in ref_configs.items():
+                if not configs_match(group[0], ref_group[0], ignore):
+                    continue
+                a = {r["seed"]: r.get(metric) for r in group}
+                b = {r["seed"]: r.get(metric) for r in ref_group}
+                common = sorted(s for s in a.keys() & b.keys()
+                                if a[s] is not None and b[s] is not None
+                                and math.isfinite(a[s]) and math.isfinite(b[s]))
+                result = paired_test([a[s] for s in common], [b[s] for s in common], level)
+                unpaired = len((a.keys() | b.keys()) - set(common))
+                note = result.note
+                if unpaired:
+                    note = "; ".join(filter(None, [note, f"{unpaired} seed(s) without a pair"]))
+                records.append({
+                    "metric": metric, "variant": variant, "config_id": config_id,
+                    "swept": group[0].get("swept", "{}"), "reference": reference,
+                    "reference_config_id": ref_id,
+                    "reference_swept": ref_group[0].get("swept", "{}"),
+                    "n": result.n, "mean_diff": result.mean_diff, "sd_diff": result.sd_diff,
+                    "ci_low": result.low, "ci_high": result.high, "t": result.t,
+                    "df": result.df, "p_value": result.p_value, "level": level,
+                    "seeds": common, "note": note,
+                })
+    families: dict[tuple, list[int]] = {}
+    for index, record in enumerate(records):
+        families.setdefault((record["metric"], record["reference_config_id"]), []).append(index)
+    p_holm = [math.nan] * len(records)
+    for indices in families.values():
+        adjusted = holm([records[i]["p_value"] for i in indices])
+        for i, value in zip(indices, adjusted):
+            p_holm[i] = float(value)
+    for record, value in zip(records, p_holm):
+        record["p_holm"] = value
+    schema = pa.schema([
+        ("metric", pa.string()), ("variant", pa.string()), ("config_id", pa.string()),
+        ("swept", pa.string()), ("reference", pa.string()),
+        ("reference_config_id", pa.string()), ("reference_swept", pa.string()),
+        ("n", pa.int64()), ("mean_diff", pa.float64()), ("sd_diff", pa.float64()),
+        ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("t", pa.float64()),
+        ("df", pa.int64()), ("p_value", pa.float64()), ("p_holm", pa.float64()),
+        ("level", pa.float64()), ("seeds", pa.list_(pa.int64())), ("note", pa.string()),
+    ])
+    return pa.Table.from_pylist(records, schema=schema)
+
+
+# ----------------------------------------------------------------------------- curves
+
+
+@dataclass
+class CurveSeries:
+    """One line of a curve: summary rows sorted by x; `flat` when it has a single config
+    that does not vary x (drawn as a horizontal reference)."""
+
+    label: str
+    variant: str | None
+    points: list[dict] = field(default_factory=list)
+    flat: bool = False
+
+    @property
+    def n_range(self) -> tuple[int, int]:
+        ns = [p["n"] for p in self.points]
+        return (min(ns), max(ns)) if ns else (0, 0)
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def curve_series(
+    summary: pa.Table | Sequence[Mapping[str, Any]],
+    x: str,
+    metric: str,
+    *,
+    series_by: str = "variant",
+) -> list[CurveSeries]:
+    """The lines of a curve of `metric` against the dotted param `x`, one per variant.
+
+    A config is a point of a variant's line when it sweeps `x` (its `swept` has `x`); the
+    other swept parameters of those configs split the line (a grid gives one line per value
+    of the others). A config of the variant that does not sweep `x` but has the other
+    swept values of a line (the base cell of a one-at-a-time sensitivity design) joins that
+    line at its own value of `x`. A variant with no config on `x` but exactly one config in
+    the curve's context (the other swept params at the values shared by every config on
+    `x`) is kept as a flat reference line (a baseline such as CE).
+    """
+    xcol = PARAM_PREFIX + x
+    rows = [r for r in _rows(summary) if r["metric"] == metric]
+    if not rows:
+        return []
+    by_variant: dict[Any, list[dict]] = {}
+    for row in rows:
+        key = row.get(series_by) if series_by in row else row.get(PARAM_PREFIX + series_by)
+        by_variant.setdefault(key, []).append(row)
+
+    # values of the other params that every config on x shares (the curve's context)
+    all_on_x = [r for r in rows if x in _swept(r)]
+    context: dict[str, str] = {}
+    if all_on_x:
+        for key in {k for r in rows for k in _swept(r)} - {x}:
+            values = {json.dumps(r.get(PARAM_PREFIX + key)) for r in all_on_x}
+            if len(values) == 1:
+                context[key] = values.pop()
+
+    out: list[CurveSeries] = []
+    for variant, vrows in by_variant.items():
+        on_x = [r for r in vrows if x in _swept(r)]
+        if not on_x:
+            # a baseline: its one config in the curve's context becomes a flat line
+            candidates = [
+                r for r in vrows
+                if all(k in context and json.dumps(r.get(PARAM_PREFIX + k)) == context[k]
+                       for k in _swept(r))
+            ]
+            if len(candidates) == 1:
+                out.append(CurveSeries(str(variant), variant, candidates, flat=True))
+            continue
+        others = sorted({k for r in on_x for k in _swept(r)} - {x})
+
+        def other_key(row):
+            return tuple(json.dumps(row.get(PARAM_PREFIX + k)) for k in others)
+
+        lines: dict[tuple, list[dict]] = {}
+        for row in on_x:
+            lines.setdefault(other_key(row), []).append(row)
+        used = {r["config_id"] for r in on_x}
+        for row in vrows:
+            if row["config_id"] in used:
+                continue
+            key = other_key(row)
+            if key not in lines:
+                continue
+            line = lines[key]
+            # every other param it sweeps must sit at the line's (constant) value
+            fits = all(
+                len({json.dumps(r.get(PARAM_PREFIX + k)) for r in line}) == 1
+                and json.dumps(row.get(PARAM_PREFIX + k)) == json.dumps(line[0].get(
+                    PARAM_PREFIX + k))
+                for k in _swept(row) if k != x
+            )
+            xs = {json.dumps(r.get(xcol)) for r in line}
+            if fits and row.get(xcol) is not None and json.dumps(row.get(xcol)) not in xs:
+                line.append(row)
+                used.add(row["config_id"])
+        for key, line in lines.items():
+            label = str(variant)
+            if others:
+                label += ", " + ", ".join(
+                    f"{k}={_fmt_value(json.loads(v))}" for k, v in zip(others, key))
+            line.sort(key=lambda r: _sort_key(r.get(xcol)))
+            out.append(CurveSeries(label, variant, line))
+    return out
+
+
+def _sort_key(value: Any) -> tuple:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))

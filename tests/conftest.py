@@ -1,0 +1,120 @@
+"""Shared pytest fixtures.
+
+`mlflow_server`: a real MLflow tracking server process on 127.0.0.1 for the whole test
+session (SQLite backend and proxied artifact store in a temporary folder). Tests that
+talk to it should create their own experiment (a unique name) so they do not see each
+other's runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+_SERVER_START_TIMEOUT_S = 180.0  # a cold start on a loaded 2-core machine takes ~15-40 s
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def _mlflow_executable() -> list[str]:
+    exe = shutil.which("mlflow")
+    if exe is not None:
+        return [exe]
+    return [sys.executable, "-m", "mlflow"]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Terminate the server and the workers it spawned (its own process group)."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)  # the group we created with start_new_session
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=15)
+
+
+def _start_server(workdir: Path) -> tuple[subprocess.Popen, str, Path]:
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    log_path = workdir / f"mlflow-server-{port}.log"
+    env = dict(os.environ)
+    # The server's background job runner (huey consumers) is not needed for tracking and
+    # costs ~8 processes; keep the test server light.
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = _mlflow_executable() + [
+        "server",
+        "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
+        "--artifacts-destination", str(workdir / "artifacts"),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--workers", "1",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, uri, log_path
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory) -> str:
+    """URI (http://127.0.0.1:PORT) of a real `mlflow server` running for the session."""
+    if shutil.which("mlflow") is None and importlib.util.find_spec("mlflow") is None:
+        pytest.skip("mlflow is not installed: the mlflow_server fixture needs it")
+    workdir = tmp_path_factory.mktemp("mlflow_server")
+    last_error = ""
+    for _attempt in range(3):  # the free port can be taken between probe and bind
+        process, uri, log_path = _start_server(workdir)
+        deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            if _healthy(uri):
+                break
+            time.sleep(0.5)
+        if process.poll() is None and _healthy(uri):
+            try:
+                yield uri
+            finally:
+                _stop(process)
+            return
+        _stop(process)
+        last_error = log_path.read_text(errors="replace")[-4000:]
+    raise RuntimeError(
+        f"mlflow server did not become healthy within {_SERVER_START_TIMEOUT_S:.0f} s "
+        f"(3 attempts). Last server log:\n{last_error}"
+    )

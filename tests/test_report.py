@@ -1,0 +1,416 @@
+"""analysis.report (and analysis.plots) on runs written with the real MLflow client.
+
+Expected table values are computed here with numpy/scipy from the values the test logged;
+the HTML must parse cleanly everywhere and render in headless Chromium where installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import stats as sps
+
+from analysis import plots
+from analysis.report import ReportError, build_report, format_mean_ci
+from analysis.stats import summarize
+try:  # tests/ is on sys.path under pytest's default (prepend) import mode
+    from test_collect import BASE_CONFIG, CellRun, log_study_runs, set_path, unique_name
+except ImportError:  # tests imported as a package
+    from tests.test_collect import (BASE_CONFIG, CellRun, log_study_runs, set_path,
+                                    unique_name)
+
+CHROMIUM = Path("/usr/bin/chromium")
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+        "track", "wbr"}
+
+STUDY_YAML = """\
+name: {name}
+description: CE vs noised top-K under label noise, and an epsilon sensitivity
+base:
+  data: {{name: synthetic, num_classes: 10, label_noise: 0.0}}
+  model: {{name: mlp, hidden_dim: 16}}
+  loss: {{name: noised_topk, k: 5, epsilon: 0.2, n_samples: 5}}
+  optim: {{lr: 0.1, batch_size: 64}}
+  epochs: 3
+variants:
+  ce: {{loss: {{name: ce}}}}
+  noised: {{loss: {{name: noised_topk, k: 5, epsilon: 0.2, n_samples: 5}}}}
+design:
+  - kind: grid
+    parameters: {{data.label_noise: [0.0, 0.1]}}
+  - kind: sensitivity
+    parameters: {{loss.epsilon: [0.0, 0.01, 1.0]}}
+    variants: [noised]
+seeds: [0, 1, 2]
+objective: {{metric: val/top5, mode: max}}
+report:
+  tables:
+    - metrics: [test/top1, test/top5]
+    - {{metrics: [test/top5], columns: variant, swept: [data.label_noise],
+       title: "Top-5 by label noise"}}
+  curves:
+    - {{x: loss.epsilon, metric: test/top5}}
+    - {{x: data.label_noise, metric: test/top5}}
+  shot_groups: [top5]
+  compare: {{reference: ce, metrics: [test/top5]}}
+reference:
+  source: "Thesis Table 4.4"
+  rows:
+    - {{variant: ce, match: {{data.label_noise: 0.0}}, metrics: {{test/top5: 94.2}},
+       ci: {{test/top5: 0.1}}}}
+    - {{variant: noised, match: {{data.label_noise: 0.4}}, metrics: {{test/top5: 87.8}}}}
+"""
+
+ERROR = "NonFiniteLossError: loss is nan at epoch 2, step 5 <in noised_topk & co>"
+
+
+class StrictParser(HTMLParser):
+    """Records unbalanced tags and any resource that is not inline."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.problems: list[str] = []
+        self.images = 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in {"script", "link", "iframe", "object"}:
+            self.problems.append(f"<{tag}> not allowed in a self-contained report")
+        for key in ("src", "href"):
+            value = attrs.get(key)
+            if value is not None and not (value.startswith("data:") or value.startswith("#")):
+                self.problems.append(f"external {key}={value!r}")
+        if tag == "img":
+            self.images += 1
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID:
+            self.stack.pop()
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+            return
+        self.stack.pop()
+
+
+def check_html(text: str) -> StrictParser:
+    parser = StrictParser()
+    parser.feed(text)
+    parser.close()
+    assert text.startswith("<!DOCTYPE html>")
+    assert parser.problems == []
+    assert parser.stack == [], f"unclosed tags: {parser.stack}"
+    return parser
+
+
+def _value(variant: str, p: float, eps: float, seed: int, metric: str) -> float:
+    """Deterministic, distinct per-seed test metrics (fractions in [0, 1])."""
+    base = {"ce": 0.940, "noised": 0.945}[variant] - 0.3 * p + (0.004 if eps == 0.2 else
+                                                                  0.01 * eps)
+    offset = {"top5": 0.0, "top1": -0.25, "few/top5": -0.3, "medium/top5": -0.1,
+              "many/top5": 0.02}[metric]
+    # seed effects differ between variants so that paired differences vary by seed
+    noise = {"ce": (0.0013, 0.0007), "noised": (0.0004, 0.0011)}[variant]
+    return round(base + offset + noise[0] * seed + noise[1] * seed * seed, 6)
+
+
+METRICS = ("top5", "top1", "few/top5", "medium/top5", "many/top5")
+
+
+def _cell(variant, config, seed, swept, p, eps, **extra):
+    return CellRun(
+        variant, config, seed, swept,
+        epochs=[{"train/loss": 1.0, "val/top5": 0.9, "epoch_time_s": 2.0 + seed}],
+        test={m: _value(variant, p, eps, seed, m) for m in METRICS},
+        best_epoch=0, best_val=0.9, **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def report_study(mlflow_server, tmp_path_factory):
+    name = unique_name("report")
+    text = STUDY_YAML.format(name=name)
+    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2,
+                                           "n_samples": 5})
+    cells, expected = [], {}
+
+    def add(variant, config, swept, p, eps, seeds=(0, 1, 2)):
+        for seed in seeds:
+            cells.append(_cell(variant, config, seed, swept, p, eps))
+            for m in METRICS:
+                expected.setdefault((variant, p, eps, m), []).append(
+                    _value(variant, p, eps, seed, m))
+
+    for p in (0.0, 0.1):
+        ce = set_path(set_path(base, "loss", {"name": "ce"}), "data.label_noise", p)
+        add("ce", ce, {"data.label_noise": p}, p, 0.2)
+        add("noised", set_path(base, "data.label_noise", p), {"data.label_noise": p}, p, 0.2)
+    for eps in (0.0, 0.01, 1.0):
+        config = set_path(base, "loss.epsilon", eps)
+        # eps = 1.0: seed 0 finished only (n = 1), seed 1 failed, seed 2 unfinished
+        add("noised", config, {"loss.epsilon": eps}, 0.0, eps,
+            seeds=(0,) if eps == 1.0 else (0, 1, 2))
+        if eps == 1.0:
+            cells.append(CellRun("noised", config, 1, {"loss.epsilon": eps}, status="failed",
+                                 error=ERROR + "\nTraceback line 2"))
+            cells.append(CellRun("noised", config, 2, {"loss.epsilon": eps},
+                                 status="running"))
+    log_study_runs(mlflow_server, name, cells, study_yaml=text)
+    study_file = tmp_path_factory.mktemp("study") / f"{name}.yaml"
+    study_file.write_text(text)
+    out_dir = tmp_path_factory.mktemp("report") / name / "report"
+    path = build_report(mlflow_server, name, out_dir, study_file=study_file)
+    return {"name": name, "html_path": path, "out_dir": out_dir, "expected": expected,
+            "uri": mlflow_server, "html": path.read_text(encoding="utf-8"),
+            "md": (out_dir / "report.md").read_text(encoding="utf-8"), "yaml": text}
+
+
+def _cell_text(values, digits=1):
+    values = np.asarray(values) * 100
+    if values.size == 1:
+        return f"{values[0]:.{digits}f}"
+    half = sps.t.ppf(0.975, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
+    return f"{values.mean():.{digits}f} ± {half:.{digits}f}"
+
+
+@pytest.mark.slow
+def test_tables_hold_the_independently_computed_values(report_study):
+    html_text, md = report_study["html"], report_study["md"]
+    expected = report_study["expected"]
+    for (variant, p, eps, metric), values in expected.items():
+        if metric not in ("top5", "top1"):
+            continue
+        text = _cell_text(values)
+        if len(values) == 1:
+            text += " (n=1)"  # the table's typical n is 3: this cell states its own
+        assert text in html_text, (variant, p, eps, metric, text)
+        assert text in md, (variant, p, eps, metric, text)
+    # best test/top5 mean of the per-config table is bold (markdown) / strong (html)
+    # among configs with at least 2 seeds; the single-seed config (eps = 1.0) has the highest
+    # mean but is not called the best
+    top5 = {k: np.mean(v) for k, v in expected.items() if k[3] == "top5"}
+    best = max((k for k in top5 if len(expected[k]) >= 2), key=top5.get)
+    single = next(k for k in top5 if len(expected[k]) == 1)
+    assert top5[single] > top5[best]
+    assert f"**{_cell_text(expected[best])}**" in md
+    assert f"<strong>{_cell_text(expected[best])}</strong>" in html_text
+    assert f"**{_cell_text(expected[single])}" not in md
+    assert md.count("**94.") + md.count("**95.") == 2  # one bold cell in each top-5 table
+    # the variant layout: at p = 0.1 noised (0.945 base) beats ce: bold in that row
+    row = next(line for line in md.splitlines() if line.startswith("| 0.1 |"))
+    assert f"**{_cell_text(expected[('noised', 0.1, 0.2, 'top5')])}**" in row
+    assert f"| {_cell_text(expected[('ce', 0.1, 0.2, 'top5')])} |" in row
+    # the published number sits beside the reproduced one, with its source
+    assert "94.2 ± 0.1" in html_text and "94.2 ± 0.1" in md
+    assert "Thesis Table 4.4" in md
+    assert "n = 1 to 3 seeds per cell" in md and "seeds 0, 1, 2" in md
+    assert "Student's t" in md
+
+
+@pytest.mark.slow
+def test_paired_comparison_matches_scipy(report_study):
+    md, expected = report_study["md"], report_study["expected"]
+    a = expected[("noised", 0.1, 0.2, "top5")]
+    b = expected[("ce", 0.1, 0.2, "top5")]
+    ref = sps.ttest_rel(a, b)
+    ci = ref.confidence_interval(0.95)
+    diff = f"{np.mean(np.subtract(a, b)) * 100:+.2f} [{ci.low * 100:+.2f}, {ci.high * 100:+.2f}]"
+    assert diff in md
+    assert f"{ref.pvalue:.3g}" in md
+    section = md.split("\n## Paired comparisons", 1)[1].split("\n## ", 1)[0]
+    # noised at p=0.1 pairs with ce at p=0.1 only; eps sweep configs pair with ce at p=0
+    assert section.count("| test/top5 | noised |") == 5
+    assert "data.label_noise=0.1 | data.label_noise=0.1" in section
+
+
+@pytest.mark.slow
+def test_figures_are_embedded_and_written(report_study):
+    parser = check_html(report_study["html"])
+    out_dir = report_study["out_dir"]
+    blobs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', report_study["html"])
+    assert parser.images == len(blobs) == 3  # two curves + shot-group bars
+    for blob in blobs:
+        image = Image.open(io.BytesIO(base64.b64decode(blob)))
+        assert image.format == "PNG" and image.width > 400 and image.height > 300
+        colours = image.convert("L").getcolors(maxcolors=1 << 16)
+        assert colours is None or len(colours) > 10  # not a blank canvas
+    pngs = sorted((out_dir / "figures").glob("*.png"))
+    svgs = sorted((out_dir / "figures").glob("*.svg"))
+    assert len(pngs) == len(svgs) == 3
+    for png in pngs:
+        assert f"](figures/{png.name})" in report_study["md"]
+    for svg in svgs:
+        ET.parse(svg)  # well-formed XML
+
+
+@pytest.mark.slow
+def test_failed_cells_study_file_and_provenance(report_study):
+    html_text, md = report_study["html"], report_study["md"]
+    assert "Failed and unfinished cells (2)" in md
+    assert "&lt;in noised_topk &amp; co&gt;" in html_text  # escaped, never raw
+    assert ERROR in md and "Traceback line 2" in md
+    assert "| unfinished |" in md
+    assert "Reference row 1 (noised, match {'data.label_noise': 0.4}) matches no" in md
+    assert "loss.epsilon: [0.0, 0.01, 1.0]" in md  # the study file
+    assert "loss.epsilon: [0.0, 0.01, 1.0]" in html_text
+    assert report_study["uri"] in md
+    for item in ("date (UTC)", "project git commit", "mlflow 3.", "numpy", "scipy",
+                 "parent run"):
+        assert item in md, item
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(),
+                    reason="/usr/bin/chromium not installed (apt-get install -y chromium): "
+                           "the headless render check needs it; the HTML is still parsed")
+def test_html_renders_in_headless_chromium(report_study, tmp_path):
+    shot = tmp_path / "shot.png"
+    command = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
+        f"--screenshot={shot}", "--window-size=1200,2400", "--hide-scrollbars",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+        report_study["html_path"].resolve().as_uri(),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert shot.exists() and shot.stat().st_size > 0, result.stderr[-2000:]
+    image = Image.open(shot)
+    assert image.size == (1200, 2400)
+    colours = image.convert("L").getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 20  # text, tables and figures, not a blank page
+
+
+@pytest.mark.slow
+def test_bad_report_block_names_file_and_path(report_study, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(report_study["yaml"].replace("columns: variant", "columns: sideways"))
+    with pytest.raises(ReportError, match=r"bad\.yaml.*report\.tables\[1\]\.columns"):
+        build_report(report_study["uri"], report_study["name"], tmp_path / "out",
+                     study_file=bad)
+
+
+# ----------------------------------------------------------------------------- plots only
+
+
+def _summary_rows():
+    rows = []
+    for variant, times in (("ce", None), ("noised", None), ("hinge", "linear")):
+        for k in (1, 3, 5, 10):
+            if variant == "ce" and k != 5:
+                continue
+            swept = {} if variant == "ce" else {"loss.k": k}
+            for seed in range(3):
+                t = {"ce": 65.0, "noised": 68.0, "hinge": 60 + 3 * k}[variant] + seed
+                rows.append({
+                    "config_id": f"{variant}{k}", "seed": seed, "variant": variant,
+                    "swept": json.dumps(swept), "param:loss.k": k,
+                    "param:loss.name": variant, "mean:epoch_time_s": t,
+                    "test/few/top5": 0.3 + 0.01 * k, "test/medium/top5": 0.7,
+                    "test/many/top5": 0.9 - 0.001 * seed,
+                })
+    return rows
+
+
+def test_epoch_time_and_shot_group_figures(tmp_path):
+    rows = _summary_rows()
+    summary = summarize(rows, ["mean:epoch_time_s", "test/few/top5", "test/medium/top5",
+                               "test/many/top5"])
+    png, svg = plots.epoch_time_vs_k(summary, tmp_path / "epoch_time")
+    assert png.suffix == ".png" and svg.suffix == ".svg"
+    assert Image.open(png).format == "PNG"
+    root = ET.parse(svg).getroot()
+    svg_text = svg.read_text()
+    assert root.tag.endswith("svg") and "noised" in svg_text and "n=3 seeds" in svg_text
+    png2, svg2 = plots.shot_group_bars(summary, "top5", tmp_path / "bars")
+    assert Image.open(png2).size[0] > 400 and "few-shot" in svg2.read_text()
+    with pytest.raises(ValueError, match="no shot-group metric"):
+        plots.shot_group_bars(summary, "top1", tmp_path / "none")
+
+
+def test_format_mean_ci():
+    assert format_mean_ci(94.44, 0.06, 1) == "94.4 ± 0.1"
+    assert format_mean_ci(94.44, float("nan"), 1) == "94.4"
+    assert format_mean_ci(float("nan"), 1.0, 1) == "–"
+
+
+def test_parser_catches_unbalanced_html():
+    parser = StrictParser()
+    parser.feed("<div><p>x</div>")
+    assert parser.problems
+    with pytest.raises(AssertionError):
+        check_html('<!DOCTYPE html><html><body><img src="http://x/y.png"></body></html>')
+
+
+@pytest.mark.slow
+def test_default_report_without_study_file(mlflow_server, tmp_path):
+    """No study file and no study.yaml artifact: default table, curve, epoch time, bars."""
+    name = unique_name("defaults")
+    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2,
+                                           "n_samples": 5})
+    cells, expected = [], {}
+    ce = set_path(base, "loss", {"name": "ce", "k": 5})
+    for seed in (0, 1):
+        cells.append(_cell("ce", ce, seed, {}, 0.0, 0.2))
+        expected.setdefault("ce", []).append(_value("ce", 0.0, 0.2, seed, "top5"))
+        for k in (1, 5, 10):
+            cell = _cell("noised", set_path(base, "loss.k", k), seed, {"loss.k": k}, 0.0,
+                         k / 10)
+            cell.epochs = [{"train/loss": 1.0, "epoch_time_s": 10.0 * k + e + seed}
+                           for e in range(3)]
+            cells.append(cell)
+            expected.setdefault(("noised", k), []).append(_value("noised", 0.0, k / 10, seed,
+                                                                 "top5"))
+    log_study_runs(mlflow_server, name, cells)
+    path = build_report(mlflow_server, name, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    parser = check_html(path.read_text())
+    assert "none (no study file given and no study.yaml artifact)" in md
+    assert "Final test metrics (default table)" in md
+    for values in expected.values():
+        assert _cell_text(values) in md  # n = 2: t on 1 degree of freedom
+    figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("*.png"))
+    assert figures == ["curve_1_test_top5_vs_loss_k.png", "epoch_time_vs_k.png",
+                       "shot_groups_top5.png"]
+    assert parser.images == 3
+    svg = (tmp_path / "report" / "figures" / "epoch_time_vs_k.svg").read_text()
+    assert "noised_topk" in svg and "ce" in svg
+    assert "### Each variant against 'ce'" in md  # alphabetical default reference
+
+    boot = build_report(mlflow_server, name, tmp_path / "boot", ci_method="bootstrap",
+                        level=0.9)
+    md = boot.with_suffix(".md").read_text()
+    assert "Mean [bounds] of the 90% confidence interval" in md and "percentile bootstrap" in md
+    # two seeds: resampled means are a, (a+b)/2, b with mass 1/4, 1/2, 1/4, so the 5% and
+    # 95% percentiles of the bootstrap are exactly the two values
+    values = np.asarray(expected[("noised", 5)]) * 100
+    assert f"{values.mean():.1f} [{values.min():.1f}, {values.max():.1f}]" in md
+
+
+@pytest.mark.slow
+def test_report_of_a_study_where_every_cell_failed(mlflow_server, tmp_path):
+    name = unique_name("allfailed")
+    cells = [CellRun("ce", BASE_CONFIG, s, {}, status="failed", error=f"boom {s}")
+             for s in range(2)]
+    log_study_runs(mlflow_server, name, cells)
+    path = build_report(mlflow_server, name, tmp_path)
+    check_html(path.read_text())
+    md = (tmp_path / "report.md").read_text()
+    assert "No finished cell" in md and "Failed and unfinished cells (2)" in md
+    assert "boom 0" in md and "boom 1" in md
