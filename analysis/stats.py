@@ -39,7 +39,9 @@ _FRACTION_METRIC = re.compile(r"^(macro_)?(top|avg)\d+$")
 
 def is_fraction_metric(metric: str) -> bool:
     """Accuracies in [0, 1] (`test/top5`, `val/macro_avg3`, `test/few/top1`): shown in percent."""
-    return bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))
+    # best_val is the selection metric's best value: always an accuracy (studies.spec
+    # accepts only top-K / average-K metrics as eval.selection)
+    return metric == "best_val" or bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))
 
 
 def lower_is_better(metric: str) -> bool:

@@ -899,6 +899,7 @@ class ReportTable(_Strict):
     title: Optional[str] = None
     columns: Literal["metrics", "variant"] = "metrics"
     digits: Optional[int] = Field(None, ge=0, le=6)
+    swept: Optional[list[str]] = None  # only configs that sweep nothing but these paths
 
 
 class ReportCurve(_Strict):

@@ -321,6 +321,7 @@ def test_metric_kinds_and_axis_scales():
     assert is_fraction_metric("test/top5") and is_fraction_metric("test/few/macro_top1")
     assert is_fraction_metric("val/avg3") and not is_fraction_metric("test/avg5_size")
     assert not is_fraction_metric("epoch_time_s") and not is_fraction_metric("best_epoch")
+    assert is_fraction_metric("best_val")  # the selection metric is always an accuracy
     assert lower_is_better("train/loss") and lower_is_better("mean:epoch_time_s")
     assert not lower_is_better("test/top5")
     # thesis Table 4.2: epsilon from 0 to 100 -> symlog, linear up to the smallest non-zero
