@@ -1,0 +1,253 @@
+"""Orchestration benchmark (not a test): runner overhead per cell, and the cost of tracking.
+
+1. Per-cell overhead of `studies run` against a plain Python loop over the same cells.
+   Every cell runs `sleep_fit`, a function with the contract of `setvalued.train.fit`
+   (docs/interfaces.md section 4) that sleeps `--seconds` split over `--epochs` epochs, so
+   the work is known exactly. The runner does everything it does for a real study: one Tune
+   trial per cell (actor reuse), a checkpoint and a Tune report every epoch, one MLflow
+   `log_batch` per epoch, the final metrics, the per-class Parquet artifact, the ledger.
+   Trials run one at a time (`max_concurrent: 1`) so that the overhead is not hidden by
+   parallelism. The fixed start-up (MLflow experiment, Tune set-up) is removed by running a
+   1-cell study and an N-cell study on the same Ray instance, after a warm-up study:
+
+       overhead per cell = (T_runner(N) - T_runner(1) - (N - 1) * seconds) / (N - 1)
+
+   and the plain loop gives T_loop(N) / N - seconds (about 0). Target (issue 5): < 0.5 s.
+
+2. Cost of tracking one epoch: one `MlflowClient.log_batch` with the metrics of a realistic
+   epoch (about 40 keys: the loss, top-K and macro/few/medium/many for 4 K, average-K, lr,
+   times, gradient sparsity), median of `--repeats` calls, against the embedded SQLite store
+   and (with `--start-server` or `--tracking-uri`) an MLflow server over HTTP; compared with
+   a 30-second epoch (target: under 2%) and with one `log_metric` call per key (what
+   `MLflowLoggerCallback` does).
+
+    python benchmarks/orchestration.py                      # issue's size: 100 cells of 1 s
+    python benchmarks/orchestration.py --cells 20 --seconds 0.5 --start-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def sleep_fit(config, seed, on_epoch=None, checkpoint=None, *, seconds: float):
+    """`fit` contract with known work: sleep `seconds` split evenly over the config's
+    epochs, report realistic metrics; resumable from its own state."""
+    epochs = int(config["epochs"])
+    start = 0 if checkpoint is None else int(checkpoint["epoch"]) + 1
+    for epoch in range(start, epochs):
+        time.sleep(seconds / epochs)
+        if on_epoch is not None:
+            on_epoch(epoch, epoch_metrics(epoch), {"epoch": epoch})
+    return {"best_epoch": epochs - 1, "best_val": 0.5,
+            "test": {k.split("/", 1)[1]: v for k, v in epoch_metrics(0).items()
+                     if k.startswith("val/")},
+            "per_class": {"class": list(range(10)), "top5": [0.5] * 10}, "history": []}
+
+
+def epoch_metrics(epoch: int) -> dict[str, float]:
+    """A realistic epoch's metrics (keys as setvalued.train reports them)."""
+    metrics = {"train/loss": 1.0 / (epoch + 1), "lr": 0.1, "epoch_time_s": 30.0,
+               "eval_time_s": 2.0, "grad_nonzero": 5.0, "grad_nonzero_active": 5.5}
+    for k in (1, 3, 5, 10):
+        for prefix in ("", "macro_", "few/", "medium/", "many/"):
+            metrics[f"val/{prefix}top{k}"] = 0.5 + 0.01 * k
+    for prefix in ("", "macro_", "few/", "medium/", "many/"):
+        metrics[f"val/{prefix}avg5"] = 0.6
+    metrics["val/avg5_size"] = 5.0
+    metrics["val/avg5_threshold"] = 0.1
+    return metrics
+
+
+def study_text(name: str, cells: int, seconds: float, epochs: int) -> str:
+    """`cells` configs x 1 seed; each config differs by its lr (the swept value)."""
+    study = {
+        "name": name, "description": "orchestration benchmark",
+        "base": {"data": {"name": "synthetic", "num_classes": 20},
+                 "model": {"name": "mlp", "hidden_dim": 8},
+                 "loss": {"name": "ce"},
+                 "optim": {"lr": 0.1, "milestones": []},
+                 "epochs": int(epochs), "eval": {"ks": [1, 5]}, "device": "cpu"},
+        "design": [{"kind": "grid", "parameters": {
+            "optim.lr": [round(0.001 * (i + 1), 6) for i in range(cells)]}}],
+        "seeds": [0], "resources": {"cpus": 1}, "max_concurrent": 1, "max_failures": 0,
+    }
+    return yaml.safe_dump(study, sort_keys=False)
+
+
+def time_runner(folder: Path, name: str, cells: int, seconds: float, epochs: int,
+                tracking_uri: str | None) -> float:
+    from studies.runner import RunOptions, run_study
+
+    path = folder / f"{name}.yaml"
+    path.write_text(study_text(name, cells, seconds, epochs))
+    options = RunOptions(output=folder / "out", tracking_uri=tracking_uri, report=False,
+                         fit_fn=functools.partial(sleep_fit, seconds=seconds), stream=io.StringIO(), progress_interval_s=1e9)
+    start = time.perf_counter()
+    outcome = run_study(path, options)
+    elapsed = time.perf_counter() - start
+    if outcome.exit_code != 0 or outcome.finished != cells:
+        raise RuntimeError(f"benchmark study {name} did not finish: {outcome}")
+    return elapsed
+
+
+def time_loop(cells: int, seconds: float, epochs: int) -> float:
+    config = {"epochs": epochs}
+    start = time.perf_counter()
+    for _ in range(cells):
+        sleep_fit(config, 0, seconds=seconds)
+    return time.perf_counter() - start
+
+
+def time_log_batch(tracking_uri: str, repeats: int) -> dict[str, float]:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient(tracking_uri)
+    name = f"bench-tracking-{os.getpid()}-{int(time.time())}"
+    experiment_id = client.create_experiment(name)
+    run_id = client.create_run(experiment_id).info.run_id
+    batch, single = [], []
+    for epoch in range(repeats):
+        metrics = epoch_metrics(epoch)
+        stamp = int(time.time() * 1000)
+        start = time.perf_counter()
+        client.log_batch(run_id, metrics=[Metric(k, v, stamp, epoch)
+                                          for k, v in metrics.items()], synchronous=True)
+        batch.append(time.perf_counter() - start)
+    for epoch in range(min(repeats, 5)):
+        start = time.perf_counter()
+        for key, value in epoch_metrics(epoch).items():
+            client.log_metric(run_id, key, value, step=1000 + epoch)
+        single.append(time.perf_counter() - start)
+    return {"keys": len(epoch_metrics(0)), "log_batch_median_s": statistics.median(batch),
+            "log_batch_p90_s": sorted(batch)[int(0.9 * (len(batch) - 1))],
+            "log_metric_per_key_median_s": statistics.median(single)}
+
+
+def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    process = subprocess.Popen(
+        [shutil.which("mlflow") or "mlflow", "server", "--backend-store-uri",
+         f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
+         str(folder / "server-artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                return process, uri
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGTERM)
+    raise RuntimeError("mlflow server did not start")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", type=int, default=100, help="cells (default 100)")
+    parser.add_argument("--seconds", type=float, default=1.0,
+                        help="work per cell in seconds (default 1.0)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per cell (default 3)")
+    parser.add_argument("--repeats", type=int, default=50,
+                        help="log_batch calls timed (default 50)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow server to use (default: the embedded SQLite store)")
+    parser.add_argument("--start-server", action="store_true",
+                        help="also start a local `mlflow server` and time log_batch over "
+                             "HTTP against it (the runner itself uses --tracking-uri or the "
+                             "embedded SQLite store)")
+    parser.add_argument("--num-cpus", type=int, default=2, help="local Ray CPUs (default 2)")
+    parser.add_argument("--json", default=None, help="write the numbers to this file")
+    args = parser.parse_args(argv)
+
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    results: dict = {"cells": args.cells, "seconds": args.seconds, "epochs": args.epochs}
+    server = None
+    with tempfile.TemporaryDirectory(prefix="studies-bench-") as tmp:
+        folder = Path(tmp)
+        try:
+            uri = args.tracking_uri  # the runner tracks to this, else the embedded SQLite
+            server_uri = args.tracking_uri
+            if args.start_server:
+                server, started_uri = start_server(folder)
+                server_uri = server_uri or started_uri
+            results["runner_tracking"] = uri or "sqlite (embedded)"
+            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+                     log_to_driver=False)
+            loop = time_loop(args.cells, args.seconds, args.epochs)
+            # warm-up (Ray worker start, first imports in the workers): not measured
+            time_runner(folder, "bench-warmup", 2, args.seconds, args.epochs, uri)
+            one = time_runner(folder, "bench-one", 1, args.seconds, args.epochs, uri)
+            many = time_runner(folder, "bench-many", args.cells, args.seconds, args.epochs,
+                               uri)
+            ray.shutdown()
+            results["loop_s"] = loop
+            results["loop_overhead_per_cell_s"] = loop / args.cells - args.seconds
+            results["runner_1_cell_s"] = one
+            results["runner_n_cells_s"] = many
+            denominator = max(1, args.cells - 1)
+            results["runner_overhead_per_cell_s"] = (
+                many - one - (args.cells - 1) * args.seconds) / denominator
+            results["runner_fixed_startup_s"] = one - args.seconds
+            stores = {"sqlite": f"sqlite:///{folder / 'bench-tracking.db'}"}
+            if server_uri:
+                stores["server"] = server_uri
+            for label, store in stores.items():
+                numbers = time_log_batch(store, args.repeats)
+                numbers["share_of_30s_epoch"] = numbers["log_batch_median_s"] / 30.0
+                results[f"tracking_{label}"] = numbers
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            if server is not None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(timeout=30)
+
+    print(json.dumps(results, indent=2))
+    print(f"\nrunner overhead per cell: {results['runner_overhead_per_cell_s']:.3f} s "
+          f"(target < 0.5 s; plain loop {results['loop_overhead_per_cell_s']:.4f} s); "
+          f"fixed start-up {results['runner_fixed_startup_s']:.1f} s")
+    for label in ("sqlite", "server"):
+        numbers = results.get(f"tracking_{label}")
+        if numbers:
+            print(f"tracking one epoch ({label}, {numbers['keys']} metrics, one log_batch): "
+                  f"{1000 * numbers['log_batch_median_s']:.1f} ms = "
+                  f"{100 * numbers['share_of_30s_epoch']:.3f}% of a 30 s epoch (target < 2%); "
+                  f"one log_metric per key: "
+                  f"{1000 * numbers['log_metric_per_key_median_s']:.0f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The `studies` command line: run, resume, report and export hyperparameter studies.
+
+Every subcommand is one `Command` (name, help, how to add its arguments, what it does) in
+`COMMANDS`; adding one (submit, jobs, logs, stop) is adding an entry.
+
+Exit codes: 0 success; 1 some cells did not finish (each listed with its error); 2 bad input
+(a study file that fails validation, an unknown study name, resources that do not fit):
+one paragraph on stderr, no traceback, nothing started; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+DEFAULT_OUTPUT = "studies_out"
+
+EPILOG = """\
+examples:
+  studies run studies/catalog/quickstart.yaml --dry-run   # the cells, nothing started
+  studies run studies/catalog/quickstart.yaml --smoke     # seconds: synthetic data, 1 epoch
+  studies run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
+  studies resume quickstart                               # complete what is missing
+  studies report quickstart                               # HTML + Markdown report
+  studies export quickstart --to cells.parquet            # one row per finished cell
+"""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ----------------------------------------------------------------------------- shared options
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output", default=DEFAULT_OUTPUT, metavar="DIR",
+        help="folder holding one sub-folder per study: study.yaml, run.json, mlflow.db, "
+             "ray/, optuna.db, report/ (default: ./%(default)s)")
+
+
+def _add_tracking(parser: argparse.ArgumentParser, saved: bool) -> None:
+    default = ("the one the study was run with (run.json), else " if saved else "") + \
+        "sqlite:///DIR/NAME/mlflow.db"
+    parser.add_argument(
+        "--tracking-uri", default=None, metavar="URI",
+        help=f"MLflow tracking URI, e.g. http://mlflow:5000 (default: {default})")
+
+
+def _add_execution(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address", default=None, metavar="ADDR",
+        help="Ray cluster to run on (e.g. auto, or ray://head:10001); default: a local Ray "
+             "instance sized to this machine")
+    parser.add_argument(
+        "--storage", default=None, metavar="PATH_OR_URI",
+        help="where Ray Tune keeps trial checkpoints (default: DIR/NAME/ray); on a "
+             "multi-node cluster a folder shared by all nodes or a cloud URI (s3://...)")
+    parser.add_argument(
+        "--num-cpus", type=int, default=None, metavar="N",
+        help="CPUs of the local Ray instance (default: all of this machine's)")
+    parser.add_argument(
+        "--no-report", dest="report", action="store_false",
+        help="do not build the report at the end (build it later with `studies report`)")
+    parser.add_argument(
+        "--progress-every", type=float, default=30.0, metavar="S",
+        help="print the progress line at least every S seconds (default: %(default)s)")
+
+
+def _options(args: argparse.Namespace):
+    from studies.runner import RunOptions
+
+    return RunOptions(
+        output=Path(args.output), tracking_uri=args.tracking_uri,
+        address=getattr(args, "address", None), smoke=getattr(args, "smoke", False),
+        dry_run=getattr(args, "dry_run", False), report=getattr(args, "report", True),
+        num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
+        progress_interval_s=getattr(args, "progress_every", 30.0),
+    )
+
+
+def _fail(message: str) -> int:
+    print(f"studies: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _study_location(args: argparse.Namespace) -> tuple[Path, str]:
+    """(study folder, tracking URI) of a study by name, from --output and run.json."""
+    from studies.runner import read_settings, study_dir_of
+    from studies.tracking import default_tracking_uri
+
+    study_dir = study_dir_of(Path(args.output), args.name)
+    saved = read_settings(study_dir)
+    uri = args.tracking_uri or saved.get("tracking_uri")
+    if uri is None:
+        if not (study_dir / "mlflow.db").exists():
+            raise FileNotFoundError(
+                f"no study named {args.name!r} under {study_dir.parent} (no run.json, no "
+                f"mlflow.db in {study_dir}); pass --output DIR where it ran, or "
+                f"--tracking-uri URI where it is tracked")
+        uri = default_tracking_uri(study_dir)
+    return study_dir, uri
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _run(args: argparse.Namespace) -> int:
+    from studies.runner import RunnerError, run_study
+    from studies.spec import StudyError
+
+    try:
+        outcome = run_study(args.file, _options(args))
+    except (StudyError, RunnerError) as error:
+        return _fail(str(error))
+    return outcome.exit_code
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the table of cells (config_id, seed, swept values) and "
+                             "their count; start nothing")
+    parser.add_argument("--smoke", action="store_true",
+                        help="same losses, metrics and design on a tiny synthetic set, tiny "
+                             "MLP, one epoch, CPU; runs as study NAME-smoke")
+    _add_execution(parser)
+    _add_tracking(parser, saved=False)
+    _add_output(parser)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from studies.runner import RunnerError, resume_study
+    from studies.spec import StudyError
+
+    try:
+        outcome = resume_study(args.name, _options(args))
+    except (StudyError, RunnerError) as error:
+        return _fail(str(error))
+    return outcome.exit_code
+
+
+def _add_resume(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME",
+                        help="the study's name (its folder DIR/NAME holds study.yaml)")
+    _add_execution(parser)
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        study_dir, uri = _study_location(args)
+        from analysis.report import build_report
+    except (FileNotFoundError, ImportError) as error:
+        return _fail(str(error))
+    study_file = study_dir / "study.yaml"
+    path = build_report(uri, args.name, study_dir / "report",
+                        study_file=study_file if study_file.exists() else None)
+    print(path)
+    return 0
+
+
+def _add_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the study's name")
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        study_dir, uri = _study_location(args)
+        from analysis.collect import collect, export_parquet
+    except (FileNotFoundError, ImportError) as error:
+        return _fail(str(error))
+    target = Path(args.to) if args.to else study_dir / "cells.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = export_parquet(collect(uri, args.name), target)
+    print(path)
+    return 0
+
+
+def _add_export(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the study's name")
+    parser.add_argument("--to", default=None, metavar="PATH",
+                        help="the Parquet file to write (default: DIR/NAME/cells.parquet; "
+                             "failed cells go to <stem>.failed.parquet beside it)")
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
+COMMANDS: list[Command] = [
+    Command("run", "run a study file (or complete it: finished cells are skipped)",
+            "Validate the study file, expand it into (config, seed) cells and run every "
+            "cell not finished yet as a Ray Tune trial, tracked in MLflow. A bad file is "
+            "reported in one paragraph (exit 2) before anything starts.",
+            _add_run, _run),
+    Command("resume", "complete an interrupted study by name",
+            "Re-run DIR/NAME/study.yaml with the settings it was run with (run.json): "
+            "finished cells are skipped, unfinished ones start again.",
+            _add_resume, _resume),
+    Command("report", "build the study's HTML/Markdown report and print its path",
+            "Read the study's runs from MLflow and write DIR/NAME/report/ (tables with 95% "
+            "confidence intervals over seeds, curves).",
+            _add_report, _report),
+    Command("export", "export the finished cells to Parquet and print the path",
+            "One row per finished cell: ids, the flattened config, final metrics.",
+            _add_export, _export),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="studies",
+        description="Hyperparameter studies of set-valued classification losses: one YAML "
+                    "file -> every (config, seed) cell trained on Ray Tune, tracked in "
+                    "MLflow, resumable, and reported with confidence intervals.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        child = sub.add_parser(command.name, help=command.help,
+                               description=command.description)
+        command.add_arguments(child)
+        child.set_defaults(handler=command.run)
+    from studies.submit import add_subcommands  # submit, jobs, logs, stop (a Ray cluster)
+
+    add_subcommands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Progress of a running study on the driver: cells done / running / failed / left, and ETA.
+
+`StudyProgress` is the bookkeeping (plain Python, testable without Ray); `ProgressCallback`
+feeds it from Tune's driver-side callback hooks and prints a line whenever a cell starts,
+ends or fails, and at least every `interval_s` seconds while cells run. A failed cell is
+printed with its error; it does not stop the others.
+
+ETA: the fraction of the work done in this session is
+(cells finished + sum over running cells of epochs done / epochs) / cells to run; the time
+left is elapsed * (1 - fraction) / fraction. It counts partial epochs of running cells, so
+it is available before the first cell ends, and it follows the real concurrency.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Mapping
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+@dataclass
+class StudyProgress:
+    """Counts of one study run. `done_before`: cells finished by earlier runs (skipped)."""
+
+    total: int
+    to_run: int
+    epochs: Mapping[str, int]  # cell_id -> epochs of its config
+    done_before: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    finished: set = field(default_factory=set)
+    failed: dict = field(default_factory=dict)  # cell_id -> error
+    running: dict = field(default_factory=dict)  # cell_id -> epochs done
+
+    def start(self, cell_id: str) -> None:
+        self.running.setdefault(cell_id, 0)
+        self.failed.pop(cell_id, None)
+
+    def epoch(self, cell_id: str, epochs_done: int) -> None:
+        if cell_id not in self.finished and cell_id not in self.failed:
+            self.running[cell_id] = max(self.running.get(cell_id, 0), int(epochs_done))
+
+    def finish(self, cell_id: str) -> None:
+        self.running.pop(cell_id, None)
+        self.failed.pop(cell_id, None)
+        self.finished.add(cell_id)
+
+    def fail(self, cell_id: str, error: str) -> None:
+        self.running.pop(cell_id, None)
+        self.failed[cell_id] = error
+
+    @property
+    def left(self) -> int:
+        return max(0, self.to_run - len(self.finished) - len(self.failed) - len(self.running))
+
+    def fraction_done(self) -> float:
+        if self.to_run == 0:
+            return 1.0
+        partial = sum(min(1.0, done / max(1, self.epochs.get(cell, 1)))
+                      for cell, done in self.running.items())
+        return (len(self.finished) + len(self.failed) + partial) / self.to_run
+
+    def eta_s(self, now: float | None = None) -> float | None:
+        fraction = self.fraction_done()
+        if fraction <= 0.0:
+            return None
+        elapsed = (now if now is not None else time.monotonic()) - self.started_at
+        return elapsed * (1.0 - fraction) / fraction
+
+    def line(self, now: float | None = None) -> str:
+        done = self.done_before + len(self.finished)
+        return (f"[studies] done {done}/{self.total}"
+                + (f" ({self.done_before} before this run)" if self.done_before else "")
+                + f" | running {len(self.running)} | failed {len(self.failed)}"
+                + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}")
+
+
+def _tune_callback_base():
+    from ray.tune import Callback
+
+    return Callback
+
+
+class ProgressCallback(_tune_callback_base()):
+    """Tune driver callback that keeps a `StudyProgress` and prints it."""
+
+    def __init__(self, progress: StudyProgress, interval_s: float = 30.0,
+                 stream: IO[str] | None = None, on_error=None):
+        self.progress = progress
+        self.interval_s = interval_s
+        self.stream = stream or sys.stdout
+        self._last_print = 0.0
+        self._on_error = on_error  # called with the cell_id of a cell that errored in Tune
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+        self._last_print = time.monotonic()
+
+    @staticmethod
+    def _cell(trial) -> str:
+        return str(trial.config.get("cell_id"))
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.progress.start(self._cell(trial))
+        self._print(self.progress.line())
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        cell = self._cell(trial)
+        status = result.get("cell_status")
+        if status == "failed":
+            self.progress.fail(cell, str(result.get("error", "")))
+            self._print(f"[studies] cell {cell} FAILED: {result.get('error', '')}")
+            self._print(self.progress.line())
+        elif status == "finished":
+            self.progress.finish(cell)
+            self._print(self.progress.line())
+        elif "epochs_done" in result:
+            self.progress.epoch(cell, int(result["epochs_done"]))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        cell = self._cell(trial)
+        if cell not in self.progress.failed and cell not in self.progress.finished:
+            last = trial.last_result or {}
+            if last.get("cell_status") == "failed":
+                self.progress.fail(cell, str(last.get("error", "")))
+            else:
+                self.progress.finish(cell)
+            self._print(self.progress.line())
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._print(f"[studies] cell {self._cell(trial)}: worker failed, restarting from its "
+                    f"last checkpoint ({trial_error(trial)})")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        cell = self._cell(trial)
+        error = trial_error(trial)
+        self.progress.fail(cell, error)
+        self._print(f"[studies] cell {cell} FAILED: {error}")
+        self._print(self.progress.line())
+        if self._on_error is not None:
+            self._on_error(cell)
+
+    def on_step_end(self, iteration, trials, **info):
+        if self.progress.running and time.monotonic() - self._last_print >= self.interval_s:
+            self._print(self.progress.line())
+
+
+def trial_error(trial: Any, limit: int = 600) -> str:
+    """The last line of a Tune trial's error (its exception type and message)."""
+    text = ""
+    try:
+        path = trial.error_file
+        if path:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+    except OSError:
+        text = ""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return "the trial's worker failed (no error message)"
+    message = lines[-1]
+    return message if len(message) <= limit else message[: limit - 3] + "..."

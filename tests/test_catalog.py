@@ -1,0 +1,458 @@
+"""The study catalogue (studies/catalog/*.yaml): every file validates, expands to the cells its
+experiment needs, carries the papers' protocol and reference numbers, and runs in smoke mode.
+
+The expected cell counts are written here from the experiments' definitions (the digests in
+the team's spec folder and the papers' tables), independently of the files, so that a file
+that drops a loss, a K or a seed fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from studies.spec import check_metric, get_path, load_study
+from studies.space import expand, smoke_cells
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOG = REPO / "studies" / "catalog"
+
+# --------------------------------------------------------------------------------------------
+# Expected number of cells of each experiment (configs x seeds), from the papers' protocols.
+# --------------------------------------------------------------------------------------------
+
+EXPECTED_CELLS = {
+    # quickstart: CE + smooth SVM + noised top-K at 3 epsilon values, 3 seeds
+    "quickstart": (2 + 3) * 3,
+    # thesis Table 4.2: 8 epsilon values x 4 seeds
+    "topk_epsilon": 8 * 4,
+    # thesis Table 4.3: 7 values of M x 4 seeds
+    "topk_n_samples": 7 * 4,
+    # thesis Figure 4.2: 8 epsilon values (M=3) + CE + smoothed hinge, 4 seeds
+    "topk_gradient_sparsity": (8 + 2) * 4,
+    # thesis Figure 4.3: CE + smoothed hinge x 6 K + noised x 6 K x 3 M, 3 seeds
+    "topk_epoch_time": (1 + 6 + 6 * 3) * 3,
+    # thesis Tables 4.4/4.7: 3 losses x 5 noise levels x 4 seeds
+    "topk_cifar100_label_noise": 3 * 5 * 4,
+    # thesis Tables 4.5/4.8: 6 losses x K in {1,3,5,10} x 3 seeds
+    "topk_plantnet300k": 6 * 4 * 3,
+    # thesis Table 4.6: 5 losses x K in {1,3,5} x 4 seeds
+    "topk_imagenet_lt": 5 * 3 * 4,
+    # thesis Section 4.6.5 on Pl@ntNet: per K, focal 4 + LDAM 4x3 + tau 2 + imbal 3x4x2; 4 K; 1 seed
+    "topk_hparam_search_plantnet300k": (4 + 4 * 3 + 2 + 3 * 4 * 2) * 4 * 1,
+    # thesis Section 4.6.5 on ImageNet-LT: the same grids, K in {1,3,5}, 1 seed
+    "topk_hparam_search_imagenet_lt": (4 + 4 * 3 + 2 + 3 * 4 * 2) * 3 * 1,
+    # thesis Table 4.9: 3 losses x K in {1,5} x 3 seeds
+    "topk_imagenet": 3 * 2 * 3,
+    # [BZK18] Table 1: 2 losses x 6 noise levels x 3 seeds
+    "smooth_svm_cifar100_label_noise": 2 * 6 * 3,
+    # [BZK18] Table 2: 2 losses x 5 training-set sizes x 1 run
+    "smooth_svm_imagenet_subsets": 2 * 5 * 1,
+    # thesis Table 5.1 + S2 Tables 1, 3: 6 losses + the SCCP head, 4 seeds
+    "avgk_cifar100": (6 + 1) * 4,
+    # thesis Table 5.2 + S2 Tables 2, 4: (5 losses + SCCP head) x K in {2,3,5,10} x 3 seeds
+    "avgk_plantnet300k": (5 + 1) * 4 * 3,
+    # thesis Figure 5.5: 10 alpha values x 3 seeds
+    "avgk_alpha_sensitivity": 10 * 3,
+    # thesis Figure 5.6: 2 losses x 8 batch sizes x 3 seeds
+    "avgk_batch_size": 2 * 8 * 3,
+    # thesis Table 5.3 search: alpha 10 + beta 5 + eps 6 + ROLE lambda 4 x lr multiplier 3; 1 seed
+    "avgk_hparam_search_cifar100": (10 + 5 + 6 + 4 * 3) * 1,
+    # thesis Table 5.4 search: (alpha 10 + beta 5 + eps 6) x K in {2,3,5,10}; 1 seed
+    "avgk_hparam_search_plantnet300k": (10 + 5 + 6) * 4 * 1,
+    # S2 Table 7: 3 architectures x 5 losses x 3 seeds
+    "avgk_plantnet300k_architectures": 3 * 5 * 3,
+}
+
+# The values each experiment sweeps, as the papers give them: (variant, dotted path) -> values.
+EXPECTED_SWEEPS = {
+    "topk_epsilon": {("noised_bal", "loss.epsilon"): {0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0}},
+    "topk_n_samples": {("noised_bal", "loss.n_samples"): {1, 2, 3, 5, 10, 50, 100}},
+    "topk_epoch_time": {("noised_bal", "loss.k"): {1, 2, 3, 5, 10, 20},
+                        ("noised_bal", "loss.n_samples"): {1, 3, 10},
+                        ("smooth_hinge", "loss.k"): {1, 2, 3, 5, 10, 20}},
+    "topk_cifar100_label_noise": {(v, "data.label_noise"): {0.0, 0.1, 0.2, 0.3, 0.4}
+                                  for v in ("ce", "smooth_hinge", "noised_bal")},
+    "topk_plantnet300k": {(v, "loss.k"): {1, 3, 5, 10} for v in ("smooth_hinge", "noised_bal", "noised_imbal")},
+    "topk_imagenet_lt": {(v, "loss.k"): {1, 3, 5} for v in ("smooth_hinge", "noised_imbal")},
+    "smooth_svm_cifar100_label_noise": {(v, "data.label_noise"): {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}
+                                        for v in ("ce", "smooth_svm")},
+    "avgk_plantnet300k": {(v, "loss.k"): {2, 3, 5, 10} for v in ("topk", "avg", "avg_sccp", "epr")},
+    "avgk_alpha_sensitivity": {("avg", "loss.alpha"): {1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0}},
+    "avgk_batch_size": {(v, "optim.batch_size"): {8, 16, 32, 64, 128, 256, 512, 1024} for v in ("ce", "avg")},
+}
+
+# The training recipe of each data set / paper: dotted path -> value, checked on every cell.
+CIFAR_CH4 = {"data.name": "cifar100", "model.name": "densenet_bc_cifar", "model.pretrained": False,
+             "optim.batch_size": 64, "optim.weight_decay": 1e-4, "optim.momentum": 0.9,
+             "optim.nesterov": True, "data.val_size": 5000, "data.split_seed": 1234,
+             "data.noise_groups": "consecutive"}
+PLANTNET_CH4 = {"data.name": "plantnet300k", "model.name": "resnet50", "epochs": 30, "optim.lr": 0.002,
+                "optim.milestones": [20, 25], "optim.batch_size": 32, "optim.weight_decay": 1e-4}
+IMAGENET_LT_CH4 = {"data.name": "imagenet_lt", "model.name": "resnet34", "epochs": 100, "optim.lr": 0.01,
+                   "optim.milestones": [60, 80], "optim.batch_size": 128, "optim.weight_decay": 2e-3}
+CIFAR_CH5 = {**CIFAR_CH4, "data.stratified_split": True, "epochs": 300, "optim.milestones": [150, 225],
+             "eval.avgk": [5], "eval.avgk_activation": "softmax"}
+PLANTNET_CH5 = {"data.name": "plantnet300k", "epochs": 30, "optim.lr": 0.002, "optim.milestones": [25],
+                "optim.batch_size": 32, "optim.weight_decay": 1e-4, "eval.avgk_activation": "softmax"}
+EXPECTED_RECIPE = {
+    "topk_epsilon": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1, "optim.milestones": [151, 226],
+                     "eval.selection": "val/top5", "loss.k": 5, "loss.n_samples": 10},
+    "topk_n_samples": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1, "optim.milestones": [151, 226],
+                       "eval.selection": "val/top5", "loss.k": 5, "loss.epsilon": 0.2},
+    "topk_gradient_sparsity": {**CIFAR_CH4, "epochs": 1},
+    "topk_epoch_time": {**CIFAR_CH4},
+    "topk_cifar100_label_noise": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1, "optim.milestones": [151, 226],
+                                  "eval.selection": "val/top5"},
+    "topk_plantnet300k": PLANTNET_CH4,
+    "topk_hparam_search_plantnet300k": PLANTNET_CH4,
+    "topk_imagenet_lt": IMAGENET_LT_CH4,
+    "topk_hparam_search_imagenet_lt": IMAGENET_LT_CH4,
+    "topk_imagenet": {"model.name": "resnet18", "epochs": 120, "optim.batch_size": 256,
+                      "optim.milestones": [30, 60, 90]},
+    "smooth_svm_cifar100_label_noise": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1,
+                                        "optim.milestones": [150, 225], "eval.selection": "val/top5"},
+    "smooth_svm_imagenet_subsets": {"model.name": "resnet18", "epochs": 120, "optim.batch_size": 256,
+                                    "optim.milestones": [30, 60, 90], "eval.selection": "val/top5"},
+    "avgk_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
+    "avgk_alpha_sensitivity": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
+    "avgk_batch_size": {**CIFAR_CH5, "eval.selection": "val/avg5"},
+    "avgk_hparam_search_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
+    "avgk_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
+    "avgk_hparam_search_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
+    "avgk_plantnet300k_architectures": {**PLANTNET_CH5, "eval.selection": "val/avg5"},
+}
+
+# Metrics that are not accuracies but are logged by every trial (docs/interfaces.md, section 5).
+OTHER_METRICS = {"best_val", "best_epoch", "epoch_time_s", "grad_nonzero", "grad_nonzero_active"}
+DIGESTS = ("losses-topk.md", "smooth-topk-svm.md", "losses-avgk.md")
+
+
+def catalog_files() -> list[Path]:
+    return sorted(CATALOG.glob("*.yaml"))
+
+
+def _id(path: Path) -> str:
+    return path.stem
+
+
+_LOADED: dict[Path, tuple] = {}
+
+
+def loaded(path: Path):
+    """(study, cells) of a catalogue file, parsed once per test session."""
+    if path not in _LOADED:
+        study = load_study(path)
+        _LOADED[path] = (study, expand(study))
+    return _LOADED[path]
+
+
+def _same(actual, expected) -> bool:
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return actual is expected
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        return math.isclose(float(actual), float(expected), rel_tol=1e-9, abs_tol=1e-12)
+    return actual == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Fast checks
+# --------------------------------------------------------------------------------------------
+
+
+def test_every_catalogue_file_has_an_expected_count():
+    names = {p.stem for p in catalog_files()}
+    assert names == set(EXPECTED_CELLS), (
+        f"files without an expected count: {sorted(names - set(EXPECTED_CELLS))}; "
+        f"expected files missing: {sorted(set(EXPECTED_CELLS) - names)}")
+
+
+@pytest.mark.parametrize("path", catalog_files(), ids=_id)
+def test_file_validates_and_expands_to_the_experiment(path):
+    study, cells = loaded(path)
+    assert study.name == path.stem, "the study name names the output folder: keep it equal to the file name"
+    assert len(cells) == EXPECTED_CELLS[path.stem]
+    # cells are distinct and every config runs on every seed of the study (paired by seed)
+    assert len({c.cell_id for c in cells}) == len(cells)
+    seeds_of: dict[str, set] = {}
+    for cell in cells:
+        seeds_of.setdefault(cell.config_id, set()).add(cell.seed)
+    assert all(s == set(study.seeds) for s in seeds_of.values())
+    assert len(seeds_of) * len(study.seeds) == len(cells)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SWEEPS))
+def test_swept_values_are_the_papers(name):
+    _, cells = loaded(CATALOG / f"{name}.yaml")
+    for (variant, path), values in EXPECTED_SWEEPS[name].items():
+        found = {get_path(c.config, path) for c in cells if c.variant == variant}
+        assert len(found) == len(values), (variant, path, sorted(found))
+        for value in values:
+            assert any(_same(f, value) for f in found), f"{variant}: {path}={value} is not run"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RECIPE))
+def test_training_recipe_is_the_papers(name):
+    _, cells = loaded(CATALOG / f"{name}.yaml")
+    for cell in cells:
+        for path, value in EXPECTED_RECIPE[name].items():
+            if path in cell.swept or (path.startswith("loss.")
+                                      and path.split(".", 1)[1] not in cell.config["loss"]):
+                continue
+            actual = get_path(cell.config, path)
+            assert _same(actual, value), f"{cell.variant} {cell.swept}: {path} = {actual!r}, expected {value!r}"
+
+
+def test_batch_size_study_keeps_lr_proportional_to_batch_size():
+    """Thesis Figure 5.6: "we maintain the ratio of learning rate to batch size constant",
+    with lr 0.1 at the recipe's batch size 64."""
+    _, cells = loaded(CATALOG / "avgk_batch_size.yaml")
+    sizes = set()
+    for cell in cells:
+        batch = cell.config["optim"]["batch_size"]
+        sizes.add(batch)
+        assert math.isclose(cell.config["optim"]["lr"], 0.1 * batch / 64, rel_tol=1e-9)
+    assert len(sizes) == 8
+
+
+@pytest.mark.parametrize("path", catalog_files(), ids=_id)
+def test_topk_losses_are_selected_on_their_own_k(path):
+    """Where a top-K / average-K loss is trained for K, the checkpoint is chosen on a
+    validation metric of the same K (thesis Sections 4.4.5, 5.6.3)."""
+    if path.stem == "topk_epoch_time":
+        pytest.skip("a timing study: its selection metric does not matter")
+    _, cells = loaded(path)
+    checked = 0
+    for cell in cells:
+        k = cell.config["loss"].get("k")
+        if k is None or "loss.k" not in cell.swept:
+            continue
+        k = int(k)  # EPR's K (an average set size) is a float
+        selection = cell.config["eval"]["selection"]
+        assert re.search(rf"(top|avg){k}$", selection), (cell.variant, cell.swept, selection)
+        checked += 1
+    if any("loss.k" in c.swept for c in cells):
+        assert checked > 0
+
+
+@pytest.mark.parametrize("path", catalog_files(), ids=_id)
+def test_header_cites_the_table_and_the_protocol(path):
+    header = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    text = " ".join(header)
+    assert len(header) >= 5, "each file starts with a comment naming its experiment and protocol"
+    assert re.search(r"\b(Table|Figure|Section)\b", text)
+    if path.stem != "quickstart":
+        assert any(d in text for d in DIGESTS), "the header names the digest that gives the protocol"
+
+
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+def test_real_data_paths_are_relative_placeholders(path):
+    _, cells = loaded(path)
+    for cell in cells:
+        root = cell.config["data"].get("root")
+        assert isinstance(root, str) and root.startswith("data/"), root
+        weights = cell.config["model"]["pretrained"]
+        assert weights is False or (isinstance(weights, str) and weights.startswith("weights/")), weights
+        assert cell.config["device"] == "cuda"
+
+
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+def test_resources_ask_for_a_gpu(path):
+    study, _ = loaded(path)
+    assert 0 < study.resources.gpus <= 1
+
+
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+def test_reference_rows_match_one_config_and_a_logged_metric(path):
+    study, cells = loaded(path)
+    assert study.reference is not None and study.reference.rows, "every paper experiment has reference numbers"
+    for i, row in enumerate(study.reference.rows):
+        matched = [c for c in cells if (row.variant is None or c.variant == row.variant)
+                   and all(_same(get_path(c.config, p, None), v) for p, v in row.match.items())]
+        configs = {c.config_id for c in matched}
+        assert len(configs) == 1, f"reference row {i} ({row.variant}, {row.match}) matches {len(configs)} configs"
+        config = matched[0].config
+        for metric, value in row.metrics.items():
+            if metric not in OTHER_METRICS:
+                # test/avg5_size (the realised average set size) is logged beside test/avg5
+                reason = check_metric(re.sub(r"_size$", "", metric), config["eval"], ("test",))
+                assert reason is None, f"reference row {i}: {reason}"
+            if metric not in OTHER_METRICS or metric == "best_val":
+                assert 0.0 <= value <= 100.0 or metric.endswith("_size"), (i, metric, value)
+        assert set(row.ci) <= set(row.metrics), f"reference row {i}: a CI without its value"
+        assert all(ci >= 0 for ci in row.ci.values())
+    # the numbers are percentages: most accuracies of a paper table are above 1 (not fractions)
+    accuracies = [v for r in study.reference.rows for m, v in r.metrics.items()
+                  if re.search(r"/(macro_)?(top|avg)\d+$", m) or m == "best_val"]
+    if accuracies:
+        assert sum(v > 1.0 for v in accuracies) > len(accuracies) / 2
+
+
+def test_reference_numbers_spot_checks():
+    """A few published numbers, copied here from the digests' tables, against the files."""
+    def ref(name, variant, match, metric):
+        study, _ = loaded(CATALOG / f"{name}.yaml")
+        for row in study.reference.rows:
+            if row.variant == variant and all(_same(row.match.get(p), v) for p, v in match.items()) \
+                    and metric in row.metrics:
+                return row.metrics[metric], row.ci.get(metric)
+        raise AssertionError(f"no reference for {name} {variant} {match} {metric}")
+
+    assert ref("topk_epsilon", "noised_bal", {"loss.epsilon": 0.1}, "best_val") == (94.46, None)
+    assert ref("topk_n_samples", "noised_bal", {"loss.n_samples": 50}, "best_val") == (94.64, None)
+    assert ref("topk_cifar100_label_noise", "noised_bal", {"data.label_noise": 0.2}, "test/top5") == (90.7, 0.5)
+    assert ref("topk_cifar100_label_noise", "smooth_hinge", {"data.label_noise": 0.4}, "test/top1") == (70.6, 0.2)
+    assert ref("topk_plantnet300k", "noised_imbal", {"loss.k": 1}, "test/macro_top1") == (42.4, 0.3)
+    assert ref("topk_plantnet300k", "focal", {"eval.selection": "val/macro_top10"}, "test/top10") == (97.7, 0.0)
+    assert ref("topk_imagenet_lt", "ldam", {"eval.selection": "val/top1"}, "test/few/top1") == (10.5, None)
+    assert ref("smooth_svm_cifar100_label_noise", "smooth_svm", {"data.label_noise": 0.8},
+               "test/top1") == (55.85, None)
+    assert ref("avgk_cifar100", "avg_sccp", {}, "test/avg5") == (96.93, 0.06)
+    assert ref("avgk_plantnet300k", "avg", {"loss.k": 10}, "test/few/avg10") == (75.75, None)
+    assert ref("avgk_plantnet300k", "ce", {"eval.selection": "val/avg5"}, "test/avg5_size") == (5.04, 0.03)
+    assert ref("avgk_plantnet300k_architectures", "avg", {"model.name": "densenet169"}, "test/avg5") == (97.49, None)
+
+
+def test_quickstart_is_a_small_cpu_study():
+    study, cells = loaded(CATALOG / "quickstart.yaml")
+    assert len(study.seeds) == 3
+    losses = {c.config["loss"]["name"] for c in cells}
+    assert losses == {"ce", "noised_topk", "smooth_topk_svm"}
+    eps = {c.config["loss"]["epsilon"] for c in cells if c.config["loss"]["name"] == "noised_topk"}
+    assert len(eps) == 3
+    for cell in cells:
+        config = cell.config
+        assert config["device"] == "cpu" and config["model"]["name"] == "mlp"
+        assert config["data"]["name"] == "synthetic" and config["data"]["form"] == "features"
+        assert 20 <= config["data"]["num_classes"] <= 60
+        assert config["data"]["train_size"] + config["data"]["val_size"] + config["data"]["test_size"] <= 5000
+        assert config["epochs"] <= 20
+    assert study.resources.gpus == 0
+    tables = [t.metrics for t in study.report.tables]
+    assert any({"test/top1", "test/top5"} <= set(t) for t in tables)
+    assert any(c.x == "loss.epsilon" and c.metric == "test/top5" for c in study.report.curves)
+
+
+@pytest.mark.parametrize("path", catalog_files(), ids=_id)
+def test_every_variant_trains_in_smoke_mode(path):
+    """In-process check, without Ray: the smoke config (synthetic data, tiny MLP, one epoch)
+    of one cell per variant, K and batch size of the design trains and selects a checkpoint
+    on the study's validation metric. The full smoke runs through the CLI are the slow test
+    below."""
+    import torch
+
+    from setvalued.train import fit
+
+    torch.set_num_threads(1)
+    study, cells = loaded(path)
+    picked: dict[tuple, object] = {}
+    for cell in smoke_cells(cells):
+        if cell.seed == study.seeds[0]:
+            key = (cell.variant, cell.config["loss"].get("k"), cell.config["optim"]["batch_size"])
+            picked.setdefault(key, cell)
+    assert picked
+    for cell in picked.values():
+        result = fit(cell.config, cell.seed)
+        selection = cell.config["eval"]["selection"].split("/", 1)[1]
+        assert math.isfinite(result["best_val"]) and 0.0 <= result["best_val"] <= 1.0
+        assert selection in result["test"], (cell.variant, sorted(result["test"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Running (slow): the CLI of docs/interfaces.md section 7
+# --------------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``studies ARGS`` in a fresh interpreter, from the repository root."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    code = "import sys; from studies.cli import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def finished_cells(db: Path, study_name: str) -> dict[str, dict]:
+    """cell_id -> tags of the finished child runs in the study's MLflow SQLite store."""
+    with sqlite3.connect(db) as con:
+        rows = con.execute(
+            "SELECT r.run_uuid, t.key, t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+            "JOIN experiments e ON e.experiment_id = r.experiment_id WHERE e.name = ?", (study_name,)).fetchall()
+    tags: dict[str, dict] = {}
+    for run, key, value in rows:
+        tags.setdefault(run, {})[key] = value
+    return {t["studies.cell_id"]: t for t in tags.values()
+            if t.get("studies.role") == "cell" and t.get("studies.status") == "finished"}
+
+
+SMOKE_TIMES: dict[str, float] = {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", catalog_files(), ids=_id)
+def test_smoke_run(path, tmp_path):
+    """``studies run FILE --smoke`` trains every cell of the design (on synthetic data, a tiny
+    MLP, one epoch) and records each one as a finished MLflow run."""
+    study, cells = loaded(path)
+    expected = {c.cell_id for c in smoke_cells(cells)}
+    start = time.monotonic()
+    result = run_cli("run", str(path), "--smoke", "--output", str(tmp_path), timeout=1800)
+    SMOKE_TIMES[path.stem] = time.monotonic() - start
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    name = study.name + "-smoke"  # a smoke run is its own study, NAME-smoke (`studies run --help`)
+    out = tmp_path / name
+    assert (out / "study.yaml").is_file()
+    done = finished_cells(out / "mlflow.db", name)
+    assert set(done) == expected, (f"missing: {sorted(expected - set(done))[:5]}, "
+                                   f"unexpected: {sorted(set(done) - expected)[:5]}")
+    print(f"smoke {path.stem}: {len(expected)} cells in {SMOKE_TIMES[path.stem]:.1f} s")
+
+
+@pytest.mark.slow
+def test_quickstart_runs_and_reports_every_config_on_three_seeds(tmp_path):
+    path = CATALOG / "quickstart.yaml"
+    study, cells = loaded(path)
+    start = time.monotonic()
+    result = run_cli("run", str(path), "--output", str(tmp_path), timeout=900)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"quickstart: {len(cells)} cells in {elapsed:.1f} s")
+    out = tmp_path / study.name
+    done = finished_cells(out / "mlflow.db", study.name)
+    assert set(done) == {c.cell_id for c in cells}
+
+    # the report: one row per config, each over the 3 seeds
+    from analysis.collect import collect
+    from analysis.stats import summarize
+
+    collected = collect(f"sqlite:///{out / 'mlflow.db'}", study.name)
+    summary = summarize(collected.table, ["test/top1", "test/top5"]).to_pylist()
+    configs = {c.config_id for c in cells}
+    by_config: dict[str, list] = {}
+    for row in summary:
+        by_config.setdefault(row["config_id"], []).append(row)
+    assert set(by_config) == configs
+    for rows in by_config.values():
+        assert all(r["n"] == 3 for r in rows), rows
+        assert all(r["half_width"] is not None and r["half_width"] >= 0 for r in rows)
+    report_md = out / "report" / "report.md"
+    assert report_md.is_file()
+    text = report_md.read_text(encoding="utf-8")
+    assert "n = 3 seeds per cell" in text
+    # the sensitivity curve of the report block was drawn
+    assert list((out / "report" / "figures").glob("*epsilon*.png"))
+    # and the run ends with the command that opens the MLflow UI
+    assert "mlflow ui" in (result.stdout + result.stderr)
