@@ -43,19 +43,24 @@ import pyarrow.parquet as pq
 # MLflow's largest page for search_runs (mlflow.store.tracking.SEARCH_MAX_RESULTS_THRESHOLD).
 MAX_PAGE_SIZE = 50_000
 
-TAG_ROLE = "studies.role"
-TAG_STUDY = "studies.study"
-TAG_CONFIG_ID = "studies.config_id"
-TAG_SEED = "studies.seed"
-TAG_CELL_ID = "studies.cell_id"
-TAG_VARIANT = "studies.variant"
-TAG_SWEPT = "studies.swept"
-TAG_STATUS = "studies.status"
-TAG_ERROR = "studies.error"
-PARENT_RUN_TAG = "mlflow.parentRunId"
-
-STUDY_ARTIFACT = "study.yaml"
-PER_CLASS_ARTIFACT = "per_class_test.parquet"
+from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
+    PARENT_RUN_TAG,
+    PER_CLASS_ARTIFACT,
+    ROLE_CELL,
+    ROLE_PARENT,
+    STATUS_FINISHED,
+    STATUS_RUNNING,
+    STUDY_ARTIFACT,
+    TAG_CELL_ID,
+    TAG_CONFIG_ID,
+    TAG_ERROR,
+    TAG_ROLE,
+    TAG_SEED,
+    TAG_STATUS,
+    TAG_STUDY,
+    TAG_SWEPT,
+    TAG_VARIANT,
+)
 
 PARAM_PREFIX = "param:"
 MEAN_PREFIX = "mean:"
@@ -293,10 +298,10 @@ def collect(
     experiment = _experiment(client, tracking_uri, study_name)
     experiment_id = experiment.experiment_id
 
-    parents = list(search_all_runs(client, experiment_id, _filter_for(TAG_ROLE, "parent"),
+    parents = list(search_all_runs(client, experiment_id, _filter_for(TAG_ROLE, ROLE_PARENT),
                                    page_size))
     parent = max(parents, key=lambda r: r.info.start_time or 0) if parents else None
-    cells = list(search_all_runs(client, experiment_id, _filter_for(TAG_ROLE, "cell"),
+    cells = list(search_all_runs(client, experiment_id, _filter_for(TAG_ROLE, ROLE_CELL),
                                  page_size))
 
     finished_by_cell: dict[str, list] = {}
@@ -309,7 +314,7 @@ def collect(
                 f"run {run.info.run_id} in experiment {study_name!r} has "
                 f"{TAG_ROLE}=cell but no {TAG_CELL_ID} tag (docs/interfaces.md section 5)"
             )
-        target = finished_by_cell if tags.get(TAG_STATUS) == "finished" else other_by_cell
+        target = finished_by_cell if tags.get(TAG_STATUS) == STATUS_FINISHED else other_by_cell
         target.setdefault(cell_id, []).append(run)
 
     def latest(runs):
@@ -399,7 +404,7 @@ def _failed_table(runs: Sequence) -> pa.Table:
         tags = run.data.tags
         status = tags.get(TAG_STATUS) or "unknown"
         mlflow_status = run.info.status
-        if status == "running":
+        if status == STATUS_RUNNING:
             # a run still RUNNING in MLflow is in progress (or its worker vanished without
             # closing it); FAILED/KILLED means the worker died before tagging the cell.
             status = "unfinished"

@@ -48,27 +48,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-TAG_ROLE = "studies.role"
-TAG_STUDY = "studies.study"
-TAG_CONFIG_ID = "studies.config_id"
-TAG_SEED = "studies.seed"
-TAG_CELL_ID = "studies.cell_id"
-TAG_VARIANT = "studies.variant"
-TAG_SWEPT = "studies.swept"
-TAG_STATUS = "studies.status"
-TAG_ERROR = "studies.error"
-TAG_SESSION = "studies.session"
-TAG_RESUMED_FROM = "studies.resumed_from_epoch"
-PARENT_RUN_TAG = "mlflow.parentRunId"
-
-ROLE_PARENT = "parent"
-ROLE_CELL = "cell"
-STATUS_RUNNING = "running"
-STATUS_FINISHED = "finished"
-STATUS_FAILED = "failed"
-
-STUDY_ARTIFACT = "study.yaml"
-PER_CLASS_ARTIFACT = "per_class_test.parquet"
+from analysis.layout import (  # noqa: E402  the MLflow layout, shared with analysis.collect
+    PARENT_RUN_TAG,
+    PER_CLASS_ARTIFACT,
+    ROLE_CELL,
+    ROLE_PARENT,
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_RUNNING,
+    STUDY_ARTIFACT,
+    TAG_CELL_ID,
+    TAG_CONFIG_ID,
+    TAG_ERROR,
+    TAG_RESUMED_FROM,
+    TAG_ROLE,
+    TAG_SEED,
+    TAG_SESSION,
+    TAG_STATUS,
+    TAG_STUDY,
+    TAG_SWEPT,
+    TAG_VARIANT,
+)
 
 # Key whose history tells which epochs a run already holds (fit always reports it; the
 # trial adds it when a fit function does not).

@@ -1,0 +1,28 @@
+"""The MLflow layout of a study (docs/interfaces.md, section 5), in one place.
+
+`studies.tracking` writes runs with these tags and artifacts and `analysis.collect` reads
+them back; both import the names from here so that the two sides cannot drift apart.
+"""
+
+TAG_ROLE = "studies.role"
+TAG_STUDY = "studies.study"
+TAG_CONFIG_ID = "studies.config_id"
+TAG_SEED = "studies.seed"
+TAG_CELL_ID = "studies.cell_id"
+TAG_VARIANT = "studies.variant"
+TAG_SWEPT = "studies.swept"
+TAG_STATUS = "studies.status"
+TAG_ERROR = "studies.error"
+TAG_SESSION = "studies.session"
+TAG_RESUMED_FROM = "studies.resumed_from_epoch"
+PARENT_RUN_TAG = "mlflow.parentRunId"
+
+ROLE_PARENT = "parent"
+ROLE_CELL = "cell"
+
+STATUS_RUNNING = "running"
+STATUS_FINISHED = "finished"
+STATUS_FAILED = "failed"
+
+STUDY_ARTIFACT = "study.yaml"
+PER_CLASS_ARTIFACT = "per_class_test.parquet"
