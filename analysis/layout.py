@@ -15,6 +15,7 @@ TAG_STATUS = "studies.status"
 TAG_ERROR = "studies.error"
 TAG_SESSION = "studies.session"
 TAG_RESUMED_FROM = "studies.resumed_from_epoch"
+TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"

@@ -60,6 +60,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout, shared with anal
     TAG_CELL_ID,
     TAG_CONFIG_ID,
     TAG_ERROR,
+    TAG_NODE_ID,
     TAG_RESUMED_FROM,
     TAG_ROLE,
     TAG_SEED,

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
     STATUS_FINISHED,
+    TAG_NODE_ID,
     TAG_RESUMED_FROM,
     CellRun,
     TrackingContext,
@@ -153,6 +154,8 @@ def run_cell(
     checkpoint = ray.tune.get_checkpoint()
     state, meta = (None, {}) if checkpoint is None else _load_checkpoint(checkpoint)
     run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"))
+    # where this attempt runs: shows in MLflow which node trained (or retried) the cell
+    run.set_tags({TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
     base = {"cell_id": cell["cell_id"], "config_id": cell["config_id"]}
 
     # A trial restarted after its worker died: it may have finished everything but the
