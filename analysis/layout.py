@@ -4,6 +4,8 @@
 them back; both import the names from here so that the two sides cannot drift apart.
 """
 
+from typing import Any, Mapping
+
 TAG_ROLE = "studies.role"
 TAG_STUDY = "studies.study"
 TAG_CONFIG_ID = "studies.config_id"
@@ -27,3 +29,16 @@ STATUS_FAILED = "failed"
 
 STUDY_ARTIFACT = "study.yaml"
 PER_CLASS_ARTIFACT = "per_class_test.parquet"
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": 0.1}``: a run's params are its config,
+    flattened to dotted paths. Lists and empty mappings stay whole values."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_config(value, path + "."))
+        else:
+            flat[path] = value
+    return flat

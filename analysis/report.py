@@ -53,6 +53,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from analysis import plots
+from analysis.layout import flatten_config
 from analysis.collect import (
     MEAN_PREFIX,
     PARAM_PREFIX,
@@ -112,19 +113,8 @@ class StudyInfo:
         if isinstance(variants, dict):
             for overlay in variants.values():
                 if isinstance(overlay, dict):
-                    paths |= set(_flatten(overlay))
+                    paths |= set(flatten_config(overlay))
         return paths
-
-
-def _flatten(mapping: Mapping, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, path + "."))
-        else:
-            out[path] = value
-    return out
 
 
 def load_study_info(study_file: str | Path | None, collected: Collected) -> StudyInfo:

@@ -44,6 +44,7 @@ from pydantic import (
 )
 
 from studies.expressions import Expression, ExpressionError, parse_expression
+from analysis.layout import flatten_config  # noqa: F401  (re-exported: studies.space uses it)
 
 __all__ = [
     "StudyError",
@@ -274,18 +275,6 @@ def set_path(config: dict, dotted: str, value: Any) -> None:
             raise ValueError(f"'{prefix}' holds {child!r}, not a mapping, so '{dotted}' cannot be set")
         node = child
     node[parts[-1]] = copy.deepcopy(value)
-
-
-def flatten_config(config: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": 0.1}`` (lists stay values)."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten_config(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
 
 
 def round_float(x: float) -> float:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from analysis.layout import (  # noqa: E402  the MLflow layout, shared with analysis.collect
+    flatten_config,
     PARENT_RUN_TAG,
     PER_CLASS_ARTIFACT,
     ROLE_CELL,
@@ -139,19 +140,13 @@ def param_text(value: Any) -> str:
     return text
 
 
-def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+def config_params(config: Mapping[str, Any]) -> dict[str, str]:
     """The nested trial config as MLflow params with dotted keys (`loss.epsilon` -> '0.1').
 
     Lists stay whole (JSON text); an empty mapping is kept as '{}' so that it is not lost.
     """
-    flat: dict[str, str] = {}
-    for key, value in config.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten_config(value, prefix=f"{path}."))
-        else:
-            flat[path] = param_text(dict(value) if isinstance(value, Mapping) else value)
-    return flat
+    return {path: param_text(dict(value) if isinstance(value, Mapping) else value)
+            for path, value in flatten_config(config).items()}
 
 
 def canonical_json(value: Any) -> str:
@@ -270,7 +265,7 @@ class CellRun:
             run_name=f"{cell.get('variant') or 'cell'}-{cell['cell_id']}",
         ))
         run = cls(context, created.info.run_id, client)
-        params = flatten_config(cell["config"])
+        params = config_params(cell["config"])
         params["seed"] = str(cell["seed"])
         run.log_params(params)
         return run, False

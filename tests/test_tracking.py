@@ -25,7 +25,7 @@ from studies.tracking import (
     CellRun,
     StudyTracking,
     cell_objective,
-    flatten_config,
+    config_params,
     ui_command,
     with_retry,
 )
@@ -39,8 +39,8 @@ def make_cell(config_id: str, seed: int, lr: float = 0.1) -> dict:
             "variant": "ce", "config": config, "swept": {"optim.lr": lr}}
 
 
-def test_flatten_config_dotted_keys_and_json_values():
-    flat = flatten_config({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": "x",
+def test_config_params_dotted_keys_and_json_values():
+    flat = config_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": "x",
                            "g": True, "h": {}})
     assert flat == {"a.b": "1", "a.c.d": "[1, 2]", "e": "null", "f": "x", "g": "true",
                     "h": "{}"}
