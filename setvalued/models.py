@@ -34,6 +34,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from setvalued.config import reject_unknown_keys
+
 #: Known keys of the ``model`` config section and their defaults (docs/interfaces.md section 1).
 MODEL_DEFAULTS: dict[str, Any] = {"name": "mlp", "pretrained": False, "head": "auto", "hidden_dim": 128}
 HEADS = ("linear", "normed", "two_head")
@@ -305,10 +307,7 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     ``head`` is the resolved head kind (``model.head``, or the loss's ``head`` when it is
     ``auto``); the trainer resolves it.
     """
-    unknown = sorted(set(model_config) - set(MODEL_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown key(s) in model config: {', '.join('model.' + k for k in unknown)}; "
-                         f"known keys: {', '.join(MODEL_DEFAULTS)}")
+    reject_unknown_keys("model", model_config, MODEL_DEFAULTS)
     cfg = {**MODEL_DEFAULTS, **model_config}
     name = cfg["name"]
     if not isinstance(name, str) or not name:

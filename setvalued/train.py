@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from setvalued.config import reject_unknown_keys
 from setvalued.data import DATA_DEFAULTS, build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
 from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
@@ -125,19 +126,14 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(config, Mapping):
         raise ValueError(f"config must be a mapping, got {type(config).__name__}")
-    unknown = sorted(set(config) - set(DEFAULT_CONFIG))
-    if unknown:
-        raise ValueError(f"unknown top-level config key(s): {', '.join(unknown)}; known: {', '.join(DEFAULT_CONFIG)}")
+    reject_unknown_keys("", config, DEFAULT_CONFIG)
     cfg = copy.deepcopy(DEFAULT_CONFIG)
     for section in ("data", "model", "optim", "eval"):
         given = config.get(section) or {}
         if not isinstance(given, Mapping):
             raise _fail(section, "a mapping", given)
         if section in ("optim", "eval"):
-            extra = sorted(set(given) - set(cfg[section]))
-            if extra:
-                raise ValueError(f"unknown key(s) in {section} config: {', '.join(section + '.' + k for k in extra)}; "
-                                 f"known: {', '.join(cfg[section])}")
+            reject_unknown_keys(section, given, cfg[section])
         cfg[section].update(copy.deepcopy(dict(given)))
     if config.get("loss") is not None:
         if not isinstance(config["loss"], Mapping) or "name" not in config["loss"]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -294,3 +295,24 @@ def test_bad_configs_name_the_key():
         assert fragment in str(err.value), (change, str(err.value))
     with pytest.raises(ValueError, match="model.head"):
         fit({**base, "loss": {"name": "avgk_two_head", "k": 3}, "model": {"name": "mlp", "head": "linear"}}, seed=0)
+
+
+@pytest.mark.parametrize("config, path", [
+    ({"loss": {"name": "ce"}, "optimizer": {}}, "optimizer"),
+    ({"loss": {"name": "ce"}, "optim": {"learning_rate": 0.1}}, "optim.learning_rate"),
+    ({"loss": {"name": "ce"}, "eval": {"k": [5]}}, "eval.k"),
+])
+def test_unknown_config_keys_are_named_by_their_dotted_path(config, path):
+    from setvalued.train import resolve_config
+
+    with pytest.raises(ValueError, match=rf"unknown key\(s\) in .*: {re.escape(path)};"):
+        resolve_config(config)
+
+
+@pytest.mark.parametrize("builder, section", [("data", "data"), ("model", "model")])
+def test_data_and_model_builders_name_unknown_keys(builder, section):
+    with pytest.raises(ValueError, match=rf"unknown key\(s\) in {section} config: {section}\.colour;"):
+        if builder == "data":
+            build_datasets({"name": "synthetic", "colour": 1}, 0)
+        else:
+            build_model({"name": "mlp", "colour": 1}, input_shape=(8,), num_classes=4, head="linear")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from setvalued.config import reject_unknown_keys
 from setvalued.data.common import (  # noqa: F401
     DataLayoutError,
     DataSplits,
@@ -63,10 +64,7 @@ def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
     ``seed`` is the trial seed; only the CIFAR-100 label noise depends on it (validation
     splits and the synthetic data are fixed by ``split_seed``).
     """
-    unknown = sorted(set(data_config) - set(DATA_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown key(s) in data config: {', '.join('data.' + k for k in unknown)}; "
-                         f"known keys: {', '.join(DATA_DEFAULTS)}")
+    reject_unknown_keys("data", data_config, DATA_DEFAULTS)
     cfg = {**DATA_DEFAULTS, **data_config}
     name = cfg["name"]
     builders = _builders()
