@@ -460,12 +460,11 @@ def _n_range_text(ns: set[int]) -> str:
     return str(low) if low == high else f"{low}–{high}"
 
 
-def metrics_table(ctx: _Context, spec: Mapping, index: int) -> Grid | None:
-    """One row per config, one column per metric (plus the paper's number beside it)."""
+def _table_summary(ctx: _Context, spec: Mapping, title: str) -> tuple[list[str], list] | None:
+    """The logged metrics of a table spec and their per-config summary (restricted to the
+    spec's `swept` paths); None, with a note saying why, when the table would be empty."""
     wanted = list(spec["metrics"])
     metrics = [m for m in wanted if m in ctx.metric_names]
-    missing = [m for m in wanted if m not in ctx.metric_names]
-    title = spec.get("title") or f"Table {index + 1}: " + ", ".join(wanted)
     if not metrics:
         ctx.notes.append(f"{title}: none of the metrics {wanted} was logged by a finished cell")
         return None
@@ -473,6 +472,18 @@ def metrics_table(ctx: _Context, spec: Mapping, index: int) -> Grid | None:
     if not summary:
         ctx.notes.append(f"{title}: no finished config sweeps only {spec.get('swept')}")
         return None
+    return metrics, summary
+
+
+def metrics_table(ctx: _Context, spec: Mapping, index: int) -> Grid | None:
+    """One row per config, one column per metric (plus the paper's number beside it)."""
+    wanted = list(spec["metrics"])
+    missing = [m for m in wanted if m not in ctx.metric_names]
+    title = spec.get("title") or f"Table {index + 1}: " + ", ".join(wanted)
+    found = _table_summary(ctx, spec, title)
+    if found is None:
+        return None
+    metrics, summary = found
     by_key = {(r["config_id"], r["metric"]): r for r in summary}
     configs = ctx.config_order(summary)
     first = {c: by_key[(c, metrics[0])] for c in configs}
@@ -532,15 +543,11 @@ def variant_table(ctx: _Context, spec: Mapping, index: int) -> Grid | None:
     Bold marks the best variant of each row for each metric.
     """
     wanted = list(spec["metrics"])
-    metrics = [m for m in wanted if m in ctx.metric_names]
     title = spec.get("title") or f"Table {index + 1}: " + ", ".join(wanted) + " by variant"
-    if not metrics:
-        ctx.notes.append(f"{title}: none of the metrics {wanted} was logged by a finished cell")
+    found = _table_summary(ctx, spec, title)
+    if found is None:
         return None
-    summary = _only_swept(ctx.summary(metrics), spec)
-    if not summary:
-        ctx.notes.append(f"{title}: no finished config sweeps only {spec.get('swept')}")
-        return None
+    metrics, summary = found
     variants = [v for v in ctx.variants if any(r["variant"] == v for r in summary)]
     caption, typical = _seed_caption(ctx, summary)
     caption = caption.replace("best mean of the column", "best variant of the row")
