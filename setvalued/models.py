@@ -7,8 +7,9 @@ two_head``. Backbones:
 - ``mlp``: two hidden layers of ``hidden_dim`` units (synthetic feature vectors, or
   flattened images);
 - ``small_cnn``: three conv blocks and global average pooling (3xHxW images);
-- ``densenet_bc_cifar``: the CIFAR DenseNet-BC of the papers, depth 40, growth rate 40,
-  bottleneck layers, compression 0.5, no dropout, feature dimension 440
+- ``densenet_bc_cifar``: the CIFAR DenseNet-BC of the papers, depth 40, growth rate 40
+  (``model.depth``, ``model.growth_rate``; 40-12 in [BZK18] Table 6),
+  bottleneck layers, compression 0.5, no dropout, feature dimension 440 at 40-40
   (losses-topk.md section 1.7, losses-avgk.md section 1.2), written here from the
   DenseNet paper's description (Huang et al. 2017, section 3 "DenseNet-BC");
 - any timm architecture by name (``resnet18``, ``resnet50``, ``densenet121``,
@@ -37,7 +38,8 @@ import torch.nn.functional as F
 from setvalued.config import reject_unknown_keys
 
 #: Known keys of the ``model`` config section and their defaults (docs/interfaces.md section 1).
-MODEL_DEFAULTS: dict[str, Any] = {"name": "mlp", "pretrained": False, "head": "auto", "hidden_dim": 128}
+MODEL_DEFAULTS: dict[str, Any] = {"name": "mlp", "pretrained": False, "head": "auto", "hidden_dim": 128,
+                                  "depth": 40, "growth_rate": 40}
 HEADS = ("linear", "normed", "two_head")
 OWN_MODELS = ("mlp", "small_cnn", "densenet_bc_cifar")
 
@@ -315,6 +317,12 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     hidden = cfg["hidden_dim"]
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
         raise ValueError(f"model.hidden_dim must be a positive integer, got {hidden!r}")
+    for key in ("depth", "growth_rate"):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"model.{key} must be a positive integer, got {value!r}")
+        if name != "densenet_bc_cifar" and value != MODEL_DEFAULTS[key]:
+            raise ValueError(f"model.{key} applies to model.name densenet_bc_cifar only, not {name!r}")
     input_shape = tuple(int(s) for s in input_shape)
     is_image = len(input_shape) == 3
     weights = resolve_pretrained(cfg["pretrained"], name)
@@ -333,7 +341,8 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     elif name == "small_cnn":
         backbone = SmallCNN(input_shape[0], hidden)
     elif name == "densenet_bc_cifar":
-        backbone = DenseNetBC(in_channels=input_shape[0])
+        backbone = DenseNetBC(depth=cfg["depth"], growth_rate=cfg["growth_rate"],
+                              in_channels=input_shape[0])
     else:
         backbone, _ = timm_backbone(name, input_shape[0], weights)
         weights = None  # loaded by timm_backbone

@@ -14,6 +14,9 @@ thesis-context.md section 5):
   with the best ``eval.selection`` metric is kept ("early stopping" = checkpoint
   selection, thesis-context.md section 5) with its thresholds, and the test set is
   evaluated once, on it, with those thresholds (losses-avgk.md section 1.7).
+- ``train/top{k}`` for every k of ``eval.ks``: the running top-k accuracy on the training
+  batches as they are trained on (augmented, train mode, the weights of each step), the
+  "training accuracy" of [BZK18] Table 6 and Figure 2a at no extra forward pass.
 - ``grad_nonzero``: the mean number of non-zero coordinates of dLoss/dscores per training
   example (the papers' gradient-sparsity figure, losses-topk.md section 2.4), read from
   the gradient of the score tensor that the metrics rank; ``grad_nonzero_active`` is the
@@ -240,6 +243,14 @@ def _to_float32(output: Any) -> Any:
     return output.float()
 
 
+def _topk_hit_counts(scores: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Top-k hits of a batch for each k of ``ks`` (float64, one entry per k): the label ranks
+    among the k largest scores, ties counted against the label as in ``metrics.topk_hits``."""
+    true_score = scores.gather(1, targets[:, None])
+    rank = (scores >= true_score).sum(dim=1) - 1
+    return torch.stack([(rank < k).sum() for k in ks]).double()
+
+
 def _watched_scores(output: Any, loss: SetValuedLoss) -> torch.Tensor | None:
     """The score tensor whose gradient ``grad_nonzero`` counts: the one the metrics rank."""
     if isinstance(output, TwoHeadOutput):
@@ -389,6 +400,8 @@ class _Trial:
         nonzero_sum = torch.zeros((), dtype=torch.float64, device=dev)
         active = torch.zeros((), dtype=torch.float64, device=dev)
         grad_examples = 0
+        ks = [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
+        train_hits = torch.zeros(len(ks), dtype=torch.float64, device=dev)
         step_losses: list[torch.Tensor] = []
         checked = 0
         check_every = 1 if dev.type == "cpu" else 50
@@ -415,6 +428,8 @@ class _Trial:
                 loss.backward()
                 self.optimizer.step()
 
+            if watched is not None and ks:
+                train_hits += _topk_hit_counts(watched.detach(), y, ks)
             value = loss.detach()
             step_losses.append(value)
             loss_sum += value.double() * y.shape[0]
@@ -433,8 +448,10 @@ class _Trial:
         n = len(train)
         nan = float("nan")
         active_count = float(active)
+        train_accuracy = {f"train/top{k}": float(h) / n for k, h in zip(ks, train_hits.tolist())}
         return {
             "train/loss": float(loss_sum) / n,
+            **train_accuracy,
             "lr": lr,
             "epoch_time_s": elapsed,
             "grad_nonzero": float(nonzero_sum) / grad_examples if grad_examples else nan,

@@ -346,6 +346,8 @@ class ModelSection(_Strict):
     pretrained: Any = False  # false | path to a local weights file
     head: Literal["auto", "linear", "normed", "two_head"] = "auto"
     hidden_dim: int = Field(128, ge=1)
+    depth: int = Field(40, ge=4)  # densenet_bc_cifar only (6n + 4)
+    growth_rate: int = Field(40, ge=1)  # densenet_bc_cifar only
 
     @field_validator("pretrained")
     @classmethod
@@ -355,6 +357,17 @@ class ModelSection(_Strict):
         if isinstance(value, str) and value.strip():
             return value
         raise ValueError(f"expected false or the path of a local weights file, got {value!r}")
+
+    @model_validator(mode="after")
+    def _densenet_shape(self) -> "ModelSection":
+        if self.name == "densenet_bc_cifar":
+            if (self.depth - 4) % 6:
+                raise ValueError(f"model.depth of densenet_bc_cifar must be 6n + 4 (40, 100, ...), "
+                                 f"got {self.depth}")
+        elif (self.depth, self.growth_rate) != (40, 40):
+            raise ValueError(f"model.depth and model.growth_rate apply to densenet_bc_cifar only, "
+                             f"not {self.name!r}")
+        return self
 
 
 class OptimSection(_Strict):
@@ -395,7 +408,7 @@ class _TrialTop(_Strict):
     amp: bool = True  # mixed precision on CUDA (the loss stays in float32)
 
 
-_METRIC_RE = re.compile(r"^(?P<split>val|test)/(?:(?P<group>few|medium|many)/)?"
+_METRIC_RE = re.compile(r"^(?P<split>val|test|train)/(?:(?P<group>few|medium|many)/)?"
                         r"(?P<macro>macro_)?(?P<kind>top|avg)(?P<k>[0-9]+)$")
 METRIC_FORMAT = ("a metric path such as val/top5, val/macro_top5, val/few/top5 or val/avg5 "
                  "(split/[few|medium|many/][macro_]top<K>|avg<K>)")
@@ -412,6 +425,8 @@ def check_metric(metric: str, eval_section: dict, splits: tuple[str, ...] = ("va
         return f"expected {METRIC_FORMAT}, got {metric!r}"
     if match["split"] not in splits:
         return f"expected a {' or '.join(s + '/' for s in splits)} metric, got {metric!r}"
+    if match["split"] == "train" and (match["group"] or match["macro"] or match["kind"] != "top"):
+        return f"training metrics are the running top-K accuracy only (train/top<K>), got {metric!r}"
     if match["group"] and match["macro"]:
         return f"shot-group metrics are already macro averages: write {match['split']}/{match['group']}/" \
                f"{match['kind']}{match['k']}, not {metric!r}"

@@ -45,6 +45,15 @@ def test_densenet_bc_40_40():
     assert sum(p.numel() for p in small.parameters()) == densenet_bc_parameter_count(16, 12, 0)
     with pytest.raises(ValueError, match="6n \\+ 4"):
         DenseNetBC(depth=41)
+    # DenseNet 40-12 of [BZK18] Table 6 through the model config: 12 -> 24 + 6*12 = 96 -> 48
+    # -> 120 -> 60 -> 132 channels
+    bc_40_12 = build_model({"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 12}, 100, (3, 32, 32))
+    assert bc_40_12.feature_dim == 132
+    assert sum(p.numel() for p in bc_40_12.parameters()) == densenet_bc_parameter_count(40, 12, 100)
+    with pytest.raises(ValueError, match="model.growth_rate applies to model.name densenet_bc_cifar only"):
+        build_model({"name": "small_cnn", "growth_rate": 12}, 10, (3, 32, 32))
+    with pytest.raises(ValueError, match="model.depth must be a positive integer"):
+        build_model({"name": "densenet_bc_cifar", "depth": 0}, 10, (3, 32, 32))
 
 
 def test_small_backbones_and_heads():

@@ -175,6 +175,27 @@ def test_low_temperature_tends_to_the_hard_loss():
         assert all(later < earlier for earlier, later in zip(gaps, gaps[1:]))
 
 
+@pytest.mark.parametrize("k, alpha", [(1, 1.0), (2, 1.0), (3, 0.5), (5, 1.0)])
+def test_zero_temperature_is_the_hard_loss_by_subset_enumeration(k, alpha):
+    """tau = 0 (the first row of [BZK18] Table 6) is l_k of eq. 8: the max over k-subsets A of
+    alpha 1(y not in A) + mean_A s, minus the max over the k-subsets that contain y."""
+    generator = torch.Generator().manual_seed(40 + k)
+    scores = torch.randn(12, 7, generator=generator, dtype=torch.float64)
+    targets = torch.randint(7, (12,), generator=generator)
+    scores[torch.arange(4), targets[:4]] += 10.0  # four samples well inside the margin: loss 0
+    scores.requires_grad_()
+    value = build_loss("smooth_topk_svm", k=k, tau=0.0, alpha=alpha, reduction="none")(scores, targets)
+    expected = []
+    for row, y in zip(scores.detach().numpy(), targets.tolist()):
+        subsets = [list(c) for c in itertools.combinations(range(7), k)]
+        best = max(alpha * (y not in a) + row[a].mean() for a in subsets)
+        expected.append(best - max(row[a].mean() for a in subsets if y in a))
+    assert value.tolist() == pytest.approx(expected, abs=1e-12)
+    assert 0 < sum(v > 0 for v in expected) < 12  # both branches of the hinge occur
+    value.sum().backward()  # a subgradient: only the scores of the two argmax subsets move
+    assert torch.isfinite(scores.grad).all() and (scores.grad != 0).sum(dim=1).max() <= 2
+
+
 def test_hard_switch_follows_the_reference_rule():
     k, tau = 2, 0.5
     threshold = k * tau * math.log(1e3)  # 6.91 (smooth-topk-svm.md section 3)
@@ -210,8 +231,8 @@ def test_top_k_error_bound_of_proposition_4():
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"tau": 0.0}, r"tau must be > 0"),
-    ({"tau": -1.0}, r"tau must be > 0"),
+    ({"tau": -1.0}, r"tau must be >= 0"),
+    ({"tau": float("nan")}, r"tau must be"),
     ({"k": 0}, r"k must be an integer >= 1"),
     ({"alpha": -0.5}, r"alpha must be >= 0"),
     ({"hard_switch": "yes"}, r"hard_switch must be true or false"),

@@ -400,8 +400,8 @@ def test_smoke_of_a_real_data_set_with_large_k():
         "loss": {"name": "noised_topk", "k": 30}, "eval": {"ks": [1, 5, 30], "avgk": [3], "selection": "val/top30"}})
     assert problems == []
     smoke = smoke_config(config, keep=["model.name", "data.root"])
-    assert smoke["data"]["num_classes"] == 32 and smoke["model"] == {"name": "mlp", "pretrained": False,
-                                                                      "head": "auto", "hidden_dim": 16}
+    assert smoke["data"]["num_classes"] == 32 and smoke["model"] == {
+        "name": "mlp", "pretrained": False, "head": "auto", "hidden_dim": 16, "depth": 40, "growth_rate": 40}
     assert smoke["eval"]["selection"] == "val/top30"
 
 

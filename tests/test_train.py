@@ -316,3 +316,39 @@ def test_data_and_model_builders_name_unknown_keys(builder, section):
             build_datasets({"name": "synthetic", "colour": 1}, 0)
         else:
             build_model({"name": "mlp", "colour": 1}, input_shape=(8,), num_classes=4, head="linear")
+
+
+@pytest.fixture
+def frozen_loss():
+    """A loss with a zero gradient: with no weight decay the weights never move, so the
+    running training accuracy of an epoch is the accuracy of the initial model."""
+
+    class ZeroGradient(SetValuedLoss):
+        def forward(self, output, targets, indices=None):
+            return (output * 0.0).sum()
+
+    register_loss("test_zero_gradient")(ZeroGradient)
+    try:
+        yield "test_zero_gradient"
+    finally:
+        LOSSES.pop("test_zero_gradient", None)
+
+
+def test_training_topk_is_the_running_accuracy_on_the_training_batches(frozen_loss):
+    states = {}
+    cfg = small_cfg({"name": frozen_loss}, epochs=1, optim={"weight_decay": 0.0})
+    history = fit(cfg, seed=3, on_epoch=lambda e, m, s: states.update({e: (m, s)}))["history"]
+    metrics, state = states[0]
+    splits = build_datasets(cfg["data"])
+    model = build_model(cfg["model"], L, splits.input_shape, "linear")
+    model.load_state_dict(state["model"])
+    with torch.no_grad():
+        scores = model(splits.train.inputs)
+    expected = evaluate(scores, splits.train.targets, [1, 3, 5], splits.class_counts)
+    for k in (1, 3, 5):
+        assert metrics[f"train/top{k}"] == pytest.approx(expected[f"top{k}"], abs=1e-12)
+        assert history[0][f"train/top{k}"] == metrics[f"train/top{k}"]
+    assert 0 < metrics["train/top1"] < metrics["train/top3"] < metrics["train/top5"] < 1
+    # training with CE raises it over the epochs
+    trained = fit(small_cfg({"name": "ce"}, epochs=3), seed=3)["history"]
+    assert trained[-1]["train/top1"] > trained[0]["train/top1"]

@@ -110,7 +110,9 @@ class SmoothTopKSVM(SetValuedLoss):
 
     Args:
         k: the top-k being optimised, 1 <= k <= L - 1.
-        tau: temperature > 0 (1.0 on CIFAR-100, 0.1 on ImageNet/Pl@ntNet in the papers).
+        tau: temperature >= 0 (1.0 on CIFAR-100, 0.1 on ImageNet/Pl@ntNet in the papers);
+            0 is the non-smooth loss ``l_k`` of eq. 8 (:func:`hard_topk_svm`), the first row of
+            [BZK18] Table 6.
         alpha: margin >= 0 (1 in the papers; k=1, tau=1, alpha=0 is cross-entropy).
         hard_switch: per sample, use the hard loss (:func:`hard_topk_svm`) when
             ``s_[k] - s_[k+1] >= k tau log(1000)``, as the reference code does (digest 3).
@@ -124,7 +126,7 @@ class SmoothTopKSVM(SetValuedLoss):
                  num_classes: int | None = None, reduction: str = "mean"):
         super().__init__(reduction)
         self.k = _check_int("k", k, 1)
-        self.tau = _check_float("tau", tau, 0.0, strict=True)
+        self.tau = _check_float("tau", tau, 0.0)
         self.alpha = _check_float("alpha", alpha, 0.0)
         if not isinstance(hard_switch, bool):
             raise ValueError(f"hard_switch must be true or false, got {hard_switch!r}")
@@ -140,6 +142,8 @@ class SmoothTopKSVM(SetValuedLoss):
         if scores.dtype != torch.float64:
             scores = scores.float()
         k, tau = self.k, self.tau
+        if tau == 0.0:
+            return hard_topk_svm(scores, targets, k, self.alpha)
         is_target = F.one_hot(targets, scores.shape[1]).bool()
         if k == 1:
             # Closed form of L_{1,tau} = tau logsumexp_j((u_j - s_y) / tau), u = s + alpha 1[j != y]
