@@ -262,20 +262,30 @@ def _study_yaml(client, parent_run_id: str) -> str | None:
         return None
 
 
-def _mean_histories(client, run_ids: Sequence[str], keys: Sequence[str]) -> dict:
-    """{(run_id, key): mean over logged epochs} with a few parallel requests."""
+def _fetch_histories(client, run_ids: Sequence[str], keys: Sequence[str]) -> dict:
+    """{(run_id, key): [(epoch, value), ...] sorted by epoch} with a few parallel requests.
+
+    Non-finite values are dropped; a step logged twice keeps its last value."""
 
     def one(job):
         run_id, key = job
-        history = client.get_metric_history(run_id, key)
-        values = [m.value for m in history if m.value is not None and math.isfinite(m.value)]
-        return job, (sum(values) / len(values) if values else None)
+        by_step: dict[int, float] = {}
+        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+            if m.value is not None and math.isfinite(m.value):
+                by_step[int(m.step)] = float(m.value)
+        return job, sorted(by_step.items())
 
     jobs = [(r, k) for r in run_ids for k in keys]
     if not jobs:
         return {}
     with ThreadPoolExecutor(max_workers=8) as pool:
         return dict(pool.map(one, jobs))
+
+
+def _mean_histories(client, run_ids: Sequence[str], keys: Sequence[str]) -> dict:
+    """{(run_id, key): mean over logged epochs (None when none)}."""
+    return {job: (sum(v for _, v in points) / len(points) if points else None)
+            for job, points in _fetch_histories(client, run_ids, keys).items()}
 
 
 # ----------------------------------------------------------------------------- collect
@@ -442,6 +452,26 @@ def add_history_means(collected: Collected, keys: Iterable[str]) -> Collected:
         )
     collected.table = table
     return collected
+
+
+def collect_histories(collected: Collected, keys: Iterable[str]) -> pa.Table:
+    """Per-epoch values of the metrics `keys` for every finished cell, as a long table.
+
+    Columns: `run_id`, `config_id`, `seed`, `variant`, `swept`, `metric`, `epoch` (int64,
+    the MLflow step), `value`. One request per run and key (the learning curves of the
+    report); a run that never logged a key has no rows for it.
+    """
+    keys = list(dict.fromkeys(keys))
+    rows = collected.table.select(["run_id", "config_id", "seed", "variant", "swept"]).to_pylist() \
+        if collected.table.num_rows else []
+    histories = _fetch_histories(_client(collected.tracking_uri), [r["run_id"] for r in rows], keys)
+    records = [{**row, "metric": key, "epoch": epoch, "value": value}
+               for row in rows for key in keys
+               for epoch, value in histories.get((row["run_id"], key), [])]
+    schema = pa.schema([("run_id", pa.string()), ("config_id", pa.string()), ("seed", pa.int64()),
+                        ("variant", pa.string()), ("swept", pa.string()), ("metric", pa.string()),
+                        ("epoch", pa.int64()), ("value", pa.float64())])
+    return pa.Table.from_pylist(records, schema=schema)
 
 
 # ----------------------------------------------------------------------------- export

@@ -1,5 +1,5 @@
 """Figures of a study: sensitivity curves with CI bands, epoch time against K, metric
-against label noise, per-shot-group bars. Each function writes `<out_base>.png` and
+against label noise, per-shot-group bars, learning curves (a metric against the epoch). Each function writes `<out_base>.png` and
 `<out_base>.svg` and returns both paths.
 
 Only matplotlib's object API is used: every `Figure` is attached to an Agg canvas
@@ -226,6 +226,55 @@ def _config_label(row: Mapping[str, Any]) -> str:
     if swept:
         label += " (" + ", ".join(f"{k}={v}" for k, v in sorted(swept.items())) + ")"
     return label
+
+
+#: Most configs a learning-curve figure draws; more would be an unreadable tangle.
+MAX_LEARNING_CURVES = len(_PALETTE)
+
+
+def learning_curves(
+    curves: Sequence[Mapping[str, Any]],
+    metric: str,
+    out_base: str | Path,
+    *,
+    order: Sequence[str] | None = None,
+    level: float | None = None,
+) -> list[Path]:
+    """`metric` against the epoch, one line per config (mean over seeds, CI band).
+
+    `curves` is `analysis.stats.epoch_curves(...)`; `order` lists config_ids in the order
+    of the legend (default: as they come). At most MAX_LEARNING_CURVES configs are drawn.
+    """
+    by_config: dict[str, list[Mapping[str, Any]]] = {}
+    for row in curves:
+        by_config.setdefault(row["config_id"], []).append(row)
+    if not by_config:
+        raise ValueError(f"no config logged {metric} at any epoch")
+    if len(by_config) > MAX_LEARNING_CURVES:
+        raise ValueError(f"{len(by_config)} configs logged {metric}: more than the "
+                         f"{MAX_LEARNING_CURVES} lines one figure can show")
+    ids = [c for c in (order or []) if c in by_config] + \
+        [c for c in by_config if c not in (order or [])]
+    factor = _scale(metric, None)
+    fig, ax = _new_axes(width=7.2)
+    for index, config_id in enumerate(ids):
+        points = sorted(by_config[config_id], key=lambda r: r["epoch"])
+        color = _PALETTE[index % len(_PALETTE)]
+        ns = sorted({p["n"] for p in points})
+        n_text = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}\u2013{ns[-1]}"
+        epochs = [p["epoch"] for p in points]
+        ax.plot(epochs, [p["mean"] * factor for p in points], color=color, linewidth=1.4,
+                marker="o" if len(points) < 15 else None, markersize=3,
+                label=f"{_config_label(points[0])} ({n_text})")
+        low = [(p["ci_low"] if p["ci_low"] is not None else math.nan) * factor for p in points]
+        high = [(p["ci_high"] if p["ci_high"] is not None else math.nan) * factor for p in points]
+        ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(_axis_label(metric, factor))
+    band = f"band: {level:.0%} CI" if level else "band: CI"
+    ax.set_title(f"{metric} over the epochs ({band})", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    return save_figure(fig, out_base)
 
 
 def shot_group_bars(

@@ -27,6 +27,8 @@ report:
   epoch_time: {x: loss.k}      # or true; default when loss.k is swept
   shot_groups: [top5]          # bars of test/{few,medium,many}/top5; default when logged
   compare: {reference: ce, metrics: [test/top5]}   # default: the first variant
+  learning_curves: [val/top5, train/top5]  # a per-epoch metric against the epoch, a line
+                               #   per config (one request per run and metric; none by default)
 reference:                     # published numbers (percent), shown beside the reproduced
   source: "Thesis Table 4.4"
   rows:
@@ -60,11 +62,13 @@ from analysis.collect import (
     Collected,
     add_history_means,
     collect,
+    collect_histories,
     display_uri,
 )
 from analysis.stats import (
     CI_METHODS,
     DEFAULT_LEVEL,
+    epoch_curves,
     is_fraction_metric,
     lower_is_better,
     paired_comparisons,
@@ -180,6 +184,11 @@ def _validate_blocks(info: StudyInfo) -> None:
             _expect(isinstance(curve, dict) and isinstance(curve.get("x"), str)
                     and isinstance(curve.get("metric"), str), origin, where,
                     "a mapping {x: <dotted param>, metric: <metric>}", curve)
+        if "learning_curves" in report:
+            learning = report["learning_curves"]
+            _expect(isinstance(learning, list) and all(isinstance(m, str) for m in learning),
+                    origin, "report.learning_curves",
+                    "a list of per-epoch metric names such as [val/top5, train/loss]", learning)
         compare = report.get("compare")
         if compare is not None:
             _expect(isinstance(compare, dict), origin, "report.compare",
@@ -728,6 +737,25 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
         figures.append(FigureFile(f"{metric} vs {x}", png, svg,
                               f"Mean over seeds; band: {level_text}; dashed: a variant with a "
                               f"single config (not swept on {x})."))
+
+    learning = report.get("learning_curves") or []
+    histories = collect_histories(ctx.collected, learning) if learning and ctx.rows else None
+    for metric in learning:
+        curves = epoch_curves(histories, metric, ctx.level, ctx.method, n_boot=ctx.n_boot) \
+            if histories is not None else []
+        if not curves:
+            skipped.append(f"learning curve of {metric}: no finished cell logged it per epoch")
+            continue
+        try:
+            png, svg = plots.learning_curves(curves, metric,
+                                             figures_dir / f"learning_{_slug(metric)}",
+                                             order=ctx.config_order(curves), level=ctx.level)
+        except ValueError as exc:
+            skipped.append(f"learning curve of {metric}: {exc}")
+            continue
+        figures.append(FigureFile(f"{metric} over the epochs", png, svg,
+                              f"Mean over seeds at each epoch, a line per config; band: "
+                              f"{level_text}."))
 
     epoch_spec = report.get("epoch_time")
     if epoch_spec is None and "loss.k" in ctx.swept_paths:

@@ -565,3 +565,32 @@ def _sort_key(value: Any) -> tuple:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (0, float(value), "")
     return (1, 0.0, str(value))
+
+
+def epoch_curves(
+    history: pa.Table | Sequence[Mapping[str, Any]],
+    metric: str,
+    level: float = DEFAULT_LEVEL,
+    method: str = "t",
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> list[dict]:
+    """Mean and CI over seeds of a per-epoch `metric`, for every config and epoch.
+
+    `history` is `analysis.collect.collect_histories(...)`. Returns one record per (config,
+    epoch): `config_id`, `variant`, `swept`, `epoch`, `n`, `mean`, `ci_low`, `ci_high`
+    (NaN bounds when n < 2), sorted by config then epoch. A config's seeds are replicates
+    epoch by epoch, so n may drop at the last epochs of a config whose seeds stopped early.
+    """
+    rows = [r for r in _rows(history) if r["metric"] == metric]
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["config_id"], int(row["epoch"])), []).append(row)
+    out = []
+    for (config_id, epoch), group in sorted(groups.items()):
+        interval = mean_ci([r["value"] for r in group], level, method, n_boot=n_boot, seed=seed)
+        out.append({"config_id": config_id, "variant": group[0]["variant"],
+                    "swept": group[0]["swept"], "epoch": epoch, "n": interval.n,
+                    "mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high})
+    return out

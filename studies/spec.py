@@ -414,6 +414,12 @@ METRIC_FORMAT = ("a metric path such as val/top5, val/macro_top5, val/few/top5 o
                  "(split/[few|medium|many/][macro_]top<K>|avg<K>)")
 
 
+#: Per-epoch metrics of the trainer besides the val/ and train/ accuracies (docs/interfaces.md
+#: section 4).
+PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", "epoch_time_s", "eval_time_s", "grad_nonzero",
+                           "grad_nonzero_active")
+
+
 def check_metric(metric: str, eval_section: dict, splits: tuple[str, ...] = ("val",)) -> Optional[str]:
     """None when ``metric`` is a metric the trainer reports for this eval section, else why not."""
     if not isinstance(metric, str):
@@ -927,6 +933,7 @@ class Report(_Strict):
     ci: Literal["t", "bootstrap"] = "t"
     tables: Optional[list[ReportTable]] = None
     curves: Optional[list[ReportCurve]] = None
+    learning_curves: Optional[list[str]] = None  # per-epoch metrics drawn against the epoch
     epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
     shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
     compare: Optional[ReportCompare] = None
@@ -1309,6 +1316,16 @@ def _check_study(study: Study) -> None:
         if curve.x not in swept:
             problems.append(Problem(("report", "curves", i, "x"), f"'{curve.x}' is not swept by any design "
                                     f"block; expected one of: {', '.join(sorted(swept)) or '(none)'}"))
+    for i, metric in enumerate(study.report.learning_curves or []):
+        if metric in PER_EPOCH_EXTRA_METRICS:
+            continue
+        for name, config in study._variant_configs.items():
+            reason = check_metric(metric, config["eval"], ("val", "train"))
+            if reason:
+                problems.append(Problem(("report", "learning_curves", i), "a learning curve needs a per-epoch "
+                                        f"metric ({', '.join(PER_EPOCH_EXTRA_METRICS)} or a val/ or train/ "
+                                        f"accuracy): {reason}" + (f" (variant '{name}')" if study.variants else "")))
+                break
     if study.reference is not None:
         for i, row in enumerate(study.reference.rows):
             if row.variant is not None and row.variant not in study._variant_configs:

@@ -465,6 +465,7 @@ def test_quickstart_runs_and_reports_every_config_on_three_seeds(tmp_path):
     assert "n = 3 seeds per cell" in text
     # the sensitivity curve of the report block was drawn
     assert list((out / "report" / "figures").glob("*epsilon*.png"))
+    assert (out / "report" / "figures" / "learning_val_top5.png").exists()
     # and the run ends with the command that opens the MLflow UI
     assert "mlflow ui" in (result.stdout + result.stderr)
 

@@ -414,3 +414,51 @@ def test_report_of_a_study_where_every_cell_failed(mlflow_server, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "No finished cell" in md and "Failed and unfinished cells (2)" in md
     assert "boom 0" in md and "boom 1" in md
+
+
+@pytest.mark.slow
+def test_learning_curves_from_the_logged_epochs(mlflow_server, tmp_path):
+    """report.learning_curves: per-epoch values read back from MLflow, mean and t-interval
+    over seeds at each epoch (checked with scipy), one line per config in the figure."""
+    from analysis.collect import collect, collect_histories
+    from analysis.stats import epoch_curves
+
+    name = unique_name("learning")
+    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2,
+                                           "n_samples": 5})
+    cells, logged = [], {}
+    for eps in (0.01, 1.0):
+        for seed in (0, 1, 2):
+            values = [round(0.3 + 0.1 * e + eps / 20 + 0.013 * seed * (e + 1), 6) for e in range(4)]
+            cell = _cell("noised", set_path(base, "loss.epsilon", eps), seed, {"loss.epsilon": eps},
+                         0.0, eps)
+            cell.epochs = [{"train/loss": 2.0 - v, "val/top5": v} for v in values]
+            cells.append(cell)
+            logged.setdefault(eps, []).append(values)
+    text = (f"name: {name}\nbase: {{loss: {{name: noised_topk, k: 5, epsilon: 0.2}}}}\n"
+            "design:\n  - {kind: grid, parameters: {loss.epsilon: [0.01, 1.0]}}\nseeds: [0, 1, 2]\n"
+            "report:\n  learning_curves: [val/top5, train/loss, val/top1]\n")
+    log_study_runs(mlflow_server, name, cells, study_yaml=text)
+
+    history = collect_histories(collect(mlflow_server, name), ["val/top5"])
+    assert history.num_rows == 2 * 3 * 4 and set(history.column("metric").to_pylist()) == {"val/top5"}
+    curves = epoch_curves(history, "val/top5")
+    assert len(curves) == 2 * 4
+    for row in curves:
+        eps = json.loads(row["swept"])["loss.epsilon"]
+        column = np.asarray([values[row["epoch"]] for values in logged[eps]])
+        half = sps.t.ppf(0.975, 2) * column.std(ddof=1) / np.sqrt(3)
+        assert row["n"] == 3 and row["mean"] == pytest.approx(column.mean(), abs=1e-9)
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx(
+            (column.mean() - half, column.mean() + half), abs=1e-9)
+
+    study_file = tmp_path / f"{name}.yaml"
+    study_file.write_text(text)
+    path = build_report(mlflow_server, name, tmp_path / "report", study_file=study_file)
+    md = path.with_suffix(".md").read_text()
+    figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("learning_*.png"))
+    assert figures == ["learning_train_loss.png", "learning_val_top5.png"]
+    assert "learning curve of val/top1: no finished cell logged it per epoch" in md
+    svg = (tmp_path / "report" / "figures" / "learning_val_top5.svg").read_text()
+    assert "loss.epsilon=0.01" in svg and "loss.epsilon=1.0" in svg and "n=3" in svg
+    check_html(path.read_text())
