@@ -28,8 +28,10 @@ that MLflow marks FAILED/KILLED because the worker died before it could tag them
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
+import os
 import tempfile
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -164,6 +166,23 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+@contextlib.contextmanager
+def _quiet_downloads() -> Iterator[None]:
+    """No MLflow download progress bar (one per run would flood the terminal of a report)."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+
+    name = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name
+    previous = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
 def _client(tracking_uri: str):
     from mlflow import MlflowClient
 
@@ -255,7 +274,7 @@ def _study_yaml(client, parent_run_id: str) -> str | None:
     else:
         names = [STUDY_ARTIFACT]
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
             local = client.download_artifacts(parent_run_id, names[0], tmp)
             return Path(local).read_text(encoding="utf-8")
     except Exception:
@@ -504,10 +523,11 @@ def export_parquet(collected: Collected, path: str | Path) -> Path:
 def collect_per_class(
     tracking_uri: str, run_ids: Iterable[str], artifact: str = PER_CLASS_ARTIFACT
 ) -> pa.Table:
-    """The per-class test results of the given runs, concatenated, with a `run_id` column."""
+    """The per-class test results of the given runs (or another Parquet artifact of theirs,
+    such as `set_sizes_test.parquet`), concatenated, with a `run_id` column."""
     client = _client(tracking_uri)
     tables = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
         for index, run_id in enumerate(run_ids):
             local = client.download_artifacts(run_id, artifact, str(Path(tmp) / str(index)))
             table = pq.read_table(local)

@@ -29,6 +29,7 @@ STATUS_FAILED = "failed"
 
 STUDY_ARTIFACT = "study.yaml"
 PER_CLASS_ARTIFACT = "per_class_test.parquet"
+SET_SIZES_ARTIFACT = "set_sizes_test.parquet"
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

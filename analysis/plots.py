@@ -1,5 +1,6 @@
 """Figures of a study: sensitivity curves with CI bands, epoch time against K, metric
-against label noise, per-shot-group bars, learning curves (a metric against the epoch). Each function writes `<out_base>.png` and
+against label noise, per-shot-group bars, learning curves (a metric against the epoch),
+average-K set-size histograms. Each function writes `<out_base>.png` and
 `<out_base>.svg` and returns both paths.
 
 Only matplotlib's object API is used: every `Figure` is attached to an Agg canvas
@@ -274,6 +275,69 @@ def learning_curves(
     band = f"band: {level:.0%} CI" if level else "band: CI"
     ax.set_title(f"{metric} over the epochs ({band})", fontsize=10)
     ax.legend(fontsize=7, loc="best")
+    return save_figure(fig, out_base)
+
+
+#: The set-size axis stops at the size below which this share of every series lies; the
+#: rest is drawn as one last bin "≥ size" (a few huge sets would squash the histogram).
+SET_SIZE_COVERAGE = 0.99
+
+
+def _set_size_axis_end(series: Sequence[Mapping[int, float]]) -> int:
+    end = 1
+    for fractions in series:
+        cumulative = 0.0
+        for size, fraction in sorted(fractions.items()):
+            cumulative += fraction
+            if cumulative >= SET_SIZE_COVERAGE - 1e-12:
+                end = max(end, size)
+                break
+    return end
+
+
+def _draw_set_sizes(ax, lines: Sequence[tuple[str, Mapping[int, float]]], end: int) -> None:
+    for index, (label, fractions) in enumerate(lines):
+        ys = [100.0 * fractions.get(size, 0.0) for size in range(end)]
+        ys.append(100.0 * sum(f for size, f in fractions.items() if size >= end))
+        ax.step(range(end + 1), ys, where="mid", color=_PALETTE[index % len(_PALETTE)],
+                linewidth=1.5, label=label)
+    ticks = sorted({int(t) for t in ax.get_xticks() if 0 <= t < end} | {end})
+    ax.set_xticks(ticks, [str(t) for t in ticks[:-1]] + [f"\u2265{end}"])
+    ax.set_xlim(-0.6, end + 0.6)
+    ax.set_xlabel("set size")
+    ax.set_ylabel("test inputs (%)")
+    ax.legend(fontsize=7, loc="best")
+
+
+def set_size_histograms(
+    by_config: Sequence[tuple[str, Mapping[int, float]]],
+    by_shot: Sequence[tuple[str, Mapping[int, float]]],
+    k: str,
+    out_base: str | Path,
+    *,
+    shot_config: str = "",
+) -> list[Path]:
+    """Average-K set sizes on test (thesis Fig. 5.4): (a) one line per config, (b) the
+    sets of one config split by the shot group of the label. Each series maps set size to
+    the fraction of test inputs (mean over seeds, `stats.set_size_fractions`)."""
+    if not by_config:
+        raise ValueError(f"no run stored its average-{k} set sizes")
+    if len(by_config) > MAX_LEARNING_CURVES:
+        raise ValueError(f"{len(by_config)} configs have average-{k} sets: more than the "
+                         f"{MAX_LEARNING_CURVES} lines one figure can show")
+    end = _set_size_axis_end([f for _, f in by_config] + [f for _, f in by_shot])
+    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    for ax in (left, right):
+        ax.grid(True, which="major", alpha=0.3)
+    _draw_set_sizes(left, by_config, end)
+    left.set_title(f"(a) average-{k} set sizes per config", fontsize=10)
+    if by_shot:
+        _draw_set_sizes(right, by_shot, end)
+        right.set_title(f"(b) {shot_config}: by shot group of the label", fontsize=9)
+    else:
+        right.set_axis_off()
     return save_figure(fig, out_base)
 
 

@@ -29,6 +29,8 @@ report:
   compare: {reference: ce, metrics: [test/top5]}   # default: the first variant
   learning_curves: [val/top5, train/top5]  # a per-epoch metric against the epoch, a line
                                #   per config (one request per run and metric; none by default)
+  set_sizes: {ks: [5], by_shot: avg}  # or true / false; average-K set-size histograms
+                               #   (thesis Fig. 5.4); default: every K of test/avg<K>
 reference:                     # published numbers (percent), shown beside the reproduced
   source: "Thesis Table 4.4"
   rows:
@@ -55,7 +57,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from analysis import plots
-from analysis.layout import flatten_config
+from analysis.layout import SET_SIZES_ARTIFACT, flatten_config
 from analysis.collect import (
     MEAN_PREFIX,
     PARAM_PREFIX,
@@ -63,6 +65,7 @@ from analysis.collect import (
     add_history_means,
     collect,
     collect_histories,
+    collect_per_class,
     display_uri,
 )
 from analysis.stats import (
@@ -70,6 +73,7 @@ from analysis.stats import (
     DEFAULT_LEVEL,
     epoch_curves,
     is_fraction_metric,
+    set_size_fractions,
     lower_is_better,
     paired_comparisons,
     summarize,
@@ -189,6 +193,15 @@ def _validate_blocks(info: StudyInfo) -> None:
             _expect(isinstance(learning, list) and all(isinstance(m, str) for m in learning),
                     origin, "report.learning_curves",
                     "a list of per-epoch metric names such as [val/top5, train/loss]", learning)
+        if report.get("set_sizes") is not None:
+            spec = report["set_sizes"]
+            _expect(isinstance(spec, bool) or (isinstance(spec, dict) and set(spec) <= {"ks", "by_shot"}),
+                    origin, "report.set_sizes", "true, false or a mapping {ks: [5], by_shot: <variant>}",
+                    spec)
+            ks = spec.get("ks", [1]) if isinstance(spec, dict) else [1]
+            _expect(isinstance(ks, list) and all(isinstance(k, (int, float)) and not isinstance(k, bool)
+                                                 and k > 0 for k in ks), origin, "report.set_sizes.ks",
+                    "a list of average-K values such as [5]", ks)
         compare = report.get("compare")
         if compare is not None:
             _expect(isinstance(compare, dict), origin, "report.compare",
@@ -778,6 +791,8 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
             except ValueError as exc:
                 skipped.append(f"epoch time vs K: {exc}")
 
+    figures += _set_size_figures(ctx, figures_dir, skipped)
+
     shot_specs = report.get("shot_groups")
     if shot_specs is None:
         primary = ctx.primary_metric()
@@ -799,6 +814,62 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
                               f"few < 20 ≤ medium ≤ 100 < many training images per class; "
                               f"error bars: {level_text}."))
     return figures, skipped
+
+
+_AVGK_METRIC = re.compile(r"^test/avg(?P<k>[0-9]+(?:\.[0-9]+)?)$")
+
+
+def _set_size_figures(ctx: _Context, figures_dir: Path, skipped: list[str]) -> list[FigureFile]:
+    """Thesis Fig. 5.4 for every average-K of the study: the set sizes of each config on
+    test (configs selected on that K, where some are) and of one config by shot group."""
+    spec = ctx.study.report.get("set_sizes")
+    logged = [m["k"] for m in map(_AVGK_METRIC.match, ctx.metric_names) if m]
+    if spec is False or (spec is None and not logged):
+        return []
+    spec = spec if isinstance(spec, dict) else {}
+    ks = [f"{float(k):g}" for k in spec.get("ks", logged)]
+    rows = [r for r in ctx.rows if any(r.get(f"test/avg{k}") is not None for k in ks)]
+    try:
+        sizes = collect_per_class(ctx.collected.tracking_uri, [r["run_id"] for r in rows],
+                                  SET_SIZES_ARTIFACT)
+    except Exception as exc:  # runs from before the artifact existed, or a broken store
+        skipped.append(f"set-size histograms: cannot read {SET_SIZES_ARTIFACT} ({exc})")
+        return []
+    figures = []
+    for k in ks:
+        rows_k = [r for r in rows if r.get(f"test/avg{k}") is not None]
+        selected = [r for r in rows_k if str(r.get(PARAM_PREFIX + "eval.selection", "")).endswith(f"avg{k}")]
+        rows_k = selected or rows_k
+        fractions = set_size_fractions(sizes, {r["run_id"]: r["config_id"] for r in rows_k}, k)
+        summary = [r for r in ctx.summary([f"test/avg{k}"]) if (r["config_id"], "all") in fractions]
+        if not summary:
+            skipped.append(f"set sizes of average-{k}: no run stored them")
+            continue
+        labels = {r["config_id"]: plots._config_label(r) for r in summary}
+        by_config = [(f"{labels[c]} (n={fractions[(c, 'all')]['n']})", fractions[(c, "all")]["fractions"])
+                     for c in ctx.config_order(summary)]
+        wanted = spec.get("by_shot")
+        candidates = [r for r in summary if wanted is None or r["variant"] == wanted]
+        if not candidates:
+            skipped.append(f"set sizes of average-{k} by shot group: no config of variant {wanted!r}")
+        best = max(candidates, key=lambda r: r["mean"]) if candidates else None
+        by_shot = [(f"{g} (n={fractions[(best['config_id'], g)]['n']})",
+                    fractions[(best["config_id"], g)]["fractions"])
+                   for g in plots.SHOT_GROUPS if best and (best["config_id"], g) in fractions]
+        try:
+            png, svg = plots.set_size_histograms(by_config, by_shot, k,
+                                                 figures_dir / f"set_sizes_avg{_slug(k)}",
+                                                 shot_config=labels[best["config_id"]] if best else "")
+        except ValueError as exc:
+            skipped.append(f"set sizes of average-{k}: {exc}")
+            continue
+        chosen = "the variant asked for" if wanted else f"the best mean test/avg{k}"
+        figures.append(FigureFile(
+            f"Average-{k} set sizes on test", png, svg,
+            f"Share of test inputs per set size, mean over seeds; the last bin gathers the "
+            f"larger sets. (b) is the config with {chosen}, split by the shot group of the "
+            f"label (few < 20 ≤ medium ≤ 100 < many training images)."))
+    return figures
 
 
 # ----------------------------------------------------------------------------- provenance

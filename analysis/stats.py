@@ -594,3 +594,38 @@ def epoch_curves(
                     "swept": group[0]["swept"], "epoch": epoch, "n": interval.n,
                     "mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high})
     return out
+
+
+def set_size_fractions(
+    sizes: pa.Table | Sequence[Mapping[str, Any]],
+    config_of_run: Mapping[str, str],
+    k: str,
+) -> dict[tuple[str, str], dict]:
+    """Distribution of the average-`k` set sizes on test, per config, averaged over seeds.
+
+    `sizes` holds the `set_sizes_test.parquet` rows of the runs (`run_id`, `avgk`, `shot`,
+    `size`, `count`); `config_of_run` maps the runs to their config. Returns
+    `{(config_id, group): {"n": seeds, "fractions": {size: mean fraction}}}` for the groups
+    `all` and every shot group (`few`, `medium`, `many`): each run's counts are normalised
+    within the group, then averaged over the config's runs (a size a run never produced
+    counts as 0 for it), as in thesis Figure 5.4.
+    """
+    per_run: dict[tuple[str, str], dict[int, float]] = {}
+    for row in _rows(sizes):
+        if str(row["avgk"]) != str(k) or row["run_id"] not in config_of_run:
+            continue
+        for group in ("all", row["shot"]):
+            counts = per_run.setdefault((row["run_id"], group), {})
+            counts[int(row["size"])] = counts.get(int(row["size"]), 0.0) + float(row["count"])
+    runs_of: dict[tuple[str, str], list[dict[int, float]]] = {}
+    for (run_id, group), counts in per_run.items():
+        runs_of.setdefault((config_of_run[run_id], group), []).append(counts)
+    out = {}
+    for key, runs in sorted(runs_of.items()):
+        fractions: dict[int, float] = {}
+        for counts in runs:
+            total = sum(counts.values())
+            for size, count in counts.items():
+                fractions[size] = fractions.get(size, 0.0) + count / total / len(runs)
+        out[key] = {"n": len(runs), "fractions": dict(sorted(fractions.items()))}
+    return out

@@ -50,7 +50,8 @@ from setvalued.config import reject_unknown_keys
 from setvalued.data import DATA_DEFAULTS, build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
 from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
-from setvalued.metrics import activate, calibrate_avgk_thresholds, evaluate, per_class_avgk, per_class_topk, shot_groups
+from setvalued.metrics import (activate, avgk_set_sizes, calibrate_avgk_thresholds, evaluate, per_class_avgk,
+                               per_class_topk, shot_groups)
 from setvalued.models import HEADS, MODEL_DEFAULTS, build_model
 
 __all__ = ["fit", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]
@@ -241,6 +242,19 @@ def _to_float32(output: Any) -> Any:
     if isinstance(output, TwoHeadOutput):
         return TwoHeadOutput(*(t.float() for t in output))
     return output.float()
+
+
+def _count_set_sizes(out: dict[str, list], k: str, sizes: list[int], shots: list[str]) -> None:
+    """Append to the columns of ``out`` the number of test inputs of each (shot group of the
+    label, set size) for the average-``k`` sets: the thesis Figure 5.4 histograms."""
+    counts: dict[tuple[str, int], int] = {}
+    for size, shot in zip(sizes, shots):
+        counts[(shot, size)] = counts.get((shot, size), 0) + 1
+    for (shot, size), count in sorted(counts.items()):
+        out["avgk"].append(k)
+        out["shot"].append(shot)
+        out["size"].append(size)
+        out["count"].append(count)
 
 
 def _topk_hit_counts(scores: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -560,10 +574,13 @@ class _Trial:
         for k in self.cfg["eval"]["ks"]:
             if k <= L:
                 per_class[f"top{k}"] = rates(*per_class_topk(scores, targets, k, L))
+        set_sizes: dict[str, list] = {"avgk": [], "shot": [], "size": [], "count": []}
         if thresholds:
             probs = activate(scores, self.cfg["eval"]["avgk_activation"])
+            shot_of_example = [per_class["shot"][c] for c in targets.tolist()]
             for k, t in thresholds.items():
                 per_class[f"avg{_fmt_k(k)}"] = rates(*per_class_avgk(probs, targets, t, L))
+                _count_set_sizes(set_sizes, _fmt_k(k), avgk_set_sizes(probs, t).tolist(), shot_of_example)
         return {
             "best_epoch": int(self.best["epoch"]),
             "best_val": float(self.best["value"]),
@@ -571,6 +588,7 @@ class _Trial:
             "per_class": per_class,
             "history": copy.deepcopy(self.history),
             "thresholds": {_fmt_k(k): float(t) for k, t in thresholds.items()},
+            "set_sizes": set_sizes if set_sizes["count"] else None,
             "selection": self.cfg["eval"]["selection"],
             "device": str(self.device),
         }

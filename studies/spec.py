@@ -926,6 +926,13 @@ class ReportCompare(_Strict):
     metrics: Optional[list[str]] = None
 
 
+class ReportSetSizes(_Strict):
+    """Which average-K set-size histograms the report draws (thesis Figure 5.4)."""
+
+    ks: Optional[list[Annotated[float, Field(gt=0)]]] = None
+    by_shot: Optional[str] = None  # the variant split by shot group (default: best test/avg<K>)
+
+
 class Report(_Strict):
     """What ``studies report`` draws (keys read by analysis.report; all optional)."""
 
@@ -934,6 +941,7 @@ class Report(_Strict):
     tables: Optional[list[ReportTable]] = None
     curves: Optional[list[ReportCurve]] = None
     learning_curves: Optional[list[str]] = None  # per-epoch metrics drawn against the epoch
+    set_sizes: Union[bool, ReportSetSizes, None] = None  # average-K set-size histograms (Fig. 5.4)
     epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
     shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
     compare: Optional[ReportCompare] = None
@@ -1316,6 +1324,16 @@ def _check_study(study: Study) -> None:
         if curve.x not in swept:
             problems.append(Problem(("report", "curves", i, "x"), f"'{curve.x}' is not swept by any design "
                                     f"block; expected one of: {', '.join(sorted(swept)) or '(none)'}"))
+    set_sizes = study.report.set_sizes
+    if isinstance(set_sizes, ReportSetSizes):
+        if set_sizes.by_shot is not None and set_sizes.by_shot not in study._variant_configs:
+            problems.append(Problem(("report", "set_sizes", "by_shot"), f"unknown variant {set_sizes.by_shot!r}; "
+                                    f"expected one of: {', '.join(names)}"))
+        computed = {float(k) for c in study._variant_configs.values() for k in c["eval"]["avgk"]}
+        for i, k in enumerate(set_sizes.ks or []):
+            if float(k) not in computed:
+                problems.append(Problem(("report", "set_sizes", "ks", i), f"average-{k:g} sets are not computed: "
+                                        f"expected a K of eval.avgk ({sorted(computed) or 'empty'})"))
     for i, metric in enumerate(study.report.learning_curves or []):
         if metric in PER_EPOCH_EXTRA_METRICS:
             continue

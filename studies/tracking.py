@@ -9,7 +9,8 @@ The layout is the contract of docs/interfaces.md section 5 (read back by `analys
   `studies.config_id`, `studies.seed`, `studies.cell_id`, `studies.variant`, `studies.swept`
   (JSON), `studies.status` (running | finished | failed), `studies.error` when failed;
   params = the flattened config (dotted keys) and `seed`; metrics per epoch (`step=epoch`),
-  then `test/...`, `best_epoch`, `best_val`; artifact `per_class_test.parquet`.
+  then `test/...`, `best_epoch`, `best_val`; artifact `per_class_test.parquet` (and
+  `set_sizes_test.parquet` with average-K metrics).
 
 Two sides:
 
@@ -52,6 +53,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout, shared with anal
     flatten_config,
     PARENT_RUN_TAG,
     PER_CLASS_ARTIFACT,
+    SET_SIZES_ARTIFACT,
     ROLE_CELL,
     ROLE_PARENT,
     STATUS_FAILED,
@@ -326,7 +328,9 @@ class CellRun:
         artifact, then `studies.status=finished` (last, so a crash never marks it done)."""
         per_class = result.get("per_class")
         if per_class:
-            self.log_per_class(per_class)
+            self.log_table_artifact(per_class, PER_CLASS_ARTIFACT)
+        if result.get("set_sizes"):
+            self.log_table_artifact(result["set_sizes"], SET_SIZES_ARTIFACT)
         final: dict[str, Any] = {f"test/{k}": v for k, v in (result.get("test") or {}).items()}
         if result.get("best_epoch") is not None:
             final["best_epoch"] = result["best_epoch"]
@@ -342,13 +346,14 @@ class CellRun:
         self.set_tags({TAG_STATUS: STATUS_FAILED, TAG_ERROR: error})
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FAILED"))
 
-    def log_per_class(self, per_class: Mapping[str, Sequence[Any]]) -> None:
+    def log_table_artifact(self, columns: Mapping[str, Sequence[Any]], name: str) -> None:
+        """Write the columns as the Parquet artifact `name` of the run."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.table({key: list(values) for key, values in per_class.items()})
-        with tempfile.TemporaryDirectory(prefix="studies-per-class-") as folder:
-            path = Path(folder) / PER_CLASS_ARTIFACT
+        table = pa.table({key: list(values) for key, values in columns.items()})
+        with tempfile.TemporaryDirectory(prefix="studies-artifact-") as folder:
+            path = Path(folder) / name
             pq.write_table(table, path)
             with_retry(lambda: self.client.log_artifact(self.run_id, str(path)))
 

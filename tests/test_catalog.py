@@ -429,6 +429,13 @@ def test_smoke_run(path, tmp_path):
     done = finished_cells(out / "mlflow.db", name)
     assert set(done) == expected, (f"missing: {sorted(expected - set(done))[:5]}, "
                                    f"unexpected: {sorted(set(done) - expected)[:5]}")
+    # the report drew the figures the file asks for: learning curves, and the set-size
+    # histograms wherever average-K sets are evaluated
+    figures = {p.name for p in (out / "report" / "figures").glob("*.png")}
+    for metric in study.report.learning_curves or []:
+        assert "learning_" + re.sub(r"[^A-Za-z0-9]+", "_", metric) + ".png" in figures, figures
+    if any(c.config["eval"]["avgk"] for c in cells):
+        assert any(f.startswith("set_sizes_avg") for f in figures), figures
     print(f"smoke {path.stem}: {len(expected)} cells in {SMOKE_TIMES[path.stem]:.1f} s")
 
 

@@ -78,6 +78,7 @@ class CellRun:
     best_epoch: int | None = None
     best_val: float | None = None
     per_class: dict | None = None  # columns of per_class_test.parquet
+    set_sizes: dict | None = None  # columns of set_sizes_test.parquet
 
     @property
     def config_id(self) -> str:
@@ -135,11 +136,13 @@ def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun],
         metrics += [Metric(key, float(value), start + last, last) for key, value in final.items()]
         for i in range(0, len(metrics), 1000):
             client.log_batch(run_id, metrics=metrics[i:i + 1000], synchronous=True)
-        if cell.per_class is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "per_class_test.parquet"
-                pq.write_table(pa.table(cell.per_class), path)
-                client.log_artifact(run_id, str(path))
+        for columns, artifact in ((cell.per_class, "per_class_test.parquet"),
+                                  (cell.set_sizes, "set_sizes_test.parquet")):
+            if columns is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / artifact
+                    pq.write_table(pa.table(columns), path)
+                    client.log_artifact(run_id, str(path))
         end_tags = [RunTag("studies.status", cell.status)]
         if cell.error is not None:
             end_tags.append(RunTag("studies.error", cell.error))

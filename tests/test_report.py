@@ -462,3 +462,52 @@ def test_learning_curves_from_the_logged_epochs(mlflow_server, tmp_path):
     svg = (tmp_path / "report" / "figures" / "learning_val_top5.svg").read_text()
     assert "loss.epsilon=0.01" in svg and "loss.epsilon=1.0" in svg and "n=3" in svg
     check_html(path.read_text())
+
+
+@pytest.mark.slow
+def test_set_size_histograms_of_average_k(mlflow_server, tmp_path):
+    """Thesis Fig. 5.4 from the runs' set_sizes_test.parquet: per-seed shares per set size,
+    averaged over seeds (checked by hand), and the figure in the report."""
+    from analysis.collect import collect, collect_per_class
+    from analysis.stats import set_size_fractions
+
+    name = unique_name("setsizes")
+    base = set_path(BASE_CONFIG, "loss", {"name": "avgk_two_head", "k": 5, "alpha": 1.0})
+    base = set_path(base, "eval.avgk", [5])
+    # seed -> {(shot, size): count}; CE sets are small, the two-head ones spread out
+    logged = {
+        "ce": {0: {("many", 1): 6, ("many", 2): 2, ("few", 1): 2}, 1: {("many", 1): 8, ("few", 3): 2}},
+        "avg": {0: {("many", 2): 4, ("many", 3): 4, ("few", 9): 2}, 1: {("many", 2): 8, ("few", 12): 2}},
+    }
+    cells = []
+    for variant, by_seed in logged.items():
+        config = set_path(base, "loss", {"name": "ce"}) if variant == "ce" else base
+        for seed, counts in by_seed.items():
+            cell = _cell("noised" if variant == "avg" else "ce", config, seed, {}, 0.0, 0.2)
+            cell.variant = variant
+            cell.test["avg5"] = 0.8 + 0.05 * (variant == "avg") + 0.01 * seed
+            keys = sorted(counts)
+            cell.set_sizes = {"avgk": ["5"] * len(keys), "shot": [k[0] for k in keys],
+                              "size": [k[1] for k in keys], "count": [counts[k] for k in keys]}
+            cells.append(cell)
+    text = f"name: {name}\nvariants: {{ce: {{}}, avg: {{}}}}\nseeds: [0, 1]\n"
+    log_study_runs(mlflow_server, name, cells, study_yaml=text)
+
+    collected = collect(mlflow_server, name)
+    rows = collected.table.to_pylist()
+    sizes = collect_per_class(mlflow_server, [r["run_id"] for r in rows], "set_sizes_test.parquet")
+    assert len(rows) == 4 and sizes.num_rows == sum(len(c) for v in logged.values() for c in v.values())
+    fractions = set_size_fractions(sizes, {r["run_id"]: r["variant"] for r in rows}, "5")
+    # ce, all: seed 0 -> {1: 8/10, 2: 2/10}, seed 1 -> {1: 8/10, 3: 2/10}; mean over the seeds
+    assert fractions[("ce", "all")] == {"n": 2, "fractions": pytest.approx({1: 0.8, 2: 0.1, 3: 0.1})}
+    # avg, few: one input size 9 (seed 0), one size 12 (seed 1): each a whole group
+    assert fractions[("avg", "few")] == {"n": 2, "fractions": pytest.approx({9: 0.5, 12: 0.5})}
+    assert fractions[("avg", "many")]["fractions"] == pytest.approx({2: 0.75, 3: 0.25})
+
+    path = build_report(mlflow_server, name, tmp_path / "report")
+    md = path.with_suffix(".md").read_text()
+    assert "Average-5 set sizes on test" in md and "set_sizes_avg5.png" in md
+    svg = (tmp_path / "report" / "figures" / "set_sizes_avg5.svg").read_text()
+    # (b) is the config with the best mean test/avg5: the two-head one
+    assert "(b) avg: by shot group of the label" in svg and "few (n=2)" in svg
+    check_html(path.read_text())

@@ -86,6 +86,19 @@ def test_avgk_two_head_trains_and_calibrates_on_validation():
     assert set(result["per_class"]) >= {"avg5", "top5", "train_count", "test_count", "shot"}
     assert result["thresholds"]["5"] == result["history"][result["best_epoch"]]["val/avg5_threshold"]
 
+    # the set-size histogram (thesis Fig. 5.4): counts per (shot group of the label, size)
+    sizes = result["set_sizes"]
+    assert set(sizes["avgk"]) == {"5"} and set(sizes["shot"]) <= {"few", "medium", "many"}
+    assert sum(sizes["count"]) == sum(result["per_class"]["test_count"])
+    total = sum(size * count for size, count in zip(sizes["size"], sizes["count"]))
+    assert total / sum(sizes["count"]) == pytest.approx(test["avg5_size"], abs=1e-12)
+    per_shot = {}
+    for shot, count in zip(result["per_class"]["shot"], result["per_class"]["test_count"]):
+        per_shot[shot] = per_shot.get(shot, 0) + count
+    assert {g: sum(c for s, c in zip(sizes["shot"], sizes["count"]) if s == g) for g in per_shot} == per_shot
+    assert len(set(sizes["size"])) > 2  # sets of varying size, the point of average-K
+    assert fit(small_cfg({"name": "ce"}, epochs=1), seed=0)["set_sizes"] is None  # no eval.avgk
+
 
 def test_losses_choose_their_head_and_train_their_own_parameters():
     states = {}
