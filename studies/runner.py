@@ -13,7 +13,9 @@ How a study file becomes trials (`run_study`):
 3. MLflow is the ledger (`studies.tracking.StudyTracking.prepare`): cells whose run is tagged
    `finished` are skipped, leftovers of an interrupted earlier run are deleted, so re-running
    the file, or `studies resume NAME`, runs only what is missing and no cell ends with two
-   runs. The Tune experiment folder is a cache of the current session, not the ledger;
+   runs. The Tune experiment folder is a cache, not the ledger: a cell that a killed driver
+   left unfinished continues from the last checkpoint its trial left there, in its MLflow
+   run (`find_resume_checkpoints`); the folder is removed once every cell has finished;
 4. `tune.Tuner(tune.with_resources(trainable, {"cpu", "gpu"}), ...)` with
    `reuse_actors=True`, `max_concurrent_trials`, `FailureConfig(max_failures)` and a checkpoint
    every epoch (`studies.trial.run_cell`), so a trial whose worker dies restarts from its last
@@ -268,6 +270,30 @@ class CellQueueSearcher(_searcher_base()):
 # ----------------------------------------------------------------------------- helpers
 
 
+def find_resume_checkpoints(storage: Path | None, study_name: str,
+                            cell_ids: Iterable[str]) -> dict[str, tuple[Path, dict]]:
+    """{cell_id: (checkpoint folder, its meta)}: the latest checkpoint (most epochs) that an
+    earlier session's Tune trial of each cell left under `storage` (the Tune storage path,
+    None for a URI). Only checkpoints of `study_name` count: a shared storage path holds the
+    trials of every study, and a cell id names a config and seed, not a study."""
+    if storage is None or not storage.is_dir():
+        return {}
+    wanted = set(cell_ids)
+    found: dict[str, tuple[Path, dict]] = {}
+    for meta_file in storage.glob("tune-*/*/checkpoint_*/meta.json"):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            continue
+        cell_id = meta.get("cell_id")
+        if meta.get("study") != study_name or cell_id not in wanted or "run_id" not in meta:
+            continue
+        best = found.get(cell_id)
+        if best is None or int(meta.get("epoch", -1)) > int(best[1].get("epoch", -1)):
+            found[cell_id] = (meta_file.parent, meta)
+    return found
+
+
 def cell_payload(cell) -> dict:
     """A cell as a plain dict (what travels to the workers)."""
     return {
@@ -310,6 +336,12 @@ class _Session:
         self.concurrency = 1
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
+        self.resume_from: dict[str, str] = {}  # cell_id -> checkpoint of an earlier session
+
+    def storage_root(self) -> Path | None:
+        """The local (or shared) Tune storage folder; None for a URI storage."""
+        storage = self.options.storage or str(self.study_dir / "ray")
+        return None if "://" in storage else Path(storage).expanduser().resolve()
 
     def know(self, cells: Iterable) -> None:
         for cell in cells:
@@ -452,7 +484,8 @@ class _Session:
             return
         cells = config_major(cells)
         early = self.early_stopping(cells)
-        payload = {c.cell_id: cell_payload(c) for c in cells}
+        payload = {c.cell_id: {**cell_payload(c), "resume_from": self.resume_from.get(c.cell_id)}
+                   for c in cells}
         by_cell = {c.cell_id: c for c in cells}
         trainable = tune.with_parameters(
             run_cell, cells=payload, context=self.context, fit_fn=self.options.fit_fn,
@@ -477,9 +510,8 @@ class _Session:
         callback = ProgressCallback(progress, interval_s=self.options.progress_interval_s,
                                     stream=self.stream, on_error=on_error)
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
-        storage = self.options.storage or str(self.study_dir / "ray")
-        if "://" not in storage:
-            storage = str(Path(storage).expanduser().resolve())
+        root = self.storage_root()
+        storage = str(root) if root is not None else str(self.options.storage)
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
@@ -500,8 +532,8 @@ class _Session:
                 log_to_file=False,
             ),
         )
-        if "://" not in storage:
-            self.tune_dirs.append(Path(storage) / run_name)
+        if root is not None:
+            self.tune_dirs.append(root / run_name)
         _print(self.stream, f"[studies] running {len(cells)} cells ({self.concurrency} at "
                             f"a time, {resources['cpu']:g} CPU / {resources['gpu']:g} GPU "
                             f"each)")
@@ -654,7 +686,16 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         # the ledger first (reads, and deletes leftovers of an interrupted run), then Ray and
         # its checks, and only then the experiment and parent run: a study that cannot run
         # here creates nothing in MLflow
-        done, to_run = tracking.prepare([c.cell_id for c in cells])
+        resumable = find_resume_checkpoints(session.storage_root(), name, [c.cell_id for c in cells])
+        keep = {cell_id: meta["run_id"] for cell_id, (_, meta) in resumable.items()}
+        done, to_run = tracking.prepare([c.cell_id for c in cells], keep=keep)
+        session.resume_from = {cell_id: str(resumable[cell_id][0]) for cell_id in keep}
+        session.tune_dirs.extend(dict.fromkeys(resumable[c][0].parent.parent for c in keep))
+        if keep:
+            epochs = sorted(int(resumable[c][1].get("epoch", 0)) + 1 for c in keep)
+            _print(stream, f"[studies] {len(keep)} unfinished cells continue from the checkpoint "
+                           f"an earlier run left (after {epochs[0]}"
+                           + (f"-{epochs[-1]}" if epochs[-1] != epochs[0] else "") + " epochs)")
         wanted = set(to_run)
         pending = [c for c in cells if c.cell_id in wanted]
         if pending or study.optuna_blocks:

@@ -491,20 +491,29 @@ class StudyTracking:
                 states[cell_id] = CellState(cell_id, "missing")
         return states
 
-    def prepare(self, cell_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    def prepare(self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None
+                ) -> tuple[list[str], list[str]]:
         """Split the cells into (done, to_run) and clear what an earlier driver left.
 
         A cell is done when one of its runs is tagged `finished`. Every other active run of a
         cell (left `running` by a killed driver, or `failed`) is deleted: a cell to run starts
-        with no run, a done cell keeps only its finished run(s). Returns cell ids in order.
+        with no run, a done cell keeps only its finished run(s). `keep` maps a cell to run
+        to the run an earlier checkpoint of it continues: that run is kept, and the entries
+        whose run is not an active run of the cell are removed from `keep` (in place).
+        Returns cell ids in order.
         """
         grouped = self.cell_runs()
+        keep = keep if keep is not None else {}
         done, to_run = [], []
         for cell_id in cell_ids:
             runs = grouped.get(cell_id, [])
             finished = [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+            kept = keep.get(cell_id) if not finished else None
+            if kept not in {r.info.run_id for r in runs}:
+                keep.pop(cell_id, None)
+                kept = None
             for run in runs:
-                if run.data.tags.get(TAG_STATUS) != STATUS_FINISHED:
+                if run.data.tags.get(TAG_STATUS) != STATUS_FINISHED and run.info.run_id != kept:
                     with_retry(lambda: self.client.delete_run(run.info.run_id))
             (done if finished else to_run).append(cell_id)
         return done, to_run

@@ -6,7 +6,9 @@
    themselves travel once through the object store with `tune.with_parameters`);
 2. `ray.tune.get_checkpoint()`: when Tune restarts the trial after its worker died
    (`FailureConfig(max_failures)`), training resumes after the last checkpointed epoch, in
-   the same MLflow run;
+   the same MLflow run; a cell left unfinished by a driver that was killed resumes the same
+   way from the checkpoint its earlier Tune trial left (the cell's `resume_from`, found by
+   `studies.runner.find_resume_checkpoints`);
 3. it calls `setvalued.train.fit(config, seed, on_epoch=..., checkpoint=...)`; after every
    epoch it reports the metrics to Tune together with a checkpoint
    (`ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(d))`), then logs
@@ -116,6 +118,21 @@ def _load_checkpoint(checkpoint) -> tuple[Any, dict]:
     return state, meta
 
 
+def _load_resume_checkpoint(folder: str) -> tuple[Any, dict]:
+    """(fit state, meta) of an earlier session's checkpoint; (None, {}) when it cannot be
+    read (a driver killed while Tune was writing it): the cell then starts from scratch."""
+    try:
+        meta = json.loads((Path(folder) / META_FILE).read_text())
+        import torch
+
+        state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
+        return state, meta
+    except Exception as error:
+        print(f"[studies] cannot read the checkpoint {folder} ({one_paragraph(error)}); "
+              f"the cell starts from scratch", flush=True)
+        return None, {}
+
+
 def _save_checkpoint(folder: Path, state: Any, meta: dict) -> None:
     import torch
 
@@ -152,7 +169,12 @@ def run_cell(
     _set_torch_threads()
 
     checkpoint = ray.tune.get_checkpoint()
-    state, meta = (None, {}) if checkpoint is None else _load_checkpoint(checkpoint)
+    if checkpoint is not None:
+        state, meta = _load_checkpoint(checkpoint)
+    elif cell.get("resume_from"):
+        state, meta = _load_resume_checkpoint(cell["resume_from"])
+    else:
+        state, meta = None, {}
     run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"))
     # where this attempt runs: shows in MLflow which node trained (or retried) the cell
     run.set_tags({TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
@@ -172,7 +194,7 @@ def run_cell(
         if logged_through is None or epoch > logged_through:
             run.log_metrics(metrics, step=epoch)
             logged_through = epoch
-    if checkpoint is not None and history:
+    if state is not None and history:
         run.set_tags({TAG_RESUMED_FROM: str(history[-1][0])})
 
     coordinator = _early_stopping_actor((early_stopping or {}).get("actor"))
@@ -192,7 +214,9 @@ def run_cell(
         holder["state"] = epoch_state
         with tempfile.TemporaryDirectory(prefix="studies-ckpt-") as folder:
             _save_checkpoint(Path(folder), epoch_state,
-                             {"run_id": run.run_id, "epoch": int(epoch), "history": history})
+                             {"run_id": run.run_id, "cell_id": cell["cell_id"],
+                              "study": context.study_name, "epoch": int(epoch),
+                              "history": history})
             ray.tune.report(
                 {**values, **base, "epoch": int(epoch), "epochs_done": len(history),
                  "cell_status": "running"},

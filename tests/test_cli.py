@@ -137,7 +137,7 @@ def study_file(folder: Path, name: str) -> Path:
         "name": name, "description": "driver kill and resume",
         "base": {
             "data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2,
-                     "train_size": 600, "val_size": 60, "test_size": 60,
+                     "train_size": 3000, "val_size": 60, "test_size": 60,
                      "form": "features", "feature_dim": 8},
             "model": {"name": "mlp", "hidden_dim": 32},
             "loss": {"name": "ce"},
@@ -178,13 +178,18 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
         [sys.executable, "-m", "studies.cli", "run", str(path), "--tracking-uri",
          mlflow_server, "--output", str(output), "--no-report", "--num-cpus", "1"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server)
     deadline = time.monotonic() + 420
     finished, running = [], []
     try:
         while time.monotonic() < deadline:
             runs = cell_runs(mlflow_server, name)
             finished = [r for r in runs if r.data.tags.get("studies.status") == "finished"]
-            running = [r for r in runs if r.data.tags.get("studies.status") == "running"]
+            running = [r for r in runs if r.data.tags.get("studies.status") == "running"
+                       and client.get_metric_history(r.info.run_id, "val/top3")]
+            # killed while a cell is mid-way: it has checkpointed (and logged) an epoch
             if len(finished) >= 2 and running:
                 break
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
@@ -204,6 +209,13 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
     unfinished_before = {r.info.run_id for r in runs
                          if r.data.tags.get("studies.status") != "finished"}
     assert 2 <= len(finished_before) < 6 and unfinished_before
+    # the cell that was mid-way: its epochs in MLflow, and its checkpoint in the Tune folder
+    midway = {r.info.run_id: len(client.get_metric_history(r.info.run_id, "val/top3"))
+              for r in runs if r.info.run_id in unfinished_before}
+    midway = {run_id: n for run_id, n in midway.items() if n >= 1}
+    assert midway
+    tune_folders = sorted((output / name / "ray").glob("tune-*"))
+    assert tune_folders
 
     result = run_cli("resume", name, "--output", str(output), "--no-report",
                      "--num-cpus", "1", timeout=600)
@@ -219,12 +231,18 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
     assert all(v[0].data.tags["studies.status"] == "finished" for v in by_cell.values())
     for cell_id, run_id in finished_before.items():  # nothing finished was redone
         assert by_cell[cell_id][0].info.run_id == run_id
+    # the mid-way cell continued in its own run from its last checkpoint, not from scratch
+    continued = {r.info.run_id: r for v in by_cell.values() for r in v if r.info.run_id in midway}
+    assert continued, "the mid-way cell's run was not continued"
+    assert "unfinished cells continue from the checkpoint" in result.stdout
+    for run_id, run in continued.items():
+        assert int(run.data.tags["studies.resumed_from_epoch"]) >= midway[run_id] - 1
     deleted = {r.info.run_id for r in cell_runs(mlflow_server, name, view="deleted")}
-    assert unfinished_before <= deleted  # the half-written run left the active view
+    assert unfinished_before - set(continued) <= deleted  # half-written runs left the view
+    assert not set(continued) & deleted
+    # the Tune folder of the killed session went once every cell had finished
+    assert not any(folder.exists() for folder in tune_folders)
     # every cell has each of its epochs once
-    from mlflow import MlflowClient
-
-    client = MlflowClient(mlflow_server)
     for runs_of_cell in by_cell.values():
         steps = sorted(m.step for m in client.get_metric_history(runs_of_cell[0].info.run_id,
                                                                  "val/top3"))
