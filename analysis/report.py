@@ -846,8 +846,16 @@ def _set_size_figures(ctx: _Context, figures_dir: Path, skipped: list[str]) -> l
             skipped.append(f"set sizes of average-{k}: no run stored them")
             continue
         labels = {r["config_id"]: plots._config_label(r) for r in summary}
+        shown, which = summary, "every config"
+        if len(shown) > plots.MAX_LEARNING_CURVES:  # too many lines: each variant's best config
+            best_of: dict[str, dict] = {}
+            for r in summary:
+                if r["variant"] not in best_of or r["mean"] > best_of[r["variant"]]["mean"]:
+                    best_of[r["variant"]] = r
+            shown = sorted(best_of.values(), key=lambda r: -r["mean"])[:plots.MAX_LEARNING_CURVES]
+            which = f"the best config (mean test/avg{k}) of each variant"
         by_config = [(f"{labels[c]} (n={fractions[(c, 'all')]['n']})", fractions[(c, "all")]["fractions"])
-                     for c in ctx.config_order(summary)]
+                     for c in ctx.config_order(shown)]
         wanted = spec.get("by_shot")
         candidates = [r for r in summary if wanted is None or r["variant"] == wanted]
         if not candidates:
@@ -866,8 +874,8 @@ def _set_size_figures(ctx: _Context, figures_dir: Path, skipped: list[str]) -> l
         chosen = "the variant asked for" if wanted else f"the best mean test/avg{k}"
         figures.append(FigureFile(
             f"Average-{k} set sizes on test", png, svg,
-            f"Share of test inputs per set size, mean over seeds; the last bin gathers the "
-            f"larger sets. (b) is the config with {chosen}, split by the shot group of the "
+            f"Share of test inputs per set size, mean over seeds, for {which}; the last bin "
+            f"gathers the larger sets. (b) is the config with {chosen}, split by the shot group of the "
             f"label (few < 20 ≤ medium ≤ 100 < many training images)."))
     return figures
 
