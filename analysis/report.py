@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import functools
 import html
 import importlib.metadata
 import json
@@ -52,7 +53,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
@@ -720,6 +721,18 @@ def _numeric_swept_paths(ctx: _Context) -> list[str]:
     return out
 
 
+def _add_figure(figures: list[FigureFile], skipped: list[str], what: str, title: str,
+                caption: str, draw: Callable[[], Sequence[Path]]) -> None:
+    """Draw one figure (PNG, SVG) into `figures`; a ValueError of the drawing (nothing to
+    draw) goes to `skipped` with `what` instead, so the report says why it is missing."""
+    try:
+        png, svg = draw()
+    except ValueError as exc:
+        skipped.append(f"{what}: {exc}")
+        return
+    figures.append(FigureFile(title, png, svg, caption))
+
+
 def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], list[str]]:
     report = ctx.study.report
     figures: list[FigureFile] = []
@@ -737,19 +750,15 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
         if metric not in ctx.metric_names:
             skipped.append(f"curve {metric} vs {x}: {metric} was not logged by a finished cell")
             continue
-        try:
-            if x == "data.label_noise":
-                png, svg = plots.metric_vs_label_noise(ctx.summary([metric]), metric,
-                                                       figures_dir / name, x=x)
-            else:
-                png, svg = plots.sensitivity_curve(ctx.summary([metric]), x, metric,
-                                                   figures_dir / name)
-        except ValueError as exc:
-            skipped.append(f"curve {metric} vs {x}: {exc}")
-            continue
-        figures.append(FigureFile(f"{metric} vs {x}", png, svg,
-                              f"Mean over seeds; band: {level_text}; dashed: a variant with a "
-                              f"single config (not swept on {x})."))
+        if x == "data.label_noise":
+            draw = functools.partial(plots.metric_vs_label_noise, ctx.summary([metric]), metric,
+                                     figures_dir / name, x=x)
+        else:
+            draw = functools.partial(plots.sensitivity_curve, ctx.summary([metric]), x, metric,
+                                     figures_dir / name)
+        _add_figure(figures, skipped, f"curve {metric} vs {x}", f"{metric} vs {x}",
+                    f"Mean over seeds; band: {level_text}; dashed: a variant with a single "
+                    f"config (not swept on {x}).", draw)
 
     learning = report.get("learning_curves") or []
     histories = collect_histories(ctx.collected, learning) if learning and ctx.rows else None
@@ -759,16 +768,11 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
         if not curves:
             skipped.append(f"learning curve of {metric}: no finished cell logged it per epoch")
             continue
-        try:
-            png, svg = plots.learning_curves(curves, metric,
-                                             figures_dir / f"learning_{_slug(metric)}",
-                                             order=ctx.config_order(curves), level=ctx.level)
-        except ValueError as exc:
-            skipped.append(f"learning curve of {metric}: {exc}")
-            continue
-        figures.append(FigureFile(f"{metric} over the epochs", png, svg,
-                              f"Mean over seeds at each epoch, a line per config; band: "
-                              f"{level_text}."))
+        _add_figure(figures, skipped, f"learning curve of {metric}", f"{metric} over the epochs",
+                    f"Mean over seeds at each epoch, a line per config; band: {level_text}.",
+                    functools.partial(plots.learning_curves, curves, metric,
+                                      figures_dir / f"learning_{_slug(metric)}",
+                                      order=ctx.config_order(curves), level=ctx.level))
 
     epoch_spec = report.get("epoch_time")
     if epoch_spec is None and "loss.k" in ctx.swept_paths:
@@ -782,14 +786,12 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
             ctx.rows = ctx.collected.table.to_pylist()
             ctx.metric_names = ctx.collected.metric_columns
             ctx._summaries.clear()
-            try:
-                png, svg = plots.epoch_time_vs_k(ctx.summary([MEAN_PREFIX + "epoch_time_s"]),
-                                                 figures_dir / "epoch_time_vs_k", x=x)
-                figures.append(FigureFile("Epoch time vs K", png, svg,
-                                      f"Mean epoch wall time over the epochs of each run, "
-                                      f"then mean over seeds; band: {level_text}."))
-            except ValueError as exc:
-                skipped.append(f"epoch time vs K: {exc}")
+            _add_figure(figures, skipped, "epoch time vs K", "Epoch time vs K",
+                        f"Mean epoch wall time over the epochs of each run, then mean over "
+                        f"seeds; band: {level_text}.",
+                        functools.partial(plots.epoch_time_vs_k,
+                                          ctx.summary([MEAN_PREFIX + "epoch_time_s"]),
+                                          figures_dir / "epoch_time_vs_k", x=x))
 
     figures += _set_size_figures(ctx, figures_dir, skipped)
 
@@ -802,17 +804,13 @@ def build_figures(ctx: _Context, figures_dir: Path) -> tuple[list[FigureFile], l
         base = spec.get("metric") if isinstance(spec, dict) else spec
         split = spec.get("split", "test") if isinstance(spec, dict) else "test"
         metrics = [f"{split}/{g}/{base}" for g in plots.SHOT_GROUPS]
-        try:
-            summary = ctx.summary(metrics)
-            png, svg = plots.shot_group_bars(summary, base,
-                                             figures_dir / f"shot_groups_{_slug(base)}",
-                                             split=split, order=ctx.config_order(summary))
-        except ValueError as exc:
-            skipped.append(f"shot-group bars of {base}: {exc}")
-            continue
-        figures.append(FigureFile(f"{split}/{base} per shot group", png, svg,
-                              f"few < 20 ≤ medium ≤ 100 < many training images per class; "
-                              f"error bars: {level_text}."))
+        summary = ctx.summary(metrics)
+        _add_figure(figures, skipped, f"shot-group bars of {base}", f"{split}/{base} per shot group",
+                    f"few < 20 ≤ medium ≤ 100 < many training images per class; error bars: "
+                    f"{level_text}.",
+                    functools.partial(plots.shot_group_bars, summary, base,
+                                      figures_dir / f"shot_groups_{_slug(base)}",
+                                      split=split, order=ctx.config_order(summary)))
     return figures, skipped
 
 
@@ -864,19 +862,14 @@ def _set_size_figures(ctx: _Context, figures_dir: Path, skipped: list[str]) -> l
         by_shot = [(f"{g} (n={fractions[(best['config_id'], g)]['n']})",
                     fractions[(best["config_id"], g)]["fractions"])
                    for g in plots.SHOT_GROUPS if best and (best["config_id"], g) in fractions]
-        try:
-            png, svg = plots.set_size_histograms(by_config, by_shot, k,
-                                                 figures_dir / f"set_sizes_avg{_slug(k)}",
-                                                 shot_config=labels[best["config_id"]] if best else "")
-        except ValueError as exc:
-            skipped.append(f"set sizes of average-{k}: {exc}")
-            continue
         chosen = "the variant asked for" if wanted else f"the best mean test/avg{k}"
-        figures.append(FigureFile(
-            f"Average-{k} set sizes on test", png, svg,
-            f"Share of test inputs per set size, mean over seeds, for {which}; the last bin "
-            f"gathers the larger sets. (b) is the config with {chosen}, split by the shot group of the "
-            f"label (few < 20 ≤ medium ≤ 100 < many training images)."))
+        _add_figure(figures, skipped, f"set sizes of average-{k}", f"Average-{k} set sizes on test",
+                    f"Share of test inputs per set size, mean over seeds, for {which}; the last "
+                    f"bin gathers the larger sets. (b) is the config with {chosen}, split by the "
+                    f"shot group of the label (few < 20 ≤ medium ≤ 100 < many training images).",
+                    functools.partial(plots.set_size_histograms, by_config, by_shot, k,
+                                      figures_dir / f"set_sizes_avg{_slug(k)}",
+                                      shot_config=labels[best["config_id"]] if best else ""))
     return figures
 
 
