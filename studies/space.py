@@ -542,7 +542,11 @@ def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
     n_configs = len({c.config_id for c in cells})
     n_seeds = len({c.seed for c in cells})
-    lines.append(f"{len(cells)} cells = {n_configs} configs x {n_seeds} seeds")
+    def counted(n: int, noun: str) -> str:
+        return f"{n} {noun}" + ("" if n == 1 else "s")
+
+    lines.append(f"{counted(len(cells), 'cell')} = {counted(n_configs, 'config')} x "
+                 f"{counted(n_seeds, 'seed')}")
     if study is not None:
         for index, block in study.optuna_blocks:
             n = block.n_configs * len(study.seeds)
