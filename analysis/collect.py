@@ -526,15 +526,18 @@ def collect_per_class(
     """The per-class test results of the given runs (or another Parquet artifact of theirs,
     such as `set_sizes_test.parquet`), concatenated, with a `run_id` column."""
     client = _client(tracking_uri)
-    tables = []
     with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
-        for index, run_id in enumerate(run_ids):
+
+        def one(job: tuple[int, str]) -> pa.Table:
+            index, run_id = job
             local = client.download_artifacts(run_id, artifact, str(Path(tmp) / str(index)))
             table = pq.read_table(local)
-            table = table.append_column(
+            return table.append_column(
                 "run_id", pa.array([run_id] * table.num_rows, type=pa.string())
             )
-            tables.append(table)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:  # one request per run: overlap them
+            tables = list(pool.map(one, enumerate(run_ids)))
     if not tables:
         return pa.table({"run_id": pa.array([], type=pa.string())})
     return pa.concat_tables(tables, promote_options="permissive")
