@@ -74,6 +74,19 @@ def _axis_label(metric: str, factor: float) -> str:
     return f"{metric} (%)" if factor == 100.0 else metric
 
 
+def _band(points: Sequence[Mapping[str, Any]], metric: str, factor: float
+          ) -> tuple[list[float], list[float]]:
+    """Lower and upper CI bounds to shade (NaN where there is no interval). An accuracy's
+    t-interval over a few seeds can pass 0 or 100%; the band stops at the possible range."""
+    lo, hi = (0.0, factor) if is_fraction_metric(metric) else (-math.inf, math.inf)
+
+    def bound(p, key):
+        value = p.get(key)
+        return math.nan if value is None else min(max(value * factor, lo), hi)
+
+    return [bound(p, "ci_low") for p in points], [bound(p, "ci_high") for p in points]
+
+
 def save_figure(fig: Figure, out_base: str | Path) -> list[Path]:
     """Write `<out_base>.png` (150 dpi) and `<out_base>.svg`; return both paths."""
     out_base = Path(out_base)
@@ -131,10 +144,7 @@ def plot_series(
         points = [p for p in s.points if p.get(xcol) is not None]
         xv = [xpos(p[xcol]) for p in points]
         mean = [p["mean"] * factor for p in points]
-        low = [(p["ci_low"] if p["ci_low"] is not None else math.nan) * factor
-               for p in points]
-        high = [(p["ci_high"] if p["ci_high"] is not None else math.nan) * factor
-                for p in points]
+        low, high = _band(points, metric, factor)
         ax.plot(xv, mean, marker="o", markersize=4, color=color, linewidth=1.6, label=label)
         ax.fill_between(xv, low, high, color=color, alpha=0.18, linewidth=0)
         single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
@@ -267,8 +277,7 @@ def learning_curves(
         ax.plot(epochs, [p["mean"] * factor for p in points], color=color, linewidth=1.4,
                 marker="o" if len(points) < 15 else None, markersize=3,
                 label=f"{_config_label(points[0])} ({n_text})")
-        low = [(p["ci_low"] if p["ci_low"] is not None else math.nan) * factor for p in points]
-        high = [(p["ci_high"] if p["ci_high"] is not None else math.nan) * factor for p in points]
+        low, high = _band(points, metric, factor)
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
     ax.set_ylabel(_axis_label(metric, factor))

@@ -511,3 +511,15 @@ def test_set_size_histograms_of_average_k(mlflow_server, tmp_path):
     # (b) is the config with the best mean test/avg5: the two-head one
     assert "(b) avg: by shot group of the label" in svg and "few (n=2)" in svg
     check_html(path.read_text())
+
+
+def test_ci_band_of_an_accuracy_stays_within_0_and_100_percent():
+    from analysis.plots import _band
+
+    points = [{"ci_low": -0.1, "ci_high": 1.2}, {"ci_low": None, "ci_high": None},
+              {"ci_low": 0.3, "ci_high": 0.5}]
+    low, high = _band(points, "val/top5", 100.0)
+    assert low[0] == 0.0 and high[0] == 100.0 and (low[2], high[2]) == pytest.approx((30.0, 50.0))
+    assert np.isnan(low[1]) and np.isnan(high[1])
+    # a loss is not bounded: its interval is drawn as it is
+    assert _band(points[:1], "train/loss", 1.0) == ([-0.1], [1.2])
