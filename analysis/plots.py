@@ -231,7 +231,8 @@ def epoch_time_vs_k(
                        title=f"Epoch time vs K per loss ({metric})")
 
 
-def _config_label(row: Mapping[str, Any]) -> str:
+def config_label(row: Mapping[str, Any]) -> str:
+    """A config's legend label: its variant and swept values, `ce (loss.k=5)`."""
     swept = json.loads(row.get("swept") or "{}")
     label = str(row.get("variant"))
     if swept:
@@ -239,8 +240,9 @@ def _config_label(row: Mapping[str, Any]) -> str:
     return label
 
 
-#: Most configs a learning-curve figure draws; more would be an unreadable tangle.
-MAX_LEARNING_CURVES = len(_PALETTE)
+#: Most lines (configs) a learning-curve or set-size figure draws; more would be an
+#: unreadable tangle (and the palette repeats).
+MAX_LINES = len(_PALETTE)
 
 
 def learning_curves(
@@ -254,16 +256,16 @@ def learning_curves(
     """`metric` against the epoch, one line per config (mean over seeds, CI band).
 
     `curves` is `analysis.stats.epoch_curves(...)`; `order` lists config_ids in the order
-    of the legend (default: as they come). At most MAX_LEARNING_CURVES configs are drawn.
+    of the legend (default: as they come). At most MAX_LINES configs are drawn.
     """
     by_config: dict[str, list[Mapping[str, Any]]] = {}
     for row in curves:
         by_config.setdefault(row["config_id"], []).append(row)
     if not by_config:
         raise ValueError(f"no config logged {metric} at any epoch")
-    if len(by_config) > MAX_LEARNING_CURVES:
+    if len(by_config) > MAX_LINES:
         raise ValueError(f"{len(by_config)} configs logged {metric}: more than the "
-                         f"{MAX_LEARNING_CURVES} lines one figure can show")
+                         f"{MAX_LINES} lines one figure can show")
     ids = [c for c in (order or []) if c in by_config] + \
         [c for c in by_config if c not in (order or [])]
     factor = _scale(metric, None)
@@ -276,7 +278,7 @@ def learning_curves(
         epochs = [p["epoch"] for p in points]
         ax.plot(epochs, [p["mean"] * factor for p in points], color=color, linewidth=1.4,
                 marker="o" if len(points) < 15 else None, markersize=3,
-                label=f"{_config_label(points[0])} ({n_text})")
+                label=f"{config_label(points[0])} ({n_text})")
         low, high = _band(points, metric, factor)
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
@@ -331,9 +333,9 @@ def set_size_histograms(
     the fraction of test inputs (mean over seeds, `stats.set_size_fractions`)."""
     if not by_config:
         raise ValueError(f"no run stored its average-{k} set sizes")
-    if len(by_config) > MAX_LEARNING_CURVES:
+    if len(by_config) > MAX_LINES:
         raise ValueError(f"{len(by_config)} configs have average-{k} sets: more than the "
-                         f"{MAX_LEARNING_CURVES} lines one figure can show")
+                         f"{MAX_LINES} lines one figure can show")
     end = _set_size_axis_end([f for _, f in by_config] + [f for _, f in by_shot])
     fig = Figure(figsize=(11.0, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
@@ -387,7 +389,7 @@ def shot_group_bars(
             if row is None or row["n"] == 0:
                 heights.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
                 continue
-            label = label or _config_label(row)
+            label = label or config_label(row)
             n_values.add(row["n"])
             mean = row["mean"] * factor
             heights.append(mean)

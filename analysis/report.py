@@ -843,14 +843,14 @@ def _set_size_figures(ctx: _Context, figures_dir: Path, skipped: list[str]) -> l
         if not summary:
             skipped.append(f"set sizes of average-{k}: no run stored them")
             continue
-        labels = {r["config_id"]: plots._config_label(r) for r in summary}
+        labels = {r["config_id"]: plots.config_label(r) for r in summary}
         shown, which = summary, "every config"
-        if len(shown) > plots.MAX_LEARNING_CURVES:  # too many lines: each variant's best config
+        if len(shown) > plots.MAX_LINES:  # too many lines: each variant's best config
             best_of: dict[str, dict] = {}
             for r in summary:
                 if r["variant"] not in best_of or r["mean"] > best_of[r["variant"]]["mean"]:
                     best_of[r["variant"]] = r
-            shown = sorted(best_of.values(), key=lambda r: -r["mean"])[:plots.MAX_LEARNING_CURVES]
+            shown = sorted(best_of.values(), key=lambda r: -r["mean"])[:plots.MAX_LINES]
             which = f"the best config (mean test/avg{k}) of each variant"
         by_config = [(f"{labels[c]} (n={fractions[(c, 'all')]['n']})", fractions[(c, "all")]["fractions"])
                      for c in ctx.config_order(shown)]

@@ -134,15 +134,23 @@ def activate(logits: torch.Tensor, activation: str | None) -> torch.Tensor:
 # top-K
 # --------------------------------------------------------------------------------------------
 
+def label_rank(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Int64 (n,): 0-based rank of the label's score, ties counted against the label (the
+    number of other classes scoring at least as high); the label is in the top K iff rank < K.
+
+    No input checks (they cost a device sync): for the training loop; ``topk_hits`` checks.
+    """
+    true_score = scores.gather(1, targets[:, None])
+    # classes (the label itself included) scoring at least as high as the label
+    return (scores >= true_score).sum(dim=1) - 1
+
+
 def topk_hits(scores: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
     """Bool (n,): is the label among the K largest scores (ties against the label, see module doc)."""
     scores = _check_scores(scores)
     targets = _check_targets(targets, scores)
     k = _check_k(k, scores.shape[1])
-    true_score = scores.gather(1, targets[:, None])
-    # classes (the label itself included) scoring at least as high as the label
-    at_least = (scores >= true_score).sum(dim=1)
-    return (at_least - 1) < k
+    return label_rank(scores, targets) < k
 
 
 def topk_accuracy(scores: torch.Tensor, targets: torch.Tensor, k: int) -> float:

@@ -50,8 +50,8 @@ from setvalued.config import reject_unknown_keys
 from setvalued.data import DATA_DEFAULTS, build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
 from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
-from setvalued.metrics import (activate, avgk_set_sizes, calibrate_avgk_thresholds, evaluate, per_class_avgk,
-                               per_class_topk, shot_groups)
+from setvalued.metrics import (activate, avgk_set_sizes, calibrate_avgk_thresholds, evaluate, label_rank,
+                               per_class_avgk, per_class_topk, shot_groups)
 from setvalued.models import HEADS, MODEL_DEFAULTS, build_model
 
 __all__ = ["fit", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]
@@ -258,10 +258,9 @@ def _count_set_sizes(out: dict[str, list], k: str, sizes: list[int], shots: list
 
 
 def _topk_hit_counts(scores: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> torch.Tensor:
-    """Top-k hits of a batch for each k of ``ks`` (float64, one entry per k): the label ranks
-    among the k largest scores, ties counted against the label as in ``metrics.topk_hits``."""
-    true_score = scores.gather(1, targets[:, None])
-    rank = (scores >= true_score).sum(dim=1) - 1
+    """Top-k hits of a batch for each k of ``ks`` (float64, one entry per k), ranked as
+    ``metrics.topk_hits`` ranks (ties against the label) but without its checks' syncs."""
+    rank = label_rank(scores, targets)
     return torch.stack([(rank < k).sum() for k in ks]).double()
 
 

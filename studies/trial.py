@@ -108,25 +108,26 @@ def _set_torch_threads() -> None:
         pass
 
 
-def _load_checkpoint(checkpoint) -> tuple[Any, dict]:
-    """(fit state, meta) of a Tune checkpoint written by `_save_checkpoint`."""
+def _read_checkpoint_folder(folder: str | Path) -> tuple[Any, dict]:
+    """(fit state, meta) of a checkpoint folder written by `_save_checkpoint`."""
     import torch
 
-    with checkpoint.as_directory() as folder:
-        meta = json.loads((Path(folder) / META_FILE).read_text())
-        state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
+    meta = json.loads((Path(folder) / META_FILE).read_text())
+    state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
     return state, meta
+
+
+def _load_checkpoint(checkpoint) -> tuple[Any, dict]:
+    """(fit state, meta) of a Tune checkpoint written by `_save_checkpoint`."""
+    with checkpoint.as_directory() as folder:
+        return _read_checkpoint_folder(folder)
 
 
 def _load_resume_checkpoint(folder: str) -> tuple[Any, dict]:
     """(fit state, meta) of an earlier session's checkpoint; (None, {}) when it cannot be
     read (a driver killed while Tune was writing it): the cell then starts from scratch."""
     try:
-        meta = json.loads((Path(folder) / META_FILE).read_text())
-        import torch
-
-        state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
-        return state, meta
+        return _read_checkpoint_folder(folder)
     except Exception as error:
         print(f"[studies] cannot read the checkpoint {folder} ({one_paragraph(error)}); "
               f"the cell starts from scratch", flush=True)
