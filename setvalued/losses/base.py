@@ -8,8 +8,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import nn
 
-#: Keys the trainer passes to every loss; a loss that does not use them ignores them.
-CONTEXT_KEYS = ("class_counts", "num_classes", "num_examples")
+from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
+from setvalued.params import Param, check_parameters
 
 LOSSES: dict[str, type["SetValuedLoss"]] = {}
 
@@ -31,6 +31,8 @@ class SetValuedLoss(nn.Module):
     head: str = "linear"
     #: whether ``forward`` needs the training-set indices of the batch
     requires_indices: bool = False
+    #: the declared parameters (set by ``register_loss`` from ``setvalued.losses.parameters``)
+    parameter_constraints: dict[str, Param] = {}
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -53,13 +55,26 @@ class SetValuedLoss(nn.Module):
 
 
 def register_loss(name: str) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
-    """Class decorator adding a loss to the registry under ``name``."""
+    """Class decorator adding a loss to the registry under ``name``.
+
+    The loss's parameters are declared in ``setvalued.losses.parameters.LOSS_PARAMETERS[name]``;
+    registering checks that the constructor takes exactly those (plus context keys and
+    ``reduction``), so that the declaration and the code cannot drift apart.
+    """
 
     def decorate(cls: type[SetValuedLoss]) -> type[SetValuedLoss]:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} registered twice")
+        if name not in LOSS_PARAMETERS:
+            raise ValueError(f"loss {name!r} has no parameter declaration in setvalued.losses.parameters")
+        taken = [p for p in inspect.signature(cls.__init__).parameters
+                 if p not in ("self", "reduction") + CONTEXT_KEYS]
+        if taken != list(LOSS_PARAMETERS[name]):
+            raise ValueError(f"loss {name!r}: the constructor takes {taken}, the declaration lists "
+                             f"{list(LOSS_PARAMETERS[name])}")
         LOSSES[name] = cls
         cls.registry_name = name
+        cls.parameter_constraints = LOSS_PARAMETERS[name]
         return cls
 
     return decorate
@@ -67,10 +82,8 @@ def register_loss(name: str) -> Callable[[type[SetValuedLoss]], type[SetValuedLo
 
 def loss_parameters(name: str) -> list[str]:
     """The parameter names a registered loss accepts (without the context keys)."""
-    cls = _lookup(name)
-    sig = inspect.signature(cls.__init__)
-    return [p for p in sig.parameters if p not in ("self",) + CONTEXT_KEYS
-            and sig.parameters[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+    _lookup(name)
+    return list(LOSS_PARAMETERS[name]) + ["reduction"]
 
 
 def _lookup(name: str) -> type[SetValuedLoss]:
@@ -85,18 +98,19 @@ def build_loss(name: str, **params: Any) -> SetValuedLoss:
 
     ``params`` are the loss's own parameters plus the context keys ``class_counts``,
     ``num_classes`` and ``num_examples``, which are dropped when the loss does not take them.
-    An unknown parameter raises a ValueError naming it and the accepted ones.
+    The loss's parameters are checked against their declaration first: an unknown name or a
+    value out of range raises a ValueError (a :class:`~setvalued.params.ParameterError` for a
+    value) naming the parameter and what it accepts.
     """
     cls = _lookup(name)
-    sig = inspect.signature(cls.__init__)
-    accepted = set(sig.parameters) - {"self"}
-    kwargs = {}
-    for key, value in params.items():
-        if key in accepted:
-            kwargs[key] = value
-        elif key not in CONTEXT_KEYS:
-            raise ValueError(
-                f"loss {name!r} has no parameter {key!r}; accepted parameters: "
-                f"{', '.join(loss_parameters(name)) or '(none)'}"
-            )
-    return cls(**kwargs)
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    declared = LOSS_PARAMETERS[name]
+    unknown = [key for key in params if key not in declared and key not in CONTEXT_KEYS and key != "reduction"]
+    if unknown:
+        raise ValueError(
+            f"loss {name!r} has no parameter {unknown[0]!r}; accepted parameters: "
+            f"{', '.join(loss_parameters(name)) or '(none)'}"
+        )
+    own = check_parameters(declared, {k: v for k, v in params.items() if k in declared}, owner=name)
+    context = {k: v for k, v in params.items() if k in accepted and k not in declared}
+    return cls(**own, **context)
