@@ -1,8 +1,212 @@
-"""Checks shared by the builders of the trial config's sections (docs/interfaces.md, section 1)."""
+"""The trial config: every section's fields, declared once with their defaults and ranges.
+
+A trial config is a nested dict (docs/interfaces.md section 1, whose table is generated from
+these declarations and checked by a test). The trainer (``setvalued.train.resolve_config``),
+the data and model builders and the study-file validation (``studies.trial_config``) all read
+the declarations below; none keeps a copy of a default. Pure Python: no torch.
+
+The ``data`` fields depend on the data set (``DATA_FIELDS[name]``); a section may also have
+rules over several fields (``SECTION_RULES``), each a function returning why the section is
+wrong, or None.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+from setvalued.params import Param
+
+__all__ = [
+    "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
+    "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
+    "KNOWN_NUM_CLASSES", "default_config", "reject_unknown_keys",
+]
+
+DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
+#: number of classes of the real data sets (training split), to check K < L before training
+KNOWN_NUM_CLASSES = {"cifar100": 100, "plantnet300k": 1081, "imagenet_lt": 1000}
+BUILTIN_MODELS = ("mlp", "small_cnn", "densenet_bc_cifar")
+HEADS = ("linear", "normed", "two_head")
+
+
+def _pretrained(value: Any) -> Any:
+    """``false`` (or null) or the path of a local weights file."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, str) and value.strip():
+        return value
+    raise ValueError("false or the path of a local weights file")
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+
+_DATA_COMMON = {
+    "name": Param("str", "synthetic", "the data set", options=DATASET_NAMES),
+    "root": Param("str", None, "folder of a real data set (official layout)", nullable=True),
+    "num_workers": Param("int", 0, "data-loading worker processes", low=0),
+}
+_SPLIT_SEED = Param("int", 1234, "seeds the validation split (synthetic: the data), not the trial seed", low=0)
+
+DATA_FIELDS: dict[str, dict[str, Param]] = {
+    "synthetic": {
+        **_DATA_COMMON,
+        "num_classes": Param("int", 40, "number of classes", low=2),
+        "num_superclasses": Param("int", 8, "groups of similar classes (the ambiguity)", low=1),
+        "train_size": Param("int", 2000, "training examples, Pareto-distributed over the classes", low=1),
+        "val_size": Param("int", 500, "validation examples", low=1),
+        "test_size": Param("int", 1000, "test examples", low=1),
+        "pareto_shape": Param("float", 1.2, "shape of the long tail (smaller: longer tail)", low=0.0, low_open=True),
+        "form": Param("str", "features", "features (vectors) or images (3x32x32)", options=("features", "images")),
+        "feature_dim": Param("int", 32, "length of a feature vector", low=1),
+        "split_seed": _SPLIT_SEED,
+    },
+    "cifar100": {
+        **_DATA_COMMON,
+        "download": Param("bool", False, "download when the folder is missing (only when asked)"),
+        "val_size": Param("int", 5000, "training images held out for validation", low=1, high=49999),
+        "label_noise": Param("float", 0.0, "probability of resampling a training label in its group of 5",
+                             low=0.0, high=1.0),
+        "noise_groups": Param("str", "consecutive", "consecutive (the authors' code) or coarse (true superclasses)",
+                              options=("consecutive", "coarse")),
+        "split_seed": _SPLIT_SEED,
+        "stratified_split": Param("bool", False, "hold out the same number of images of every class"),
+    },
+    "plantnet300k": dict(_DATA_COMMON),
+    "imagenet_lt": dict(_DATA_COMMON),
+}
+
+
+def _union_defaults(schemas: Iterable[Mapping[str, Param]]) -> dict[str, Any]:
+    """Every field of any data set with its default; None where the data sets disagree
+    (the builder then takes the data set's own default)."""
+    out: dict[str, Any] = {}
+    for fields in schemas:
+        for key, param in fields.items():
+            if key in out and out[key] != param.default:
+                out[key] = None
+            else:
+                out.setdefault(key, param.default)
+    return out
+
+
+#: every key a ``data`` section may hold, with its default (None: the data set's own)
+DATA_DEFAULTS: dict[str, Any] = _union_defaults(DATA_FIELDS.values())
+
+
+# --------------------------------------------------------------------------------------------
+# model, optim, eval, top level
+# --------------------------------------------------------------------------------------------
+
+MODEL_FIELDS: dict[str, Param] = {
+    "name": Param("str", "mlp", f"{', '.join(BUILTIN_MODELS)} or a timm architecture name"),
+    "pretrained": Param("any", False, "false or the path of a local weights file", rule=_pretrained),
+    "head": Param("str", "auto", "auto (what the loss needs), linear, normed or two_head",
+                  options=("auto",) + HEADS),
+    "hidden_dim": Param("int", 128, "mlp / small_cnn width", low=1),
+    "depth": Param("int", 40, "densenet_bc_cifar only: 6n + 4", low=4),
+    "growth_rate": Param("int", 40, "densenet_bc_cifar only (12 for [BZK18] Table 6's DenseNet 40-12)", low=1),
+}
+MODEL_DEFAULTS: dict[str, Any] = {key: p.default for key, p in MODEL_FIELDS.items()}
+
+OPTIM_FIELDS: dict[str, Param] = {
+    "lr": Param("float", 0.1, "learning rate", low=0.0, low_open=True),
+    "momentum": Param("float", 0.9, "SGD momentum", low=0.0, high=1.0, high_open=True),
+    "nesterov": Param("bool", True, "Nesterov momentum"),
+    "weight_decay": Param("float", 0.0001, "L2 weight decay (not on the loss's own parameters)", low=0.0),
+    "batch_size": Param("int", 64, "training batch size", low=1),
+    "milestones": Param("list", [150, 225], "0-indexed epochs at whose start lr *= gamma",
+                        item=Param("int", low=0)),
+    "gamma": Param("float", 0.1, "learning-rate decay factor", low=0.0, low_open=True),
+}
+
+EVAL_FIELDS: dict[str, Param] = {
+    "ks": Param("list", [1, 3, 5, 10], "top-K metrics computed every epoch", item=Param("int", low=1),
+                length=(1, None)),
+    "avgk": Param("list", [], "K values of the average-K metrics (threshold calibrated on val)",
+                  item=Param("int", low=1)),
+    "avgk_activation": Param("str", "softmax", "what the average-K threshold is applied to",
+                             options=("softmax", "sigmoid")),
+    "shot_thresholds": Param("list", [20, 100], "few < first <= medium <= second < many (training images)",
+                             item=Param("int", low=0), length=(2, 2)),
+    "selection": Param("str", "val/top5", "validation metric that picks the checkpoint"),
+    "selection_mode": Param("str", "max", "max or min", options=("max", "min")),
+}
+
+
+def _device(value: Any) -> Any:
+    if value in ("auto", "cpu", "cuda") or (isinstance(value, str) and value.startswith("cuda:")
+                                            and value[5:].isdigit()):
+        return value
+    raise ValueError("auto, cpu, cuda or cuda:<index>")
+
+
+TOP_FIELDS: dict[str, Param] = {
+    "epochs": Param("int", 300, "training epochs", low=1),
+    "device": Param("str", "auto", "auto, cpu, cuda or cuda:<index>", rule=_device),
+    "amp": Param("bool", True, "mixed precision on CUDA (the loss stays in float32)"),
+}
+
+#: the loss of a config without a ``loss`` section (its keys are the loss's parameters)
+DEFAULT_LOSS: dict[str, Any] = {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 10}
+
+
+# --------------------------------------------------------------------------------------------
+# rules over several fields of a section
+# --------------------------------------------------------------------------------------------
+
+def _synthetic_superclasses(data: Mapping[str, Any]) -> Optional[str]:
+    if data.get("name") == "synthetic" and data["num_superclasses"] > data["num_classes"]:
+        return (f"num_superclasses ({data['num_superclasses']}) must not exceed "
+                f"num_classes ({data['num_classes']})")
+    return None
+
+
+def _densenet_shape(model: Mapping[str, Any]) -> Optional[str]:
+    if model["name"] == "densenet_bc_cifar":
+        if (model["depth"] - 4) % 6:
+            return f"model.depth of densenet_bc_cifar must be 6n + 4 (40, 100, ...), got {model['depth']}"
+    elif (model["depth"], model["growth_rate"]) != (MODEL_FIELDS["depth"].default, MODEL_FIELDS["growth_rate"].default):
+        return f"model.depth and model.growth_rate apply to densenet_bc_cifar only, not {model['name']!r}"
+    return None
+
+
+def _nesterov_needs_momentum(optim: Mapping[str, Any]) -> Optional[str]:
+    if optim["nesterov"] and optim["momentum"] == 0:
+        return "optim.momentum must be > 0 when optim.nesterov is true"
+    return None
+
+
+def _increasing_shot_thresholds(ev: Mapping[str, Any]) -> Optional[str]:
+    first, second = ev["shot_thresholds"]
+    if first > second:
+        return f"expected [few_limit, many_limit] with few_limit <= many_limit, got {ev['shot_thresholds']}"
+    return None
+
+
+#: section -> rules over its checked fields (each returns why the section is wrong, or None)
+SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...]] = {
+    "data": (_synthetic_superclasses,),
+    "model": (_densenet_shape,),
+    "optim": (_nesterov_needs_momentum,),
+    "eval": (_increasing_shot_thresholds,),
+}
+
+
+def default_config() -> dict[str, Any]:
+    """A new trial config holding every default (data: the flat union over the data sets)."""
+    import copy
+
+    return {
+        "data": dict(DATA_DEFAULTS),
+        "model": dict(MODEL_DEFAULTS),
+        "loss": dict(DEFAULT_LOSS),
+        "optim": {key: copy.deepcopy(p.default) for key, p in OPTIM_FIELDS.items()},
+        **{key: p.default for key, p in TOP_FIELDS.items() if key == "epochs"},
+        "eval": {key: copy.deepcopy(p.default) for key, p in EVAL_FIELDS.items()},
+        **{key: p.default for key, p in TOP_FIELDS.items() if key != "epochs"},
+    }
 
 
 def reject_unknown_keys(section: str, given: Mapping, known: Iterable[str]) -> None:

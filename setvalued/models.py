@@ -35,13 +35,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from setvalued.config import reject_unknown_keys
-
-#: Known keys of the ``model`` config section and their defaults (docs/interfaces.md section 1).
-MODEL_DEFAULTS: dict[str, Any] = {"name": "mlp", "pretrained": False, "head": "auto", "hidden_dim": 128,
-                                  "depth": 40, "growth_rate": 40}
-HEADS = ("linear", "normed", "two_head")
-OWN_MODELS = ("mlp", "small_cnn", "densenet_bc_cifar")
+from setvalued.config import BUILTIN_MODELS as OWN_MODELS
+from setvalued.config import HEADS, MODEL_DEFAULTS, reject_unknown_keys
 
 
 class Classifier(nn.Module):

@@ -38,7 +38,6 @@ import copy
 import math
 import os
 import random
-import re
 import time
 from typing import Any, Callable, Iterator, Mapping
 
@@ -46,52 +45,28 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from setvalued.config import reject_unknown_keys
-from setvalued.data import DATA_DEFAULTS, build_datasets
+from setvalued.config import (EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, default_config,
+                              reject_unknown_keys)
+from setvalued.metric_names import parse_metric
+from setvalued.params import ParameterError
+from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
 from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
 from setvalued.metrics import (activate, avgk_set_sizes, calibrate_avgk_thresholds, evaluate, label_rank,
                                per_class_avgk, per_class_topk, shot_groups)
-from setvalued.models import HEADS, MODEL_DEFAULTS, build_model
+from setvalued.models import build_model
 
 __all__ = ["fit", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
 
-#: The trial config of docs/interfaces.md section 1 with its defaults. ``loss`` is used as a
-#: whole only when the config has no ``loss`` section (its keys are the loss's parameters).
-#: ``amp`` (not in the interface table) switches mixed precision on CUDA off when false.
-DEFAULT_CONFIG: dict[str, Any] = {
-    "data": dict(DATA_DEFAULTS),
-    "model": dict(MODEL_DEFAULTS),
-    "loss": {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 10},
-    "optim": {
-        "lr": 0.1,
-        "momentum": 0.9,
-        "nesterov": True,
-        "weight_decay": 0.0001,
-        "batch_size": 64,
-        "milestones": [150, 225],
-        "gamma": 0.1,
-    },
-    "epochs": 300,
-    "eval": {
-        "ks": [1, 3, 5, 10],
-        "avgk": [],
-        "avgk_activation": "softmax",
-        "shot_thresholds": [20, 100],
-        "selection": "val/top5",
-        "selection_mode": "max",
-    },
-    "device": "auto",
-    "amp": True,
-}
+#: The trial config of docs/interfaces.md section 1 with its defaults (declared in
+#: ``setvalued.config``). ``loss`` is used as a whole only when the config has no ``loss``
+#: section (its keys are the loss's parameters).
+DEFAULT_CONFIG: dict[str, Any] = default_config()
 
 #: Config keys that may differ between a checkpoint and the run resuming from it.
 RESUME_FREE_KEYS = ("data.num_workers", "device", "epochs")
-
-#: Metric paths whose K can be checked against eval.ks / eval.avgk before training.
-_SELECTION_RE = re.compile(r"^val/(?:(?:few|medium|many)/)?(?:macro_)?(?P<kind>top|avg)(?P<k>[0-9]+(?:\.[0-9]+)?)$")
 
 # Stream tags, so that (seed, epoch) draws for different purposes are independent.
 _MODEL_STREAM, _EPOCH_STREAM, _ORDER_STREAM, _WORKER_STREAM = 11, 12, 13, 14
@@ -110,18 +85,6 @@ class NonFiniteLossError(FloatingPointError):
 # config
 # ---------------------------------------------------------------------------------------------
 
-def _fail(key: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"config {key} must be {expected}, got {value!r}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config with defaults filled in and the training keys checked.
 
@@ -135,67 +98,45 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     for section in ("data", "model", "optim", "eval"):
         given = config.get(section) or {}
         if not isinstance(given, Mapping):
-            raise _fail(section, "a mapping", given)
+            raise ValueError(f"config {section} must be a mapping, got {given!r}")
         if section in ("optim", "eval"):
             reject_unknown_keys(section, given, cfg[section])
         cfg[section].update(copy.deepcopy(dict(given)))
     if config.get("loss") is not None:
         if not isinstance(config["loss"], Mapping) or "name" not in config["loss"]:
-            raise _fail("loss", "a mapping with a 'name'", config["loss"])
+            raise ValueError(f"config loss must be a mapping with a 'name', got {config['loss']!r}")
         cfg["loss"] = copy.deepcopy(dict(config["loss"]))
-    for key in ("epochs", "device", "amp"):
+    for key in TOP_FIELDS:
         if key in config:
             cfg[key] = config[key]
 
-    o = cfg["optim"]
-    if not _is_number(o["lr"]) or o["lr"] <= 0:
-        raise _fail("optim.lr", "a number > 0", o["lr"])
-    if not _is_number(o["momentum"]) or not 0 <= o["momentum"] < 1:
-        raise _fail("optim.momentum", "a number in [0, 1)", o["momentum"])
-    if not isinstance(o["nesterov"], bool):
-        raise _fail("optim.nesterov", "true or false", o["nesterov"])
-    if o["nesterov"] and o["momentum"] == 0:
-        raise _fail("optim.momentum", "> 0 when optim.nesterov is true", o["momentum"])
-    if not _is_number(o["weight_decay"]) or o["weight_decay"] < 0:
-        raise _fail("optim.weight_decay", "a number >= 0", o["weight_decay"])
-    if not _is_int(o["batch_size"]) or o["batch_size"] < 1:
-        raise _fail("optim.batch_size", "an integer >= 1", o["batch_size"])
-    if not isinstance(o["milestones"], (list, tuple)) or not all(_is_int(m) and m >= 0 for m in o["milestones"]):
-        raise _fail("optim.milestones", "a list of 0-indexed epochs (integers >= 0)", o["milestones"])
-    if not _is_number(o["gamma"]) or o["gamma"] <= 0:
-        raise _fail("optim.gamma", "a number > 0", o["gamma"])
-    if not _is_int(cfg["epochs"]) or cfg["epochs"] < 1:
-        raise _fail("epochs", "an integer >= 1", cfg["epochs"])
-    if cfg["device"] not in ("auto", "cpu", "cuda") and not str(cfg["device"]).startswith("cuda:"):
-        raise _fail("device", "auto, cpu or cuda", cfg["device"])
-    if not isinstance(cfg["amp"], bool):
-        raise _fail("amp", "true or false", cfg["amp"])
+    # data and model keys are checked by their builders, the loss parameters by build_loss
+    for section, fields in (("optim", OPTIM_FIELDS), ("eval", EVAL_FIELDS), ("", TOP_FIELDS)):
+        values = cfg[section] if section else cfg
+        for key, param in fields.items():
+            try:
+                values[key] = param.check(f"{section}.{key}" if section else key, values[key])
+            except ParameterError as err:
+                raise ValueError(f"config {err.text}") from None
+        for rule in SECTION_RULES.get(section, ()):
+            reason = rule(values)
+            if reason:
+                raise ValueError(f"config {section}: {reason}" if not reason.startswith(section) else f"config {reason}")
 
     e = cfg["eval"]
-    if not isinstance(e["ks"], (list, tuple)) or not all(_is_int(k) and k >= 1 for k in e["ks"]):
-        raise _fail("eval.ks", "a list of integers >= 1", e["ks"])
-    if not isinstance(e["avgk"], (list, tuple)) or not all(_is_number(k) and k > 0 for k in e["avgk"]):
-        raise _fail("eval.avgk", "a list of numbers > 0", e["avgk"])
-    if e["avgk_activation"] not in ("softmax", "sigmoid"):
-        raise _fail("eval.avgk_activation", "softmax or sigmoid", e["avgk_activation"])
-    st = e["shot_thresholds"]
-    if not isinstance(st, (list, tuple)) or len(st) != 2 or not all(_is_number(t) for t in st) or st[0] > st[1]:
-        raise _fail("eval.shot_thresholds", "two numbers [few_below, many_above] in increasing order", st)
     if not isinstance(e["selection"], str) or not e["selection"].startswith("val/"):
-        raise _fail("eval.selection", "a validation metric path such as val/top5", e["selection"])
-    match = _SELECTION_RE.match(e["selection"])
-    if match:
-        k = float(match.group("k"))
-        listed = e["ks"] if match.group("kind") == "top" else e["avgk"]
-        if k not in [float(v) for v in listed]:
-            key = "eval.ks" if match.group("kind") == "top" else "eval.avgk"
-            raise ValueError(f"config eval.selection is {e['selection']!r} but {key} ({list(listed)}) does not "
-                             f"contain {match.group('k')}")
-    if e["selection_mode"] not in ("max", "min"):
-        raise _fail("eval.selection_mode", "max or min", e["selection_mode"])
+        raise ValueError(f"config eval.selection must be a validation metric path such as val/top5, "
+                         f"got {e['selection']!r}")
+    parts = parse_metric(e["selection"])
+    if parts:  # a K the trainer will not compute; other names fail at the first evaluation
+        k = int(parts["k"])
+        key = "eval.ks" if parts["kind"] == "top" else "eval.avgk"
+        if k not in e["ks" if parts["kind"] == "top" else "avgk"]:
+            raise ValueError(f"config eval.selection is {e['selection']!r} but {key} ({list(e[key[5:]])}) does not "
+                             f"contain {parts['k']}")
     head = cfg["model"].get("head", "auto")
     if head != "auto" and head not in HEADS:
-        raise _fail("model.head", f"one of auto, {', '.join(HEADS)}", head)
+        raise ValueError(f"config model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
     return cfg
 
 
@@ -620,7 +561,7 @@ def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dic
     section 4; the last three are extras). Raises ``NonFiniteLossError`` when the training
     loss becomes NaN or infinite, ``ValueError`` for a bad config.
     """
-    if not _is_int(seed):
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     cfg = resolve_config(config)
     trial = _Trial(cfg, int(seed))

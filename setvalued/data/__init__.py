@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from setvalued.config import reject_unknown_keys
+from setvalued.config import DATA_DEFAULTS, DATASET_NAMES, reject_unknown_keys
 from setvalued.data.common import (  # noqa: F401
     DataLayoutError,
     DataSplits,
@@ -17,28 +17,6 @@ from setvalued.data.common import (  # noqa: F401
     TensorSplit,
     counts_of,
 )
-
-#: Known config keys of the ``data`` section and their defaults (docs/interfaces.md section 1).
-#: ``val_size: None`` means the data set's own default: 500 (synthetic), 5,000 (cifar100);
-#: Pl@ntNet-300K and ImageNet-LT have official validation splits and ignore it.
-DATA_DEFAULTS: dict[str, Any] = {
-    "name": "synthetic",
-    "root": None,
-    "download": False,
-    "num_classes": 40,
-    "num_superclasses": 8,
-    "train_size": 2000,
-    "val_size": None,
-    "test_size": 1000,
-    "pareto_shape": 1.2,
-    "form": "features",
-    "feature_dim": 32,
-    "label_noise": 0.0,
-    "noise_groups": "consecutive",
-    "split_seed": 1234,
-    "stratified_split": False,
-    "num_workers": 0,
-}
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any], int], DataSplits]]:
@@ -51,8 +29,6 @@ def _builders() -> dict[str, Callable[[dict[str, Any], int], DataSplits]]:
         "imagenet_lt": imagenet_lt.build,
     }
 
-
-DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
 
 __all__ = ["DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
            "build_datasets", "counts_of"]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from setvalued.config import DATA_FIELDS
 from setvalued.data.common import (
     DataLayoutError,
     DataSplits,
@@ -210,7 +211,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         fine_to_coarse[f] = c
 
     val_size = cfg.get("val_size")
-    val_size = 5000 if val_size is None else int(val_size)
+    val_size = DATA_FIELDS["cifar100"]["val_size"].default if val_size is None else int(val_size)
     train_idx, val_idx = validation_split(train_fine, val_size, int(cfg.get("split_seed", 1234)),
                                           bool(cfg.get("stratified_split", False)), num_classes)
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from setvalued.config import DATA_FIELDS
 from setvalued.data.common import DataSplits, TensorSplit, mix_seed
 
 FORMS = ("features", "images")
@@ -76,7 +77,7 @@ def _check(cfg: dict[str, Any]) -> dict[str, Any]:
         "num_classes": int(cfg.get("num_classes", 40)),
         "num_superclasses": int(cfg.get("num_superclasses", 8)),
         "train_size": int(cfg.get("train_size", 2000)),
-        "val_size": int(cfg.get("val_size") if cfg.get("val_size") is not None else 500),
+        "val_size": int(cfg.get("val_size") if cfg.get("val_size") is not None else DATA_FIELDS["synthetic"]["val_size"].default),
         "test_size": int(cfg.get("test_size", 1000)),
         "pareto_shape": float(cfg.get("pareto_shape", 1.2)),
         "form": cfg.get("form", "features"),

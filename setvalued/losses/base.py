@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
 
 from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
-from setvalued.params import Param, check_parameters
+from setvalued.params import REQUIRED, Param, check_parameters
 
 LOSSES: dict[str, type["SetValuedLoss"]] = {}
 
@@ -54,27 +54,33 @@ class SetValuedLoss(nn.Module):
         return output
 
 
-def register_loss(name: str) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
+def register_loss(name: str, parameters: Mapping[str, Param] | None = None
+                  ) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
     """Class decorator adding a loss to the registry under ``name``.
 
-    The loss's parameters are declared in ``setvalued.losses.parameters.LOSS_PARAMETERS[name]``;
-    registering checks that the constructor takes exactly those (plus context keys and
-    ``reduction``), so that the declaration and the code cannot drift apart.
+    The library's losses are declared in ``setvalued.losses.parameters.LOSS_PARAMETERS[name]``;
+    a loss defined elsewhere passes its own ``parameters`` (or none: then its constructor's
+    parameters are taken as they are, unchecked). Registering checks that the constructor
+    takes exactly the declared parameters (plus context keys and ``reduction``), so that the
+    declaration and the code cannot drift apart.
     """
 
     def decorate(cls: type[SetValuedLoss]) -> type[SetValuedLoss]:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} registered twice")
-        if name not in LOSS_PARAMETERS:
-            raise ValueError(f"loss {name!r} has no parameter declaration in setvalued.losses.parameters")
-        taken = [p for p in inspect.signature(cls.__init__).parameters
-                 if p not in ("self", "reduction") + CONTEXT_KEYS]
-        if taken != list(LOSS_PARAMETERS[name]):
+        signature = inspect.signature(cls.__init__).parameters
+        taken = [p for p in signature if p not in ("self", "reduction") + CONTEXT_KEYS
+                 and signature[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+        declared = parameters if parameters is not None else LOSS_PARAMETERS.get(name)
+        if declared is None:
+            declared = {p: Param("any", REQUIRED if signature[p].default is inspect.Parameter.empty
+                                 else signature[p].default, nullable=True) for p in taken}
+        if taken != list(declared):
             raise ValueError(f"loss {name!r}: the constructor takes {taken}, the declaration lists "
-                             f"{list(LOSS_PARAMETERS[name])}")
+                             f"{list(declared)}")
         LOSSES[name] = cls
         cls.registry_name = name
-        cls.parameter_constraints = LOSS_PARAMETERS[name]
+        cls.parameter_constraints = dict(declared)
         return cls
 
     return decorate
@@ -82,8 +88,7 @@ def register_loss(name: str) -> Callable[[type[SetValuedLoss]], type[SetValuedLo
 
 def loss_parameters(name: str) -> list[str]:
     """The parameter names a registered loss accepts (without the context keys)."""
-    _lookup(name)
-    return list(LOSS_PARAMETERS[name]) + ["reduction"]
+    return list(_lookup(name).parameter_constraints) + ["reduction"]
 
 
 def _lookup(name: str) -> type[SetValuedLoss]:
@@ -104,7 +109,7 @@ def build_loss(name: str, **params: Any) -> SetValuedLoss:
     """
     cls = _lookup(name)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    declared = LOSS_PARAMETERS[name]
+    declared = cls.parameter_constraints
     unknown = [key for key in params if key not in declared and key not in CONTEXT_KEYS and key != "reduction"]
     if unknown:
         raise ValueError(
