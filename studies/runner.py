@@ -628,7 +628,7 @@ def smoke_study(study):
     The smoke cells are tiny CPU jobs (studies.space.smoke_config), so the file's GPU
     resources and its scheduler (which needs every seed of a config at once) do not apply.
     """
-    from studies.spec import NoScheduler, Resources
+    from studies.study import NoScheduler, Resources
 
     return study.model_copy(update={"resources": Resources(cpus=1, gpus=0),
                                     "scheduler": NoScheduler(kind="none")})

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from studies.spec import check_metric, get_path, load_study
+from setvalued.metric_names import check_metric
+from setvalued.paths import get_path
+from studies.spec import load_study
 from studies.space import expand, smoke_cells
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,8 @@ from studies.space import (
     smoke_cells,
     smoke_config,
 )
-from studies.spec import StudyError, get_path, load_study
+from setvalued.paths import get_path
+from studies.spec import StudyError, load_study
 
 BASE = """\
     base:
@@ -393,7 +394,7 @@ def test_smoke_config_is_tiny_and_keeps_loss_metrics_and_swept_values(tmp_path: 
 
 
 def test_smoke_of_a_real_data_set_with_large_k():
-    from studies.spec import validate_config
+    from studies.trial_config import validate_config
 
     config, problems = validate_config({
         "data": {"name": "plantnet300k", "root": "/data/plantnet"}, "model": {"name": "resnet18", "pretrained": "/w.pth"},

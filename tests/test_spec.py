@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from studies.expressions import ExpressionError, parse_expression
-from studies.spec import StudyError, deep_merge, load_study, validate_config
+from setvalued.paths import deep_merge
+from studies.spec import StudyError, load_study
+from studies.trial_config import validate_config
 
 CORPUS = sorted((Path(__file__).parent / "malformed_studies").glob("*.yaml"))
 HEADER = re.compile(r"^#\s*(?P<what>.+?)\s*\|\s*path:\s*(?P<path>.+?)\s*\|\s*expect:\s*(?P<expect>.+?)\s*$")

@@ -1,0 +1,181 @@
+"""Stage 3 of loading a study: the parts of the file checked against each other.
+
+Each variant's config (``base`` deep-merged with its overlay) is validated; the names used by
+the design, ``derived``, the objective, the scheduler, the report and the reference are
+checked to exist; ``derived`` expressions are parsed and ordered by their dependencies.
+Every problem is reported at the YAML path where it was written (a variant's overlay or base).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from setvalued.metric_names import PER_EPOCH_EXTRA_METRICS, check_metric
+from setvalued.paths import deep_merge
+from studies.expressions import Expression, ExpressionError, parse_expression
+from studies.problems import Path_, Problem, Problems
+from studies.study import DEFAULT_VARIANT, EarlyStopping, Objective, ReportSetSizes, Study
+from studies.trial_config import validate_config
+
+__all__ = ["check_study", "origin_in_variant"]
+
+#: a derived target: a dotted path of at least two parts, such as optim.lr
+DERIVED_TARGET = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+
+
+def check_study(study: Study) -> None:
+    """Stage 3 of load_study: variant configs, names used by the design/derived/report, derived expressions."""
+    problems: list[Problem] = []
+    raws: dict[str, dict] = {}
+    configs: dict[str, dict] = {}
+    base = study.base
+    overlays = {name: (overlay or {}) for name, overlay in study.variants.items()} or {DEFAULT_VARIANT: {}}
+    for name, overlay in overlays.items():
+        raw = deep_merge(base, overlay)
+        config, found = validate_config(raw)
+        for p in found:
+            where = origin_in_variant(study, name, p.path)
+            # a mistake in base is reported once, not once per variant
+            suffix = f" (variant '{name}')" if study.variants and where[0] == "base" and len(overlays) > 1 \
+                and _overlay_touches(overlays[name], p.path) else ""
+            problems.append(Problem(where, p.message + suffix))
+        raws[name] = raw
+        if config is not None:
+            configs[name] = config
+    if problems:
+        raise Problems(problems)
+    study.set_variants(raws, configs)
+
+    names = list(configs)
+    for i, block in enumerate(study.design):
+        for j, variant in enumerate(block.variants or []):
+            if variant not in configs:
+                problems.append(Problem(("design", i, "variants", j), f"unknown variant {variant!r}; "
+                                        f"expected one of: {', '.join(names)}"))
+
+    # derived: parse, forbid sweeping a derived target, order by dependencies
+    exprs: dict[str, Expression] = {}
+    for target, text in study.derived.items():
+        if not re.match(DERIVED_TARGET, target):
+            problems.append(Problem(("derived", target), f"{target!r} is not a dotted config path such as optim.lr"))
+            continue
+        try:
+            exprs[target] = parse_expression(text)
+        except ExpressionError as err:
+            problems.append(Problem(("derived", target), str(err)))
+    for i, block in enumerate(study.design):
+        for path in block.parameter_paths:
+            if path in study.derived:
+                problems.append(Problem(("design", i, "parameters", path), f"'{path}' is also computed in "
+                                        "'derived'; a parameter is either swept or derived"))
+    order = _topological(exprs, problems)
+    study.set_derived_order([(t, exprs[t]) for t in order])
+
+    # objective (default: the selection metric of the first variant) and scheduler metric
+    first = configs[names[0]]
+    if study.objective is None:
+        study.objective = Objective(metric=first["eval"]["selection"], mode=first["eval"]["selection_mode"])
+    else:
+        for name, config in configs.items():
+            reason = check_metric(study.objective.metric, config["eval"], ("val", "test", "train"))
+            if reason:
+                problems.append(Problem(("objective", "metric"), reason + (f" (variant '{name}')" if study.variants else "")))
+                break
+    if isinstance(study.scheduler, EarlyStopping):
+        metric = study.scheduler.metric or study.objective.metric
+        if study.scheduler.mode is None:
+            study.scheduler.mode = study.objective.mode if study.scheduler.metric in (None, study.objective.metric) \
+                else ("min" if metric == "train/loss" else "max")
+        for name, config in configs.items():
+            reason = check_metric(metric, config["eval"], ("val",))
+            if reason:
+                where = ("scheduler", "metric") if study.scheduler.metric else ("objective", "metric")
+                problems.append(Problem(where, "early stopping needs a validation metric: " + reason))
+                break
+        study.scheduler.metric = metric  # resolved: the runner reads metric and mode directly
+
+    # report and reference: variant names exist; curve x is a swept path
+    swept = {p for b in study.design for p in b.parameter_paths}
+    compare = study.report.compare
+    if compare is not None and compare.reference is not None and compare.reference not in configs:
+        problems.append(Problem(("report", "compare", "reference"), f"unknown variant {compare.reference!r}; "
+                                f"expected one of: {', '.join(names)}"))
+    for i, curve in enumerate(study.report.curves or []):
+        if curve.x not in swept:
+            problems.append(Problem(("report", "curves", i, "x"), f"'{curve.x}' is not swept by any design "
+                                    f"block; expected one of: {', '.join(sorted(swept)) or '(none)'}"))
+    set_sizes = study.report.set_sizes
+    if isinstance(set_sizes, ReportSetSizes):
+        if set_sizes.by_shot is not None and set_sizes.by_shot not in configs:
+            problems.append(Problem(("report", "set_sizes", "by_shot"), f"unknown variant {set_sizes.by_shot!r}; "
+                                    f"expected one of: {', '.join(names)}"))
+        computed = {float(k) for c in configs.values() for k in c["eval"]["avgk"]}
+        for i, k in enumerate(set_sizes.ks or []):
+            if float(k) not in computed:
+                problems.append(Problem(("report", "set_sizes", "ks", i), f"average-{k:g} sets are not computed: "
+                                        f"expected a K of eval.avgk ({sorted(computed) or 'empty'})"))
+    for i, metric in enumerate(study.report.learning_curves or []):
+        if metric in PER_EPOCH_EXTRA_METRICS:
+            continue
+        for name, config in configs.items():
+            reason = check_metric(metric, config["eval"], ("val", "train"))
+            if reason:
+                problems.append(Problem(("report", "learning_curves", i), "a learning curve needs a per-epoch "
+                                        f"metric ({', '.join(PER_EPOCH_EXTRA_METRICS)} or a val/ or train/ "
+                                        f"accuracy): {reason}" + (f" (variant '{name}')" if study.variants else "")))
+                break
+    if study.reference is not None:
+        for i, row in enumerate(study.reference.rows):
+            if row.variant is not None and row.variant not in configs:
+                problems.append(Problem(("reference", "rows", i, "variant"), f"unknown variant {row.variant!r}; "
+                                        f"expected one of: {', '.join(names)}"))
+    if problems:
+        raise Problems(problems)
+
+
+def _overlay_touches(overlay: dict, config_path: Path_) -> bool:
+    """Whether the overlay sets anything in the config section of ``config_path`` (so that a
+    problem found in base may come from the combination with this variant)."""
+    return bool(config_path) and config_path[0] in overlay
+
+
+def _topological(exprs: dict[str, Expression], problems: list[Problem]) -> list[str]:
+    """Derived targets ordered so that a target read by another is computed first."""
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def visit(target: str, chain: list[str]) -> None:
+        if state.get(target) == 2:
+            return
+        if state.get(target) == 1:
+            cycle = " -> ".join(chain[chain.index(target):] + [target])
+            problems.append(Problem(("derived", target), f"derived parameters depend on each other in a "
+                                    f"cycle ({cycle})"))
+            return
+        state[target] = 1
+        for name in sorted(exprs[target].names):
+            if name in exprs:
+                visit(name, chain + [target])
+        state[target] = 2
+        order.append(target)
+
+    for target in exprs:
+        visit(target, [])
+    return order
+
+
+def origin_in_variant(study: Study, variant: str, config_path: Path_) -> Path_:
+    """YAML path of a config value: inside the variant's overlay if written there, else in base."""
+    overlay = study.variants.get(variant) or {}
+    node: Any = overlay
+    depth = 0
+    for part in config_path:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+            depth += 1
+        else:
+            break
+    if depth > 0:
+        return ("variants", variant) + tuple(config_path)
+    return ("base",) + tuple(config_path)

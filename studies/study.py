@@ -1,0 +1,367 @@
+"""The study file's schema: the :class:`Study` and its top-level blocks.
+
+A :class:`Study` holds the fields of the file (validated by pydantic, unknown fields refused)
+and, once ``studies.spec.load_study`` has checked it, the validated config of every variant,
+the ``derived`` expressions in evaluation order and the configs of its design (see
+docs/interfaces.md section 6 for the format).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, PrivateAttr, field_validator
+
+from studies.design import BLOCK_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
+from studies.expressions import Expression
+from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
+from studies.schema import StrictModel, fields_of, pydantic_message
+
+__all__ = ["Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
+           "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes", "Reference", "ReferenceRow",
+           "DEFAULT_VARIANT", "NAME_PATTERN", "schema_problem"]
+
+#: variant name of the cells of a study without a ``variants`` block
+DEFAULT_VARIANT = "base"
+#: a variant name
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
+
+class Resources(StrictModel):
+    """Per-trial resources for ``tune.with_resources``; fractions share a device."""
+
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+
+    @field_validator("gpus")
+    @classmethod
+    def _whole_above_one(cls, value: float) -> float:
+        if value > 1 and not float(value).is_integer():
+            raise ValueError(f"expected a fraction of one GPU (0 < gpus <= 1) or a whole number, got {value}")
+        return value
+
+
+class Objective(StrictModel):
+    metric: str
+    mode: Literal["max", "min"] = "max"
+
+
+class NoScheduler(StrictModel):
+    kind: Literal["none"]
+
+
+class EarlyStopping(StrictModel):
+    """Stop a config (all its seeds together) whose seed-mean metric stopped improving."""
+
+    kind: Literal["early_stopping"]
+    metric: Optional[str] = None  # default: the objective's metric
+    mode: Optional[Literal["max", "min"]] = None
+    grace_epochs: int = Field(5, ge=0)
+    patience: int = Field(3, ge=1)
+
+
+Scheduler = Annotated[Union[NoScheduler, EarlyStopping], Field(discriminator="kind")]
+
+
+class ReportTable(StrictModel):
+    """A table of the report (analysis.report): one row per config, or one column per variant."""
+
+    metrics: list[str] = Field(min_length=1)
+    title: Optional[str] = None
+    columns: Literal["metrics", "variant"] = "metrics"
+    digits: Optional[int] = Field(None, ge=0, le=6)
+    swept: Optional[list[str]] = None  # only configs that sweep nothing but these paths
+
+
+class ReportCurve(StrictModel):
+    """A sensitivity curve: ``metric`` against the swept parameter ``x``, CI band."""
+
+    x: str
+    metric: str
+
+
+class ReportCompare(StrictModel):
+    """Paired comparison of every variant with ``reference`` (default: the first variant)."""
+
+    reference: Optional[str] = None
+    metrics: Optional[list[str]] = None
+
+
+class ReportSetSizes(StrictModel):
+    """Which average-K set-size histograms the report draws (thesis Figure 5.4)."""
+
+    ks: Optional[list[Annotated[float, Field(gt=0)]]] = None
+    by_shot: Optional[str] = None  # the variant split by shot group (default: best test/avg<K>)
+
+
+class Report(StrictModel):
+    """What ``studies report`` draws (keys read by analysis.report; all optional)."""
+
+    level: float = Field(0.95, gt=0, lt=1)
+    ci: Literal["t", "bootstrap"] = "t"
+    tables: Optional[list[ReportTable]] = None
+    curves: Optional[list[ReportCurve]] = None
+    learning_curves: Optional[list[str]] = None  # per-epoch metrics drawn against the epoch
+    set_sizes: Union[bool, ReportSetSizes, None] = None  # average-K set-size histograms (Fig. 5.4)
+    epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
+    shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
+    compare: Optional[ReportCompare] = None
+
+    @field_validator("epoch_time")
+    @classmethod
+    def _epoch_time(cls, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, dict) and set(value) <= {"x"} and isinstance(value.get("x", ""), str):
+            return value
+        raise ValueError(f"expected true, false or {{x: <dotted path>}}, got {value!r}")
+
+    @field_validator("shot_groups")
+    @classmethod
+    def _shot_groups(cls, value: Optional[list[Any]]) -> Optional[list[Any]]:
+        for item in value or []:
+            ok = isinstance(item, str) or (
+                isinstance(item, dict) and isinstance(item.get("metric"), str)
+                and set(item) <= {"metric", "split"} and item.get("split", "test") in ("val", "test"))
+            if not ok:
+                raise ValueError(f"expected a metric such as top5 or {{metric: top5, split: test}}, got {item!r}")
+        return value
+
+
+class ReferenceRow(StrictModel):
+    """Published numbers (percent) for the cells of ``variant`` whose config matches ``match``."""
+
+    variant: Optional[str] = None
+    match: dict[str, Any] = {}
+    metrics: dict[str, float] = Field(min_length=1)
+    ci: dict[str, float] = {}
+
+
+class Reference(StrictModel):
+    source: str
+    rows: list[ReferenceRow] = Field(min_length=1)
+
+
+def _seed_list(value: Any) -> Any:
+    if isinstance(value, list):
+        for i, seed in enumerate(value):
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"seeds must be integers, got {seed!r} at position {i}")
+    return value
+
+
+class Study(StrictModel):
+    """A validated study file. Built by :func:`load_study`; see docs/interfaces.md section 6.
+
+    Besides the fields of the file it keeps ``path``, ``source_text`` (the YAML as written,
+    stored by the runner as an artifact) and the validated config of every variant.
+    """
+
+    # names the output folder too: must start with a letter or digit (no "." or "..")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    description: str = ""
+    base: dict[str, Any]
+    variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Optional[dict[str, Any]]] = {}
+    design: list[DesignBlock] = Field(default_factory=lambda: [SingleBlock(kind="single")], min_length=1)
+    derived: dict[str, Any] = {}
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(min_length=1)
+    resources: Resources = Field(default_factory=Resources)
+    max_concurrent: Optional[int] = Field(None, ge=1)
+    max_failures: int = Field(1, ge=0)
+    objective: Optional[Objective] = None
+    scheduler: Scheduler = Field(default_factory=lambda: NoScheduler(kind="none"))
+    report: Report = Field(default_factory=Report)
+    reference: Optional[Reference] = None
+
+    _path: str = PrivateAttr("<string>")
+    _source_text: str = PrivateAttr("")
+    _variant_configs: dict[str, dict] = PrivateAttr(default_factory=dict)
+    _variant_raw: dict[str, dict] = PrivateAttr(default_factory=dict)
+    _derived_order: list[tuple[str, Expression]] = PrivateAttr(default_factory=list)
+    _design_is_list: bool = PrivateAttr(True)
+    _lines: dict = PrivateAttr(default_factory=dict)
+    _designed: Optional[list] = PrivateAttr(None)  # configs of the design, set by load_study
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds_are_ints(cls, value: Any) -> Any:
+        return _seed_list(value)
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        dupes = sorted({s for s in seeds if seeds.count(s) > 1})
+        if dupes:
+            raise ValueError(f"each seed may appear once; repeated: {dupes}")
+        return seeds
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _no_null_variants(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("derived", mode="before")
+    @classmethod
+    def _no_null_derived(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    # ----- accessors used by studies.space and the runner --------------------------------
+
+    @property
+    def path(self) -> str:
+        """The study file as given to load_study."""
+        return self._path
+
+    @property
+    def source_text(self) -> str:
+        """The raw YAML text of the study file."""
+        return self._source_text
+
+    def has_variant(self, name: str) -> bool:
+        """Whether ``name`` is a variant of the study (``base`` when it has none)."""
+        return name in self._variant_configs
+
+    def variant_value(self, name: str, dotted: str, default: Any = None) -> Any:
+        """A value of a variant's validated config by dotted path (no copy of the config)."""
+        node: Any = self._variant_configs[name]
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @property
+    def variant_names(self) -> list[str]:
+        """The variants in file order; ``["base"]`` when the file has no variants."""
+        return list(self._variant_configs)
+
+    def variant_config(self, name: str) -> dict:
+        """The validated, default-filled config of a variant (a copy)."""
+        return copy.deepcopy(self._variant_configs[name])
+
+    def variant_raw_config(self, name: str) -> dict:
+        """``base`` deep-merged with the variant's overlay, as written (no defaults filled in)."""
+        return copy.deepcopy(self._variant_raw[name])
+
+    def block_variants(self, block: _Block) -> list[str]:
+        """The variants a design block applies to (its filter, or every variant)."""
+        return list(block.variants) if block.variants else self.variant_names
+
+    @property
+    def derived_expressions(self) -> list[tuple[str, Expression]]:
+        """(target path, parsed expression) in evaluation order (dependencies first)."""
+        return list(self._derived_order)
+
+    @property
+    def optuna_blocks(self) -> list[tuple[int, OptunaBlock]]:
+        """(index in design, block) of every optuna block; ``expand`` gives no cells for them."""
+        return [(i, b) for i, b in enumerate(self.design) if isinstance(b, OptunaBlock)]
+
+    def yaml_path(self, path: Path_) -> str:
+        """Render an internal path (design always a list) as the file's YAML path."""
+        return format_yaml_path(self._file_path(path))
+
+    def _file_path(self, path: Path_) -> Path_:
+        if not self._design_is_list and len(path) >= 2 and path[0] == "design" and path[1] == 0:
+            return ("design",) + tuple(path[2:])
+        return tuple(path)
+
+    def line_of(self, path: Path_) -> Optional[int]:
+        """The line of the file where ``path`` (or its longest prefix in the file) is written."""
+        return line_of(self._lines, self._file_path(path))
+
+    def error(self, problems: list[Problem]) -> StudyError:
+        """A StudyError for problems found after loading (e.g. by optuna_block_suggest)."""
+        return StudyError(self._path, [(self.yaml_path(p.path), self.line_of(p.path), p.message)
+                                       for p in dedupe(problems)])
+
+    @property
+    def designed_configs(self) -> list:
+        """The configs of the design (``studies.configs.DesignedConfig``), built once by load_study."""
+        return list(self._designed)
+
+    @property
+    def validated(self) -> bool:
+        """Whether every check of load_study has passed (variants, design, derived)."""
+        return self._designed is not None
+
+    # ----- set by the checks of studies.spec.load_study ------------------------------------
+
+    def set_source(self, file: str, text: str, lines: dict, design_is_list: bool) -> None:
+        """The file it was read from, its text, the line of every YAML path, and whether
+        ``design`` was written as one block instead of a list."""
+        self._path, self._source_text, self._lines, self._design_is_list = file, text, lines, design_is_list
+
+    def set_variants(self, raw: dict[str, dict], validated: dict[str, dict]) -> None:
+        """The variants' configs: as written (base + overlay) and validated with defaults."""
+        self._variant_raw, self._variant_configs = raw, validated
+
+    def set_derived_order(self, order: list[tuple[str, Expression]]) -> None:
+        """The derived expressions, dependencies first."""
+        self._derived_order = order
+
+    def set_designed_configs(self, configs: list) -> None:
+        """The configs of the design, built and checked."""
+        self._designed = configs
+
+
+#: the model validated at each path of the file (for the list of accepted fields)
+_MODEL_AT = {
+    (): Study, ("resources",): Resources, ("objective",): Objective, ("report",): Report,
+    ("report", "tables", 0): ReportTable, ("report", "curves", 0): ReportCurve,
+    ("report", "compare"): ReportCompare,
+    ("reference",): Reference, ("reference", "rows", 0): ReferenceRow,
+}
+
+
+def _strip_union_tags(loc: Path_, raw: Any) -> Path_:
+    """Drop the union tags pydantic inserts in error locations (``design.0.grid.parameters``)
+    and the ``[key]`` marker of dictionary-key errors."""
+    out: list = []
+    node = raw
+    for part in loc:
+        if part == "[key]":
+            continue
+        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+            continue  # discriminated-union tag
+        out.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return tuple(out)
+
+
+def schema_problem(e: dict, raw: dict) -> Problem:
+    """A pydantic error of the Study schema as a Problem at the YAML path of the file."""
+    loc = _strip_union_tags(tuple(e["loc"]), raw)
+    message = pydantic_message(e)
+    kind = e["type"]
+    if kind == "union_tag_not_found":
+        return Problem(loc + ("kind",), "missing field 'kind'; expected one of: "
+                       + ", ".join(BLOCK_CLASSES if loc[:1] == ("design",) else ("none", "early_stopping")))
+    if kind == "union_tag_invalid":
+        expected = e["ctx"]["expected_tags"].replace("'", "")
+        return Problem(loc + ("kind",), f"unknown kind {e['ctx']['tag']!r}; expected one of: {expected}")
+    if kind == "extra_forbidden":
+        parent = loc[:-1]
+        model = None
+        if parent[:1] == ("design",) and len(parent) == 2:
+            block = raw.get("design", [])[parent[1]] if isinstance(raw.get("design"), list) else None
+            model = BLOCK_CLASSES.get(block.get("kind")) if isinstance(block, dict) else None
+        elif parent[:1] == ("design",) and len(parent) == 4 and parent[2] == "parameters":
+            model = Distribution
+        elif parent == ("scheduler",):
+            sched = raw.get("scheduler")
+            model = EarlyStopping if isinstance(sched, dict) and sched.get("kind") == "early_stopping" else NoScheduler
+        else:
+            normal = tuple(0 if isinstance(p, int) else p for p in parent)
+            model = _MODEL_AT.get(normal)
+        fields = fields_of(model) if model else None
+        message = f"unknown field '{loc[-1]}'" + (f"; expected one of: {fields}" if fields else "")
+    elif kind == "missing":
+        message = f"missing required field '{loc[-1]}'"
+    return Problem(loc, message)
