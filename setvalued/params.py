@@ -116,6 +116,13 @@ class Param:
             return bounds
         return words
 
+    def describe(self) -> str:
+        """What a value may be, for documentation: the requirement with its type spelled out."""
+        text = self.requirement()
+        if self.type == "float" and self.options is None and self.bounds_text():
+            text = f"a number {text}"
+        return text + (" or null" if self.nullable else "")
+
     # ----- checking ---------------------------------------------------------------------------
 
     def check(self, name: str, value: Any, owner: str = "") -> Any:
