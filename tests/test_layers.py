@@ -1,0 +1,118 @@
+"""The layering of docs/architecture.md, checked on the source: every import of every module,
+including imports inside functions, read with ``ast``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("setvalued", "analysis", "studies")
+
+#: what each library must never import (a prefix matches the package and its modules)
+FORBIDDEN = {
+    "setvalued": ("ray", "mlflow", "optuna", "pydantic", "studies", "analysis"),
+    "analysis": ("torch", "torchvision", "timm", "ray", "setvalued", "studies"),
+}
+#: modules of the libraries that must stay importable without torch (validation, --dry-run)
+TORCH_FREE = ("setvalued.params", "setvalued.config", "setvalued.paths", "setvalued.metric_names",
+              "setvalued.losses.parameters", "setvalued.reference_tables")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module named by an import statement anywhere in the file (absolute names)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    modules = {_module_name(p): p for p in files}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path) if m in modules and m != name}
+    return graph
+
+
+def _matches(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("library", sorted(FORBIDDEN))
+def test_libraries_import_nothing_above_them(library):
+    bad = []
+    for path in (ROOT / library).rglob("*.py"):
+        for module in _imports(path):
+            if _matches(module, FORBIDDEN[library]):
+                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_torch_free_modules_import_no_torch():
+    graph = _graph()
+    for name in TORCH_FREE:
+        path = ROOT / (name.replace(".", "/") + ".py")
+        direct = {m for m in _imports(path) if _matches(m, ("torch", "torchvision", "timm"))}
+        assert not direct, f"{name} imports {direct}"
+        for dep in graph[name]:
+            if dep.startswith("setvalued"):
+                assert dep in TORCH_FREE or dep in ("setvalued", "setvalued.losses"), f"{name} imports {dep}"
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No cycle in the import graph of the three packages (Tarjan's strongly connected components)."""
+    graph = _graph()
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_graph_sees_imports_inside_functions():
+    """The checker reads function-level imports: studies.trial_config imports timm inside one."""
+    assert "timm" in _imports(ROOT / "studies" / "trial_config.py")
