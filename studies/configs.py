@@ -29,7 +29,7 @@ from studies.design import GridBlock, OptunaBlock, RandomBlock, SensitivityBlock
 from studies.expressions import ExpressionError
 from studies.problems import Problem
 from studies.study import Study
-from studies.trial_config import validate_config
+from studies.trial_config import declared_param, validate_config
 
 __all__ = ["DesignedConfig", "build_config", "design_configs", "format_value"]
 
@@ -207,6 +207,8 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
                 for j, value in enumerate(values):
                     add(variant, {path: value}, {path: where + (path, j)})
     elif isinstance(block, RandomBlock):
+        if _distribution_problems(study, index, block, variants, problems):
+            return []
         rng = random.Random(block.sampler_seed)
         paths = sorted(block.parameters)  # independent of the key order in the file
         for _ in range(block.n_configs):
@@ -215,6 +217,8 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
             for variant in variants:
                 add(variant, values, origins)
     elif isinstance(block, OptunaBlock):
+        if _distribution_problems(study, index, block, variants, problems):
+            return []
         # Checked here on the corners (each bound, each choice, one parameter at a time).
         for variant in variants:
             for path, dist in block.parameters.items():
@@ -222,6 +226,28 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
                     add(variant, {path: value}, {path: where + (path,)})
         return []
     return drafts
+
+
+def _distribution_problems(study: Study, index: int, block, variants: list[str], problems: list[Problem]) -> bool:
+    """Whether a distribution of a random or optuna block cannot give values of its field's
+    declared type (a uniform on an integer field would give 3.7 epochs, or leave an Optuna
+    trial with a float where an integer is needed); adds one problem per such parameter."""
+    found = False
+    for path, dist in block.parameters.items():
+        for variant in variants:
+            param = declared_param(study.variant_config(variant), path)
+            if param is None or dist.kind == "choice":
+                continue
+            if param.type == "int" and dist.kind != "int":
+                reason = f"'{path}' is an integer: sample it with int: [low, high] or choice: [...], not {dist.kind}"
+            elif param.type not in ("int", "float"):
+                reason = f"'{path}' is {param.describe()}: sample it with choice: [...], not {dist.kind}"
+            else:
+                continue
+            problems.append(Problem(("design", index, "parameters", path), reason))
+            found = True
+            break
+    return found
 
 
 def design_configs(study: Study) -> tuple[list[DesignedConfig], list[Problem]]:

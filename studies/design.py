@@ -8,6 +8,7 @@ they are). Each block addresses the trial config by dotted paths (``loss.epsilon
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -85,6 +86,11 @@ class _Block(StrictModel):
     def _dotted_paths(cls, parameters: dict) -> dict:
         return _check_paths(parameters)
 
+    def configs_per_variant(self) -> int:
+        """How many configs the block gives each of its variants, computed from its sizes
+        alone (nothing is expanded): the bound that is checked before the design is built."""
+        raise NotImplementedError
+
     @property
     def parameter_paths(self) -> list[str]:
         return list(getattr(self, "parameters", {}) or {})
@@ -104,12 +110,18 @@ class GridBlock(_Block):
     parameters: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(min_length=1)
 
 
+    def configs_per_variant(self) -> int:
+        return math.prod(len(values) for values in self.parameters.values())
+
 class SensitivityBlock(_Block):
     """One parameter at a time around each variant's own value; the base config is one cell."""
 
     kind: Literal["sensitivity"]
     parameters: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(min_length=1)
 
+
+    def configs_per_variant(self) -> int:
+        return 1 + sum(len(values) for values in self.parameters.values())
 
 class RandomBlock(_Block):
     """``n_configs`` configs sampled from the distributions, deterministic in ``sampler_seed``."""
@@ -119,6 +131,9 @@ class RandomBlock(_Block):
     parameters: dict[str, Distribution] = Field(min_length=1)
     sampler_seed: int = 0
 
+
+    def configs_per_variant(self) -> int:
+        return self.n_configs
 
 class OptunaBlock(_Block):
     """``n_configs`` proposals from an Optuna sampler; each runs on every seed (seed mean told)."""
@@ -130,11 +145,17 @@ class OptunaBlock(_Block):
     sampler_seed: Optional[int] = 0
 
 
+    def configs_per_variant(self) -> int:
+        return self.n_configs
+
 class SingleBlock(_Block):
     """The variants as they are."""
 
     kind: Literal["single"]
 
+
+    def configs_per_variant(self) -> int:
+        return 1
 
 DesignBlock = Annotated[
     Union[GridBlock, SensitivityBlock, RandomBlock, OptunaBlock, SingleBlock], Field(discriminator="kind")

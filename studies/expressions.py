@@ -26,6 +26,9 @@ __all__ = ["Expression", "ExpressionError", "parse_expression", "FUNCTIONS"]
 MAX_LENGTH = 500
 #: largest integer exponent computed exactly; beyond, ``**`` is computed in floating point
 _MAX_INT_EXPONENT = 64
+#: largest integer (in bits) a step may produce: a float covers the rest, and no study needs
+#: an exact integer past 2**1024 (``((99999 ** 64) ** 64) ** 64`` would take minutes)
+MAX_INT_BITS = 1024
 
 
 def _sqrt(x: float) -> float:
@@ -81,6 +84,8 @@ def _check(node: ast.AST, text: str, names: set[str]) -> None:
     elif isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
             raise ExpressionError(f"only numbers are allowed as constants, got {node.value!r}")
+        if isinstance(node.value, int) and node.value.bit_length() > MAX_INT_BITS:
+            raise ExpressionError(f"the integer constant is larger than 2**{MAX_INT_BITS}")
     elif isinstance(node, (ast.Name, ast.Attribute)):
         name = _dotted_name(node)
         if name is None:
@@ -131,13 +136,21 @@ class Expression:
             raise
         except ZeroDivisionError:
             raise ExpressionError(f"division by zero in {self.text!r}") from None
-        except (OverflowError, ValueError, TypeError) as err:
+        except OverflowError:
+            raise ExpressionError(f"cannot evaluate {self.text!r}: a step overflows (past 1.8e308)") from None
+        except (ValueError, TypeError) as err:
             raise ExpressionError(f"cannot evaluate {self.text!r}: {err}") from None
         if isinstance(result, bool) or not isinstance(result, (int, float)):
             raise ExpressionError(f"{self.text!r} gave {result!r}, expected a number")
         if isinstance(result, float) and not math.isfinite(result):
             raise ExpressionError(f"{self.text!r} gave {result}, expected a finite number")
         return result
+
+    def _bounded(self, value: Any) -> Any:
+        """``value``, unless it is an integer past MAX_INT_BITS bits (each step stays cheap)."""
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            raise ExpressionError(f"{self.text!r} gives an integer larger than 2**{MAX_INT_BITS}")
+        return value
 
     def _eval(self, node: ast.AST, values: Mapping[str, Any]) -> Any:
         if isinstance(node, ast.Constant):
@@ -155,17 +168,19 @@ class Expression:
             left = self._eval(node.left, values)
             right = self._eval(node.right, values)
             if isinstance(node.op, ast.Pow):
-                # Guard against 10**10**10: exact integer powers only for small exponents.
-                if isinstance(left, int) and isinstance(right, int) and abs(right) <= _MAX_INT_EXPONENT:
+                # Guard against 10**10**10: exact integer powers only for small exponents and
+                # results of at most MAX_INT_BITS bits; the rest in floating point.
+                if (isinstance(left, int) and isinstance(right, int) and 0 <= right <= _MAX_INT_EXPONENT
+                        and left.bit_length() * right <= MAX_INT_BITS):
                     return left ** right
                 result = float(left) ** float(right)
                 if isinstance(result, complex):
                     raise ExpressionError(f"{left} ** {right} is not a real number")
                 return result
-            return _BINARY[type(node.op)](left, right)
+            return self._bounded(_BINARY[type(node.op)](left, right))
         if isinstance(node, ast.Call):
             args = [self._eval(arg, values) for arg in node.args]
-            return FUNCTIONS[node.func.id](*args)
+            return self._bounded(FUNCTIONS[node.func.id](*args))
         raise ExpressionError(f"unsupported construct in {self.text!r}")  # unreachable after _check
 
 

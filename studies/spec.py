@@ -21,35 +21,45 @@ mistake does not cascade into many messages:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from pydantic import ValidationError
 
 from studies.configs import design_configs
 from studies.cross_checks import check_study
 from studies.problems import Path_, Problem, Problems, StudyError, dedupe, format_yaml_path, line_of
-from studies.study import Study, schema_problem
-from studies.yaml_source import read_yaml
+from studies.study import DEFAULT_MAX_CELLS, Study, schema_problem
+from studies.yaml_source import MAX_FILE_BYTES, read_yaml
 
 __all__ = ["load_study", "parse_study", "StudyError"]
 
 
-def load_study(path: Union[str, Path]) -> Study:
-    """Read and validate a study file; raise :class:`StudyError` (one paragraph) when it is wrong."""
+def load_study(path: Union[str, Path], max_cells: Optional[int] = None) -> Study:
+    """Read and validate a study file; raise :class:`StudyError` (one paragraph) when it is wrong.
+
+    ``max_cells`` raises the limit on the number of cells (default: the file's ``max_cells``,
+    else ``DEFAULT_MAX_CELLS``), which is checked from the design's sizes before anything is
+    built, so that a small file cannot make validation run for hours.
+    """
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as handle:  # no more than the limit is read, however large the file
+            text = handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except FileNotFoundError:
         raise StudyError(file, [("(file)", None, "no such file; expected the path of a YAML study file")]) from None
     except IsADirectoryError:
         raise StudyError(file, [("(file)", None, "is a folder; expected the path of a YAML study file")]) from None
+    except PermissionError:
+        raise StudyError(file, [("(file)", None, "cannot be read (permission denied); expected a readable "
+                                                 "YAML study file")]) from None
     except UnicodeDecodeError as err:
         raise StudyError(file, [("(file)", None, f"is not UTF-8 text ({err.reason} at byte {err.start})")]) from None
-    return parse_study(text, file)
+    return parse_study(text, file, max_cells)
 
 
-def parse_study(text: str, file: str = "<string>") -> Study:
-    """Validate study-file text; ``file`` names it in the error messages."""
+def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = None) -> Study:
+    """Validate study-file text; ``file`` names it in the error messages (``max_cells``: see
+    :func:`load_study`)."""
     lines: dict = {}
     design_is_list = True
     try:
@@ -72,6 +82,7 @@ def parse_study(text: str, file: str = "<string>") -> Study:
         except ValidationError as err:
             raise Problems([schema_problem(e, raw) for e in err.errors()]) from None
         study.set_source(file, text, lines, design_is_list)
+        _check_size(study, max_cells)
         check_study(study)
         configs, problems = design_configs(study)
         if problems:
@@ -86,3 +97,14 @@ def parse_study(text: str, file: str = "<string>") -> Study:
         raise StudyError(file, [(format_yaml_path(file_path(p.path)), line_of(lines, file_path(p.path)),
                                  p.message) for p in dedupe(problems.problems)]) from None
     return study
+
+
+def _check_size(study: Study, max_cells: Optional[int]) -> None:
+    """Stage 2b: refuse a design with more cells than allowed, counted from its sizes."""
+    limit = max_cells or study.max_cells or DEFAULT_MAX_CELLS
+    configs, cells = study.planned_cells()
+    if cells > limit:
+        raise Problems([Problem(("design",), f"the design has {cells:,} cells ({configs:,} configs x "
+                                             f"{len(study.seeds):,} seeds), more than the limit of {limit:,}; "
+                                             "expected a smaller design, or a higher limit (max_cells: N in "
+                                             "the file, or --max-cells N)")])

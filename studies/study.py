@@ -9,6 +9,7 @@ docs/interfaces.md section 6 for the format).
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, PrivateAttr, field_validator
@@ -18,7 +19,7 @@ from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
 from studies.schema import StrictModel, fields_of, pydantic_message
 
-__all__ = ["Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
+__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "MAX_FAILURES", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
            "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes", "Reference", "ReferenceRow",
            "DEFAULT_VARIANT", "NAME_PATTERN", "schema_problem"]
 
@@ -26,6 +27,13 @@ __all__ = ["Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "S
 DEFAULT_VARIANT = "base"
 #: a variant name
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+#: most cells a study may have unless its file (``max_cells``) or the command (``--max-cells``)
+#: allows more: the design is counted before anything is built
+DEFAULT_MAX_CELLS = 100_000
+#: most seeds a study may list
+MAX_SEEDS = 10_000
+#: most failed attempts of a cell retried (``max_failures``)
+MAX_FAILURES = 10
 
 
 class Resources(StrictModel):
@@ -165,10 +173,11 @@ class Study(StrictModel):
     variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Optional[dict[str, Any]]] = {}
     design: list[DesignBlock] = Field(default_factory=lambda: [SingleBlock(kind="single")], min_length=1)
     derived: dict[str, Any] = {}
-    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(min_length=1)
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(min_length=1, max_length=MAX_SEEDS)
     resources: Resources = Field(default_factory=Resources)
     max_concurrent: Optional[int] = Field(None, ge=1)
-    max_failures: int = Field(1, ge=0)
+    max_failures: int = Field(1, ge=0, le=MAX_FAILURES)
+    max_cells: Optional[int] = Field(None, ge=1)  # raises DEFAULT_MAX_CELLS for this study
     objective: Optional[Objective] = None
     scheduler: Scheduler = Field(default_factory=lambda: NoScheduler(kind="none"))
     report: Report = Field(default_factory=Report)
@@ -191,7 +200,7 @@ class Study(StrictModel):
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:
-        dupes = sorted({s for s in seeds if seeds.count(s) > 1})
+        dupes = sorted(seed for seed, n in Counter(seeds).items() if n > 1)
         if dupes:
             raise ValueError(f"each seed may appear once; repeated: {dupes}")
         return seeds
@@ -275,6 +284,15 @@ class Study(StrictModel):
         """A StudyError for problems found after loading (e.g. by optuna_block_suggest)."""
         return StudyError(self._path, [(self.yaml_path(p.path), self.line_of(p.path), p.message)
                                        for p in dedupe(problems)])
+
+    def planned_cells(self) -> tuple[int, int]:
+        """(configs, cells) of the design as written, counted from the sizes of its blocks
+        without building anything: an upper bound (identical configs are merged later).
+        Optuna blocks count their ``n_configs`` proposals."""
+        n_variants = max(1, len(self.variants))
+        configs = sum(block.configs_per_variant() * (len(block.variants) if block.variants else n_variants)
+                      for block in self.design)
+        return configs, configs * len(self.seeds)
 
     @property
     def designed_configs(self) -> list:

@@ -28,7 +28,7 @@ from setvalued.params import REQUIRED, Param, ParameterError
 from studies.problems import Problem
 from studies.schema import StrictModel, fields_of, pydantic_problems, short_repr
 
-__all__ = ["validate_config", "DATA_SCHEMAS", "TrialConfigSchema"]
+__all__ = ["validate_config", "declared_param", "DATA_SCHEMAS", "TrialConfigSchema"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,6 +176,21 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
         problems.append(Problem(("loss", "k"), f"k={k} must be smaller than the number of classes ({num_classes})"))
         return None
     return out
+
+
+def declared_param(config: Mapping[str, Any], dotted: str) -> Optional[Param]:
+    """The declaration of the field at ``dotted`` in a validated config (the data set's fields,
+    the loss's parameters), or None when the path is not a declared field."""
+    section, _, key = dotted.partition(".")
+    if not key:
+        return TOP_FIELDS.get(section)
+    if "." in key:
+        return None
+    if section == "loss":
+        return LOSS_PARAMETERS.get(config.get("loss", {}).get("name"), {}).get(key)
+    if section == "data":
+        return DATA_FIELDS.get(config.get("data", {}).get("name"), {}).get(key)
+    return {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS}.get(section, {}).get(key)
 
 
 @functools.lru_cache(maxsize=None)

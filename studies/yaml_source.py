@@ -8,16 +8,29 @@ never code.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
 from studies.problems import Path_, Problem, Problems
 
-__all__ = ["read_yaml"]
+__all__ = ["read_yaml", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "MAX_FILE_BYTES"]
+
+#: largest study file read (the catalogue's largest is about 6 KB)
+MAX_FILE_BYTES = 512 * 1024
+
+#: most values a study file may hold once its aliases are expanded (a long seed list and a large
+#: grid fit easily; a "billion laughs" alias bomb of a few hundred bytes does not)
+MAX_YAML_NODES = 200_000
+#: deepest nesting of mappings and lists (a study file needs about 8)
+MAX_YAML_DEPTH = 32
 
 
-class _Loader(yaml.SafeLoader):
+#: PyYAML's safe loader, in C (libyaml) where installed: about 8 times faster on a large file
+_SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeBase):
     """SafeLoader that also reads ``1e-3`` and ``1e3`` as floats (YAML 1.2; PyYAML's 1.1
     resolver needs a dot and a signed exponent and would give the string "1e-3")."""
 
@@ -52,11 +65,86 @@ def _index_nodes(node: yaml.Node, path: Path_, lines: dict[Path_, int], problems
             _index_nodes(item, path + (i,), lines, problems)
 
 
+def _expanded_size(root: yaml.Node) -> tuple[int, int]:
+    """(values, depth) of the node tree with every alias expanded, without expanding it: each
+    node is visited once (an alias is the same node object), its size computed from its
+    children's. Iterative, so that a deep file cannot exhaust Python's stack here."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if children_done or not children:
+            size[id(node)] = min(1 + sum(size[id(c)] for c in children), MAX_YAML_NODES + 1)
+            depth[id(node)] = 1 + max((depth[id(c)] for c in children), default=0)
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)], depth[id(root)]
+
+
+def _bounded(root: Optional[yaml.Node]) -> None:
+    """Refuse a file whose expanded content is too large or too deep to validate quickly."""
+    if root is None:
+        return
+    values, depth = _expanded_size(root)
+    if values > MAX_YAML_NODES:
+        raise Problems([Problem(("YAML",), f"the file expands to more than {MAX_YAML_NODES:,} values "
+                                           "(aliases included); expected a study file of at most that many")])
+    if depth > MAX_YAML_DEPTH:
+        raise Problems([Problem(("YAML",), f"mappings and lists nested {depth} levels deep; expected at most "
+                                           f"{MAX_YAML_DEPTH}")])
+
+
+_OPENING = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
+            yaml.FlowMappingStartToken)
+_CLOSING = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
+
+
+def _check_nesting(text: str) -> None:
+    """Refuse nesting past MAX_YAML_DEPTH from the token stream, before building any tree (the
+    scanner is not recursive; the composer is, and a deep file would exhaust its stack)."""
+    depth = 0
+    for token in yaml.scan(text, Loader=_Loader):
+        if isinstance(token, _OPENING):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise Problems([Problem(("YAML",), f"mappings and lists nested more than {MAX_YAML_DEPTH} "
+                                                   f"levels deep (line {token.start_mark.line + 1}); expected at "
+                                                   f"most {MAX_YAML_DEPTH}")])
+        elif isinstance(token, _CLOSING):
+            depth -= 1
+
+
 def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
-    """Parse the text; return (data, {yaml path: line}). Raises Problems on syntax errors."""
+    """Parse the text; return (data, {yaml path: line}). Raises Problems on syntax errors and
+    on files too large or too deep once their aliases are expanded."""
+    if len(text) > MAX_FILE_BYTES:
+        raise Problems([Problem(("(file)",), f"the file is larger than {MAX_FILE_BYTES:,} characters; expected a study file "
+                                             "of ordinary size")])
     try:
-        root = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506  (_Loader is a SafeLoader)
+        _check_nesting(text)
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            _bounded(root)
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise Problems([Problem(("YAML",), f"mappings and lists nested too deep to read; expected at most "
+                                           f"{MAX_YAML_DEPTH} levels")]) from None
+    except ValueError as err:  # an integer of more digits than Python converts (4,300)
+        raise Problems([Problem(("YAML",), f"unreadable value ({str(err).split(';')[0]}); expected "
+                                           "numbers of ordinary size")]) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         what = " ".join(str(x) for x in (err.context, err.problem) if x)
