@@ -179,6 +179,34 @@ def test_cifar_missing_or_malformed_folder(tmp_path):
         build_datasets(cifar_cfg(bad, val_size=10), seed=0)
 
 
+class _PlantedCode:
+    """Unpickling this object calls os.system: a crafted 'train' file in a shared data folder."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_cifar_pickle_that_would_run_code_is_refused_before_anything_runs(tmp_path, protocol):
+    root = tmp_path / "shared"
+    write_fake_cifar(root, per_class_train=2, per_class_test=1)
+    marker = tmp_path / "code_ran"
+    with open(root / "cifar-100-python" / "train", "wb") as f:
+        pickle.dump({"data": np.zeros((1, 3072), np.uint8), "fine_labels": [0], "coarse_labels": [0],
+                     "filenames": [_PlantedCode(marker)]}, f, protocol=protocol)
+    with pytest.raises(DataLayoutError) as err:
+        build_datasets(cifar_cfg(root, val_size=10), seed=0)
+    assert not marker.exists(), "the planted pickle ran code"
+    message = str(err.value)
+    assert str(root / "cifar-100-python" / "train") in message and ".system" in message
+    assert "not part of the official CIFAR-100 files" in message
+
+
 # -------------------------------------------------------------------------------------------
 # Pl@ntNet-300K: images/{train,val,test}/<species id>/<file>
 # -------------------------------------------------------------------------------------------

@@ -76,11 +76,31 @@ def resolve_folder(root: str | os.PathLike, download: bool = False) -> str:
     raise layout_error(candidates[0], "no CIFAR-100 train/test/meta files found", EXPECTED_LAYOUT)
 
 
+#: the only globals the official CIFAR-100 pickles name: numpy's array reconstruction (numpy 1
+#: and 2 module paths) and the bytes encoder of protocol-2 pickles
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Reads the official structure (dicts, lists, strings, bytes, numbers, numpy arrays) and
+    nothing else: a pickle that names any other class or function is refused before anything
+    of it runs, so a crafted file in a shared data folder cannot execute code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _CIFAR_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of the official "
+                                     "CIFAR-100 files (refused: unpickling it could run code)")
+
+
 def _read_pickle(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
+            entry = _CifarUnpickler(f, encoding="latin1").load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, TypeError) as err:
         raise layout_error(path, f"cannot read the CIFAR-100 pickle ({err})", EXPECTED_LAYOUT) from err
     if not isinstance(entry, dict):
         raise layout_error(path, "the CIFAR-100 pickle does not hold a dict", EXPECTED_LAYOUT)
