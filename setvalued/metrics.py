@@ -6,21 +6,21 @@ and are vectorized; they run on whatever device the tensors live on.
 Top-K (thesis eq. 2.14): ``1[y_i in T_K(s(x_i))]``, the label is among the K largest scores.
 
 Tie rule (deterministic, independent of the class order): the sources break ties "arbitrarily"
-(losses-topk.md section 0 and line 163). Here a tie is resolved **against** the true class:
-``y`` is in the top K iff fewer than K *other* classes have a score ``>= s_y``.  So a constant
-score vector scores no hit for K < L (it cannot buy accuracy with ties), and the rule gives the
-same answer as ``torch.topk`` whenever the scores have no ties.
+([Gar23] §4.3.1, footnote 1; [GSJS22] footnote 1). Here a tie is resolved **against** the true
+class: ``y`` is in the top K iff fewer than K *other* classes have a score ``>= s_y``.  So a
+constant score vector scores no hit for K < L (it cannot buy accuracy with ties), and the rule
+gives the same answer as ``torch.topk`` whenever the scores have no ties.
 
 Average-K (thesis eqs. 2.29-2.32, Algorithm 1, eqs. 5.16-5.17, S2 eq. 1): one global
 threshold ``lambda`` calibrated on validation scores by the midpoint rule of the papers
-(losses-avgk.md section 2.1; reference-implementations.md section 3.2), the set of an input is
-``{j : s_j >= lambda}`` (ties at ``lambda`` are all included, as in the reference code; the set
-may be empty), accuracy is ``1[s_y >= lambda]`` and K_test is the mean set size.  The scores may
-be softmax or sigmoid outputs of either head (erratum E4 of losses-avgk.md): use
-:func:`activate` and calibrate and evaluate on the same scale.
+(docs/papers.md, note A-N5), the set of an input is ``{j : s_j >= lambda}`` (ties at ``lambda``
+are all included, as in the reference code; the set may be empty), accuracy is
+``1[s_y >= lambda]`` and K_test is the mean set size.  The scores may be softmax or sigmoid
+outputs of either head (docs/papers.md, erratum A-E4): use :func:`activate` and calibrate and
+evaluate on the same scale.
 
 Macro metrics average the per-class accuracy over the classes present in the evaluated split
-(thesis section 3.3.1; thesis-context.md section 1.7); for average-K the threshold stays global.
+(thesis section 3.3.1; docs/papers.md, note P-7); for average-K the threshold stays global.
 Shot groups (Table 5.2 caption): few < 20 <= medium <= 100 < many training images per class.
 """
 
@@ -119,7 +119,7 @@ def _fmt_k(k: float) -> str:
 def activate(logits: torch.Tensor, activation: str | None) -> torch.Tensor:
     """Scores on which an average-K threshold is applied: softmax (thesis eqs. 5.16/5.17, the
     primary choice), sigmoid (for BCE-trained heads) or the raw scores (``None``/"none");
-    erratum E4 of losses-avgk.md.  Softmax is taken in float64 so that small probabilities of
+    docs/papers.md, erratum A-E4.  Softmax is taken in float64 so that small probabilities of
     a long tail do not collapse into ties."""
     if activation is None or activation == "none":
         return logits
@@ -232,13 +232,13 @@ def group_macro_accuracy(hits: torch.Tensor, counts: torch.Tensor,
 
 def calibrate_avgk_threshold(val_scores: torch.Tensor, k: float) -> float:
     """Global average-K threshold: midpoint of the m-th and (m+1)-th largest of the n x L
-    validation scores, m = floor(k n) (thesis Algorithm 1; reference-implementations.md 3.2;
+    validation scores, m = floor(k n) (thesis Algorithm 1; docs/papers.md, note A-N5;
     ``0.5*(sorted[n*k-1] + sorted[n*k])`` in 0-indexed code).
 
     Without ties exactly m (image, class) pairs reach the threshold, so the validation mean set
     size is m/n, i.e. k for integer k and within 1/n of k otherwise.  Ties at the m-th value make
     the sets larger (every tied entry is kept).  The rule needs no labels.  The midpoint is taken
-    in float64 (losses-avgk.md 2.1: float32 saturates near 1) and returned as a Python float;
+    in float64 (float32 saturates near 1, note A-N5) and returned as a Python float;
     the set functions below compare exactly against it whatever the score dtype.
     """
     val_scores = _check_scores(val_scores, "val_scores")

@@ -10,14 +10,14 @@ two_head``. Backbones:
 - ``densenet_bc_cifar``: the CIFAR DenseNet-BC of the papers, depth 40, growth rate 40
   (``model.depth``, ``model.growth_rate``; 40-12 in [BZK18] Table 6),
   bottleneck layers, compression 0.5, no dropout, feature dimension 440 at 40-40
-  (losses-topk.md section 1.7, losses-avgk.md section 1.2), written here from the
+  (docs/papers.md, note P-1), written here from the
   DenseNet paper's description (Huang et al. 2017, section 3 "DenseNet-BC");
 - any timm architecture by name (``resnet18``, ``resnet50``, ``densenet121``,
   ``vit_small_patch16_224``, ...), created without its classifier.
 
 Heads (docs/interfaces.md section 1, ``model.head``): ``linear``; ``normed`` (the cosine
 layer ``NormedLinear`` of ``setvalued.losses.normed``, used by LDAM and the imbalanced
-noised top-K loss, reference-implementations.md section 1.3); ``two_head``
+noised top-K loss, docs/papers.md, note T-N4); ``two_head``
 (``TwoHeadClassifier`` of ``setvalued.losses.avgk``, thesis section 5.5.2).
 
 Pre-trained weights (``model.pretrained``) are never downloaded: a path names a local

@@ -1,7 +1,7 @@
 """Safe arithmetic expressions for the ``derived`` block of a study file.
 
 A derived parameter is computed from other config values, e.g. a learning rate kept
-proportional to the batch size (the average-K batch-size study of the thesis, ch. 5)::
+proportional to the batch size (the average-K batch-size study, [Gar23] §5.9.1, Fig. 5.6)::
 
     derived:
       optim.lr: "0.1 * optim.batch_size / 64"

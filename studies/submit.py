@@ -18,18 +18,18 @@ which talks to the dashboard's HTTP port, 8265 by default):
   own environment (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD) or from
   ~/.mlflow/credentials (cluster/README.md);
 - Ray Tune on several nodes needs storage that every node reaches (ray:doc/source/tune/
-  tutorials/tune-storage.rst; orchestration-anchors.md section 1.1): `--storage` must be
-  a cloud URI (s3://, gs://, ...) or an absolute path on a shared file system.
+  tutorials/tune-storage.rst): `--storage` must be a cloud URI (s3://, gs://, ...) or an
+  absolute path on a shared file system.
 
-Token authentication (Ray >= 2.59 turns it on by default; orchestration-anchors.md
-finding 5): the token is read, in this order, from `--token-file`, the environment
-variable RAY_AUTH_TOKEN, the file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (the
-places Ray itself reads) and sent only as the HTTP `Authorization: Bearer` header of the
-client. It never goes into the entrypoint, the runtime environment, the job metadata or
-anything printed: the driver on the cluster gets the token from its own node, like every
-Ray process there. `submit_study` refuses to send a job whose entrypoint, runtime
-environment or metadata contains the token, and every log line printed here has it
-masked.
+Token authentication (Ray >= 2.59 turns it on by default:
+https://docs.ray.io/en/latest/ray-security/token-auth.html): the token is read, in this
+order, from `--token-file`, the environment variable RAY_AUTH_TOKEN, the file named by
+RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (the places Ray itself reads) and sent only as
+the HTTP `Authorization: Bearer` header of the client. It never goes into the entrypoint,
+the runtime environment, the job metadata or anything printed: the driver on the cluster
+gets the token from its own node, like every Ray process there. `submit_study` refuses to
+send a job whose entrypoint, runtime environment or metadata contains the token, and every
+log line printed here has it masked.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The study catalogue (studies/catalog/*.yaml): every file validates, expands to the cells its
 experiment needs, carries the papers' protocol and reference numbers, and runs in smoke mode.
 
-The expected cell counts are written here from the experiments' definitions (the digests in
-the team's spec folder and the papers' tables), independently of the files, so that a file
-that drops a loss, a K or a seed fails.
+The expected cell counts are written here from the experiments' definitions (the papers'
+tables and protocols, docs/papers.md), independently of the files, so that a file that drops
+a loss, a K or a seed fails.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def test_reference_rows_match_one_config_and_a_logged_metric(path):
 
 
 def test_reference_numbers_spot_checks():
-    """A few published numbers, copied here from the digests' tables, against the files."""
+    """A few published numbers, copied here from the papers' tables, against the files."""
     def ref(name, variant, match, metric):
         study, _ = loaded(CATALOG / f"{name}.yaml")
         for row in study.reference.rows:

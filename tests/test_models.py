@@ -33,7 +33,7 @@ def densenet_bc_parameter_count(depth: int, growth: int, num_classes: int) -> in
 
 def test_densenet_bc_40_40():
     model = build_model({"name": "densenet_bc_cifar"}, 100, (3, 32, 32))
-    assert model.feature_dim == 440  # losses-avgk.md section 1.2
+    assert model.feature_dim == 440  # docs/papers.md, note P-1
     assert sum(p.numel() for p in model.parameters()) == densenet_bc_parameter_count(40, 40, 100)
     bottlenecks = [m for m in model.modules() if type(m).__name__ == "_Bottleneck"]
     assert len(bottlenecks) == 18

@@ -1,17 +1,18 @@
 """CIFAR-100 from the official ``cifar-100-python`` folder, with the papers' split and label noise.
 
-Protocol (losses-topk.md sections 1.7 and 2.1, reference-implementations.md section 1.5):
+Protocol ([Gar23] §4.4.4, [BZK18] §5.1 and the authors' code; docs/papers.md, notes P-3
+to P-5):
 
 - 50,000 training images; ``val_size`` (default 5,000) of them are held out as a
   validation set with a permutation drawn from ``split_seed`` (default 1234), which does
-  not depend on the trial seed, so every trial of a study sees the same split (erratum E17
-  of losses-topk.md; ``stratified_split: true`` gives the balanced split of
-  losses-avgk.md erratum E8).
+  not depend on the trial seed, so every trial of a study sees the same split
+  (docs/papers.md, erratum T-E17; ``stratified_split: true`` gives the balanced split of
+  [Gar23] §5.6.2, erratum A-E8).
 - Label noise on the remaining training images only: with probability p a label is
   redrawn uniformly among the 5 classes of its group, *the original one included*, so the
-  expected fraction of changed labels is 0.8 p (erratum E6 of losses-topk.md).
+  expected fraction of changed labels is 0.8 p (docs/papers.md, erratum T-E6).
   ``noise_groups: consecutive`` uses ``label - label % 5 + U{0..4}`` on the fine labels, as
-  the authors' code does (erratum E5); ``noise_groups: coarse`` uses the true superclasses
+  the authors' code does (erratum T-E5); ``noise_groups: coarse`` uses the true superclasses
   read from the ``coarse_labels`` of the pickle, as the papers' text says. The noise is
   drawn from the trial seed. Validation and test labels stay clean.
 - Train transform: RandomCrop(32, padding=4), RandomHorizontalFlip, Normalize with mean
@@ -142,9 +143,9 @@ def validation_split(labels: np.ndarray, val_size: int, split_seed: int, stratif
     """(train indices, val indices) of the official training set, fixed by ``split_seed``.
 
     Non-stratified: the first ``val_size`` positions of a random permutation (the authors'
-    code, erratum E17 of losses-topk.md). Stratified: ``val_size // L`` images of every
-    class, plus one more for ``val_size % L`` classes drawn at random (erratum E8 of
-    losses-avgk.md: 50 per class for 5,000 of 100 classes).
+    code, docs/papers.md, erratum T-E17). Stratified: ``val_size // L`` images of every
+    class, plus one more for ``val_size % L`` classes drawn at random (erratum A-E8: 50 per
+    class for 5,000 of 100 classes).
     """
     n = len(labels)
     if not 0 < val_size < n:
@@ -188,8 +189,8 @@ def add_group_label_noise(labels: np.ndarray, p: float, groups: np.ndarray,
                           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Redraw each label with probability ``p`` uniformly among the classes of its group.
 
-    The draw includes the original class, as the authors' code does (erratum E6 of
-    losses-topk.md), so with groups of 5 the expected fraction of changed labels is 0.8 p.
+    The draw includes the original class, as the authors' code does (docs/papers.md,
+    erratum T-E6), so with groups of 5 the expected fraction of changed labels is 0.8 p.
     Returns (new labels, mask of the redrawn examples).
     """
     if not 0.0 <= p <= 1.0:

@@ -7,7 +7,8 @@ losses with per-example state (ROLE's label estimates) need. Every split also ex
 - ``num_classes``: the number of classes L;
 - ``class_counts``: the number of *training* examples per class (the same list on the
   train, val and test splits, since margins and shot groups are defined by the training
-  counts, thesis section 1.7);
+  counts: [Gar23] eq. 4.13 and the captions of Tables 4.5, 4.6, 5.2; docs/papers.md,
+  note P-6);
 - ``targets``: the labels of this split, as a 1-D int64 tensor;
 - ``class_names``: one name per class.
 """
@@ -23,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 #: ImageNet channel statistics, used by every model pre-trained on ImageNet
-#: (Pl@ntNet-300K and ImageNet-LT transforms, losses-topk.md section 1.7).
+#: (Pl@ntNet-300K and ImageNet-LT transforms, docs/papers.md, note P-3).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

@@ -4,7 +4,7 @@ Layout: ``ROOT`` is an ImageNet folder, and the lists ``ImageNet_LT_train.txt``,
 ``ImageNet_LT_val.txt`` and ``ImageNet_LT_test.txt`` lie in ``ROOT`` or in
 ``ROOT/ImageNet_LT``. Each line is ``<path relative to ROOT> <label>``, e.g.
 ``train/n01440764/n01440764_190.JPEG 0``. The 20,000-image validation list is the one the
-hyperparameters were tuned on (losses-topk.md section 2.7); the test list is the balanced
+hyperparameters were tuned on ([Gar23] §4.4.5.2); the test list is the balanced
 50,000-image set.
 
 Transforms [inferred: the papers do not state them; these are the usual ImageNet-LT ones]:

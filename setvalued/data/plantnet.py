@@ -3,11 +3,11 @@
 The classes are the species folders of ``train``, sorted by name as torchvision's
 ImageFolder sorts them (so class indices match the authors' code); ``val`` and ``test``
 may only hold species that ``train`` has (in the official data every species is in every
-split, thesis section 2.1). When ``plantnet300K_species_id_2_name.json`` is present next
+split, [Gar23] §3.2.2). When ``plantnet300K_species_id_2_name.json`` is present next
 to ``images/`` its names are used as class names.
 
-Transforms (thesis section 2.4, losses-topk.md section 1.7, reference-implementations.md
-section 3.1): train Resize(256) + RandomCrop(224), no flip; val/test Resize(256) +
+Transforms ([Gar23] §3.3.2; no flip and ImageNet statistics as in the authors' code;
+docs/papers.md, note P-3): train Resize(256) + RandomCrop(224), no flip; val/test Resize(256) +
 CenterCrop(224); ImageNet mean and std.
 """
 

@@ -1,11 +1,12 @@
 """A long-tailed, ambiguous classification data set generated in code.
 
 It stands in for Pl@ntNet-300K in the quickstart and the tests, and has the two
-properties the papers study (thesis sections 1.4 and 2.1):
+properties the papers study ([Gar23] §2.2.5: average-K gains most under heterogeneous
+ambiguity; §3.2: Pl@ntNet-300K's long tail and ambiguity within a genus):
 
 - **Long tail**: class frequencies follow the quantiles of a Pareto distribution of
-  shape ``pareto_shape`` (ImageNet-LT was subsampled the same way, losses-topk.md section
-  2.7); the most frequent class has ~``L**(1/shape)`` times more examples than the rarest.
+  shape ``pareto_shape`` (ImageNet-LT was subsampled the same way, [Gar23] §4.4.5.2,
+  [Liu+19]); the most frequent class has ~``L**(1/shape)`` times more examples than the rarest.
   Validation and test follow the same frequencies, with at least one example of every
   class (as Pl@ntNet-300K's per-class 10 % splits).
 - **Heterogeneous ambiguity**: the classes are grouped into ``num_superclasses`` groups

@@ -1,7 +1,7 @@
 """Cosine classifier layer for the losses that expect cosine scores (``head = "normed"``).
 
-Used by ``ldam`` and ``noised_topk_imbalanced`` (Wang et al. 2018; Cao et al. 2019;
-losses-topk.md section 1.5): features and class weights are both L2-normalised, so every
+Used by ``ldam`` and ``noised_topk_imbalanced`` ([Wan+18]; [Cao+19]; [Gar23] §4.4.5.1;
+docs/papers.md, note T-N4): features and class weights are both L2-normalised, so every
 score is a cosine in [-1, 1]; the losses apply their own ``scale``.
 """
 
