@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence, Union
 
 import jinja2
 
@@ -27,12 +27,16 @@ _TEMPLATES = jinja2.Environment(
 
 @dataclass(frozen=True)
 class Heading:
+    """A section heading (the title is the only level above it)."""
+
     kind: ClassVar[str] = "heading"
     text: str
 
 
 @dataclass(frozen=True)
 class Paragraph:
+    """A paragraph of plain text."""
+
     kind: ClassVar[str] = "paragraph"
     text: str
     note: bool = False  # a warning or a remark on what is missing, set apart
@@ -40,12 +44,16 @@ class Paragraph:
 
 @dataclass(frozen=True)
 class TableBlock:
+    """A table under its own title, caption below."""
+
     kind: ClassVar[str] = "table"
     table: Table
 
 
 @dataclass(frozen=True)
 class Figure:
+    """A figure: embedded as PNG in the HTML, linked (PNG and SVG) from the Markdown."""
+
     kind: ClassVar[str] = "figure"
     figure: FigureFile
     png_link: str  # paths relative to the Markdown file
@@ -58,6 +66,8 @@ class Figure:
 
 @dataclass(frozen=True)
 class Code:
+    """A verbatim listing (the study file)."""
+
     kind: ClassVar[str] = "code"
     text: str
     language: str = ""
@@ -74,8 +84,13 @@ class Details:
 
 @dataclass(frozen=True)
 class Definitions:
+    """Name: value pairs (the provenance)."""
+
     kind: ClassVar[str] = "definitions"
     items: tuple[tuple[str, str], ...]
+
+
+Block = Union[Heading, Paragraph, TableBlock, Figure, Code, Details, Definitions]
 
 
 class Document:
@@ -83,7 +98,7 @@ class Document:
 
     def __init__(self, title: str):
         self.title = title
-        self.blocks: list = []
+        self.blocks: list[Block] = []
 
     def heading(self, text: str) -> None:
         self.blocks.append(Heading(text))
