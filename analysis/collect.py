@@ -91,10 +91,6 @@ class Collected:
     n_runs: int = 0
 
     @property
-    def param_columns(self) -> list[str]:
-        return [c for c in self.table.column_names if c.startswith(PARAM_PREFIX)]
-
-    @property
     def metric_columns(self) -> list[str]:
         fixed = set(ID_COLUMNS) | {"start_time", "end_time", "duration_s"}
         return [

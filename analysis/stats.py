@@ -2,7 +2,8 @@
 
 A *config* is everything but the seed (`config_id`, docs/interfaces.md section 6); its seeds
 are replicates. The papers report the mean and a 95% confidence interval over 3 or 4 seeds
-without naming the method (spec/thesis-context.md, section 6); here the method is explicit:
+without naming the method (thesis Tables 4.4 to 4.6, 5.1 and 5.2); here the method
+is explicit:
 
 - `t` (default): Student's t interval on n - 1 degrees of freedom,
   mean ± t_{(1+level)/2, n-1} · sd / sqrt(n), sd with the n - 1 denominator. With n = 3 the

@@ -306,6 +306,37 @@ def test_bad_report_block_names_file_and_path(report_study, tmp_path):
                      study_file=bad)
 
 
+def test_report_schema_defaults_are_those_of_the_statistics():
+    """The schema's default level and interval methods are analysis.stats' own."""
+    from typing import get_args
+
+    from analysis.report_schema import Report, ReportTable
+    from analysis.stats import CI_METHODS, DEFAULT_LEVEL
+
+    assert Report().level == DEFAULT_LEVEL
+    assert get_args(Report.model_fields["ci"].annotation) == CI_METHODS
+    assert ReportTable(metrics=["test/top5"], swept="data.label_noise").swept == ["data.label_noise"]
+
+
+@pytest.mark.parametrize("block, message", [
+    ("report: {tables: [{metrics: [test/top5], columns: sideways}]}",
+     "`report.tables[0].columns`: expected 'metrics' or 'variant', got 'sideways'"),
+    ("report: {tables: [{metrics: []}]}", "`report.tables[0].metrics`: expected at least 1 item"),
+    ("report: {curves: [{x: loss.k}]}", "`report.curves[0].metric`: missing required field"),
+    ("report: {tabels: []}", "`report.tabels`: unknown field"),
+    ("report: {epoch_time: {y: 1}}", "`report.epoch_time`: expected true, false or {x: <dotted path>}"),
+    ("reference: {rows: [{metrics: {test/top5: 94.2}}]}", "`reference.source`: missing required field"),
+])
+def test_study_file_blocks_are_checked_by_the_schema(tmp_path, block, message):
+    from analysis.report import load_study_info
+
+    path = tmp_path / "study.yaml"
+    path.write_text(f"name: x\n{block}\n")
+    with pytest.raises(ReportError) as error:
+        load_study_info(path, None)
+    assert str(error.value).startswith(f"study file {path}: ") and message in str(error.value)
+
+
 # ----------------------------------------------------------------------------- plots only
 
 

@@ -1,0 +1,60 @@
+"""Where a report's numbers come from: date, MLflow store and runs, study file, code and
+package versions, and the interval method, so that a reader can reproduce the report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+
+from analysis.collect import display_uri
+from analysis.results import StudyResults
+
+PROVENANCE_PACKAGES = (
+    "setvalued-studies", "mlflow", "numpy", "scipy", "pyarrow", "matplotlib", "pyyaml",
+    "torch", "ray", "optuna",
+)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git_commit(root: Path) -> str:
+    """The checkout's commit, marked when it has uncommitted changes."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return "not available (not a git checkout)"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        suffix = " (with uncommitted changes)" if dirty.stdout.strip() else ""
+        return commit.stdout.strip() + suffix
+    except (OSError, subprocess.SubprocessError):
+        return "not available (git not found)"
+
+
+def provenance(results: StudyResults) -> list[tuple[str, str]]:
+    """(name, value) pairs for the report's provenance section."""
+    versions = []
+    for package in PROVENANCE_PACKAGES:
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    collected = results.collected
+    return [
+        ("date (UTC)", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")),
+        ("MLflow tracking URI", display_uri(collected.tracking_uri)),
+        ("MLflow experiment", f"{collected.study_name} (id {collected.experiment_id})"),
+        ("parent run", collected.parent_run_id or "none found"),
+        ("cell runs", f"{collected.n_runs} runs; {collected.table.num_rows} finished cells; "
+                      f"{collected.failed.num_rows} failed or unfinished cells"),
+        ("study file", results.study.origin),
+        ("project git commit", _git_commit(PROJECT_ROOT)),
+        ("python", platform.python_version()),
+        ("packages", ", ".join(versions)),
+        ("intervals", f"{results.level:.0%}, " + ("Student's t on n−1 df" if results.method == "t"
+                                                   else f"percentile bootstrap ({results.n_boot})")),
+    ]

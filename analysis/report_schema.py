@@ -1,0 +1,140 @@
+"""The schema of a study file's `report:` and `reference:` blocks, in one place.
+
+Study validation (`studies.spec`) and the report (`analysis.study_file`) parse the two blocks
+with these pydantic models, so a block that passes one passes the other. Every key is
+optional; the report's defaults are given beside each key:
+
+```yaml
+report:
+  level: 0.95                  # confidence level of every interval
+  ci: t                        # t (Student, n-1 df) | bootstrap (percentile, seeded)
+  tables:                      # default: one table of the top-level test metrics
+    - metrics: [test/top1, test/top5]
+      title: "Top-K accuracy"  # optional
+      columns: metrics         # metrics (one row per config) | variant (rows = context,
+                               #   a column per variant and metric, as thesis Table 4.4)
+      digits: 1                # decimals; default 1 for accuracies (in percent)
+      swept: [data.label_noise]  # only configs that sweep nothing else (and base ones)
+  curves:                      # default: the main test metric against each swept number
+    - {x: loss.epsilon, metric: test/top5}
+  epoch_time: {x: loss.k}      # or true; default when loss.k is swept
+  shot_groups: [top5]          # bars of test/{few,medium,many}/top5; default when logged
+  compare: {reference: ce, metrics: [test/top5]}   # default: the first variant
+  learning_curves: [val/top5, train/top5]  # a per-epoch metric against the epoch, a line
+                               #   per config (one request per run and metric; none by default)
+  set_sizes: {ks: [5], by_shot: avg}  # or true / false; average-K set-size histograms
+                               #   (thesis Fig. 5.4); default: every K of test/avg<K>
+reference:                     # published numbers (percent), shown beside the reproduced
+  source: "Thesis Table 4.4"
+  rows:
+    - {variant: ce, match: {data.label_noise: 0.0}, metrics: {test/top5: 94.2},
+       ci: {test/top5: 0.1}}
+```
+
+What needs the study's trial configs (a variant name exists, a curve's `x` is swept, an
+average-K is computed, a learning curve's metric is logged per epoch) is checked by
+`studies.spec`, which has them; these models check each block on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["Report", "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes",
+           "Reference", "ReferenceRow"]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors (a typo does not silently fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
+
+
+class ReportTable(_Strict):
+    """A table of the report: one row per config, or one column per variant."""
+
+    metrics: list[str] = Field(min_length=1)
+    title: Optional[str] = None
+    columns: Literal["metrics", "variant"] = "metrics"
+    digits: Optional[int] = Field(None, ge=0, le=6)
+    swept: Optional[list[str]] = None  # only configs that sweep nothing but these paths
+
+    @field_validator("swept", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        """`swept: data.label_noise` is short for `swept: [data.label_noise]`."""
+        return [value] if isinstance(value, str) else value
+
+
+class ReportCurve(_Strict):
+    """A sensitivity curve: ``metric`` against the swept parameter ``x``, CI band."""
+
+    x: str
+    metric: str
+
+
+class ReportCompare(_Strict):
+    """Paired comparison of every variant with ``reference`` (default: the first variant)."""
+
+    reference: Optional[str] = None
+    metrics: Optional[list[str]] = None
+
+
+class ReportSetSizes(_Strict):
+    """Which average-K set-size histograms the report draws (thesis Figure 5.4)."""
+
+    # strict: `true` is not K = 1
+    ks: Optional[list[Annotated[float, Field(gt=0, strict=True)]]] = None
+    by_shot: Optional[str] = None  # the variant split by shot group (default: best test/avg<K>)
+
+
+class Report(_Strict):
+    """What ``studies report`` draws (all keys optional; defaults in the module docstring)."""
+
+    level: float = Field(0.95, gt=0, lt=1)
+    ci: Literal["t", "bootstrap"] = "t"
+    tables: Optional[list[ReportTable]] = None
+    curves: Optional[list[ReportCurve]] = None
+    learning_curves: Optional[list[str]] = None  # per-epoch metrics drawn against the epoch
+    set_sizes: Union[bool, ReportSetSizes, None] = None  # average-K set-size histograms (Fig. 5.4)
+    epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
+    shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
+    compare: Optional[ReportCompare] = None
+
+    @field_validator("epoch_time")
+    @classmethod
+    def _epoch_time(cls, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, dict) and set(value) <= {"x"} and isinstance(value.get("x", ""), str):
+            return value
+        raise ValueError(f"expected true, false or {{x: <dotted path>}}, got {value!r}")
+
+    @field_validator("shot_groups")
+    @classmethod
+    def _shot_groups(cls, value: Optional[list[Any]]) -> Optional[list[Any]]:
+        for item in value or []:
+            ok = isinstance(item, str) or (
+                isinstance(item, dict) and isinstance(item.get("metric"), str)
+                and set(item) <= {"metric", "split"} and item.get("split", "test") in ("val", "test"))
+            if not ok:
+                raise ValueError(f"expected a metric such as top5 or {{metric: top5, split: test}}, got {item!r}")
+        return value
+
+
+class ReferenceRow(_Strict):
+    """Published numbers (percent) for the cells of ``variant`` whose config matches ``match``."""
+
+    variant: Optional[str] = None
+    match: dict[str, Any] = {}
+    metrics: dict[str, float] = Field(min_length=1)
+    ci: dict[str, float] = {}
+
+
+class Reference(_Strict):
+    """Published numbers to print beside the reproduced ones, and where they come from."""
+
+    source: str
+    rows: list[ReferenceRow] = Field(min_length=1)

@@ -1,0 +1,378 @@
+"""The report's tables: per-config metrics, variants side by side, paired comparisons, and
+the cells without a finished run.
+
+Each builder returns a `Table` (header, rows of `TableEntry`, caption) that
+`analysis.document` writes as HTML and Markdown. Accuracies are shown in percent as
+`mean ± half-width` of the confidence interval over seeds, the papers' layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from analysis.collect import PARAM_PREFIX
+from analysis.formatting import auto_digits, format_mean_ci, p_text, swept_text, value_text
+from analysis.published import published_value
+from analysis.report_schema import ReportTable
+from analysis.results import StudyResults, swept_of
+from analysis.stats import is_fraction_metric, lower_is_better, paired_comparisons
+from analysis.study_file import ReportError
+
+MAX_ERROR_CHARS = 300  # of the first line of an error, in the failed-cells table
+
+
+@dataclass
+class TableEntry:
+    """The text of one entry of a table, bold (best of its column or row) or muted."""
+
+    text: str
+    bold: bool = False
+    muted: bool = False
+
+
+@dataclass
+class Table:
+    """A table ready to write: title, header, rows of entries, caption. The first
+    `label_columns` columns name the row (left-aligned); the others hold values."""
+
+    title: str
+    header: list[str]
+    rows: list[list[TableEntry]]
+    caption: str = ""
+    label_columns: int = 1
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def table_specs(results: StudyResults) -> list[ReportTable]:
+    """The study's `report.tables`, or one table of the top-level test metrics."""
+    specs = results.study.report.tables
+    if specs:
+        return list(specs)
+    tests = sorted(m for m in results.metric_names if m.startswith("test/") and m.count("/") == 1)
+    extra = [m for m in ("best_val",) if m in results.metric_names]
+    if not tests + extra:
+        return []
+    return [ReportTable(metrics=tests + extra, title="Final test metrics (default table)")]
+
+
+def _digits_for(metric: str, spec: ReportTable, values: Sequence[float]) -> int:
+    if spec.digits is not None:
+        return spec.digits
+    return 1 if is_fraction_metric(metric) else auto_digits(values)
+
+
+def _bold_flags(means: Sequence[float], metric: str, digits: int,
+                ns: Sequence[int] | None = None) -> list[bool]:
+    """Best mean (at the shown precision) per column. Cells with a single seed compete only
+    when no cell has two or more seeds: a one-seed mean is not called the best."""
+    finite = [(i, m) for i, m in enumerate(means) if m is not None and math.isfinite(m)]
+    if ns is not None and any(ns[i] >= 2 for i, _ in finite):
+        finite = [(i, m) for i, m in finite if ns[i] >= 2]
+    if len(finite) < 2:
+        return [False] * len(means)
+    pick = min if lower_is_better(metric) else max
+    best = round(pick(m for _, m in finite), digits)
+    keep = {i for i, _ in finite}
+    return [i in keep and round(m, digits) == best for i, m in enumerate(means)]
+
+
+def _seed_caption(results: StudyResults, summary_rows: Sequence[Mapping]
+                  ) -> tuple[str, int | None]:
+    """The caption saying what the numbers are (interval, n, seeds) and the typical n."""
+    ns = [r["n"] for r in summary_rows if r["n"] > 0]
+    seeds = sorted({s for r in summary_rows for s in (r["seeds"] or [])})
+    if not ns:
+        return "no finished seed", None
+    typical = max(set(ns), key=ns.count)
+    method = ("Student's t on n−1 degrees of freedom" if results.method == "t"
+              else f"percentile bootstrap, {results.n_boot} resamples")
+    if min(ns) == max(ns):
+        n_text = f"n = {typical} seed{'s' if typical != 1 else ''} per cell"
+    else:
+        n_text = (f"n = {min(ns)} to {max(ns)} seeds per cell (cells with n ≠ {typical} "
+                  f"show their n)")
+    shown = ("Mean ± half-width of the" if results.method == "t"
+             else "Mean [bounds] of the")
+    text = (f"{shown} {results.level:.0%} confidence interval over seeds "
+            f"({method}); {n_text}; seeds {', '.join(map(str, seeds))}. Accuracies in percent. "
+            f"n = 1 gives no interval (mean only). Bold: best mean of the column"
+            f"{' (among cells with n ≥ 2)' if min(ns) < 2 <= max(ns) else ''}.")
+    return text, typical
+
+
+def _scaled(row: Mapping, metric: str) -> tuple[float, float]:
+    """Mean and half-width of a summary row, in percent for an accuracy."""
+    factor = 100.0 if is_fraction_metric(metric) else 1.0
+    mean = row["mean"] * factor if row["mean"] is not None else math.nan
+    half = row["half_width"] * factor if row["half_width"] is not None else math.nan
+    return mean, half
+
+
+def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int | None,
+                 bold: bool) -> TableEntry:
+    """A summary row as `mean ± half-width` (bootstrap: `mean [low, high]`), with its n when
+    it differs from the table's typical n."""
+    if row is None or row["n"] == 0:
+        return TableEntry("–", muted=True)
+    mean, half = _scaled(row, metric)
+    if row.get("method") == "bootstrap" and not row["no_interval"]:
+        # a percentile-bootstrap interval is not symmetric: show its bounds
+        factor = 100.0 if is_fraction_metric(metric) else 1.0
+        text = (f"{mean:.{digits}f} [{row['ci_low'] * factor:.{digits}f}, "
+                f"{row['ci_high'] * factor:.{digits}f}]")
+    else:
+        text = format_mean_ci(mean, half, digits)
+    if typical_n is not None and row["n"] != typical_n:
+        text += f" (n={row['n']})"
+    return TableEntry(text, bold=bold)
+
+
+def _only_swept(summary: list[dict], spec: ReportTable) -> list[dict]:
+    """The rows of configs whose swept params are all in `spec.swept` (when given)."""
+    if spec.swept is None:
+        return summary
+    allowed = set(spec.swept)
+    return [r for r in summary if set(swept_of(r)) <= allowed]
+
+
+def _n_range_text(ns: set[int]) -> str:
+    if not ns:
+        return "0"
+    low, high = min(ns), max(ns)
+    return str(low) if low == high else f"{low}–{high}"
+
+
+def _table_summary(results: StudyResults, spec: ReportTable, title: str
+                   ) -> tuple[list[str], list] | None:
+    """The logged metrics of a table spec and their per-config summary (restricted to the
+    spec's `swept` paths); None, with a note saying why, when the table would be empty."""
+    wanted = list(spec.metrics)
+    metrics = [m for m in wanted if m in results.metric_names]
+    if not metrics:
+        results.notes.append(f"{title}: none of the metrics {wanted} was logged by a finished cell")
+        return None
+    summary = _only_swept(results.summary(metrics), spec)
+    if not summary:
+        results.notes.append(f"{title}: no finished config sweeps only {spec.swept}")
+        return None
+    return metrics, summary
+
+
+# ----------------------------------------------------------------------------- result tables
+
+
+def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table | None:
+    """One row per config, one column per metric (plus the paper's number beside it)."""
+    wanted = list(spec.metrics)
+    missing = [m for m in wanted if m not in results.metric_names]
+    title = spec.title or f"Table {index + 1}: " + ", ".join(wanted)
+    found = _table_summary(results, spec, title)
+    if found is None:
+        return None
+    metrics, summary = found
+    reference = results.study.reference
+    by_key = {(r["config_id"], r["metric"]): r for r in summary}
+    configs = results.config_order(summary)
+    first = {c: by_key[(c, metrics[0])] for c in configs}
+    swept_cols = [p for p in results.swept_paths
+                  if any(p in swept_of(first[c]) for c in configs)]
+    sweeping = {(first[c]["variant"], p) for c in configs for p in swept_of(first[c])}
+    caption, typical = _seed_caption(results, summary)
+
+    ref_metrics = [m for m in metrics if any(
+        published_value(reference, first[c], m) for c in configs)]
+    header = ["variant"] + swept_cols
+    for m in metrics:
+        header.append(m)
+        if m in ref_metrics:
+            header.append(f"{m} (paper)")
+    header.append("seeds")
+
+    digits = {m: _digits_for(m, spec, [_scaled(by_key[(c, m)], m)[0] for c in configs])
+              for m in metrics}
+    bold = {m: _bold_flags([_scaled(by_key[(c, m)], m)[0] for c in configs], m, digits[m],
+                           [by_key[(c, m)]["n"] for c in configs])
+            for m in metrics}
+    rows = []
+    sources = set()
+    for i, config_id in enumerate(configs):
+        row0 = first[config_id]
+        entries = [TableEntry(str(row0["variant"]))]
+        for path in swept_cols:
+            if path in swept_of(row0) or (row0["variant"], path) in sweeping:
+                entries.append(TableEntry(value_text(row0.get(PARAM_PREFIX + path,
+                                                              swept_of(row0).get(path)))))
+            else:
+                entries.append(TableEntry("–", muted=True))
+        ns = set()
+        for m in metrics:
+            r = by_key.get((config_id, m))
+            entries.append(_value_entry(r, m, digits[m], typical, bold[m][i]))
+            if r is not None and r["n"]:
+                ns.add(r["n"])
+            if m in ref_metrics:
+                ref = published_value(reference, row0, m)
+                entries.append(TableEntry(ref[0] if ref else "", muted=True))
+                if ref:
+                    sources.add(ref[1])
+        entries.append(TableEntry(_n_range_text(ns)))
+        rows.append(entries)
+    if sources:
+        caption += " (paper): published numbers from " + "; ".join(sorted(sources)) + "."
+    if missing:
+        caption += f" Not logged by any finished cell: {', '.join(missing)}."
+    return Table(title, header, rows, caption, label_columns=1 + len(swept_cols))
+
+
+def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table | None:
+    """Rows = context (the swept values), a column per variant (and metric), thesis Table 4.4.
+
+    Bold marks the best variant of each row for each metric.
+    """
+    wanted = list(spec.metrics)
+    title = spec.title or f"Table {index + 1}: " + ", ".join(wanted) + " by variant"
+    found = _table_summary(results, spec, title)
+    if found is None:
+        return None
+    metrics, summary = found
+    reference = results.study.reference
+    variants = [v for v in results.variants if any(r["variant"] == v for r in summary)]
+    caption, typical = _seed_caption(results, summary)
+    caption = caption.replace("best mean of the column", "best variant of the row")
+    contexts: dict[str, dict[tuple[str, str], Mapping]] = {}
+    for config_id in results.config_order(summary):
+        for r in summary:
+            if r["config_id"] != config_id:
+                continue
+            contexts.setdefault(r["swept"], {})[(r["variant"], r["metric"])] = r
+    context_paths = list(dict.fromkeys(k for s in contexts for k in json.loads(s)))
+
+    def context_sort(item):
+        swept = json.loads(item[0])
+        return [(0, float(swept[p]), "") if isinstance(swept.get(p), (int, float))
+                else (1, 0.0, str(swept.get(p))) for p in context_paths]
+
+    ordered = sorted(contexts.items(), key=context_sort)
+    columns = [(v, m) for m in metrics for v in variants]
+    with_ref = {(v, m) for (v, m) in columns for _, by_column in ordered
+                if (v, m) in by_column and published_value(reference, by_column[(v, m)], m)}
+    header = list(context_paths) or ["config"]
+    for v, m in columns:
+        header.append(v if len(metrics) == 1 else f"{v}: {m}")
+        if (v, m) in with_ref:
+            header.append(f"{v} (paper)" if len(metrics) == 1 else f"{v}: {m} (paper)")
+    rows, sources = [], set()
+    for swept_json, by_column in ordered:
+        swept = json.loads(swept_json)
+        row = [TableEntry(value_text(swept[p]) if p in swept else "–") for p in context_paths] \
+            or [TableEntry("(no swept parameter)")]
+        digits = {m: _digits_for(m, spec, [_scaled(r, m)[0] for (v, mm), r in by_column.items()
+                                           if mm == m]) for m in metrics}
+        bold = {}
+        for m in metrics:
+            means = [_scaled(by_column[(v, m)], m)[0] if (v, m) in by_column else math.nan
+                     for v in variants]
+            ns = [by_column[(v, m)]["n"] if (v, m) in by_column else 0 for v in variants]
+            bold.update({(v, m): flag for v, flag in zip(variants, _bold_flags(
+                means, m, digits[m], ns))})
+        for v, m in columns:
+            r = by_column.get((v, m))
+            row.append(_value_entry(r, m, digits[m], typical, bold[(v, m)]))
+            if (v, m) in with_ref:
+                ref = published_value(reference, r, m) if r is not None else None
+                row.append(TableEntry(ref[0] if ref else "", muted=True))
+                if ref:
+                    sources.add(ref[1])
+        rows.append(row)
+    if sources:
+        caption += " (paper): published numbers from " + "; ".join(sorted(sources)) + "."
+    return Table(title, header, rows, caption, label_columns=max(1, len(context_paths)))
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+
+def comparison_table(results: StudyResults, table_metrics: Sequence[str]
+                     ) -> tuple[Table | None, str]:
+    """Each variant against the reference variant, paired by seed (`report.compare`); or
+    None and the reason there is nothing to compare."""
+    compare = results.study.report.compare
+    if len(results.variants) < 2:
+        return None, "Fewer than two variants finished: no paired comparison."
+    reference = (compare.reference if compare else None) or results.variants[0]
+    if reference not in results.variants:
+        raise ReportError(f"study file {results.study.origin}: `report.compare.reference` names "
+                          f"variant {reference!r}, which has no finished cell; finished "
+                          f"variants: {results.variants}")
+    asked = (compare.metrics if compare else None) or table_metrics
+    metrics = [m for m in asked if m in results.metric_names]
+    if not metrics:
+        return None, "No metric to compare."
+    compared = paired_comparisons(results.rows, metrics, reference, results.level,
+                                  variant_paths=results.study.variant_paths()).to_pylist()
+    order = {c: i for i, c in enumerate(results.config_order(results.rows))}
+    compared.sort(key=lambda r: (metrics.index(r["metric"]), order.get(r["config_id"], 0),
+                                 order.get(r["reference_config_id"], 0)))
+    if not compared:
+        return None, (f"No config of another variant shares its context with a config of "
+                      f"{reference!r}: nothing to pair.")
+    header = ["metric", "variant", "config", f"vs {reference}", "pairs (seeds)",
+              f"mean difference [{results.level:.0%} CI]", "p (paired t)", "p (Holm)", "note"]
+    rows = []
+    for r in compared:
+        factor = 100.0 if is_fraction_metric(r["metric"]) else 1.0
+        digits = 2 if factor == 100.0 else auto_digits([r["mean_diff"]]) + 1
+        if math.isfinite(r["mean_diff"]):
+            diff = f"{r['mean_diff'] * factor:+.{digits}f}"
+            if r["ci_low"] is not None and math.isfinite(r["ci_low"]):
+                diff += (f" [{r['ci_low'] * factor:+.{digits}f}, "
+                         f"{r['ci_high'] * factor:+.{digits}f}]")
+        else:
+            diff = "–"
+        rows.append([
+            TableEntry(r["metric"]), TableEntry(r["variant"]), TableEntry(swept_text(r["swept"])),
+            TableEntry(swept_text(r["reference_swept"])),
+            TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
+            TableEntry(diff, bold=_significant(r["p_holm"], results.level)),
+            TableEntry(p_text(r["p_value"])), TableEntry(p_text(r["p_holm"])),
+            TableEntry(r["note"] or ""),
+        ])
+    caption = (f"Each variant's config minus the matching config of the reference variant "
+               f"{reference!r} (same context: every parameter equal except those that define "
+               f"a variant), paired by seed; differences of accuracies in percentage points. "
+               f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
+               f"compared with the same reference config, per metric. Bold: Holm-adjusted "
+               f"p < {1 - results.level:.2g}.")
+    return Table(f"Each variant against {reference!r}", header, rows, caption,
+                 label_columns=4), ""
+
+
+def _significant(p: float, level: float) -> bool:
+    return p is not None and math.isfinite(p) and p < 1 - level
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def failed_cells_table(failed: Sequence[Mapping]) -> Table:
+    """The cells without a finished run, with the first line of their error."""
+    rows = []
+    for r in failed:
+        error = (r["error"] or "").strip()
+        first_line = error.splitlines()[0] if error else ""
+        shown = first_line[:MAX_ERROR_CHARS] + ("…" if len(first_line) > MAX_ERROR_CHARS else "")
+        rows.append([TableEntry(r["cell_id"] or ""), TableEntry(r["variant"] or ""),
+                     TableEntry(swept_text(r["swept"])), TableEntry(str(r["seed"])),
+                     TableEntry(r["status"]), TableEntry(r["mlflow_status"] or ""),
+                     TableEntry(shown)])
+    return Table("Cells without a finished run",
+                 ["cell", "variant", "config", "seed", "status", "MLflow status",
+                  "error (first line)"], rows,
+                 "These cells are not in the tables above. `unfinished`: the run is "
+                 "still marked running (in progress, or its worker died).",
+                 label_columns=7)
