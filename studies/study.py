@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, PrivateAttr, field_validator
 
+from analysis.report_schema import (Reference, ReferenceRow, Report, ReportCompare, ReportCurve,  # noqa: F401
+                                    ReportSetSizes, ReportTable)
 from studies.design import BLOCK_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
 from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
@@ -70,85 +72,6 @@ class EarlyStopping(StrictModel):
 
 
 Scheduler = Annotated[Union[NoScheduler, EarlyStopping], Field(discriminator="kind")]
-
-
-class ReportTable(StrictModel):
-    """A table of the report (analysis.report): one row per config, or one column per variant."""
-
-    metrics: list[str] = Field(min_length=1)
-    title: Optional[str] = None
-    columns: Literal["metrics", "variant"] = "metrics"
-    digits: Optional[int] = Field(None, ge=0, le=6)
-    swept: Optional[list[str]] = None  # only configs that sweep nothing but these paths
-
-
-class ReportCurve(StrictModel):
-    """A sensitivity curve: ``metric`` against the swept parameter ``x``, CI band."""
-
-    x: str
-    metric: str
-
-
-class ReportCompare(StrictModel):
-    """Paired comparison of every variant with ``reference`` (default: the first variant)."""
-
-    reference: Optional[str] = None
-    metrics: Optional[list[str]] = None
-
-
-class ReportSetSizes(StrictModel):
-    """Which average-K set-size histograms the report draws (thesis Figure 5.4)."""
-
-    ks: Optional[list[Annotated[float, Field(gt=0)]]] = None
-    by_shot: Optional[str] = None  # the variant split by shot group (default: best test/avg<K>)
-
-
-class Report(StrictModel):
-    """What ``studies report`` draws (keys read by analysis.report; all optional)."""
-
-    level: float = Field(0.95, gt=0, lt=1)
-    ci: Literal["t", "bootstrap"] = "t"
-    tables: Optional[list[ReportTable]] = None
-    curves: Optional[list[ReportCurve]] = None
-    learning_curves: Optional[list[str]] = None  # per-epoch metrics drawn against the epoch
-    set_sizes: Union[bool, ReportSetSizes, None] = None  # average-K set-size histograms (Fig. 5.4)
-    epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
-    shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
-    compare: Optional[ReportCompare] = None
-
-    @field_validator("epoch_time")
-    @classmethod
-    def _epoch_time(cls, value: Any) -> Any:
-        if value is None or isinstance(value, bool):
-            return value
-        if isinstance(value, dict) and set(value) <= {"x"} and isinstance(value.get("x", ""), str):
-            return value
-        raise ValueError(f"expected true, false or {{x: <dotted path>}}, got {value!r}")
-
-    @field_validator("shot_groups")
-    @classmethod
-    def _shot_groups(cls, value: Optional[list[Any]]) -> Optional[list[Any]]:
-        for item in value or []:
-            ok = isinstance(item, str) or (
-                isinstance(item, dict) and isinstance(item.get("metric"), str)
-                and set(item) <= {"metric", "split"} and item.get("split", "test") in ("val", "test"))
-            if not ok:
-                raise ValueError(f"expected a metric such as top5 or {{metric: top5, split: test}}, got {item!r}")
-        return value
-
-
-class ReferenceRow(StrictModel):
-    """Published numbers (percent) for the cells of ``variant`` whose config matches ``match``."""
-
-    variant: Optional[str] = None
-    match: dict[str, Any] = {}
-    metrics: dict[str, float] = Field(min_length=1)
-    ci: dict[str, float] = {}
-
-
-class Reference(StrictModel):
-    source: str
-    rows: list[ReferenceRow] = Field(min_length=1)
 
 
 def _seed_list(value: Any) -> Any:

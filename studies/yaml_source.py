@@ -124,6 +124,23 @@ def _check_nesting(text: str) -> None:
             depth -= 1
 
 
+class _PyLoader(yaml.SafeLoader):
+    """The pure-Python parser, used only to word a syntax error (its messages say what it expected)."""
+
+
+def _python_parser_error(text: str) -> Optional[yaml.MarkedYAMLError]:
+    """The syntax error as PyYAML's Python parser words it (the file is known to be bad, and
+    its nesting was checked, so this is quick and cannot recurse deeply)."""
+    try:
+        for _ in yaml.parse(text, Loader=_PyLoader):
+            pass
+    except yaml.MarkedYAMLError as err:
+        return err
+    except yaml.YAMLError:
+        return None
+    return None
+
+
 def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
     """Parse the text; return (data, {yaml path: line}). Raises Problems on syntax errors and
     on files too large or too deep once their aliases are expanded."""
@@ -146,6 +163,7 @@ def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
         raise Problems([Problem(("YAML",), f"unreadable value ({str(err).split(';')[0]}); expected "
                                            "numbers of ordinary size")]) from None
     except yaml.MarkedYAMLError as err:
+        err = _python_parser_error(text) or err  # PyYAML's own words, whichever parser found it
         mark = err.problem_mark or err.context_mark
         what = " ".join(str(x) for x in (err.context, err.problem) if x)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
