@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-DEFAULT_OUTPUT = "studies_out"
+from studies.api import DEFAULT_OUTPUT
 
 EPILOG = """\
 examples:
@@ -95,20 +95,9 @@ def _fail(message: str) -> int:
 
 def _study_location(args: argparse.Namespace) -> tuple[Path, str]:
     """(study folder, tracking URI) of a study by name, from --output and run.json."""
-    from studies.runner import read_settings, study_dir_of
-    from studies.tracking import default_tracking_uri
+    from studies.api import locate
 
-    study_dir = study_dir_of(Path(args.output), args.name)
-    saved = read_settings(study_dir)
-    uri = args.tracking_uri or saved.get("tracking_uri")
-    if uri is None:
-        if not (study_dir / "mlflow.db").exists():
-            raise FileNotFoundError(
-                f"no study named {args.name!r} under {study_dir.parent} (no run.json, no "
-                f"mlflow.db in {study_dir}); pass --output DIR where it ran, or "
-                f"--tracking-uri URI where it is tracked")
-        uri = default_tracking_uri(study_dir)
-    return study_dir, uri
+    return locate(args.name, output=args.output, tracking_uri=args.tracking_uri)
 
 
 # ----------------------------------------------------------------------------- commands
@@ -160,13 +149,10 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
-        from analysis.report import build_report
+        from studies.api import report
     except (FileNotFoundError, ImportError) as error:
         return _fail(str(error))
-    study_file = study_dir / "study.yaml"
-    path = build_report(uri, args.name, study_dir / "report",
-                        study_file=study_file if study_file.exists() else None)
-    print(path)
+    print(report(args.name, output=args.output, tracking_uri=uri))
     return 0
 
 

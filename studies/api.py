@@ -1,0 +1,109 @@
+"""The Python API, for notebooks and scripts: what the ``studies`` command does, as functions.
+
+::
+
+    from studies import api
+
+    study = api.load("studies/catalog/quickstart.yaml")   # validated; StudyError if not
+    print(api.dry_run(study))                              # the cells, nothing started
+    outcome = api.run("studies/catalog/quickstart.yaml", smoke=True)
+    runs = api.collect(outcome.study_name)                 # analysis.collect.Collected
+    runs.table.to_pandas()                                 # one row per finished cell
+    api.report(outcome.study_name)                         # path of report.html
+
+Every function takes the same ``output`` folder and ``tracking_uri`` as the command line
+(default: ``studies_out`` and the URI the study was run with, else its local SQLite file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Optional, Union
+
+__all__ = ["load", "cells", "dry_run", "run", "resume", "locate", "collect", "report", "DEFAULT_OUTPUT"]
+
+DEFAULT_OUTPUT = "studies_out"
+PathLike = Union[str, Path]
+
+
+def load(path: PathLike, max_cells: Optional[int] = None):
+    """The validated :class:`~studies.study.Study` of a study file (raises ``StudyError``)."""
+    from studies.spec import load_study
+
+    return load_study(path, max_cells=max_cells)
+
+
+def cells(study, smoke: bool = False) -> list:
+    """The study's cells (``studies.space.Cell``: config, seed, variant, swept values)."""
+    from studies.space import expand, smoke_cells
+
+    expanded = expand(study)
+    return smoke_cells(expanded) if smoke else expanded
+
+
+def dry_run(study, smoke: bool = False) -> str:
+    """The ``--dry-run`` table of the study's cells."""
+    from studies.space import format_cells_table
+
+    return format_cells_table(cells(study, smoke), study)
+
+
+def _options(output: PathLike, tracking_uri: Optional[str], **given):
+    from studies.runner import RunOptions
+
+    return RunOptions(output=Path(output), tracking_uri=tracking_uri,
+                      **{k: v for k, v in given.items() if v is not None})
+
+
+def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
+        address: Optional[str] = None, smoke: bool = False, report: bool = True,
+        num_cpus: Optional[int] = None, storage: Optional[str] = None, stream: Optional[IO[str]] = None):
+    """Run (or complete) a study file, as ``studies run``; returns the ``RunOutcome``
+    (``exit_code``, ``study_name``, ``finished``, ``failed``, ``report_path``...)."""
+    from studies.runner import run_study
+
+    return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke, report=report,
+                                    num_cpus=num_cpus, storage=storage, stream=stream))
+
+
+def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
+           address: Optional[str] = None, stream: Optional[IO[str]] = None):
+    """Complete an interrupted study by name, as ``studies resume``."""
+    from studies.runner import resume_study
+
+    return resume_study(name, _options(output, tracking_uri, address=address, stream=stream))
+
+
+def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> tuple[Path, str]:
+    """(study folder, tracking URI) of a study run under ``output``; FileNotFoundError if none."""
+    from studies.runner import read_settings, study_dir_of
+    from studies.tracking import default_tracking_uri
+
+    study_dir = study_dir_of(Path(output), name)
+    uri = tracking_uri or read_settings(study_dir).get("tracking_uri")
+    if uri is None:
+        if not (study_dir / "mlflow.db").exists():
+            raise FileNotFoundError(
+                f"no study named {name!r} under {study_dir.parent} (no run.json, no "
+                f"mlflow.db in {study_dir}); pass --output DIR where it ran, or "
+                f"--tracking-uri URI where it is tracked")
+        uri = default_tracking_uri(study_dir)
+    return study_dir, uri
+
+
+def collect(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None):
+    """The study's runs from MLflow (``analysis.collect.Collected``: ``table`` holds one row
+    per finished cell, ``failed`` the others; ``.table.to_pandas()`` for pandas)."""
+    from analysis.collect import collect as collect_runs
+
+    _, uri = locate(name, output=output, tracking_uri=tracking_uri)
+    return collect_runs(uri, name)
+
+
+def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> Path:
+    """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path."""
+    from analysis.report import build_report
+
+    study_dir, uri = locate(name, output=output, tracking_uri=tracking_uri)
+    study_file = study_dir / "study.yaml"
+    return build_report(uri, name, study_dir / "report", study_file=study_file if study_file.exists() else None)

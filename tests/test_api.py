@@ -1,0 +1,39 @@
+"""The Python API used as a notebook would: load, look at the cells, run, collect, report."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from studies import api
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "studies" / "catalog" / "quickstart.yaml"
+
+
+def test_load_and_dry_run_without_starting_anything(tmp_path):
+    study = api.load(QUICKSTART)
+    cells = api.cells(study)
+    assert len(cells) == len({c.config_id for c in cells}) * len(study.seeds)
+    table = api.dry_run(study)
+    assert table.splitlines()[-1].startswith(f"{len(cells)} cells = ")
+    assert not (tmp_path / "studies_out").exists()
+    with pytest.raises(FileNotFoundError, match="no study named 'quickstart'"):
+        api.collect("quickstart", output=tmp_path / "studies_out")
+
+
+@pytest.mark.slow
+def test_run_collect_and_report_like_a_notebook(tmp_path, mlflow_server):
+    out = tmp_path / "studies_out"
+    outcome = api.run(QUICKSTART, smoke=True, output=out, tracking_uri=mlflow_server, report=False,
+                      num_cpus=2, stream=io.StringIO())
+    assert outcome.exit_code == 0 and outcome.failed == {}
+    runs = api.collect(outcome.study_name, output=out)  # the tracking URI comes from run.json
+    frame = runs.table.to_pandas()
+    expected = api.cells(api.load(QUICKSTART), smoke=True)
+    assert sorted(frame["cell_id"]) == sorted(c.cell_id for c in expected)
+    assert frame["test/top5"].between(0, 1).all()
+    html = api.report(outcome.study_name, output=out)
+    assert html.exists() and html.with_suffix(".md").exists()
