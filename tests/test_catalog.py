@@ -331,6 +331,7 @@ def test_reference_numbers_spot_checks():
     assert ref("topk_plantnet300k", "noised_imbal", {"loss.k": 1}, "test/macro_top1") == (42.4, 0.3)
     assert ref("topk_plantnet300k", "focal", {"eval.selection": "val/macro_top10"}, "test/top10") == (97.7, 0.0)
     assert ref("topk_imagenet_lt", "ldam", {"eval.selection": "val/top1"}, "test/few/top1") == (10.5, None)
+    assert ref("topk_imagenet", "noised_bal", {"loss.k": 5}, "test/top5") == (90.52, 0.07)
     assert ref("smooth_svm_cifar100_label_noise", "smooth_svm", {"data.label_noise": 0.8},
                "test/top1") == (55.85, None)
     assert ref("avgk_cifar100", "avg_sccp", {}, "test/avg5") == (96.93, 0.06)
