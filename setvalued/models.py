@@ -11,7 +11,12 @@ two_head``. Backbones:
   (``model.depth``, ``model.growth_rate``; 40-12 in [BZK18] Table 6),
   bottleneck layers, compression 0.5, no dropout, feature dimension 440 at 40-40
   (docs/papers.md, note P-1), written here from the
-  DenseNet paper's description (Huang et al. 2017, section 3 "DenseNet-BC");
+  DenseNet paper's description ([Hua+17] §3 "DenseNet-BC");
+- ``densenet_cifar``: the original CIFAR DenseNet of [Hua+17] (§3, Table 2 "DenseNet"),
+  without bottleneck layers or compression: 16 maps after the first convolution, three
+  dense blocks of (depth - 4) / 3 BN-ReLU-Conv(3x3) layers, depth 3n + 4 (``model.depth``,
+  ``model.growth_rate``); DenseNet (L=40, k=12) has 448 features and 1.06 M parameters
+  with a 100-class classifier (1.02 M with 10 classes: the "1.0M" of [Hua+17] Table 2);
 - any timm architecture by name (``resnet18``, ``resnet50``, ``densenet121``,
   ``vit_small_patch16_224``, ...), created without its classifier.
 
@@ -35,8 +40,14 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from setvalued.config import BUILTIN_MODELS as OWN_MODELS
+from setvalued.config import BUILTIN_MODELS
 from setvalued.config import HEADS, MODEL_DEFAULTS, reject_unknown_keys
+
+#: the DenseNets built here, which read ``model.depth`` and ``model.growth_rate``
+DENSENETS = ("densenet_bc_cifar", "densenet_cifar")
+#: the models built here (not by timm): the config's built-in names, plus ``densenet_cifar``
+#: as long as setvalued.config does not list it
+OWN_MODELS = tuple(dict.fromkeys((*BUILTIN_MODELS, *DENSENETS)))
 
 
 class Classifier(nn.Module):
@@ -100,7 +111,7 @@ class SmallCNN(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# DenseNet-BC for 32x32 images
+# DenseNet-BC and DenseNet for 32x32 images
 # ---------------------------------------------------------------------------------------------
 
 class _Bottleneck(nn.Module):
@@ -132,6 +143,18 @@ class _Transition(nn.Module):
         return F.avg_pool2d(self.conv(F.relu(self.bn(x))), 2)
 
 
+def _init_densenet(model: nn.Module) -> None:
+    """He initialisation over the fan-out for the convolutions, as the DenseNet reference
+    code does; BN weights 1, biases 0."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
+            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
 class DenseNetBC(nn.Module):
     """DenseNet-BC for CIFAR (Huang et al. 2017): three dense blocks of (depth-4)/6 bottleneck
     layers, 2k channels after the first convolution, transitions that keep ``floor(0.5 c)``
@@ -160,14 +183,56 @@ class DenseNetBC(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.bn = nn.BatchNorm2d(channels)
         self.out_features = channels
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                # He initialisation over the fan-out, as the DenseNet reference code does.
-                fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
-                nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        _init_densenet(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn(self.blocks(self.conv1(x))))
+        return torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
+
+
+class _DenseLayer(nn.Module):
+    """BN-ReLU-Conv(3x3, k); the k new maps are concatenated to the input."""
+
+    def __init__(self, in_channels: int, growth_rate: int):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(in_channels)
+        self.conv = nn.Conv2d(in_channels, growth_rate, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.conv(F.relu(self.bn(x)))], dim=1)
+
+
+class DenseNet(nn.Module):
+    """The original DenseNet for CIFAR ([Hua+17] §3 and Table 2 "DenseNet"; not DenseNet-BC):
+    a 3x3 convolution to 16 maps, three dense blocks of (depth-4)/3 layers BN-ReLU-Conv(3x3, k)
+    (no bottleneck), transitions BN-ReLU-Conv(1x1) keeping the channel count (no compression)
+    and 2x2 average pooling, final BN-ReLU and global average pooling; no dropout (the paper
+    uses dropout only without data augmentation). Depth 40, growth 12: 12 layers per block,
+    16 -> 160 -> 304 -> 448 channels, so ``out_features`` = 448.
+    """
+
+    STEM_CHANNELS = 16
+
+    def __init__(self, depth: int = 40, growth_rate: int = 12, in_channels: int = 3):
+        super().__init__()
+        if depth < 4 or (depth - 4) % 3:
+            raise ValueError(f"DenseNet depth must be 3n + 4, got {depth}")
+        layers_per_block = (depth - 4) // 3
+        channels = self.STEM_CHANNELS
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, padding=1, bias=False)
+        blocks: list[nn.Module] = []
+        for b in range(3):
+            layers = []
+            for _ in range(layers_per_block):
+                layers.append(_DenseLayer(channels, growth_rate))
+                channels += growth_rate
+            blocks.append(nn.Sequential(*layers))
+            if b < 2:
+                blocks.append(_Transition(channels, channels))
+        self.blocks = nn.Sequential(*blocks)
+        self.bn = nn.BatchNorm2d(channels)
+        self.out_features = channels
+        _init_densenet(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn(self.blocks(self.conv1(x))))
@@ -316,8 +381,9 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
         value = cfg[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"model.{key} must be a positive integer, got {value!r}")
-        if name != "densenet_bc_cifar" and value != MODEL_DEFAULTS[key]:
-            raise ValueError(f"model.{key} applies to model.name densenet_bc_cifar only, not {name!r}")
+        if name not in DENSENETS and value != MODEL_DEFAULTS[key]:
+            raise ValueError(f"model.{key} applies to model.name {' or '.join(DENSENETS)} only, "
+                             f"not {name!r}")
     input_shape = tuple(int(s) for s in input_shape)
     is_image = len(input_shape) == 3
     weights = resolve_pretrained(cfg["pretrained"], name)
@@ -338,6 +404,8 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     elif name == "densenet_bc_cifar":
         backbone = DenseNetBC(depth=cfg["depth"], growth_rate=cfg["growth_rate"],
                               in_channels=input_shape[0])
+    elif name == "densenet_cifar":
+        backbone = DenseNet(depth=cfg["depth"], growth_rate=cfg["growth_rate"], in_channels=input_shape[0])
     else:
         backbone, _ = timm_backbone(name, input_shape[0], weights)
         weights = None  # loaded by timm_backbone

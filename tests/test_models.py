@@ -1,5 +1,5 @@
-"""Models: the CIFAR DenseNet-BC, the small backbones, timm by name with local weights only,
-and the three heads."""
+"""Models: the CIFAR DenseNet-BC and DenseNet, the small backbones, timm by name with local
+weights only, and the three heads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from setvalued.losses import TwoHeadOutput
-from setvalued.models import DenseNetBC, build_model
+from setvalued.models import DenseNet, DenseNetBC, build_model
 
 torch.set_num_threads(1)
 
@@ -50,10 +50,57 @@ def test_densenet_bc_40_40():
     bc_40_12 = build_model({"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 12}, 100, (3, 32, 32))
     assert bc_40_12.feature_dim == 132
     assert sum(p.numel() for p in bc_40_12.parameters()) == densenet_bc_parameter_count(40, 12, 100)
-    with pytest.raises(ValueError, match="model.growth_rate applies to model.name densenet_bc_cifar only"):
+    with pytest.raises(ValueError, match="model.growth_rate applies to model.name densenet_bc_cifar or "
+                                         "densenet_cifar only"):
         build_model({"name": "small_cnn", "growth_rate": 12}, 10, (3, 32, 32))
     with pytest.raises(ValueError, match="model.depth must be a positive integer"):
         build_model({"name": "densenet_bc_cifar", "depth": 0}, 10, (3, 32, 32))
+
+
+def densenet_parameter_count(depth: int, growth: int, num_classes: int) -> int:
+    """Parameters of the original DenseNet ([Hua+17] §3, no bottleneck, no compression) counted
+    from its description: 3x3 stem conv to 16 maps; 3 blocks of (depth-4)/3 layers BN-3x3(k);
+    transitions BN-1x1 to the same c; final BN; linear classifier."""
+    n = (depth - 4) // 3
+    c = 16
+    total = 3 * c * 9
+    for block in range(3):
+        for _ in range(n):
+            total += 2 * c + 9 * c * growth
+            c += growth
+        if block < 2:
+            total += 2 * c + c * c
+    return total + 2 * c + c * num_classes + num_classes
+
+
+def test_densenet_40_12_is_the_published_one():
+    """DenseNet (L=40, k=12) of [Hua+17] Table 2 ("1.0M" parameters), the network [BZK18]
+    names for its temperature study (Table 6, Fig. 2)."""
+    model = build_model({"name": "densenet_cifar", "depth": 40, "growth_rate": 12}, 100, (3, 32, 32))
+    assert model.feature_dim == 448  # 16 + 3 * 12 * 12
+    count = sum(p.numel() for p in model.parameters())
+    assert count == densenet_parameter_count(40, 12, 100) == 1_060_132
+    assert not any(type(m).__name__ == "_Bottleneck" for m in model.modules())
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 1 + 36 + 2  # stem, 3 x 12 layers, 2 transitions: depth 40 with the classifier
+    assert sum(c.kernel_size == (3, 3) for c in convs) == 37
+    # Table 2's parameter column counts a 10-class classifier (CIFAR-10): 1.02 M rounds to the
+    # published 1.0M, and the deeper DenseNets of the table match too (7.0M, 27.2M); with the
+    # 100 classes of CIFAR-100 the 40-12 network has 1.06 M parameters.
+    cifar10 = build_model({"name": "densenet_cifar", "depth": 40, "growth_rate": 12}, 10, (3, 32, 32))
+    count10 = sum(p.numel() for p in cifar10.parameters())
+    assert count10 == densenet_parameter_count(40, 12, 10) == 1_019_722
+    assert f"{count10 / 1e6:.1f}M" == "1.0M"
+    assert f"{count / 1e6:.2f}M" == "1.06M"
+    assert f"{densenet_parameter_count(100, 12, 10) / 1e6:.1f}M" == "7.0M"
+    assert f"{densenet_parameter_count(100, 24, 10) / 1e6:.1f}M" == "27.2M"
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+    # depth 3n + 4: 16 -> 16 + 2 * 4 = 24 -> 32 -> 40 channels at depth 10, growth 4
+    small = DenseNet(depth=10, growth_rate=4)
+    assert small.out_features == 40
+    assert sum(p.numel() for p in small.parameters()) == densenet_parameter_count(10, 4, 0)
+    with pytest.raises(ValueError, match="3n \\+ 4"):
+        DenseNet(depth=41)
 
 
 def test_small_backbones_and_heads():
