@@ -25,7 +25,7 @@ __all__ = [
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
 #: number of classes of the real data sets (training split), to check K < L before training
 KNOWN_NUM_CLASSES = {"cifar100": 100, "plantnet300k": 1081, "imagenet_lt": 1000}
-BUILTIN_MODELS = ("mlp", "small_cnn", "densenet_bc_cifar")
+BUILTIN_MODELS = ("mlp", "small_cnn", "densenet_bc_cifar", "densenet_cifar")
 HEADS = ("linear", "normed", "two_head")
 
 
@@ -105,8 +105,8 @@ MODEL_FIELDS: dict[str, Param] = {
     "head": Param("str", "auto", "auto (what the loss needs), linear, normed or two_head",
                   options=("auto",) + HEADS),
     "hidden_dim": Param("int", 128, "mlp / small_cnn width", low=1),
-    "depth": Param("int", 40, "densenet_bc_cifar only: 6n + 4", low=4),
-    "growth_rate": Param("int", 40, "densenet_bc_cifar only (12 for [BZK18] Table 6's DenseNet 40-12)", low=1),
+    "depth": Param("int", 40, "densenet_bc_cifar: 6n + 4; densenet_cifar: 3n + 4", low=4),
+    "growth_rate": Param("int", 40, "densenet_bc_cifar and densenet_cifar (12 for a DenseNet 40-12)", low=1),
 }
 MODEL_DEFAULTS: dict[str, Any] = {key: p.default for key, p in MODEL_FIELDS.items()}
 
@@ -163,12 +163,19 @@ def _synthetic_superclasses(data: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+#: the CIFAR DenseNets and the n of their depth = layers_per_block * n + 4 (BC: two convolutions a layer)
+_DENSENET_DEPTH_STEP = {"densenet_bc_cifar": 6, "densenet_cifar": 3}
+
+
 def _densenet_shape(model: Mapping[str, Any]) -> Optional[str]:
-    if model["name"] == "densenet_bc_cifar":
-        if (model["depth"] - 4) % 6:
-            return f"model.depth of densenet_bc_cifar must be 6n + 4 (40, 100, ...), got {model['depth']}"
+    step = _DENSENET_DEPTH_STEP.get(model["name"])
+    if step is not None:
+        if (model["depth"] - 4) % step:
+            return (f"model.depth of {model['name']} must be {step}n + 4 (40, 100, ...), "
+                    f"got {model['depth']}")
     elif (model["depth"], model["growth_rate"]) != (MODEL_FIELDS["depth"].default, MODEL_FIELDS["growth_rate"].default):
-        return f"model.depth and model.growth_rate apply to densenet_bc_cifar only, not {model['name']!r}"
+        return (f"model.depth and model.growth_rate apply to {' and '.join(_DENSENET_DEPTH_STEP)} only, "
+                f"not {model['name']!r}")
     return None
 
 

@@ -40,14 +40,11 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from setvalued.config import BUILTIN_MODELS
+from setvalued.config import BUILTIN_MODELS as OWN_MODELS  # the models built here, not by timm
 from setvalued.config import HEADS, MODEL_DEFAULTS, reject_unknown_keys
 
 #: the DenseNets built here, which read ``model.depth`` and ``model.growth_rate``
 DENSENETS = ("densenet_bc_cifar", "densenet_cifar")
-#: the models built here (not by timm): the config's built-in names, plus ``densenet_cifar``
-#: as long as setvalued.config does not list it
-OWN_MODELS = tuple(dict.fromkeys((*BUILTIN_MODELS, *DENSENETS)))
 
 
 class Classifier(nn.Module):
