@@ -30,7 +30,7 @@ def _builders() -> dict[str, Callable[[dict[str, Any], int], DataSplits]]:
     }
 
 
-__all__ = ["DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
+__all__ = ["check_layout", "DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
            "build_datasets", "counts_of"]
 
 
@@ -47,3 +47,31 @@ def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
     if name not in builders:
         raise ValueError(f"data.name must be one of {', '.join(DATASET_NAMES)}, got {name!r}")
     return builders[name](cfg, int(seed))
+
+
+def check_layout(data_config: dict[str, Any]) -> None:
+    """Raise DataLayoutError (naming the path and the expected layout) when a real data set's
+    folder is missing or lacks its files; cheap (no image or pickle is read), so that the
+    driver checks every data root before the first trial starts. Synthetic data: nothing.
+    A data set that will be downloaded (``download: true``) is not checked."""
+    cfg = {**DATA_DEFAULTS, **data_config}
+    name, root = cfg["name"], cfg.get("root")
+    if name == "cifar100":
+        from setvalued.data import cifar100
+
+        if not cfg.get("download"):
+            cifar100.resolve_folder(root, download=False)
+    elif name == "plantnet300k":
+        from setvalued.data import plantnet
+
+        plantnet.resolve_images_folder(root)
+    elif name == "imagenet_lt":
+        import os
+
+        from setvalued.data import imagenet_lt
+        from setvalued.data.common import layout_error
+
+        if root is None or not os.path.isdir(root):
+            raise layout_error(root or "<data.root not set>", "ImageNet folder does not exist",
+                               imagenet_lt.EXPECTED_LAYOUT)
+        imagenet_lt.find_lists(os.fspath(root))

@@ -1,0 +1,87 @@
+"""What must hold before the first trial of a study starts, each checked cheaply on the driver.
+
+A study that cannot finish should fail in seconds, before Ray starts and before anything is
+written to MLflow, with a message that names the path or value at fault: the output folder
+and the trial storage writable, every real data set's folder present in its official layout,
+the tracking server answering. Each check returns the problems it found (an empty list when
+all is well); the runner reports them together.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable, Mapping, Optional
+
+__all__ = ["writable_folder", "tracking_reachable", "data_layouts", "check_all"]
+
+#: seconds the tracking server has to answer its health check
+TRACKING_TIMEOUT_S = 15.0
+
+
+def writable_folder(path: Path, what: str) -> list[str]:
+    """The folder (created if missing) accepts a new file; else why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".studies-write-check-"):
+            pass
+    except OSError as error:
+        reason = error.strerror or str(error)
+        return [f"{what} {path} is not writable ({reason}); expected a folder this user can write to"]
+    return []
+
+
+def _is_local_path(storage: str) -> bool:
+    return "://" not in storage or storage.startswith("file://")
+
+
+def tracking_reachable(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> list[str]:
+    """An http(s) tracking server answers ``/health``; a SQLite store's folder is writable."""
+    if uri.startswith("sqlite:///"):
+        return writable_folder(Path(uri[len("sqlite:///"):]).parent, "the MLflow database's folder")
+    if not uri.startswith(("http://", "https://")):
+        return []
+    from analysis.collect import display_uri
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as answer:
+            if answer.status == 200:
+                return []
+            status = f"HTTP {answer.status}"
+    except urllib.error.HTTPError as error:
+        status = f"HTTP {error.code}"
+    except (urllib.error.URLError, OSError) as error:
+        status = str(getattr(error, "reason", error))
+    return [f"the tracking server {display_uri(uri)} does not answer ({status}); expected a running MLflow "
+            f"server (mlflow server ...) or pass --tracking-uri"]
+
+
+def data_layouts(data_configs: Iterable[Mapping]) -> list[str]:
+    """Every distinct real data set of the study is where its config says, in its layout."""
+    from setvalued.data import DataLayoutError, check_layout
+
+    problems, seen = [], set()
+    for data in data_configs:
+        key = (data.get("name"), data.get("root"), bool(data.get("download")))
+        if key in seen or data.get("name") == "synthetic":
+            continue
+        seen.add(key)
+        try:
+            check_layout(dict(data))
+        except DataLayoutError as error:
+            problems.append(f"data.root of {data.get('name')}: {error}")
+    return problems
+
+
+def check_all(study_dir: Path, tracking_uri: str, storage: Optional[str], data_configs: Iterable[Mapping]
+              ) -> list[str]:
+    """Every precondition of a run, in the order a user would fix them."""
+    problems = writable_folder(study_dir, "the output folder")
+    if storage and _is_local_path(storage):
+        problems += writable_folder(Path(storage.removeprefix("file://")), "the trial storage (--storage)")
+    problems += tracking_reachable(tracking_uri)
+    problems += data_layouts(data_configs)
+    return problems
+
