@@ -34,6 +34,8 @@ NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 DEFAULT_MAX_CELLS = 100_000
 #: most seeds a study may list
 MAX_SEEDS = 10_000
+#: the smallest amount of a resource Ray schedules
+RESOURCE_STEP = 0.0001
 #: most failed attempts of a cell retried (``max_failures``)
 MAX_FAILURES = 10
 
@@ -43,6 +45,16 @@ class Resources(StrictModel):
 
     cpus: float = Field(1.0, gt=0)
     gpus: float = Field(0.0, ge=0)
+
+    @field_validator("cpus", "gpus")
+    @classmethod
+    def _ray_granularity(cls, value: float) -> float:
+        """Ray counts resources in steps of 1/10,000: a smaller positive amount is an error
+        deep inside Ray, so it is refused here."""
+        if 0 < value < RESOURCE_STEP:
+            raise ValueError(f"expected 0 or at least {RESOURCE_STEP} (Ray's smallest fraction of a resource), "
+                             f"got {value}")
+        return value
 
     @field_validator("gpus")
     @classmethod

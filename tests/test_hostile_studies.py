@@ -63,6 +63,8 @@ CASES = {
         "name: o\nbase: {loss: {name: smooth_topk_svm}}\n"
         "design: {kind: random, n_configs: 4, parameters: {loss.hard_switch: {uniform: [0, 1]}}}\nseeds: [0]\n",
         "design.parameters.loss.hard_switch", "sample it with choice"),
+    "a_billionth_of_a_cpu": ("name: c\nbase: {loss: {name: ce}}\nseeds: [0]\nresources: {cpus: 1.0e-9}\n",
+                             "resources.cpus", "at least 0.0001"),
     "unbounded_retries": ("name: m\nbase: {loss: {name: ce}}\nseeds: [0]\nmax_failures: 1000000\n",
                           "max_failures", "less than or equal to 10"),
 }
