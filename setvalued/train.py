@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import pickle
 import random
 import time
 from typing import Any, Callable, Iterator, Mapping
@@ -255,8 +256,15 @@ def _batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_worke
 
 
 def _load_checkpoint(checkpoint: Any) -> dict[str, Any]:
+    """A state handed to ``on_epoch``, or read from a file with ``weights_only=True``: tensors,
+    numbers, strings and containers only, so a crafted file cannot run code when loaded."""
     if isinstance(checkpoint, (str, os.PathLike)):
-        checkpoint = torch.load(os.fspath(checkpoint), map_location="cpu", weights_only=False)
+        path = os.fspath(checkpoint)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise ValueError(f"checkpoint {path} holds objects other than tensors, numbers, strings and "
+                             f"containers; refused (loading it could run code): {str(error).splitlines()[0]}") from None
     if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint is not a setvalued.train state (format {CHECKPOINT_FORMAT}); got "
                          f"{type(checkpoint).__name__} with format {getattr(checkpoint, 'get', lambda _: None)('format')!r}")

@@ -365,3 +365,25 @@ def test_training_topk_is_the_running_accuracy_on_the_training_batches(frozen_lo
     # training with CE raises it over the epochs
     trained = fit(small_cfg({"name": "ce"}, epochs=3), seed=3)["history"]
     assert trained[-1]["train/top1"] > trained[0]["train/top1"]
+
+
+class _PlantedCode:
+    """Unpickling this object calls os.system: a crafted checkpoint in a shared storage folder."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_file_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "code_ran"
+    path = tmp_path / "state.pt"
+    torch.save({"format": 1, "epoch": 0, "payload": _PlantedCode(marker)}, path)
+    with pytest.raises(ValueError, match="refused") as err:
+        fit(small_cfg({"name": "ce"}, epochs=1), seed=0, checkpoint=path)
+    assert str(path) in str(err.value)
+    assert not marker.exists(), "loading the checkpoint ran code"
