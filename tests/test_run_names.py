@@ -1,0 +1,31 @@
+"""Readable run names: different for different configs, with the papers' symbols."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from studies.run_names import run_names
+from studies.space import expand
+from studies.spec import load_study
+
+CATALOG = Path(__file__).resolve().parents[1] / "studies" / "catalog"
+
+
+def test_the_quickstart_configs_read_apart():
+    cells = expand(load_study(CATALOG / "quickstart.yaml"))
+    names = run_names(cells)
+    by_config = {}
+    for cell in cells:
+        by_config.setdefault(names[cell.cell_id].rsplit(" s", 1)[0], set()).add(cell.config_id)
+    assert all(len(ids) == 1 for ids in by_config.values()), by_config
+    assert len(by_config) == len({c.config_id for c in cells})
+    noised = [names[c.cell_id] for c in cells if c.variant.startswith("noised") and c.seed == cells[0].seed]
+    assert any("ε=" in name for name in noised), noised
+    assert all(name.endswith(f" s{c.seed}") for c, name in ((c, names[c.cell_id]) for c in cells))
+
+
+def test_every_catalogue_study_gets_distinct_names_per_config():
+    for path in sorted(CATALOG.glob("*.yaml")):
+        cells = expand(load_study(path))
+        names = run_names(cells)
+        assert len(set(names.values())) == len(cells), path.name
