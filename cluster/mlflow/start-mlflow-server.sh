@@ -23,7 +23,14 @@
 # Optional (default):
 #   MLFLOW_DB_PORT (5432), MLFLOW_DB_NAME (mlflow), MLFLOW_AUTH_DB_NAME (mlflow_auth)
 #   MLFLOW_AUTH_ADMIN_USERNAME (admin), MLFLOW_AUTH_DEFAULT_PERMISSION (READ)
-#   MLFLOW_HOST (0.0.0.0), MLFLOW_PORT (5000), MLFLOW_WORKERS (4)
+#   MLFLOW_HOST (127.0.0.1), MLFLOW_PORT (5000), MLFLOW_WORKERS (4)
+#                                  the default serves this machine only; a container that
+#                                  publishes the port sets 0.0.0.0 (its own interface) and
+#                                  the deployment decides where it is published: on the
+#                                  host's loopback (docker-compose.yaml), a ClusterIP Service
+#                                  (cluster/kuberay/mlflow.yaml), or a TLS proxy in front
+#                                  (cluster/README.md, "MLflow behind TLS"). The server
+#                                  speaks plain HTTP: never publish it beyond a private network
 #   MLFLOW_ALLOWED_HOSTS           comma-separated Host headers the server accepts; set it
 #                                  to the name/IP the Ray workers use (e.g. mlflow,10.0.*)
 #   MLFLOW_DB_WAIT_S (60)          how long to wait for PostgreSQL to accept connections
@@ -45,7 +52,7 @@ fi
 db_port="${MLFLOW_DB_PORT:-5432}"
 db_name="${MLFLOW_DB_NAME:-mlflow}"
 auth_db_name="${MLFLOW_AUTH_DB_NAME:-mlflow_auth}"
-host="${MLFLOW_HOST:-0.0.0.0}"
+host="${MLFLOW_HOST:-127.0.0.1}"
 port="${MLFLOW_PORT:-5000}"
 workers="${MLFLOW_WORKERS:-4}"
 wait_s="${MLFLOW_DB_WAIT_S:-60}"
