@@ -483,13 +483,9 @@ def test_versions_agree_across_images_manifests_and_the_driver():
     # the MLflow server image runs the lock's Python
     (python_image,) = dockerfile_images(MLFLOW_DOCKERFILE)
     assert split_image(python_image)[1].startswith(_lock_python(MLFLOW_LOCK) + "."), python_image
-    # the driver (this environment) runs what the cluster runs: `studies submit` talks to
-    # the cluster's Ray and MLflow with its own
-    for name in ("ray", "mlflow"):
-        installed = _installed(name)
-        assert installed == pins[name], (
-            f"the driver has {name} {installed}, the cluster lock {pins[name]}: bump them "
-            "together (cluster/README.md, 'Versions')")
+    # the driver's installed Ray and MLflow are compared with the lock by `studies submit`'s
+    # own check at run time, not here: a new release on the package index must not fail the
+    # tests of an unchanged checkout
 
 
 # ----------------------------------------------------------------------------- README
