@@ -95,10 +95,6 @@ def default_tracking_uri(study_dir: str | Path) -> str:
     return f"sqlite:///{Path(study_dir).resolve() / 'mlflow.db'}"
 
 
-def is_sqlite(tracking_uri: str) -> bool:
-    return tracking_uri.startswith("sqlite:")
-
-
 def ui_command(tracking_uri: str) -> str:
     """The shell command that opens the MLflow UI on this tracking store."""
     if tracking_uri.startswith(("http://", "https://")):
