@@ -52,16 +52,17 @@ def _synchronize(device: torch.device) -> None:
 
 
 def bare_epoch(trial: _Trial, epoch: int) -> float:
-    """Seconds of one epoch of forward, loss, backward and step: nothing else."""
+    """Seconds of one epoch of shuffling, then forward, loss, backward and step per batch:
+    nothing else."""
     device = trial.device
-    order = torch.randperm(len(trial.data.train))
-    batches = _batches(trial.data.train, order, trial.cfg["optim"]["batch_size"],
-                       int(trial.cfg["data"]["num_workers"]), device,
-                       mix_seed(trial.seed, epoch))
     trial.model.train()
     trial.loss.train()
     _synchronize(device)
     start = time.perf_counter()
+    order = torch.randperm(len(trial.data.train))
+    batches = _batches(trial.data.train, order, trial.cfg["optim"]["batch_size"],
+                       int(trial.cfg["data"]["num_workers"]), device,
+                       mix_seed(trial.seed, epoch))
     for x, y, idx in batches:
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
