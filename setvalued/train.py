@@ -1,26 +1,30 @@
 """The training core: one call of ``fit`` is one trial (one config, one seed).
 
 ``fit(config, seed, on_epoch=None, checkpoint=None) -> dict`` (docs/interfaces.md section 4)
-follows the papers' protocol (losses-topk.md section 1.7, losses-avgk.md section 1.7,
-thesis-context.md section 5):
+follows the protocol of the papers' experiments (Garcin, Servajean, Joly, Salmon, ICML 2022,
+Section 4, and their code github.com/garcinc/noised-topk; Garcin et al., "A two-head loss
+function for deep average-K classification", arXiv:2303.18118; C. Garcin's thesis, 2023,
+Sections 4.4 and 5.6):
 
 - SGD with Nesterov momentum and weight decay on the model's and the loss's parameters
   (a loss's own parameters, ROLE's label estimates, get ``lr * loss.lr_multiplier`` and no
   weight decay); the learning rate is multiplied by ``gamma`` at the start of every
-  0-indexed epoch listed in ``optim.milestones`` (erratum E8 of losses-topk.md: the
-  authors' ``--lr_decay 151 226`` is ``milestones: [151, 226]`` here).
+  0-indexed epoch listed in ``optim.milestones`` (the authors' code decays at the start
+  of the 0-indexed epochs it is given, ``--lr_decay 151 226`` where the text says 150 and
+  225: ``milestones: [151, 226]`` here).
 - Every epoch: train, then score the validation set, calibrate the average-K thresholds
   on it (thesis Algorithm 1) and compute ``setvalued.metrics.evaluate``; the checkpoint
-  with the best ``eval.selection`` metric is kept ("early stopping" = checkpoint
-  selection, thesis-context.md section 5) with its thresholds, and the test set is
-  evaluated once, on it, with those thresholds (losses-avgk.md section 1.7).
+  with the best ``eval.selection`` metric is kept (the papers' "early stopping" is this
+  checkpoint selection) with its thresholds, and the test set is evaluated once, on it,
+  with those thresholds (thesis Section 5.6 and Algorithm 1).
 - ``train/top{k}`` for every k of ``eval.ks``: the running top-k accuracy on the training
   batches as they are trained on (augmented, train mode, the weights of each step), the
   "training accuracy" of [BZK18] Table 6 and Figure 2a at no extra forward pass.
 - ``grad_nonzero``: the mean number of non-zero coordinates of dLoss/dscores per training
-  example (the papers' gradient-sparsity figure, losses-topk.md section 2.4), read from
-  the gradient of the score tensor that the metrics rank; ``grad_nonzero_active`` is the
-  mean over the examples whose gradient is not zero (erratum E18 of losses-topk.md).
+  example (the gradient-sparsity figure: Garcin et al. 2022, Figure 2; thesis Figure 4.2),
+  read from the gradient of the score tensor that the metrics rank; ``grad_nonzero_active``
+  is the mean over the examples whose gradient is not zero (the papers do not say whether
+  those examples count in their average, so both are logged).
 - Mixed precision on CUDA only (bfloat16 where supported, else float16 with a gradient
   scaler), with the loss computed in float32; ``amp: false`` turns it off.
 - Determinism and resume: the model is initialised from the trial seed, and every epoch
@@ -474,8 +478,9 @@ class _Trial:
     def metrics_of(self, scores: torch.Tensor, targets: torch.Tensor,
                    thresholds: Mapping[float, float] | None) -> dict[str, float]:
         """``evaluate`` of the top-K metrics on the raw scores and of the average-K metrics on the
-        activated scores (the thresholds live on the softmax/sigmoid scale, erratum E4 of
-        losses-avgk.md; ranking raw scores avoids ties from saturated sigmoids)."""
+        activated scores (the thresholds live on the softmax or sigmoid scale: the thesis
+        thresholds softmax scores, Eq. 5.16, ``eval.avgk_activation`` may choose sigmoid;
+        ranking raw scores avoids ties from saturated sigmoids)."""
         e = self.cfg["eval"]
         counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
         out = evaluate(scores, targets, e["ks"], counts, None, shots)
