@@ -1,26 +1,30 @@
 """The training core: one call of ``fit`` is one trial (one config, one seed).
 
 ``fit(config, seed, on_epoch=None, checkpoint=None) -> dict`` (docs/interfaces.md section 4)
-follows the papers' protocol (losses-topk.md section 1.7, losses-avgk.md section 1.7,
-thesis-context.md section 5):
+follows the protocol of the papers' experiments (Garcin, Servajean, Joly, Salmon, ICML 2022,
+Section 4, and their code github.com/garcinc/noised-topk; Garcin et al., "A two-head loss
+function for deep average-K classification", arXiv:2303.18118; C. Garcin's thesis, 2023,
+Sections 4.4 and 5.6):
 
 - SGD with Nesterov momentum and weight decay on the model's and the loss's parameters
   (a loss's own parameters, ROLE's label estimates, get ``lr * loss.lr_multiplier`` and no
   weight decay); the learning rate is multiplied by ``gamma`` at the start of every
-  0-indexed epoch listed in ``optim.milestones`` (erratum E8 of losses-topk.md: the
-  authors' ``--lr_decay 151 226`` is ``milestones: [151, 226]`` here).
+  0-indexed epoch listed in ``optim.milestones`` (the authors' code decays at the start
+  of the 0-indexed epochs it is given, ``--lr_decay 151 226`` where the text says 150 and
+  225: ``milestones: [151, 226]`` here).
 - Every epoch: train, then score the validation set, calibrate the average-K thresholds
   on it (thesis Algorithm 1) and compute ``setvalued.metrics.evaluate``; the checkpoint
-  with the best ``eval.selection`` metric is kept ("early stopping" = checkpoint
-  selection, thesis-context.md section 5) with its thresholds, and the test set is
-  evaluated once, on it, with those thresholds (losses-avgk.md section 1.7).
+  with the best ``eval.selection`` metric is kept (the papers' "early stopping" is this
+  checkpoint selection) with its thresholds, and the test set is evaluated once, on it,
+  with those thresholds (thesis Section 5.6 and Algorithm 1).
 - ``train/top{k}`` for every k of ``eval.ks``: the running top-k accuracy on the training
   batches as they are trained on (augmented, train mode, the weights of each step), the
   "training accuracy" of [BZK18] Table 6 and Figure 2a at no extra forward pass.
 - ``grad_nonzero``: the mean number of non-zero coordinates of dLoss/dscores per training
-  example (the papers' gradient-sparsity figure, losses-topk.md section 2.4), read from
-  the gradient of the score tensor that the metrics rank; ``grad_nonzero_active`` is the
-  mean over the examples whose gradient is not zero (erratum E18 of losses-topk.md).
+  example (the gradient-sparsity figure: Garcin et al. 2022, Figure 2; thesis Figure 4.2),
+  read from the gradient of the score tensor that the metrics rank; ``grad_nonzero_active``
+  is the mean over the examples whose gradient is not zero (the papers do not say whether
+  those examples count in their average, so both are logged).
 - Mixed precision on CUDA only (bfloat16 where supported, else float16 with a gradient
   scaler), with the loss computed in float32; ``amp: false`` turns it off.
 - Determinism and resume: the model is initialised from the trial seed, and every epoch
@@ -34,6 +38,7 @@ thesis-context.md section 5):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -199,11 +204,97 @@ def _count_set_sizes(out: dict[str, list], k: str, sizes: list[int], shots: list
         out["count"].append(count)
 
 
-def _topk_hit_counts(scores: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> torch.Tensor:
-    """Top-k hits of a batch for each k of ``ks`` (float64, one entry per k), ranked as
-    ``metrics.topk_hits`` ranks (ties against the label) but without its checks' syncs."""
-    rank = label_rank(scores, targets)
-    return torch.stack([(rank < k).sum() for k in ks]).double()
+#: The running training metrics are folded (and the losses checked for NaN/inf) every this
+#: many steps, or sooner once the pending scores and gradients hold this many numbers.
+_FOLD_EVERY_STEPS = 50
+_FOLD_EVERY_ELEMENTS = 1 << 22
+
+
+class _RunningTrainMetrics:
+    """``train/loss``, ``train/top{k}`` and ``grad_nonzero(_active)`` of one epoch, with no
+    device sync and no tensor operation per batch.
+
+    A step only keeps references to what it produced anyway: its loss, the scores that the
+    metrics rank (with their labels) and the gradient of those scores. Every
+    ``_FOLD_EVERY_STEPS`` steps (sooner for large batches, to bound the memory held) the
+    losses are read back and checked for NaN/inf, and the rest is folded into on-device
+    counters in a few vectorised operations. Ranks follow ``metrics.label_rank`` (ties
+    against the label), as ``metrics.topk_hits`` does.
+    """
+
+    def __init__(self, epoch: int, ks: list[int], device: torch.device):
+        self.epoch, self.ks = epoch, ks
+        self.loss_values: list[float] = []  # the losses read back, checked finite
+        self.batch_sizes: list[int] = []
+        self.losses: list[torch.Tensor] = []  # the steps not folded yet
+        self.scores: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        self.gradients: list[torch.Tensor] = []
+        self.pending_elements = 0
+        self.ks_tensor = torch.tensor(ks, dtype=torch.int64, device=device)
+        self.hits = torch.zeros(len(ks), dtype=torch.int64, device=device)
+        self.nonzero = torch.zeros((), dtype=torch.int64, device=device)
+        self.active = torch.zeros((), dtype=torch.int64, device=device)
+        self.grad_examples = 0
+
+    def add(self, loss: torch.Tensor, scores: torch.Tensor | None, targets: torch.Tensor) -> None:
+        """One training step: its loss, the watched scores (None when there are none) with
+        their ``.grad`` filled by the backward pass, and the labels."""
+        self.losses.append(loss.detach())
+        self.batch_sizes.append(targets.shape[0])
+        if scores is not None and self.ks:
+            self.scores.append(scores.detach())
+            self.targets.append(targets)
+            self.pending_elements += scores.numel()
+        if scores is not None and scores.grad is not None:
+            self.gradients.append(scores.grad)
+            self.grad_examples += scores.grad.shape[0]
+            self.pending_elements += scores.grad.numel()
+        if len(self.losses) >= _FOLD_EVERY_STEPS or self.pending_elements >= _FOLD_EVERY_ELEMENTS:
+            self.fold()
+
+    def fold(self) -> None:
+        """Check the pending losses, then count the pending batches' hits and non-zero
+        gradient coordinates into the counters."""
+        self._read_losses()
+        if self.scores:
+            ranks = label_rank(torch.cat(self.scores), torch.cat(self.targets))
+            self.hits += (ranks[:, None] < self.ks_tensor).sum(dim=0)
+        if self.gradients:
+            # non-zero coordinates per example (``bool()`` is ``!= 0``, NaN included, and faster)
+            per_example = torch.cat(self.gradients).bool().sum(dim=1)
+            self.nonzero += per_example.sum()
+            self.active += (per_example > 0).sum()
+        self.scores, self.targets, self.gradients = [], [], []
+        self.pending_elements = 0
+
+    def _read_losses(self) -> None:
+        """Read the pending losses back (one device sync) and raise ``NonFiniteLossError`` at
+        the first NaN/inf one."""
+        if not self.losses:
+            return
+        values = torch.stack(self.losses).tolist()
+        for offset, value in enumerate(values):
+            if not math.isfinite(value):
+                raise NonFiniteLossError(self.epoch, len(self.loss_values) + offset, value)
+        self.loss_values.extend(values)
+        self.losses = []
+
+    def summary(self, num_examples: int) -> dict[str, float]:
+        """The epoch's metrics, per training example."""
+        self.fold()
+        loss_sum = 0.0  # batch by batch, in float64: the rounding of a running sum
+        for loss, size in zip(self.loss_values, self.batch_sizes):
+            loss_sum += loss * size
+        hits = self.hits.tolist()
+        nonzero, active = (float(v) for v in torch.stack([self.nonzero, self.active]).tolist())
+        nan = float("nan")
+        return {
+            "train/loss": loss_sum / num_examples,
+            **{f"train/top{k}": h / num_examples for k, h in zip(self.ks, hits)},
+            "grad_nonzero": nonzero / self.grad_examples if self.grad_examples else nan,
+            "grad_nonzero_active": nonzero / active if active else nan,
+        }
 
 
 def _watched_scores(output: Any, loss: SetValuedLoss) -> torch.Tensor | None:
@@ -314,8 +405,10 @@ class _Trial:
 
     # -- forward passes ------------------------------------------------------------------------
     def _autocast(self):
+        """Mixed precision on CUDA; with it off, no autocast region at all (entering even a
+        disabled one costs microseconds, a few percent of a small model's training step)."""
         if self.amp_dtype is None:
-            return torch.autocast(self.device.type, enabled=False)
+            return contextlib.nullcontext()
         return torch.autocast("cuda", dtype=self.amp_dtype)
 
     @torch.no_grad()
@@ -334,8 +427,9 @@ class _Trial:
     def metrics_of(self, scores: torch.Tensor, targets: torch.Tensor,
                    thresholds: Mapping[float, float] | None) -> dict[str, float]:
         """``evaluate`` of the top-K metrics on the raw scores and of the average-K metrics on the
-        activated scores (the thresholds live on the softmax/sigmoid scale, erratum E4 of
-        losses-avgk.md; ranking raw scores avoids ties from saturated sigmoids)."""
+        activated scores (the thresholds live on the softmax or sigmoid scale: the thesis
+        thresholds softmax scores, Eq. 5.16, ``eval.avgk_activation`` may choose sigmoid;
+        ranking raw scores avoids ties from saturated sigmoids)."""
         e = self.cfg["eval"]
         counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
         out = evaluate(scores, targets, e["ks"], counts, None, shots)
@@ -345,90 +439,62 @@ class _Trial:
 
     # -- one epoch -------------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, float]:
+        """Train one epoch: its running training metrics, learning rate and time."""
+        lr = self._set_learning_rate(epoch)
+        batches = self._epoch_batches(epoch)
+        self.model.train()
+        self.loss.train()
+        ks = [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
+        running = _RunningTrainMetrics(epoch, ks, self.device)
+        start = time.perf_counter()
+        for batch in batches:
+            x, y, idx = (t.to(self.device, non_blocking=True) for t in batch)
+            loss, scores = self._train_step(x, y, idx)
+            running.add(loss, scores, y)
+        metrics = running.summary(len(self.data.train))
+        metrics.update({"lr": lr, "epoch_time_s": time.perf_counter() - start})
+        return metrics
+
+    def _set_learning_rate(self, epoch: int) -> float:
+        """Set the epoch's step-decayed rate on every parameter group (times the group's
+        ``lr_multiplier``); returns the base rate."""
         o = self.cfg["optim"]
         lr = _lr_at(o["lr"], o["gamma"], o["milestones"], epoch)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_multiplier", 1.0)
+        return lr
+
+    def _epoch_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Re-seed every generator from (seed, epoch) and return the epoch's training batches,
+        in an order drawn from (seed, epoch): an epoch depends only on the state at its start."""
         seed_everything(mix_seed(self.seed, epoch, _EPOCH_STREAM))
         order_gen = torch.Generator()
         order_gen.manual_seed(mix_seed(self.seed, epoch, _ORDER_STREAM))
-        train = self.data.train
-        order = torch.randperm(len(train), generator=order_gen)
+        order = torch.randperm(len(self.data.train), generator=order_gen)
+        return _batches(self.data.train, order, self.cfg["optim"]["batch_size"],
+                        int(self.cfg["data"]["num_workers"]), self.device,
+                        mix_seed(self.seed, epoch, _WORKER_STREAM))
 
-        self.model.train()
-        self.loss.train()
-        dev = self.device
-        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        nonzero_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        active = torch.zeros((), dtype=torch.float64, device=dev)
-        grad_examples = 0
-        ks = [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
-        train_hits = torch.zeros(len(ks), dtype=torch.float64, device=dev)
-        step_losses: list[torch.Tensor] = []
-        checked = 0
-        check_every = 1 if dev.type == "cpu" else 50
-        start = time.perf_counter()
-        batches = _batches(train, order, o["batch_size"], int(self.cfg["data"]["num_workers"]), dev,
-                           mix_seed(self.seed, epoch, _WORKER_STREAM))
-        for step, (x, y, idx) in enumerate(batches):
-            x = x.to(dev, non_blocking=True)
-            y = y.to(dev, non_blocking=True)
-            idx = idx.to(dev, non_blocking=True)
-            with self._autocast():
-                output = self.model(x)
-            output = _to_float32(output)  # the loss is computed in float32
-            watched = _watched_scores(output, self.loss)
-            if watched is not None and watched.requires_grad:
-                watched.retain_grad()
-            loss = self.loss(output, y, idx)
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                loss.backward()
-                self.optimizer.step()
-
-            if watched is not None and ks:
-                train_hits += _topk_hit_counts(watched.detach(), y, ks)
-            value = loss.detach()
-            step_losses.append(value)
-            loss_sum += value.double() * y.shape[0]
-            if watched is not None and watched.grad is not None:
-                per_example = (watched.grad != 0).sum(dim=1)
-                nonzero_sum += per_example.sum()
-                active += (per_example > 0).sum()
-                grad_examples += per_example.shape[0]
-            if step + 1 - checked >= check_every:
-                self._check_finite(epoch, step_losses, checked)
-                checked = step + 1
-        self._check_finite(epoch, step_losses, checked)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        n = len(train)
-        nan = float("nan")
-        active_count = float(active)
-        train_accuracy = {f"train/top{k}": float(h) / n for k, h in zip(ks, train_hits.tolist())}
-        return {
-            "train/loss": float(loss_sum) / n,
-            **train_accuracy,
-            "lr": lr,
-            "epoch_time_s": elapsed,
-            "grad_nonzero": float(nonzero_sum) / grad_examples if grad_examples else nan,
-            "grad_nonzero_active": float(nonzero_sum) / active_count if active_count else nan,
-        }
-
-    @staticmethod
-    def _check_finite(epoch: int, step_losses: list[torch.Tensor], first: int) -> None:
-        if first >= len(step_losses):
-            return
-        recent = torch.stack(step_losses[first:])
-        finite = torch.isfinite(recent)
-        if not bool(finite.all()):
-            bad = int((~finite).nonzero()[0, 0])
-            raise NonFiniteLossError(epoch, first + bad, float(recent[bad]))
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor,
+                    idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward, loss, backward and optimizer step on one batch. Returns the loss and the
+        scores that the metrics rank, their ``.grad`` kept (None when the output has none)."""
+        with self._autocast():
+            output = self.model(x)
+        output = _to_float32(output)  # the loss is computed in float32
+        scores = _watched_scores(output, self.loss)
+        if scores is not None and scores.requires_grad:
+            scores.retain_grad()
+        loss = self.loss(output, y, idx)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss, scores
 
     def validate(self) -> tuple[dict[str, float], dict[float, float]]:
         start = time.perf_counter()

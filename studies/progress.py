@@ -1,9 +1,10 @@
 """Progress of a running study on the driver: cells done / running / failed / left, and ETA.
 
-`StudyProgress` is the bookkeeping (plain Python, testable without Ray); `ProgressCallback`
-feeds it from Tune's driver-side callback hooks and prints a line whenever a cell starts,
-ends or fails, and at least every `interval_s` seconds while cells run. A failed cell is
-printed with its error; it does not stop the others.
+`StudyProgress` is the bookkeeping; `ProgressReporter` feeds it from the hooks of Tune's
+driver-side callback (`on_trial_start`, ...; `studies.tune_experiment.ProgressCallback` is the
+Tune callback made of it) and prints a line whenever a cell starts, ends or fails, and at
+least every `interval_s` seconds while cells run. A failed cell is printed with its error;
+it does not stop the others. Both are plain Python: no Ray here.
 
 ETA: the fraction of the work done in this session is
 (cells finished + sum over running cells of epochs done / epochs) / cells to run; the time
@@ -84,14 +85,9 @@ class StudyProgress:
                 + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}")
 
 
-def _tune_callback_base():
-    from ray.tune import Callback
-
-    return Callback
-
-
-class ProgressCallback(_tune_callback_base()):
-    """Tune driver callback that keeps a `StudyProgress` and prints it."""
+class ProgressReporter:
+    """Keeps a `StudyProgress` from Tune's callback hooks (same names and arguments) and
+    prints it. `on_error(cell_id)` is called for a cell whose trial errored in Tune."""
 
     def __init__(self, progress: StudyProgress, interval_s: float = 30.0,
                  stream: IO[str] | None = None, on_error=None):

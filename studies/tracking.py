@@ -26,7 +26,8 @@ Two sides:
   the same driver session (tag `studies.session`) when Tune restarts the trial from its
   checkpoint after the worker died, and logs every epoch's metrics in ONE
   `MlflowClient.log_batch` call (not `MLflowLoggerCallback`, which sends one HTTP request per
-  metric key from the driver; orchestration-anchors.md section 1.2). Each epoch is logged
+  metric key from the driver: ray/air/_internal/mlflow.py; 1000 `log_metric` calls took 90 s
+  against 4 s batched in mlflow#5269). Each epoch is logged
   exactly once: a restarted trial logs only the epochs after the last step already in MLflow.
 
 Two extra tags beyond the contract, for diagnosis: `studies.session` (the driver session
@@ -95,10 +96,6 @@ def default_tracking_uri(study_dir: str | Path) -> str:
     return f"sqlite:///{Path(study_dir).resolve() / 'mlflow.db'}"
 
 
-def is_sqlite(tracking_uri: str) -> bool:
-    return tracking_uri.startswith("sqlite:")
-
-
 def ui_command(tracking_uri: str) -> str:
     """The shell command that opens the MLflow UI on this tracking store."""
     if tracking_uri.startswith(("http://", "https://")):
@@ -119,8 +116,7 @@ def with_retry(
 
     Parallel trial workers write to one SQLite file in the embedded default; SQLite lets one
     writer in at a time and answers "database is locked" to the others when its busy
-    timeout runs out (orchestration-anchors.md section 3, mlflow#6490). Other errors are
-    raised at once.
+    timeout runs out (mlflow#6490). Other errors are raised at once.
     """
     delay = first_delay_s
     for attempt in range(attempts):

@@ -4,11 +4,11 @@
 
 1. it finds its cell (the trial's `param_space` holds only the opaque `cell_id`; the cells
    themselves travel once through the object store with `tune.with_parameters`);
-2. `ray.tune.get_checkpoint()`: when Tune restarts the trial after its worker died
-   (`FailureConfig(max_failures)`), training resumes after the last checkpointed epoch, in
-   the same MLflow run; a cell left unfinished by a driver that was killed resumes the same
-   way from the checkpoint its earlier Tune trial left (the cell's `resume_from`, found by
-   `studies.runner.find_resume_checkpoints`);
+2. its starting point (`studies.checkpoints`): when Tune restarts the trial after its worker
+   died (`FailureConfig(max_failures)`), `ray.tune.get_checkpoint()`, and training resumes
+   after the last checkpointed epoch, in the same MLflow run; a cell left unfinished by a
+   driver that was killed resumes the same way from the checkpoint its earlier Tune trial
+   left (the cell's `resume_from`, found by `studies.checkpoints.find_resume_checkpoints`);
 3. it calls `setvalued.train.fit(config, seed, on_epoch=..., checkpoint=...)`; after every
    epoch it reports the metrics to Tune together with a checkpoint
    (`ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(d))`), then logs
@@ -22,18 +22,17 @@ error and the trial ends without a Tune retry. Any other exception marks the cel
 is re-raised, so that Tune retries it (up to `max_failures`) from its last checkpoint.
 
 Early stopping (`scheduler: {kind: early_stopping}`) is decided per config over its seeds by
-the `studies.runner.EarlyStoppingCoordinator` actor: after `grace_epochs`, each seed waits
-at every epoch until all seeds of its config have reported that epoch, and all seeds of a
-stopped config stop at the same epoch. A stopped seed is finalised by calling `fit` again
-from its last checkpoint with `epochs` cut to the epochs done: no epoch is left to train,
-and `fit` evaluates the checkpoint selected on validation on the test set, as for a complete
-run.
+the `studies.early_stopping.EarlyStoppingCoordinator` actor: after `grace_epochs`, each seed
+waits at every epoch until all seeds of its config have reported that epoch, and all seeds
+of a stopped config stop at the same epoch. A stopped seed is finalised by calling `fit`
+again from its last checkpoint with `epochs` cut to the epochs done: no epoch is left to
+train, and `fit` evaluates the checkpoint selected on validation on the test set, as for a
+complete run.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 import tempfile
@@ -41,19 +40,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from studies.checkpoints import read_checkpoint, read_tune_checkpoint, save_checkpoint
+from studies.early_stopping import TAG_STOPPED_EPOCH, CoordinatorClient
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
     STATUS_FINISHED,
     TAG_NODE_ID,
     TAG_RESUMED_FROM,
+    TAG_STATUS,
     CellRun,
     TrackingContext,
     with_retry,
 )
-
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
-TAG_STOPPED_EPOCH = "studies.stopped_epoch"
 
 FitFunction = Callable[..., Mapping[str, Any]]
 
@@ -108,45 +106,9 @@ def _set_torch_threads() -> None:
         pass
 
 
-def _read_checkpoint_folder(folder: str | Path) -> tuple[Any, dict]:
-    """(fit state, meta) of a checkpoint folder written by `_save_checkpoint`."""
-    import torch
-
-    meta = json.loads((Path(folder) / META_FILE).read_text())
-    state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
-    return state, meta
-
-
-def _load_checkpoint(checkpoint) -> tuple[Any, dict]:
-    """(fit state, meta) of a Tune checkpoint written by `_save_checkpoint`."""
-    with checkpoint.as_directory() as folder:
-        return _read_checkpoint_folder(folder)
-
-
-def _load_resume_checkpoint(folder: str) -> tuple[Any, dict]:
-    """(fit state, meta) of an earlier session's checkpoint; (None, {}) when it cannot be
-    read (a driver killed while Tune was writing it): the cell then starts from scratch."""
-    try:
-        return _read_checkpoint_folder(folder)
-    except Exception as error:
-        print(f"[studies] cannot read the checkpoint {folder} ({one_paragraph(error)}); "
-              f"the cell starts from scratch", flush=True)
-        return None, {}
-
-
-def _save_checkpoint(folder: Path, state: Any, meta: dict) -> None:
-    import torch
-
-    torch.save(state, folder / STATE_FILE)
-    (folder / META_FILE).write_text(json.dumps(meta))
-
-
-def _early_stopping_actor(name: str | None):
-    if not name:
-        return None
-    import ray
-
-    return ray.get_actor(name)
+def _ids(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """What every Tune report of the cell carries to the driver."""
+    return {"cell_id": cell["cell_id"], "config_id": cell["config_id"]}
 
 
 def run_cell(
@@ -162,6 +124,7 @@ def run_cell(
     `early_stopping`: None, or {"actor": name of the coordinator actor, "metric": metric
     key}; see the module docstring.
     """
+    import ray
     import ray.tune
 
     cell = cells[tune_config["cell_id"]]
@@ -169,98 +132,156 @@ def run_cell(
     deterministic = _deterministic_errors()
     _set_torch_threads()
 
-    checkpoint = ray.tune.get_checkpoint()
-    if checkpoint is not None:
-        state, meta = _load_checkpoint(checkpoint)
-    elif cell.get("resume_from"):
-        state, meta = _load_resume_checkpoint(cell["resume_from"])
-    else:
-        state, meta = None, {}
+    state, meta = _starting_point(cell)
     run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"))
     # where this attempt runs: shows in MLflow which node trained (or retried) the cell
     run.set_tags({TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
-    base = {"cell_id": cell["cell_id"], "config_id": cell["config_id"]}
-
-    # A trial restarted after its worker died: it may have finished everything but the
-    # last Tune report; or MLflow may miss the epochs of the checkpoint (died in between).
+    if reused and _already_finished(run):
+        return  # finished before the worker died; Tune only missed the end
     history: list[list] = meta.get("history", [])  # [[epoch, metrics], ...] in order
-    if reused:
-        current = with_retry(lambda: run.client.get_run(run.run_id)).data.tags
-        if current.get("studies.status") == STATUS_FINISHED:
-            return  # finished before the worker died; Tune only missed the end
-        logged_through = run.last_logged_epoch()
-    else:
-        logged_through = None
-    for epoch, metrics in history:
-        if logged_through is None or epoch > logged_through:
-            run.log_metrics(metrics, step=epoch)
-            logged_through = epoch
-    if state is not None and history:
-        run.set_tags({TAG_RESUMED_FROM: str(history[-1][0])})
-
-    coordinator = _early_stopping_actor((early_stopping or {}).get("actor"))
-    stop_metric = (early_stopping or {}).get("metric")
-    config = copy.deepcopy(dict(cell["config"]))
-    seed = int(cell["seed"])
-    last_time = time.perf_counter()
-    holder: dict[str, Any] = {"state": state}
-
-    def on_epoch(epoch: int, metrics: Mapping[str, Any], epoch_state: Any) -> None:
-        nonlocal last_time, logged_through
-        now = time.perf_counter()
-        values = numeric_metrics(metrics)
-        values.pop("epoch", None)  # the step of every metric already
-        values.setdefault(EPOCH_MARKER_METRIC, now - last_time)
-        history.append([int(epoch), values])
-        holder["state"] = epoch_state
-        with tempfile.TemporaryDirectory(prefix="studies-ckpt-") as folder:
-            _save_checkpoint(Path(folder), epoch_state,
-                             {"run_id": run.run_id, "cell_id": cell["cell_id"],
-                              "study": context.study_name, "epoch": int(epoch),
-                              "history": history})
-            ray.tune.report(
-                {**values, **base, "epoch": int(epoch), "epochs_done": len(history),
-                 "cell_status": "running"},
-                checkpoint=ray.tune.Checkpoint.from_directory(folder),
-            )
-        if logged_through is None or epoch > logged_through:
-            run.log_metrics(values, step=int(epoch))
-            logged_through = int(epoch)
-        if coordinator is not None:
-            value = values.get(stop_metric, math.nan)
-            if _wait_for_decision(coordinator, cell, len(history), value) == "stop":
-                raise StopTraining()
-        last_time = time.perf_counter()
-
+    logged_through = _log_missing_epochs(run, history, reused, resumed=state is not None)
+    coordinator = CoordinatorClient.connect(early_stopping, cell)
+    reporter = _EpochReporter(run, cell, context, history, logged_through, coordinator, state)
     try:
-        stopped_at = None
-        if coordinator is not None and history and _decision(
-                coordinator, cell, len(history)) == "stop":
-            stopped_at = len(history)  # restarted after the config was stopped
-        else:
-            try:
-                result = fit(config, seed, on_epoch=on_epoch, checkpoint=state)
-            except StopTraining:
-                stopped_at = len(history)
-        if stopped_at is not None:
-            # epochs cut to those done: fit resumes after the last one, trains nothing more
-            # and evaluates the checkpoint it selected on validation (see module docstring)
-            run.set_tags({TAG_STOPPED_EPOCH: str(stopped_at)})
-            truncated = copy.deepcopy(config)
-            truncated["epochs"] = stopped_at
-            result = fit(truncated, seed, on_epoch=None,
-                         checkpoint=_with_epochs(holder["state"], stopped_at))
-        final_step = int(history[-1][0]) if history else 0
-        run.finish(result, final_step=final_step)
+        result = _train(fit, cell, reporter)
+        run.finish(result, final_step=reporter.final_step())
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except deterministic as error:
         message = one_paragraph(error)
         run.fail(message)
-        _tell_gone(coordinator, cell)
-        ray.tune.report({**base, "cell_status": "failed", "error": message})
+        if coordinator is not None:
+            coordinator.tell_gone()
+        ray.tune.report({**_ids(cell), "cell_status": "failed", "error": message})
     except Exception as error:
         run.fail(one_paragraph(error))
         raise
+
+
+def _starting_point(cell: Mapping[str, Any]) -> tuple[Any, dict]:
+    """(fit state, checkpoint meta) to start from: Tune's checkpoint of this trial (restarted
+    after its worker died), else the one an earlier session left for the cell, else
+    (None, {}): from scratch."""
+    import ray.tune
+
+    checkpoint = ray.tune.get_checkpoint()
+    if checkpoint is not None:
+        return read_tune_checkpoint(checkpoint)
+    if cell.get("resume_from"):
+        return _read_resume_checkpoint(cell["resume_from"])
+    return None, {}
+
+
+def _read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
+    """(fit state, meta) of an earlier session's checkpoint; (None, {}) when it cannot be
+    read (a driver killed while Tune was writing it): the cell then starts from scratch."""
+    try:
+        return read_checkpoint(folder)
+    except Exception as error:
+        print(f"[studies] cannot read the checkpoint {folder} ({one_paragraph(error)}); "
+              f"the cell starts from scratch", flush=True)
+        return None, {}
+
+
+def _already_finished(run: CellRun) -> bool:
+    """Whether the cell's run is tagged finished (a trial restarted after its worker died
+    may have finished everything but the last Tune report)."""
+    tags = with_retry(lambda: run.client.get_run(run.run_id)).data.tags
+    return tags.get(TAG_STATUS) == STATUS_FINISHED
+
+
+def _log_missing_epochs(run: CellRun, history: list[list], reused: bool,
+                        resumed: bool) -> int | None:
+    """Log the checkpoint's epochs that the run misses (a worker that died between its
+    checkpoint and its MLflow log); returns the last epoch the run holds, if any."""
+    logged_through = run.last_logged_epoch() if reused else None
+    for epoch, metrics in history:
+        if logged_through is None or epoch > logged_through:
+            run.log_metrics(metrics, step=epoch)
+            logged_through = epoch
+    if resumed and history:
+        run.set_tags({TAG_RESUMED_FROM: str(history[-1][0])})
+    return logged_through
+
+
+class _EpochReporter:
+    """`fit`'s `on_epoch` for one cell: after every epoch, a checkpoint with a Tune report,
+    then the epoch's metrics in MLflow (each epoch once), then early stopping's decision."""
+
+    def __init__(self, run: CellRun, cell: Mapping[str, Any], context: TrackingContext,
+                 history: list[list], logged_through: int | None,
+                 coordinator: CoordinatorClient | None, state: Any):
+        self.run = run
+        self.cell = cell
+        self.context = context
+        self.history = history  # [[epoch, metrics], ...], the checkpoint's then this run's
+        self.logged_through = logged_through
+        self.coordinator = coordinator
+        self.state = state  # the latest fit state: the starting point's, then each epoch's
+        self.last_time = time.perf_counter()
+
+    @property
+    def epochs_done(self) -> int:
+        return len(self.history)
+
+    def final_step(self) -> int:
+        return int(self.history[-1][0]) if self.history else 0
+
+    def __call__(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> None:
+        values = self._epoch_values(metrics)
+        self.history.append([int(epoch), values])
+        self.state = state
+        self._checkpoint_and_report(int(epoch), values, state)
+        if self.logged_through is None or epoch > self.logged_through:
+            self.run.log_metrics(values, step=int(epoch))
+            self.logged_through = int(epoch)
+        if self.coordinator is not None and \
+                self.coordinator.report_and_wait(self.epochs_done, values) == "stop":
+            raise StopTraining()
+        self.last_time = time.perf_counter()
+
+    def _epoch_values(self, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """The epoch's numeric metrics, with the epoch marker (its wall time) when missing."""
+        now = time.perf_counter()
+        values = numeric_metrics(metrics)
+        values.pop("epoch", None)  # the step of every metric already
+        values.setdefault(EPOCH_MARKER_METRIC, now - self.last_time)
+        return values
+
+    def _checkpoint_and_report(self, epoch: int, values: dict[str, float], state: Any) -> None:
+        import ray.tune
+
+        meta = {"run_id": self.run.run_id, "cell_id": self.cell["cell_id"],
+                "study": self.context.study_name, "epoch": epoch, "history": self.history}
+        with tempfile.TemporaryDirectory(prefix="studies-ckpt-") as folder:
+            save_checkpoint(Path(folder), state, meta)
+            ray.tune.report(
+                {**values, **_ids(self.cell), "epoch": epoch, "epochs_done": self.epochs_done,
+                 "cell_status": "running"},
+                checkpoint=ray.tune.Checkpoint.from_directory(folder),
+            )
+
+
+def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: _EpochReporter) -> Mapping:
+    """`fit`'s result: trained to the end, or, when the config was early-stopped, finalised
+    at the epoch of the stop (see the module docstring)."""
+    config = copy.deepcopy(dict(cell["config"]))
+    seed = int(cell["seed"])
+    coordinator = reporter.coordinator
+    if coordinator is not None and reporter.epochs_done and \
+            coordinator.decision(reporter.epochs_done) == "stop":
+        stopped_at = reporter.epochs_done  # restarted after the config was stopped
+    else:
+        try:
+            return fit(config, seed, on_epoch=reporter, checkpoint=reporter.state)
+        except StopTraining:
+            stopped_at = reporter.epochs_done
+    reporter.run.set_tags({TAG_STOPPED_EPOCH: str(stopped_at)})
+    # epochs cut to those done: fit resumes after the last one, trains nothing more and
+    # evaluates the checkpoint it selected on validation
+    truncated = copy.deepcopy(config)
+    truncated["epochs"] = stopped_at
+    return fit(truncated, seed, on_epoch=None,
+               checkpoint=_with_epochs(reporter.state, stopped_at))
 
 
 def _with_epochs(state: Any, epochs: int) -> Any:
@@ -274,31 +295,3 @@ def _with_epochs(state: Any, epochs: int) -> Any:
         state = dict(state)
         state["config"] = dict(state["config"], epochs=int(epochs))
     return state
-
-
-def _decision(coordinator, cell: Mapping[str, Any], epochs_done: int) -> str:
-    import ray
-
-    return ray.get(coordinator.status.remote(cell["config_id"], int(cell["seed"]),
-                                             epochs_done))
-
-
-def _wait_for_decision(coordinator, cell: Mapping[str, Any], epochs_done: int,
-                       value: float, poll_s: float = 0.2) -> str:
-    """Record this seed's value and block until its config's decision at this epoch."""
-    import ray
-
-    status = ray.get(coordinator.record.remote(cell["config_id"], int(cell["seed"]),
-                                               epochs_done, float(value)))
-    while status == "wait":
-        time.sleep(poll_s)
-        status = _decision(coordinator, cell, epochs_done)
-    return status
-
-
-def _tell_gone(coordinator, cell: Mapping[str, Any]) -> None:
-    if coordinator is None:
-        return
-    import ray
-
-    ray.get(coordinator.mark_gone.remote(cell["config_id"], int(cell["seed"])))

@@ -30,7 +30,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.runner import ConfigEarlyStopper, RunOptions, config_major, run_study
+from studies.cell_queue import config_major
+from studies.early_stopping import ConfigEarlyStopper
+from studies.runner import RunOptions, run_study
 from studies.progress import StudyProgress, format_duration
 
 # ----------------------------------------------------------------------------- study files

@@ -1,0 +1,109 @@
+"""A cell's checkpoints: the folder its trial writes after every epoch, and, in the next
+session, finding the ones that a killed driver's trials left.
+
+A checkpoint folder holds `state.pt` (the `setvalued.train.fit` state, `torch.save`d) and
+`meta.json`: the cell's MLflow `run_id`, `cell_id`, `study`, `epoch` (0-indexed) and the
+`history` of the epochs' metrics. Tune keeps the latest one of each trial under
+`<storage>/tune-<session>-<n>/<cell_id>/checkpoint_*/`. Tune restarts a trial whose worker
+died from it (`ray.tune.get_checkpoint`); a cell that a killed driver left unfinished
+continues from it in the next session (`find_resume_checkpoints`, `ResumePoints`), in the
+same MLflow run. The Tune folder is a cache, not the ledger (MLflow is): the runner removes
+it once every cell has finished.
+
+torch is imported only to read or write a state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+
+
+def save_checkpoint(folder: Path, state: Any, meta: dict) -> None:
+    """Write a checkpoint folder: the fit state and its meta."""
+    import torch
+
+    torch.save(state, folder / STATE_FILE)
+    (folder / META_FILE).write_text(json.dumps(meta))
+
+
+def read_checkpoint(folder: str | Path) -> tuple[Any, dict]:
+    """(fit state, meta) of a checkpoint folder written by `save_checkpoint`."""
+    import torch
+
+    meta = json.loads((Path(folder) / META_FILE).read_text())
+    state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
+    return state, meta
+
+
+def read_tune_checkpoint(checkpoint) -> tuple[Any, dict]:
+    """(fit state, meta) of a `ray.tune.Checkpoint` of a folder written by `save_checkpoint`."""
+    with checkpoint.as_directory() as folder:
+        return read_checkpoint(folder)
+
+
+def find_resume_checkpoints(storage: Path | None, study_name: str,
+                            cell_ids: Iterable[str]) -> dict[str, tuple[Path, dict]]:
+    """{cell_id: (checkpoint folder, its meta)}: the latest checkpoint (most epochs) that an
+    earlier session's Tune trial of each cell left under `storage` (the Tune storage path,
+    None for a URI). Only checkpoints of `study_name` count: a shared storage path holds the
+    trials of every study, and a cell id names a config and seed, not a study."""
+    if storage is None or not storage.is_dir():
+        return {}
+    wanted = set(cell_ids)
+    found: dict[str, tuple[Path, dict]] = {}
+    for meta_file in storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            continue
+        cell_id = meta.get("cell_id")
+        if meta.get("study") != study_name or cell_id not in wanted or "run_id" not in meta:
+            continue
+        best = found.get(cell_id)
+        if best is None or int(meta.get("epoch", -1)) > int(best[1].get("epoch", -1)):
+            found[cell_id] = (meta_file.parent, meta)
+    return found
+
+
+@dataclass
+class ResumePoints:
+    """The checkpoints that unfinished cells continue from: cell_id -> (folder, meta)."""
+
+    found: dict[str, tuple[Path, dict]] = field(default_factory=dict)
+
+    @classmethod
+    def search(cls, storage: Path | None, study_name: str,
+               cell_ids: Iterable[str]) -> "ResumePoints":
+        return cls(find_resume_checkpoints(storage, study_name, cell_ids))
+
+    def run_ids(self) -> dict[str, str]:
+        """cell_id -> the MLflow run each checkpoint continues (the ledger keeps those)."""
+        return {cell_id: meta["run_id"] for cell_id, (_, meta) in self.found.items()}
+
+    def only(self, cell_ids: Iterable[str]) -> "ResumePoints":
+        """The resume points of `cell_ids` (those whose run the ledger kept)."""
+        return ResumePoints({cell_id: self.found[cell_id] for cell_id in cell_ids
+                             if cell_id in self.found})
+
+    def folders(self) -> dict[str, str]:
+        """cell_id -> checkpoint folder (the `resume_from` of the cell's trial)."""
+        return {cell_id: str(folder) for cell_id, (folder, _) in self.found.items()}
+
+    def experiment_dirs(self) -> list[Path]:
+        """The Tune experiment folders that hold these checkpoints (removed at the end)."""
+        return list(dict.fromkeys(folder.parent.parent for folder, _ in self.found.values()))
+
+    def describe(self) -> str | None:
+        """One line for the user; None when no cell continues from a checkpoint."""
+        if not self.found:
+            return None
+        epochs = sorted(int(meta.get("epoch", 0)) + 1 for _, meta in self.found.values())
+        span = f"{epochs[0]}" + (f"-{epochs[-1]}" if epochs[-1] != epochs[0] else "")
+        return (f"{len(self.found)} unfinished cells continue from the checkpoint an earlier "
+                f"run left (after {span} epochs)")

@@ -1,0 +1,96 @@
+"""One Ray Tune experiment over a batch of a study's cells: one trial per cell.
+
+`run_experiment` builds `tune.Tuner(tune.with_resources(trainable, {"cpu", "gpu"}), ...)`.
+The trainable is `studies.trial.run_cell`, and the cells travel once through the object
+store (`tune.with_parameters`); Tune's `param_space` holds only an opaque `cell_id` per
+trial, handed out by `CellQueueSearcher` in the order given (see `studies.cell_queue`).
+`reuse_actors=True`, `max_concurrent_trials` = the trials that fit at once,
+`FailureConfig(max_failures)` and one kept checkpoint per trial (written every epoch by
+`run_cell`), so a trial whose worker dies restarts from its last epoch.
+
+This module imports `ray.tune` when it is imported: the runner imports it only once Ray has
+started, so that a dry run or `studies --help` never loads Ray.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ray import tune
+from ray.tune.search import Searcher
+
+from studies.cell_queue import CellQueue
+from studies.progress import ProgressReporter
+from studies.trial import run_cell
+from studies.tracking import TrackingContext
+
+
+class CellQueueSearcher(Searcher):
+    """Tune's searcher over a `CellQueue`: each suggestion is the next cell's id."""
+
+    def __init__(self, cell_ids: Sequence[str]):
+        super().__init__(metric=None, mode=None)
+        self.queue = CellQueue(cell_ids)
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # no search space: the cells are the space
+
+    def suggest(self, trial_id: str):
+        cell_id = self.queue.next()
+        return self.FINISHED if cell_id is None else {"cell_id": cell_id}
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        pass  # MLflow is the ledger
+
+    def save(self, checkpoint_path: str) -> None:
+        Path(checkpoint_path).write_text(self.queue.to_json())
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.queue = CellQueue.from_json(Path(checkpoint_path).read_text())
+
+
+class ProgressCallback(ProgressReporter, tune.Callback):
+    """Tune's driver callback that keeps a `StudyProgress` and prints it (the hooks are
+    `ProgressReporter`'s)."""
+
+
+def cell_payload(cell, resume_from: str | None = None) -> dict:
+    """A cell as a plain dict (what travels to the workers), with the checkpoint folder an
+    earlier session left for it, if any."""
+    return {
+        "cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
+        "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
+        "resume_from": resume_from,
+    }
+
+
+def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage: str,
+                   context: TrackingContext, fit_fn: Callable | None,
+                   early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
+                   concurrency: int, max_failures: int, callbacks: Sequence) -> None:
+    """Run one trial per cell of `cells` (cell_id -> payload, in the order to start them)
+    in the Tune experiment `name` under `storage`, at most `concurrency` at a time."""
+    trainable = tune.with_parameters(run_cell, cells=dict(cells), context=context,
+                                     fit_fn=fit_fn, early_stopping=early_stopping)
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, dict(resources)),
+        tune_config=tune.TuneConfig(
+            search_alg=CellQueueSearcher(list(cells)),
+            num_samples=len(cells),
+            max_concurrent_trials=concurrency,
+            reuse_actors=True,
+            trial_name_creator=lambda trial: str(trial.config["cell_id"]),
+            trial_dirname_creator=lambda trial: str(trial.config["cell_id"]),
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            verbose=0,
+            callbacks=list(callbacks),
+            log_to_file=False,
+        ),
+    )
+    tuner.fit()

@@ -1,0 +1,73 @@
+"""The runner's collaborators alone, without Ray: the cell queue, the search for an earlier
+session's checkpoints, and the progress reporter fed by Tune-shaped hooks."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from studies.cell_queue import CellQueue
+from studies.checkpoints import META_FILE, ResumePoints, find_resume_checkpoints
+from studies.progress import ProgressReporter, StudyProgress
+
+
+def test_cell_queue_hands_out_in_order_and_resumes_from_its_saved_state():
+    queue = CellQueue(["a-s0", "a-s1", "b-s0"])
+    assert queue.next() == "a-s0"
+    restored = CellQueue.from_json(queue.to_json())
+    assert [restored.next(), restored.next(), restored.next()] == ["a-s1", "b-s0", None]
+
+
+def write_checkpoint(storage: Path, experiment: str, cell_id: str, epoch: int,
+                     study: str = "s", run_id: str | None = "run") -> Path:
+    folder = storage / experiment / cell_id / f"checkpoint_{epoch:06d}"
+    folder.mkdir(parents=True)
+    meta = {"cell_id": cell_id, "study": study, "epoch": epoch}
+    if run_id is not None:
+        meta["run_id"] = run_id
+    (folder / META_FILE).write_text(json.dumps(meta))
+    return folder
+
+
+def test_resume_checkpoints_are_the_latest_of_the_study_for_the_wanted_cells(tmp_path):
+    storage = tmp_path / "ray"
+    write_checkpoint(storage, "tune-1-0", "a-s0", 1)
+    latest = write_checkpoint(storage, "tune-2-0", "a-s0", 3)
+    write_checkpoint(storage, "tune-2-0", "b-s0", 5, study="other")  # another study
+    write_checkpoint(storage, "tune-2-0", "c-s0", 2, run_id=None)  # no run to continue
+    write_checkpoint(storage, "tune-2-0", "d-s0", 2)  # not a wanted cell
+    broken = storage / "tune-2-0" / "e-s0" / "checkpoint_000001"
+    broken.mkdir(parents=True)
+    (broken / META_FILE).write_text("{not json")
+    wanted = ["a-s0", "b-s0", "c-s0", "e-s0"]
+    found = find_resume_checkpoints(storage, "s", wanted)
+    assert {cell: folder for cell, (folder, _) in found.items()} == {"a-s0": latest}
+    assert find_resume_checkpoints(None, "s", wanted) == {}
+    assert find_resume_checkpoints(tmp_path / "missing", "s", wanted) == {}
+
+    points = ResumePoints.search(storage, "s", wanted)
+    assert points.run_ids() == {"a-s0": "run"}
+    assert points.folders() == {"a-s0": str(latest)}
+    assert points.experiment_dirs() == [storage / "tune-2-0"]
+    assert points.describe() == ("1 unfinished cells continue from the checkpoint an earlier "
+                                 "run left (after 4 epochs)")
+    assert points.only([]).describe() is None
+
+
+def test_progress_reporter_follows_tune_hooks():
+    progress = StudyProgress(total=2, to_run=2, epochs={"a": 2, "b": 2})
+    stream, errors = io.StringIO(), []
+    reporter = ProgressReporter(progress, interval_s=3600.0, stream=stream,
+                                on_error=errors.append)
+    trial_a = SimpleNamespace(config={"cell_id": "a"}, last_result={}, error_file=None)
+    trial_b = SimpleNamespace(config={"cell_id": "b"}, last_result={}, error_file=None)
+    reporter.on_trial_start(0, [], trial_a)
+    reporter.on_trial_start(0, [], trial_b)
+    reporter.on_trial_result(0, [], trial_a, {"epochs_done": 1, "cell_status": "running"})
+    assert progress.running == {"a": 1, "b": 0}
+    reporter.on_trial_complete(0, [], trial_a)
+    reporter.on_trial_error(0, [], trial_b)
+    assert progress.finished == {"a"} and "b" in progress.failed and errors == ["b"]
+    assert "cell b FAILED" in stream.getvalue()
