@@ -46,8 +46,5 @@ def test_dry_run_does_not_load_ray():
     assert "ray" not in loaded_after(DRY_RUN)
 
 
-@pytest.mark.xfail(reason="validating a study checks the loss parameters against "
-                          "setvalued.losses (studies.spec._loss_registry), which imports torch",
-                   strict=False)
 def test_dry_run_does_not_load_torch():
     assert "torch" not in loaded_after(DRY_RUN)
