@@ -33,11 +33,16 @@ def save_checkpoint(folder: Path, state: Any, meta: dict) -> None:
 
 
 def read_checkpoint(folder: str | Path) -> tuple[Any, dict]:
-    """(fit state, meta) of a checkpoint folder written by `save_checkpoint`."""
+    """(fit state, meta) of a checkpoint folder written by `save_checkpoint`.
+
+    The state is read with ``weights_only=True`` (tensors, numbers, strings, containers) and
+    the meta is JSON: a checkpoint planted in a shared storage folder cannot run code when a
+    study resumes; it fails to load (the cell then starts from epoch 0, with a message).
+    """
     import torch
 
     meta = json.loads((Path(folder) / META_FILE).read_text())
-    state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
+    state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
     return state, meta
 
 

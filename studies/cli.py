@@ -74,6 +74,13 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress-every", type=float, default=30.0, metavar="S",
         help="print the progress line at least every S seconds (default: %(default)s)")
+    parser.add_argument(
+        "--wait", action="store_true",
+        help="when another driver is running this study, wait for it to finish instead of "
+             "refusing")
+    parser.add_argument(
+        "--max-cells", type=int, default=None, metavar="N",
+        help="allow up to N cells (default: the file's max_cells, else 100,000)")
 
 
 def _options(args: argparse.Namespace):
@@ -85,6 +92,7 @@ def _options(args: argparse.Namespace):
         dry_run=getattr(args, "dry_run", False), report=getattr(args, "report", True),
         num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
         progress_interval_s=getattr(args, "progress_every", 30.0),
+        wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
     )
 
 

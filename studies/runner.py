@@ -75,6 +75,8 @@ class RunOptions:
     fit_fn: Callable | None = None  # default: setvalued.train.fit
     progress_interval_s: float = 30.0
     stream: IO[str] | None = None
+    max_cells: int | None = None  # raises the study's cell limit (default: the file's, else 100,000)
+    wait: bool = False  # wait for another driver of the same study to finish instead of refusing
 
 
 @dataclass
@@ -240,7 +242,7 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     from studies.space import expand, smoke_cells
     from studies.spec import load_study
 
-    study = load_study(study_file)
+    study = load_study(study_file, max_cells=options.max_cells)
     cells = expand(study)
     if options.smoke:
         cells = smoke_cells(cells)
@@ -252,20 +254,53 @@ def _prepare_study_dir(study_file: str | Path, name: str,
                        options: RunOptions) -> tuple[Path, Path, str]:
     """(study folder, its copy of the study file, tracking URI): the folder made, the file
     copied and the run's settings saved (for `studies resume`)."""
+    from studies.preconditions import writable_folder
+
     study_dir = study_dir_of(options.output, name)
-    study_dir.mkdir(parents=True, exist_ok=True)
-    study_copy = study_dir / STUDY_FILE
-    source = Path(study_file).resolve()
-    if source != study_copy.resolve():
-        shutil.copyfile(source, study_copy)
-    saved = read_settings(study_dir)
-    tracking_uri = options.tracking_uri or saved.get("tracking_uri") \
-        or default_tracking_uri(study_dir)
-    settings = {"name": name, "source": str(saved.get("source") or source),
-                "tracking_uri": tracking_uri, "smoke": bool(options.smoke),
-                "address": options.address}
-    _settings_path(study_dir).write_text(json.dumps(settings, indent=2) + "\n")
+    problems = writable_folder(study_dir, "the output folder")
+    if problems:
+        raise RunnerError(problems[0] + "; pass --output DIR")
+    try:
+        study_copy = study_dir / STUDY_FILE
+        source = Path(study_file).resolve()
+        if source != study_copy.resolve():
+            shutil.copyfile(source, study_copy)
+        saved = read_settings(study_dir)
+        tracking_uri = options.tracking_uri or saved.get("tracking_uri") \
+            or default_tracking_uri(study_dir)
+        settings = {"name": name, "source": str(saved.get("source") or source),
+                    "tracking_uri": tracking_uri, "smoke": bool(options.smoke),
+                    "address": options.address}
+        _settings_path(study_dir).write_text(json.dumps(settings, indent=2) + "\n")
+    except OSError as error:  # a full disk, a folder that changed under us
+        raise RunnerError(f"cannot write the study folder {study_dir} ({error.strerror or error}); "
+                          f"free space or pass --output DIR") from None
     return study_dir, study_copy, tracking_uri
+
+
+def _check_preconditions(study_dir: Path, tracking_uri: str, options: RunOptions, cells: Sequence) -> None:
+    """Every precondition of the run (studies.preconditions), before Ray or MLflow is touched."""
+    from studies.preconditions import check_all
+
+    data_configs = {json.dumps(c.config.get("data", {}), sort_keys=True): c.config.get("data", {})
+                    for c in cells}
+    problems = check_all(study_dir, tracking_uri, options.storage, data_configs.values())
+    if problems:
+        raise RunnerError("; ".join(problems) + ". Nothing was started.")
+
+
+def _take_lease(tracking: StudyTracking, name: str, options: RunOptions, say: Callable[[str], None]):
+    """The study's lease (studies.lease): one driver per study, or RunnerError naming the holder."""
+    from studies.lease import LeaseHeld, StudyLease
+
+    lease = StudyLease(tracking.client, tracking.experiment_id, name, warn=lambda text: say(f"warning: {text}"))
+    try:
+        if options.wait:
+            say("waiting for the other driver of this study to finish (--wait)")
+        lease.acquire(wait=options.wait)
+    except LeaseHeld as held:
+        raise RunnerError(str(held)) from None
+    return lease
 
 
 def _run(session: _Session, cells: Sequence, study_copy: Path) -> None:
@@ -310,6 +345,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         return RunOutcome(0, name, cells=len(cells))
 
     study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options)
+    _check_preconditions(study_dir, tracking_uri, options, cells)
     tracking = StudyTracking(
         tracking_uri, name,
         artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None)
@@ -320,6 +356,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                     f"workers on other nodes cannot reach it; pass "
                     f"--tracking-uri http://<mlflow server>")
 
+    lease = _take_lease(tracking, name, options, session.say)
     started = time.monotonic()
     interrupted = False
     try:
@@ -330,6 +367,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                     f"completes what is missing")
     finally:
         session.ray.stop()
+        lease.release()
 
     outcome = _summarise(session, started, stream)
     if interrupted:
