@@ -118,13 +118,13 @@ def _chunks_for(k: int) -> int:
     """How many chunks of classes the body recursion runs side by side.
 
     More chunks: fewer sequential steps (L / chunks) but more products of degree-k
-    polynomials to merge them (chunks k^2 work). Tuned on CPU, L = 1000, batch 128.
+    polynomials to merge them (chunks k^2 work). Tuned on CPU, L in {100, 1000}, batch 128.
     """
-    if k <= 6:
-        return 128
-    if k <= 24:
+    if k <= 12:
         return 32
-    return 16
+    if k <= 28:
+        return 16
+    return 8
 
 
 def _poly_product(left: torch.Tensor, right: torch.Tensor, degree: int) -> torch.Tensor:

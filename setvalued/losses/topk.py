@@ -188,9 +188,9 @@ def _group_shape(num_classes: int, k: int) -> tuple[int, int]:
     """(P, G) with P G > L and G a multiple of 16 (aligned rows for the max over groups).
 
     The classes are read as a P x G grid, class ``p G + g`` in group g; the entries past L
-    (at least one) hold -inf. P is at most 8 and small enough that G >= 2k.
+    (at least one) hold -inf. P is at most 16 and small enough that G >= 2k.
     """
-    members = max(1, min(8, num_classes // (2 * k)))
+    members = max(1, min(16, num_classes // (2 * k)))
     groups = -(-(num_classes + 1) // members)
     return members, -(-groups // 16) * 16
 
