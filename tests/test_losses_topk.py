@@ -339,6 +339,15 @@ def test_pruned_candidates_hold_every_class_within_the_window(k):
     assert values.shape[1] < 500 / 4
 
 
+def test_pruning_falls_back_to_the_exact_path_where_it_cannot_pay():
+    dense, _ = _spread_scores(64, 1000, seed=0, spread=2.0, dtype=torch.float32)  # std 2 / eps 1
+    spread, _ = _spread_scores(64, 1000, seed=0, spread=40.0, dtype=torch.float32)
+    assert _pruned_candidates(dense.detach(), 2, 1.0, 3) is None  # every class within reach
+    assert _pruned_candidates(spread.detach(), 2, 1.0, 3) is not None
+    assert _pruned_candidates(spread.detach()[:, :100], 2, 1.0, 3) is None  # M L < 500: cheap draw
+    assert _pruned_candidates(spread.detach(), 126, 1.0, 3) is None  # k > L / 8
+
+
 @pytest.mark.parametrize("k, eps, samples", [(1, 1.0, 3), (5, 0.2, 10), (20, 0.5, 4)])
 def test_pruned_path_equals_the_exact_path_draw_by_draw(k, eps, samples):
     """Same noise, same result: value and gradient identical on thousands of draws."""
@@ -442,7 +451,7 @@ def test_pruned_loss_and_gradient_match_a_float64_brute_force_monte_carlo():
 
 
 def test_exact_path_draws_noise_for_every_class():
-    batch, classes, samples, k, eps = 8, 50, 3, 1, 0.1
+    batch, classes, samples, k, eps = 8, 200, 3, 1, 0.1
     scores, targets = _spread_scores(batch, classes, seed=1, spread=5.0)
     loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, exact=True)
     torch.manual_seed(12)

@@ -158,6 +158,10 @@ PRUNING_FAILURE_PROBABILITY = 1e-9
 #: fraction of the classes of some row (the bookkeeping would then cost more than it saves).
 _PRUNING_MAX_FRACTION = 0.5
 
+#: ... and when M L is below this (the exact draw then costs less than the bookkeeping; the
+#: ratios of benchmarks/losses.py at L = 100 and 1000).
+_PRUNING_MIN_DRAWS = 500
+
 
 @functools.lru_cache(maxsize=256)
 def _pruning_window(k: int, num_classes: int, n_samples: int,
@@ -204,24 +208,29 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     least t) and ``w`` from :func:`_pruning_window`, so the k-th largest of ``s + eps Z``
     over the kept classes equals the one over all classes except with probability at most
     ``PRUNING_FAILURE_PROBABILITY`` per example. Rows are padded to the longest one with
-    score -inf and class index L. Returns None when pruning would keep more than half of the
-    classes of some row.
+    score -inf and class index L. Returns None (use the exact path) when pruning would keep
+    more than half of the classes of some row, when most rows span less than the window,
+    when nearly every group reaches the cut, when k > L / 8, or when M L < 500.
 
     Work: one max over groups of P classes, a top-k over the G group maxima, then only the
     groups whose maximum passes the cut are looked at class by class.
     """
     batch, num_classes = flat.shape
-    if 2 * k >= num_classes:
-        return None
+    if 8 * k > num_classes or n_samples * num_classes < _PRUNING_MIN_DRAWS:
+        return None  # the candidates would be a large share of few classes, or the draw is cheap
+    reach = epsilon * _pruning_window(k, num_classes, n_samples)
+    spread = flat.amax(dim=1) - flat.amin(dim=1)
+    if int((spread <= reach).sum()) * 2 > batch:
+        return None  # most rows have no class below max - eps w: nothing to prune there
     members, groups = _group_shape(num_classes, k)
     padded = F.pad(flat, (0, members * groups - num_classes), value=-math.inf)
     grid = padded.view(batch, members, groups)
     group_max = grid.amax(dim=1)  # (B, G)
     cut = torch.topk(group_max, k, dim=1, sorted=False).values.amin(dim=1)
-    cut = cut.sub_(epsilon * _pruning_window(k, num_classes, n_samples)).unsqueeze(1)
+    cut = cut.sub_(reach).unsqueeze(1)
     row_of_group, group = (group_max > cut).nonzero(as_tuple=True)
     if row_of_group.numel() > 0.9 * batch * groups:
-        return None
+        return None  # most groups reach the cut: the scores are dense compared to epsilon
     which, member = (grid[row_of_group, :, group] > cut[row_of_group]).nonzero(as_tuple=True)
     rows = row_of_group[which]  # ascending: nonzero walks row-major
     counts = torch.bincount(rows, minlength=batch)
