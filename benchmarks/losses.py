@@ -1,24 +1,46 @@
-"""Forward+backward time of every top-K loss per batch, as a ratio to ``ce`` in the same run.
+"""Forward+backward time of the losses per batch, as a ratio to ``ce`` measured in the same run.
 
-Grid of issue 2: K in {1, 2, 5, 10, 20, 50}, L in {100, 1000}, batch 128, M in {3, 10}.
-The noised loss is also compared with its floor: drawing the B x M x L normals plus the
-one selection pass it makes (the same selection routine), without anything else.
+Grid: K in {1, 2, 5, 10, 20, 50}, L in {100, 1000}, batch 128, one CPU thread, float32.
+Side by side, in interleaved rounds:
 
-Writes ``benchmarks/out/losses.csv``, ``losses.png`` (time vs K, one line per loss) and
-``losses.md`` (the tables and the three targets of the issue), and prints the tables.
+- this checkout's losses;
+- the authors' code where it is installed, measured, never copied: ``pytopk`` (PyPI, the noised
+  losses of Garcin et al. 2022) and the 2018 reference of the smooth top-k SVM
+  (oval-group/smooth-topk, read from the folder named by ``SMOOTH_TOPK_REF``); each is skipped
+  with a note when absent;
+- with ``--baseline PATH``, the same losses from another checkout of this project (e.g. the
+  main branch: the "before" of a change), imported under their own module objects.
 
-    python benchmarks/losses.py            # full grid, about 1-3 minutes on 2 CPU cores
-    python benchmarks/losses.py --quick    # K in {1, 10, 50}, fewer repeats
+Score regimes of the noised losses (the pruned path of ``noised_topk`` draws noise only for the
+classes within about 14 epsilon of the (K+1)-th score, so its cost depends on how the scores
+spread compared to epsilon):
 
-Configurations are timed in interleaved rounds (every configuration once per round), so
-that load changes on a shared machine hit all of them alike, and summarised by the best
-round (other processes can only add time; the median is in the CSV too).
+- ``dense``: logits N(0, 2^2), epsilon 1 (the Pl@ntNet setting of the paper): every class is
+  within reach, nothing can be pruned; the ``floor`` rows (drawing the B x M x L normals, nothing
+  else) bound any exact method from below;
+- ``spread``: logits N(0, 4^2), epsilon 0.2 (the CIFAR-100 setting): std / epsilon = 20;
+- imbalanced: cosines tanh(N(0, 1)), epsilon 0.01, as in the Pl@ntNet runs.
+
+Writes ``benchmarks/out/losses.csv`` and ``losses.md`` (the tables and the goals of issue 14)
+and prints the tables.
+
+    python benchmarks/losses.py                       # full grid, a few minutes on 2 cores
+    python benchmarks/losses.py --quick               # K in {1, 10, 50}, fewer rounds
+    SMOOTH_TOPK_REF=/path/to/smooth-topk python benchmarks/losses.py --baseline /work/main
+
+Each configuration is timed once per round, rounds interleave all of them so that load changes
+on a shared machine hit them alike, and the best round is reported (other processes can only
+add time; the median is in the CSV too).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import importlib
+import io
+import os
 import platform
 import statistics
 import sys
@@ -31,26 +53,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from setvalued.losses import build_loss  # noqa: E402
-from setvalued.losses.topk import _select_kth_largest  # noqa: E402
+from setvalued.losses import TwoHeadOutput, build_loss  # noqa: E402
 
 FULL_KS = (1, 2, 5, 10, 20, 50)
 QUICK_KS = (1, 10, 50)
 CLASS_COUNTS = (100, 1000)
 SAMPLE_COUNTS = (3, 10)
-TARGETS = {
-    "noised K=50 / K=1 (<= 1.3)": 1.3,
-    "smooth SVM / noised at K=10 (>= 2)": 2.0,
-    "noised / floor (<= 1.5)": 1.5,
+REGIMES = {  # name: (logit std, epsilon)
+    "dense": (2.0, 1.0),
+    "spread": (4.0, 0.2),
 }
+IMBALANCED_EPSILON = 0.01
+SVM_TAU = 1.0
 
 
 @dataclass
 class Config:
-    loss: str          # label in the tables and the plot
+    label: str         # row of the tables
     num_classes: int
     k: int | None      # None for losses that do not depend on K
-    n_samples: int | None
     run: Callable[[], None]
 
 
@@ -59,49 +80,144 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _loss_step(loss, scores: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
+def _step(loss, output, targets, *leaves) -> Callable[[], None]:
     def run() -> None:
-        scores.grad = None
-        loss(scores, targets).backward()
+        for leaf in leaves:
+            leaf.grad = None
+        loss(output, targets).backward()
     return run
 
 
-def _floor_step(batch: int, num_classes: int, k: int, n_samples: int, device) -> Callable[[], None]:
-    """Draw the B x M x L normals and select the (k+1)-th largest once: nothing else."""
+def _floor_step(batch: int, num_classes: int, n_samples: int, device) -> Callable[[], None]:
+    """Draw the B x M x L normals of an exact noised loss: nothing else."""
     def run() -> None:
-        noise = torch.randn(batch, n_samples, num_classes, device=device)
-        _select_kth_largest(noise, k + 1)
+        torch.randn(batch, n_samples, num_classes, device=device)
     return run
 
 
-def build_configs(ks, batch: int, device: torch.device, seed: int = 0) -> list[Config]:
+# ----------------------------------------------------------------------------------------
+# other implementations: the authors' code, another checkout of this project
+# ----------------------------------------------------------------------------------------
+
+def load_pytopk():
+    try:
+        return importlib.import_module("pytopk")
+    except ImportError:
+        return None
+
+
+def load_smooth_topk_reference():
+    """The 2018 reference's ``SmoothTopkSVM`` from the folder in SMOOTH_TOPK_REF, or None."""
+    folder = os.environ.get("SMOOTH_TOPK_REF")
+    if not folder:
+        return None
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module("topk.svm").SmoothTopkSVM
+    except ImportError as error:
+        print(f"SMOOTH_TOPK_REF={folder}: cannot import topk.svm ({error}); skipped")
+        return None
+    finally:
+        sys.path.remove(folder)
+
+
+def load_baseline(path: str):
+    """``build_loss`` of the ``setvalued`` package in another checkout (e.g. /work/main).
+
+    Its modules are imported under their usual names, kept alive by the returned function,
+    then taken out of ``sys.modules`` again so that this checkout's modules stay in place.
+    """
+    def ours(name: str) -> bool:
+        return name == "setvalued" or name.startswith("setvalued.")
+
+    current = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in current:
+        del sys.modules[name]
+    sys.path.insert(0, str(Path(path).resolve()))
+    try:
+        other = importlib.import_module("setvalued.losses")
+        origin = Path(other.__file__).resolve()
+        if Path(path).resolve() not in origin.parents:
+            raise RuntimeError(f"--baseline {path}: imported setvalued from {origin} instead")
+        return other.build_loss, other.TwoHeadOutput
+    finally:
+        sys.path.pop(0)
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(current)
+
+
+# ----------------------------------------------------------------------------------------
+# the grid
+# ----------------------------------------------------------------------------------------
+
+def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_svm=None,
+                  baseline=None, seed: int = 0) -> list[Config]:
     generator = torch.Generator().manual_seed(seed)
     configs: list[Config] = []
+
     for num_classes in CLASS_COUNTS:
-        logits = (torch.randn(batch, num_classes, generator=generator) * 2).to(device).requires_grad_(True)
-        cosines = torch.tanh(torch.randn(batch, num_classes, generator=generator)).to(device).requires_grad_(True)
+        def tensor(values):
+            return values.to(device).requires_grad_(True)
+
+        base = torch.randn(batch, num_classes, generator=generator)
+        logits = {name: tensor(base * std) for name, (std, _) in REGIMES.items()}
+        cosines = tensor(torch.tanh(torch.randn(batch, num_classes, generator=generator)))
+        second_head = tensor(torch.randn(batch, num_classes, generator=generator) * 2)
         targets = torch.randint(num_classes, (batch,), generator=generator).to(device)
         counts = torch.randint(1, 500, (num_classes,), generator=generator).tolist()
+        dense = logits["dense"]
 
-        def add(label, loss, scores, k=None, n_samples=None):
-            configs.append(Config(label, num_classes, k, n_samples, _loss_step(loss, scores, targets)))
+        def add(label, loss, output, *leaves, k=None):
+            configs.append(Config(label, num_classes, k, _step(loss, output, targets, *(leaves or (output,)))))
 
-        add("ce", build_loss("ce"), logits)
-        add("focal", build_loss("focal", gamma=2.0), logits)
+        add("ce", build_loss("ce"), dense)
+        add("focal", build_loss("focal", gamma=2.0), dense)
         add("ldam", build_loss("ldam", max_margin=0.5, scale=30.0, class_counts=counts), cosines)
+        for m in SAMPLE_COUNTS:
+            configs.append(Config(f"floor M={m} (B x M x L normals)", num_classes, None,
+                                  _floor_step(batch, num_classes, m, device)))
         for k in ks:
-            add("hinge_topk", build_loss("hinge_topk", k=k), logits, k)
-            add("cvx_hinge_topk", build_loss("cvx_hinge_topk", k=k), logits, k)
-            add("calibrated_hinge_topk", build_loss("calibrated_hinge_topk", k=k), logits, k)
-            add("smooth_topk_svm", build_loss("smooth_topk_svm", k=k, tau=1.0), logits, k)
+            if k > num_classes - 1:
+                continue
+            add("hinge_topk", build_loss("hinge_topk", k=k), dense, k=k)
+            add("calibrated_hinge_topk", build_loss("calibrated_hinge_topk", k=k), dense, k=k)
             for m in SAMPLE_COUNTS:
-                add(f"noised_topk M={m}", build_loss("noised_topk", k=k, epsilon=1.0, n_samples=m),
-                    logits, k, m)
-                add(f"noised_topk_imbalanced M={m}",
-                    build_loss("noised_topk_imbalanced", k=k, epsilon=0.01, n_samples=m,
-                               max_margin=0.2, scale=50.0, class_counts=counts), cosines, k, m)
-                configs.append(Config(f"floor M={m}", num_classes, k, m,
-                                      _floor_step(batch, num_classes, k, m, device)))
+                for regime, (_, eps) in REGIMES.items():
+                    scores = logits[regime]
+                    name = f"noised_topk M={m} {regime}"
+                    add(name, build_loss("noised_topk", k=k, epsilon=eps, n_samples=m), scores, k=k)
+                    if regime == "dense":
+                        add(f"{name} exact=True", build_loss("noised_topk", k=k, epsilon=eps, n_samples=m,
+                                                             exact=True), scores, k=k)
+                    if pytopk is not None:
+                        add(f"pytopk: {name}", pytopk.BalNoisedTopK(k=k, epsilon=eps, n_sample=m), scores, k=k)
+                    if baseline is not None:
+                        add(f"main: {name}", baseline[0]("noised_topk", k=k, epsilon=eps, n_samples=m),
+                            scores, k=k)
+                name = f"noised_topk_imbalanced M={m}"
+                params = dict(k=k, epsilon=IMBALANCED_EPSILON, n_samples=m, max_margin=0.2, scale=50.0,
+                              class_counts=counts)
+                add(name, build_loss("noised_topk_imbalanced", **params), cosines, k=k)
+                if pytopk is not None:
+                    add(f"pytopk: {name}", pytopk.ImbalNoisedTopK(k=k, epsilon=IMBALANCED_EPSILON, max_m=0.2,
+                                                                  cls_num_list=counts, scale=50.0, n_sample=m),
+                        cosines, k=k)
+                if baseline is not None:
+                    add(f"main: {name}", baseline[0]("noised_topk_imbalanced", **params), cosines, k=k)
+            add("smooth_topk_svm", build_loss("smooth_topk_svm", k=k, tau=SVM_TAU), dense, k=k)
+            if reference_svm is not None:
+                with contextlib.redirect_stdout(io.StringIO()):  # it prints its tau
+                    reference = reference_svm(num_classes, k=k, tau=SVM_TAU).to(device)
+                add("2018 reference: smooth_topk_svm", reference, dense, k=k)
+            if baseline is not None:
+                add("main: smooth_topk_svm", baseline[0]("smooth_topk_svm", k=k, tau=SVM_TAU), dense, k=k)
+            if k >= 2:
+                add("avgk_two_head", build_loss("avgk_two_head", k=k), TwoHeadOutput(dense, second_head),
+                    dense, second_head, k=k)
+                if baseline is not None:
+                    add("main: avgk_two_head", baseline[0]("avgk_two_head", k=k),
+                        baseline[1](dense, second_head), dense, second_head, k=k)
     return configs
 
 
@@ -120,155 +236,132 @@ def time_configs(configs: list[Config], repeats: int, warmup: int, device) -> di
     return times
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def summarise(configs, times, batch, device, threads) -> list[dict]:
     rows = []
     for i, config in enumerate(configs):
         rows.append({
-            "loss": config.loss, "L": config.num_classes, "K": config.k if config.k else "",
-            "M": config.n_samples or "", "batch": batch,
-            "best_ms": min(times[i]) * 1e3,
-            "median_ms": statistics.median(times[i]) * 1e3,
-            "p25_ms": _quantile(times[i], 0.25) * 1e3, "p75_ms": _quantile(times[i], 0.75) * 1e3,
-            "repeats": len(times[i]), "device": str(device), "threads": threads,
-            "torch": torch.__version__,
+            "loss": config.label, "L": config.num_classes, "K": config.k if config.k else "",
+            "batch": batch, "best_ms": min(times[i]) * 1e3, "median_ms": statistics.median(times[i]) * 1e3,
+            "repeats": len(times[i]), "device": str(device), "threads": threads, "torch": torch.__version__,
         })
     ce = {row["L"]: row["best_ms"] for row in rows if row["loss"] == "ce"}
-    floors = {(row["L"], row["K"], row["M"]): row["best_ms"] for row in rows if row["loss"].startswith("floor")}
     for row in rows:
         row["ratio_to_ce"] = row["best_ms"] / ce[row["L"]]
-        if row["loss"].startswith("noised_topk M="):
-            row["ratio_to_floor"] = row["best_ms"] / floors[(row["L"], row["K"], row["M"])]
-        else:
-            row["ratio_to_floor"] = ""
     return rows
 
 
-def target_checks(rows, ks) -> list[tuple[str, str, float, bool]]:
-    """The three targets of issue 2, per (L, M) (and per K for the floor)."""
-    def median(loss, num_classes, k):
-        return next(r["best_ms"] for r in rows if r["loss"] == loss and r["L"] == num_classes and r["K"] == k)
+# ----------------------------------------------------------------------------------------
+# goals of issue 14 and the report
+# ----------------------------------------------------------------------------------------
+
+def goal_checks(rows, ks) -> list[tuple[str, str, float, bool]]:
+    """(goal, case, measured, met) at L = 1000."""
+    def ratio(label, k, num_classes=1000):
+        match = [r for r in rows if r["loss"] == label and r["L"] == num_classes and r["K"] == k]
+        return match[0]["ratio_to_ce"] if match else None
 
     checks = []
-    for num_classes in CLASS_COUNTS:
-        for m in SAMPLE_COUNTS:
-            noised = f"noised_topk M={m}"
-            if 1 in ks and 50 in ks:
-                ratio = median(noised, num_classes, 50) / median(noised, num_classes, 1)
-                checks.append(("noised K=50 / K=1 (<= 1.3)", f"L={num_classes} M={m}", ratio, ratio <= 1.3))
-            if 10 in ks:
-                ratio = median("smooth_topk_svm", num_classes, 10) / median(noised, num_classes, 10)
-                checks.append(("smooth SVM / noised at K=10 (>= 2)", f"L={num_classes} M={m}", ratio, ratio >= 2.0))
+    for regime in REGIMES:
+        for m, limit in ((3, 3.0), (10, 6.0)):
+            label = f"noised_topk M={m} {regime}"
             for k in ks:
-                ratio = next(r["ratio_to_floor"] for r in rows
-                             if r["loss"] == noised and r["L"] == num_classes and r["K"] == k)
-                checks.append(("noised / floor (<= 1.5)", f"L={num_classes} M={m} K={k}", ratio, ratio <= 1.5))
+                value = ratio(label, k)
+                checks.append((f"noised M={m} <= x{limit:g} CE", f"{regime} K={k}", value, value <= limit))
+            if 1 in ks and 50 in ks and m == 3:
+                flat = ratio(label, 50) / ratio(label, 1)
+                checks.append(("noised M=3: K=50 / K=1 <= 1.3", regime, flat, flat <= 1.3))
+    for m in SAMPLE_COUNTS:
+        for k in ks:
+            value = ratio(f"noised_topk_imbalanced M={m}", k)
+            checks.append(("imbalanced <= x3.5 CE", f"M={m} K={k}", value, value <= 3.5))
+    for k in ks:
+        ours, reference = ratio("smooth_topk_svm", k), ratio("2018 reference: smooth_topk_svm", k)
+        if reference is not None:
+            need = 3.0 if k >= 5 else 1.0
+            checks.append((f"smooth SVM: 2018 reference / ours >= {need:g}", f"K={k}", reference / ours,
+                           reference / ours >= need))
+    for k in ks:
+        value = ratio("avgk_two_head", k)
+        if value is not None:
+            checks.append(("avgk_two_head <= x2 CE", f"K={k}", value, value <= 2.0))
     return checks
 
 
-def markdown(rows, ks, checks, header: str) -> str:
-    lines = [header, ""]
+def markdown(rows, ks, checks, header: str, notes: list[str]) -> str:
+    lines = [header, ""] + [f"- {note}" for note in notes] + [""]
     for num_classes in CLASS_COUNTS:
-        lines += [f"### L = {num_classes}: ms per forward+backward, best round (ratio to ce)", "",
-                  "| loss | " + " | ".join(f"K={k}" for k in ks) + " |",
-                  "|---|" + "---|" * len(ks)]
-        labels = []
-        for row in rows:
-            if row["L"] == num_classes and row["loss"] not in labels:
-                labels.append(row["loss"])
+        lines += [f"### L = {num_classes}: forward+backward time as a multiple of ce (best round; ms in the CSV)",
+                  "", "| loss | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        labels = list(dict.fromkeys(row["loss"] for row in rows if row["L"] == num_classes))
         for label in labels:
             cells = []
             for k in ks:
                 match = [r for r in rows if r["loss"] == label and r["L"] == num_classes and r["K"] in (k, "")]
-                cells.append(f"{match[0]['best_ms']:.3g} ({match[0]['ratio_to_ce']:.3g}x)" if match else "")
+                cells.append(f"x{match[0]['ratio_to_ce']:.3g}" if match else "")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["### Targets of issue 2", "", "| target | case | measured | met |", "|---|---|---|---|"]
-    for name, case, ratio, met in checks:
-        lines.append(f"| {name} | {case} | {ratio:.2f} | {'yes' if met else 'NO'} |")
+        ce_ms = next(r["best_ms"] for r in rows if r["loss"] == "ce" and r["L"] == num_classes)
+        lines += ["", f"(ce: {ce_ms:.3f} ms)", ""]
+    lines += ["### Goals of issue 14 (L = 1000)", "", "| goal | case | measured | met |", "|---|---|---|---|"]
+    for name, case, value, met in checks:
+        lines.append(f"| {name} | {case} | {value:.2f} | {'yes' if met else 'NO'} |")
     return "\n".join(lines) + "\n"
-
-
-def plot(rows, ks, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, len(CLASS_COUNTS), figsize=(13, 5.5), sharey=False)
-    all_labels = list(dict.fromkeys(row["loss"] for row in rows))
-    palette = plt.get_cmap("tab20")
-    colors = {label: palette(i % 20) for i, label in enumerate(all_labels)}
-    for axis, num_classes in zip(axes, CLASS_COUNTS):
-        labels = [label for label in all_labels if any(r["L"] == num_classes and r["loss"] == label for r in rows)]
-        for label in labels:
-            points = [r for r in rows if r["loss"] == label and r["L"] == num_classes]
-            style = "--" if label.startswith("floor") else ("-" if points[0]["K"] != "" else ":")
-            if points[0]["K"] == "":
-                ys = [points[0]["best_ms"]] * len(ks)
-                xs = list(ks)
-            else:
-                xs = [r["K"] for r in points]
-                ys = [r["best_ms"] for r in points]
-            axis.plot(xs, ys, style, color=colors[label], marker="o" if points[0]["K"] != "" else None,
-                      label=label)
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.set_xticks(list(ks))
-        axis.set_xticklabels([str(k) for k in ks])
-        axis.set_xlabel("K")
-        axis.set_ylabel("forward+backward time per batch, best round (ms)")
-        axis.set_title(f"L = {num_classes}, batch {rows[0]['batch']}")
-        axis.grid(True, which="both", alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="K in {1, 10, 50} and 7 rounds")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 20, quick 7)")
+    parser.add_argument("--quick", action="store_true", help="K in {1, 10, 50} and 5 rounds")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 9, quick 5)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--baseline", default=None,
+                        help="another checkout of this project (e.g. /work/main): its losses side by side")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     ks = QUICK_KS if args.quick else FULL_KS
-    repeats = args.repeats or (7 if args.quick else 20)
-    configs = build_configs(ks, args.batch, device)
+    repeats = args.repeats or (5 if args.quick else 9)
+    notes = []
+    pytopk = load_pytopk()
+    notes.append(f"pytopk {getattr(pytopk, '__version__', '')} (PyPI): measured" if pytopk is not None
+                 else "pytopk not installed (`pip install pytopk`): its rows are skipped")
+    reference_svm = load_smooth_topk_reference()
+    notes.append(f"2018 smooth top-k SVM reference from SMOOTH_TOPK_REF={os.environ['SMOOTH_TOPK_REF']}"
+                 if reference_svm is not None else
+                 "SMOOTH_TOPK_REF not set (a checkout of oval-group/smooth-topk): the 2018 reference is skipped")
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    if baseline is not None:
+        notes.append(f"'main:' rows: the losses of the checkout at {args.baseline}, in the same run")
+    notes.append("score regimes of the noised losses: " + ", ".join(
+        f"{name} = logits N(0, {std:g}^2) with epsilon {eps:g}" for name, (std, eps) in REGIMES.items())
+        + f"; imbalanced: cosines tanh(N(0, 1)) with epsilon {IMBALANCED_EPSILON:g}")
+
+    configs = build_configs(ks, args.batch, device, pytopk, reference_svm, baseline)
     started = time.perf_counter()
     times = time_configs(configs, repeats, args.warmup, device)
     elapsed = time.perf_counter() - started
     rows = summarise(configs, times, args.batch, device, args.threads)
-    checks = target_checks(rows, ks)
+    checks = goal_checks(rows, ks)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    fields = ["loss", "L", "K", "M", "batch", "best_ms", "median_ms", "p25_ms", "p75_ms", "ratio_to_ce",
-              "ratio_to_floor", "repeats", "device", "threads", "torch"]
+    fields = ["loss", "L", "K", "batch", "best_ms", "median_ms", "ratio_to_ce", "repeats", "device",
+              "threads", "torch"]
     with open(args.out / "losses.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         for row in rows:
             writer.writerow({key: (f"{row[key]:.6g}" if isinstance(row[key], float) else row[key])
                              for key in fields})
-    header = (f"Loss benchmark: batch {args.batch}, device {device} ({platform.processor() or platform.machine()}), "
-              f"{args.threads} thread(s), torch {torch.__version__}, best of {repeats} interleaved "
-              f"rounds; {elapsed:.0f} s of timing.")
-    text = markdown(rows, ks, checks, header)
+    header = (f"Loss benchmark: batch {args.batch}, float32, device {device} "
+              f"({platform.processor() or platform.machine()}), {args.threads} thread(s), torch "
+              f"{torch.__version__}, best of {repeats} interleaved rounds; {elapsed:.0f} s of timing.")
+    text = markdown(rows, ks, checks, header, notes)
     (args.out / "losses.md").write_text(text)
-    plot(rows, ks, args.out / "losses.png")
     print(text)
-    print(f"wrote {args.out / 'losses.csv'}, {args.out / 'losses.md'}, {args.out / 'losses.png'}")
+    print(f"wrote {args.out / 'losses.csv'}, {args.out / 'losses.md'}")
     return 0
 
 

@@ -67,7 +67,8 @@ class Param:
     the items and ``length`` the allowed lengths ``(min, max)``); ``low``/``high`` bound a number
     (open with ``low_open``/``high_open``); ``options`` lists the allowed values; ``nullable``
     admits None; ``rule`` is a last check ``value -> value`` that raises ValueError with the whole
-    requirement (for what a range cannot say, such as "false or a file path").
+    requirement (for what a range cannot say, such as "false or a file path"); ``implicit``
+    keeps the default out of the configs a study writes (see the field).
     """
 
     type: str
@@ -82,6 +83,9 @@ class Param:
     item: Optional["Param"] = None
     length: Optional[tuple[int, Optional[int]]] = None
     rule: Optional[Callable[[Any], Any]] = field(default=None, compare=False)
+    #: a setting that changes how, not what, is computed (``exact``): a config holds it only
+    #: when it differs from the default, so that adding it changed no existing config_id
+    implicit: bool = False
 
     @property
     def required(self) -> bool:

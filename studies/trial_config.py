@@ -162,6 +162,9 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
                                         if err.wrong_type else err.text))
                 bad = True
     for key, param in declared.items():
+        if param.implicit and out.get(key, param.default) == param.default:
+            out.pop(key, None)  # written only when it differs from the default (Param.implicit)
+            continue
         if key in out:
             continue
         if param.default is REQUIRED:

@@ -48,7 +48,7 @@ def test_study_validation_fills_the_declared_defaults():
     for name, params in LOSS_PARAMETERS.items():
         config, problems = validate_config({"loss": {"name": name}, "eval": {"ks": [1, 5]}})
         assert not problems, (name, problems)
-        assert config["loss"] == {"name": name, **{k: p.default for k, p in params.items()}}
+        assert config["loss"] == {"name": name, **{k: p.default for k, p in params.items() if not p.implicit}}
 
 
 @pytest.mark.parametrize("name", sorted(LOSS_PARAMETERS))
@@ -72,6 +72,18 @@ def test_every_declared_range_is_enforced_by_build_loss_and_the_study(name):
             assert err.value.parameter == key and name in str(err.value)
             _, problems = validate_config({"loss": {"name": name, key: value}})
             assert [p.path for p in problems] == [("loss", key)], problems
+
+
+def test_an_implicit_parameter_is_in_a_config_only_when_it_differs_from_its_default():
+    from studies.config_ids import config_id
+    from studies.trial_config import validate_config
+
+    ids = []
+    for loss in ({"name": "noised_topk"}, {"name": "noised_topk", "exact": False}, {"name": "noised_topk", "exact": True}):
+        config, problems = validate_config({"loss": loss})
+        assert not problems
+        ids.append(config_id(config))
+    assert ids[0] == ids[1] != ids[2]
 
 
 def test_a_loss_constructor_that_drifts_from_its_declaration_is_refused_at_registration():

@@ -14,6 +14,7 @@ from setvalued.losses.avgk import (
     ROLE_INIT_UNOBSERVED,
     AvgKTwoHeadLoss,
     TwoHeadClassifier,
+    _top_entries,
     candidate_masks,
 )
 
@@ -147,6 +148,32 @@ def test_candidate_and_negative_counts_are_exact(seed, batch, num_classes, k, ti
     assert {(i, j) for i, j in candidate.nonzero().tolist()} == loop_candidates(sccp.detach(), targets, k)
     # mean |S(x_i)| over the batch is k (eq. 5.13)
     assert (positive | candidate).sum(1).double().mean().item() == pytest.approx(k)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_top_entries_equal_a_stable_descending_sort(seed):
+    """The selection (no sort) picks what a full stable sort would: ties by flat position."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, 6, (9, 40), generator=g).double()  # many ties everywhere
+    values[0, 5] = math.inf
+    values[1, :] = -math.inf
+    for count in (0, 1, 7, 50, 123, 300, 351):
+        chosen = _top_entries(values, count)
+        order = torch.sort(values.reshape(-1), descending=True, stable=True).indices
+        expected = torch.zeros(values.numel(), dtype=torch.bool)
+        expected[order[:count]] = True
+        assert torch.equal(chosen.reshape(-1), expected), count
+
+
+def test_candidates_from_float32_logits_rank_log_probabilities_without_underflow():
+    # probabilities of 1e-60 and 1e-70 underflow to 0 in a float32 softmax, not in log space
+    # (a float32 softmax would tie them at 0 and pick class 1 by position)
+    sccp = torch.tensor([[0.0, -300.0, -160.0, -140.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.softmax(sccp, dim=1)[0, 1:].eq(0).all()
+    _, candidate, _ = candidate_masks(sccp, torch.tensor([0, 0]), 2)
+    assert candidate.tolist() == [[False, False, False, False], [False, True, True, False]]
+    _, candidate, _ = candidate_masks(sccp, torch.tensor([0, 0]), 3)
+    assert candidate.tolist() == [[False, False, False, True], [False, True, True, True]]
 
 
 def test_candidates_are_chosen_over_the_whole_batch_not_per_row():

@@ -12,10 +12,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from scipy import integrate, stats
+from scipy import integrate, optimize, stats
 
 from setvalued.losses import LOSSES, NormedLinear, build_loss
-from setvalued.losses.topk import ldam_margins, smooth_kth_largest
+from setvalued.losses.topk import (
+    PRUNING_FAILURE_PROBABILITY,
+    _pruned_candidates,
+    _pruning_window,
+    ldam_margins,
+    smooth_kth_largest,
+)
 
 torch.set_num_threads(1)
 
@@ -286,6 +292,178 @@ def test_noised_topk_loss_is_nonnegative_and_raw_scores_unchanged():
 
 
 # ------------------------------------------------------------------------------------
+# The pruned path (noise only for the classes that can reach the top k+1)
+# ------------------------------------------------------------------------------------
+
+def _spread_scores(batch: int, classes: int, seed: int, spread: float, dtype=torch.float64):
+    """Scores where most classes are far below the top (std ``spread``, in units of epsilon)."""
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, classes, generator=generator, dtype=dtype) * spread
+    targets = torch.randint(classes, (batch,), generator=generator)
+    return scores.requires_grad_(True), targets
+
+
+@pytest.mark.parametrize("k, samples, classes", [(2, 3, 16), (11, 10, 1000), (51, 3, 1000)])
+def test_pruning_window_meets_the_failure_budget_with_little_slack(k, samples, classes):
+    """M (k Q(a) + L Q(b)) <= 1e-9 for the best split of w = a + b, and no smaller w does."""
+    width = _pruning_window(k, classes, samples)
+
+    def least_failure(w):  # the best split of a total width w
+        def bound(a):
+            return samples * (k * stats.norm.sf(a) + classes * stats.norm.sf(w - a))
+        return optimize.minimize_scalar(bound, bounds=(0.0, w), method="bounded",
+                                        options={"xatol": 1e-10}).fun
+
+    assert least_failure(width) <= PRUNING_FAILURE_PROBABILITY * (1 + 1e-6)
+    assert least_failure(width - 0.02) > PRUNING_FAILURE_PROBABILITY
+    assert 12.0 < width < 16.0
+
+
+@pytest.mark.parametrize("k", [2, 6, 21])
+def test_pruned_candidates_hold_every_class_within_the_window(k):
+    scores, _ = _spread_scores(64, 500, seed=k, spread=40.0, dtype=torch.float32)
+    scores = scores.detach()
+    eps, samples = 1.0, 5
+    values, classes = _pruned_candidates(scores, k, eps, samples)
+    width = _pruning_window(k, 500, samples)
+    kth = torch.topk(scores, k, dim=1).values[:, -1:]
+    kept = torch.zeros_like(scores, dtype=torch.bool)
+    real = classes < 500
+    kept[real.nonzero(as_tuple=True)[0], classes[real]] = True
+    # every class within eps * w of s_[k] is kept, each kept class at most once, with its score
+    assert (kept | (scores <= kth - eps * width)).all()
+    assert int(kept.sum()) == int(real.sum())
+    assert torch.equal(values[real], scores[real.nonzero(as_tuple=True)[0], classes[real]])
+    assert (values[~real] == -math.inf).all()
+    # and pruning did prune: far fewer than L columns
+    assert values.shape[1] < 500 / 4
+
+
+def test_pruning_falls_back_to_the_exact_path_where_it_cannot_pay():
+    dense, _ = _spread_scores(64, 1000, seed=0, spread=2.0, dtype=torch.float32)  # std 2 / eps 1
+    spread, _ = _spread_scores(64, 1000, seed=0, spread=40.0, dtype=torch.float32)
+    assert _pruned_candidates(dense.detach(), 2, 1.0, 3) is None  # every class within reach
+    assert _pruned_candidates(spread.detach(), 2, 1.0, 3) is not None
+    assert _pruned_candidates(spread.detach()[:, :100], 2, 1.0, 3) is None  # M L < 500: cheap draw
+    assert _pruned_candidates(spread.detach(), 126, 1.0, 3) is None  # k > L / 8
+
+
+@pytest.mark.parametrize("k, eps, samples", [(1, 1.0, 3), (5, 0.2, 10), (20, 0.5, 4)])
+def test_pruned_path_equals_the_exact_path_draw_by_draw(k, eps, samples):
+    """Same noise, same result: value and gradient identical on thousands of draws."""
+    batch, classes = 400, 300
+    scores, targets = _spread_scores(batch, classes, seed=k, spread=30 * eps)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(k),
+                        dtype=torch.float64)
+    assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < 0.4 * classes
+    results = []
+    for exact in (False, True):
+        loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none",
+                          exact=exact)
+        values = loss.per_sample(scores, targets, noise=noise)
+        grad, = torch.autograd.grad(values.sum(), scores)
+        results.append((values, grad))
+        smoothed = smooth_kth_largest(scores, k + 1, eps, samples, noise=noise, exact=exact)
+        results.append((smoothed, torch.autograd.grad(smoothed.sum(), scores)[0]))
+    assert torch.equal(results[0][0], results[2][0]) and torch.equal(results[0][1], results[2][1])
+    assert torch.equal(results[1][0], results[3][0]) and torch.equal(results[1][1], results[3][1])
+    assert (results[0][0] > 0).any() and (results[0][0] == 0).any()
+    counts = [50 + 7 * j for j in range(classes)]
+    cosines = torch.tanh(scores.detach() / (30 * eps)).requires_grad_(True)
+    imbalanced = [build_loss("noised_topk_imbalanced", k=k, epsilon=0.02, n_samples=samples,
+                             max_margin=0.2, scale=30.0, class_counts=counts, reduction="none",
+                             exact=exact) for exact in (False, True)]
+    pruned, exact = (loss.per_sample(cosines, targets, noise=noise) for loss in imbalanced)
+    assert torch.equal(pruned, exact)
+    assert torch.equal(torch.autograd.grad(pruned.sum(), cosines)[0],
+                       torch.autograd.grad(exact.sum(), cosines)[0])
+
+
+def test_pruned_path_at_the_edge_of_the_window():
+    """Classes just inside the cut are kept, just outside dropped, and nothing changes."""
+    samples, k, eps, classes = 4, 3, 1.0, 200
+    width = _pruning_window(k, classes, samples)
+    row = torch.full((classes,), -1000.0, dtype=torch.float64)
+    row[[5, 77, 150]] = 10.0  # the k anchors, in different groups
+    row[[6, 7, 8]] = 10.0 - eps * width + 1e-6  # inside the band
+    row[[9, 10, 11]] = 10.0 - eps * width - 1e-6  # outside
+    row[[12, 13]] = 10.0 - 2.0  # within reach: often the k-th of a noisy copy
+    scores = row.expand(2000, -1).clone().requires_grad_(True)
+    _, candidates = _pruned_candidates(scores.detach(), k, eps, samples)
+    kept = set(candidates[0][candidates[0] < classes].tolist())
+    assert kept == {5, 77, 150, 6, 7, 8, 12, 13}
+    noise = torch.randn(2000, samples, classes, generator=torch.Generator().manual_seed(0),
+                        dtype=torch.float64)
+    values = [smooth_kth_largest(scores, k, eps, samples, noise=noise, exact=exact) for exact in (False, True)]
+    grads = [torch.autograd.grad(v.sum(), scores)[0] for v in values]
+    assert torch.equal(values[0], values[1]) and torch.equal(grads[0], grads[1])
+    assert grads[0][:, [12, 13]].sum() > 0
+
+
+def _brute_force_noised_hinge(row: np.ndarray, target: int, k: int, eps: float, samples: int,
+                              replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-replicate loss (R,) and gradient (R, L) of thesis eqs. 4.10 and 4.12, in float64,
+    drawing noise for every class (numpy's generator, independent of torch's)."""
+    rng = np.random.default_rng(seed)
+    classes = row.shape[0]
+    losses, grads = np.empty(replicates), np.zeros((replicates, classes))
+    chunk = 2000
+    for start in range(0, replicates, chunk):
+        n = min(chunk, replicates - start)
+        perturbed = row + eps * rng.standard_normal((n, samples, classes))
+        picks = np.argpartition(-perturbed, k, axis=-1)[..., k]  # index of the (k+1)-th largest
+        kth = np.take_along_axis(perturbed, picks[..., None], -1)[..., 0].mean(-1)
+        hinge = 1 + kth - row[target]
+        losses[start:start + n] = np.maximum(hinge, 0)
+        active = hinge > 0
+        block = np.zeros((n, classes))
+        np.add.at(block, (np.repeat(np.arange(n), samples), picks.reshape(-1)), 1 / samples)
+        block[:, target] -= 1
+        grads[start:start + n] = block * active[:, None]
+    return losses, grads
+
+
+def test_pruned_loss_and_gradient_match_a_float64_brute_force_monte_carlo():
+    """Most classes far below the (K+1)-th (the regime pruning exploits), a few within reach."""
+    k, eps, samples, classes, replicates = 2, 0.5, 4, 400, 20000
+    rng = np.random.default_rng(7)
+    row = rng.normal(-12.0, 2.0, classes)  # far below: about 20 eps under the top
+    row[:6] = [1.0, 0.9, 0.6, 0.4, -0.3, -1.2]  # the top k + 1 and the ones within reach
+    target = 2
+    loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none")
+    scores = torch.tensor(row).expand(replicates, -1).clone().requires_grad_(True)
+    assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < 20
+    torch.manual_seed(3)
+    values = loss(scores, torch.full((replicates,), target))
+    grad, = torch.autograd.grad(values.sum(), scores)
+    ref_values, ref_grads = _brute_force_noised_hinge(row, target, k, eps, samples, replicates, 11)
+
+    def close(a, b, axis=0):
+        error = np.sqrt(a.var(axis) / len(a) + b.var(axis) / len(b))
+        return np.abs(a.mean(axis) - b.mean(axis)) <= 5 * error + 1e-12
+
+    assert close(values.detach().numpy(), ref_values)
+    assert close(grad.numpy(), ref_grads).all()
+    # the comparison has teeth: classes 3-5 are sometimes the (K+1)-th, and the hinge is active
+    for mean_grad in (ref_grads.mean(0), grad.numpy().mean(0)):
+        assert (mean_grad[3:5] > 0.02).all() and mean_grad[5] > 3e-4
+    assert 0.1 < ref_values.mean() < 2.0
+
+
+def test_exact_path_draws_noise_for_every_class():
+    batch, classes, samples, k, eps = 8, 200, 3, 1, 0.1
+    scores, targets = _spread_scores(batch, classes, seed=1, spread=5.0)
+    loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, exact=True)
+    torch.manual_seed(12)
+    value = loss(scores, targets)
+    torch.manual_seed(12)
+    noise = torch.randn(batch, samples, classes, dtype=torch.float64)
+    assert value.item() == pytest.approx(loss.reduce(loss.per_sample(scores, targets, noise=noise)).item(),
+                                         abs=1e-12)
+    assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < classes / 4
+
+
+# ------------------------------------------------------------------------------------
 # Imbalanced noised loss, LDAM margins, LDAM, focal, CE
 # ------------------------------------------------------------------------------------
 
@@ -463,6 +641,8 @@ def test_reductions():
     ("focal", {"gamma": -1}, r"gamma must be >= 0"),
     ("hinge_topk", {"k": True}, r"k must be an integer"),
     ("ce", {"epsilon": 0.1}, r"loss 'ce' has no parameter 'epsilon'"),
+    ("noised_topk", {"exact": "yes"}, r"exact must be true or false"),
+    ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "exact": 1}, r"exact must be true or false"),
 ])
 def test_bad_parameters_raise_value_error_naming_the_parameter(name, params, message):
     with pytest.raises(ValueError, match=message):

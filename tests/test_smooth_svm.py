@@ -38,6 +38,19 @@ def _brute_force_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, tau: f
     return torch.stack(values)
 
 
+def _brute_force_svm_vectorized(scores: torch.Tensor, targets: torch.Tensor, k: int, tau: float,
+                                 alpha: float) -> torch.Tensor:
+    """[BZK18] eq. 9 over every k-subset at once: a (subsets, n) indicator matrix."""
+    n = scores.shape[1]
+    subsets = torch.tensor([[j in c for j in range(n)] for c in itertools.combinations(range(n), k)],
+                           dtype=scores.dtype)
+    means = scores @ subsets.T / k  # (B, subsets)
+    holds_target = subsets[:, targets].T.bool()  # (B, subsets)
+    all_terms = (alpha * (~holds_target).to(scores.dtype) + means) / tau
+    with_target = (means / tau).masked_fill(~holds_target, -math.inf)
+    return tau * torch.logsumexp(all_terms, dim=1) - tau * torch.logsumexp(with_target, dim=1)
+
+
 CASES = [(n, k, tau, alpha) for n in (5, 8) for k in (1, 2, 3, 5) for tau in (0.05, 0.5, 2.0)
          for alpha in (0.0, 1.0) if k <= n - 1]
 
@@ -52,8 +65,82 @@ def test_value_and_gradient_equal_brute_force_enumeration(n, k, tau, alpha):
     grad, = torch.autograd.grad(value.sum(), scores)
     reference = _brute_force_svm(scores, targets, k, tau, alpha)
     reference_grad, = torch.autograd.grad(reference.sum(), scores)
+    assert torch.allclose(_brute_force_svm_vectorized(scores, targets, k, tau, alpha), reference,
+                          rtol=1e-12, atol=1e-12)
     assert torch.allclose(value, reference, rtol=1e-10, atol=1e-12)
     assert torch.allclose(grad, reference_grad, rtol=1e-8, atol=1e-10)
+
+
+BODY_CASES = [(12, 2, 1.0, 1.0), (12, 3, 0.1, 1.0), (14, 4, 0.5, 0.0), (13, 5, 2.0, 1.0),
+              (12, 2, 1e-3, 1.0), (13, 4, 1e-3, 1.0)]
+
+
+@pytest.mark.parametrize("n, k, tau, alpha", BODY_CASES)
+@pytest.mark.parametrize("logit_scale", [1.0, 1e3])
+def test_value_and_gradient_equal_brute_force_with_a_body(n, k, tau, alpha, logit_scale):
+    """n > k + 2: most classes go through the linear-space "body" path, the k + 1 largest
+    through the log-space "top"; the brute force enumerates every subset ([BZK18] eq. 9).
+    Logits of 1e3 at tau = 1e-3 make gaps of 1e6 / k in x = s / (k tau)."""
+    generator = torch.Generator().manual_seed(n * 100 + k)
+    scores = torch.randn(6, n, generator=generator, dtype=torch.float64) * logit_scale
+    scores[0, :] = scores[0, 0]  # all tied
+    scores[1, 3:] = scores[1, 2]  # a tie at the top/body border
+    scores[2, 1:] -= 50 * logit_scale  # one class far above the rest
+    scores.requires_grad_(True)
+    targets = torch.randint(n, (6,), generator=generator)
+    loss = build_loss("smooth_topk_svm", k=k, tau=tau, alpha=alpha, reduction="none")
+    value = loss(scores, targets)
+    grad, = torch.autograd.grad(value.sum(), scores)
+    reference = _brute_force_svm_vectorized(scores, targets, k, tau, alpha)
+    reference_grad, = torch.autograd.grad(reference.sum(), scores)
+    assert torch.allclose(value, reference, rtol=1e-6, atol=1e-9 * max(1.0, logit_scale))
+    scale = reference_grad.abs().max()
+    assert torch.allclose(grad, reference_grad, rtol=1e-6, atol=1e-6 * scale)
+    # float32 inputs: the same loss (computed in float64 inside), rounded once
+    value32 = loss(scores.detach().float(), targets)
+    assert torch.allclose(value32.double(), build_loss("smooth_topk_svm", k=k, tau=tau, alpha=alpha,
+                                                       reduction="none")(scores.detach().float().double(), targets),
+                          rtol=1e-6, atol=1e-6)
+
+
+def _log_space_reference(scores, targets, k, tau, alpha):
+    """The loss through the log-space divide and conquer over all classes, with autograd."""
+    x = (scores - scores.detach().amax(dim=1, keepdim=True)) / (k * tau)
+    is_target = F.one_hot(targets, scores.shape[1]).bool()
+    log_sigma = log_elementary_symmetric(x.masked_fill(is_target, -1e30), k)
+    x_target = x.gather(1, targets[:, None]).squeeze(1)
+    return tau * F.softplus(alpha / tau + log_sigma[:, k] - log_sigma[:, k - 1] - x_target)
+
+
+@pytest.mark.parametrize("k", [2, 5, 10, 20, 40])
+@pytest.mark.parametrize("tau, logit_scale", [(1.0, 2.0), (0.1, 5.0), (1e-3, 1e3)])
+def test_large_n_matches_the_log_space_recursion(k, tau, logit_scale):
+    """L = 300: value and gradient against autograd through the plain log-space product."""
+    generator = torch.Generator().manual_seed(k)
+    scores = (torch.randn(8, 300, generator=generator, dtype=torch.float64) * logit_scale).requires_grad_(True)
+    targets = torch.randint(300, (8,), generator=generator)
+    value = build_loss("smooth_topk_svm", k=k, tau=tau, reduction="none")(scores, targets)
+    grad, = torch.autograd.grad(value.sum(), scores)
+    reference = _log_space_reference(scores, targets, k, tau, 1.0)
+    reference_grad, = torch.autograd.grad(reference.sum(), scores)
+    assert torch.allclose(value, reference, rtol=1e-9, atol=1e-9)
+    assert torch.allclose(grad, reference_grad, rtol=1e-7, atol=1e-9 * reference_grad.abs().max())
+
+
+def test_body_elementary_symmetric_values_in_unit_interval():
+    from setvalued.losses.smooth_svm import elementary_symmetric_unit
+
+    generator = torch.Generator().manual_seed(0)
+    y = torch.rand(3, 700, generator=generator, dtype=torch.float64)
+    y[1, 100:] = 0.0
+    y[2] = 1.0  # sigma_j = C(700, j)
+    for k in (1, 4, 9, 30):
+        sigma = elementary_symmetric_unit(y, k)
+        for row in range(3):
+            with np.errstate(divide="ignore"):
+                expected = np.exp(_log_esp_sequential(np.log(y[row].numpy()), k))
+            assert np.allclose(sigma[row].numpy(), expected, rtol=1e-11, atol=0)
+        assert sigma[2, k].item() == pytest.approx(math.comb(700, k), rel=1e-11)
 
 
 def test_k1_tau1_alpha0_equals_cross_entropy():

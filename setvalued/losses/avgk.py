@@ -98,8 +98,28 @@ class TwoHeadClassifier(nn.Module):
         return TwoHeadOutput(sccp=self.sccp(features), ml=self.ml(features))
 
 
+def _top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
+    """Bool mask of the ``count`` largest entries of ``values`` (any shape, flattened in
+    row-major order), ties at the threshold broken by flat position (lower first).
+
+    One selection (``topk`` without sorting) finds the threshold, the count-th largest value;
+    every entry above it is taken, then the first entries equal to it until ``count``. No sort.
+    """
+    flat = values.reshape(-1)
+    if count <= 0:
+        return torch.zeros_like(flat, dtype=torch.bool).view(values.shape)
+    threshold = torch.topk(flat, count, sorted=False).values.min()
+    chosen = flat >= threshold
+    surplus = int(chosen.sum()) - count
+    if surplus > 0:  # ties at the threshold: keep the first ones in flat order
+        tied = flat == threshold
+        chosen &= ~tied | (tied.cumsum(0) <= int(tied.sum()) - surplus)
+    return chosen.view(values.shape)
+
+
 @torch.no_grad()
-def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int
+def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
+                    log_probs: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bool masks (positive, candidate, negative), each (|B|, L), of thesis eqs. 5.11-5.14.
 
@@ -109,21 +129,48 @@ def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int
     negative: ``j not in S(x_i) = {y_i} u S_c(x_i)`` (erratum E1 of losses-avgk.md: the label is
     excluded too), exactly (L-k)|B| entries.
 
-    Ties are broken by position in the row-major flattened matrix (lower example index first,
-    then lower class index): a stable descending sort, so the choice is deterministic and the
-    counts are exact even when many probabilities are equal.
+    The entries are ranked by the log-softmax ``log varsigma(Z')`` (the same order as the
+    softmax; ``log_probs`` may pass it in when the caller has it), in the logits' precision
+    (float32 at least): log-probabilities do not underflow, so the small probabilities of a
+    long tail stay distinct. The (k-1)|B| largest are found by one selection
+    (:func:`_top_entries`), not a sort.  Ties are broken by position in the row-major
+    flattened matrix (lower example index first, then lower class index), so the choice is
+    deterministic and the counts are exact even when many probabilities are equal.
     """
     batch, num_classes = sccp_logits.shape
-    probs = torch.softmax(sccp_logits.detach().to(torch.float64), dim=1)
+    if log_probs is None:
+        logits = sccp_logits.detach()
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        log_probs = torch.log_softmax(logits, dim=1)
     positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=sccp_logits.device)
     positive[torch.arange(batch, device=sccp_logits.device), targets] = True
-    masked = probs.masked_fill(positive, -math.inf).reshape(-1)
-    order = torch.sort(masked, descending=True, stable=True).indices
-    candidate = torch.zeros(batch * num_classes, dtype=torch.bool, device=sccp_logits.device)
-    candidate[order[: (k - 1) * batch]] = True
-    candidate = candidate.reshape(batch, num_classes)
+    candidate = _top_entries(log_probs.detach().masked_fill(positive, -math.inf), (k - 1) * batch)
     negative = ~(positive | candidate)
     return positive, candidate, negative
+
+
+class _WeightedBCE(torch.autograd.Function):
+    """Per-row ``sum_j w_ij * BCE(z_ij, t_ij)`` with t in {0, 1}, in one autograd node.
+
+    ``BCE(z, 1) = -log sigma(z)``, ``BCE(z, 0) = -log(1 - sigma(z))``, both as
+    ``softplus(u) = max(u, 0) - log sigma(|u|)`` with ``u = -z`` resp. ``z`` (no overflow, no
+    log of 0); gradient ``w (sigma(z) - t)``. Fewer passes over the (|B|, L) logits than
+    autograd through two log-sigmoids and three masked sums.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, weights):
+        signed = torch.where(targets, -logits, logits)
+        per_entry = signed.clamp_min(0.0).sub_(torch.log(torch.sigmoid(signed.abs())))
+        ctx.save_for_backward(logits, targets, weights)
+        return per_entry.mul_(weights).sum(dim=1)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        logits, targets, weights = ctx.saved_tensors
+        grad = torch.sigmoid(logits).sub_(targets.to(logits.dtype))
+        return grad.mul_(weights).mul_(grad_output.unsqueeze(1)), None, None
 
 
 @register_loss("avgk_two_head")
@@ -183,16 +230,14 @@ class AvgKTwoHeadLoss(SetValuedLoss):
         batch, num_classes = ml.shape
         self._check_fits(batch, num_classes)
         targets = targets.to(device=ml.device, dtype=torch.long)
-        positive, candidate, negative = candidate_masks(sccp, targets, self.k)
-
-        ce = F.cross_entropy(sccp, targets, reduction="none")  # eq. 5.10, erratum E2
-        log_p = F.logsigmoid(ml)
-        log_not_p = F.logsigmoid(-ml)
-        zero = torch.zeros((), dtype=ml.dtype, device=ml.device)
-        label_term = -torch.where(positive, log_p, zero).sum(dim=1)
-        candidate_term = -torch.where(candidate, log_p, zero).sum(dim=1) / (self.k - 1)
-        negative_term = -torch.where(negative, log_not_p, zero).sum(dim=1) / (num_classes - self.k)
-        per_example = ce + label_term + self.alpha * (candidate_term + negative_term)
+        log_probs = F.log_softmax(sccp, dim=1)
+        ce = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # eq. 5.10, erratum E2
+        positive, candidate, negative = candidate_masks(sccp, targets, self.k, log_probs=log_probs.detach())
+        # eq. 5.14 as one weighted BCE per row: weight 1 on the label, alpha/(K-1) on the
+        # candidates, alpha/(L-K) on the negatives
+        weights = torch.full_like(ml, self.alpha / (num_classes - self.k))
+        weights.masked_fill_(candidate, self.alpha / (self.k - 1)).masked_fill_(positive, 1.0)
+        per_example = ce + _WeightedBCE.apply(ml, positive | candidate, weights)
         return self.reduce(per_example)
 
     def prediction_scores(self, output: Any) -> torch.Tensor:

@@ -24,6 +24,9 @@ CONTEXT_KEYS = ("class_counts", "num_classes", "num_examples")
 _K_TOPK = Param("int", 5, "the K of top-K", low=1)
 _EPSILON = "noise scale of the smoothed (k+1)-th largest score (thesis eq. 4.10)"
 _N_SAMPLES = Param("int", 5, "M, the number of noise draws per example", low=1)
+_EXACT = Param("bool", False, "draw noise for every class (else only for the classes that can reach "
+                              "the top K+1, exact but for a probability below 1e-9 per example)",
+               implicit=True)
 
 LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
     "ce": {},
@@ -41,6 +44,7 @@ LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
         "k": _K_TOPK,
         "epsilon": Param("float", 1.0, _EPSILON, low=0.0),
         "n_samples": _N_SAMPLES,
+        "exact": _EXACT,
     },
     "noised_topk_imbalanced": {
         "k": _K_TOPK,
@@ -48,6 +52,7 @@ LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
         "n_samples": _N_SAMPLES,
         "max_margin": Param("float", 0.2, "largest LDAM class margin, in cosine units", low=0.0),
         "scale": Param("float", 50.0, "multiplier of the whole hinge", low=0.0, low_open=True),
+        "exact": _EXACT,
     },
     "smooth_topk_svm": {
         "k": _K_TOPK,

@@ -19,8 +19,10 @@ Public helpers:
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,6 +92,12 @@ def _check_float(name: str, value: Any, minimum: float | None = None, *,
     return as_float
 
 
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def _check_k_for_classes(k: int, num_classes: int, loss_name: str, reason: str) -> None:
     """The top-K losses need 1 <= k <= L - 1; ``reason`` says why for this loss."""
     if k > num_classes - 1:
@@ -142,34 +150,141 @@ def _select_kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     return kth_values.squeeze(-1), top_positions.gather(-1, where).squeeze(-1)
 
 
+#: Largest probability, per example, that the pruned path of the noised losses gives a
+#: different value or gradient than drawing noise for every class (see :func:`_pruning_window`).
+PRUNING_FAILURE_PROBABILITY = 1e-9
+
+#: The pruned path falls back to the exact one when its candidates would cover more than this
+#: fraction of the classes of some row (the bookkeeping would then cost more than it saves).
+_PRUNING_MAX_FRACTION = 0.5
+
+#: ... and when M L is below this (the exact draw then costs less than the bookkeeping; the
+#: ratios of benchmarks/losses.py at L = 100 and 1000).
+_PRUNING_MIN_DRAWS = 500
+
+
+@functools.lru_cache(maxsize=256)
+def _pruning_window(k: int, num_classes: int, n_samples: int,
+                    failure: float = PRUNING_FAILURE_PROBABILITY) -> float:
+    """Width ``a + b`` (in units of epsilon) of the band kept below a lower bound of ``s_[k]``.
+
+    Let ``t <= s_[k]`` with k classes (the set A) scoring at least t, ``u = t - a eps`` and
+    ``C = {j : s_j > u - b eps}``. For one draw Z, if every i in A has ``s_i + eps Z_i > u``
+    and every j outside C has ``s_j + eps Z_j < u``, the k largest entries of ``s + eps Z``
+    all lie in C, so the k-th largest of the candidates' perturbed scores is the k-th largest
+    of the whole vector, with the same index. By the union bound over the k anchors, the
+    (at most L) classes outside C and the M draws of an example, the probability that this
+    fails is at most ``M (k Q(a) + L Q(b))``, Q the standard normal tail. ``a`` and ``b``
+    minimise ``a + b`` under ``M (k Q(a) + L Q(b)) <= failure`` (a grid over how the failure
+    budget is split between the two terms).
+    """
+    normal = statistics.NormalDist()
+    best = math.inf
+    for step in range(1, 200):
+        share = step / 200
+        a = -normal.inv_cdf(share * failure / (n_samples * k))
+        b = -normal.inv_cdf((1 - share) * failure / (n_samples * num_classes))
+        best = min(best, a + b)
+    return best
+
+
+def _group_shape(num_classes: int, k: int) -> tuple[int, int]:
+    """(P, G) with P G > L and G a multiple of 16 (aligned rows for the max over groups).
+
+    The classes are read as a P x G grid, class ``p G + g`` in group g; the entries past L
+    (at least one) hold -inf. P is at most 16 and small enough that G >= 2k.
+    """
+    members = max(1, min(16, num_classes // (2 * k)))
+    groups = -(-(num_classes + 1) // members)
+    return members, -(-groups // 16) * 16
+
+
+def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: int
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Scores (B, R) and class indices (B, R) of the classes that can reach the top k.
+
+    A class is kept when its score exceeds ``t - eps w``, with ``t`` the k-th largest of the
+    group maxima (a lower bound of ``s_[k]``: the k best groups each hold a class scoring at
+    least t) and ``w`` from :func:`_pruning_window`, so the k-th largest of ``s + eps Z``
+    over the kept classes equals the one over all classes except with probability at most
+    ``PRUNING_FAILURE_PROBABILITY`` per example. Rows are padded to the longest one with
+    score -inf and class index L. Returns None (use the exact path) when pruning would keep
+    more than half of the classes of some row, when most rows span less than the window,
+    when nearly every group reaches the cut, when k > L / 8, or when M L < 500.
+
+    Work: one max over groups of P classes, a top-k over the G group maxima, then only the
+    groups whose maximum passes the cut are looked at class by class.
+    """
+    batch, num_classes = flat.shape
+    if 8 * k > num_classes or n_samples * num_classes < _PRUNING_MIN_DRAWS:
+        return None  # the candidates would be a large share of few classes, or the draw is cheap
+    reach = epsilon * _pruning_window(k, num_classes, n_samples)
+    spread = flat.amax(dim=1) - flat.amin(dim=1)
+    if int((spread <= reach).sum()) * 2 > batch:
+        return None  # most rows have no class below max - eps w: nothing to prune there
+    members, groups = _group_shape(num_classes, k)
+    padded = F.pad(flat, (0, members * groups - num_classes), value=-math.inf)
+    grid = padded.view(batch, members, groups)
+    group_max = grid.amax(dim=1)  # (B, G)
+    cut = torch.topk(group_max, k, dim=1, sorted=False).values.amin(dim=1)
+    cut = cut.sub_(reach).unsqueeze(1)
+    row_of_group, group = (group_max > cut).nonzero(as_tuple=True)
+    if row_of_group.numel() > 0.9 * batch * groups:
+        return None  # most groups reach the cut: the scores are dense compared to epsilon
+    which, member = (grid[row_of_group, :, group] > cut[row_of_group]).nonzero(as_tuple=True)
+    rows = row_of_group[which]  # ascending: nonzero walks row-major
+    counts = torch.bincount(rows, minlength=batch)
+    width = int(counts.max())
+    if width > _PRUNING_MAX_FRACTION * num_classes:
+        return None
+    position = torch.arange(rows.numel(), device=flat.device) - (counts.cumsum(0) - counts)[rows]
+    classes = torch.full((batch, width), num_classes, dtype=torch.long, device=flat.device)
+    classes[rows, position] = group[which] + groups * member
+    return padded.gather(1, classes), classes
+
+
 def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples: int,
-                           noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Monte-Carlo value (B,) and selected indices (B, M) of the k-th largest of s + eps Z.
+                           noise: torch.Tensor | None, exact: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Monte-Carlo value (B,) and selected class indices (B, M) of the k-th largest of s + eps Z.
 
     ``flat``: (B, L) scores; ``noise``: None (fresh ``torch.randn`` draw) or (B, M, L).
-    No gradient: the callers' backward scatters to the returned indices.
+    ``exact=False`` draws noise only for the classes that can reach the top k
+    (:func:`_pruned_candidates`); with a given ``noise`` it uses those classes' entries of
+    it, so both paths agree draw by draw except with probability at most
+    ``PRUNING_FAILURE_PROBABILITY`` per example. No gradient: the callers' backward scatters
+    to the returned indices.
     """
     with torch.no_grad():
         flat = flat.detach()
         if epsilon == 0.0:
             # No perturbation: every copy is s itself; one copy gives the same value and
             # gradient (the exact s_[k] and its one-hot), without drawing noise.
-            perturbed, scale = flat.unsqueeze(1), 1.0
+            values, indices = _select_kth_largest(flat.unsqueeze(1), k)
+            return values.mean(dim=-1), indices
+        pruned = None if exact else _pruned_candidates(flat, k, epsilon, n_samples)
+        if pruned is None:
+            shifted, classes = flat, None
         else:
-            # (s + eps Z)_[k] = eps * (s / eps + Z)_[k] for eps > 0: one pass over the
-            # (B, M, L) tensor instead of two (the scale goes on the (B,) result).
-            shifted = (flat / epsilon if epsilon != 1.0 else flat).unsqueeze(1)
-            if noise is None:
-                perturbed = torch.randn(flat.shape[0], n_samples, flat.shape[1],
-                                        dtype=flat.dtype, device=flat.device)
-                perturbed.add_(shifted)
-            else:
-                perturbed = noise + shifted
-            scale = epsilon
+            shifted, classes = pruned
+        # (s + eps Z)_[k] = eps * (s / eps + Z)_[k] for eps > 0: one pass over the
+        # (B, M, R) tensor instead of two (the scale goes on the (B,) result).
+        shifted = (shifted / epsilon if epsilon != 1.0 else shifted).unsqueeze(1)
+        if noise is None:
+            perturbed = torch.randn(flat.shape[0], n_samples, shifted.shape[-1],
+                                    dtype=flat.dtype, device=flat.device)
+        elif classes is None:
+            perturbed = noise.clone()
+        else:  # the padding (class index L, score -inf) reads any entry of the noise
+            where = classes.clamp(max=flat.shape[1] - 1).unsqueeze(1).expand(-1, n_samples, -1)
+            perturbed = noise.gather(2, where)
+        perturbed.add_(shifted)
         values, indices = _select_kth_largest(perturbed, k)
+        if classes is not None:
+            indices = classes.gather(1, indices)
         smoothed = values.mean(dim=-1)
-        if scale != 1.0:
-            smoothed.mul_(scale)
+        if epsilon != 1.0:
+            smoothed.mul_(epsilon)
     return smoothed, indices
 
 
@@ -188,8 +303,8 @@ class _PerturbedKthLargest(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, flat, k, epsilon, n_samples, noise):
-        smoothed, indices = _perturbed_kth_largest(flat, k, epsilon, n_samples, noise)
+    def forward(ctx, flat, k, epsilon, n_samples, noise, exact):
+        smoothed, indices = _perturbed_kth_largest(flat, k, epsilon, n_samples, noise, exact)
         ctx.save_for_backward(indices)
         ctx.num_classes = flat.shape[-1]
         return smoothed
@@ -197,7 +312,7 @@ class _PerturbedKthLargest(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         (indices,) = ctx.saved_tensors
-        return _scatter_mean_one_hot(grad_output, indices, ctx.num_classes), None, None, None, None
+        return _scatter_mean_one_hot(grad_output, indices, ctx.num_classes), None, None, None, None, None
 
 
 class _NoisedHinge(torch.autograd.Function):
@@ -210,8 +325,8 @@ class _NoisedHinge(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, scores, targets, margin, k, epsilon, n_samples, scale, noise):
-        smoothed, indices = _perturbed_kth_largest(scores, k, epsilon, n_samples, noise)
+    def forward(ctx, scores, targets, margin, k, epsilon, n_samples, scale, noise, exact):
+        smoothed, indices = _perturbed_kth_largest(scores, k, epsilon, n_samples, noise, exact)
         target_scores = scores.detach().gather(1, targets.unsqueeze(1)).squeeze(1)
         hinge = smoothed.add_(margin).sub_(target_scores)
         if scale != 1.0:
@@ -229,7 +344,7 @@ class _NoisedHinge(torch.autograd.Function):
             weights = weights * ctx.scale
         grad = _scatter_mean_one_hot(weights, indices, ctx.num_classes)
         grad.scatter_add_(1, targets.unsqueeze(1), -weights.unsqueeze(1))
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def _check_noise(noise: torch.Tensor, lead_shape: tuple, n_samples: int, like: torch.Tensor) -> torch.Tensor:
@@ -243,7 +358,7 @@ def _check_noise(noise: torch.Tensor, lead_shape: tuple, n_samples: int, like: t
 
 
 def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: int,
-                       noise: torch.Tensor | None = None) -> torch.Tensor:
+                       noise: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
     """Smoothed k-th largest value of each row: ``(1/M) sum_m (s + eps Z_m)_[k]``.
 
     Thesis Def. 4.3.4 and eq. 4.11: with one draw ``Z_1..Z_M ~ N(0, I_L)`` shared by the two
@@ -258,6 +373,13 @@ def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: 
         n_samples: M, the number of noise draws, >= 1.
         noise: optional fixed standard-normal draws of shape ``(..., M, L)`` (row m is
             Z_m); ``None`` draws fresh ones with ``torch.randn`` at every call.
+        exact: draw noise for every class. By default (False) noise is drawn only for the
+            classes whose score is close enough to ``s_[k]`` to reach the top k: the result
+            differs from the exact path's (on the same draw) with probability at most
+            ``PRUNING_FAILURE_PROBABILITY`` = 1e-9 per row (Gaussian tail and union bound,
+            :func:`_pruning_window`), so value and gradient are the same in expectation up to
+            that probability. The pruned path draws fewer normals, so a fixed seed gives a
+            different draw than the exact path unless nothing can be pruned.
 
     Returns:
         (...,) tensor of smoothed values.
@@ -273,7 +395,8 @@ def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: 
     flat = work.reshape(-1, num_classes)
     if noise is not None:
         noise = _check_noise(noise, lead_shape, n_samples, flat)
-    return _PerturbedKthLargest.apply(flat, k, epsilon, n_samples, noise).reshape(lead_shape)
+    exact = _check_bool("exact", exact)
+    return _PerturbedKthLargest.apply(flat, k, epsilon, n_samples, noise, exact).reshape(lead_shape)
 
 
 # --------------------------------------------------------------------------------------
@@ -498,14 +621,23 @@ class NoisedTopK(_TopKLoss):
     of M noise vectors per example and per call serves the value, the hinge test and the
     gradient (digest 1.3). ``epsilon = 0`` gives ``calibrated_hinge_topk``. Raw logits.
     Defaults: pytopk's ``n_sample=5`` and ``epsilon=1.0`` (reference-implementations.md 1.1).
+
+    ``exact`` (default False): with False, noise is drawn only for the classes whose score is
+    within ``eps * w`` of a lower bound of ``s_[k+1]`` (w about 14 for L = 1000; the classes
+    further below reach the top k+1 with probability at most 1e-9 per example, by the
+    Gaussian tail and a union bound over classes and draws: :func:`_pruning_window`), so the
+    loss and its gradient equal the exact ones in expectation up to that probability, at a
+    cost that depends on how many classes are within reach rather than on L. True draws
+    noise for every class, as the authors' code does.
     """
 
     def __init__(self, k: int = 5, epsilon: float = 1.0, n_samples: int = 5,
-                 num_classes: int | None = None, reduction: str = "mean"):
+                 num_classes: int | None = None, reduction: str = "mean", exact: bool = False):
         super().__init__(reduction)
         self._init_k(k, num_classes)
         self.epsilon = _check_float("epsilon", epsilon, 0.0)
         self.n_samples = _check_int("n_samples", n_samples, 1)
+        self.exact = _check_bool("exact", exact)
 
     def per_sample(self, scores: torch.Tensor, targets: torch.Tensor,
                    noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -514,7 +646,7 @@ class NoisedTopK(_TopKLoss):
         if noise is not None:
             noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
         return _NoisedHinge.apply(scores, targets, 1.0, self.k + 1, self.epsilon, self.n_samples,
-                                  1.0, noise)
+                                  1.0, noise, self.exact)
 
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
@@ -528,17 +660,19 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
     (``NormedLinear``); margins and epsilon are in cosine units and ``scale`` multiplies the
     whole hinge, as in the authors' code (erratum E9 of losses-topk.md), so it is a pure loss
     multiplier. Defaults: pytopk's ``scale=50``, ``n_sample=5`` (digest E10, 1.4).
+    ``exact``: as for :class:`NoisedTopK`.
     """
 
     head = "normed"
 
     def __init__(self, k: int = 5, epsilon: float = 0.01, n_samples: int = 5,
                  max_margin: float = 0.2, scale: float = 50.0, class_counts=None,
-                 num_classes: int | None = None, reduction: str = "mean"):
+                 num_classes: int | None = None, reduction: str = "mean", exact: bool = False):
         SetValuedLoss.__init__(self, reduction)
         self._init_k(k, num_classes)
         self.epsilon = _check_float("epsilon", epsilon, 0.0)
         self.n_samples = _check_int("n_samples", n_samples, 1)
+        self.exact = _check_bool("exact", exact)
         self.scale = _check_float("scale", scale, 0.0, strict=True)
         self._init_margins(class_counts, max_margin, num_classes)
 
@@ -550,7 +684,7 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
         if noise is not None:
             noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
         return _NoisedHinge.apply(scores, targets, margin, self.k + 1, self.epsilon, self.n_samples,
-                                  self.scale, noise)
+                                  self.scale, noise, self.exact)
 
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
