@@ -222,7 +222,7 @@ def sparse_top(scores: torch.Tensor, k: Any, method: str = "sort") -> torch.Tens
 
 
 def sparsemax(scores: torch.Tensor) -> torch.Tensor:
-    """sparsemax ([Gar23] eqs. 6.6-6.8; Martins & Astudillo 2016): sparse-top with K = 1."""
+    """sparsemax ([Gar23] eqs. 6.6-6.8; [MA16]): sparse-top with K = 1."""
     return sparse_top(scores, 1)
 
 
