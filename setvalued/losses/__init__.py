@@ -24,7 +24,8 @@ _LAZY = {
     "NormedLinear": "setvalued.losses.normed",
 }
 #: the modules whose import registers the losses
-_LOSS_MODULES = ("setvalued.losses.topk", "setvalued.losses.smooth_svm", "setvalued.losses.avgk")
+_LOSS_MODULES = ("setvalued.losses.topk", "setvalued.losses.smooth_svm", "setvalued.losses.avgk",
+                 "setvalued.losses.sparse_top")
 
 __all__ = ["CONTEXT_KEYS", "LOSS_PARAMETERS", *_LAZY]
 

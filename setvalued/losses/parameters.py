@@ -79,4 +79,5 @@ LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
         "lr_multiplier": Param("float", 1.0, "learning rate of the label estimates, as a multiple of optim.lr",
                                low=0.0, low_open=True),
     },
+    "sparse_top": {},
 }
