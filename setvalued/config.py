@@ -19,7 +19,7 @@ from setvalued.params import Param
 __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
-    "KNOWN_NUM_CLASSES", "default_config", "reject_unknown_keys",
+    "KNOWN_NUM_CLASSES", "default_config", "effective_config", "reject_unknown_keys",
 ]
 
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
@@ -199,6 +199,23 @@ SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...
     "optim": (_nesterov_needs_momentum,),
     "eval": (_increasing_shot_thresholds,),
 }
+
+
+def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A validated config without the fields that have no effect on it: the DenseNet shape of
+    another model, the width of a model that has none, mixed precision on the CPU. What a run
+    is described by (its MLflow params); the config itself, and its id, keep every field."""
+    out = {key: dict(value) if isinstance(value, Mapping) else value for key, value in config.items()}
+    model = out.get("model")
+    if isinstance(model, dict):
+        if model.get("name") not in _DENSENET_DEPTH_STEP:
+            model.pop("depth", None)
+            model.pop("growth_rate", None)
+        if model.get("name") not in ("mlp", "small_cnn"):
+            model.pop("hidden_dim", None)
+    if out.get("device") == "cpu":
+        out.pop("amp", None)
+    return out
 
 
 def default_config() -> dict[str, Any]:

@@ -42,11 +42,14 @@ from studies.early_stopping import EarlyStopping
 from studies.errors import RunnerError
 from studies.progress import StudyProgress, format_duration
 from studies.ray_session import RaySession
+from studies.run_names import run_names
 from studies.tracking import (
     STATUS_FINISHED,
     StudyTracking,
     default_tracking_uri,
     new_session_id,
+    source_tags,
+    study_description,
     ui_command,
 )
 
@@ -183,8 +186,9 @@ class _Session:
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
                  f"{resources['cpu']:g} CPU / {resources['gpu']:g} GPU each)")
         resume_from = self.resume.folders()
+        names = run_names(self.known_cells.values())
         run_experiment(
-            {c.cell_id: cell_payload(c, resume_from.get(c.cell_id)) for c in cells},
+            {c.cell_id: cell_payload(c, resume_from.get(c.cell_id), names.get(c.cell_id)) for c in cells},
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources=resources, concurrency=self.concurrency,
@@ -348,7 +352,9 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     _check_preconditions(study_dir, tracking_uri, options, cells)
     tracking = StudyTracking(
         tracking_uri, name,
-        artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None)
+        artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
+        description=study_description(study.description, study.source_text),
+        run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
     session = _Session(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):

@@ -74,6 +74,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout, shared with anal
     TAG_SWEPT,
     TAG_VARIANT,
 )
+from setvalued.config import effective_config
 
 # Key whose history tells which epochs a run already holds (fit always reports it; the
 # trial adds it when a fit function does not).
@@ -89,6 +90,56 @@ T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+#: MLflow 3 opens an experiment in its GenAI view unless this tag says otherwise
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: the experiment's (and a run's) description in the MLflow UI
+NOTE_TAG = "mlflow.note.content"
+
+
+def source_tags(study_file: str | Path) -> dict[str, str]:
+    """The system tags MLflow's own clients set on a run: who ran it, from which file, and the
+    git commit, branch and remote of the checkout holding the study file, if it is in one."""
+    import getpass
+    import subprocess
+
+    path = Path(study_file).resolve()
+    tags = {"mlflow.source.name": str(path), "mlflow.source.type": "LOCAL"}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):  # no user name in this container
+        pass
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        for key, args in (("mlflow.source.git.branch", ("rev-parse", "--abbrev-ref", "HEAD")),
+                          ("mlflow.source.git.repoURL", ("config", "--get", "remote.origin.url"))):
+            value = git(*args)
+            if value:
+                tags[key] = value
+    return tags
+
+
+def study_description(description: str, source_text: str) -> str:
+    """The study's ``description:``, else the comment lines that open its file."""
+    if description.strip():
+        return description.strip()
+    lines = []
+    for line in source_text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return "\n".join(lines).strip()
 
 
 def default_tracking_uri(study_dir: str | Path) -> str:
@@ -144,7 +195,7 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
     Lists stay whole (JSON text); an empty mapping is kept as '{}' so that it is not lost.
     """
     return {path: param_text(dict(value) if isinstance(value, Mapping) else value)
-            for path, value in flatten_config(config).items()}
+            for path, value in flatten_config(effective_config(config)).items()}
 
 
 def canonical_json(value: Any) -> str:
@@ -227,6 +278,8 @@ class TrackingContext:
     parent_run_id: str
     study_name: str
     session_id: str
+    #: MLflow's system tags of every run (user, source, git), set by the driver
+    run_tags: tuple[tuple[str, str], ...] = ()
 
 
 class CellRun:
@@ -257,10 +310,11 @@ class CellRun:
             with_retry(lambda: client.update_run(run_id, status="RUNNING"))
             run.set_tags({TAG_STATUS: STATUS_RUNNING})
             return run, True
-        tags = cell_tags(cell, context.study_name, context.parent_run_id, context.session_id)
+        tags = {**dict(context.run_tags),
+                **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id)}
         created = with_retry(lambda: client.create_run(
             context.experiment_id, tags=tags,
-            run_name=f"{cell.get('variant') or 'cell'}-{cell['cell_id']}",
+            run_name=cell.get("run_name") or f"{cell.get('variant') or 'cell'}-{cell['cell_id']}",
         ))
         run = cls(context, created.info.run_id, client)
         params = config_params(cell["config"])
@@ -371,9 +425,12 @@ class StudyTracking:
     """Driver-side view of a study in MLflow: experiment, parent run, cell ledger."""
 
     def __init__(self, tracking_uri: str, study_name: str,
-                 artifact_root: str | Path | None = None):
+                 artifact_root: str | Path | None = None, description: str = "",
+                 run_tags: Mapping[str, str] | None = None):
         self.tracking_uri = tracking_uri
         self.study_name = study_name
+        self.description = description
+        self.run_tags = dict(run_tags or {})
         self.client = _client(tracking_uri)
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
@@ -405,7 +462,7 @@ class StudyTracking:
                 try:
                     found = with_retry(lambda: self.client.create_experiment(
                         self.study_name, artifact_location=location,
-                        tags={TAG_STUDY: self.study_name},
+                        tags={TAG_STUDY: self.study_name, **self._experiment_tags()},
                     ))
                 except Exception:
                     # another driver created it in between
@@ -413,7 +470,16 @@ class StudyTracking:
                     if found is None:
                         raise
             self._experiment_id = found
+            for key, value in self._experiment_tags().items():  # the description may have changed
+                with_retry(lambda: self.client.set_experiment_tag(found, key, value))
         return self._experiment_id
+
+    def _experiment_tags(self) -> dict[str, str]:
+        """Open in MLflow 3's model-training view, with the study's description as its note."""
+        tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        if self.description:
+            tags[NOTE_TAG] = self.description
+        return tags
 
     def parent_run_id(self, study_yaml: str | Path | None = None) -> str:
         """The study's parent run: found by its tags, else created once (with `study.yaml`).
@@ -430,7 +496,7 @@ class StudyTracking:
         else:
             run = with_retry(lambda: self.client.create_run(
                 self.experiment_id, run_name=self.study_name,
-                tags={TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name},
+                tags={**self.run_tags, TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name},
             ))
             run_id = run.info.run_id
         if study_yaml is not None:
@@ -448,7 +514,7 @@ class StudyTracking:
         return TrackingContext(
             tracking_uri=self.tracking_uri, experiment_id=self.experiment_id,
             parent_run_id=self.parent_run_id(), study_name=self.study_name,
-            session_id=session_id,
+            session_id=session_id, run_tags=tuple(sorted(self.run_tags.items())),
         )
 
     # -- the cell ledger

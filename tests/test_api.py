@@ -37,3 +37,30 @@ def test_run_collect_and_report_like_a_notebook(tmp_path, mlflow_server):
     assert frame["test/top5"].between(0, 1).all()
     html = api.report(outcome.study_name, output=out)
     assert html.exists() and html.with_suffix(".md").exists()
+    _check_what_the_mlflow_ui_shows(mlflow_server, outcome.study_name, expected)
+
+
+def _check_what_the_mlflow_ui_shows(server: str, name: str, cells) -> None:
+    """The experiment opens in the model-training view with the study's description; runs carry
+    MLflow's system tags, a readable name per config, and only the params that apply."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(server)
+    experiment = client.get_experiment_by_name(name)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.tags["mlflow.note.content"] == api.load(QUICKSTART).description.strip()
+    runs = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'")
+    assert len(runs) == len(cells)
+    commit = __import__("subprocess").run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                          text=True).stdout.strip()
+    names = {}
+    for run in runs:
+        tags = run.data.tags
+        assert tags["mlflow.source.name"] == str(QUICKSTART) and tags["mlflow.source.type"] == "LOCAL"
+        assert "mlflow.user" in tags
+        if commit:
+            assert tags["mlflow.source.git.commit"] == commit
+        names.setdefault(run.info.run_name.rsplit(" s", 1)[0], set()).add(tags["studies.config_id"])
+        assert "model.depth" not in run.data.params and "amp" not in run.data.params  # an MLP on the CPU
+    assert all(len(ids) == 1 for ids in names.values()), names  # one name, one config
+    assert len(names) == len({c.config_id for c in cells})
