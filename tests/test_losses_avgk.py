@@ -26,7 +26,7 @@ def log_sigmoid(z):
 
 
 # ----------------------------------------------------------------------------------------------
-# two-head loss: a direct loop over (i, j) of thesis eqs. 5.10-5.15 (errata E1, E2)
+# two-head loss: a direct loop over (i, j) of thesis eqs. 5.10-5.15 (errata A-E1, A-E2)
 # ----------------------------------------------------------------------------------------------
 
 def loop_candidates(sccp, targets, k):

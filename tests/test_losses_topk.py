@@ -49,7 +49,7 @@ def _kth_largest_np(row: np.ndarray, k: int) -> float:
 
 
 # ------------------------------------------------------------------------------------
-# The worked example of thesis section 4.3.2 (losses-topk.md section 1.3)
+# The worked example of [Gar23] §4.3.2 ([GSJS22] §3.2)
 # ------------------------------------------------------------------------------------
 
 PAPER_SCORES = [2.4, 2.6, 2.3, 0.5]
@@ -496,7 +496,7 @@ def test_noised_topk_imbalanced_matches_formula_and_scale_is_a_multiplier():
     c, z = cosines.detach().numpy(), noise.numpy()
     for i in range(batch):
         smoothed = np.mean([_kth_largest_np(c[i] + eps * z[i, m], k + 1) for m in range(samples)])
-        # erratum E9: scale multiplies the whole hinge; margins and eps are in cosine units
+        # erratum T-E9: scale multiplies the whole hinge; margins and eps are in cosine units
         expected = max(0.0, 40.0 * (margins[targets[i]] + smoothed - c[i, targets[i]]))
         assert values[i].item() == pytest.approx(expected, rel=1e-6, abs=1e-6)
     other = build_loss("noised_topk_imbalanced", k=k, epsilon=eps, n_samples=samples,
@@ -534,7 +534,7 @@ def test_focal_with_gamma_zero_equals_ce_and_matches_formula():
     gce, = torch.autograd.grad(ce(scores, targets), scores)
     assert torch.allclose(g0, gce, atol=1e-14)
     assert torch.allclose(ce(scores, targets), F.cross_entropy(scores, targets), atol=1e-14)
-    # erratum E2: (1 - p_y)^gamma * CE with p_y = softmax(s)_y
+    # erratum T-E2: (1 - p_y)^gamma * CE with p_y = softmax(s)_y
     focal2 = build_loss("focal", gamma=2.0, reduction="none")
     p = torch.softmax(scores.detach(), dim=1).numpy()[np.arange(16), targets.numpy()]
     expected = (1 - p) ** 2 * -np.log(p)
@@ -559,7 +559,7 @@ def test_smooth_losses_pass_gradcheck_float64():
 
 
 # ------------------------------------------------------------------------------------
-# Lapin hinges and calibrated hinge against numpy
+# [LHS15] hinges and calibrated hinge against numpy
 # ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 2, 4])

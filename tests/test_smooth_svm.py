@@ -209,7 +209,8 @@ def test_gradcheck_float64(k, tau, alpha):
 @pytest.mark.parametrize("logit_scale", [1.0, 30.0, 1e3])
 def test_float32_stability_sweep(tau, logit_scale):
     """No NaN/inf in value or gradient for tau down to 1e-3 and logits up to 1e3, and float32
-    close to float64 on the same (float32-representable) scores (smooth-topk-svm.md 5, 8)."""
+    close to float64 on the same (float32-representable) scores ([BZK18] App. B.3.3, Table 5;
+    docs/papers.md, note S-N1)."""
     generator = torch.Generator().manual_seed(int(1e4 * tau) + int(logit_scale))
     scores = torch.randn(24, 300, generator=generator, dtype=torch.float64) * logit_scale
     scores[:4] = scores[:4].sign() * logit_scale  # about 150 ties at +-scale per row
@@ -285,7 +286,7 @@ def test_zero_temperature_is_the_hard_loss_by_subset_enumeration(k, alpha):
 
 def test_hard_switch_follows_the_reference_rule():
     k, tau = 2, 0.5
-    threshold = k * tau * math.log(1e3)  # 6.91 (smooth-topk-svm.md section 3)
+    threshold = k * tau * math.log(1e3)  # 6.91 (docs/papers.md, erratum S-E9c)
     scores = torch.tensor([[10.0, 9.0, 1.0, 0.0, -1.0],   # s_[2] - s_[3] = 8 >= threshold: hard
                            [1.0, 0.9, 0.8, 0.0, -1.0]],   # gap 0.1: smooth
                           dtype=torch.float64)

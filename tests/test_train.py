@@ -67,7 +67,8 @@ def test_noised_topk_trains_with_a_sparse_gradient():
     result = fit(small_cfg(loss, epochs=4), seed=1)
     assert result["test"]["top5"] > frequency_baseline(5) + 0.1
     for h in result["history"]:
-        # at most M + 1 = 4 non-zero coordinates per example (losses-topk.md section 2.4)
+        # at most M + 1 = 4 non-zero coordinates per example ([Gar23] eq. 4.12; docs/papers.md,
+        # note T-N1)
         assert 1 <= h["grad_nonzero_active"] <= 4
         assert h["grad_nonzero"] <= h["grad_nonzero_active"]
     assert result["history"][-1]["grad_nonzero"] < result["history"][-1]["grad_nonzero_active"]

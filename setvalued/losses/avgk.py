@@ -1,5 +1,5 @@
 """Average-K losses: the two-head loss of Garcin et al. and the single-positive multi-label
-baselines AN, EPR and ROLE (thesis ch. 5; S2 = arXiv 2303.18118; digest losses-avgk.md).
+baselines AN, EPR and ROLE (thesis ch. 5; [GSJS23], S2 = its supplement; docs/papers.md).
 
 Notation: L classes, batch B with |B| examples, z_i the logits of example i, y_i its label,
 sigma the sigmoid, varsigma the softmax.  Logs of sigmoids use the stable forms
@@ -7,7 +7,7 @@ sigma the sigmoid, varsigma the softmax.  Logs of sigmoids use the stable forms
 
 Every loss's ``prediction_scores(output)`` returns raw logits of the head that is evaluated;
 whether softmax or sigmoid is put on them before the average-K threshold is an evaluation option
-(erratum E4 of losses-avgk.md; ``setvalued.metrics.activate``).
+(docs/papers.md, erratum A-E4; ``setvalued.metrics.activate``).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ class TwoHeadClassifier(nn.Module):
 
     ``ml``: Z = H W, the multi-label head trained with the BCE of eq. 5.14 (the prediction head
     at test time); ``sccp``: Z' = H W', the set-candidate-classes-proposal head trained with CE
-    (eq. 5.10).  The thesis writes H W without a bias; a bias is harmless (digest 1.2) and on by
-    default.
+    (eq. 5.10).  The thesis writes H W without a bias; a bias is harmless (docs/papers.md, note
+    A-N1) and on by default.
     """
 
     def __init__(self, in_features: int, num_classes: int, bias: bool = True):
@@ -126,7 +126,7 @@ def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
     positive: ``j = y_i``.  candidate ``S_c``: the (k-1)|B| largest entries of the **whole**
     masked batch matrix ``varsigma(Z')`` with the label entries set to -inf (eqs. 5.11, 5.12),
     computed from the detached SCCP softmax (no gradient through the discrete choice).
-    negative: ``j not in S(x_i) = {y_i} u S_c(x_i)`` (erratum E1 of losses-avgk.md: the label is
+    negative: ``j not in S(x_i) = {y_i} u S_c(x_i)`` (docs/papers.md, erratum A-E1: the label is
     excluded too), exactly (L-k)|B| entries.
 
     The entries are ranked by the log-softmax ``log varsigma(Z')`` (the same order as the
@@ -175,21 +175,23 @@ class _WeightedBCE(torch.autograd.Function):
 
 @register_loss("avgk_two_head")
 class AvgKTwoHeadLoss(SetValuedLoss):
-    """``l_AVG^{K,alpha} = l_CE(Z', Y) + l_BCE(Z, Y, S_c)`` (thesis eq. 5.15 with erratum E2:
-    the CE term is on the SCCP logits Z'), with (eq. 5.14, erratum E1)::
+    """``l_AVG^{K,alpha} = l_CE(Z', Y) + l_BCE(Z, Y, S_c)`` (thesis eq. 5.15 with erratum A-E2:
+    the CE term is on the SCCP logits Z'), with (eq. 5.14, erratum A-E1)::
 
         l_BCE = - 1/|B|            sum_{i,j} 1[j = y_i]      log sigma(z_ij)
                 - alpha/((K-1)|B|) sum_{i,j} 1[j in S_c(x_i)] log sigma(z_ij)
                 - alpha/((L-K)|B|) sum_{i,j} 1[j not in S(x_i)] log(1 - sigma(z_ij))
 
-    ``|B|`` is the actual batch size (a short last batch stays consistent, digest 1.5).  The
-    candidates come from the detached SCCP softmax (:func:`candidate_masks`), so the SCCP head
-    gets gradient only from CE and the ML head only from the BCE.  ``reduction="none"`` returns
-    per-example values whose mean is the loss: example i carries its CE, its label term and
-    alpha/(K-1) resp. alpha/(L-K) times its own candidate and negative terms.
+    ``|B|`` is the actual batch size (a short last batch stays consistent; docs/papers.md, note
+    A-N1).  The candidates come from the detached SCCP softmax (:func:`candidate_masks`), so the
+    SCCP head gets gradient only from CE and the ML head only from the BCE.
+    ``reduction="none"`` returns per-example values whose mean is the loss: example i carries
+    its CE, its label term and alpha/(K-1) resp. alpha/(L-K) times its own candidate and
+    negative terms.
 
-    Parameters: ``k`` (integer >= 2; K = 1 has no candidates, digest 1.4), ``alpha >= 0`` (weight
-    of the pseudo-labels), ``prediction_head`` in {"ml", "sccp"} (S2 appendix C).
+    Parameters: ``k`` (integer >= 2; K = 1 has no candidates, docs/papers.md, note A-N1),
+    ``alpha >= 0`` (weight of the pseudo-labels), ``prediction_head`` in {"ml", "sccp"} (S2
+    appendix C).
     """
 
     head = "two_head"
@@ -231,7 +233,7 @@ class AvgKTwoHeadLoss(SetValuedLoss):
         self._check_fits(batch, num_classes)
         targets = targets.to(device=ml.device, dtype=torch.long)
         log_probs = F.log_softmax(sccp, dim=1)
-        ce = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # eq. 5.10, erratum E2
+        ce = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # eq. 5.10, erratum A-E2
         positive, candidate, negative = candidate_masks(sccp, targets, self.k, log_probs=log_probs.detach())
         # eq. 5.14 as one weighted BCE per row: weight 1 on the label, alpha/(K-1) on the
         # candidates, alpha/(L-K) on the negatives
@@ -247,18 +249,18 @@ class AvgKTwoHeadLoss(SetValuedLoss):
 
 
 # --------------------------------------------------------------------------------------------
-# single-positive multi-label baselines (thesis 5.4; Cole et al. 2021)
+# single-positive multi-label baselines (thesis 5.4; [Col+21]; docs/papers.md, note A-N2)
 # --------------------------------------------------------------------------------------------
 
 @register_loss("assume_negative")
 class AssumeNegativeLoss(SetValuedLoss):
-    """Assume Negative (thesis eq. 5.5, Cole et al.'s weighted variant)::
+    """Assume Negative (thesis eq. 5.5, [Col+21]'s weighted variant)::
 
         l_AN(z_i, y_i) = - sum_j [ 1[j=y_i] log sigma(z_ij) + w 1[j!=y_i] log(1 - sigma(z_ij)) ]
 
     with ``w = negative_weight``, by default 1/(L-1) so that the negatives weigh as much as the
-    positive; averaged over the batch (digest 1.6, [inferred]).  The thesis scaling is kept:
-    Cole's code also divides by L (a constant factor).
+    positive; averaged over the batch (docs/papers.md, note A-N2, [inferred]).  The thesis
+    scaling is kept: Cole's code also divides by L (a constant factor).
 
     ``targets`` are class indices (B,), or an observed-label matrix (B, L) with 1 = observed
     positive, -1 = observed negative (weight 1) and 0 = unobserved, assumed negative (weight w).
@@ -313,8 +315,9 @@ class EPRLoss(SetValuedLoss):
         l_EPR^beta = -1/|B| sum_i log sigma(z_{i,y_i}) + beta (K_hat(Z) - K)^2
 
     Thesis scaling (Cole's code divides the main term by L and the penalty by L^2; a
-    multi-decade beta grid covers both, digest 1.6).  The penalty is a batch-level term; with
-    ``reduction="none"`` it is added to every example so that the mean is the loss.
+    multi-decade beta grid covers both; docs/papers.md, note A-N2).  The penalty is a
+    batch-level term; with ``reduction="none"`` it is added to every example so that the mean
+    is the loss.
     """
 
     head = "linear"
@@ -342,16 +345,16 @@ class EPRLoss(SetValuedLoss):
         return self.reduce(positive + self.penalty(logits))
 
 
-#: ROLE label-estimate initialisation (Cole et al., digest 1.6 [code]): unobserved entries
-#: uniform in [-logit(0.6), logit(0.6)], observed positives logit(0.995).
+#: ROLE label-estimate initialisation ([Col+21]'s code; docs/papers.md, note A-N2): unobserved
+#: entries uniform in [-logit(0.6), logit(0.6)], observed positives logit(0.995).
 ROLE_INIT_UNOBSERVED = math.log(0.6 / 0.4)
 ROLE_INIT_POSITIVE = math.log(0.995 / 0.005)
 
 
 @register_loss("role")
 class ROLELoss(SetValuedLoss):
-    """Regularized Online Label Estimation (Cole et al. 2021; thesis 5.4.6 gives no formula,
-    so the form follows the digest, losses-avgk.md 1.6 [code], and erratum E5 for lambda_).
+    """Regularized Online Label Estimation ([Col+21]; thesis 5.4.6 gives no formula, so the
+    form follows [Col+21]'s code (docs/papers.md, note A-N2) and erratum A-E5 for lambda_).
 
     The loss owns a label-estimate logit matrix Theta (num_examples, L), ``g = sigma(Theta)``,
     looked up with the batch's training-set indices; ``f = sigma(z)`` is the classifier.  Per batch::
@@ -360,7 +363,7 @@ class ROLELoss(SetValuedLoss):
           + sum_{i,j} 0.5 (BCE(f_ij; target sg(g_ij)) + BCE(g_ij; target sg(f_ij))) ] / (|B| L)
         + lambda_ 0.5 (R(f) + R(g)),   R(q) = (1/|B| sum_{i,j} q_ij - K)^2 / L^2
 
-    sg = stop-gradient.  lambda_ weighs the expected-positive regulariser (erratum E5; Cole's
+    sg = stop-gradient.  lambda_ weighs the expected-positive regulariser (erratum A-E5; Cole's
     code uses 1, the thesis selects 0.0 on CIFAR-100).  Logs are the stable log-sigmoid forms
     (Cole uses -log(x + 1e-5)).  Theta rows start uniform in [-logit(0.6), logit(0.6)]; the
     label entry of a row is set to logit(0.995) the first time its example is seen (the loss

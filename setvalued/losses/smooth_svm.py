@@ -1,6 +1,6 @@
 """Smooth top-k SVM loss of Berrada, Zisserman & Kumar (ICLR 2018), registered as ``smooth_topk_svm``.
 
-Formulas: ``spec/smooth-topk-svm.md`` (cited as "digest"), sections 1-3 and 8.
+Formulas: [BZK18] §3-4 and App. A-B; choices and errata: docs/papers.md (S-E*, note S-N1).
 
 The loss ([BZK18] eq. 9) is a temperature-smoothed max over k-subsets of labels. With
 ``x = s / (k tau)`` and ``e = exp(x without y)`` it reads ([BZK18] eq. 10)
@@ -55,12 +55,13 @@ from setvalued.losses.topk import (
 __all__ = ["SmoothTopKSVM", "log_elementary_symmetric", "hard_topk_svm", "LOG_ZERO"]
 
 #: Finite stand-in for log(0). With -inf, a log-sum-exp whose inputs are all -inf has a NaN
-#: gradient (digest section 8); -1e30 is far below any log-space value the loss can reach
-#: (|x| <= 1e3 / 1e-3 = 1e6 per class) and several of them still sum without overflow in float32.
+#: gradient (docs/papers.md, note S-N1); -1e30 is far below any log-space value the loss can
+#: reach (|x| <= 1e3 / 1e-3 = 1e6 per class) and several of them still sum without overflow in
+#: float32.
 LOG_ZERO = -1e30
 
 #: Gap ``s_[k] - s_[k+1] >= k tau log(HARD_SWITCH_RATIO)`` sends a sample to the hard loss
-#: when the optional switch of the reference code is on (digest section 3).
+#: when the optional switch of the reference code is on (docs/papers.md, erratum S-E9c).
 HARD_SWITCH_RATIO = 1e3
 
 _K_REASON = "the k-subsets without the target need k <= L - 1"
@@ -86,11 +87,11 @@ def _log_poly_product(left: torch.Tensor, right: torch.Tensor, degree: int) -> t
 def log_elementary_symmetric(x: torch.Tensor, k: int) -> torch.Tensor:
     """``log sigma_j(exp(x))`` for j = 0..k along the last axis, shape (..., k + 1).
 
-    Divide and conquer over ``prod_i (1 + exp(x_i) X)`` ([BZK18] Algorithm 1, digest 2.2):
-    the leaves are ``[log 1, x_i]``; each level multiplies neighbours pairwise (in parallel),
-    keeping degrees <= k. A level whose polynomials have degree d costs (d+1)^2 per
-    product, so the total is O(k n) (Prop. 5 of [BZK18]). Entries equal to ``LOG_ZERO``
-    act as exp(x_i) = 0. Requires k <= n.
+    Divide and conquer over ``prod_i (1 + exp(x_i) X)`` ([BZK18] §4.2, Algorithm 1, written
+    without its 1/e_i inversion; docs/papers.md, note S-N1): the leaves are ``[log 1, x_i]``;
+    each level multiplies neighbours pairwise (in parallel), keeping degrees <= k. A level
+    whose polynomials have degree d costs (d+1)^2 per product, so the total is O(k n) (Prop. 5
+    of [BZK18], App. B.1). Entries equal to ``LOG_ZERO`` act as exp(x_i) = 0. Requires k <= n.
     """
     n = x.shape[-1]
     k = _check_int("k", k, 0, n, why=f"sigma_k of {n} values")
@@ -225,7 +226,8 @@ def hard_topk_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, alpha: fl
     """Non-smooth top-k SVM of [BZK18] eq. 8 (the tau -> 0 limit), per sample.
 
     ``max(alpha + ((s without y)_[k] - s_y) / k, 0)``: the max over k-subsets of
-    ``alpha 1(y not in A) + mean_A s`` minus the max over the subsets containing y (digest 1.2).
+    ``alpha 1(y not in A) + mean_A s`` minus the max over the subsets containing y ([BZK18]
+    eqs. 7-8, App. A.1).
     """
     is_target = F.one_hot(targets, scores.shape[1]).bool()
     kth_other = _kth_largest(scores.masked_fill(is_target, float("-inf")), k)
@@ -234,7 +236,7 @@ def hard_topk_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, alpha: fl
 
 @register_loss("smooth_topk_svm")
 class SmoothTopKSVM(SetValuedLoss):
-    """Smooth top-k SVM ``L_{k,tau}`` with margin alpha ([BZK18] eq. 9/10, digest 1.3).
+    """Smooth top-k SVM ``L_{k,tau}`` with margin alpha ([BZK18] eq. 9/10, §3.3).
 
     Args:
         k: the top-k being optimised, 1 <= k <= L - 1.
@@ -243,11 +245,13 @@ class SmoothTopKSVM(SetValuedLoss):
             [BZK18] Table 6.
         alpha: margin >= 0 (1 in the papers; k=1, tau=1, alpha=0 is cross-entropy).
         hard_switch: per sample, use the hard loss (:func:`hard_topk_svm`) when
-            ``s_[k] - s_[k+1] >= k tau log(1000)``, as the reference code does (digest 3).
+            ``s_[k] - s_[k+1] >= k tau log(1000)``, as the reference code does
+            (docs/papers.md, erratum S-E9c).
             Off by default: the log-space computation here is stable without it, and the
             switch makes the loss discontinuous.
 
-    Computed in float32 at least (float64 stays float64), also under AMP (digest 8).
+    Computed in float32 at least (float64 stays float64), also under AMP (docs/papers.md,
+    note S-N1).
     """
 
     def __init__(self, k: int = 5, tau: float = 1.0, alpha: float = 1.0, hard_switch: bool = False,
@@ -275,9 +279,10 @@ class SmoothTopKSVM(SetValuedLoss):
         if k == 1:
             is_target = F.one_hot(targets, scores.shape[1]).bool()
             # Closed form of L_{1,tau} = tau logsumexp_j((u_j - s_y) / tau), u = s + alpha 1[j != y]
-            # (digest 1.3), written as (u_max - s_y) + tau logsumexp((u - u_max) / tau) with
-            # u - u_max formed from exact score differences: the weights that matter are then
-            # not rounded at the magnitude of |s| / tau.
+            # ([BZK18] eq. 9 with k = 1; docs/papers.md, note S-N1), written as
+            # (u_max - s_y) + tau logsumexp((u - u_max) / tau) with u - u_max formed from exact
+            # score differences: the weights that matter are then not rounded at the magnitude
+            # of |s| / tau.
             bump = self.alpha * (~is_target).to(scores.dtype)
             top = (scores + bump).detach().argmax(dim=1, keepdim=True)
             top_score, top_bump = scores.gather(1, top), bump.gather(1, top)

@@ -2,7 +2,7 @@
 
 Registered names: ``ce``, ``focal``, ``ldam``, ``hinge_topk``, ``cvx_hinge_topk``,
 ``calibrated_hinge_topk``, ``noised_topk``, ``noised_topk_imbalanced``.
-Formulas and errata: ``spec/losses-topk.md`` (cited below as "digest"), sections 0 and 1.
+Formulas: [GSJS22] / [Gar23] ch. 4 (thesis numbering); errata and notes: docs/papers.md.
 
 Notation: ``s`` the (B, L) scores, ``y`` the targets, ``s_[k]`` the k-th largest entry of a
 row (thesis eq. 4.1), ``(x)_+ = max(x, 0)``.
@@ -11,10 +11,10 @@ Public helpers:
 
 - :func:`smooth_kth_largest` -- the Monte-Carlo perturbed k-th largest value
   ``tau_hat_{k,eps,M}(s) = (1/M) sum_m (s + eps Z_m)_[k]`` (thesis eq. 4.11 with one shared
-  draw, digest section 1.3), differentiable with the pathwise gradient
+  draw, docs/papers.md, note T-N1), differentiable with the pathwise gradient
   ``(1/M) sum_m onehot(argk(s + eps Z_m))`` (thesis eq. 4.12).
 - :func:`ldam_margins` -- per-class margins ``m_y = max_margin * (n_min / n_y)^(1/4)``
-  (Cao et al. 2019; digest section 1.5).
+  ([Cao+19]; [Gar23] §4.3.3; docs/papers.md, note T-N4).
 """
 
 from __future__ import annotations
@@ -127,14 +127,17 @@ def _check_targets(targets: torch.Tensor, scores: torch.Tensor, loss_name: str) 
 
 
 def _working_dtype(scores: torch.Tensor) -> torch.Tensor:
-    """Half-precision scores are upcast: eps-sized noise and margins need float32 (digest 5.2)."""
+    """Half-precision scores are upcast: eps-sized noise and margins need float32.
+
+    docs/papers.md, note T-N3.
+    """
     if scores.dtype in (torch.float16, torch.bfloat16):
         return scores.float()
     return scores
 
 
 # --------------------------------------------------------------------------------------
-# The perturbed k-th largest value (thesis section 4.3, digest section 1.3)
+# The perturbed k-th largest value (thesis section 4.3; docs/papers.md, note T-N1)
 # --------------------------------------------------------------------------------------
 
 def _select_kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -320,8 +323,8 @@ class _NoisedHinge(torch.autograd.Function):
 
     Thesis eq. 4.10 / 4.13 with the estimated gradient of eq. 4.12:
     ``1{hinge > 0} * scale * ((1/M) sum_m onehot(argk(s + eps Z_m)) - onehot(y))``, from the
-    same draw as the value and the hinge test (digest 1.3). One node instead of a chain of
-    gather/sub/relu nodes: the same result, less per-call overhead on small batches.
+    same draw as the value and the hinge test (docs/papers.md, note T-N1). One node instead of
+    a chain of gather/sub/relu nodes: the same result, less per-call overhead on small batches.
     """
 
     @staticmethod
@@ -363,8 +366,8 @@ def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: 
 
     Thesis Def. 4.3.4 and eq. 4.11: with one draw ``Z_1..Z_M ~ N(0, I_L)`` shared by the two
     top-sum terms, ``topSum_{k} - topSum_{k-1}`` is the mean of the k-th largest entries of
-    the noisy copies (digest section 1.3). Its gradient is the mean of the one-hot vectors
-    at the selected entries (thesis eq. 4.12), computed from the same draw as the value.
+    the noisy copies (docs/papers.md, note T-N1). Its gradient is the mean of the one-hot
+    vectors at the selected entries (thesis eq. 4.12), computed from the same draw as the value.
 
     Args:
         scores: (..., L) scores; the operator acts on the last axis.
@@ -400,7 +403,7 @@ def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: 
 
 
 # --------------------------------------------------------------------------------------
-# Margins of LDAM and of the imbalanced noised loss (Cao et al. 2019; digest 1.5)
+# Margins of LDAM and of the imbalanced noised loss ([Cao+19]; docs/papers.md, note T-N4)
 # --------------------------------------------------------------------------------------
 
 def _class_counts_tensor(class_counts: Any, num_classes: int | None = None) -> torch.Tensor:
@@ -429,9 +432,9 @@ def ldam_margins(class_counts: Sequence[float] | torch.Tensor, max_margin: float
                  num_classes: int | None = None) -> torch.Tensor:
     """LDAM margins ``m_y = max_margin * (n_min / n_y)^(1/4)`` as a float32 tensor.
 
-    Cao et al. 2019: ``m_y = C / n_y^(1/4)``, with C set so that the rarest class gets
-    ``max_margin`` (digest section 1.5). Example: counts [17, 23, 55], max 0.3 give
-    [0.3, 0.27816, 0.22369].
+    [Cao+19], [Gar23] eq. 4.13: ``m_y = C / n_y^(1/4)``, with C set so that the rarest class
+    gets ``max_margin`` ([Gar23] §4.4.5.1; docs/papers.md, note T-N4). Example: counts
+    [17, 23, 55], max 0.3 give [0.3, 0.27816, 0.22369].
     """
     max_margin = _check_float("max_margin", max_margin, 0.0)
     counts = _class_counts_tensor(class_counts, num_classes)
@@ -459,12 +462,12 @@ class _MarginLoss(SetValuedLoss):
 
 
 # --------------------------------------------------------------------------------------
-# Baselines: CE, focal, LDAM (digest section 1.6)
+# Baselines: CE, focal, LDAM ([Gar23] Table 4.1)
 # --------------------------------------------------------------------------------------
 
 @register_loss("ce")
 class CrossEntropy(SetValuedLoss):
-    """Cross-entropy ``-log softmax(s)_y`` (digest 1.6)."""
+    """Cross-entropy ``-log softmax(s)_y`` ([Gar23] Table 4.1)."""
 
     def __init__(self, reduction: str = "mean"):
         super().__init__(reduction)
@@ -477,10 +480,10 @@ class CrossEntropy(SetValuedLoss):
 
 @register_loss("focal")
 class Focal(SetValuedLoss):
-    """Focal loss ``(1 - p_y)^gamma * CE`` with ``p_y = exp(-CE)`` (Lin et al. 2017).
+    """Focal loss ``(1 - p_y)^gamma * CE`` with ``p_y = exp(-CE)`` ([Lin+17]).
 
-    Erratum E2 of losses-topk.md: the papers' Table 1 prints ``(1 - log[CE])^gamma``; the
-    standard form is implemented, without alpha-balancing.
+    docs/papers.md, erratum T-E2: [Gar23] Table 4.1 ([GSJS22] Table 1) prints
+    ``(1 - log[CE])^gamma``; the standard form is implemented, without alpha-balancing.
     """
 
     def __init__(self, gamma: float = 2.0, reduction: str = "mean"):
@@ -499,11 +502,14 @@ class Focal(SetValuedLoss):
 
 @register_loss("ldam")
 class LDAM(_MarginLoss):
-    """LDAM: CE on ``scale * (cos - m_y * onehot(y))`` (Cao et al. 2019; digest 1.6).
+    """LDAM: CE on ``scale * (cos - m_y * onehot(y))``.
+
+    [Cao+19]; [Gar23] Table 4.1, which swaps its citation (docs/papers.md, erratum T-E3).
 
     The margin is subtracted from the true-class cosine before scaling, so it is in cosine
     units and ``scale`` acts as an inverse temperature. Plain LDAM: no class weights and no
-    DRW re-weighting (erratum E16 of losses-topk.md). Expects cosine scores (``NormedLinear``).
+    DRW re-weighting (docs/papers.md, erratum T-E16). Expects cosine scores (``NormedLinear``;
+    docs/papers.md, note T-N4).
     """
 
     head = "normed"
@@ -523,7 +529,7 @@ class LDAM(_MarginLoss):
 
 
 # --------------------------------------------------------------------------------------
-# Hinge-type top-K losses (digest 1.4, 1.6)
+# Hinge-type top-K losses ([Gar23] Table 4.1, eqs. 4.4, 4.5)
 # --------------------------------------------------------------------------------------
 
 def _kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -557,7 +563,7 @@ class _TopKLoss(SetValuedLoss):
 
 @register_loss("hinge_topk")
 class HingeTopK(_TopKLoss):
-    """Lapin et al. top-K hinge ``(1 + (s without y)_[k] - s_y)_+`` (digest 1.6, eq. 4)."""
+    """Top-K hinge ``(1 + (s without y)_[k] - s_y)_+`` ([LHS15]; [Gar23] eq. 4.4)."""
 
     k_reason = "the k-th largest of the L - 1 non-target scores must exist"
 
@@ -574,9 +580,9 @@ class HingeTopK(_TopKLoss):
 
 @register_loss("cvx_hinge_topk")
 class ConvexHingeTopK(_TopKLoss):
-    """Lapin et al. convex top-K hinge ``((1/k) sum_{j<=k} (1 - onehot(y) + s)_[j] - s_y)_+``.
+    """Convex top-K hinge ``((1/k) sum_{j<=k} (1 - onehot(y) + s)_[j] - s_y)_+``.
 
-    Digest 1.6 (Lapin "top-K SVM^alpha" with margin 1).
+    [Gar23] Table 4.1 (the "top-K SVM^alpha" of [LHS15] with margin 1).
     """
 
     k_reason = "top-K with K = L is trivially correct"
@@ -594,9 +600,10 @@ class ConvexHingeTopK(_TopKLoss):
 
 @register_loss("calibrated_hinge_topk")
 class CalibratedHingeTopK(_TopKLoss):
-    """Yang & Koyejo top-K calibrated hinge ``(1 + s_[k+1] - s_y)_+`` (thesis eq. 4.5).
+    """Top-K calibrated hinge ``(1 + s_[k+1] - s_y)_+`` ([YK20]; thesis eq. 4.5).
 
-    The (k+1)-th largest is taken over the full score vector, s_y included (digest 1.4).
+    The (k+1)-th largest is taken over the full score vector, s_y included (docs/papers.md,
+    note T-N2).
     """
 
     def __init__(self, k: int = 5, num_classes: int | None = None, reduction: str = "mean"):
@@ -616,11 +623,13 @@ class CalibratedHingeTopK(_TopKLoss):
 class NoisedTopK(_TopKLoss):
     """Balanced noised top-K hinge ``(1 + tau_hat_{k+1,eps,M}(s) - s_y)_+`` (thesis eq. 4.10).
 
-    The (k+1)-th largest of the full score vector (s_y included, digest 1.4 "K+1 index") is
+    The (k+1)-th largest of the full score vector (s_y included; docs/papers.md, note T-N2) is
     smoothed by :func:`smooth_kth_largest`; s_y in the hinge is not perturbed. One fresh draw
     of M noise vectors per example and per call serves the value, the hinge test and the
-    gradient (digest 1.3). ``epsilon = 0`` gives ``calibrated_hinge_topk``. Raw logits.
-    Defaults: pytopk's ``n_sample=5`` and ``epsilon=1.0`` (reference-implementations.md 1.1).
+    gradient (docs/papers.md, note T-N1). ``epsilon = 0`` gives ``calibrated_hinge_topk``. Raw
+    logits. Defaults: ``n_samples=5`` as pytopk's ``n_sample``; ``epsilon=1.0`` as pytopk's
+    standalone smoothed top-K module and its command line (its loss classes have no epsilon
+    default; docs/papers.md, note T-N5).
 
     ``exact`` (default False): with False, noise is drawn only for the classes whose score is
     within ``eps * w`` of a lower bound of ``s_[k+1]`` (w about 14 for L = 1000; the classes
@@ -658,8 +667,9 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
 
     Thesis eq. 4.13 with LDAM margins (:func:`ldam_margins`). Scores are cosines
     (``NormedLinear``); margins and epsilon are in cosine units and ``scale`` multiplies the
-    whole hinge, as in the authors' code (erratum E9 of losses-topk.md), so it is a pure loss
-    multiplier. Defaults: pytopk's ``scale=50``, ``n_sample=5`` (digest E10, 1.4).
+    whole hinge, as in the authors' code (docs/papers.md, erratum T-E9), so it is a pure loss
+    multiplier. Defaults: pytopk's ``scale=50``, ``n_sample=5`` (docs/papers.md, erratum T-E10,
+    note T-N5).
     ``exact``: as for :class:`NoisedTopK`.
     """
 
