@@ -29,6 +29,7 @@ Ray, Tune and Optuna are imported only once cells are about to run: a dry run lo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -341,6 +342,9 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     """
     options = options or RunOptions()
     stream = options.stream or sys.stdout
+    # MLflow's client retries a failed request silently for minutes; a few quick retries, then
+    # the runner's own backoff (studies.tracking.with_retry) that says so (workers inherit this)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     study, cells, name = _load(study_file, options)
     if options.dry_run:
         from studies.space import format_cells_table
@@ -375,7 +379,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         session.ray.stop()
         lease.release()
 
-    outcome = _summarise(session, started, stream)
+    outcome = _summarise(session, started, stream, interrupted)
     if interrupted:
         outcome.exit_code = 130
     if not outcome.failed:
@@ -406,11 +410,17 @@ def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     return run_study(study_copy, options)
 
 
-def _summarise(session: _Session, started: float, stream: IO[str]) -> RunOutcome:
+def _summarise(session: _Session, started: float, stream: IO[str], interrupted: bool = False) -> RunOutcome:
     """Every cell seen (the file's and the optuna blocks'): finished or not; closes the
-    parent run."""
+    parent run. After a complete (not interrupted) run, a cell whose run is still `running`
+    ended without its trial recording why: it is marked failed, so no run stays running."""
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
+    if not interrupted:
+        for cell_id, state in states.items():
+            if state.status == "running":
+                states[cell_id] = session.tracking.fail_unfinished(
+                    state, "the trial ended without finishing or recording an error (see the driver's log)")
     finished = [i for i in ids if states[i].status == STATUS_FINISHED]
     failed = {i: (states[i].error or states[i].status) for i in ids
               if states[i].status != STATUS_FINISHED}

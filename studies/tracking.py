@@ -44,6 +44,7 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -159,26 +160,65 @@ def _is_locked_error(error: BaseException) -> bool:
     return "database is locked" in text or "database table is locked" in text
 
 
+#: what a tracking server that is down or restarting answers, through requests and MLflow
+_OUTAGE_SIGNS = ("connection refused", "max retries exceeded", "failed to establish a new connection",
+                 "connection aborted", "remote end closed connection", "bad gateway", "service unavailable",
+                 "gateway timeout", "read timed out", "connection reset")
+#: how long an unanswering tracking server is waited for before the error is raised
+OUTAGE_PATIENCE_S = 15 * 60.0
+_outage_warned = False
+
+
+def _is_outage(error: BaseException) -> bool:
+    text = f"{type(error).__name__}: {error}".lower()
+    return isinstance(error, ConnectionError) or any(sign in text for sign in _OUTAGE_SIGNS)
+
+
+def _warn_outage(error: BaseException) -> None:
+    global _outage_warned
+    if not _outage_warned:
+        _outage_warned = True
+        first = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        print(f"[studies] warning: the tracking server does not answer ({first}); retrying with backoff "
+              f"for up to {OUTAGE_PATIENCE_S / 60:.0f} minutes, nothing is lost meanwhile", file=sys.stderr,
+              flush=True)
+
+
 def with_retry(
     action: Callable[[], T], *, attempts: int = 12, first_delay_s: float = 0.05,
-    max_delay_s: float = 5.0,
+    max_delay_s: float = 5.0, outage_patience_s: float | None = None,
 ) -> T:
-    """Run `action`, retrying with jittered exponential backoff while SQLite is locked.
+    """Run `action`, retrying with jittered exponential backoff while SQLite is locked or the
+    tracking server does not answer.
 
     Parallel trial workers write to one SQLite file in the embedded default; SQLite lets one
     writer in at a time and answers "database is locked" to the others when its busy
-    timeout runs out (mlflow#6490). Other errors are raised at once.
+    timeout runs out (mlflow#6490): up to `attempts` tries. A tracking server that is down
+    (connection refused, 502/503/504) is waited for up to `outage_patience_s` (default
+    OUTAGE_PATIENCE_S), with one warning per process, so that a study outlives a server
+    restart. Other errors are raised at once.
     """
+    patience = OUTAGE_PATIENCE_S if outage_patience_s is None else outage_patience_s
     delay = first_delay_s
-    for attempt in range(attempts):
+    deadline = None
+    attempt = 0
+    while True:
         try:
             return action()
-        except Exception as error:  # MlflowException or sqlalchemy OperationalError
-            if not _is_locked_error(error) or attempt == attempts - 1:
+        except Exception as error:  # MlflowException, sqlalchemy OperationalError, requests errors
+            attempt += 1
+            if _is_outage(error):
+                deadline = deadline or time.monotonic() + patience
+                if time.monotonic() >= deadline:
+                    raise
+                _warn_outage(error)
+                time.sleep(min(delay * 4, 30.0) * (0.5 + random.random()))
+                delay = min(delay * 2.0, 30.0)
+                continue
+            if not _is_locked_error(error) or attempt >= attempts:
                 raise
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2.0, max_delay_s)
-    raise AssertionError("unreachable")
 
 
 def param_text(value: Any) -> str:
@@ -391,6 +431,10 @@ class CellRun:
         self.log_metrics(final, step=final_step, tags={TAG_STATUS: STATUS_FINISHED})
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
 
+    def recorded_error(self) -> str | None:
+        """The error an earlier attempt of this run recorded (``studies.error``), if any."""
+        return with_retry(lambda: self.client.get_run(self.run_id)).data.tags.get(TAG_ERROR)
+
     def fail(self, error: str) -> None:
         """Mark the cell failed with its error (one paragraph); the run ends FAILED."""
         self.set_tags({TAG_STATUS: STATUS_FAILED, TAG_ERROR: error})
@@ -532,6 +576,15 @@ class StudyTracking:
             if cell_id:
                 grouped.setdefault(cell_id, []).append(run)
         return grouped
+
+    def fail_unfinished(self, state: CellState, message: str) -> CellState:
+        """End a run that a trial left `running` (its worker could not write its failure, for
+        instance to a full disk) as FAILED with `message`; the cell's new state."""
+        if state.run_id is not None:
+            with_retry(lambda: self.client.set_tag(state.run_id, TAG_STATUS, STATUS_FAILED))
+            with_retry(lambda: self.client.set_tag(state.run_id, TAG_ERROR, message))
+            with_retry(lambda: self.client.set_terminated(state.run_id, status="FAILED"))
+        return CellState(state.cell_id, STATUS_FAILED, state.run_id, message)
 
     def cell_states(self, cell_ids: Iterable[str] | None = None) -> dict[str, CellState]:
         """Per cell: finished (a run tagged finished), else failed/running, else missing."""

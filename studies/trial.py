@@ -142,19 +142,40 @@ def run_cell(
     logged_through = _log_missing_epochs(run, history, reused, resumed=state is not None)
     coordinator = CoordinatorClient.connect(early_stopping, cell)
     reporter = _EpochReporter(run, cell, context, history, logged_through, coordinator, state)
+    earlier_error = run.recorded_error() if reused else None
     try:
         result = _train(fit, cell, reporter)
         run.finish(result, final_step=reporter.final_step())
         # no final Tune report: the trial's end tells the driver (one round trip less)
-    except deterministic as error:
+    except Exception as error:
         message = one_paragraph(error)
-        run.fail(message)
+        if not _will_repeat(error, message, earlier_error, reporter.epochs_done, state, deterministic):
+            _record_failure(run, message)
+            raise  # Tune retries the trial from its last checkpoint (FailureConfig)
+        _record_failure(run, message)
         if coordinator is not None:
             coordinator.tell_gone()
         ray.tune.report({**_ids(cell), "cell_status": "failed", "error": message})
-    except Exception as error:
-        run.fail(one_paragraph(error))
-        raise
+
+
+def _will_repeat(error: Exception, message: str, earlier_error: str | None, epochs_done: int,
+                 state: Any, deterministic: tuple) -> bool:
+    """Whether a retry would fail the same way, so the cell fails now instead: a known
+    deterministic error (a non-finite loss), an OSError (a full disk, a missing file), an
+    error raised before the first epoch of a fresh start (a bad config or data), or the same
+    error as the attempt before."""
+    return (isinstance(error, deterministic) or isinstance(error, OSError)
+            or (epochs_done == 0 and state is None) or message == earlier_error)
+
+
+def _record_failure(run: CellRun, message: str) -> None:
+    """The run ends FAILED with its error; if even that cannot be written (the store is full),
+    the driver marks it when the study ends (StudyTracking.fail_unfinished)."""
+    try:
+        run.fail(message)
+    except Exception as error:  # noqa: BLE001  (the cell's own error is what matters)
+        print(f"[studies] could not record the failure of run {run.run_id} ({one_paragraph(error)})",
+              flush=True)
 
 
 def _starting_point(cell: Mapping[str, Any]) -> tuple[Any, dict]:

@@ -65,8 +65,8 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait(timeout=15)
 
 
-def _start_server(workdir: Path) -> tuple[subprocess.Popen, str, Path]:
-    port = _free_port()
+def _start_server(workdir: Path, port: int | None = None) -> tuple[subprocess.Popen, str, Path]:
+    port = port or _free_port()
     uri = f"http://127.0.0.1:{port}"
     log_path = workdir / f"mlflow-server-{port}.log"
     env = dict(os.environ)
