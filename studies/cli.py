@@ -75,6 +75,9 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
         "--progress-every", type=float, default=30.0, metavar="S",
         help="print the progress line at least every S seconds (default: %(default)s)")
     parser.add_argument(
+        "--verbose", action="store_true",
+        help="show the INFO logs of MLflow, alembic and Ray (hidden by default)")
+    parser.add_argument(
         "--wait", action="store_true",
         help="when another driver is running this study, wait for it to finish instead of "
              "refusing")
@@ -93,6 +96,7 @@ def _options(args: argparse.Namespace):
         num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
         progress_interval_s=getattr(args, "progress_every", 30.0),
         wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
+        verbose=getattr(args, "verbose", False),
     )
 
 

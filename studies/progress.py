@@ -86,20 +86,79 @@ class StudyProgress:
 
 
 class ProgressReporter:
-    """Keeps a `StudyProgress` from Tune's callback hooks (same names and arguments) and
-    prints it. `on_error(cell_id)` is called for a cell whose trial errored in Tune."""
+    """Keeps a `StudyProgress` from Tune's callback hooks (same names and arguments) and shows
+    it. `on_error(cell_id)` is called for a cell whose trial errored in Tune.
+
+    On a terminal, one line updated in place (carriage return) after every event, with the
+    best config so far and the elapsed time; a failure gets a line of its own above it. Without
+    a terminal (a log file, CI), no escape sequences and few lines: the progress at most every
+    `interval_s` seconds, every failure, and the final counts.
+
+    `metric` (a per-epoch metric such as val/top5, with `mode`) and `labels` (cell_id -> the
+    readable name of its config) make the "best so far": the config whose seed-mean of the
+    metric's latest value is best.
+    """
 
     def __init__(self, progress: StudyProgress, interval_s: float = 30.0,
-                 stream: IO[str] | None = None, on_error=None):
+                 stream: IO[str] | None = None, on_error=None, *, metric: str | None = None,
+                 mode: str = "max", labels: Mapping[str, str] | None = None):
         self.progress = progress
         self.interval_s = interval_s
         self.stream = stream or sys.stdout
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last_print = 0.0
+        self._shown = ""
         self._on_error = on_error  # called with the cell_id of a cell that errored in Tune
+        self.metric, self.mode = metric, mode
+        self.labels = dict(labels or {})
+        self._latest: dict[str, float] = {}  # cell_id -> latest value of `metric`
+
+    # ----- what is shown --------------------------------------------------------------------
+
+    def best(self) -> tuple[str, float] | None:
+        """(label, seed-mean) of the best config so far by the latest values of `metric`."""
+        by_config: dict[str, list[float]] = {}
+        for cell, value in self._latest.items():
+            by_config.setdefault(self.labels.get(cell, cell.rsplit("-s", 1)[0]), []).append(value)
+        if not by_config:
+            return None
+        means = {label: sum(v) / len(v) for label, v in by_config.items()}
+        pick = max if self.mode == "max" else min
+        label = pick(means, key=means.get)
+        return label, means[label]
+
+    def status(self) -> str:
+        text = self.progress.line()
+        best = self.best()
+        if best is not None:
+            text += f" | best {best[0]} {self.metric}={best[1]:.4g}"
+        if self.live:
+            text += f" | {format_duration(time.monotonic() - self.progress.started_at)}"
+        return text
 
     def _print(self, text: str) -> None:
+        """A line of its own (a failure, a restart): above the live line on a terminal."""
+        if self.live and self._shown:
+            self.stream.write("\r\x1b[K")
         print(text, file=self.stream, flush=True)
-        self._last_print = time.monotonic()
+        if self.live and self._shown:
+            self.stream.write(self._shown)
+            self.stream.flush()
+
+    def _show(self, force: bool = False) -> None:
+        """The progress: in place on a terminal, else at most every `interval_s` seconds."""
+        text = self.status()
+        if self.live:
+            self._shown = text
+            self.stream.write("\r\x1b[K" + text)
+            self.stream.flush()
+            return
+        now = time.monotonic()
+        if force or now - self._last_print >= self.interval_s:
+            print(text, file=self.stream, flush=True)
+            self._last_print = now
+
+    # ----- Tune's hooks ------------------------------------------------------------------------
 
     @staticmethod
     def _cell(trial) -> str:
@@ -107,20 +166,21 @@ class ProgressReporter:
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.progress.start(self._cell(trial))
-        self._print(self.progress.line())
+        self._show(force=not self._last_print)  # the first line at once, then every interval
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         cell = self._cell(trial)
         status = result.get("cell_status")
+        if self.metric and isinstance(result.get(self.metric), (int, float)):
+            self._latest[cell] = float(result[self.metric])
         if status == "failed":
             self.progress.fail(cell, str(result.get("error", "")))
             self._print(f"[studies] cell {cell} FAILED: {result.get('error', '')}")
-            self._print(self.progress.line())
         elif status == "finished":
             self.progress.finish(cell)
-            self._print(self.progress.line())
         elif "epochs_done" in result:
             self.progress.epoch(cell, int(result["epochs_done"]))
+        self._show()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         cell = self._cell(trial)
@@ -130,7 +190,7 @@ class ProgressReporter:
                 self.progress.fail(cell, str(last.get("error", "")))
             else:
                 self.progress.finish(cell)
-            self._print(self.progress.line())
+        self._show()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._print(f"[studies] cell {self._cell(trial)}: worker failed, restarting from its "
@@ -141,13 +201,20 @@ class ProgressReporter:
         error = trial_error(trial)
         self.progress.fail(cell, error)
         self._print(f"[studies] cell {cell} FAILED: {error}")
-        self._print(self.progress.line())
+        self._show()
         if self._on_error is not None:
             self._on_error(cell)
 
     def on_step_end(self, iteration, trials, **info):
-        if self.progress.running and time.monotonic() - self._last_print >= self.interval_s:
-            self._print(self.progress.line())
+        if self.progress.running:
+            self._show()
+
+    def on_experiment_end(self, trials, **info):
+        """The final counts, on a line of their own."""
+        if self.live:
+            self.stream.write("\r\x1b[K")
+            self._shown = ""
+        print(self.status(), file=self.stream, flush=True)
 
 
 def trial_error(trial: Any, limit: int = 600) -> str:

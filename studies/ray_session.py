@@ -53,8 +53,9 @@ class RaySession:
         _set_tune_environment()
         if ray.is_initialized():
             return
+        level = int(os.environ.get("STUDIES_RAY_LOG_LEVEL", logging.ERROR))  # --verbose: INFO
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "logging_level": logging.WARNING}
+                                  "logging_level": level}
         if self.address:
             ray.init(address=self.address, **kwargs)
         else:

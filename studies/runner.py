@@ -81,6 +81,7 @@ class RunOptions:
     stream: IO[str] | None = None
     max_cells: int | None = None  # raises the study's cell limit (default: the file's, else 100,000)
     wait: bool = False  # wait for another driver of the same study to finish instead of refusing
+    verbose: bool = False  # show the INFO logs of MLflow, alembic and Ray
 
 
 @dataclass
@@ -176,8 +177,11 @@ class _Session:
         progress = StudyProgress(
             total=total, to_run=len(cells), done_before=done_before,
             epochs={c.cell_id: int(c.config.get("epochs", 1)) for c in cells})
+        names = run_names(self.known_cells.values())
+        metric, mode = self.progress_metric()
         callback = ProgressCallback(progress, interval_s=self.options.progress_interval_s,
-                                    stream=self.stream, on_error=on_error)
+                                    stream=self.stream, on_error=on_error, metric=metric, mode=mode,
+                                    labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
         root = self.storage_root()
         if root is not None:
@@ -187,13 +191,22 @@ class _Session:
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
                  f"{resources['cpu']:g} CPU / {resources['gpu']:g} GPU each)")
         resume_from = self.resume.folders()
-        names = run_names(self.known_cells.values())
         run_experiment(
             {c.cell_id: cell_payload(c, resume_from.get(c.cell_id), names.get(c.cell_id)) for c in cells},
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources=resources, concurrency=self.concurrency,
             max_failures=int(self.study.max_failures), callbacks=[callback])
+
+    def progress_metric(self) -> tuple[str | None, str]:
+        """The per-epoch metric that ranks configs in the progress line: the objective when it
+        is logged every epoch, else the first variant's checkpoint-selection metric."""
+        objective = self.study.objective
+        if objective is not None and objective.metric.startswith(("val/", "train/")):
+            return objective.metric, objective.mode
+        first = self.study.variant_names[0]
+        return (self.study.variant_value(first, "eval.selection"),
+                self.study.variant_value(first, "eval.selection_mode", "max"))
 
     def run_round(self, cells: Sequence, total: int, done_before: int) -> None:
         """Run the cells of an optuna round that are not finished yet."""
@@ -283,6 +296,19 @@ def _prepare_study_dir(study_file: str | Path, name: str,
     return study_dir, study_copy, tracking_uri
 
 
+def _set_log_levels(verbose: bool) -> None:
+    """No third-party INFO lines (MLflow's and alembic's database set-up, Ray's notices)
+    unless --verbose: the study's own lines are what a user reads."""
+    import logging
+
+    level = logging.INFO if verbose else logging.WARNING
+    # MLflow sets its logger's level from this variable when it is imported (later, lazily)
+    os.environ["MLFLOW_LOGGING_LEVEL"] = logging.getLevelName(level)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(level)
+    os.environ["STUDIES_RAY_LOG_LEVEL"] = str(logging.INFO if verbose else logging.ERROR)
+
+
 def _check_preconditions(study_dir: Path, tracking_uri: str, options: RunOptions, cells: Sequence) -> None:
     """Every precondition of the run (studies.preconditions), before Ray or MLflow is touched."""
     from studies.preconditions import check_all
@@ -345,6 +371,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     # MLflow's client retries a failed request silently for minutes; a few quick retries, then
     # the runner's own backoff (studies.tracking.with_retry) that says so (workers inherit this)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    _set_log_levels(options.verbose)
     study, cells, name = _load(study_file, options)
     if options.dry_run:
         from studies.space import format_cells_table
