@@ -22,12 +22,8 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"
 ROLE_CELL = "cell"
-ROLE_LEASE = "lease"  # the run that says which driver runs the study (studies.lease)
-
-TAG_LEASE_HOST = "studies.lease.host"
-TAG_LEASE_PID = "studies.lease.pid"
-TAG_LEASE_SINCE = "studies.lease.since"
-TAG_LEASE_HEARTBEAT = "studies.lease.heartbeat"
+#: experiment tags ``studies.lease.<token>``: which driver runs the study (studies.lease)
+TAG_LEASE_PREFIX = "studies.lease."
 
 STATUS_RUNNING = "running"
 STATUS_FINISHED = "finished"

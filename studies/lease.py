@@ -3,32 +3,33 @@
 Two ``studies run`` (or ``resume``) of the same study at once would run every cell twice and
 take each other's checkpoints. The lease lives where every driver of a study looks, the
 study's MLflow experiment (so it works with a remote tracking server and a shared storage
-alike): a run tagged ``studies.role = lease`` that names its holder (host, pid, since) and
-carries a heartbeat time, refreshed every ``heartbeat_s`` seconds by a background thread.
+alike): an experiment tag ``studies.lease.<token>`` whose JSON value names its holder (host,
+pid, since) and carries a heartbeat time, refreshed every ``heartbeat_s`` seconds by a
+background thread. It is a tag, not a run, so the study's runs stay the cells and the parent.
 
-MLflow has no compare-and-swap, so taking the lease is *write, then look*: a driver creates
-its lease run, then lists the live leases of the study. It holds the lease only if its own is
-the only live one; otherwise it withdraws (deletes its run) and either refuses, naming the
+MLflow has no compare-and-swap, so taking the lease is *write, then look*: a driver writes
+its lease tag, then lists the live leases of the study. It holds the lease only if its own is
+the only live one; otherwise it withdraws (deletes its tag) and either refuses, naming the
 holder, or waits. Two drivers that write at the same moment both see two leases, both
 withdraw, and retry after a random pause, so at most one ever holds it. A lease whose
 heartbeat is older than ``stale_s`` (a killed driver), or whose holder is a dead process on
 this host, is stale: the next driver deletes it and takes over. Clocks of the hosts are
-assumed to agree to well within ``stale_s`` (NTP). A released lease run is deleted, so the
-MLflow UI lists only live ones.
+assumed to agree to well within ``stale_s`` (NTP). A released lease is deleted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from analysis.layout import (ROLE_LEASE, TAG_LEASE_HEARTBEAT, TAG_LEASE_HOST, TAG_LEASE_PID, TAG_LEASE_SINCE,
-                             TAG_ROLE, TAG_STUDY)
+from analysis.layout import TAG_LEASE_PREFIX
 from studies.tracking import with_retry
 
 __all__ = ["StudyLease", "LeaseHeld", "Holder", "HEARTBEAT_S", "STALE_S"]
@@ -45,7 +46,7 @@ _CONTENDED_ATTEMPTS = 8
 class Holder:
     """Who holds a study's lease."""
 
-    run_id: str
+    token: str  # the lease's tag is TAG_LEASE_PREFIX + token
     host: str
     pid: int
     since: float
@@ -80,7 +81,8 @@ class StudyLease:
             raise ValueError(f"stale_s ({stale_s}) must exceed heartbeat_s ({heartbeat_s})")
         self.client, self.experiment_id, self.study_name = client, experiment_id, study_name
         self.heartbeat_s, self.stale_s, self.clock, self.warn = heartbeat_s, stale_s, clock, warn
-        self.run_id: Optional[str] = None
+        self.token: Optional[str] = None
+        self._since = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -93,13 +95,13 @@ class StudyLease:
         while True:
             others = self._live_leases()
             if not others:
-                self.run_id = self._write_lease()
-                rivals = [h for h in self._live_leases() if h.run_id != self.run_id]
+                self.token = self._write_lease()
+                rivals = [h for h in self._live_leases() if h.token != self.token]
                 if not rivals:
                     self._start_heartbeat()
                     return
-                self._delete(self.run_id)  # someone wrote at the same moment: both withdraw
-                self.run_id = None
+                self._delete(self.token)  # someone wrote at the same moment: both withdraw
+                self.token = None
                 contended += 1
                 if contended < _CONTENDED_ATTEMPTS:
                     time.sleep(random.uniform(0.05, 0.5) * contended)
@@ -110,20 +112,20 @@ class StudyLease:
             time.sleep(poll_s)
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the lease run (idempotent)."""
+        """Stop the heartbeat and delete the lease (idempotent)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.heartbeat_s + 5)
             self._thread = None
-        if self.run_id is not None:
+        if self.token is not None:
             try:
-                self._delete(self.run_id)
+                self._delete(self.token)
             except Exception as error:  # the store is gone: the lease goes stale by itself
                 self.warn(f"could not release the study's lease ({error}); it expires in {self.stale_s:.0f} s")
-            self.run_id = None
+            self.token = None
 
     def __enter__(self) -> "StudyLease":
-        if self.run_id is None:
+        if self.token is None:
             self.acquire()
         return self
 
@@ -132,37 +134,38 @@ class StudyLease:
 
     # ----- the store ----------------------------------------------------------------------
 
-    def _write_lease(self) -> str:
-        now = self.clock()
-        tags = {TAG_ROLE: ROLE_LEASE, TAG_STUDY: self.study_name, TAG_LEASE_HOST: socket.gethostname(),
-                TAG_LEASE_PID: str(os.getpid()), TAG_LEASE_SINCE: repr(now), TAG_LEASE_HEARTBEAT: repr(now),
-                "mlflow.runName": f"lease {socket.gethostname()}:{os.getpid()}"}
-        run = with_retry(lambda: self.client.create_run(self.experiment_id, tags=tags))
-        return run.info.run_id
+    def _value(self, since: float) -> str:
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
+                           "heartbeat": self.clock()})
 
-    def _delete(self, run_id: str) -> None:
-        with_retry(lambda: self.client.delete_run(run_id))
+    def _write_lease(self) -> str:
+        token = uuid.uuid4().hex[:12]
+        self._since = self.clock()
+        with_retry(lambda: self.client.set_experiment_tag(self.experiment_id, TAG_LEASE_PREFIX + token,
+                                                          self._value(self._since)))
+        return token
+
+    def _delete(self, token: str) -> None:
+        with_retry(lambda: self.client.delete_experiment_tag(self.experiment_id, TAG_LEASE_PREFIX + token))
 
     def _live_leases(self) -> list[Holder]:
         """The live leases of the study, oldest first; stale ones are deleted on the way."""
-        from mlflow.entities import ViewType
-
-        runs = with_retry(lambda: self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_LEASE}'",
-            run_view_type=ViewType.ACTIVE_ONLY, max_results=100))
+        tags = with_retry(lambda: self.client.get_experiment(self.experiment_id)).tags
         live = []
-        for run in runs:
-            holder = _holder(run)
-            if holder.run_id == self.run_id:
+        for key, value in tags.items():
+            if not key.startswith(TAG_LEASE_PREFIX):
+                continue
+            holder = _holder(key[len(TAG_LEASE_PREFIX):], value)
+            if holder.token == self.token:
                 live.append(holder)
             elif self._is_stale(holder):
                 try:
-                    self._delete(holder.run_id)
+                    self._delete(holder.token)
                 except Exception:  # another driver deleted it first
                     pass
             else:
                 live.append(holder)
-        return sorted(live, key=lambda h: (h.since, h.run_id))
+        return sorted(live, key=lambda h: (h.since, h.token))
 
     def _is_stale(self, holder: Holder) -> bool:
         if self.clock() - holder.heartbeat > self.stale_s:
@@ -179,11 +182,12 @@ class StudyLease:
     def _beat(self) -> None:
         failing = False
         while not self._stop.wait(self.heartbeat_s):
-            run_id = self.run_id
-            if run_id is None:
+            token = self.token
+            if token is None:
                 return
             try:
-                with_retry(lambda: self.client.set_tag(run_id, TAG_LEASE_HEARTBEAT, repr(self.clock())))
+                with_retry(lambda: self.client.set_experiment_tag(self.experiment_id, TAG_LEASE_PREFIX + token,
+                                                                  self._value(self._since)))
                 if failing:
                     self.warn("the tracking server answers again: the study's lease is renewed")
                 failing = False
@@ -193,17 +197,19 @@ class StudyLease:
                 failing = True
 
 
-def _holder(run) -> Holder:
-    tags = run.data.tags
+def _holder(token: str, value: str) -> Holder:
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = {}
 
     def number(key: str, default: float = 0.0) -> float:
         try:
-            return float(tags.get(key, default))
-        except ValueError:
+            return float(data.get(key, default))
+        except (TypeError, ValueError):
             return default
 
-    return Holder(run.info.run_id, tags.get(TAG_LEASE_HOST, "?"), int(number(TAG_LEASE_PID, -1)),
-                  number(TAG_LEASE_SINCE), number(TAG_LEASE_HEARTBEAT))
+    return Holder(token, str(data.get("host", "?")), int(number("pid", -1)), number("since"), number("heartbeat"))
 
 
 def _process_alive(pid: int) -> bool:

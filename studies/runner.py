@@ -334,14 +334,23 @@ def _take_lease(tracking: StudyTracking, name: str, options: RunOptions, say: Ca
     return lease
 
 
-def _run(session: _Session, cells: Sequence, study_copy: Path) -> None:
-    """Run the cells that the ledger says are missing, then the optuna blocks."""
+def _run(session: _Session, cells: Sequence, study_copy: Path, leases: list) -> None:
+    """Run the cells that the ledger says are missing, then the optuna blocks.
+
+    A new study (no experiment yet) starts Ray and checks that it can run here first, so a
+    study that cannot run creates nothing in MLflow. Then the study's lease (one driver per
+    study; it is an experiment tag, so the experiment exists from here on), and only under
+    the lease the ledger, which deletes the leftovers of an interrupted run, and the trials.
+    The lease is appended to `leases` for the caller to release.
+    """
     study, tracking = session.study, session.tracking
-    # the ledger first (reads, and deletes leftovers of an interrupted run), then Ray and
-    # its checks, and only then the experiment and parent run: a study that cannot run
-    # here creates nothing in MLflow
+    fresh = tracking.find_experiment_id() is None
+    if fresh:
+        session.start()
+    # kept out of the session: Tune pickles the callbacks that refer to it, not a thread
+    leases.append(_take_lease(tracking, session.name, session.options, session.say))
     done, pending = session.plan(cells)
-    if pending or study.optuna_blocks:
+    if (pending or study.optuna_blocks) and not fresh:
         session.start()
     parent_run = tracking.parent_run_id(study_copy)
     session.context = tracking.context(session.session_id)
@@ -393,18 +402,19 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                     f"workers on other nodes cannot reach it; pass "
                     f"--tracking-uri http://<mlflow server>")
 
-    lease = _take_lease(tracking, name, options, session.say)
     started = time.monotonic()
     interrupted = False
+    leases: list = []
     try:
-        _run(session, cells, study_copy)
+        _run(session, cells, study_copy, leases)
     except KeyboardInterrupt:
         interrupted = True
         session.say(f"interrupted; `studies resume {name}` (or the same `studies run`) "
                     f"completes what is missing")
     finally:
         session.ray.stop()
-        lease.release()
+        for lease in leases:
+            lease.release()
 
     outcome = _summarise(session, started, stream, interrupted)
     if interrupted:

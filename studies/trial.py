@@ -33,6 +33,7 @@ complete run.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import tempfile
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from studies.checkpoints import read_checkpoint, read_tune_checkpoint, save_checkpoint
+from studies.checkpoints import META_FILE, read_checkpoint, read_tune_checkpoint, save_checkpoint
 from studies.early_stopping import TAG_STOPPED_EPOCH, CoordinatorClient
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
@@ -133,6 +134,8 @@ def run_cell(
     _set_torch_threads()
 
     state, meta = _starting_point(cell)
+    if meta.get("discard_run_id"):  # its checkpoint was unreadable: a new run replaces it
+        _discard_run(context, meta["discard_run_id"])
     run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"))
     # where this attempt runs: shows in MLflow which node trained (or retried) the cell
     run.set_tags({TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
@@ -193,14 +196,30 @@ def _starting_point(cell: Mapping[str, Any]) -> tuple[Any, dict]:
 
 
 def _read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
-    """(fit state, meta) of an earlier session's checkpoint; (None, {}) when it cannot be
-    read (a driver killed while Tune was writing it): the cell then starts from scratch."""
+    """(fit state, meta) of an earlier session's checkpoint. When it cannot be read (a driver
+    killed while Tune was writing it, or a file that holds more than tensors and numbers and
+    is refused unread), the cell starts from scratch in a new run: the meta then only names
+    the earlier run to discard (``discard_run_id``), whose epochs a fresh start cannot reuse."""
     try:
         return read_checkpoint(folder)
     except Exception as error:
-        print(f"[studies] cannot read the checkpoint {folder} ({one_paragraph(error)}); "
+        print(f"[studies] cannot read the checkpoint {folder} safely ({one_paragraph(error)}); "
               f"the cell starts from scratch", flush=True)
-        return None, {}
+        try:
+            earlier = json.loads((Path(folder) / META_FILE).read_text()).get("run_id")
+        except (OSError, ValueError):
+            earlier = None
+        return None, {"discard_run_id": earlier} if earlier else {}
+
+
+def _discard_run(context: TrackingContext, run_id: str) -> None:
+    """Delete (MLflow's soft delete) an earlier session's run of the cell."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        with_retry(lambda: MlflowClient(context.tracking_uri).delete_run(run_id))
+    except Exception as error:  # already gone
+        print(f"[studies] could not delete the earlier run {run_id} ({one_paragraph(error)})", flush=True)
 
 
 def _already_finished(run: CellRun) -> bool:

@@ -27,6 +27,8 @@ def test_load_and_dry_run_without_starting_anything(tmp_path):
 @pytest.mark.slow
 def test_run_collect_and_report_like_a_notebook(tmp_path, mlflow_server):
     out = tmp_path / "studies_out"
+    commit = __import__("subprocess").run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                          text=True).stdout.strip()  # the checkout's, when the study ran
     outcome = api.run(QUICKSTART, smoke=True, output=out, tracking_uri=mlflow_server, report=False,
                       num_cpus=2, stream=io.StringIO())
     assert outcome.exit_code == 0 and outcome.failed == {}
@@ -37,10 +39,10 @@ def test_run_collect_and_report_like_a_notebook(tmp_path, mlflow_server):
     assert frame["test/top5"].between(0, 1).all()
     html = api.report(outcome.study_name, output=out)
     assert html.exists() and html.with_suffix(".md").exists()
-    _check_what_the_mlflow_ui_shows(mlflow_server, outcome.study_name, expected)
+    _check_what_the_mlflow_ui_shows(mlflow_server, outcome.study_name, expected, commit)
 
 
-def _check_what_the_mlflow_ui_shows(server: str, name: str, cells) -> None:
+def _check_what_the_mlflow_ui_shows(server: str, name: str, cells, commit: str) -> None:
     """The experiment opens in the model-training view with the study's description; runs carry
     MLflow's system tags, a readable name per config, and only the params that apply."""
     from mlflow import MlflowClient
@@ -51,8 +53,6 @@ def _check_what_the_mlflow_ui_shows(server: str, name: str, cells) -> None:
     assert experiment.tags["mlflow.note.content"] == api.load(QUICKSTART).description.strip()
     runs = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'")
     assert len(runs) == len(cells)
-    commit = __import__("subprocess").run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                          text=True).stdout.strip()
     names = {}
     for run in runs:
         tags = run.data.tags

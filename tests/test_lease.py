@@ -20,6 +20,10 @@ def _experiment(uri: str) -> str:
     return MlflowClient(uri).create_experiment(f"lease-{uuid.uuid4().hex[:8]}")
 
 
+def _lease_tags(client, experiment_id: str) -> set[str]:
+    return {k for k in client.get_experiment(experiment_id).tags if k.startswith("studies.lease.")}
+
+
 def _contend(uri: str, experiment_id: str, start_at: float, hold_s: float, results) -> None:
     """One driver: wait for the common start, try to take the lease, hold it a while."""
     from mlflow.tracking import MlflowClient
@@ -33,7 +37,7 @@ def _contend(uri: str, experiment_id: str, start_at: float, hold_s: float, resul
     except LeaseHeld as held:
         results.put(("refused", os.getpid(), str(held)))
         return
-    results.put(("holds", os.getpid(), lease.run_id))
+    results.put(("holds", os.getpid(), lease.token))
     time.sleep(hold_s)
     lease.release()
 
@@ -64,7 +68,7 @@ def _hold_forever(uri: str, experiment_id: str, ready) -> None:
 
     lease = StudyLease(MlflowClient(uri), experiment_id, "killed", heartbeat_s=0.5, stale_s=4)
     lease.acquire()
-    ready.put(lease.run_id)
+    ready.put(lease.token)
     time.sleep(600)
 
 
@@ -79,7 +83,7 @@ def test_a_killed_drivers_lease_is_taken_over_and_a_live_one_refuses(mlflow_serv
     ready = ctx.Queue()
     holder = ctx.Process(target=_hold_forever, args=(mlflow_server, experiment_id, ready))
     holder.start()
-    held_run = ready.get(timeout=120)
+    held = ready.get(timeout=120)
     second = StudyLease(client, experiment_id, "killed", heartbeat_s=0.5, stale_s=4)
     with pytest.raises(LeaseHeld, match=f"pid {holder.pid}"):
         second.acquire()
@@ -87,11 +91,10 @@ def test_a_killed_drivers_lease_is_taken_over_and_a_live_one_refuses(mlflow_serv
     holder.join()
     # on this host a dead holder's lease is stale at once (its pid is gone)
     second.acquire()
-    assert second.run_id != held_run
-    assert client.get_run(held_run).info.lifecycle_stage == "deleted"
-    taken = second.run_id
+    assert second.token != held
+    assert _lease_tags(client, experiment_id) == {f"studies.lease.{second.token}"}  # the dead one is gone
     second.release()
-    assert client.get_run(taken).info.lifecycle_stage == "deleted"
+    assert _lease_tags(client, experiment_id) == set()
 
 
 def test_waiting_driver_starts_when_the_holder_releases(mlflow_server):
@@ -116,7 +119,8 @@ def test_a_lease_whose_heartbeat_stopped_is_stale_even_on_another_host(mlflow_se
     """A lease written by a driver on another host (pid unknown here) goes stale by time."""
     from mlflow.tracking import MlflowClient
 
-    from analysis.layout import TAG_LEASE_HOST
+    import json
+
     from studies.lease import LeaseHeld, StudyLease
 
     experiment_id = _experiment(mlflow_server)
@@ -124,8 +128,10 @@ def test_a_lease_whose_heartbeat_stopped_is_stale_even_on_another_host(mlflow_se
     now = [1000.0]
     other = StudyLease(client, experiment_id, "s", heartbeat_s=1000, stale_s=2000, clock=lambda: now[0])
     other.acquire()
-    client.set_tag(other.run_id, TAG_LEASE_HOST, "elsewhere")  # not this host: no pid check
     other._stop.set()  # its heartbeat stops, as a dead host's would
+    key = f"studies.lease.{other.token}"
+    value = json.loads(client.get_experiment(experiment_id).tags[key])
+    client.set_experiment_tag(experiment_id, key, json.dumps({**value, "host": "elsewhere"}))  # no pid check
     me = StudyLease(client, experiment_id, "s", heartbeat_s=1000, stale_s=2000, clock=lambda: now[0])
     with pytest.raises(LeaseHeld, match="host elsewhere"):
         me.acquire()

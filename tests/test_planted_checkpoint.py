@@ -1,0 +1,69 @@
+"""A pickle planted in a shared storage folder, where a resumed study looks for checkpoints:
+it must not run, the cell starts from scratch in a new run, and the study finishes."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import sys
+import uuid
+
+import pytest
+
+from test_runner import child_runs, options, write_study
+
+pytestmark = pytest.mark.slow
+
+
+class _PlantedCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 1024 ** 2)
+    yield ray
+    ray.shutdown()
+
+
+def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    from studies.checkpoints import META_FILE, STATE_FILE
+    from studies.runner import run_study
+    from studies.space import expand
+    from studies.spec import load_study
+
+    name = f"planted-{uuid.uuid4().hex[:6]}"
+    path = write_study(tmp_path, name, lrs=[0.1], seeds=[0], epochs=2)
+    (cell,) = expand(load_study(path))
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(name)
+    earlier = client.create_run(experiment, tags={"studies.role": "cell", "studies.study": name,
+                                                  "studies.cell_id": cell.cell_id, "studies.status": "running"})
+    # what a killed driver's Tune trial leaves, with a planted state file
+    folder = tmp_path / "out" / name / "ray" / "tune-old" / cell.cell_id / "checkpoint_000000"
+    folder.mkdir(parents=True)
+    marker = tmp_path / "code_ran"
+    with open(folder / STATE_FILE, "wb") as handle:
+        pickle.dump({"format": 1, "payload": _PlantedCode(marker)}, handle)
+    (folder / META_FILE).write_text(json.dumps({"study": name, "cell_id": cell.cell_id,
+                                                 "run_id": earlier.info.run_id, "epoch": 0, "history": []}))
+    stream = io.StringIO()
+    outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
+    assert not marker.exists(), "the planted checkpoint ran code"
+    assert outcome.exit_code == 0, stream.getvalue()[-3000:]
+    (run,) = child_runs(mlflow_server, name)  # one active run per cell: the earlier one is deleted
+    assert run.info.run_id != earlier.info.run_id and run.data.tags["studies.status"] == "finished"
+    assert client.get_run(earlier.info.run_id).info.lifecycle_stage == "deleted"
+    history = client.get_metric_history(run.info.run_id, "val/top3")
+    assert sorted(m.step for m in history) == [0, 1]  # trained from scratch, each epoch once
