@@ -389,7 +389,7 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
             final["best_val"] = best_val
             for key, value in final.items():
                 metric(key, value, end - 1000, last)
-            base = artifact_root / experiment_id / run_id / "artifacts"
+            base = artifact_root / run_id / "artifacts"  # the run's artifact_uri
             artifact_jobs.append((base / PER_CLASS_ARTIFACT, _per_class(values.rng)))
             artifact_jobs.append((base / SET_SIZES_ARTIFACT, _set_sizes(values.rng)))
         rows[SqlLatestMetric] += [dict(r) for r in latest.values()]
@@ -493,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="checkout whose `analysis` the steps import (default: this one)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the stores here and keep them (default: a temporary folder)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: measure the stores already there (same sizes)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per step")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     # one step in this process (used by `measure`)
@@ -517,14 +519,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in args.cells:
             name = f"scale_{n}"
             study_dir = root / name
-            if study_dir.exists():
-                shutil.rmtree(study_dir)
             uri = f"sqlite:///{(study_dir / 'mlflow.db').resolve()}"
-            info = synthesize(uri, study_dir, name, n, seeds=args.seeds, epochs=args.epochs,
-                              failed=args.failed)
-            print(f"{info['cells']:>7} {'synthesize':<10} {info['seconds']:>8.1f}s"
-                  f"  {info['configs']} configs, {info['finished']} finished, "
-                  f"{info['failed']} failed", flush=True)
+            saved = study_dir / "synthesized.json"
+            if args.reuse and args.keep is not None and saved.exists():
+                info = json.loads(saved.read_text())
+                print(f"{info['cells']:>7} {'(reused)':<10}", flush=True)
+            else:
+                if study_dir.exists():
+                    shutil.rmtree(study_dir)
+                info = synthesize(uri, study_dir, name, n, seeds=args.seeds,
+                                  epochs=args.epochs, failed=args.failed)
+                saved.write_text(json.dumps(info))
+                print(f"{info['cells']:>7} {'synthesize':<10} {info['seconds']:>8.1f}s"
+                      f"  {info['configs']} configs, {info['finished']} finished, "
+                      f"{info['failed']} failed", flush=True)
             for step in args.steps:
                 out = study_dir / f"out_{step}"
                 r = measure(step, uri, name, info["study_file"], out, args.code, args.timeout)
