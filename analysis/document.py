@@ -1,9 +1,10 @@
 """The report as a document: a list of blocks written as HTML and as Markdown.
 
-The report adds headings, paragraphs, tables, figures, code listings and definition lists
-to a `Document`; `render_html` fills the Jinja2 template `templates/report.html.j2`
-(self-contained: inline CSS, figures as base64 PNG) and `render_md` writes the Markdown
-twin (figures as links to their PNG and SVG files).
+The report adds headings, paragraphs, links, tables, figures, code listings and definition
+lists to a `Document`; `render_html` fills the Jinja2 template `templates/report.html.j2`
+(self-contained: inline CSS, figures as base64 PNG; a link is navigation, never a resource
+the page loads), `render_md` writes the Markdown twin (figures as links to their PNG and
+SVG files) and `render_latex` the tables for a paper (`analysis.latex`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ class Paragraph:
     kind: ClassVar[str] = "paragraph"
     text: str
     note: bool = False  # a warning or a remark on what is missing, set apart
+
+
+@dataclass(frozen=True)
+class Link:
+    """A sentence ending with a link (opens the MLflow UI on the study)."""
+
+    kind: ClassVar[str] = "link"
+    text: str
+    url: str
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,7 @@ class Definitions:
     items: tuple[tuple[str, str], ...]
 
 
-Block = Union[Heading, Paragraph, TableBlock, Figure, Code, Details, Definitions]
+Block = Union[Heading, Paragraph, Link, TableBlock, Figure, Code, Details, Definitions]
 
 
 class Document:
@@ -105,6 +115,9 @@ class Document:
 
     def paragraph(self, text: str, note: bool = False) -> None:
         self.blocks.append(Paragraph(text, note))
+
+    def link(self, text: str, url: str) -> None:
+        self.blocks.append(Link(text, url))
 
     def table(self, table: Table) -> None:
         self.blocks.append(TableBlock(table))
@@ -125,6 +138,11 @@ class Document:
     def render_html(self) -> str:
         return _TEMPLATES.get_template("report.html.j2").render(title=self.title,
                                                                  blocks=self.blocks)
+
+    def render_latex(self) -> str:
+        from analysis.latex import tables_tex
+
+        return tables_tex([b.table for b in self.blocks if b.kind == "table"], self.title)
 
     def render_md(self) -> str:
         lines = [f"# {self.title}", ""]
@@ -164,6 +182,7 @@ def _md_table(table: Table) -> str:
 _MARKDOWN = {
     "heading": lambda b: [f"## {b.text}", ""],
     "paragraph": lambda b: [b.text, ""],
+    "link": lambda b: [f"{b.text} <{b.url}>", ""],
     "table": lambda b: [f"### {b.table.title}", "", _md_table(b.table), ""],
     "figure": lambda b: [f"![{b.figure.title}]({b.png_link})", "",
                          f"*{b.figure.title}: {b.figure.caption}* ([SVG]({b.svg_link}))", ""],

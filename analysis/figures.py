@@ -1,9 +1,22 @@
 """The report's figures: which ones a study gets, drawn with `analysis.plots`.
 
 In the order of the report: sensitivity curves (`report.curves`, default: the main test
-metric against each swept number), learning curves, epoch time against K, average-K
-set-size histograms, shot-group bars. A figure that cannot be drawn (nothing to draw, a
-metric not logged) is not an error: the report says why it is missing.
+metric against each swept number), heat maps of the main test metric over two swept
+parameters (default: every variant that sweeps two numbers on a grid), learning curves,
+epoch time against K, average-K set-size histograms, shot-group bars.
+
+A study of thousands of configs gets the same figures at the same sizes as one of ten:
+curves with many lines become small multiples by variant (`plots.plot_series`), and the
+bars, learning curves and set-size lines show the best config of each variant, ranked by
+the mean of `best_val` (the best validation value of the selection metric: configs are
+chosen on validation, never on test) or, when no run logged it, of the main test metric;
+each caption says what was left out. Only the runs of the configs drawn are read for the
+learning curves and set sizes.
+
+A figure that cannot be drawn (nothing to draw, a metric not logged) is not an error: the
+report says why it is missing ("Not drawn"). A figure that fails for any other reason
+(a bug, a broken artifact, MemoryError in the renderer) costs that figure only: the report
+says which and why ("Figure failed") and goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +36,9 @@ from analysis.results import StudyResults, swept_of
 from analysis.stats import epoch_curves, set_size_fractions
 
 _AVGK_METRIC = re.compile(r"^test/avg(?P<k>[0-9]+(?:\.[0-9]+)?)$")
+#: Configs of a learning-curve figure: bands of more than this many lines are a tangle.
+LEARNING_LINES = 6
+MAX_ERROR_CHARS = 300
 
 
 @dataclass
@@ -35,23 +51,45 @@ class FigureFile:
     caption: str = ""
 
 
+def error_text(exc: BaseException) -> str:
+    """`MemoryError: Unable to allocate ...`: the exception's type and first line."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "…"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 @dataclass
-class _Figures:
-    """The figures drawn so far, and why each one asked for is missing."""
+class Figures:
+    """The figures drawn, the ones not drawn (and why), the ones that failed (and why)."""
 
     drawn: list[FigureFile] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
     def add(self, what: str, title: str, caption: str,
-            draw: Callable[[], Sequence[Path]]) -> None:
-        """Draw one figure (PNG, SVG); a ValueError of the drawing (nothing to draw) is
-        kept in `skipped` with `what` instead, so the report says why it is missing."""
+            draw: Callable[..., Sequence[Path]]) -> None:
+        """Draw one figure: `draw(notes=[...])` writes the PNG and SVG and may add sentences
+        on what it left out (appended to the caption). A ValueError (nothing to draw) is
+        kept in `skipped`; any other exception in `failed`."""
+        notes: list[str] = []
         try:
-            png, svg = draw()
+            png, svg = draw(notes=notes)
         except ValueError as exc:
             self.skipped.append(f"{what}: {exc}")
             return
-        self.drawn.append(FigureFile(title, png, svg, caption))
+        except Exception as exc:  # MemoryError included: one figure never ends the report
+            self.failed.append(f"{what}: {error_text(exc)}")
+            return
+        self.drawn.append(FigureFile(title, png, svg, " ".join([caption] + notes).strip()))
+
+    def section(self, what: str, build: Callable[[], None]) -> None:
+        """Run the code that prepares and draws a family of figures; an exception in the
+        preparation (reading histories or artifacts) fails that family only."""
+        try:
+            build()
+        except Exception as exc:
+            self.failed.append(f"{what}: {error_text(exc)}")
 
 
 def slug(text: str) -> str:
@@ -59,20 +97,26 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:80] or "figure"
 
 
-def build_figures(results: StudyResults, figures_dir: Path) -> tuple[list[FigureFile], list[str]]:
-    """Draw the study's figures into `figures_dir`; return them and the reasons for the
-    ones not drawn."""
-    figures = _Figures()
-    _curves(results, figures_dir, figures)
-    _learning_curves(results, figures_dir, figures)
-    _epoch_time(results, figures_dir, figures)
-    _set_sizes(results, figures_dir, figures)
-    _shot_groups(results, figures_dir, figures)
-    return figures.drawn, figures.skipped
+def build_figures(results: StudyResults, figures_dir: Path) -> Figures:
+    """Draw the study's figures into `figures_dir`; return them, with the reasons for the
+    ones not drawn and the errors of the ones that failed."""
+    figures = Figures()
+    sections = [("sensitivity curves", _curves), ("heat maps", _heatmaps),
+                ("learning curves", _learning_curves), ("epoch time vs K", _epoch_time),
+                ("set-size histograms", _set_sizes), ("shot-group bars", _shot_groups)]
+    for what, section in sections:
+        figures.section(what, functools.partial(section, results, figures_dir, figures))
+    return figures
 
 
 def _level_text(results: StudyResults) -> str:
     return f"{results.level:.0%} CI"
+
+
+def _numeric_values(results: StudyResults, path: str, rows=None) -> set[str]:
+    return {json.dumps(swept_of(r)[path]) for r in (rows if rows is not None else results.rows)
+            if path in swept_of(r) and isinstance(swept_of(r)[path], (int, float))
+            and not isinstance(swept_of(r)[path], bool)}
 
 
 def _numeric_swept_paths(results: StudyResults) -> list[str]:
@@ -87,7 +131,7 @@ def _numeric_swept_paths(results: StudyResults) -> list[str]:
     return out
 
 
-def _curves(results: StudyResults, figures_dir: Path, figures: _Figures) -> None:
+def _curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
     """Sensitivity curves: a metric against a swept parameter, with its CI band."""
     specs = results.study.report.curves
     if specs is None:
@@ -107,15 +151,52 @@ def _curves(results: StudyResults, figures_dir: Path, figures: _Figures) -> None
             draw = functools.partial(plots.sensitivity_curve, results.summary([metric]), x,
                                      metric, figures_dir / name)
         figures.add(f"curve {metric} vs {x}", f"{metric} vs {x}",
-                    f"Mean over seeds; band: {_level_text(results)}; dashed: a variant with a "
-                    f"single config (not swept on {x}).", draw)
+                    f"Mean over seeds; band: {_level_text(results)}; dashed, labelled at the "
+                    f"right: a variant with a single config (not swept on {x}).", draw)
 
 
-def _learning_curves(results: StudyResults, figures_dir: Path, figures: _Figures) -> None:
-    """`report.learning_curves`: a per-epoch metric against the epoch, a line per config."""
+def heatmap_pairs(results: StudyResults) -> dict[str, tuple[str, str]]:
+    """{variant: (x, y)}: for every variant whose configs sweep two numeric parameters with
+    at least two values each, the two with the most values (the first swept on a tie)."""
+    pairs = {}
+    for variant in results.variants:
+        rows = [r for r in results.rows if r["variant"] == variant]
+        counts = {p: len(_numeric_values(results, p, rows)) for p in results.swept_paths}
+        paths = sorted((p for p, n in counts.items() if n >= 2),
+                       key=lambda p: (-counts[p], results.swept_paths.index(p)))
+        if len(paths) >= 2:
+            joint = {(json.dumps(swept_of(r).get(paths[0])), json.dumps(swept_of(r).get(paths[1])))
+                     for r in rows if paths[0] in swept_of(r) and paths[1] in swept_of(r)}
+            if len(joint) >= 4:  # a grid, not two one-at-a-time sweeps
+                pairs[variant] = (paths[0], paths[1])
+    return pairs
+
+
+def _heatmaps(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
+    """The main test metric over the two parameters each variant sweeps on a grid."""
+    metric = results.primary_metric()
+    pairs = heatmap_pairs(results)
+    if not metric or not pairs:
+        return
+    figures.add(f"heat map of {metric}", f"{metric} over two swept parameters",
+                f"Mean over seeds of each config, one panel per variant on its two swept "
+                f"parameters with the most values (a cell with several configs, which differ "
+                f"in a third parameter, shows the best of them); one colour scale for all "
+                f"panels; outlined: the variant's best cell.",
+                functools.partial(plots.heatmaps, results.summary([metric]), metric, pairs,
+                                  figures_dir / f"heatmap_{slug(metric)}", level=results.level))
+
+
+def _learning_curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
+    """`report.learning_curves`: a per-epoch metric against the epoch, a line per config
+    (the best config of each variant when there are more than `plots.MAX_LINES`)."""
     learning = results.study.report.learning_curves or []
-    histories = collect_histories(results.collected, learning) \
-        if learning and results.rows else None
+    if not learning:
+        return
+    shown, which = results.showcase(LEARNING_LINES)
+    run_ids = [r["run_id"] for r in results.rows if r["config_id"] in set(shown)]
+    histories = collect_histories(results.collected, learning, run_ids=run_ids) \
+        if results.rows else None
     for metric in learning:
         curves = epoch_curves(histories, metric, results.level, results.method,
                               n_boot=results.n_boot) if histories is not None else []
@@ -124,13 +205,13 @@ def _learning_curves(results: StudyResults, figures_dir: Path, figures: _Figures
             continue
         figures.add(f"learning curve of {metric}", f"{metric} over the epochs",
                     f"Mean over seeds at each epoch, a line per config; band: "
-                    f"{_level_text(results)}.",
+                    f"{_level_text(results)}.{(' ' + which) if which else ''}",
                     functools.partial(plots.learning_curves, curves, metric,
                                       figures_dir / f"learning_{slug(metric)}",
-                                      order=results.config_order(curves), level=results.level))
+                                      order=shown, level=results.level))
 
 
-def _epoch_time(results: StudyResults, figures_dir: Path, figures: _Figures) -> None:
+def _epoch_time(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
     """Mean epoch time against K (thesis Fig. 4.3); by default when loss.k is swept."""
     spec = results.study.report.epoch_time
     if spec is None and "loss.k" in results.swept_paths:
@@ -150,34 +231,27 @@ def _epoch_time(results: StudyResults, figures_dir: Path, figures: _Figures) -> 
                                   figures_dir / "epoch_time_vs_k", x=x))
 
 
-def _set_sizes(results: StudyResults, figures_dir: Path, figures: _Figures) -> None:
+def _set_sizes(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
     """Thesis Fig. 5.4 for every average-K of the study: the set sizes of each config on
-    test (configs selected on that K, where some are) and of one config by shot group."""
+    test (configs selected on that K, where some are) and of one config by shot group.
+    Only the runs of the configs drawn are read."""
     spec = results.study.report.set_sizes
     logged = [m["k"] for m in map(_AVGK_METRIC.match, results.metric_names) if m]
     if spec is False or (spec is None and not logged):
         return
     spec = spec if isinstance(spec, ReportSetSizes) else ReportSetSizes()
     ks = [f"{float(k):g}" for k in (spec.ks if spec.ks is not None else logged)]
-    rows = [r for r in results.rows if any(r.get(f"test/avg{k}") is not None for k in ks)]
-    try:
-        sizes = collect_per_class(results.collected.tracking_uri, [r["run_id"] for r in rows],
-                                  SET_SIZES_ARTIFACT)
-    except Exception as exc:  # runs from before the artifact existed, or a broken store
-        figures.skipped.append(f"set-size histograms: cannot read {SET_SIZES_ARTIFACT} ({exc})")
-        return
+    plans = []
     for k in ks:
-        rows_k = [r for r in rows if r.get(f"test/avg{k}") is not None]
+        rows_k = [r for r in results.rows if r.get(f"test/avg{k}") is not None]
         selected = [r for r in rows_k
                     if str(r.get(PARAM_PREFIX + "eval.selection", "")).endswith(f"avg{k}")]
         rows_k = selected or rows_k
-        fractions = set_size_fractions(sizes, {r["run_id"]: r["config_id"] for r in rows_k}, k)
-        summary = [r for r in results.summary([f"test/avg{k}"])
-                   if (r["config_id"], "all") in fractions]
+        configs = {r["config_id"] for r in rows_k}
+        summary = [r for r in results.summary([f"test/avg{k}"]) if r["config_id"] in configs]
         if not summary:
             figures.skipped.append(f"set sizes of average-{k}: no run stored them")
             continue
-        labels = {r["config_id"]: plots.config_label(r) for r in summary}
         shown, which = summary, "every config"
         if len(shown) > plots.MAX_LINES:  # too many lines: each variant's best config
             best_of: dict[str, dict] = {}
@@ -185,20 +259,38 @@ def _set_sizes(results: StudyResults, figures_dir: Path, figures: _Figures) -> N
                 if r["variant"] not in best_of or r["mean"] > best_of[r["variant"]]["mean"]:
                     best_of[r["variant"]] = r
             shown = sorted(best_of.values(), key=lambda r: -r["mean"])[:plots.MAX_LINES]
-            which = f"the best config (mean test/avg{k}) of each variant"
+            which = (f"the best config (mean test/avg{k}) of each variant, {len(shown)} of "
+                     f"{len(summary)} configs")
+        candidates = [r for r in summary if spec.by_shot is None or r["variant"] == spec.by_shot]
+        best = max(candidates, key=lambda r: r["mean"]) if candidates else None
+        wanted = {r["config_id"] for r in shown} | ({best["config_id"]} if best else set())
+        runs = {r["run_id"]: r["config_id"] for r in rows_k if r["config_id"] in wanted}
+        plans.append((k, summary, shown, which, best, runs))
+    if not plans:
+        return
+    needed = list(dict.fromkeys(run for *_, runs in plans for run in runs))
+    try:
+        sizes = collect_per_class(results.collected.tracking_uri, needed, SET_SIZES_ARTIFACT)
+    except Exception as exc:  # runs from before the artifact existed, or a broken store
+        figures.skipped.append(f"set-size histograms: cannot read {SET_SIZES_ARTIFACT} "
+                               f"({error_text(exc)})")
+        return
+    for k, summary, shown, which, best, runs in plans:
+        fractions = set_size_fractions(sizes, runs, k)
+        labels = {r["config_id"]: plots.config_label(r) for r in summary}
         by_config = [(f"{labels[c]} (n={fractions[(c, 'all')]['n']})",
                       fractions[(c, "all")]["fractions"])
-                     for c in results.config_order(shown)]
-        wanted = spec.by_shot
-        candidates = [r for r in summary if wanted is None or r["variant"] == wanted]
-        if not candidates:
+                     for c in results.config_order(shown) if (c, "all") in fractions]
+        if not by_config:
+            figures.skipped.append(f"set sizes of average-{k}: no run stored them")
+            continue
+        if spec.by_shot is not None and best is None:
             figures.skipped.append(f"set sizes of average-{k} by shot group: no config of "
-                                   f"variant {wanted!r}")
-        best = max(candidates, key=lambda r: r["mean"]) if candidates else None
+                                   f"variant {spec.by_shot!r}")
         by_shot = [(f"{g} (n={fractions[(best['config_id'], g)]['n']})",
                     fractions[(best["config_id"], g)]["fractions"])
                    for g in plots.SHOT_GROUPS if best and (best["config_id"], g) in fractions]
-        chosen = "the variant asked for" if wanted else f"the best mean test/avg{k}"
+        chosen = "the variant asked for" if spec.by_shot else f"the best mean test/avg{k}"
         figures.add(f"set sizes of average-{k}", f"Average-{k} set sizes on test",
                     f"Share of test inputs per set size, mean over seeds, for {which}; the last "
                     f"bin gathers the larger sets. (b) is the config with {chosen}, split by the "
@@ -208,21 +300,23 @@ def _set_sizes(results: StudyResults, figures_dir: Path, figures: _Figures) -> N
                                       shot_config=labels[best["config_id"]] if best else ""))
 
 
-def _shot_groups(results: StudyResults, figures_dir: Path, figures: _Figures) -> None:
-    """Bars of a metric per shot group (few, medium, many), a bar per config."""
+def _shot_groups(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
+    """Bars of a metric per shot group (few, medium, many), a bar per config (the best
+    config of each variant when there are more than `plots.MAX_BARS`)."""
     specs = results.study.report.shot_groups
     if specs is None:
         primary = results.primary_metric()
         base = primary.split("/", 1)[1] if primary and primary.startswith("test/") else None
         specs = [base] if base and f"test/few/{base}" in results.metric_names else []
+    shown, which = results.showcase(plots.MAX_BARS)
     for spec in specs:
         base = spec.get("metric") if isinstance(spec, dict) else spec
         split = spec.get("split", "test") if isinstance(spec, dict) else "test"
         metrics = [f"{split}/{g}/{base}" for g in plots.SHOT_GROUPS]
-        summary = results.summary(metrics)
+        summary = [r for r in results.summary(metrics) if r["config_id"] in set(shown)]
         figures.add(f"shot-group bars of {base}", f"{split}/{base} per shot group",
                     f"few < 20 ≤ medium ≤ 100 < many training images per class; error bars: "
-                    f"{_level_text(results)}.",
+                    f"{_level_text(results)}, within 0–100 %.{(' ' + which) if which else ''}",
                     functools.partial(plots.shot_group_bars, summary, base,
                                       figures_dir / f"shot_groups_{slug(base)}",
-                                      split=split, order=results.config_order(summary)))
+                                      split=split, order=shown))

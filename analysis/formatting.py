@@ -42,11 +42,17 @@ def value_text(value: Any) -> str:
     return json.dumps(value)
 
 
+#: How a config that sweeps nothing (the study's base values) is written; the tables that
+#: use it say what it means in their caption.
+NO_SWEPT_TEXT = "base values"
+
+
 def swept_text(swept_json: str) -> str:
-    """A config by its swept values (`data.label_noise=0.1, loss.k=5`), `(base)` if none."""
+    """A config by its swept values (`data.label_noise=0.1, loss.k=5`), NO_SWEPT_TEXT if
+    none."""
     swept = json.loads(swept_json or "{}")
     if not swept:
-        return "(base)"
+        return NO_SWEPT_TEXT
     return ", ".join(f"{k}={value_text(v)}" for k, v in sorted(swept.items()))
 
 

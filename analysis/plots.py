@@ -1,7 +1,18 @@
 """Figures of a study: sensitivity curves with CI bands, epoch time against K, metric
 against label noise, per-shot-group bars, learning curves (a metric against the epoch),
-average-K set-size histograms. Each function writes `<out_base>.png` and
-`<out_base>.svg` and returns both paths.
+average-K set-size histograms, heat maps of a metric over two swept parameters. Each
+function writes `<out_base>.png` and `<out_base>.svg` and returns both paths.
+
+No figure grows with the number of configs: every figure has a fixed size in inches (saved
+without a tight bounding box, so the PNG is exactly `FIGSIZE x DPI` pixels), draws at most
+`MAX_LINES` lines or `MAX_BARS` bar groups, and summarises the rest: a curve with more lines
+than that becomes small multiples by variant (at most `MAX_PANELS` panels, the
+`PANEL_LINES` best lines of each, the others as a grey band spanning their range), the bars
+and learning curves show the configs chosen by the caller (the best of each variant), and
+legend labels are cut at `MAX_LABEL` characters. What was left out is said in the figure
+and appended to the caller's `notes` list (the report puts it in the caption). Reference
+lines (a variant with a single config) are labelled at the right edge of the axes, the
+labels pushed apart so that they never overlap.
 
 Only matplotlib's object API is used: every `Figure` is attached to an Agg canvas
 (`FigureCanvasAgg`), so no GUI backend is needed and neither pyplot's global state nor the
@@ -18,15 +29,29 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from analysis.collect import PARAM_PREFIX
-from analysis.stats import CurveSeries, curve_series, is_fraction_metric
+from analysis.stats import CurveSeries, curve_series, is_fraction_metric, lower_is_better
 
 # A log axis is used when the positive values span at least this ratio (about 1.7 decades).
 LOG_SPAN = 50.0
+DPI = 150
+FIGSIZE = (7.5, 4.5)  # one axes (inches): bars, learning curves
+WIDE_FIGSIZE = (12.0, 4.5)  # two axes side by side: set sizes
+PANEL_FIGSIZE = (10.0, 6.0)  # curves (one axes or small multiples alike) and heat maps
+MAX_PANELS = 6
+PANEL_LINES = 4
+MAX_BARS = 8
+MAX_REFERENCES = 4
+MAX_LABEL = 52
 SHOT_GROUPS = ("few", "medium", "many")
 _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf"]
+_REFERENCE_PALETTE = ["#444444", "#8c564b", "#bcbd22", "#17becf"]
+#: Most lines one axes draws; more would be an unreadable tangle (and the palette repeats).
+MAX_LINES = len(_PALETTE)
 
 
 def _rows(summary: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
@@ -88,21 +113,96 @@ def _band(points: Sequence[Mapping[str, Any]], metric: str, factor: float
 
 
 def save_figure(fig: Figure, out_base: str | Path) -> list[Path]:
-    """Write `<out_base>.png` (150 dpi) and `<out_base>.svg`; return both paths."""
+    """Write `<out_base>.png` (DPI) and `<out_base>.svg` at the figure's own size (the
+    constrained layout fits titles, labels and legends inside it); return both paths."""
     out_base = Path(out_base)
     out_base.parent.mkdir(parents=True, exist_ok=True)
     png, svg = out_base.with_suffix(".png"), out_base.with_suffix(".svg")
-    fig.savefig(png, dpi=150, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
+    fig.savefig(png, dpi=DPI, metadata={"Software": None})
+    fig.savefig(svg, metadata={"Date": None})
     return [png, svg]
 
 
-def _new_axes(width: float = 6.4, height: float = 4.2):
-    fig = Figure(figsize=(width, height), layout="constrained")
+def _new_figure(size: tuple[float, float] = FIGSIZE) -> Figure:
+    fig = Figure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)  # the Agg canvas renders the PNG; SVG uses matplotlib's SVG writer
+    return fig
+
+
+def _new_axes(size: tuple[float, float] = FIGSIZE):
+    fig = _new_figure(size)
     ax = fig.add_subplot()
     ax.grid(True, which="major", alpha=0.3)
     return fig, ax
+
+
+def short(label: str, limit: int = MAX_LABEL) -> str:
+    """A legend label cut to `limit` characters (an ellipsis marks the cut)."""
+    return label if len(label) <= limit else label[: limit - 1] + "\u2026"
+
+
+def _note(notes: list[str] | None, text: str) -> None:
+    if notes is not None and text not in notes:
+        notes.append(text)
+
+
+def label_reference_lines(fig: Figure, labels: Mapping[Any, Sequence[tuple[float, str, str]]],
+                          *, fontsize: float = 7.0) -> list:
+    """Label horizontal reference lines at the right end of their axes, without overlaps.
+
+    `labels` maps an axes to (y in data units, text, colour) items. The figure is laid out
+    first (its constrained layout then frozen, so the labels cannot move the axes); each
+    label sits just above its line, right-aligned inside the axes on a white ground, and a
+    label that would overlap the one below is pushed up (the stack moved down if it passes
+    the top of the axes). Returns the Text artists."""
+    items = {ax: sorted(entries, key=lambda e: e[0]) for ax, entries in labels.items() if entries}
+    if not items:
+        return []
+    fig.canvas.draw()  # final axes positions and limits
+    fig.set_layout_engine("none")
+    renderer = fig.canvas.get_renderer()
+    texts = []
+    for ax, entries in items.items():
+        placed = [ax.text(0.99, y, short(text, 32), transform=ax.get_yaxis_transform(),
+                          ha="right", va="bottom", fontsize=fontsize, color=color,
+                          bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
+                                "alpha": 0.85})
+                  for y, text, color in entries]
+        boxes = [t.get_window_extent(renderer) for t in placed]
+        bottoms = [b.y0 for b in boxes]
+        heights = [b.height + 2.0 for b in boxes]  # 2 px apart (the white ground's pad)
+        for i in range(1, len(bottoms)):
+            bottoms[i] = max(bottoms[i], bottoms[i - 1] + heights[i - 1])
+        overflow = bottoms[-1] + heights[-1] - ax.bbox.y1
+        if overflow > 0:
+            bottoms[-1] -= overflow
+            for i in range(len(bottoms) - 2, -1, -1):
+                bottoms[i] = min(bottoms[i], bottoms[i + 1] - heights[i])
+        to_data = ax.transData.inverted()
+        for text, box, bottom in zip(placed, boxes, bottoms):
+            if bottom != box.y0:
+                # va="bottom" anchors the text's baseline box: move it by the pixel shift
+                anchor = ax.transData.transform((0.0, text.get_position()[1]))
+                text.set_y(to_data.transform((anchor[0], anchor[1] + bottom - box.y0))[1])
+        texts += placed
+    return texts
+
+
+def _line_score(series: CurveSeries, lower: bool) -> float:
+    """The best mean of a line (its highest, or lowest for a metric to minimise)."""
+    means = [p["mean"] for p in series.points if _is_number(p.get("mean"))]
+    if not means:
+        return math.nan
+    return min(means) if lower else max(means)
+
+
+def _ranked(series: Sequence[CurveSeries], lower: bool) -> list[CurveSeries]:
+    """Best line first (NaN last), ties kept in their order."""
+    def key(s):
+        score = _line_score(s, lower)
+        return (math.isnan(score), score if lower else -score if not math.isnan(score) else 0.0)
+
+    return sorted(series, key=key)
 
 
 def plot_series(
@@ -116,52 +216,127 @@ def plot_series(
     ylabel: str | None = None,
     percent: bool | None = None,
     level: float | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
-    """Draw curve lines (mean, CI band) and flat reference lines; save PNG and SVG."""
+    """Draw curve lines (mean, CI band) and flat reference lines; save PNG and SVG.
+
+    Up to MAX_LINES lines share one axes; more become small multiples by variant (module
+    docstring). What is left out is appended to `notes`."""
     if not series:
         raise ValueError(f"nothing to plot for {metric} against {x}: no config has both")
     factor = _scale(metric, percent)
+    lower = lower_is_better(metric)
     xcol = PARAM_PREFIX + x
-    xs_all = [p.get(xcol) for s in series if not s.flat for p in s.points]
+    lines = _ranked([s for s in series if not s.flat], lower)
+    flats = _ranked([s for s in series if s.flat], lower)
+    if len(flats) > MAX_REFERENCES:
+        _note(notes, f"{len(flats) - MAX_REFERENCES} single-config variant(s) not drawn as "
+                     f"reference lines (the {MAX_REFERENCES} with the best mean are).")
+        flats = flats[:MAX_REFERENCES]
+    xs_all = [p.get(xcol) for s in lines for p in s.points]
     categorical = any(not _is_number(v) for v in xs_all if v is not None)
-    categories = sorted({json.dumps(v) for v in xs_all}) if categorical else []
+    categories = sorted({json.dumps(v) for v in xs_all if v is not None}) if categorical else []
 
     def xpos(value):
         return categories.index(json.dumps(value)) if categorical else float(value)
 
-    fig, ax = _new_axes()
-    for index, s in enumerate(series):
-        color = _PALETTE[index % len(_PALETTE)]
-        label = f"{s.label} ({_n_label(s)})"
-        if s.flat:
-            p = s.points[0]
-            ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.3,
-                       label=label + ", one config")
-            if p["ci_low"] is not None and math.isfinite(p["ci_low"]):
-                ax.axhspan(p["ci_low"] * factor, p["ci_high"] * factor, color=color,
-                           alpha=0.12, linewidth=0)
-            continue
-        points = [p for p in s.points if p.get(xcol) is not None]
-        xv = [xpos(p[xcol]) for p in points]
-        mean = [p["mean"] * factor for p in points]
-        low, high = _band(points, metric, factor)
-        ax.plot(xv, mean, marker="o", markersize=4, color=color, linewidth=1.6, label=label)
-        ax.fill_between(xv, low, high, color=color, alpha=0.18, linewidth=0)
-        single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
-        if single:  # points without an interval: hollow markers
-            ax.plot([a for a, _ in single], [b for _, b in single], linestyle="none",
-                    marker="o", markersize=7, markerfacecolor="white", color=color)
-    if categorical:
-        ax.set_xticks(range(len(categories)), [str(json.loads(c)) for c in categories])
+    if len(lines) <= MAX_LINES:
+        fig, ax = _new_axes(PANEL_FIGSIZE)
+        panels = [(ax, None, lines, [])]
     else:
-        scale, kwargs = choose_xscale(xs_all)
-        ax.set_xscale(scale, **kwargs)
-    ax.set_xlabel(xlabel or x)
-    ax.set_ylabel(ylabel or _axis_label(metric, factor))
+        by_variant: dict[Any, list[CurveSeries]] = {}
+        for s in lines:  # best first within each variant, variants by their best line
+            by_variant.setdefault(s.variant, []).append(s)
+        groups = list(by_variant.items())
+        if len(groups) > MAX_PANELS:
+            _note(notes, f"{len(groups) - MAX_PANELS} variant(s) not drawn (the "
+                         f"{MAX_PANELS} with the best mean {metric} are).")
+            groups = groups[:MAX_PANELS]
+        _note(notes, f"More than {MAX_LINES} lines: one panel per variant with its "
+                     f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
+                     f"means of its other lines.")
+        fig = _new_figure(PANEL_FIGSIZE)
+        ncols = min(3, len(groups))
+        nrows = math.ceil(len(groups) / ncols)
+        grid = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
+        for extra in grid[len(groups):]:
+            extra.set_axis_off()
+        panels = [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:])
+                  for ax, (variant, group) in zip(grid, groups)]
+
+    references: dict[Any, list[tuple[float, str, str]]] = {}
+    for ax, variant, drawn, rest in panels:
+        ax.grid(True, which="major", alpha=0.3)
+        for index, s in enumerate(drawn):
+            color = _PALETTE[index % len(_PALETTE)]
+            label = s.label
+            if variant is not None and label.startswith(f"{variant}, "):
+                label = label[len(f"{variant}, "):]
+            points = [p for p in s.points if p.get(xcol) is not None]
+            xv = [xpos(p[xcol]) for p in points]
+            mean = [p["mean"] * factor for p in points]
+            low, high = _band(points, metric, factor)
+            ax.plot(xv, mean, marker="o", markersize=3.5, color=color, linewidth=1.5,
+                    label=short(f"{label} ({_n_label(s)})"))
+            ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
+            single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
+            if single:  # points without an interval: hollow markers
+                ax.plot([a for a, _ in single], [b for _, b in single], linestyle="none",
+                        marker="o", markersize=6, markerfacecolor="white", color=color)
+        if rest:
+            envelope: dict[float, list[float]] = {}
+            for s in rest:
+                for p in s.points:
+                    if p.get(xcol) is not None and _is_number(p.get("mean")):
+                        envelope.setdefault(xpos(p[xcol]), []).append(p["mean"] * factor)
+            xe = sorted(envelope)
+            ax.fill_between(xe, [min(envelope[v]) for v in xe], [max(envelope[v]) for v in xe],
+                            color="#999999", alpha=0.22, linewidth=0, zorder=0.5,
+                            label=f"range of {len(rest)} other line(s)")
+        for index, s in enumerate(flats):
+            color = _REFERENCE_PALETTE[index % len(_REFERENCE_PALETTE)]
+            p = s.points[0]
+            ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.2)
+            if p["ci_low"] is not None and math.isfinite(p["ci_low"]):
+                low, high = _band([p], metric, factor)
+                ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
+            references.setdefault(ax, []).append(
+                (p["mean"] * factor, f"{s.label} ({_n_label(s)}, one config)", color))
+        if categorical:
+            shown = _thin(categories)
+            ax.set_xticks([categories.index(c) for c in shown],
+                          [short(str(json.loads(c)), 12) for c in shown])
+        else:
+            scale, kwargs = choose_xscale(xs_all)
+            ax.set_xscale(scale, **kwargs)
+        ax.set_xlabel(xlabel or x, fontsize=9)
+        if variant is not None:
+            total = len(drawn) + len(rest)
+            ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""),
+                         fontsize=9)
+            ax.legend(fontsize=6.5, loc="best")
     band = f"band: {level:.0%} CI" if level else "band: CI"
-    ax.set_title(title or f"{metric} vs {x} ({band})", fontsize=10)
-    ax.legend(fontsize=8, loc="best")
+    heading = title or f"{metric} vs {x} ({band})"
+    if panels[0][1] is None:
+        panels[0][0].set_title(heading, fontsize=10)
+        panels[0][0].set_ylabel(ylabel or _axis_label(metric, factor))
+        if lines:
+            fig.legend(fontsize=7, loc="outside right upper")
+    else:
+        fig.suptitle(heading, fontsize=10)
+        for ax, *_ in panels:
+            if ax.get_subplotspec().is_first_col():
+                ax.set_ylabel(ylabel or _axis_label(metric, factor))
+    label_reference_lines(fig, references)
     return save_figure(fig, out_base)
+
+
+def _thin(values: Sequence[Any], most: int = 10) -> list[Any]:
+    """At most `most` evenly spaced items of `values` (tick labels), first and last kept."""
+    if len(values) <= most:
+        return list(values)
+    step = (len(values) - 1) / (most - 1)
+    return [values[round(i * step)] for i in range(most)]
 
 
 def sensitivity_curve(
@@ -173,17 +348,20 @@ def sensitivity_curve(
     series_by: str = "variant",
     title: str | None = None,
     percent: bool | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """`metric` (mean over seeds, CI band) against the swept param `x`, a line per variant.
 
-    `summary` is `analysis.stats.summarize(...)`; lines are chosen by `stats.curve_series`.
+    `summary` is `analysis.stats.summarize(...)`; lines are chosen by `stats.curve_series`
+    (more than MAX_LINES: small multiples, see `plot_series`).
     """
     rows = _rows(summary)
     series = curve_series(rows, x, metric, series_by=series_by)
     if not any(not s.flat for s in series):
         raise ValueError(f"no config sweeps {x!r} for metric {metric!r}: nothing to draw")
     level = next((r["level"] for r in rows if r.get("level")), None)
-    return plot_series(series, x, metric, out_base, title=title, percent=percent, level=level)
+    return plot_series(series, x, metric, out_base, title=title, percent=percent, level=level,
+                       notes=notes)
 
 
 def metric_vs_label_noise(
@@ -192,11 +370,12 @@ def metric_vs_label_noise(
     out_base: str | Path,
     *,
     x: str = "data.label_noise",
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """`metric` against the label-noise probability p (thesis Table 4.4 as a figure)."""
     return sensitivity_curve(
         summary, x, metric, out_base,
-        title=f"{metric} vs label-noise probability p ({x})",
+        title=f"{metric} vs label-noise probability p ({x})", notes=notes,
     )
 
 
@@ -207,6 +386,7 @@ def epoch_time_vs_k(
     metric: str = "mean:epoch_time_s",
     x: str = "loss.k",
     series_by: str = "loss.name",
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Mean epoch time against K, one line per loss (thesis Fig. 4.3).
 
@@ -228,21 +408,25 @@ def epoch_time_vs_k(
     level = next((r["level"] for r in rows if r.get("level")), None)
     return plot_series(series, x, metric, out_base, xlabel=f"K ({x})",
                        ylabel="epoch time (s)", percent=False, level=level,
-                       title=f"Epoch time vs K per loss ({metric})")
+                       title=f"Epoch time vs K per loss ({metric})", notes=notes)
 
 
 def config_label(row: Mapping[str, Any]) -> str:
-    """A config's legend label: its variant and swept values, `ce (loss.k=5)`."""
+    """A config's legend label: its variant and swept values, each parameter by the last
+    part of its path unless two share it (`noised_topk (epsilon=0.01, lr=0.1)`)."""
     swept = json.loads(row.get("swept") or "{}")
     label = str(row.get("variant"))
     if swept:
-        label += " (" + ", ".join(f"{k}={v}" for k, v in sorted(swept.items())) + ")"
+        lasts = [k.rsplit(".", 1)[-1] for k in swept]
+        parts = []
+        for key in sorted(swept):
+            last = key.rsplit(".", 1)[-1]
+            name = last if lasts.count(last) == 1 else key
+            value = swept[key]
+            parts.append(f"{name}={value:.4g}" if _is_number(value) and isinstance(value, float)
+                         else f"{name}={value}")
+        label += " (" + ", ".join(parts) + ")"
     return label
-
-
-#: Most lines (configs) a learning-curve or set-size figure draws; more would be an
-#: unreadable tangle (and the palette repeats).
-MAX_LINES = len(_PALETTE)
 
 
 def learning_curves(
@@ -252,24 +436,25 @@ def learning_curves(
     *,
     order: Sequence[str] | None = None,
     level: float | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """`metric` against the epoch, one line per config (mean over seeds, CI band).
 
     `curves` is `analysis.stats.epoch_curves(...)`; `order` lists config_ids in the order
-    of the legend (default: as they come). At most MAX_LINES configs are drawn.
-    """
+    of the legend (default: as they come). The first MAX_LINES configs are drawn (the caller
+    chooses them: the report passes the best config of each variant first)."""
     by_config: dict[str, list[Mapping[str, Any]]] = {}
     for row in curves:
         by_config.setdefault(row["config_id"], []).append(row)
     if not by_config:
         raise ValueError(f"no config logged {metric} at any epoch")
-    if len(by_config) > MAX_LINES:
-        raise ValueError(f"{len(by_config)} configs logged {metric}: more than the "
-                         f"{MAX_LINES} lines one figure can show")
     ids = [c for c in (order or []) if c in by_config] + \
         [c for c in by_config if c not in (order or [])]
+    if len(ids) > MAX_LINES:
+        _note(notes, f"{len(ids) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
+        ids = ids[:MAX_LINES]
     factor = _scale(metric, None)
-    fig, ax = _new_axes(width=7.2)
+    fig, ax = _new_axes(FIGSIZE)
     for index, config_id in enumerate(ids):
         points = sorted(by_config[config_id], key=lambda r: r["epoch"])
         color = _PALETTE[index % len(_PALETTE)]
@@ -278,14 +463,15 @@ def learning_curves(
         epochs = [p["epoch"] for p in points]
         ax.plot(epochs, [p["mean"] * factor for p in points], color=color, linewidth=1.4,
                 marker="o" if len(points) < 15 else None, markersize=3,
-                label=f"{config_label(points[0])} ({n_text})")
+                label=short(f"{config_label(points[0])} ({n_text})"))
         low, high = _band(points, metric, factor)
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(_axis_label(metric, factor))
     band = f"band: {level:.0%} CI" if level else "band: CI"
     ax.set_title(f"{metric} over the epochs ({band})", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     return save_figure(fig, out_base)
 
 
@@ -311,7 +497,7 @@ def _draw_set_sizes(ax, lines: Sequence[tuple[str, Mapping[int, float]]], end: i
         ys = [100.0 * fractions.get(size, 0.0) for size in range(end)]
         ys.append(100.0 * sum(f for size, f in fractions.items() if size >= end))
         ax.step(range(end + 1), ys, where="mid", color=_PALETTE[index % len(_PALETTE)],
-                linewidth=1.5, label=label)
+                linewidth=1.5, label=short(label))
     ticks = sorted({int(t) for t in ax.get_xticks() if 0 <= t < end} | {end})
     ax.set_xticks(ticks, [str(t) for t in ticks[:-1]] + [f"\u2265{end}"])
     ax.set_xlim(-0.6, end + 0.6)
@@ -327,18 +513,20 @@ def set_size_histograms(
     out_base: str | Path,
     *,
     shot_config: str = "",
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Average-K set sizes on test (thesis Fig. 5.4): (a) one line per config, (b) the
     sets of one config split by the shot group of the label. Each series maps set size to
-    the fraction of test inputs (mean over seeds, `stats.set_size_fractions`)."""
+    the fraction of test inputs (mean over seeds, `stats.set_size_fractions`). The first
+    MAX_LINES configs are drawn."""
     if not by_config:
         raise ValueError(f"no run stored its average-{k} set sizes")
     if len(by_config) > MAX_LINES:
-        raise ValueError(f"{len(by_config)} configs have average-{k} sets: more than the "
-                         f"{MAX_LINES} lines one figure can show")
+        _note(notes, f"{len(by_config) - MAX_LINES} config(s) not drawn in (a) (at most "
+                     f"{MAX_LINES} lines).")
+        by_config = list(by_config)[:MAX_LINES]
     end = _set_size_axis_end([f for _, f in by_config] + [f for _, f in by_shot])
-    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _new_figure(WIDE_FIGSIZE)
     left, right = fig.subplots(1, 2)
     for ax in (left, right):
         ax.grid(True, which="major", alpha=0.3)
@@ -346,7 +534,7 @@ def set_size_histograms(
     left.set_title(f"(a) average-{k} set sizes per config", fontsize=10)
     if by_shot:
         _draw_set_sizes(right, by_shot, end)
-        right.set_title(f"(b) {shot_config}: by shot group of the label", fontsize=9)
+        right.set_title(short(f"(b) {shot_config}: by shot group of the label", 70), fontsize=9)
     else:
         right.set_axis_off()
     return save_figure(fig, out_base)
@@ -361,9 +549,13 @@ def shot_group_bars(
     groups: Sequence[str] = SHOT_GROUPS,
     percent: bool | None = None,
     order: Sequence[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Bars of `<split>/<group>/<base_metric>` for the few/medium/many-shot groups, one bar
-    per config, error bars = CI (thesis Tables 4.5, 4.6 and 5.2, numbers in parentheses)."""
+    per config, error bars = CI (thesis Tables 4.5, 4.6 and 5.2, numbers in parentheses).
+
+    At most MAX_BARS configs, the first of `order` (the report passes the best config of
+    each variant first); the figure's size does not depend on how many."""
     rows = _rows(summary)
     metrics = [f"{split}/{g}/{base_metric}" for g in groups]
     present = [m for m in metrics if any(r["metric"] == m for r in rows)]
@@ -378,10 +570,14 @@ def shot_group_bars(
                                                 firsts[c].get("swept") or ""))
     else:
         configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
+    if len(configs) > MAX_BARS:
+        _note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} "
+                     f"bars per group).")
+        configs = configs[:MAX_BARS]
     by_key = {(r["config_id"], r["metric"]): r for r in rows}
     factor = _scale(present[0], percent)
     width = 0.8 / max(1, len(configs))
-    fig, ax = _new_axes(width=max(8.0, 3.5 + 0.35 * len(configs) * len(present)))
+    fig, ax = _new_axes(FIGSIZE)
     for ci, config_id in enumerate(configs):
         heights, err_low, err_high, label, n_values = [], [], [], None, set()
         for metric in present:
@@ -393,17 +589,113 @@ def shot_group_bars(
             n_values.add(row["n"])
             mean = row["mean"] * factor
             heights.append(mean)
-            low = row["ci_low"] if row["ci_low"] is not None else math.nan
-            high = row["ci_high"] if row["ci_high"] is not None else math.nan
-            err_low.append(mean - low * factor)
-            err_high.append(high * factor - mean)
+            (low,), (high,) = _band([row], metric, factor)  # within the metric's range
+            err_low.append(mean - low)
+            err_high.append(high - mean)
         positions = [g + (ci - (len(configs) - 1) / 2) * width for g in range(len(present))]
         n_text = "/".join(str(n) for n in sorted(n_values))
         seeds = "seed" if n_values == {1} else "seeds"
         ax.bar(positions, heights, width=width * 0.95, color=_PALETTE[ci % len(_PALETTE)],
-               yerr=[err_low, err_high], capsize=3, label=f"{label} (n={n_text} {seeds})")
+               yerr=[err_low, err_high], capsize=3,
+               label=short(f"{label} (n={n_text} {seeds})"))
     ax.set_xticks(range(len(present)), [m.split("/")[1] + "-shot" for m in present])
     ax.set_ylabel(_axis_label(f"{split}/{base_metric}", factor))
+    if is_fraction_metric(present[0]) and factor == 100.0:
+        ax.set_ylim(0.0, 100.0)
     ax.set_title(f"{split}/{base_metric} per shot group (error bars: CI)", fontsize=10)
-    fig.legend(fontsize=8, loc="outside right upper")
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     return save_figure(fig, out_base)
+
+
+def heatmaps(
+    summary: pa.Table | Sequence[Mapping[str, Any]],
+    metric: str,
+    pairs: Mapping[str, tuple[str, str]],
+    out_base: str | Path,
+    *,
+    percent: bool | None = None,
+    level: float | None = None,
+    notes: list[str] | None = None,
+) -> list[Path]:
+    """The mean of `metric` over two swept parameters, one heat map per variant.
+
+    `pairs` maps a variant to its (x, y) dotted paths. A cell is a pair of values; when a
+    variant sweeps more parameters, the cell shows the best mean over the others. The
+    variants share one colour scale; the best cell of each is outlined. At most MAX_PANELS
+    variants (in the order of `pairs`); the figure's size is fixed, so a grid of many
+    values has small cells and thinned tick labels (values written in the cells up to 8 x 8)."""
+    rows = [r for r in _rows(summary) if r["metric"] == metric and _is_number(r.get("mean"))]
+    factor = _scale(metric, percent)
+    lower = lower_is_better(metric)
+    grids = []
+    for variant, (x, y) in pairs.items():
+        cells: dict[tuple[str, str], float] = {}
+        values_x, values_y = {}, {}
+        for r in rows:
+            vx, vy = r.get(PARAM_PREFIX + x), r.get(PARAM_PREFIX + y)
+            if r.get("variant") != variant or vx is None or vy is None:
+                continue
+            kx, ky = json.dumps(vx), json.dumps(vy)
+            values_x[kx], values_y[ky] = vx, vy
+            mean = r["mean"] * factor
+            old = cells.get((kx, ky))
+            if old is None or (mean < old if lower else mean > old):
+                cells[(kx, ky)] = mean
+        if len(values_x) >= 2 and len(values_y) >= 2:
+            grids.append((variant, x, y, cells, values_x, values_y))
+    if not grids:
+        raise ValueError(f"no variant has {metric} on a grid of two swept parameters")
+    if len(grids) > MAX_PANELS:
+        _note(notes, f"{len(grids) - MAX_PANELS} variant(s) not drawn (at most {MAX_PANELS} "
+                     f"panels).")
+        grids = grids[:MAX_PANELS]
+    every = [v for *_, cells, _, _ in grids for v in cells.values()]
+    vmin, vmax = min(every), max(every)
+    if vmin == vmax:
+        vmin, vmax = vmin - 0.5, vmax + 0.5
+    fig = _new_figure(PANEL_FIGSIZE)
+    ncols = min(3, len(grids))
+    nrows = math.ceil(len(grids) / ncols)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for extra in axes[len(grids):]:
+        extra.set_axis_off()
+    image = None
+    cmap = "viridis_r" if lower else "viridis"
+    for ax, (variant, x, y, cells, values_x, values_y) in zip(axes, grids):
+        kxs = sorted(values_x, key=lambda k: _sort_value(values_x[k]))
+        kys = sorted(values_y, key=lambda k: _sort_value(values_y[k]))
+        data = [[cells.get((kx, ky), math.nan) for kx in kxs] for ky in kys]
+        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax,
+                          interpolation="nearest")
+        shown_x, shown_y = _thin(range(len(kxs)), 8), _thin(range(len(kys)), 8)
+        ax.set_xticks(shown_x, [_tick(values_x[kxs[i]]) for i in shown_x], fontsize=7,
+                      rotation=45 if len(shown_x) > 5 else 0)
+        ax.set_yticks(shown_y, [_tick(values_y[kys[i]]) for i in shown_y], fontsize=7)
+        ax.set_xlabel(x, fontsize=8)
+        ax.set_ylabel(y, fontsize=8)
+        ax.set_title(f"{variant} ({len(cells)} configs)", fontsize=9)
+        best = (min if lower else max)(cells, key=cells.get)
+        bx, by = kxs.index(best[0]), kys.index(best[1])
+        ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, edgecolor="red",
+                               linewidth=1.6))
+        if len(kxs) <= 8 and len(kys) <= 8:
+            for j, ky in enumerate(kys):
+                for i, kx in enumerate(kxs):
+                    if (kx, ky) in cells:
+                        value = cells[(kx, ky)]
+                        light = (value - vmin) / (vmax - vmin) < 0.5
+                        ax.text(i, j, f"{value:.1f}" if factor == 100.0 else f"{value:.3g}",
+                                ha="center", va="center", fontsize=6.5,
+                                color="white" if light != lower else "black")
+    fig.colorbar(image, ax=list(axes[:len(grids)]), shrink=0.9,
+                 label=_axis_label(metric, factor) + " (mean over seeds)")
+    fig.suptitle(f"Mean {metric} over two swept parameters (outlined: best)", fontsize=10)
+    return save_figure(fig, out_base)
+
+
+def _sort_value(value: Any) -> tuple:
+    return (0, float(value), "") if _is_number(value) else (1, 0.0, json.dumps(value))
+
+
+def _tick(value: Any) -> str:
+    return f"{value:.3g}" if _is_number(value) else short(str(value), 10)

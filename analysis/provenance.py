@@ -6,11 +6,17 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import platform
+import shlex
 import subprocess
+import urllib.parse
 from pathlib import Path
 
-from analysis.collect import display_uri
+from analysis.collect import Collected, display_uri
+from analysis.layout import ROLE_CELL, TAG_ROLE
 from analysis.results import StudyResults
+
+#: Where `mlflow ui` serves by default.
+LOCAL_UI = "http://127.0.0.1:5000"
 
 PROVENANCE_PACKAGES = (
     "setvalued-studies", "mlflow", "numpy", "scipy", "pyarrow", "matplotlib", "pyyaml",
@@ -33,6 +39,27 @@ def _git_commit(root: Path) -> str:
         return commit.stdout.strip() + suffix
     except (OSError, subprocess.SubprocessError):
         return "not available (git not found)"
+
+
+def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
+    """(the command that starts an MLflow UI on the store, or None for a server; the URL of
+    the study's cell runs in the UI; the search filter that URL applies).
+
+    The study is its experiment; the filter keeps its cell runs (not the parent run). The
+    UI reads the filter from the `searchFilter` parameter of the experiment's runs page."""
+    uri = collected.tracking_uri
+    search = f"tags.`{TAG_ROLE}` = '{ROLE_CELL}'"
+    if uri.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(uri)
+        base = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (
+            f":{parts.port}" if parts.port else ""), query="", fragment="")).rstrip("/")
+        command = None
+    else:
+        base = LOCAL_UI
+        command = f"mlflow ui --backend-store-uri {shlex.quote(display_uri(uri))}"
+    url = (f"{base}/#/experiments/{collected.experiment_id}/runs?searchFilter="
+           f"{urllib.parse.quote(search, safe='')}")
+    return command, url, search
 
 
 def provenance(results: StudyResults) -> list[tuple[str, str]]:

@@ -7,7 +7,12 @@ and writes into `out_dir` (`analysis.document`):
 
 - `report.html`: everything inline (CSS, figures as base64 PNG), no external resource;
 - `report.md`: the same content, figures as files in `figures/` (PNG and SVG);
+- `tables.tex`: the result tables and the paired comparisons in LaTeX (booktabs), the
+  published numbers in their own columns, ready to paste into a paper (`analysis.latex`);
 - `figures/*.png`, `figures/*.svg`.
+
+The report opens with the way to the study's runs in the MLflow UI (the `mlflow ui`
+command for a local store, and the URL of the experiment filtered to its cell runs).
 
 What is shown is chosen by the study file's `report` block; its keys, and those of the
 `reference` block of published numbers, are listed in `analysis.report_schema`.
@@ -21,7 +26,7 @@ from analysis.collect import Collected, collect, display_uri
 from analysis.document import Document
 from analysis.figures import build_figures
 from analysis.formatting import format_mean_ci
-from analysis.provenance import provenance
+from analysis.provenance import mlflow_ui, provenance
 from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
@@ -90,6 +95,7 @@ def build_report(
     html_path = out_dir / "report.html"
     html_path.write_text(doc.render_html(), encoding="utf-8")
     (out_dir / "report.md").write_text(doc.render_md(), encoding="utf-8")
+    (out_dir / "tables.tex").write_text(doc.render_latex(), encoding="utf-8")
     return html_path
 
 
@@ -109,6 +115,16 @@ def _introduction(doc: Document, results: StudyResults, study_name: str,
     if study.data.get("name") not in (None, study_name):
         doc.paragraph(f"Warning: the study file names the study {study.data.get('name')!r}, "
                       f"but the runs are those of experiment {study_name!r}.", note=True)
+    command, url, search = mlflow_ui(collected)
+    if command is not None:
+        doc.paragraph("The runs in the MLflow UI: start it on this store,")
+        doc.code(command, "sh")
+        doc.link(f"then open experiment {collected.experiment_id} filtered to the study's cell "
+                 f"runs (search filter {search}):", url)
+    else:
+        doc.link(f"The runs in the MLflow UI: experiment {collected.experiment_id}, filtered to "
+                 f"the study's cell runs (search filter {search}):", url)
+    doc.paragraph("The tables are also in tables.tex beside this report (LaTeX, booktabs).")
 
 
 def _result_tables(doc: Document, results: StudyResults) -> list[str]:
@@ -125,13 +141,15 @@ def _result_tables(doc: Document, results: StudyResults) -> list[str]:
 
 def _figures(doc: Document, results: StudyResults, out_dir: Path, figures_dir: Path) -> None:
     doc.heading("Figures")
-    figures, skipped = build_figures(results, figures_dir)
-    for figure in figures:
+    figures = build_figures(results, figures_dir)
+    for figure in figures.drawn:
         doc.figure(figure, out_dir)
-    if not figures:
+    if not figures.drawn:
         doc.paragraph("No figure for this study.")
-    for reason in skipped:
+    for reason in figures.skipped:
         doc.paragraph(f"Not drawn: {reason}", note=True)
+    for error in figures.failed:
+        doc.paragraph(f"Figure failed: {error}", note=True)
 
 
 def _failed_cells(doc: Document, collected: Collected) -> None:

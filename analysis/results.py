@@ -11,7 +11,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX, Collected, add_history_means
-from analysis.stats import summarize
+from analysis.stats import lower_is_better, summarize
 from analysis.study_file import StudyInfo
 
 
@@ -74,6 +74,45 @@ class StudyResults:
         for row in summary_rows:
             firsts.setdefault(row["config_id"], row)
         return [c for c, _ in sorted(firsts.items(), key=lambda item: key(item[1]))]
+
+    def rank_metric(self) -> str | None:
+        """The metric that ranks configs for the figures that show only the best ones:
+        `best_val` (the best validation value of the selection metric, so that configs are
+        chosen on validation, not on test), else the main test metric."""
+        return "best_val" if "best_val" in self.metric_names else self.primary_metric()
+
+    def showcase(self, limit: int) -> tuple[list[str], str]:
+        """At most `limit` config_ids to draw, and a sentence saying which they are.
+
+        Every config (in `config_order`) when there are at most `limit`; else the best config
+        of each variant by the mean of `rank_metric` (variants ranked by their best), then
+        the next best configs of any variant, best first."""
+        configs = self.config_order(self.rows)
+        if len(configs) <= limit:
+            return configs, ""
+        metric = self.rank_metric()
+        means = {r["config_id"]: r["mean"] for r in self.summary([metric])} if metric else {}
+        variant = {r["config_id"]: r["variant"] for r in self.rows}
+        lower = bool(metric) and lower_is_better(metric)
+
+        def key(config_id):
+            mean = means.get(config_id)
+            missing = mean is None or mean != mean  # NaN last
+            return (missing, 0.0 if missing else (mean if lower else -mean))
+
+        ranked = sorted(configs, key=key)
+        chosen: list[str] = []
+        seen: set = set()
+        for config_id in ranked:
+            if variant[config_id] not in seen and len(chosen) < limit:
+                chosen.append(config_id)
+                seen.add(variant[config_id])
+        chosen += [c for c in ranked if c not in set(chosen)][:limit - len(chosen)]
+        chosen.sort(key=ranked.index)
+        how = (f"mean {metric} (the best validation value of the selection metric)"
+               if metric == "best_val" else f"mean {metric}")
+        return chosen, (f"Shown: {len(chosen)} of {len(configs)} configs, the best of each "
+                        f"variant by {how}, then the next best.")
 
     def primary_metric(self) -> str | None:
         """The test metric the default figures show: the objective's, else top-5, avg-5, top-1."""

@@ -11,13 +11,27 @@ is explicit:
 - `bootstrap`: percentile bootstrap of the mean (seeded, `n_boot` resamples).
 
 With n = 1 there is no interval: the bounds are NaN, `no_interval` is true and the note
-says why. Paired comparisons pair a variant's config with the matching reference config
+says why.
+
+Bounded metrics (`metric_bounds`: accuracies in [0, 1]; times, set sizes and epochs at
+least 0): the t interval is intersected with the metric's range, and `clipped` says when
+that cut it. The mean lies in the range, so the cut interval contains it exactly when the t
+interval does: the coverage is the t interval's, the interval only loses values that cannot
+be the mean (an accuracy over 100 %). The alternatives were worse here: a logit-transformed
+t interval stays inside by construction but is an interval for another quantity (the
+back-transformed mean logit, not the mean accuracy), needs an ad hoc correction for values
+of exactly 0 or 1 (a shot group with no hit, a top-10 accuracy of 100 %) and has no
+guaranteed coverage for the mean; the percentile bootstrap of the mean is within the
+range of the values already (it is intersected too, which never cuts it). A cut interval is
+not symmetric: the tables print its bounds instead of `± half-width` and say so.
+Paired differences of an accuracy are bounded by [-1, 1] in the same way. Paired comparisons pair a variant's config with the matching reference config
 seed by seed (the same seed list is used for every config), and use the paired t-test;
 p-values are Holm-corrected across the variants compared with the same reference config.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -43,6 +57,29 @@ def is_fraction_metric(metric: str) -> bool:
     # best_val is the selection metric's best value: always an accuracy (studies.spec
     # accepts only top-K / average-K metrics as eval.selection)
     return metric == "best_val" or bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))
+
+
+_NON_NEGATIVE = ("time", "duration", "size", "epoch", "count", "grad_nonzero")
+
+
+def metric_bounds(metric: str) -> tuple[float, float] | None:
+    """The range of a metric's values: (0, 1) for an accuracy, (0, inf) for times, set
+    sizes, epochs and counts, None when unbounded (losses, learning rates, ...)."""
+    if is_fraction_metric(metric):
+        return (0.0, 1.0)
+    last = metric.rsplit("/", 1)[-1].rsplit(":", 1)[-1].lower()
+    if any(word in last for word in _NON_NEGATIVE) and "threshold" not in last:
+        return (0.0, math.inf)
+    return None
+
+
+def difference_bounds(metric: str) -> tuple[float, float] | None:
+    """The range of a difference of two values of `metric` (paired comparisons)."""
+    bounds = metric_bounds(metric)
+    if bounds is None:
+        return None
+    low, high = bounds
+    return (low - high, high - low)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -89,6 +126,7 @@ class Interval:
     level: float
     method: str
     note: str = ""
+    clipped: bool = False  # cut at a bound of the metric's range (module docstring)
 
     @property
     def half_width(self) -> float:
@@ -99,11 +137,27 @@ class Interval:
         return math.isfinite(self.low) and math.isfinite(self.high)
 
 
+@functools.lru_cache(maxsize=1024)
+def t_quantile(level: float, df: int) -> float:
+    """t_{(1+level)/2, df} (cached: a report asks for the same few thousands of times)."""
+    return float(_sps.t.ppf((1.0 + level) / 2.0, df))
+
+
 def t_half_width(sd: float, n: int, level: float = DEFAULT_LEVEL) -> float:
     """t_{(1+level)/2, n-1} · sd / sqrt(n): half-width of the Student-t interval of a mean."""
     if n < 2:
         return math.nan
-    return float(_sps.t.ppf((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n))
+    return t_quantile(float(level), int(n) - 1) * sd / math.sqrt(n)
+
+
+def clip_interval(low: float, high: float, bounds: tuple[float, float] | None
+                  ) -> tuple[float, float, bool]:
+    """(low, high) intersected with `bounds`, and whether that cut it."""
+    if bounds is None or not (math.isfinite(low) and math.isfinite(high)):
+        return low, high, False
+    lo, hi = bounds
+    clipped = low < lo or high > hi
+    return max(low, lo), min(high, hi), clipped
 
 
 def bootstrap_interval(
@@ -126,8 +180,12 @@ def mean_ci(
     *,
     n_boot: int = 10_000,
     seed: int = 0,
+    bounds: tuple[float, float] | None = None,
 ) -> Interval:
-    """Mean, sd and a `level` confidence interval of the mean of `values` (None/NaN ignored)."""
+    """Mean, sd and a `level` confidence interval of the mean of `values` (None/NaN ignored).
+
+    `bounds`: the range of the values (e.g. `metric_bounds(metric)`); the interval is
+    intersected with it (module docstring)."""
     level, method = _check_level(level), _check_method(method)
     x, dropped = _finite(values)
     dropped_note = f"{dropped} non-finite value(s) ignored" if dropped else ""
@@ -145,7 +203,8 @@ def mean_ci(
         low, high = mean - half, mean + half
     else:
         low, high = bootstrap_interval(x, level, n_boot, seed)
-    return Interval(n, mean, sd, low, high, level, method, dropped_note)
+    low, high, clipped = clip_interval(low, high, bounds)
+    return Interval(n, mean, sd, low, high, level, method, dropped_note, clipped)
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
@@ -179,10 +238,11 @@ class PairedResult:
     p_value: float
     level: float
     note: str = ""
+    clipped: bool = False
 
 
-def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL
-                ) -> PairedResult:
+def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL,
+                bounds: tuple[float, float] | None = None) -> PairedResult:
     """Paired t-test of a against b (same order = same seed): scipy.stats.ttest_rel's statistic.
 
     d_i = a_i - b_i, t = mean(d) / (sd(d) / sqrt(n)) on n - 1 df, two-sided p; CI of mean(d)
@@ -209,7 +269,8 @@ def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_L
     p = float(2.0 * _sps.t.sf(abs(t), n - 1)) if not math.isnan(t) else math.nan
     half = t_half_width(sd, n, level)
     note = "all paired differences are equal" if sd <= 1e-12 * max(1.0, abs(mean)) else ""
-    return PairedResult(n, mean, sd, mean - half, mean + half, t, n - 1, p, level, note)
+    low, high, clipped = clip_interval(mean - half, mean + half, bounds)
+    return PairedResult(n, mean, sd, low, high, t, n - 1, p, level, note, clipped)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -240,7 +301,7 @@ def group_by_config(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
 
 SUMMARY_FIXED = (
     "config_id", "variant", "swept", "metric", "n", "mean", "sd", "ci_low", "ci_high",
-    "half_width", "level", "method", "no_interval", "note", "seeds", "values",
+    "half_width", "level", "method", "no_interval", "clipped", "note", "seeds", "values",
 )
 
 
@@ -252,11 +313,13 @@ def summarize(
     *,
     n_boot: int = 10_000,
     seed: int = 0,
+    bounded: bool = True,
 ) -> pa.Table:
     """One row per (config, metric): n, mean, sd, CI bounds and the raw per-seed values.
 
     `table` is `Collected.table` (or its rows). The config's `param:*` columns are copied so
-    that curves and tables can use the parameter values.
+    that curves and tables can use the parameter values. `bounded`: intervals of a bounded
+    metric are cut at its bounds (`metric_bounds`; `clipped` says where that cut one).
     """
     level, method = _check_level(level), _check_method(method)
     rows = _rows(table)
@@ -267,13 +330,18 @@ def summarize(
                             if not k.startswith(PARAM_PREFIX)})
         raise ValueError(f"metric(s) {missing} not found among the collected columns "
                          f"{available}")
+    bounds = {m: metric_bounds(m) if bounded else None for m in metrics}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row["config_id"], []).append(row)
     records = []
-    for config_id, group in group_by_config(rows).items():
-        group.sort(key=lambda r: r["seed"])
+    for config_id, group in groups.items():
+        group = sorted(group, key=lambda r: r["seed"])
         first = group[0]
         for metric in metrics:
             pairs = [(r["seed"], r.get(metric)) for r in group]
-            ci = mean_ci([v for _, v in pairs], level, method, n_boot=n_boot, seed=seed)
+            ci = mean_ci([v for _, v in pairs], level, method, n_boot=n_boot, seed=seed,
+                         bounds=bounds[metric])
             kept = [(s, float(v)) for s, v in pairs if v is not None and math.isfinite(v)]
             record = {
                 "config_id": config_id,
@@ -289,6 +357,7 @@ def summarize(
                 "level": level,
                 "method": method,
                 "no_interval": not ci.has_interval,
+                "clipped": ci.clipped,
                 "note": ci.note,
                 "seeds": [s for s, _ in kept],
                 "values": [v for _, v in kept],
@@ -313,6 +382,7 @@ def _summary_table(records: list[dict], params: list[str], rows: list[dict]) -> 
         columns[name] = pa.array([r[name] for r in records], pa.float64())
     columns["method"] = pa.array([r["method"] for r in records], pa.string())
     columns["no_interval"] = pa.array([r["no_interval"] for r in records], pa.bool_())
+    columns["clipped"] = pa.array([r["clipped"] for r in records], pa.bool_())
     columns["note"] = pa.array([r["note"] for r in records], pa.string())
     columns["seeds"] = pa.array([r["seeds"] for r in records], pa.list_(pa.int64()))
     columns["values"] = pa.array([r["values"] for r in records], pa.list_(pa.float64()))
@@ -375,6 +445,21 @@ def configs_match(a: Mapping[str, Any], b: Mapping[str, Any], ignore: set[str]) 
     return True
 
 
+def _context_key(row: Mapping[str, Any], ignore: set[str]) -> tuple[tuple, Any, tuple]:
+    """(the params outside `loss.*`, the loss name, the `loss.*` params), the ignored paths
+    and None values left out: `configs_match(a, b)` holds exactly when the first parts are
+    equal and either the loss names differ or the last parts are equal too."""
+    outer, inner = [], []
+    for key, value in row.items():
+        if not key.startswith(PARAM_PREFIX) or value is None:
+            continue
+        path = key[len(PARAM_PREFIX):]
+        if _ignored(path, ignore):
+            continue
+        (inner if path.startswith("loss.") else outer).append((key, value))
+    return tuple(sorted(outer)), row.get(PARAM_PREFIX + "loss.name"), tuple(sorted(inner))
+
+
 def paired_comparisons(
     table: pa.Table | Sequence[Mapping[str, Any]],
     metrics: Sequence[str],
@@ -401,35 +486,46 @@ def paired_comparisons(
     ignore |= variant_defining_paths(rows)
     groups = group_by_config(rows)
     ref_configs = {c: g for c, g in groups.items() if g[0].get("variant") == reference}
+    # configs_match for every pair, through an index on the context (2,000 configs would
+    # otherwise compare 500 x 1,500 pairs param by param)
+    by_context: dict[tuple, list[tuple[str, Any, tuple]]] = {}
+    for ref_id, ref_group in ref_configs.items():
+        outer, loss_name, inner = _context_key(ref_group[0], ignore)
+        by_context.setdefault(outer, []).append((ref_id, loss_name, inner))
+    pairs: list[tuple[str, str]] = []
+    for config_id, group in groups.items():
+        if group[0].get("variant") == reference:
+            continue
+        outer, loss_name, inner = _context_key(group[0], ignore)
+        pairs += [(config_id, ref_id) for ref_id, ref_loss, ref_inner in by_context.get(outer, [])
+                  if ref_loss != loss_name or ref_inner == inner]
     records = []
     for metric in metrics:
-        for config_id, group in groups.items():
+        bounds = difference_bounds(metric)
+        for config_id, ref_id in pairs:
+            group, ref_group = groups[config_id], ref_configs[ref_id]
             variant = group[0].get("variant")
-            if variant == reference:
-                continue
-            for ref_id, ref_group in ref_configs.items():
-                if not configs_match(group[0], ref_group[0], ignore):
-                    continue
-                a = {r["seed"]: r.get(metric) for r in group}
-                b = {r["seed"]: r.get(metric) for r in ref_group}
-                common = sorted(s for s in a.keys() & b.keys()
-                                if a[s] is not None and b[s] is not None
-                                and math.isfinite(a[s]) and math.isfinite(b[s]))
-                result = paired_test([a[s] for s in common], [b[s] for s in common], level)
-                unpaired = len((a.keys() | b.keys()) - set(common))
-                note = result.note
-                if unpaired:
-                    note = "; ".join(filter(None, [note, f"{unpaired} seed(s) without a pair"]))
-                records.append({
-                    "metric": metric, "variant": variant, "config_id": config_id,
-                    "swept": group[0].get("swept", "{}"), "reference": reference,
-                    "reference_config_id": ref_id,
-                    "reference_swept": ref_group[0].get("swept", "{}"),
-                    "n": result.n, "mean_diff": result.mean_diff, "sd_diff": result.sd_diff,
-                    "ci_low": result.low, "ci_high": result.high, "t": result.t,
-                    "df": result.df, "p_value": result.p_value, "level": level,
-                    "seeds": common, "note": note,
-                })
+            a = {r["seed"]: r.get(metric) for r in group}
+            b = {r["seed"]: r.get(metric) for r in ref_group}
+            common = sorted(s for s in a.keys() & b.keys()
+                            if a[s] is not None and b[s] is not None
+                            and math.isfinite(a[s]) and math.isfinite(b[s]))
+            result = paired_test([a[s] for s in common], [b[s] for s in common], level,
+                                 bounds)
+            unpaired = len((a.keys() | b.keys()) - set(common))
+            note = result.note
+            if unpaired:
+                note = "; ".join(filter(None, [note, f"{unpaired} seed(s) without a pair"]))
+            records.append({
+                "metric": metric, "variant": variant, "config_id": config_id,
+                "swept": group[0].get("swept", "{}"), "reference": reference,
+                "reference_config_id": ref_id,
+                "reference_swept": ref_group[0].get("swept", "{}"),
+                "n": result.n, "mean_diff": result.mean_diff, "sd_diff": result.sd_diff,
+                "ci_low": result.low, "ci_high": result.high, "t": result.t,
+                "df": result.df, "p_value": result.p_value, "level": level,
+                "seeds": common, "note": note, "clipped": result.clipped,
+            })
     families: dict[tuple, list[int]] = {}
     for index, record in enumerate(records):
         families.setdefault((record["metric"], record["reference_config_id"]), []).append(index)
@@ -448,6 +544,7 @@ def paired_comparisons(
         ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("t", pa.float64()),
         ("df", pa.int64()), ("p_value", pa.float64()), ("p_holm", pa.float64()),
         ("level", pa.float64()), ("seeds", pa.list_(pa.int64())), ("note", pa.string()),
+        ("clipped", pa.bool_()),
     ])
     return pa.Table.from_pylist(records, schema=schema)
 
@@ -581,7 +678,8 @@ def epoch_curves(
 
     `history` is `analysis.collect.collect_histories(...)`. Returns one record per (config,
     epoch): `config_id`, `variant`, `swept`, `epoch`, `n`, `mean`, `ci_low`, `ci_high`
-    (NaN bounds when n < 2), sorted by config then epoch. A config's seeds are replicates
+    (NaN bounds when n < 2, cut at the metric's bounds: `clipped`), sorted by config then
+    epoch. A config's seeds are replicates
     epoch by epoch, so n may drop at the last epochs of a config whose seeds stopped early.
     """
     rows = [r for r in _rows(history) if r["metric"] == metric]
@@ -589,11 +687,14 @@ def epoch_curves(
     for row in rows:
         groups.setdefault((row["config_id"], int(row["epoch"])), []).append(row)
     out = []
+    bounds = metric_bounds(metric)
     for (config_id, epoch), group in sorted(groups.items()):
-        interval = mean_ci([r["value"] for r in group], level, method, n_boot=n_boot, seed=seed)
+        interval = mean_ci([r["value"] for r in group], level, method, n_boot=n_boot, seed=seed,
+                           bounds=bounds)
         out.append({"config_id": config_id, "variant": group[0]["variant"],
                     "swept": group[0]["swept"], "epoch": epoch, "n": interval.n,
-                    "mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high})
+                    "mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high,
+                    "clipped": interval.clipped})
     return out
 
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX
-from analysis.formatting import auto_digits, format_mean_ci, p_text, swept_text, value_text
+from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, swept_text,
+                                 value_text)
 from analysis.published import published_value
 from analysis.report_schema import ReportTable
 from analysis.results import StudyResults, swept_of
-from analysis.stats import is_fraction_metric, lower_is_better, paired_comparisons
+from analysis.stats import is_fraction_metric, lower_is_better, metric_bounds, paired_comparisons
 from analysis.study_file import ReportError
 
 MAX_ERROR_CHARS = 300  # of the first line of an error, in the failed-cells table
@@ -43,6 +44,7 @@ class Table:
     rows: list[list[TableEntry]]
     caption: str = ""
     label_columns: int = 1
+    paper: bool = True  # written to tables.tex too (the failed cells are not)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -102,6 +104,15 @@ def _seed_caption(results: StudyResults, summary_rows: Sequence[Mapping]
             f"({method}); {n_text}; seeds {', '.join(map(str, seeds))}. Accuracies in percent. "
             f"n = 1 gives no interval (mean only). Bold: best mean of the column"
             f"{' (among cells with n ≥ 2)' if min(ns) < 2 <= max(ns) else ''}.")
+    bounded = [r for r in summary_rows if metric_bounds(r["metric"]) is not None]
+    if bounded and results.method == "t":
+        cut = sum(1 for r in bounded if r.get("clipped"))
+        text += (" Intervals of bounded metrics (accuracies: 0 to 100 %) are the t interval "
+                 "intersected with the metric's range, which contains the mean exactly when "
+                 "the t interval does (same coverage); "
+                 + (f"{cut} entr{'y' if cut == 1 else 'ies'} cut at a bound "
+                    f"{'is' if cut == 1 else 'are'} shown by {'its' if cut == 1 else 'their'} "
+                    f"bounds [low, high]." if cut else "none is cut here."))
     return text, typical
 
 
@@ -120,8 +131,9 @@ def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int |
     if row is None or row["n"] == 0:
         return TableEntry("–", muted=True)
     mean, half = _scaled(row, metric)
-    if row.get("method") == "bootstrap" and not row["no_interval"]:
-        # a percentile-bootstrap interval is not symmetric: show its bounds
+    if not row["no_interval"] and (row.get("method") == "bootstrap" or row.get("clipped")):
+        # a percentile-bootstrap interval, or one cut at a bound of the metric (an accuracy
+        # cannot pass 100 %), is not symmetric: show its bounds
         factor = 100.0 if is_fraction_metric(metric) else 1.0
         text = (f"{mean:.{digits}f} [{row['ci_low'] * factor:.{digits}f}, "
                 f"{row['ci_high'] * factor:.{digits}f}]")
@@ -245,10 +257,11 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     caption, typical = _seed_caption(results, summary)
     caption = caption.replace("best mean of the column", "best variant of the row")
     contexts: dict[str, dict[tuple[str, str], Mapping]] = {}
+    of_config: dict[str, list[Mapping]] = {}
+    for r in summary:
+        of_config.setdefault(r["config_id"], []).append(r)
     for config_id in results.config_order(summary):
-        for r in summary:
-            if r["config_id"] != config_id:
-                continue
+        for r in of_config[config_id]:
             contexts.setdefault(r["swept"], {})[(r["variant"], r["metric"])] = r
     context_paths = list(dict.fromkeys(k for s in contexts for k in json.loads(s)))
 
@@ -321,8 +334,10 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
     if not compared:
         return None, (f"No config of another variant shares its context with a config of "
                       f"{reference!r}: nothing to pair.")
-    header = ["metric", "variant", "config", f"vs {reference}", "pairs (seeds)",
-              f"mean difference [{results.level:.0%} CI]", "p (paired t)", "p (Holm)", "note"]
+    header = ["metric", "variant", "config (swept values)",
+              f"baseline: the {reference} config of the same context",
+              "pairs (seeds)", f"mean difference [{results.level:.0%} CI]", "p (paired t)",
+              "p (Holm)", "note"]
     rows = []
     for r in compared:
         factor = 100.0 if is_fraction_metric(r["metric"]) else 1.0
@@ -342,13 +357,15 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
             TableEntry(p_text(r["p_value"])), TableEntry(p_text(r["p_holm"])),
             TableEntry(r["note"] or ""),
         ])
-    caption = (f"Each variant's config minus the matching config of the reference variant "
-               f"{reference!r} (same context: every parameter equal except those that define "
-               f"a variant), paired by seed; differences of accuracies in percentage points. "
+    caption = (f"Each variant's config minus its baseline: the config of the reference "
+               f"variant {reference!r} with the same context (every parameter equal except "
+               f"those that define a variant; "
+               f"{NO_SWEPT_TEXT}: the study's base values, nothing swept), paired by seed; "
+               f"differences of accuracies in percentage points, their interval cut at ±100. "
                f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
                f"compared with the same reference config, per metric. Bold: Holm-adjusted "
                f"p < {1 - results.level:.2g}.")
-    return Table(f"Each variant against {reference!r}", header, rows, caption,
+    return Table(f"Each variant against the baseline {reference!r}", header, rows, caption,
                  label_columns=4), ""
 
 
@@ -373,6 +390,7 @@ def failed_cells_table(failed: Sequence[Mapping]) -> Table:
     return Table("Cells without a finished run",
                  ["cell", "variant", "config", "seed", "status", "MLflow status",
                   "error (first line)"], rows,
-                 "These cells are not in the tables above. `unfinished`: the run is "
-                 "still marked running (in progress, or its worker died).",
-                 label_columns=7)
+                 f"These cells are not in the tables above. `unfinished`: the run is "
+                 f"still marked running (in progress, or its worker died). Config "
+                 f"{NO_SWEPT_TEXT}: the study's base values (nothing swept).",
+                 label_columns=7, paper=False)

@@ -23,6 +23,7 @@ import pytest
 from analysis.collect import (
     CollectError,
     collect,
+    collect_histories,
     collect_per_class,
     export_parquet,
     parse_param_value,
@@ -331,3 +332,81 @@ def test_param_parsing_and_typing():
     assert typed_column([1, 2.5, None]).type == pa.float64()
     assert typed_column([True, None]).type == pa.bool_()
     assert typed_column(["a", [1, 2]]).to_pylist() == ["a", "[1, 2]"]
+
+
+# ----------------------------------------------------------------------------- bulk reads
+
+
+def _awkward_histories(uri: str, name: str) -> list[str]:
+    """A small study whose histories test the edges of the bulk paths: a step logged twice
+    (the later value wins), NaN and inf values (dropped), a key one run never logged, and a
+    run with more points than a REST bulk page holds (read again run by run)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from analysis.collect import REST_BULK_POINTS
+
+    config = set_path(BASE_CONFIG, "loss.epsilon", 0.5)
+    cells = [_finished("noised", config, s, {"loss.epsilon": 0.5}, 0.9 + s / 100)
+             for s in range(3)]
+    cells.append(CellRun("noised", config, 3, {"loss.epsilon": 0.5}, status="failed",
+                         error="boom", epochs=_epochs(3, 0.0)[:1]))
+    written = log_study_runs(uri, name, cells)
+    client = MlflowClient(tracking_uri=uri)
+    first, second, third, _ = written["run_ids"]
+    t = int(time.time() * 1000)
+    client.log_batch(first, metrics=[Metric("val/top5", 0.99, t + 10_000, 1),  # again, later
+                                     Metric("val/top5", float("nan"), t + 20_000, 2),
+                                     Metric("epoch_time_s", float("inf"), t + 20_000, 2)],
+                     synchronous=True)
+    client.log_batch(second, metrics=[Metric("only/second", 1.5, t, 0)], synchronous=True)
+    many = [Metric("val/top5", 0.5 + i / 10**5, t + i, i) for i in range(REST_BULK_POINTS + 20)]
+    for i in range(0, len(many), 1000):
+        client.log_batch(third, metrics=many[i:i + 1000], synchronous=True)
+    return written["run_ids"]
+
+
+def same_table(a: pa.Table, b: pa.Table) -> bool:
+    """Equal schemas and values, NaN equal to NaN (a run's latest value may be NaN)."""
+    def key(value):
+        return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+    return a.schema == b.schema and all(
+        [key(v) for v in a.column(n).to_pylist()] == [key(v) for v in b.column(n).to_pylist()]
+        for n in a.column_names)
+
+
+@pytest.mark.slow
+def test_bulk_histories_equal_the_per_run_histories_on_a_server(mlflow_server):
+    """The REST bulk endpoint (100 runs per request) returns what one get_metric_history
+    request per run and key returns, value for value."""
+    name = unique_name("bulk")
+    run_ids = _awkward_histories(mlflow_server, name)
+    collected = collect(mlflow_server, name)
+    keys = ["val/top5", "epoch_time_s", "only/second", "never/logged"]
+    bulk = collect_histories(collected, keys)
+    per_run = collect_histories(collected, keys, bulk=False)
+    assert bulk.equals(per_run) and bulk.num_rows > 2500
+    rows = [r for r in bulk.to_pylist() if r["run_id"] == run_ids[0] and r["metric"] == "val/top5"]
+    # step 1 logged again later: the later value; the NaN logged later at step 2 is dropped
+    assert [(r["epoch"], r["value"]) for r in rows] == [(0, 0.5), (1, 0.99), (2, 0.7)]
+    means = collect(mlflow_server, name, histories=keys).table
+    assert same_table(means, collect(mlflow_server, name, histories=keys, bulk=False).table)
+
+
+def test_bulk_reads_of_an_sql_store_equal_the_search_runs_path(tmp_path):
+    """The embedded SQLite store read table by table (one query per table, one per history
+    key) gives the same tables as `search_runs` and per-run history requests."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_ids = _awkward_histories(uri, "bulk-sqlite")
+    keys = ["val/top5", "epoch_time_s", "only/second", "never/logged"]
+    bulk = collect(uri, "bulk-sqlite", histories=keys)
+    reference = collect(uri, "bulk-sqlite", histories=keys, bulk=False)
+    assert same_table(bulk.table, reference.table) and bulk.failed.equals(reference.failed)
+    assert (bulk.parent_run_id, bulk.n_runs, bulk.duplicate_cells) == \
+        (reference.parent_run_id, reference.n_runs, reference.duplicate_cells)
+    assert bulk.table.num_rows == 3 and bulk.failed.num_rows == 1
+    histories = collect_histories(bulk, keys)
+    assert histories.equals(collect_histories(bulk, keys, bulk=False))
+    only = collect_histories(bulk, keys, run_ids=run_ids[:1])
+    assert set(only.column("run_id").to_pylist()) == {run_ids[0]}

@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import re
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -81,6 +82,7 @@ class StrictParser(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.stack: list[str] = []
         self.problems: list[str] = []
+        self.links: list[str] = []
         self.images = 0
 
     def handle_starttag(self, tag, attrs):
@@ -89,6 +91,10 @@ class StrictParser(HTMLParser):
             self.problems.append(f"<{tag}> not allowed in a self-contained report")
         for key in ("src", "href"):
             value = attrs.get(key)
+            if tag == "a" and key == "href" and value is not None and \
+                    value.startswith(("http://", "https://")):
+                self.links.append(value)  # navigation (the MLflow UI), not a resource
+                continue
             if value is not None and not (value.startswith("data:") or value.startswith("#")):
                 self.problems.append(f"external {key}={value!r}")
         if tag == "img":
@@ -238,6 +244,84 @@ def test_paired_comparison_matches_scipy(report_study):
     # noised at p=0.1 pairs with ce at p=0.1 only; eps sweep configs pair with ce at p=0
     assert section.count("| test/top5 | noised |") == 5
     assert "data.label_noise=0.1 | data.label_noise=0.1" in section
+    # the baseline is explained by the header, not by a "(base)" marker
+    assert "| baseline: the ce config of the same context |" in section
+    assert "(base)" not in md and "| vs ce |" not in md
+
+
+@pytest.mark.slow
+def test_mlflow_ui_link_opens_the_study_filtered_to_its_cells(report_study):
+    """The report links the server's UI on the study's experiment, with a search filter
+    that keeps the cell runs."""
+    import urllib.parse
+
+    from mlflow import MlflowClient
+
+    parser = check_html(report_study["html"])
+    experiment = MlflowClient(report_study["uri"]).get_experiment_by_name(report_study["name"])
+    assert len(parser.links) == 1
+    url = urllib.parse.urlsplit(parser.links[0])
+    assert f"{url.scheme}://{url.netloc}" == report_study["uri"]
+    route, query = url.fragment.split("?", 1)
+    assert route == f"/experiments/{experiment.experiment_id}/runs"
+    search = urllib.parse.parse_qs(query)["searchFilter"][0]
+    assert search == "tags.`studies.role` = 'cell'"
+    runs = MlflowClient(report_study["uri"]).search_runs([experiment.experiment_id], search)
+    assert len(runs) == 21 and all(r.data.tags["studies.role"] == "cell" for r in runs)  # 19 + 2
+    assert parser.links[0] in report_study["md"]
+
+
+def _latex_tables(text: str) -> list[dict]:
+    """The tables of tables.tex, parsed: caption, column spec, header and rows of cells."""
+    tables = []
+    for env, body in re.findall(r"\\begin\{(tabular|longtable)\}(.*?)\\end\{\1\}", text, re.S):
+        spec = re.match(r"\{([lr]+)\}", body).group(1)
+        lines = [line for line in body.splitlines() if line.endswith(r"\\")]
+        if env == "longtable":
+            lines = [line for line in lines if not line.startswith(r"\caption")]
+            header, rest = lines[0], lines[2:]  # the header is repeated on every page
+        else:
+            header, rest = lines[0], lines[1:]
+        split = lambda line: [c.strip() for c in re.split(r"(?<!\\)&", line[:-2])]
+        tables.append({"spec": spec, "header": split(header), "rows": [split(r) for r in rest]})
+    assert text.count(r"\toprule") == text.count(r"\bottomrule") >= len(tables)
+    return tables
+
+
+@pytest.mark.slow
+def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_study, tmp_path):
+    tex = (report_study["out_dir"] / "tables.tex").read_text()
+    assert r"\usepackage{booktabs}" in tex and r"\begin{table}" in tex
+    tables = _latex_tables(tex)
+    assert len(tables) == 3  # two result tables and the paired comparisons (no failed cells)
+    first = tables[0]
+    assert first["header"][:3] == ["variant", "data.label\\_noise", "loss.epsilon"]
+    assert "test/top5 (paper)" in first["header"]  # the published numbers in their own column
+    assert all(len(row) == len(first["header"]) == len(first["spec"]) for row in first["rows"])
+    expected = report_study["expected"]
+    ce = _cell_text(expected[("ce", 0.0, 0.2, "top5")]).replace(" ± ", r" $\pm$ ")
+    row = next(r for r in first["rows"] if r[0] == "ce" and r[1] == "0.0")
+    assert ce in row and r"94.2 $\pm$ 0.1" in row
+    assert any(r"\textbf{" in cell for row in first["rows"] for cell in row)
+    assert "baseline: the ce config of the same context" in tables[2]["header"]
+    assert "NonFiniteLossError" not in tex
+    if shutil.which("pdflatex"):
+        document = tmp_path / "paper.tex"
+        document.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
+                            "\\usepackage{longtable}\n\\begin{document}\n\\input{"
+                            f"{report_study['out_dir'] / 'tables.tex'}" "}\n\\end{document}\n")
+        result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                                 document.name], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert (tmp_path / "paper.pdf").stat().st_size > 1000
+
+
+def test_latex_escaping():
+    from analysis.latex import escape
+
+    assert escape("test/top_5 & 95% ± 0.1") == r"test/top\_5 \& 95\% $\pm$ 0.1"
+    assert escape("n−1, 1–3, ≥ 2, {x}") == r"n$-$1, 1--3, $\geq$ 2, \{x\}"
 
 
 @pytest.mark.slow
@@ -387,6 +471,8 @@ def test_parser_catches_unbalanced_html():
     assert parser.problems
     with pytest.raises(AssertionError):
         check_html('<!DOCTYPE html><html><body><img src="http://x/y.png"></body></html>')
+    with pytest.raises(AssertionError):  # a link is fine, a stylesheet is a resource
+        check_html('<!DOCTYPE html><html><head><link href="http://x/y.css"></head></html>')
 
 
 @pytest.mark.slow
@@ -422,7 +508,7 @@ def test_default_report_without_study_file(mlflow_server, tmp_path):
     assert parser.images == 3
     svg = (tmp_path / "report" / "figures" / "epoch_time_vs_k.svg").read_text()
     assert "noised_topk" in svg and "ce" in svg
-    assert "### Each variant against 'ce'" in md  # alphabetical default reference
+    assert "### Each variant against the baseline 'ce'" in md  # alphabetical default
 
     boot = build_report(mlflow_server, name, tmp_path / "boot", ci_method="bootstrap",
                         level=0.9)
@@ -491,7 +577,7 @@ def test_learning_curves_from_the_logged_epochs(mlflow_server, tmp_path):
     assert figures == ["learning_train_loss.png", "learning_val_top5.png"]
     assert "learning curve of val/top1: no finished cell logged it per epoch" in md
     svg = (tmp_path / "report" / "figures" / "learning_val_top5.svg").read_text()
-    assert "loss.epsilon=0.01" in svg and "loss.epsilon=1.0" in svg and "n=3" in svg
+    assert "epsilon=0.01)" in svg and "epsilon=1)" in svg and "n=3" in svg
     check_html(path.read_text())
 
 

@@ -19,6 +19,7 @@ from analysis.stats import (
     is_fraction_metric,
     lower_is_better,
     mean_ci,
+    metric_bounds,
     paired_comparisons,
     paired_test,
     summarize,
@@ -330,3 +331,75 @@ def test_metric_kinds_and_axis_scales():
     assert choose_xscale([1, 2, 3, 5, 10, 50, 100]) == ("log", {})  # thesis Table 4.3, M
     assert choose_xscale([0.0, 0.1, 0.2, 0.3, 0.4]) == ("linear", {})  # label noise p
     assert choose_xscale([1, 3, 5, 10]) == ("linear", {})
+
+
+# ----------------------------------------------------------------------------- bounded metrics
+
+
+NEAR_ONE = [0.999, 0.97, 0.995]  # an accuracy near 100 %: its t interval passes 1
+NEAR_ZERO = [0.0, 0.04]          # a few-shot accuracy near 0 with two seeds
+
+
+@pytest.mark.parametrize("values", [NEAR_ONE, NEAR_ZERO, SAMPLES[3]])
+@pytest.mark.parametrize("level", [0.9, 0.95])
+def test_bounded_interval_is_the_t_interval_cut_at_the_range(values, level):
+    """scipy's t interval intersected with [0, 1]: the cut interval holds the mean, stays
+    in the range, and is the t interval wherever that one is inside."""
+    x = np.asarray(values)
+    low, high = sps.t.interval(level, x.size - 1, loc=x.mean(), scale=sps.sem(x))
+    ci = mean_ci(x, level=level, bounds=metric_bounds("test/top5"))
+    assert (ci.low, ci.high) == pytest.approx((max(low, 0.0), min(high, 1.0)), rel=1e-10)
+    assert ci.clipped == (low < 0.0 or high > 1.0)
+    assert 0.0 <= ci.low <= ci.mean <= ci.high <= 1.0
+    unbounded = mean_ci(x, level=level)
+    assert (unbounded.low, unbounded.high) == pytest.approx((low, high), rel=1e-10)
+
+
+def test_cutting_keeps_the_coverage_of_the_t_interval():
+    """Simulated accuracies with a true mean of 0.995: the cut interval covers the mean
+    exactly as often as the t interval (it only drops values above 1)."""
+    rng = np.random.default_rng(0)
+    samples = np.clip(rng.normal(0.995, 0.01, size=(4000, 3)), 0, 1)
+    mu = samples.mean()  # the population mean of the clipped normal, estimated
+    covered_t = covered_cut = 0
+    for x in samples:
+        t = mean_ci(x)
+        cut = mean_ci(x, bounds=(0.0, 1.0))
+        covered_t += t.low <= mu <= t.high
+        covered_cut += cut.low <= mu <= cut.high
+        assert cut.high <= 1.0
+    assert covered_t == covered_cut
+
+
+def test_metric_bounds():
+    assert metric_bounds("test/few/top5") == (0.0, 1.0) == metric_bounds("best_val")
+    assert metric_bounds("mean:epoch_time_s") == (0.0, math.inf)
+    assert metric_bounds("test/avg5_size") == (0.0, math.inf)
+    assert metric_bounds("train/loss") is None and metric_bounds("lr") is None
+    assert metric_bounds("val/avg5_threshold") is None
+
+
+def test_summaries_and_paired_differences_stay_within_the_bounds():
+    rows = [{"config_id": c, "seed": s, "variant": c, "swept": "{}", "param:loss.name": c,
+             "test/many/top5": v, "train/loss": v}
+            for c, values in (("a", NEAR_ONE), ("b", [0.2, 0.99, 0.5])) for s, v in enumerate(values)]
+    summary = {(r["config_id"], r["metric"]): r for r in
+               summarize(rows, ["test/many/top5", "train/loss"]).to_pylist()}
+    bounded, free = summary[("a", "test/many/top5")], summary[("a", "train/loss")]
+    assert bounded["clipped"] and bounded["ci_high"] == 1.0 and not free["clipped"]
+    assert free["ci_high"] > 1.0  # a loss is not bounded: its t interval as it is
+    pairs = paired_comparisons(rows, ["test/many/top5"], "b").to_pylist()
+    d = np.subtract(NEAR_ONE, [0.2, 0.99, 0.5])
+    low, high = sps.ttest_rel(NEAR_ONE, [0.2, 0.99, 0.5]).confidence_interval(0.95)
+    assert (pairs[0]["ci_low"], pairs[0]["ci_high"]) == pytest.approx(
+        (max(low, -1.0), min(high, 1.0)))
+    assert pairs[0]["clipped"] == (low < -1 or high > 1) and abs(d.mean()) < 1
+
+
+def test_epoch_curves_are_cut_too():
+    from analysis.stats import epoch_curves
+
+    history = [{"config_id": "a", "variant": "a", "swept": "{}", "metric": "val/top5",
+                "epoch": 0, "value": v} for v in NEAR_ONE]
+    (row,) = epoch_curves(history, "val/top5")
+    assert row["ci_high"] == 1.0 and row["clipped"]
