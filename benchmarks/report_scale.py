@@ -284,6 +284,7 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
     Returns {"cells", "finished", "failed", "configs", "study_file", "seconds"}.
     """
     import pyarrow as pa
+    import yaml
     import pyarrow.parquet as pq
     import sqlalchemy
     from mlflow import MlflowClient
@@ -293,7 +294,7 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
     from analysis.layout import (PER_CLASS_ARTIFACT, ROLE_PARENT, SET_SIZES_ARTIFACT,
                                  STATUS_FAILED, STATUS_FINISHED, TAG_ERROR, TAG_NODE_ID,
                                  TAG_ROLE, TAG_STATUS, TAG_STUDY)
-    from studies.tracking import cell_tags, config_params, new_session_id
+    from studies.tracking import cell_tags, config_params, experiment_tags, new_session_id, study_description
 
     started = time.perf_counter()
     if not tracking_uri.startswith("sqlite:"):
@@ -308,8 +309,9 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
     # experiment and parent run: as StudyTracking creates them (the client, one request each)
     client = MlflowClient(tracking_uri=tracking_uri)
     artifact_root = (study_dir / "mlartifacts").resolve()
+    described = study_description(str((yaml.safe_load(text) or {}).get("description") or ""), text)
     experiment_id = client.create_experiment(name, artifact_location=artifact_root.as_uri(),
-                                             tags={TAG_STUDY: name})
+                                             tags={TAG_STUDY: name, **experiment_tags(described)})
     t0 = int(time.time() * 1000)
     parent = client.create_run(experiment_id, run_name=name, start_time=t0,
                                tags={TAG_ROLE: ROLE_PARENT, TAG_STUDY: name})

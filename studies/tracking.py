@@ -131,6 +131,15 @@ def source_tags(study_file: str | Path) -> dict[str, str]:
     return tags
 
 
+def experiment_tags(description: str) -> dict[str, str]:
+    """A study's experiment opens in MLflow 3's model-training view, with the study's
+    description (``study_description``) as its note."""
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    if description:
+        tags[NOTE_TAG] = description
+    return tags
+
+
 def study_description(description: str, source_text: str) -> str:
     """The study's ``description:``, else the comment lines that open its file."""
     if description.strip():
@@ -519,11 +528,7 @@ class StudyTracking:
         return self._experiment_id
 
     def _experiment_tags(self) -> dict[str, str]:
-        """Open in MLflow 3's model-training view, with the study's description as its note."""
-        tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-        if self.description:
-            tags[NOTE_TAG] = self.description
-        return tags
+        return experiment_tags(self.description)
 
     def parent_run_id(self, study_yaml: str | Path | None = None) -> str:
         """The study's parent run: found by its tags, else created once (with `study.yaml`).

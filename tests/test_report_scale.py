@@ -71,7 +71,9 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
     """The synthesizer's bulk rows against `studies.tracking` (StudyTracking, CellRun: the
     runner's own writes) logging the same values: same tags, params, metric histories
     (keys, steps, values), statuses, artifacts, and the same collected tables."""
-    from studies.tracking import CellRun, StudyTracking, new_session_id
+    import yaml
+
+    from studies.tracking import CellRun, StudyTracking, new_session_id, study_description
 
     from analysis.layout import PER_CLASS_ARTIFACT, SET_SIZES_ARTIFACT, TAG_NODE_ID
 
@@ -91,7 +93,9 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
         [experiment.experiment_id], "tags.`studies.role` = 'cell'")}
     runner_dir.mkdir()
     (runner_dir / "study.yaml").write_text(Path(info["study_file"]).read_text())
-    tracking = StudyTracking(runner_uri, name, artifact_root=runner_dir / "mlartifacts")
+    text = Path(info["study_file"]).read_text()
+    tracking = StudyTracking(runner_uri, name, artifact_root=runner_dir / "mlartifacts",
+                             description=study_description(str(yaml.safe_load(text).get("description", "")), text))
     tracking.parent_run_id(runner_dir / "study.yaml")
     context = tracking.context(new_session_id())
     for cell in report_scale.expand_cells(Path(info["study_file"]).read_text()):
