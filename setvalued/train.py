@@ -621,6 +621,9 @@ class _Trial:
             "set_sizes": set_sizes if set_sizes["count"] else None,
             "selection": self.cfg["eval"]["selection"],
             "device": str(self.device),
+            # the selected checkpoint's model and two test inputs (for an MLflow model)
+            "model": self.model,
+            "input_example": torch.stack([self.data.test[i][0] for i in range(min(2, len(self.data.test)))]),
         }
 
 

@@ -192,7 +192,8 @@ class _Session:
                  f"{resources['cpu']:g} CPU / {resources['gpu']:g} GPU each)")
         resume_from = self.resume.folders()
         run_experiment(
-            {c.cell_id: cell_payload(c, resume_from.get(c.cell_id), names.get(c.cell_id)) for c in cells},
+            {c.cell_id: cell_payload(c, resume_from.get(c.cell_id), names.get(c.cell_id),
+                                     log_model=self.study.log_models) for c in cells},
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources=resources, concurrency=self.concurrency,
@@ -247,12 +248,13 @@ def smoke_study(study):
     """The study as a smoke run executes it: one CPU per trial, no GPU, no early stopping.
 
     The smoke cells are tiny CPU jobs (studies.space.smoke_config), so the file's GPU
-    resources and its scheduler (which needs every seed of a config at once) do not apply.
+    resources and its scheduler (which needs every seed of a config at once) do not apply,
+    and their models are not worth logging.
     """
     from studies.study import NoScheduler, Resources
 
     return study.model_copy(update={"resources": Resources(cpus=1, gpus=0),
-                                    "scheduler": NoScheduler(kind="none")})
+                                    "scheduler": NoScheduler(kind="none"), "log_models": False})
 
 
 def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:

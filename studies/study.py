@@ -113,6 +113,7 @@ class Study(StrictModel):
     max_concurrent: Optional[int] = Field(None, ge=1)
     max_failures: int = Field(1, ge=0, le=MAX_FAILURES)
     max_cells: Optional[int] = Field(None, ge=1)  # raises DEFAULT_MAX_CELLS for this study
+    log_models: bool = True  # each cell's selected model as an MLflow model (off for huge studies)
     objective: Optional[Objective] = None
     scheduler: Scheduler = Field(default_factory=lambda: NoScheduler(kind="none"))
     report: Report = Field(default_factory=Report)

@@ -93,6 +93,8 @@ T = TypeVar("T")
 # ----------------------------------------------------------------------------- helpers
 
 
+#: the artifact folder of a cell's selected model (MLflow's pytorch flavour)
+MODEL_ARTIFACT = "model"
 #: MLflow 3 opens an experiment in its GenAI view unless this tag says otherwise
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
@@ -439,6 +441,21 @@ class CellRun:
         # without its test metrics
         self.log_metrics(final, step=final_step, tags={TAG_STATUS: STATUS_FINISHED})
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
+
+    def log_model(self, model: Any, input_example: Any) -> None:
+        """The selected checkpoint as an MLflow PyTorch model (artifact ``model``): loadable
+        with ``mlflow.pytorch.load_model("runs:/<run_id>/model")``, with its input example and
+        signature. Saved in PyTorch's exported-program format (no pickle of the module)."""
+        import mlflow.pytorch
+        import torch
+
+        model = model.cpu().eval()
+        version = torch.__version__.split("+")[0]
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / MODEL_ARTIFACT
+            mlflow.pytorch.save_model(model, str(path), input_example=input_example.cpu().numpy(),
+                                      pip_requirements=[f"torch=={version}"])
+            with_retry(lambda: self.client.log_artifacts(self.run_id, str(path), MODEL_ARTIFACT))
 
     def recorded_error(self) -> str | None:
         """The error an earlier attempt of this run recorded (``studies.error``), if any."""

@@ -148,6 +148,8 @@ def run_cell(
     earlier_error = run.recorded_error() if reused else None
     try:
         result = _train(fit, cell, reporter)
+        if cell.get("log_model") and result.get("model") is not None:
+            _log_model(run, result)
         run.finish(result, final_step=reporter.final_step())
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except Exception as error:
@@ -159,6 +161,14 @@ def run_cell(
         if coordinator is not None:
             coordinator.tell_gone()
         ray.tune.report({**_ids(cell), "cell_status": "failed", "error": message})
+
+
+def _log_model(run: CellRun, result: Mapping[str, Any]) -> None:
+    """The selected model in MLflow; a model that cannot be saved costs the cell nothing else."""
+    try:
+        run.log_model(result["model"], result["input_example"])
+    except Exception as error:  # noqa: BLE001  (the metrics matter more than the model file)
+        print(f"[studies] the model of run {run.run_id} was not logged ({one_paragraph(error)})", flush=True)
 
 
 def _will_repeat(error: Exception, message: str, earlier_error: str | None, epochs_done: int,

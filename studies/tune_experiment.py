@@ -55,13 +55,14 @@ class ProgressCallback(ProgressReporter, tune.Callback):
     `ProgressReporter`'s)."""
 
 
-def cell_payload(cell, resume_from: str | None = None, run_name: str | None = None) -> dict:
+def cell_payload(cell, resume_from: str | None = None, run_name: str | None = None,
+                 log_model: bool = False) -> dict:
     """A cell as a plain dict (what travels to the workers), with the checkpoint folder an
     earlier session left for it, if any, and the name of its MLflow run."""
     return {
         "cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
         "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
-        "resume_from": resume_from, "run_name": run_name,
+        "resume_from": resume_from, "run_name": run_name, "log_model": log_model,
     }
 
 

@@ -145,6 +145,7 @@ def study_file(folder: Path, name: str) -> Path:
             "epochs": 5, "eval": {"ks": [1, 3], "selection": "val/top3"}, "device": "cpu"},
         "design": [{"kind": "grid", "parameters": {"optim.lr": [0.02, 0.05, 0.1]}}],
         "seeds": [0, 1], "resources": {"cpus": 1}, "max_concurrent": 1, "max_failures": 1,
+        "log_models": False,
     }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))

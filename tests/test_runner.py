@@ -56,7 +56,8 @@ def write_study(folder: Path, name: str, lrs, seeds=(0, 1), epochs: int = 2,
                 **extra) -> Path:
     study = {"name": name, "description": "test study", "base": tiny_base(epochs),
              "design": [{"kind": "grid", "parameters": {"optim.lr": list(lrs)}}],
-             "seeds": list(seeds), "resources": {"cpus": 1}, "max_failures": 1}
+             "seeds": list(seeds), "resources": {"cpus": 1}, "max_failures": 1,
+             "log_models": False}  # tests/test_model_logging.py covers the models
     study.update(extra)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
