@@ -77,6 +77,22 @@ EXPECTED_CELLS = {
     "avgk_hparam_search_plantnet300k": (10 + 5 + 6) * 4 * 1,
     # S2 Table 7: 3 architectures x 5 losses x 3 seeds
     "avgk_plantnet300k_architectures": 3 * 5 * 3,
+    # variants of the published protocols that show the other design kinds (not paper tables):
+    # Section 4.6.5 as a random search: 6 sampled configs + the selected one, 1 seed
+    "topk_random_search_plantnet300k": (6 + 1) * 1,
+    # Table 5.3's alpha search as an optuna block (proposed while running, no cells known
+    # before) + the selected config as a single block, 1 seed
+    "avgk_optuna_search_cifar100": 1 * 1,
+    # Tables 4.2/4.3 one at a time: centre + epsilon 2 + M 2 + batch size 2, 1 seed
+    "topk_sensitivity_cifar100": (1 + 2 + 2 + 2) * 1,
+}
+
+# The design kind(s) and early stopping each variant file must show (the catalogue shows every
+# design kind on a real experiment).
+EXPECTED_KINDS = {
+    "topk_random_search_plantnet300k": {"random", "single"},
+    "avgk_optuna_search_cifar100": {"optuna", "single"},
+    "topk_sensitivity_cifar100": {"sensitivity"},
 }
 
 # The values each experiment sweeps, as the papers give them: (variant, dotted path) -> values.
@@ -143,6 +159,10 @@ EXPECTED_RECIPE = {
     "avgk_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
     "avgk_hparam_search_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
     "avgk_plantnet300k_architectures": {**PLANTNET_CH5, "eval.selection": "val/avg5"},
+    "topk_random_search_plantnet300k": {**PLANTNET_CH4, "loss.k": 5, "loss.n_samples": 5,
+                                        "loss.scale": 60.0, "eval.selection": "val/macro_top5"},
+    "avgk_optuna_search_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
+    "topk_sensitivity_cifar100": {**CIFAR_CH4, "epochs": 300, "eval.selection": "val/top5", "loss.k": 5},
 }
 
 # The CIFAR-100 300-epoch schedule of each paper's authors: 0-indexed epochs at whose start the
@@ -235,16 +255,38 @@ def test_training_recipe_is_the_papers(name):
             assert _same(actual, value), f"{cell.variant} {cell.swept}: {path} = {actual!r}, expected {value!r}"
 
 
-def test_batch_size_study_keeps_lr_proportional_to_batch_size():
+@pytest.mark.parametrize("name, n_sizes", [("avgk_batch_size", 8), ("topk_sensitivity_cifar100", 3)])
+def test_batch_size_study_keeps_lr_proportional_to_batch_size(name, n_sizes):
     """Thesis Figure 5.6: "we maintain the ratio of learning rate to batch size constant",
     with lr 0.1 at the recipe's batch size 64."""
-    _, cells = loaded(CATALOG / "avgk_batch_size.yaml")
+    _, cells = loaded(CATALOG / f"{name}.yaml")
     sizes = set()
     for cell in cells:
         batch = cell.config["optim"]["batch_size"]
         sizes.add(batch)
         assert math.isclose(cell.config["optim"]["lr"], 0.1 * batch / 64, rel_tol=1e-9)
-    assert len(sizes) == 8
+    assert len(sizes) == n_sizes
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_KINDS))
+def test_variant_files_show_the_other_design_kinds(name):
+    study, _ = loaded(CATALOG / f"{name}.yaml")
+    assert {b.kind for b in study.design} == EXPECTED_KINDS[name]
+    header = CATALOG.joinpath(f"{name}.yaml").read_text(encoding="utf-8").split("\n", 1)[0]
+    assert "variant of the published protocol" in header.lower(), "say it is not a published table"
+
+
+def test_catalogue_shows_every_design_kind_derived_and_early_stopping():
+    kinds, derived, stopping = set(), set(), set()
+    for path in catalog_files():
+        study, _ = loaded(path)
+        kinds |= {b.kind for b in study.design}
+        if study.derived:
+            derived.add(path.stem)
+        if study.scheduler.kind == "early_stopping":
+            stopping.add(path.stem)
+    assert kinds == {"grid", "sensitivity", "random", "optuna", "single"}
+    assert derived and stopping
 
 
 @pytest.mark.parametrize("path", catalog_files(), ids=_id)
@@ -319,7 +361,8 @@ def test_cifar100_300_epoch_files_use_their_papers_schedule():
             checked.add(path.stem)
     assert checked == {"topk_epsilon", "topk_n_samples", "topk_cifar100_label_noise",
                        "smooth_svm_cifar100_label_noise", "smooth_svm_temperature", "avgk_cifar100",
-                       "avgk_alpha_sensitivity", "avgk_batch_size", "avgk_hparam_search_cifar100"}
+                       "avgk_alpha_sensitivity", "avgk_batch_size", "avgk_hparam_search_cifar100",
+                       "avgk_optuna_search_cifar100", "topk_sensitivity_cifar100"}
 
 
 @pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
@@ -497,8 +540,10 @@ def test_smoke_run(path, tmp_path):
     out = tmp_path / name
     assert (out / "study.yaml").is_file()
     done = finished_cells(out / "mlflow.db", name)
-    assert set(done) == expected, (f"missing: {sorted(expected - set(done))[:5]}, "
-                                   f"unexpected: {sorted(set(done) - expected)[:5]}")
+    # optuna blocks give no cells before the run: each proposal runs on every seed
+    proposals = sum(b.n_configs for _, b in study.optuna_blocks) * len(study.seeds)
+    assert expected <= set(done) and len(set(done) - expected) == proposals, (
+        f"missing: {sorted(expected - set(done))[:5]}, unexpected: {sorted(set(done) - expected)[:5]}")
     # the report drew the figures the file asks for: learning curves, and the set-size
     # histograms wherever average-K sets are evaluated
     figures = {p.name for p in (out / "report" / "figures").glob("*.png")}
