@@ -75,6 +75,9 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
         "--progress-every", type=float, default=30.0, metavar="S",
         help="print the progress line at least every S seconds (default: %(default)s)")
     parser.add_argument(
+        "--ray-dashboard", dest="dashboard", action="store_true",
+        help="local Ray only: start Ray's dashboard on 127.0.0.1 and print its address")
+    parser.add_argument(
         "--verbose", action="store_true",
         help="show the INFO logs of MLflow, alembic and Ray (hidden by default)")
     parser.add_argument(
@@ -96,7 +99,7 @@ def _options(args: argparse.Namespace):
         num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
         progress_interval_s=getattr(args, "progress_every", 30.0),
         wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
-        verbose=getattr(args, "verbose", False),
+        verbose=getattr(args, "verbose", False), dashboard=getattr(args, "dashboard", False),
     )
 
 

@@ -39,8 +39,11 @@ class RaySession:
     """Ray for one invocation of the runner (see the module docstring)."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
-                 num_gpus: int | None = None, object_store_mb: int | None = None):
+                 num_gpus: int | None = None, object_store_mb: int | None = None,
+                 dashboard: bool = False):
         self.address = address  # None: a local Ray instance
+        self.dashboard = dashboard  # local Ray only: start Ray's dashboard (ray[default])
+        self.dashboard_url: str | None = None
         self.num_cpus = num_cpus  # local Ray only; default: the machine's CPUs
         self.num_gpus = num_gpus  # local Ray only; default: detected
         self.object_store_mb = object_store_mb  # local Ray only
@@ -54,12 +57,13 @@ class RaySession:
         if ray.is_initialized():
             return
         level = int(os.environ.get("STUDIES_RAY_LOG_LEVEL", logging.ERROR))  # --verbose: INFO
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "logging_level": level}
+        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": level}
         if self.address:
-            ray.init(address=self.address, **kwargs)
+            ray.init(address=self.address, include_dashboard=False, **kwargs)
         else:
-            ray.init(
+            context = ray.init(
+                include_dashboard=self.dashboard,
+                dashboard_host="127.0.0.1",
                 address="local",
                 num_cpus=self.num_cpus or os.cpu_count() or 1,
                 num_gpus=self.num_gpus,
@@ -67,6 +71,8 @@ class RaySession:
                                      if self.object_store_mb else None),
                 **kwargs,
             )
+            url = getattr(context, "dashboard_url", None) if self.dashboard else None
+            self.dashboard_url = f"http://{url}" if url and "://" not in url else url
         self.started = True
 
     def trial_slots(self, study, stream: IO[str]) -> int:

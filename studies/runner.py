@@ -82,6 +82,7 @@ class RunOptions:
     max_cells: int | None = None  # raises the study's cell limit (default: the file's, else 100,000)
     wait: bool = False  # wait for another driver of the same study to finish instead of refusing
     verbose: bool = False  # show the INFO logs of MLflow, alembic and Ray
+    dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
 
 
 @dataclass
@@ -119,7 +120,7 @@ class _Session:
         self.stream = stream
         self.session_id = new_session_id()
         self.ray = RaySession(options.address, options.num_cpus, options.num_gpus,
-                              options.object_store_mb)
+                              options.object_store_mb, dashboard=options.dashboard)
         self.early_stopping = EarlyStopping(study, tracking, self.session_id)
         self.concurrency = 1
         self.context = None
@@ -157,6 +158,8 @@ class _Session:
     def start(self) -> None:
         """Start Ray, count the trial slots, refuse early stopping that cannot work here."""
         self.ray.start()
+        if self.ray.dashboard_url:
+            self.say(f"Ray dashboard: {self.ray.dashboard_url}")
         self.concurrency = self.ray.trial_slots(self.study, self.stream)
         self.early_stopping.check_concurrency(self.concurrency)
 

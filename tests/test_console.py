@@ -74,3 +74,19 @@ def test_the_quickstart_prints_under_20_lines_without_a_terminal(tmp_path):
     for noise in ("INFO", "Token authentication", "WARNING", "\x1b", "\r"):
         assert noise not in text, noise
     assert "[studies] summary: 15/15 cells finished" in text and "[studies] report:" in text
+
+
+@pytest.mark.slow
+def test_a_local_run_can_show_rays_dashboard_on_loopback(tmp_path):
+    import yaml
+
+    from test_runner import tiny_base
+
+    study = tmp_path / "dash.yaml"
+    study.write_text(yaml.safe_dump({"name": "dash", "base": tiny_base(1), "seeds": [0], "log_models": False}))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "studies.cli", "run", str(study), "--ray-dashboard", "--no-report",
+                           "--output", str(tmp_path / "out"), "--num-cpus", "1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[studies] Ray dashboard: http://127.0.0.1:" in done.stdout, done.stdout
