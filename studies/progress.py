@@ -85,6 +85,10 @@ class StudyProgress:
                 + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}")
 
 
+#: shortest time between two rewrites of the live progress line
+LIVE_REFRESH_S = 0.2
+
+
 class ProgressReporter:
     """Keeps a `StudyProgress` from Tune's callback hooks (same names and arguments) and shows
     it. `on_error(cell_id)` is called for a cell whose trial errored in Tune.
@@ -101,8 +105,10 @@ class ProgressReporter:
 
     def __init__(self, progress: StudyProgress, interval_s: float = 30.0,
                  stream: IO[str] | None = None, on_error=None, *, metric: str | None = None,
-                 mode: str = "max", labels: Mapping[str, str] | None = None):
+                 mode: str = "max", labels: Mapping[str, str] | None = None,
+                 refresh_s: float = LIVE_REFRESH_S):
         self.progress = progress
+        self.refresh_s = refresh_s  # on a terminal: the shortest time between two rewrites
         self.interval_s = interval_s
         self.stream = stream or sys.stdout
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -112,17 +118,27 @@ class ProgressReporter:
         self.metric, self.mode = metric, mode
         self.labels = dict(labels or {})
         self._latest: dict[str, float] = {}  # cell_id -> latest value of `metric`
+        self._sums: dict[str, list] = {}  # config label -> [sum of its seeds' latest values, seeds]
+
+    def _record(self, cell: str, value: float) -> None:
+        """Keep each config's sum over its seeds up to date in O(1) per report, so that the
+        best config costs one pass over the configs when a line is shown, not over the cells."""
+        label = self.labels.get(cell, cell.rsplit("-s", 1)[0])
+        entry = self._sums.setdefault(label, [0.0, 0])
+        if cell in self._latest:
+            entry[0] -= self._latest[cell]
+        else:
+            entry[1] += 1
+        entry[0] += value
+        self._latest[cell] = value
 
     # ----- what is shown --------------------------------------------------------------------
 
     def best(self) -> tuple[str, float] | None:
         """(label, seed-mean) of the best config so far by the latest values of `metric`."""
-        by_config: dict[str, list[float]] = {}
-        for cell, value in self._latest.items():
-            by_config.setdefault(self.labels.get(cell, cell.rsplit("-s", 1)[0]), []).append(value)
-        if not by_config:
+        if not self._sums:
             return None
-        means = {label: sum(v) / len(v) for label, v in by_config.items()}
+        means = {label: total / n for label, (total, n) in self._sums.items()}
         pick = max if self.mode == "max" else min
         label = pick(means, key=means.get)
         return label, means[label]
@@ -147,13 +163,16 @@ class ProgressReporter:
 
     def _show(self, force: bool = False) -> None:
         """The progress: in place on a terminal, else at most every `interval_s` seconds."""
-        text = self.status()
-        if self.live:
-            self._shown = text
-            self.stream.write("\r\x1b[K" + text)
-            self.stream.flush()
-            return
         now = time.monotonic()
+        if self.live:  # at most refresh_s apart: a study of thousands of cells reports often
+            if not force and now - self._last_print < self.refresh_s:
+                return
+            self._shown = self.status()
+            self.stream.write("\r\x1b[K" + self._shown)
+            self.stream.flush()
+            self._last_print = now
+            return
+        text = self.status()
         if force or now - self._last_print >= self.interval_s:
             print(text, file=self.stream, flush=True)
             self._last_print = now
@@ -172,7 +191,7 @@ class ProgressReporter:
         cell = self._cell(trial)
         status = result.get("cell_status")
         if self.metric and isinstance(result.get(self.metric), (int, float)):
-            self._latest[cell] = float(result[self.metric])
+            self._record(cell, float(result[self.metric]))
         if status == "failed":
             self.progress.fail(cell, str(result.get("error", "")))
             self._print(f"[studies] cell {cell} FAILED: {result.get('error', '')}")

@@ -24,7 +24,7 @@ class _Terminal(io.StringIO):
 
 def _drive(stream) -> ProgressReporter:
     progress = StudyProgress(total=3, to_run=3, epochs={"a-s0": 2, "a-s1": 2, "b-s0": 2})
-    reporter = ProgressReporter(progress, interval_s=3600.0, stream=stream, metric="val/top5",
+    reporter = ProgressReporter(progress, interval_s=3600.0, stream=stream, metric="val/top5", refresh_s=0.0,
                                 labels={"a-s0": "noised ε=0.1", "a-s1": "noised ε=0.1", "b-s0": "ce"})
     trials = {c: SimpleNamespace(config={"cell_id": c}, last_result={}, error_file=None) for c in progress.epochs}
     for cell, trial in trials.items():
@@ -90,3 +90,14 @@ def test_a_local_run_can_show_rays_dashboard_on_loopback(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[studies] Ray dashboard: http://127.0.0.1:" in done.stdout, done.stdout
+
+
+def test_the_best_config_follows_each_seeds_latest_value():
+    progress = StudyProgress(total=2, to_run=2, epochs={"a-s0": 3, "b-s0": 3})
+    reporter = ProgressReporter(progress, stream=io.StringIO(), metric="val/top5", labels={"a-s0": "a", "b-s0": "b"})
+    trial = {c: SimpleNamespace(config={"cell_id": c}, last_result={}, error_file=None) for c in ("a-s0", "b-s0")}
+    reporter.on_trial_result(0, [], trial["a-s0"], {"epochs_done": 1, "val/top5": 0.9})
+    reporter.on_trial_result(0, [], trial["b-s0"], {"epochs_done": 1, "val/top5": 0.5})
+    assert reporter.best() == ("a", pytest.approx(0.9))
+    reporter.on_trial_result(0, [], trial["a-s0"], {"epochs_done": 2, "val/top5": 0.1})  # a fell back
+    assert reporter.best() == ("b", pytest.approx(0.5))
