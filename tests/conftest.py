@@ -118,3 +118,19 @@ def mlflow_server(tmp_path_factory) -> str:
         f"mlflow server did not become healthy within {_SERVER_START_TIMEOUT_S:.0f} s "
         f"(3 attempts). Last server log:\n{last_error}"
     )
+
+
+@pytest.fixture(scope="module")
+def local_ray(request):
+    """One local Ray instance (2 CPUs) for the requesting test module; the runner reuses it.
+
+    The module is registered for pickling by value: the fit functions it defines travel to
+    the workers, which cannot import a test module by name."""
+    ray = pytest.importorskip("ray")
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[request.module.__name__])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 1024 ** 2)
+    yield ray
+    ray.shutdown()

@@ -14,21 +14,6 @@ import pytest
 
 from test_runner import child_runs, options, write_study
 
-import sys
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray for this module; the fit function travels to the workers by value."""
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
-    yield ray
-    ray.shutdown()
-
 pytestmark = pytest.mark.slow
 
 

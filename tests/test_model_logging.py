@@ -4,22 +4,12 @@ local Ray, real MLflow server), and a study can turn this off."""
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 
 from test_runner import child_runs, options, write_study
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
-    yield ray
-    ray.shutdown()
 
 
 def test_the_selected_model_loads_from_mlflow_and_predicts_as_the_trainer(local_ray, mlflow_server, tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import sys
 import uuid
 
 import pytest
@@ -24,15 +23,6 @@ class _PlantedCode:
         import os
 
         return (os.system, (f"touch {self.marker}",))
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
-    yield ray
-    ray.shutdown()
 
 
 def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlflow_server, tmp_path):

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -196,21 +195,6 @@ def test_stopped_cell_finalises_with_the_real_fit():
 
 
 # ----------------------------------------------------------------------------- slow tests
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray instance (2 CPUs) for this module; the runner reuses it."""
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
-    # the fit functions below travel to the workers by value (the workers cannot import
-    # this test module by name)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
-    yield ray
-    ray.shutdown()
 
 
 def options(tmp_path: Path, server: str, **kw) -> RunOptions:
