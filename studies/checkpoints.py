@@ -53,14 +53,15 @@ def read_tune_checkpoint(checkpoint) -> tuple[Any, dict]:
 
 
 def find_resume_checkpoints(storage: Path | None, study_name: str,
-                            cell_ids: Iterable[str]) -> dict[str, tuple[Path, dict]]:
+                            cell_ids: Iterable[str] | None) -> dict[str, tuple[Path, dict]]:
     """{cell_id: (checkpoint folder, its meta)}: the latest checkpoint (most epochs) that an
     earlier session's Tune trial of each cell left under `storage` (the Tune storage path,
     None for a URI). Only checkpoints of `study_name` count: a shared storage path holds the
-    trials of every study, and a cell id names a config and seed, not a study."""
+    trials of every study, and a cell id names a config and seed, not a study. `cell_ids`
+    None: every cell of the study."""
     if storage is None or not storage.is_dir():
         return {}
-    wanted = set(cell_ids)
+    wanted = None if cell_ids is None else set(cell_ids)
     found: dict[str, tuple[Path, dict]] = {}
     for meta_file in storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"):
         try:
@@ -68,7 +69,8 @@ def find_resume_checkpoints(storage: Path | None, study_name: str,
         except (OSError, ValueError):
             continue
         cell_id = meta.get("cell_id")
-        if meta.get("study") != study_name or cell_id not in wanted or "run_id" not in meta:
+        if meta.get("study") != study_name or "run_id" not in meta \
+                or (wanted is not None and cell_id not in wanted):
             continue
         best = found.get(cell_id)
         if best is None or int(meta.get("epoch", -1)) > int(best[1].get("epoch", -1)):
@@ -84,7 +86,7 @@ class ResumePoints:
 
     @classmethod
     def search(cls, storage: Path | None, study_name: str,
-               cell_ids: Iterable[str]) -> "ResumePoints":
+               cell_ids: Iterable[str] | None) -> "ResumePoints":
         return cls(find_resume_checkpoints(storage, study_name, cell_ids))
 
     def run_ids(self) -> dict[str, str]:
@@ -95,6 +97,10 @@ class ResumePoints:
         """The resume points of `cell_ids` (those whose run the ledger kept)."""
         return ResumePoints({cell_id: self.found[cell_id] for cell_id in cell_ids
                              if cell_id in self.found})
+
+    def merged(self, other: "ResumePoints") -> "ResumePoints":
+        """These resume points and `other`'s (other's win for a cell in both)."""
+        return ResumePoints({**self.found, **other.found})
 
     def folders(self) -> dict[str, str]:
         """cell_id -> checkpoint folder (the `resume_from` of the cell's trial)."""

@@ -1,84 +1,145 @@
-"""The optuna blocks of a study's design: configs proposed in rounds, each run on every seed.
+"""The optuna blocks of a study's design: configs asked as slots free up, told as they end.
 
 An Optuna study per block (the block's sampler, TPE by default; storage
-`<output>/<name>/optuna.db`, so that a resumed study continues it) proposes configs in
-rounds of max(1, concurrent trials // seeds) proposals. Each proposal runs on every seed of
-the study as Tune trials, and the seed mean of the objective is told back; a proposal with a
-failed cell is told FAIL and not retried (its cells stay failed in MLflow). Trials left
-RUNNING by a killed driver are replayed first: `optuna.trial.FixedTrial` of their params
-gives the same config, hence the same cells, which finish and are told.
+`<output>/<name>/optuna.db`, so that a resumed study continues it) proposes configs one at a
+time (`OptunaProposals`). The runner runs a block as one Tune experiment whose searcher
+(`studies.tune_experiment.ProposalSearcher`) asks for the next config whenever a trial slot
+is free and no seed of an earlier config is left to start: each config runs on every seed of
+the study as Tune trials, and when the last of its seeds ends, the seed mean of the objective
+is told back (ask/tell), so the sampler learns from every config as soon as it is known and
+no slot waits for a round to end. A config with a failed cell is told FAIL and not retried
+(its cells stay failed in MLflow). Trials left RUNNING by a killed driver are replayed first:
+`optuna.trial.FixedTrial` of their params gives the same config, hence the same cells, which
+finish (or are already finished) and are told.
 
 `optuna` is imported only when a block runs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from studies.tracking import STATUS_FINISHED, StudyTracking, cell_objective
 
 
-def run_optuna_block(study, index: int, block, *, study_name: str, study_dir: Path,
-                     smoke: bool, concurrency: int, tracking: StudyTracking,
-                     run_round: Callable[[list], None]) -> list:
-    """Propose, run and tell the configs of the optuna block `index` of `study`.
+@dataclass
+class Proposal:
+    """One config asked from Optuna (its trial `number`) and the cells of its seeds."""
 
-    `run_round(cells)` runs the cells of one round that are not finished yet. Returns every
-    cell the block used.
+    number: int
+    cells: list
+    runs: dict = field(default_factory=dict)  # cell_id -> run id (None: no run) once ended
+
+    @property
+    def ended(self) -> bool:
+        return len(self.runs) == len(self.cells)
+
+
+class OptunaProposals:
+    """The configs of one optuna block, asked one at a time and told back as they end.
+
+    `propose()` returns the cells of the next config (a replayed trial of a killed driver
+    first, then new asks while the block has room), or None once the block's `n_configs`
+    trials exist; `cell_ended(cell_id, run_id)` records a cell's end, and tells Optuna when it
+    was its config's last. Plain Python: it runs in the driver, called by Tune's searcher.
     """
-    import optuna
-    from optuna.trial import FixedTrial, TrialState
 
-    from studies.space import Cell, config_id, optuna_block_suggest, optuna_sampler, smoke_cells
+    def __init__(self, study, index: int, block, *, study_name: str, study_dir: Path,
+                 smoke: bool, tracking: StudyTracking):
+        import optuna
+        from optuna.trial import TrialState
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    direction = "maximize" if study.objective.mode == "max" else "minimize"
-    ostudy = optuna.create_study(
-        study_name=f"{study_name}/design[{index}]",
-        storage=f"sqlite:///{study_dir / 'optuna.db'}",
-        sampler=optuna_sampler(block), direction=direction, load_if_exists=True)
-    seeds = list(study.seeds)
-    round_size = max(1, concurrency // max(1, len(seeds)))
-    all_cells: list = []
+        from studies.space import optuna_sampler
 
-    def cells_of(trial_like) -> list:
-        variant, config, swept = optuna_block_suggest(study, index, trial_like)
-        cells = [Cell(config_id(config), seed, variant, config, dict(swept)) for seed in seeds]
-        return smoke_cells(cells) if smoke else cells
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study, self.index, self.block = study, index, block
+        self.smoke, self.tracking = smoke, tracking
+        self.metric = study.objective.metric
+        self.seeds = list(study.seeds)
+        self.ostudy = optuna.create_study(
+            study_name=f"{study_name}/design[{index}]",
+            storage=f"sqlite:///{study_dir / 'optuna.db'}",
+            sampler=optuna_sampler(block), load_if_exists=True,
+            direction="maximize" if study.objective.mode == "max" else "minimize")
+        trials = self.ostudy.get_trials(deepcopy=False)
+        self.replays = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        self.trials_made = len(trials)  # every trial of the block, whatever its state
+        self.open: dict[str, list[Proposal]] = {}  # cell_id -> the proposals waiting for it
+        self.cells_used: list = []
 
-    while True:
-        trials = ostudy.get_trials(deepcopy=False)
-        ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL,
-                                                    TrialState.PRUNED)]
-        pending = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-        proposals: list[tuple[int, list]] = [
-            (t.number, cells_of(FixedTrial(t.params, t.number))) for t in pending[:round_size]]
-        room = min(round_size - len(proposals), block.n_configs - len(ended) - len(pending))
-        for _ in range(max(0, room)):
-            trial = ostudy.ask()
-            cells = cells_of(trial)
+    @property
+    def max_cells(self) -> int:
+        """Most cells the block can still start (its room times the seeds)."""
+        room = len(self.replays) + max(0, self.block.n_configs - self.trials_made)
+        return room * len(self.seeds)
+
+    def _cells_of(self, trial_like) -> list:
+        from studies.space import Cell, config_id, optuna_block_suggest, smoke_cells
+
+        variant, config, swept = optuna_block_suggest(self.study, self.index, trial_like)
+        cells = [Cell(config_id(config), seed, variant, config, dict(swept)) for seed in self.seeds]
+        return smoke_cells(cells) if self.smoke else cells
+
+    def propose(self) -> list | None:
+        """The cells of the next config (every seed) that are not already under way for an
+        earlier proposal of the same config; None when the block is complete."""
+        from optuna.trial import FixedTrial
+
+        if self.replays:
+            trial = self.replays.pop(0)
+            number, cells = trial.number, self._cells_of(FixedTrial(trial.params, trial.number))
+        elif self.trials_made < self.block.n_configs:
+            trial = self.ostudy.ask()
+            self.trials_made += 1
+            cells = self._cells_of(trial)
             trial.set_user_attr("config_id", cells[0].config_id)
-            proposals.append((trial.number, cells))
-        if not proposals:
-            return all_cells
-        round_cells = [c for _, cells in proposals for c in cells]
-        all_cells.extend(round_cells)
-        run_round(round_cells)
-        _tell(ostudy, proposals, tracking, study.objective.metric)
-
-
-def _tell(ostudy, proposals: list[tuple[int, list]], tracking: StudyTracking,
-          metric: str) -> None:
-    """Tell Optuna each proposal's seed mean of `metric`, or FAIL when a cell did not finish."""
-    from optuna.trial import TrialState
-
-    states = tracking.cell_states([c.cell_id for _, cells in proposals for c in cells])
-    for number, cells in proposals:
-        values = [cell_objective(tracking, states[c.cell_id].run_id, metric)
-                  for c in cells if states[c.cell_id].status == STATUS_FINISHED]
-        finite = [v for v in values if v == v]
-        if len(finite) == len(cells):
-            ostudy.tell(number, sum(finite) / len(finite))
+            number = trial.number
         else:
-            ostudy.tell(number, state=TrialState.FAIL)
+            return None
+        proposal = Proposal(number, cells)
+        fresh = []
+        for cell in cells:
+            if cell.cell_id not in self.open:  # a config asked twice waits for the first
+                fresh.append(cell)
+            self.open.setdefault(cell.cell_id, []).append(proposal)
+        self.cells_used.extend(fresh)
+        return fresh
+
+    def cell_ended(self, cell_id: str, run_id: str | None) -> None:
+        """A cell of an open proposal ended (finished, failed, or found finished in MLflow
+        without running); the last one of its config tells Optuna the seed mean."""
+        for proposal in self.open.pop(cell_id, []):
+            proposal.runs[cell_id] = run_id
+            if proposal.ended:
+                self._tell(proposal)
+
+    def _tell(self, proposal: Proposal) -> None:
+        """The seed mean of the objective, or FAIL when a cell did not finish."""
+        from optuna.trial import TrialState
+
+        values = []
+        for cell in proposal.cells:
+            run_id = proposal.runs.get(cell.cell_id)
+            if run_id is None or self.tracking.run_status(run_id) != STATUS_FINISHED:
+                break
+            value = cell_objective(self.tracking, run_id, self.metric)
+            if value != value:  # NaN: the metric is missing
+                break
+            values.append(value)
+        if len(values) == len(proposal.cells):
+            self.ostudy.tell(proposal.number, sum(values) / len(values))
+        else:
+            self.ostudy.tell(proposal.number, state=TrialState.FAIL)
+
+
+def run_optuna_block(study, index: int, block, *, study_name: str, study_dir: Path,
+                     smoke: bool, tracking: StudyTracking,
+                     run_proposals: Callable[[OptunaProposals], None]) -> list:
+    """Ask, run and tell the configs of the optuna block `index` of `study`;
+    `run_proposals(proposals)` runs them (one Tune experiment). Returns every cell used."""
+    proposals = OptunaProposals(study, index, block, study_name=study_name,
+                                study_dir=study_dir, smoke=smoke, tracking=tracking)
+    run_proposals(proposals)
+    return proposals.cells_used

@@ -15,8 +15,8 @@ How a study file becomes trials (`run_study`), and which module does each step:
 4. Ray is connected or started (`studies.ray_session`), and each batch of cells to run is one
    Tune experiment (`studies.tune_experiment`) whose trials run `studies.trial.run_cell`,
    checkpointed every epoch, so a trial whose worker dies restarts from its last epoch;
-5. optuna blocks: configs proposed in rounds, each run on every seed, the seed mean told back
-   (`studies.optuna_rounds`);
+5. optuna blocks: configs asked as trial slots free up, each run on every seed, the seed mean
+   told back when its last seed ends (`studies.optuna_rounds`);
 6. early stopping (`scheduler: {kind: early_stopping}`) is decided per config over all its
    seeds, by a Ray actor that every trial reports to (`studies.early_stopping`);
 7. progress while the trials run (`studies.progress`), then a summary, a report
@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 from studies.cell_queue import config_major
 from studies.checkpoints import ResumePoints
@@ -167,19 +167,87 @@ class _Session:
         """One Tune experiment over `cells` (all not finished yet)."""
         if not cells:
             return
-        from studies.tune_experiment import ProgressCallback, cell_payload, run_experiment
+        from studies.tune_experiment import CellQueueSearcher
 
         cells = config_major(cells)
+        names = run_names(self.known_cells.values())
+        resume_from = self.resume.folders()
+        payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
+        self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
+                 f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
+        self.experiment(payloads, CellQueueSearcher(list(payloads)), cells, max_trials=len(cells),
+                        total=total, done_before=done_before)
+
+    def run_proposals(self, proposals, total: int, done_before: int) -> None:
+        """One Tune experiment over the configs of an optuna block, asked as slots free up
+        (`studies.optuna_rounds.OptunaProposals`): each proposal's cells that the ledger has
+        finished are told at once, the others run."""
+        from studies.tune_experiment import ProposalSearcher
+
+        epochs: dict[str, int] = {}
+        # one scan of the storage for the checkpoints of every cell of the study; a
+        # proposal (a replayed config) takes those of its cells
+        self.checkpoints_left = ResumePoints.search(self.storage_root(), self.name, None)
+
+        def admit(cells: list) -> list[dict]:
+            self.know(cells)
+            if self.early_stopping.enabled:
+                self.early_stopping.prepare(cells, self.concurrency)
+            done, pending = self.plan_proposal(cells)
+            for cell_id, run_id in done.items():
+                proposals.cell_ended(cell_id, run_id)
+            names = run_names(self.known_cells.values())
+            resume_from = self.resume.folders()
+            for cell in pending:
+                epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
+            return [self.payload(c, names, resume_from.get(c.cell_id)) for c in pending]
+
+        self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
+                 f"({self.concurrency} at a time)")
+        self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
+                        max_trials=proposals.max_cells, total=total, done_before=done_before)
+
+    def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
+        """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
+        the runs of its config alone (one query, whatever the size of the study); an
+        unfinished cell continues from the checkpoint an earlier session left, if any."""
+        ids = [c.cell_id for c in cells]
+        found = self.checkpoints_left.only(ids)
+        keep = found.run_ids()
+        grouped = self.tracking.config_runs(cells[0].config_id)
+        done, to_run = self.tracking.prepare(ids, keep=keep, grouped=grouped)
+        self.resume = self.resume.merged(found.only(keep))
+        finished = {cell_id: self.tracking.finished_run(grouped.get(cell_id, []))
+                    for cell_id in done}
+        wanted = set(to_run)
+        return finished, [c for c in cells if c.cell_id in wanted]
+
+    def payload(self, cell, names: Mapping[str, str], resume_from: str | None) -> dict:
+        """What travels to the worker that trains `cell`."""
+        from studies.tune_experiment import cell_payload
+
+        return cell_payload(cell, resume_from, names.get(cell.cell_id),
+                            log_model=self.study.log_models,
+                            checkpoint_interval_s=self.study.checkpoint_interval_s)
+
+    def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
+                   max_trials: int, total: int, done_before: int,
+                   epochs: dict[str, int] | None = None) -> None:
+        """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
+        the progress line, early stopping and the study's resources."""
+        from studies.tune_experiment import ProgressCallback, run_experiment
+
         early = self.early_stopping.prepare(self.known_cells.values(), self.concurrency)
-        by_cell = {c.cell_id: c for c in cells}
 
         def on_error(cell_id: str) -> None:  # failed for good: its config decides without it
-            if cell_id in by_cell:
-                self.early_stopping.mark_gone(by_cell[cell_id])
+            cell = self.known_cells.get(cell_id)
+            if cell is not None:
+                self.early_stopping.mark_gone(cell)
 
-        progress = StudyProgress(
-            total=total, to_run=len(cells), done_before=done_before,
-            epochs={c.cell_id: int(c.config.get("epochs", 1)) for c in cells})
+        if epochs is None:
+            epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
+        progress = StudyProgress(total=total, to_run=max_trials, done_before=done_before,
+                                 epochs=epochs)
         names = run_names(self.known_cells.values())
         metric, mode = self.progress_metric()
         callback = ProgressCallback(progress, interval_s=self.options.progress_interval_s,
@@ -189,17 +257,13 @@ class _Session:
         root = self.storage_root()
         if root is not None:
             self.tune_dirs.append(root / run_name)
-        resources = {"cpu": float(self.study.resources.cpus),
-                     "gpu": float(self.study.resources.gpus)}
-        self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
-                 f"{resources['cpu']:g} CPU / {resources['gpu']:g} GPU each)")
-        resume_from = self.resume.folders()
         run_experiment(
-            {c.cell_id: cell_payload(c, resume_from.get(c.cell_id), names.get(c.cell_id),
-                                     log_model=self.study.log_models) for c in cells},
+            payloads, searcher=searcher, max_trials=max_trials,
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
-            resources=resources, concurrency=self.concurrency,
+            resources={"cpu": float(self.study.resources.cpus),
+                       "gpu": float(self.study.resources.gpus)},
+            concurrency=self.concurrency,
             max_failures=int(self.study.max_failures), callbacks=[callback])
 
     def progress_metric(self) -> tuple[str | None, str]:
@@ -212,14 +276,6 @@ class _Session:
         return (self.study.variant_value(first, "eval.selection"),
                 self.study.variant_value(first, "eval.selection_mode", "max"))
 
-    def run_round(self, cells: Sequence, total: int, done_before: int) -> None:
-        """Run the cells of an optuna round that are not finished yet."""
-        self.know(cells)
-        done, to_run = self.tracking.prepare([c.cell_id for c in cells])
-        wanted = set(to_run)
-        self.run_cells([c for c in cells if c.cell_id in wanted], total=total,
-                       done_before=done_before + len(done))
-
     def run_optuna_blocks(self, total: int, done_before: int) -> None:
         """Every optuna block of the design, in order (their cells become known cells)."""
         if not self.study.optuna_blocks:
@@ -229,8 +285,8 @@ class _Session:
         for index, block in self.study.optuna_blocks:
             run_optuna_block(
                 self.study, index, block, study_name=self.name, study_dir=self.study_dir,
-                smoke=self.options.smoke, concurrency=self.concurrency, tracking=self.tracking,
-                run_round=lambda round_cells: self.run_round(round_cells, total, done_before))
+                smoke=self.options.smoke, tracking=self.tracking,
+                run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before))
 
 
 # ----------------------------------------------------------------------------- entry points

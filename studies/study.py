@@ -21,7 +21,7 @@ from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
 from studies.schema import StrictModel, fields_of, pydantic_message
 
-__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "MAX_FAILURES", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
+__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
            "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes", "Reference", "ReferenceRow",
            "DEFAULT_VARIANT", "NAME_PATTERN", "schema_problem"]
 
@@ -38,6 +38,9 @@ MAX_SEEDS = 10_000
 RESOURCE_STEP = 0.0001
 #: most failed attempts of a cell retried (``max_failures``)
 MAX_FAILURES = 10
+#: default ``checkpoint_interval_s``: a worker that dies loses at most about a minute of work,
+#: and a cell of short epochs is not slowed by a checkpoint and a tracking request per epoch
+DEFAULT_CHECKPOINT_INTERVAL_S = 60.0
 
 
 class Resources(StrictModel):
@@ -114,6 +117,9 @@ class Study(StrictModel):
     max_failures: int = Field(1, ge=0, le=MAX_FAILURES)
     max_cells: Optional[int] = Field(None, ge=1)  # raises DEFAULT_MAX_CELLS for this study
     log_models: bool = True  # each cell's selected model as an MLflow model (off for huge studies)
+    # at most one checkpoint (and one MLflow write of the epochs since the last) per this many
+    # seconds of a cell's training, always after its last epoch; 0: after every epoch
+    checkpoint_interval_s: float = Field(DEFAULT_CHECKPOINT_INTERVAL_S, ge=0, le=86_400)
     objective: Optional[Objective] = None
     scheduler: Scheduler = Field(default_factory=lambda: NoScheduler(kind="none"))
     report: Report = Field(default_factory=Report)

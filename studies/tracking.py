@@ -343,11 +343,14 @@ class CellRun:
 
     @classmethod
     def open(cls, context: TrackingContext, cell: Mapping[str, Any],
-             run_id: str | None = None) -> tuple["CellRun", bool]:
+             run_id: str | None = None, tags: Mapping[str, str] | None = None
+             ) -> tuple["CellRun", bool]:
         """The cell's run: `run_id` if given, else the run this driver session already made
-        for the cell (a trial restarted after its worker died), else a new one.
+        for the cell (a trial restarted after its worker died), else a new one; `tags` are
+        set on it in the same request.
 
-        Returns (run, reused). A new run gets the contract tags and params in batched calls.
+        Returns (run, reused). A new run gets the contract tags with its creation and the
+        params in one batched call.
         """
         client = _client(context.tracking_uri)
         if run_id is None:
@@ -359,12 +362,13 @@ class CellRun:
         if run_id is not None:
             run = cls(context, run_id, client)
             with_retry(lambda: client.update_run(run_id, status="RUNNING"))
-            run.set_tags({TAG_STATUS: STATUS_RUNNING})
+            run.set_tags({TAG_STATUS: STATUS_RUNNING, **dict(tags or {})})
             return run, True
-        tags = {**dict(context.run_tags),
-                **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id)}
+        all_tags = {**dict(context.run_tags),
+                    **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id),
+                    **dict(tags or {})}
         created = with_retry(lambda: client.create_run(
-            context.experiment_id, tags=tags,
+            context.experiment_id, tags=all_tags,
             run_name=cell.get("run_name") or f"{cell.get('variant') or 'cell'}-{cell['cell_id']}",
         ))
         run = cls(context, created.info.run_id, client)
@@ -393,7 +397,14 @@ class CellRun:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int,
                     tags: Mapping[str, str] | None = None) -> None:
-        """All `metrics` at `step` (and optional tags) in one `log_batch` request.
+        """All `metrics` at `step` (and optional tags) in one `log_batch` request."""
+        self.log_epochs([(step, metrics)], tags=tags)
+
+    def log_epochs(self, epochs: Sequence[tuple[int, Mapping[str, Any]]],
+                   tags: Mapping[str, str] | None = None) -> None:
+        """The metrics of several steps, each at its step, and optional tags, in as few
+        `log_batch` requests as MLflow's limits allow (one for up to 1,000 values); the tags
+        go with the last request, so a status tag is never written before the metrics.
 
         Values that are not numbers are skipped; NaN/inf are logged as they are (MLflow keeps
         them), so that a diverging run is visible.
@@ -402,20 +413,21 @@ class CellRun:
 
         timestamp = int(time.time() * 1000)
         items = []
-        for key, value in metrics.items():
-            number = _as_float(value)
-            if number is None or isinstance(value, bool):
-                continue
-            items.append(Metric(key, number, timestamp, int(step)))
+        for step, metrics in epochs:
+            for key, value in metrics.items():
+                number = _as_float(value)
+                if number is None or isinstance(value, bool):
+                    continue
+                items.append(Metric(key, number, timestamp, int(step)))
         tag_items = [RunTag(k, str(v)[:_MAX_TAG_LENGTH]) for k, v in (tags or {}).items()]
-        if len(items) <= _MAX_METRICS_PER_BATCH and len(tag_items) <= _MAX_PARAMS_TAGS_PER_BATCH:
-            with_retry(lambda: self.client.log_batch(self.run_id, metrics=items,
-                                                     tags=tag_items, synchronous=True))
-            return
-        for chunk in _chunks(items, _MAX_METRICS_PER_BATCH):
-            with_retry(lambda: self.client.log_batch(self.run_id, metrics=list(chunk),
-                                                     synchronous=True))
-        if tag_items:
+        chunks = list(_chunks(items, _MAX_METRICS_PER_BATCH)) or [[]]
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            with_tags = tag_items if last and len(tag_items) <= _MAX_PARAMS_TAGS_PER_BATCH else []
+            if chunk or with_tags:
+                with_retry(lambda: self.client.log_batch(self.run_id, metrics=list(chunk),
+                                                         tags=with_tags, synchronous=True))
+        if tag_items and len(tag_items) > _MAX_PARAMS_TAGS_PER_BATCH:
             self.set_tags(dict(tags or {}))
 
     def last_logged_epoch(self) -> int | None:
@@ -424,9 +436,11 @@ class CellRun:
                                                                     EPOCH_MARKER_METRIC))
         return max((m.step for m in history), default=None)
 
-    def finish(self, result: Mapping[str, Any], final_step: int) -> None:
-        """Log the outcome of `fit`: test metrics, best epoch/value, the per-class Parquet
-        artifact, then `studies.status=finished` (last, so a crash never marks it done)."""
+    def finish(self, result: Mapping[str, Any], final_step: int,
+               pending: Sequence[tuple[int, Mapping[str, Any]]] = ()) -> None:
+        """Log the outcome of `fit`: the per-class Parquet artifact, then the epochs not yet
+        logged (`pending`), the test metrics, best epoch/value and `studies.status=finished`
+        in one request (the status last, so a crash never marks it done)."""
         per_class = result.get("per_class")
         if per_class:
             self.log_table_artifact(per_class, PER_CLASS_ARTIFACT)
@@ -439,7 +453,7 @@ class CellRun:
             final["best_val"] = result["best_val"]
         # the final metrics and the status in one request: a cell is never marked finished
         # without its test metrics
-        self.log_metrics(final, step=final_step, tags={TAG_STATUS: STATUS_FINISHED})
+        self.log_epochs([*pending, (final_step, final)], tags={TAG_STATUS: STATUS_FINISHED})
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
 
     def log_model(self, model: Any, input_example: Any) -> None:
@@ -599,6 +613,32 @@ class StudyTracking:
                 grouped.setdefault(cell_id, []).append(run)
         return grouped
 
+    def config_runs(self, config_id: str) -> dict[str, list]:
+        """Active child runs of one config of the study grouped by cell id (oldest first):
+        one query, whatever the size of the study."""
+        experiment_id = self.find_experiment_id() if self._experiment_id is None \
+            else self._experiment_id
+        if experiment_id is None:
+            return {}
+        grouped: dict[str, list] = {}
+        for run in _search_all(self.client, experiment_id, _filter(
+                studies__role=ROLE_CELL, studies__study=self.study_name,
+                studies__config_id=str(config_id))):  # the TAG_CONFIG_ID tag
+            cell_id = run.data.tags.get(TAG_CELL_ID)
+            if cell_id:
+                grouped.setdefault(cell_id, []).append(run)
+        return grouped
+
+    @staticmethod
+    def finished_run(runs: Sequence) -> str | None:
+        """The id of the (latest) run tagged finished among `runs`, if any."""
+        finished = [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+        return finished[-1].info.run_id if finished else None
+
+    def run_status(self, run_id: str) -> str | None:
+        """The `studies.status` tag of a run (None when the run has none)."""
+        return with_retry(lambda: self.client.get_run(run_id)).data.tags.get(TAG_STATUS)
+
     def fail_unfinished(self, state: CellState, message: str) -> CellState:
         """End a run that a trial left `running` (its worker could not write its failure, for
         instance to a full disk) as FAILED with `message`; the cell's new state."""
@@ -628,8 +668,8 @@ class StudyTracking:
                 states[cell_id] = CellState(cell_id, "missing")
         return states
 
-    def prepare(self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None
-                ) -> tuple[list[str], list[str]]:
+    def prepare(self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None,
+                grouped: Mapping[str, list] | None = None) -> tuple[list[str], list[str]]:
         """Split the cells into (done, to_run) and clear what an earlier driver left.
 
         A cell is done when one of its runs is tagged `finished`. Every other active run of a
@@ -637,9 +677,10 @@ class StudyTracking:
         with no run, a done cell keeps only its finished run(s). `keep` maps a cell to run
         to the run an earlier checkpoint of it continues: that run is kept, and the entries
         whose run is not an active run of the cell are removed from `keep` (in place).
-        Returns cell ids in order.
+        `grouped`: the cells' runs when the caller has them (`config_runs`), else all the
+        study's are read. Returns cell ids in order.
         """
-        grouped = self.cell_runs()
+        grouped = self.cell_runs() if grouped is None else grouped
         keep = keep if keep is not None else {}
         done, to_run = [], []
         for cell_id in cell_ids:

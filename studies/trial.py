@@ -10,12 +10,14 @@
    driver that was killed resumes the same way from the checkpoint its earlier Tune trial
    left (the cell's `resume_from`, found by `studies.checkpoints.find_resume_checkpoints`);
 3. it calls `setvalued.train.fit(config, seed, on_epoch=..., checkpoint=...)`; after every
-   epoch it reports the metrics to Tune together with a checkpoint
-   (`ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(d))`), then logs
-   the epoch's metrics to MLflow in one `log_batch` call (after the checkpoint, so that
-   MLflow never holds an epoch that a restarted trial would train and log again);
-4. at the end it logs the test metrics, the per-class Parquet artifact and
-   `studies.status=finished`.
+   epoch it reports the metrics to Tune; at most every `checkpoint_interval_s` seconds (a
+   study field) and after the last epoch, the report carries a checkpoint
+   (`ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(d))`) and the
+   epochs since the last one are logged to MLflow in one `log_batch` call (after the
+   checkpoint, so that MLflow never holds an epoch that a restarted trial would train and
+   log again);
+4. at the end it logs the per-class Parquet artifact, then the epochs not logged yet, the
+   test metrics and `studies.status=finished` in one request.
 
 A `NonFiniteLossError` (NaN/inf loss) is deterministic: the cell is marked failed with its
 error and the trial ends without a Tune retry. Any other exception marks the cell failed and
@@ -107,9 +109,9 @@ def _set_torch_threads() -> None:
         pass
 
 
-def _ids(cell: Mapping[str, Any]) -> dict[str, Any]:
+def _ids(cell: Mapping[str, Any], run: CellRun) -> dict[str, Any]:
     """What every Tune report of the cell carries to the driver."""
-    return {"cell_id": cell["cell_id"], "config_id": cell["config_id"]}
+    return {"cell_id": cell["cell_id"], "config_id": cell["config_id"], "run_id": run.run_id}
 
 
 def run_cell(
@@ -128,7 +130,8 @@ def run_cell(
     import ray
     import ray.tune
 
-    cell = cells[tune_config["cell_id"]]
+    # a queued cell travels once in `cells`; a proposed one (optuna) in its trial's config
+    cell = cells.get(tune_config["cell_id"]) or tune_config["cell"]
     fit = fit_fn or default_fit()
     deterministic = _deterministic_errors()
     _set_torch_threads()
@@ -136,9 +139,9 @@ def run_cell(
     state, meta = _starting_point(cell)
     if meta.get("discard_run_id"):  # its checkpoint was unreadable: a new run replaces it
         _discard_run(context, meta["discard_run_id"])
-    run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"))
-    # where this attempt runs: shows in MLflow which node trained (or retried) the cell
-    run.set_tags({TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
+    # the node tag shows in MLflow where this attempt runs (which node trained or retried it)
+    run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"),
+                               tags={TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
     if reused and _already_finished(run):
         return  # finished before the worker died; Tune only missed the end
     history: list[list] = meta.get("history", [])  # [[epoch, metrics], ...] in order
@@ -150,17 +153,19 @@ def run_cell(
         result = _train(fit, cell, reporter)
         if cell.get("log_model") and result.get("model") is not None:
             _log_model(run, result)
-        run.finish(result, final_step=reporter.final_step())
+        run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending())
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except Exception as error:
         message = one_paragraph(error)
         if not _will_repeat(error, message, earlier_error, reporter.epochs_done, state, deterministic):
+            # the epochs after the last checkpoint are trained and logged again by the retry
             _record_failure(run, message)
             raise  # Tune retries the trial from its last checkpoint (FailureConfig)
+        _flush_for_the_record(reporter)
         _record_failure(run, message)
         if coordinator is not None:
             coordinator.tell_gone()
-        ray.tune.report({**_ids(cell), "cell_status": "failed", "error": message})
+        ray.tune.report({**_ids(cell, run), "cell_status": "failed", "error": message})
 
 
 def _log_model(run: CellRun, result: Mapping[str, Any]) -> None:
@@ -179,6 +184,16 @@ def _will_repeat(error: Exception, message: str, earlier_error: str | None, epoc
     error as the attempt before."""
     return (isinstance(error, deterministic) or isinstance(error, OSError)
             or (epochs_done == 0 and state is None) or message == earlier_error)
+
+
+def _flush_for_the_record(reporter: "_EpochReporter") -> None:
+    """The epochs of a cell that fails for good that are not logged yet: its curves up to the
+    failure stay visible in MLflow (best effort: the failure itself matters more)."""
+    try:
+        reporter.flush()
+    except Exception as error:  # noqa: BLE001
+        print(f"[studies] could not log the last epochs of run {reporter.run.run_id} "
+              f"({one_paragraph(error)})", flush=True)
 
 
 def _record_failure(run: CellRun, message: str) -> None:
@@ -254,8 +269,16 @@ def _log_missing_epochs(run: CellRun, history: list[list], reused: bool,
 
 
 class _EpochReporter:
-    """`fit`'s `on_epoch` for one cell: after every epoch, a checkpoint with a Tune report,
-    then the epoch's metrics in MLflow (each epoch once), then early stopping's decision."""
+    """`fit`'s `on_epoch` for one cell.
+
+    After every epoch: a Tune report (progress and the driver's view), then early
+    stopping's decision. At most every `checkpoint_interval_s` seconds, and always after the
+    config's last epoch, the report carries a checkpoint, and the epochs not yet in MLflow
+    follow in one request: after the checkpoint, so that MLflow never holds an epoch that a
+    restarted trial would train and log again. A cell of many short epochs thus costs one
+    checkpoint and one tracking request a minute, not one per epoch; a worker that dies
+    loses at most that much training.
+    """
 
     def __init__(self, run: CellRun, cell: Mapping[str, Any], context: TrackingContext,
                  history: list[list], logged_through: int | None,
@@ -267,7 +290,11 @@ class _EpochReporter:
         self.logged_through = logged_through
         self.coordinator = coordinator
         self.state = state  # the latest fit state: the starting point's, then each epoch's
+        self.interval_s = float(cell.get("checkpoint_interval_s") or 0.0)
+        self.last_epoch = int(cell["config"].get("epochs", 1)) - 1
+        self.pending: list[tuple[int, dict[str, float]]] = []  # epochs not yet in MLflow
         self.last_time = time.perf_counter()
+        self.last_checkpoint = self.last_time
 
     @property
     def epochs_done(self) -> int:
@@ -277,17 +304,37 @@ class _EpochReporter:
         return int(self.history[-1][0]) if self.history else 0
 
     def __call__(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> None:
+        epoch = int(epoch)
         values = self._epoch_values(metrics)
-        self.history.append([int(epoch), values])
+        self.history.append([epoch, values])
         self.state = state
-        self._checkpoint_and_report(int(epoch), values, state)
         if self.logged_through is None or epoch > self.logged_through:
-            self.run.log_metrics(values, step=int(epoch))
-            self.logged_through = int(epoch)
+            self.pending.append((epoch, values))
+        if self._checkpoint_due(epoch):
+            self._report(epoch, values, state)
+            self.flush()
+        else:
+            self._report(epoch, values, None)
         if self.coordinator is not None and \
                 self.coordinator.report_and_wait(self.epochs_done, values) == "stop":
             raise StopTraining()
         self.last_time = time.perf_counter()
+
+    def _checkpoint_due(self, epoch: int) -> bool:
+        return (self.interval_s <= 0 or epoch >= self.last_epoch
+                or time.perf_counter() - self.last_checkpoint >= self.interval_s)
+
+    def flush(self) -> None:
+        """Log the pending epochs in one request (they are all checkpointed or final)."""
+        if self.pending:
+            self.run.log_epochs(self.pending)
+            self.logged_through = self.pending[-1][0]
+            self.pending = []
+
+    def take_pending(self) -> list[tuple[int, dict[str, float]]]:
+        """The pending epochs, handed to the run's final request (and no longer pending)."""
+        pending, self.pending = self.pending, []
+        return pending
 
     def _epoch_values(self, metrics: Mapping[str, Any]) -> dict[str, float]:
         """The epoch's numeric metrics, with the epoch marker (its wall time) when missing."""
@@ -297,18 +344,21 @@ class _EpochReporter:
         values.setdefault(EPOCH_MARKER_METRIC, now - self.last_time)
         return values
 
-    def _checkpoint_and_report(self, epoch: int, values: dict[str, float], state: Any) -> None:
+    def _report(self, epoch: int, values: dict[str, float], state: Any) -> None:
+        """The epoch's Tune report; with a checkpoint of `state` unless it is None."""
         import ray.tune
 
+        report = {**values, **_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
+                  "cell_status": "running"}
+        if state is None:
+            ray.tune.report(report)
+            return
         meta = {"run_id": self.run.run_id, "cell_id": self.cell["cell_id"],
                 "study": self.context.study_name, "epoch": epoch, "history": self.history}
         with tempfile.TemporaryDirectory(prefix="studies-ckpt-") as folder:
             save_checkpoint(Path(folder), state, meta)
-            ray.tune.report(
-                {**values, **_ids(self.cell), "epoch": epoch, "epochs_done": self.epochs_done,
-                 "cell_status": "running"},
-                checkpoint=ray.tune.Checkpoint.from_directory(folder),
-            )
+            ray.tune.report(report, checkpoint=ray.tune.Checkpoint.from_directory(folder))
+        self.last_checkpoint = time.perf_counter()
 
 
 def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: _EpochReporter) -> Mapping:

@@ -5,8 +5,9 @@ The trainable is `studies.trial.run_cell`, and the cells travel once through the
 store (`tune.with_parameters`); Tune's `param_space` holds only an opaque `cell_id` per
 trial, handed out by `CellQueueSearcher` in the order given (see `studies.cell_queue`).
 `reuse_actors=True`, `max_concurrent_trials` = the trials that fit at once,
-`FailureConfig(max_failures)` and one kept checkpoint per trial (written every epoch by
-`run_cell`), so a trial whose worker dies restarts from its last epoch.
+`FailureConfig(max_failures)` and one kept checkpoint per trial (written by `run_cell` at
+most every `checkpoint_interval_s` and after the last epoch), so a trial whose worker dies
+restarts from its last checkpoint.
 
 This module imports `ray.tune` when it is imported: the runner imports it only once Ray has
 started, so that a dry run or `studies --help` never loads Ray.
@@ -14,6 +15,7 @@ started, so that a dry run or `studies --help` never loads Ray.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -50,35 +52,93 @@ class CellQueueSearcher(Searcher):
         self.queue = CellQueue.from_json(Path(checkpoint_path).read_text())
 
 
+class ProposalSearcher(Searcher):
+    """Tune's searcher over configs proposed one at a time (an optuna block's
+    `studies.optuna_rounds.OptunaProposals`): when a slot is free it starts the next seed of
+    the latest config, or asks for a new config; when a trial ends, the source learns it.
+
+    `admit(cells)` turns a proposal's cells into the payloads of those to run (the cells the
+    ledger has finished are reported ended by `admit` itself). A payload travels in its
+    trial's config (``{"cell_id", "cell"}``): the cells are not known when Tune starts.
+    """
+
+    def __init__(self, proposals, admit: Callable[[list], list[dict]]):
+        super().__init__(metric=None, mode=None)
+        self.proposals = proposals
+        self.admit = admit
+        self.queue: list[dict] = []
+        self.cells: dict[str, str] = {}  # trial_id -> cell_id
+        self.runs: dict[str, str] = {}  # trial_id -> the MLflow run its reports named
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True
+
+    def suggest(self, trial_id: str):
+        while not self.queue:
+            cells = self.proposals.propose()
+            if cells is None:
+                return self.FINISHED
+            self.queue.extend(self.admit(cells))
+        payload = self.queue.pop(0)
+        self.cells[trial_id] = payload["cell_id"]
+        return {"cell_id": payload["cell_id"], "cell": payload}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if result.get("run_id"):
+            self.runs[trial_id] = str(result["run_id"])
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        run_id = (result or {}).get("run_id") or self.runs.pop(trial_id, None)
+        cell_id = self.cells.pop(trial_id, None)
+        if cell_id is not None:
+            self.proposals.cell_ended(cell_id, run_id)
+
+    def save(self, checkpoint_path: str) -> None:
+        # `studies resume` restarts from MLflow and the Optuna storage, not from Tune's state
+        Path(checkpoint_path).write_text(json.dumps({"queue": self.queue, "cells": self.cells}))
+
+    def restore(self, checkpoint_path: str) -> None:
+        state = json.loads(Path(checkpoint_path).read_text())
+        self.queue, self.cells = state["queue"], state["cells"]
+
+
 class ProgressCallback(ProgressReporter, tune.Callback):
     """Tune's driver callback that keeps a `StudyProgress` and prints it (the hooks are
     `ProgressReporter`'s)."""
 
 
 def cell_payload(cell, resume_from: str | None = None, run_name: str | None = None,
-                 log_model: bool = False) -> dict:
+                 log_model: bool = False, checkpoint_interval_s: float = 0.0) -> dict:
     """A cell as a plain dict (what travels to the workers), with the checkpoint folder an
     earlier session left for it, if any, and the name of its MLflow run."""
     return {
         "cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
         "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
         "resume_from": resume_from, "run_name": run_name, "log_model": log_model,
+        "checkpoint_interval_s": float(checkpoint_interval_s),
     }
 
 
 def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage: str,
                    context: TrackingContext, fit_fn: Callable | None,
                    early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
-                   concurrency: int, max_failures: int, callbacks: Sequence) -> None:
-    """Run one trial per cell of `cells` (cell_id -> payload, in the order to start them)
-    in the Tune experiment `name` under `storage`, at most `concurrency` at a time."""
+                   concurrency: int, max_failures: int, callbacks: Sequence,
+                   searcher: Searcher | None = None, max_trials: int | None = None) -> None:
+    """Run one trial per cell in the Tune experiment `name` under `storage`, at most
+    `concurrency` at a time: the cells of `cells` (cell_id -> payload, in the order to start
+    them), or those `searcher` hands out (at most `max_trials`) with their payloads in their
+    trial configs."""
     trainable = tune.with_parameters(run_cell, cells=dict(cells), context=context,
                                      fit_fn=fit_fn, early_stopping=early_stopping)
+    if searcher is None:
+        searcher = CellQueueSearcher(list(cells))
+    if max_trials is None:
+        max_trials = len(cells)
     tuner = tune.Tuner(
         tune.with_resources(trainable, dict(resources)),
         tune_config=tune.TuneConfig(
-            search_alg=CellQueueSearcher(list(cells)),
-            num_samples=len(cells),
+            search_alg=searcher,
+            num_samples=max(1, int(max_trials)),
             max_concurrent_trials=concurrency,
             reuse_actors=True,
             trial_name_creator=lambda trial: str(trial.config["cell_id"]),

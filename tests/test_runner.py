@@ -297,8 +297,12 @@ def killing_fit(config, seed, on_epoch=None, checkpoint=None, *, marker: str, re
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("interval_s", [0, 3600])
 def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_server,
-                                                             tmp_path):
+                                                             tmp_path, interval_s):
+    """With a checkpoint every epoch (interval 0) the retry resumes after epoch 1; with one
+    checkpoint an hour, the cell had none yet, and neither had MLflow any epoch: the retry
+    trains from scratch and every epoch is logged exactly once either way."""
     import torch
     from mlflow import MlflowClient
 
@@ -306,7 +310,9 @@ def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_s
     from studies.space import expand
     from studies.spec import load_study
 
-    path = write_study(tmp_path, "runner-kill", lrs=[0.1], seeds=[3], epochs=4)
+    name = f"runner-kill-{interval_s}"  # one study per case on the module's MLflow server
+    path = write_study(tmp_path, name, lrs=[0.1], seeds=[3], epochs=4,
+                       checkpoint_interval_s=interval_s)
     marker, record = tmp_path / "killed", tmp_path / "attempts.jsonl"
     fit_fn = functools.partial(killing_fit, marker=str(marker), record=str(record),
                                kill_after_epoch=1)
@@ -315,19 +321,22 @@ def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_s
     assert outcome.exit_code == 0, stream.getvalue()
     assert marker.exists()
 
-    attempts = {}
+    attempts = {}  # pid -> the last line of its attempt, in the order the attempts ran
     for line in record.read_text().splitlines():
         seen = json.loads(line)
-        attempts[seen["pid"]] = seen  # the last line of each attempt
-    first, second = sorted(attempts.values(), key=lambda s: s["epochs"][0])
+        attempts[seen["pid"]] = seen
+    first, second = attempts.values()
     assert first == {**first, "checkpoint_epoch": None, "epochs": [0, 1]}
-    assert second["checkpoint_epoch"] == 1 and second["epochs"] == [2, 3]
+    if interval_s == 0:
+        assert second["checkpoint_epoch"] == 1 and second["epochs"] == [2, 3]
+    else:
+        assert second["checkpoint_epoch"] is None and second["epochs"] == [0, 1, 2, 3]
     assert "restarting from its last checkpoint" in stream.getvalue()
 
-    (run,) = child_runs(mlflow_server, "runner-kill")
+    (run,) = child_runs(mlflow_server, name)
     client = MlflowClient(mlflow_server)
     assert run.data.tags["studies.status"] == "finished"
-    assert run.data.tags["studies.resumed_from_epoch"] == "1"
+    assert run.data.tags.get("studies.resumed_from_epoch") == ("1" if interval_s == 0 else None)
     history = client.get_metric_history(run.info.run_id, "val/top3")
     assert sorted(m.step for m in history) == [0, 1, 2, 3]  # each epoch exactly once
 
