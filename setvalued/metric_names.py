@@ -114,22 +114,26 @@ def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str
         return f"macro_ applies to the overall coverage only (test/macro_lac90), got {metric!r}"
     if match["suffix"] == "_alpha" and (match["k"] is None or match["group"]):
         return f"_alpha is the level of the size-matched sets only (test/lac_avg5_alpha), got {metric!r}"
-    scores = eval_section.get("conformal_scores") or []
-    mondrians = eval_section.get("conformal_mondrian") or []
+    from setvalued.config import EVAL_FIELDS  # the defaults of the fields a config may leave out
+
+    def field(key: str):
+        return eval_section.get(key, EVAL_FIELDS[key].default)
+
+    scores, mondrians = field("conformal_scores"), field("conformal_mondrian")
     if match["score"] not in scores:
         return f"{metric!r} needs {match['score']!r} in eval.conformal_scores (now {scores})"
     mondrian = match["mondrian"] or "marginal"
     if mondrian not in mondrians:
         return f"{metric!r} needs {mondrian!r} in eval.conformal_mondrian (now {mondrians})"
     if match["k"] is not None:
-        if not eval_section.get("conformal_match_avgk") or int(match["k"]) not in (eval_section.get("avgk") or []):
+        if not field("conformal_match_avgk") or int(match["k"]) not in field("avgk"):
             return (f"{metric!r} needs eval.conformal_match_avgk: true and K={match['k']} in eval.avgk (now "
-                    f"{eval_section.get('conformal_match_avgk')}, {eval_section.get('avgk')})")
+                    f"{field('conformal_match_avgk')}, {field('avgk')})")
         return None
-    levels = [conformal_level_name(a) for a in eval_section.get("conformal_alphas") or []]
+    levels = [conformal_level_name(a) for a in field("conformal_alphas")]
     if match["level"] not in levels:
         return (f"{metric!r} needs the coverage level {match['level']}% in eval.conformal_alphas (now "
-                f"{eval_section.get('conformal_alphas') or []}, levels {levels})")
+                f"{field('conformal_alphas')}, levels {levels})")
     return None
 
 
