@@ -59,4 +59,6 @@ class BCELoss(SetValuedLoss):
     def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(output, TwoHeadOutput):
             raise ValueError("bce expects a (batch, classes) score tensor, got a two-head output")
-        return self.reduce(bce_loss(output.float(), targets))
+        if isinstance(output, torch.Tensor) and output.dtype not in (torch.float32, torch.float64):
+            output = output.float()  # at least float32 (half precision under autocast)
+        return self.reduce(bce_loss(output, targets))
