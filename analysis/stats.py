@@ -49,11 +49,16 @@ DEFAULT_LEVEL = 0.95
 NOTE_SINGLE = "n=1: no interval (a single seed)"
 NOTE_EMPTY = "no value: no finished seed reported this metric"
 
-_FRACTION_METRIC = re.compile(r"^(macro_)?(top|avg)\d+$")
+_FRACTION_METRIC = re.compile(
+    r"^(macro_)?(top|avg)\d+$"
+    # the coverage of conformal sets (lac90, aps_class_avg5) and the multi-label precisions and
+    # recalls (prec5, rec5, rprec): setvalued.metric_names
+    r"|^(macro_)?(lac|aps)(_class|_shot)?(\d+(\.\d+)?|_avg\d+)$|^(macro_)?(prec|rec)\d+$|^rprec$")
 
 
 def is_fraction_metric(metric: str) -> bool:
-    """Accuracies in [0, 1] (`test/top5`, `val/macro_avg3`, `test/few/top1`): shown in percent."""
+    """Accuracies in [0, 1] (`test/top5`, `val/macro_avg3`, `test/few/top1`, `test/lac90`,
+    `val/rprec`): shown in percent."""
     # best_val is the selection metric's best value: always an accuracy (studies.spec
     # accepts only top-K / average-K metrics as eval.selection)
     return metric == "best_val" or bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))

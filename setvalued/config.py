@@ -19,7 +19,7 @@ from setvalued.params import Param
 __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
-    "KNOWN_NUM_CLASSES", "default_config", "effective_config", "reject_unknown_keys",
+    "KNOWN_NUM_CLASSES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
 ]
 
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
@@ -61,6 +61,9 @@ DATA_FIELDS: dict[str, dict[str, Param]] = {
         "form": Param("str", "features", "features (vectors) or images (3x32x32)", options=("features", "images")),
         "feature_dim": Param("int", 32, "length of a feature vector", low=1),
         "split_seed": _SPLIT_SEED,
+        "max_labels": Param("int", 1, "1: one class per example; > 1: multi-label, each example has 1 to "
+                            "max_labels classes (multi-hot targets, for the multi-label losses)", low=1,
+                            implicit=True),
     },
     "cifar100": {
         **_DATA_COMMON,
@@ -135,6 +138,39 @@ EVAL_FIELDS: dict[str, Param] = {
 }
 
 
+# the split-conformal baselines ([Gar23] §2.2.2; setvalued.conformal), evaluated on the test set
+# of the selected checkpoint; declared apart from the fields above, all implicit (a config holds
+# them only when they differ from their defaults, so adding them changed no config_id)
+
+#: conformal non-conformity scores, and the calibration groups (marginal, Mondrian per class or
+#: per shot group)
+CONFORMAL_SCORES = ("lac", "aps")
+CONFORMAL_MONDRIAN = ("marginal", "class", "shot")
+
+EVAL_FIELDS.update({
+    "conformal_alphas": Param("list", [], "miscoverage levels alpha of the conformal sets evaluated on test "
+                              "([] none)", item=Param("float", low=0.0, high=1.0, low_open=True, high_open=True),
+                              implicit=True),
+    "conformal_match_avgk": Param("bool", False, "also calibrate every conformal method to the mean set size "
+                                  "of each eval.avgk K (compared at equal size)", implicit=True),
+    "conformal_scores": Param("list", list(CONFORMAL_SCORES), "the non-conformity scores of the conformal "
+                              "methods", item=Param("str", options=CONFORMAL_SCORES), length=(1, None),
+                              implicit=True),
+    "conformal_mondrian": Param("list", ["marginal", "class"], "calibration groups of the conformal methods "
+                                "(class and shot: Mondrian)", item=Param("str", options=CONFORMAL_MONDRIAN),
+                                length=(1, None), implicit=True),
+    "conformal_calibration_fraction": Param("float", 0.5, "share of the validation set held out (labelled) "
+                                            "to calibrate conformal sets; the rest selects and calibrates "
+                                            "average-K", low=0.0, high=1.0, low_open=True, high_open=True,
+                                            implicit=True),
+})
+
+
+def conformal_enabled(ev: Mapping[str, Any]) -> bool:
+    """Whether an eval section asks for conformal sets (at a level, or matched to average-K)."""
+    return bool(ev.get("conformal_alphas")) or bool(ev.get("conformal_match_avgk"))
+
+
 def _device(value: Any) -> Any:
     if value in ("auto", "cpu", "cuda") or (isinstance(value, str) and value.startswith("cuda:")
                                             and value[5:].isdigit()):
@@ -192,6 +228,15 @@ def _increasing_shot_thresholds(ev: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def _conformal_settings(ev: Mapping[str, Any]) -> Optional[str]:
+    if ev["conformal_match_avgk"] and not ev["avgk"]:
+        return "eval.conformal_match_avgk needs the K values of eval.avgk (now empty) to match their set sizes"
+    for field in ("conformal_alphas", "conformal_scores", "conformal_mondrian"):
+        if len(set(ev[field])) != len(ev[field]):
+            return f"eval.{field} lists a value twice: {ev[field]}"
+    return None
+
+
 #: section -> rules over its checked fields (each returns why the section is wrong, or None)
 SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...]] = {
     "data": (_synthetic_superclasses,),
@@ -199,6 +244,9 @@ SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...
     "optim": (_nesterov_needs_momentum,),
     "eval": (_increasing_shot_thresholds,),
 }
+
+
+SECTION_RULES["eval"] += (_conformal_settings,)
 
 
 def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:

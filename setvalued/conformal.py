@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from setvalued.metric_names import conformal_level_name, conformal_method_name
 from setvalued.metrics import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS, group_macro_accuracy, shot_groups
 
 __all__ = [
@@ -53,6 +54,9 @@ __all__ = [
     "split_calibration",
     "MatchedLevel",
     "match_average_size",
+    "ConformalMethod",
+    "conformal_metrics",
+    "set_metrics",
 ]
 
 #: the non-conformity scores
@@ -436,3 +440,84 @@ def match_average_size(probs_cal: Any, labels_cal: Any, target_size: float, scor
         return MatchedLevel(high, row_high, size_high)
     return MatchedLevel(low, row_low, size_low)
 
+
+
+# --------------------------------------------------------------------------------------------
+# the metrics the trainer logs (setvalued.metric_names, "the conformal baselines")
+# --------------------------------------------------------------------------------------------
+
+#: the ``mondrian`` argument of :func:`calibrate` for each calibration-group name of the config
+_MONDRIAN_OF = {"marginal": False, "class": "class", "shot": "shot"}
+
+
+class ConformalMethod(NamedTuple):
+    """A non-conformity score (``lac``, ``aps``) and its calibration groups (``marginal``,
+    ``class``, ``shot``): ``eval.conformal_scores`` x ``eval.conformal_mondrian``."""
+
+    score: str
+    mondrian: str
+
+    @property
+    def name(self) -> str:
+        return conformal_method_name(self.score, self.mondrian)
+
+
+def _named(prefix: str, stats: dict[str, float]) -> dict[str, float]:
+    """The output of :func:`coverage_and_size` under the metric names of a set family
+    (``lac90``: ``lac90``, ``macro_lac90``, ``lac90_size``, ``few/lac90``, ``few/lac90_size``)."""
+    out = {prefix: stats["coverage"], f"macro_{prefix}": stats["macro_coverage"], f"{prefix}_size": stats["size"]}
+    for group in SHOT_GROUPS:
+        if f"{group}/coverage" in stats:
+            out[f"{group}/{prefix}"] = stats[f"{group}/coverage"]
+            out[f"{group}/{prefix}_size"] = stats[f"{group}/size"]
+    return out
+
+
+def conformal_metrics(probs_cal: Any, labels_cal: Any, probs_test: Any, labels_test: Any,
+                      methods: Sequence[ConformalMethod], alphas: Sequence[float] = (),
+                      matched_sizes: dict[str, float] | None = None, size_probs: Any = None,
+                      class_counts: Any = None,
+                      shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+    """Coverage and set size on the test data of every conformal method, calibrated on the
+    labelled calibration split: at every level ``alpha`` (metric names ``<method><1-alpha in
+    %>``: ``lac90``), and, for every entry ``name -> target`` of ``matched_sizes`` (``"avg5" ->
+    5.0``), at the level whose sets have that mean size on the unlabelled ``size_probs``
+    (:func:`match_average_size`; names ``<method>_<name>``, e.g. ``aps_class_avg5``, and
+    ``<method>_<name>_alpha`` the level found), so that conformal and average-K sets are
+    compared at the same mean size ([Gar23] §2.2.2; docs/papers.md, note C-N4).
+
+    Every family gets its coverage, ``macro_`` coverage, ``_size``, and with ``class_counts``
+    the shot-group coverage and size (:func:`coverage_and_size`). Probabilities as in
+    :func:`calibrate`; no randomisation (APS is the deterministic variant, note C-N2).
+    """
+    probs_cal = _check_probs(probs_cal, "probs_cal")
+    probs_test = _check_probs(probs_test, "probs_test")
+    if probs_test.shape[1] != probs_cal.shape[1]:
+        raise ValueError(f"probs_test has {probs_test.shape[1]} classes, probs_cal has {probs_cal.shape[1]}")
+    out: dict[str, float] = {}
+
+    def evaluate_sets(prefix: str, thresholds: Any, score: str) -> None:
+        sets = prediction_sets(probs_test, thresholds, score)
+        out.update(_named(prefix, coverage_and_size(sets, labels_test, class_counts, shot_thresholds)))
+
+    for method in methods:
+        _check_score(method.score)
+        if method.mondrian not in _MONDRIAN_OF:
+            raise ValueError(f"mondrian must be one of {', '.join(_MONDRIAN_OF)}, got {method.mondrian!r}")
+        mondrian = _MONDRIAN_OF[method.mondrian]
+        for alpha in alphas:
+            thresholds = calibrate(probs_cal, labels_cal, alpha, method.score, mondrian, class_counts, shot_thresholds)
+            evaluate_sets(f"{method.name}{conformal_level_name(alpha)}", thresholds, method.score)
+        for name, target in (matched_sizes or {}).items():
+            level = match_average_size(probs_cal, labels_cal, target, method.score, mondrian, class_counts,
+                                       shot_thresholds, size_probs=size_probs)
+            evaluate_sets(f"{method.name}_{name}", level.thresholds, method.score)
+            out[f"{method.name}_{name}_alpha"] = level.alpha
+    return out
+
+
+def set_metrics(sets: torch.Tensor, labels: Any, prefix: str, class_counts: Any = None,
+                shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+    """The metrics of :func:`conformal_metrics` for any family of sets (bool (n, L)), named by
+    ``prefix``: how the trainer names the average-K sets' shot-group sizes (``few/avg5_size``)."""
+    return _named(prefix, coverage_and_size(sets, labels, class_counts, shot_thresholds))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
-__all__ = ["METRIC_FORMAT", "PER_EPOCH_EXTRA_METRICS", "check_metric", "parse_metric"]
+__all__ = ["METRIC_FORMAT", "PER_EPOCH_EXTRA_METRICS", "check_metric", "parse_metric",
+           "conformal_method_name", "conformal_level_name", "parse_conformal_metric", "check_conformal_metric",
+           "parse_multilabel_metric", "is_multilabel_metric", "check_multilabel_metric"]
 
 _METRIC_RE = re.compile(r"^(?P<split>val|test|train)/(?:(?P<group>few|medium|many)/)?"
                         r"(?P<macro>macro_)?(?P<kind>top|avg)(?P<k>[0-9]+)$")
@@ -38,6 +40,10 @@ def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = (
         return None
     match = parse_metric(metric)
     if not match:
+        if parse_conformal_metric(metric):
+            return check_conformal_metric(metric, eval_section, splits)
+        if parse_multilabel_metric(metric):
+            return check_multilabel_metric(metric, eval_section, splits)
         return f"expected {METRIC_FORMAT}, got {metric!r}"
     if match["split"] not in splits:
         return f"expected a {' or '.join(s + '/' for s in splits)} metric, got {metric!r}"
@@ -51,4 +57,126 @@ def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = (
         return f"{metric!r} needs K={k} in eval.ks (now {eval_section.get('ks')})"
     if match["kind"] == "avg" and k not in eval_section.get("avgk", []):
         return f"{metric!r} needs K={k} in eval.avgk (now {eval_section.get('avgk')})"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# the conformal baselines (setvalued.conformal; eval.conformal_*)
+# --------------------------------------------------------------------------------------------
+#
+# A conformal method is a score and its calibration groups: ``lac``, ``aps`` (marginal),
+# ``lac_class``, ``aps_class`` (Mondrian per class), ``lac_shot``, ``aps_shot`` (per shot group).
+# Its sets are named by the method and the target coverage 1 - alpha in percent (``lac90``:
+# alpha = 0.1), or by the average-K set size they are matched to (``lac_avg5``: calibrated so
+# that the mean set size is that of average-5). Like the average-K sets (``avg5``, ``avg5_size``):
+# ``test/lac90`` is the coverage (the fraction of test labels in their set), ``test/macro_lac90``
+# the per-class coverage averaged over the classes, ``test/lac90_size`` the mean set size,
+# ``test/few/lac90`` the mean per-class coverage of the few-shot classes and ``test/few/lac90_size``
+# the mean set size of the examples whose label is few-shot; ``test/lac_avg5_alpha`` is the level
+# that the size-matched sets guarantee. The average-K sets get ``test/few/avg5_size`` beside them.
+# Test split only: the calibration split is part of the validation set.
+
+_CONFORMAL_RE = re.compile(
+    r"^(?P<split>val|test|train)/(?:(?P<group>few|medium|many)/)?(?P<macro>macro_)?"
+    r"(?P<score>lac|aps)(?:_(?P<mondrian>class|shot))?"
+    r"(?:(?P<level>[0-9]+(?:\.[0-9]+)?)|_avg(?P<k>[0-9]+))(?P<suffix>_size|_alpha)?$")
+
+CONFORMAL_FORMAT = ("a conformal metric such as test/lac90, test/few/aps_class90_size or test/lac_avg5 "
+                    "(test/[few|medium|many/][macro_]<lac|aps>[_class|_shot]<coverage %>|_avg<K>[_size])")
+
+
+def conformal_method_name(score: str, mondrian: str) -> str:
+    """``lac``, ``aps_class``, ``lac_shot``: a score and its calibration groups ("marginal",
+    "class" or "shot")."""
+    return score if mondrian == "marginal" else f"{score}_{mondrian}"
+
+
+def conformal_level_name(alpha: float) -> str:
+    """The target coverage 1 - alpha in percent, as metric names write it: 0.1 -> ``90``,
+    0.025 -> ``97.5`` (rounded at 1e-6 so that 100 * 0.9 is 90)."""
+    return f"{round(100.0 * (1.0 - float(alpha)), 6):g}"
+
+
+def parse_conformal_metric(metric: str) -> Optional[Mapping[str, Optional[str]]]:
+    """The parts of a conformal metric path, or None."""
+    match = _CONFORMAL_RE.match(metric) if isinstance(metric, str) else None
+    return match.groupdict() if match else None
+
+
+def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("test",)) -> Optional[str]:
+    """None when the trainer logs the conformal metric ``metric`` for this eval section, else why not."""
+    match = parse_conformal_metric(metric)
+    if not match:
+        return f"expected {CONFORMAL_FORMAT}, got {metric!r}"
+    if match["split"] != "test" or "test" not in splits:
+        return f"conformal sets are evaluated on the test split only (test/...), got {metric!r}"
+    if match["macro"] and (match["group"] or match["suffix"]):
+        return f"macro_ applies to the overall coverage only (test/macro_lac90), got {metric!r}"
+    if match["suffix"] == "_alpha" and (match["k"] is None or match["group"]):
+        return f"_alpha is the level of the size-matched sets only (test/lac_avg5_alpha), got {metric!r}"
+    from setvalued.config import EVAL_FIELDS  # the defaults of the fields a config may leave out
+
+    def field(key: str):
+        return eval_section.get(key, EVAL_FIELDS[key].default)
+
+    scores, mondrians = field("conformal_scores"), field("conformal_mondrian")
+    if match["score"] not in scores:
+        return f"{metric!r} needs {match['score']!r} in eval.conformal_scores (now {scores})"
+    mondrian = match["mondrian"] or "marginal"
+    if mondrian not in mondrians:
+        return f"{metric!r} needs {mondrian!r} in eval.conformal_mondrian (now {mondrians})"
+    if match["k"] is not None:
+        if not field("conformal_match_avgk") or int(match["k"]) not in field("avgk"):
+            return (f"{metric!r} needs eval.conformal_match_avgk: true and K={match['k']} in eval.avgk (now "
+                    f"{field('conformal_match_avgk')}, {field('avgk')})")
+        return None
+    levels = [conformal_level_name(a) for a in field("conformal_alphas")]
+    if match["level"] not in levels:
+        return (f"{metric!r} needs the coverage level {match['level']}% in eval.conformal_alphas (now "
+                f"{field('conformal_alphas')}, levels {levels})")
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# multi-label data (data.max_labels > 1; setvalued.multilabel_metrics)
+# --------------------------------------------------------------------------------------------
+#
+# ``prec<K>`` and ``rec<K>``: precision and recall of the K highest scores (for every K of
+# eval.ks); ``macro_rec<K>``: the per-class recall at K averaged over the classes, and
+# ``few/rec<K>`` (medium, many) inside a shot group; ``rprec``: the precision of the |Y| highest
+# scores (R-precision, the cardinality known as in [Gar23] §6.2.7).
+
+_MULTILABEL_RE = re.compile(r"^(?P<split>val|test)/(?:(?:(?P<group>few|medium|many)/)?(?P<macro>macro_)?"
+                            r"(?P<kind>prec|rec)(?P<k>[0-9]+)|(?P<rprec>rprec))$")
+
+MULTILABEL_FORMAT = ("a multi-label metric such as val/prec5, val/rec5, val/macro_rec5, test/few/rec5 or "
+                     "val/rprec")
+
+
+def parse_multilabel_metric(metric: str) -> Optional[Mapping[str, Optional[str]]]:
+    """The parts of a multi-label metric path, or None."""
+    match = _MULTILABEL_RE.match(metric) if isinstance(metric, str) else None
+    return match.groupdict() if match else None
+
+
+def is_multilabel_metric(metric: str) -> bool:
+    return parse_multilabel_metric(metric) is not None
+
+
+def check_multilabel_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> Optional[str]:
+    """None when ``metric`` is a multi-label metric the trainer reports for this eval section
+    (whether the data are multi-label is checked with the whole config), else why not."""
+    match = parse_multilabel_metric(metric)
+    if not match:
+        return f"expected {MULTILABEL_FORMAT}, got {metric!r}"
+    if match["split"] not in splits:
+        return f"expected a {' or '.join(s + '/' for s in splits)} metric, got {metric!r}"
+    if match["rprec"]:
+        return None
+    if match["kind"] == "prec" and (match["group"] or match["macro"]):
+        return f"precision at K is not split by class; write {match['split']}/prec{match['k']}, not {metric!r}"
+    if match["group"] and match["macro"]:
+        return f"shot-group recalls are already macro averages: write {match['split']}/{match['group']}/rec{match['k']}"
+    if int(match["k"]) not in eval_section.get("ks", []):
+        return f"{metric!r} needs K={match['k']} in eval.ks (now {eval_section.get('ks')})"
     return None

@@ -49,6 +49,7 @@ __all__ = [
     "calibrate_avgk_thresholds",
     "avgk_hits",
     "avgk_set_sizes",
+    "avgk_sets",
     "avgk_accuracy",
     "avgk_set_size",
     "per_class_avgk",
@@ -295,6 +296,13 @@ def avgk_set_sizes(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """Int64 (n,): per-input set sizes ``|{j : s_j >= lambda}|`` (for the Fig. 5.4 histograms)."""
     scores = _check_scores(scores)
     return _at_least(scores, _check_threshold(threshold)).sum(dim=1)
+
+
+def avgk_sets(scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Bool (n, L): the average-K sets ``{j : s_j >= lambda}`` themselves (for comparisons with
+    other set-valued predictors, ``setvalued.conformal``)."""
+    scores = _check_scores(scores)
+    return _at_least(scores, _check_threshold(threshold))
 
 
 def avgk_accuracy(scores: torch.Tensor, targets: torch.Tensor, threshold: float) -> float:

@@ -83,8 +83,10 @@ class Param:
     item: Optional["Param"] = None
     length: Optional[tuple[int, Optional[int]]] = None
     rule: Optional[Callable[[Any], Any]] = field(default=None, compare=False)
-    #: a setting that changes how, not what, is computed (``exact``): a config holds it only
-    #: when it differs from the default, so that adding it changed no existing config_id
+    #: a setting that changes how, not what, is computed (``exact``), or a field added after
+    #: studies were run whose default keeps the earlier behaviour (the conformal baselines, the
+    #: multi-label data): a config holds it only when it differs from the default, so that
+    #: adding it changed no existing config_id
     implicit: bool = False
 
     @property

@@ -51,15 +51,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from setvalued.config import (EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, default_config,
-                              reject_unknown_keys)
+from setvalued.config import (EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, conformal_enabled,
+                              default_config, reject_unknown_keys)
+from setvalued.conformal import ConformalMethod, conformal_metrics, set_metrics, split_calibration
+from setvalued.label_kinds import label_kind_problems
 from setvalued.metric_names import parse_metric
 from setvalued.params import ParameterError
 from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
 from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
-from setvalued.metrics import (activate, avgk_set_sizes, calibrate_avgk_thresholds, evaluate, label_rank,
-                               per_class_avgk, per_class_topk, shot_groups)
+from setvalued.metrics import (activate, avgk_set_size, avgk_set_sizes, avgk_sets, calibrate_avgk_thresholds, evaluate,
+                               label_rank, per_class_avgk, per_class_topk, shot_groups)
+from setvalued.multilabel_metrics import multilabel_evaluate, per_class_recall
 from setvalued.models import build_model
 
 __all__ = ["fit", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]
@@ -75,7 +78,7 @@ DEFAULT_CONFIG: dict[str, Any] = default_config()
 RESUME_FREE_KEYS = ("data.num_workers", "device", "epochs")
 
 # Stream tags, so that (seed, epoch) draws for different purposes are independent.
-_MODEL_STREAM, _EPOCH_STREAM, _ORDER_STREAM, _WORKER_STREAM = 11, 12, 13, 14
+_MODEL_STREAM, _EPOCH_STREAM, _ORDER_STREAM, _WORKER_STREAM, _CONFORMAL_STREAM = 11, 12, 13, 14, 15
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -140,6 +143,8 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
         if k not in e["ks" if parts["kind"] == "top" else "avgk"]:
             raise ValueError(f"config eval.selection is {e['selection']!r} but {key} ({list(e[key[5:]])}) does not "
                              f"contain {parts['k']}")
+    for path, reason in label_kind_problems(cfg):
+        raise ValueError(f"config {'.'.join(path)}: {reason}")
     head = cfg["model"].get("head", "auto")
     if head != "auto" and head not in HEADS:
         raise ValueError(f"config model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
@@ -400,6 +405,10 @@ class _Trial:
         self.model = build_model(cfg["model"], self.data.num_classes, self.data.input_shape, head)
         self.model.to(self.device)
         self.loss.to(self.device)
+        #: multi-hot targets (multi-label synthetic data): the multi-label metrics, no top-K
+        self.multi_label = self.data.train.targets.dim() == 2
+        #: (calibration, validation) indices of the validation set when conformal sets are asked for
+        self.conformal_split = self._conformal_split() if conformal_enabled(cfg["eval"]) else None
 
         o = cfg["optim"]
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad],
@@ -418,6 +427,17 @@ class _Trial:
         self.history: list[dict[str, float]] = []
         self.best: dict[str, Any] | None = None
         self.start_epoch = 0
+
+    def _conformal_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The labelled calibration part of the validation set (its labels serve the conformal
+        calibration only) and the rest (checkpoint selection, average-K thresholds), drawn from
+        the trial seed."""
+        fraction = self.cfg["eval"]["conformal_calibration_fraction"]
+        try:
+            return split_calibration(len(self.data.val), fraction, mix_seed(self.seed, _CONFORMAL_STREAM))
+        except ValueError as err:
+            raise ValueError(f"config eval.conformal_calibration_fraction={fraction!r}: {err} "
+                             f"({len(self.data.val)} validation examples)") from None
 
     # -- forward passes ------------------------------------------------------------------------
     def _autocast(self):
@@ -448,6 +468,8 @@ class _Trial:
         ranking raw scores avoids ties from saturated sigmoids)."""
         e = self.cfg["eval"]
         counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
+        if self.multi_label:
+            return multilabel_evaluate(scores, targets, e["ks"], counts, shots)
         out = evaluate(scores, targets, e["ks"], counts, None, shots)
         if thresholds:
             out.update(evaluate(activate(scores, e["avgk_activation"]), targets, [], counts, thresholds, shots))
@@ -460,7 +482,7 @@ class _Trial:
         batches = self._epoch_batches(epoch)
         self.model.train()
         self.loss.train()
-        ks = [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
+        ks = [] if self.multi_label else [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
         running = _RunningTrainMetrics(epoch, ks, self.device)
         start = time.perf_counter()
         for batch in batches:
@@ -514,12 +536,14 @@ class _Trial:
 
     def validate(self) -> tuple[dict[str, float], dict[float, float]]:
         start = time.perf_counter()
-        scores = self.predict(self.data.val)
+        scores, targets = self.predict(self.data.val), self.data.val.targets
+        if self.conformal_split is not None:  # the calibration part's labels are for conformal only
+            scores, targets = scores[self.conformal_split[1]], targets[self.conformal_split[1]]
         e = self.cfg["eval"]
         thresholds = {}
         if e["avgk"]:
             thresholds = calibrate_avgk_thresholds(activate(scores, e["avgk_activation"]), list(e["avgk"]))
-        metrics = {f"val/{k}": v for k, v in self.metrics_of(scores, self.data.val.targets, thresholds).items()}
+        metrics = {f"val/{k}": v for k, v in self.metrics_of(scores, targets, thresholds).items()}
         for k, t in thresholds.items():
             metrics[f"val/avg{_fmt_k(k)}_threshold"] = float(t)
         metrics["eval_time_s"] = time.perf_counter() - start
@@ -588,12 +612,14 @@ class _Trial:
         targets = self.data.test.targets
         thresholds = self.best["thresholds"]
         test = self.metrics_of(scores, targets, thresholds)
+        if self.conformal_split is not None:
+            test.update(self.conformal_test(scores, targets, thresholds))
         L = self.data.num_classes
         per_class: dict[str, list] = {
             "class": list(range(L)),
             "name": list(self.data.class_names),
             "train_count": [int(c) for c in self.data.class_counts],
-            "test_count": torch.bincount(targets, minlength=L).tolist(),
+            "test_count": (targets.sum(dim=0) if self.multi_label else torch.bincount(targets, minlength=L)).tolist(),
         }
         groups = shot_groups(self.data.class_counts, tuple(self.cfg["eval"]["shot_thresholds"]))
         per_class["shot"] = [next(g for g, mask in groups.items() if bool(mask[c])) for c in range(L)]
@@ -602,7 +628,9 @@ class _Trial:
             return [float(h) / float(c) if c > 0 else float("nan") for h, c in zip(hits.tolist(), counts.tolist())]
 
         for k in self.cfg["eval"]["ks"]:
-            if k <= L:
+            if k <= L and self.multi_label:
+                per_class[f"rec{k}"] = rates(*per_class_recall(scores, targets, k))
+            elif k <= L:
                 per_class[f"top{k}"] = rates(*per_class_topk(scores, targets, k, L))
         set_sizes: dict[str, list] = {"avgk": [], "shot": [], "size": [], "count": []}
         if thresholds:
@@ -625,6 +653,35 @@ class _Trial:
             "model": self.model,
             "input_example": torch.stack([self.data.test[i][0] for i in range(min(2, len(self.data.test)))]),
         }
+
+    def conformal_test(self, scores: torch.Tensor, targets: torch.Tensor,
+                       thresholds: Mapping[float, float]) -> dict[str, float]:
+        """The conformal baselines on the test set of the selected checkpoint ([Gar23] §2.2.2;
+        ``setvalued.conformal.conformal_metrics``): calibrated on the labelled calibration part of
+        the validation set, at every level of ``eval.conformal_alphas`` and, with
+        ``eval.conformal_match_avgk``, at the mean set size that each average-K threshold gives on the
+        rest of the validation set (the data it was calibrated on, without labels), beside the
+        shot-group set sizes of the average-K sets (``few/avg5_size``). Conformal scores are on
+        softmax probabilities (the thesis's ``1 - p_y``); average-K sets on ``eval.avgk_activation``."""
+        e = self.cfg["eval"]
+        counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
+        calibration, rest = self.conformal_split
+        val_scores, val_targets = self.predict(self.data.val), self.data.val.targets
+        val_probs = activate(val_scores, "softmax")
+        out: dict[str, float] = {}
+        matched: dict[str, float] = {}
+        if e["conformal_match_avgk"]:
+            avgk_val, avgk_test = (activate(s, e["avgk_activation"]) for s in (val_scores[rest], scores))
+            for k, threshold in thresholds.items():
+                name = f"avg{_fmt_k(k)}"
+                matched[name] = avgk_set_size(avgk_val, threshold)
+                sizes = set_metrics(avgk_sets(avgk_test, threshold), targets, name, counts, shots)
+                out.update({key: value for key, value in sizes.items() if key.count("/") == 1 and key.endswith("_size")})
+        methods = [ConformalMethod(score, mondrian) for score in e["conformal_scores"] for mondrian in e["conformal_mondrian"]]
+        out.update(conformal_metrics(val_probs[calibration], val_targets[calibration], activate(scores, "softmax"), targets,
+                                     methods, e["conformal_alphas"], matched, size_probs=val_probs[rest],
+                                     class_counts=counts, shot_thresholds=shots))
+        return out
 
 
 def _improves(value: float, best: float | None, maximize: bool) -> bool:

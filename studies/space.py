@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
 
+from setvalued.label_kinds import max_labels
 from setvalued.paths import get_path, set_path
 from studies.config_ids import canonical_json, config_id  # noqa: F401  (part of this module's API)
 from studies.configs import build_config, format_value
@@ -157,7 +158,8 @@ _SMOKE_BATCH = 16
 def smoke_config(config: dict, keep: Iterable[str] = ()) -> dict:
     """The config on a tiny synthetic set, MLP, one epoch, CPU: a run of seconds.
 
-    The loss, the metrics (eval) and the optimiser settings stay; the synthetic set has
+    The loss, the metrics (eval), the optimiser settings and the kind of labels (multi-label data
+    stay multi-label) stay; the synthetic set has
     enough classes for the largest K of ``loss.k``, ``eval.ks`` and ``eval.avgk`` plus 2.
     ``keep``: dotted paths to keep from ``config`` (the swept values, so that the design's
     configs stay distinct) when they make sense on the synthetic data; the others are
@@ -172,6 +174,9 @@ def smoke_config(config: dict, keep: Iterable[str] = ()) -> dict:
                      "train_size": 24 * num_classes, "val_size": 8 * num_classes,
                      "test_size": 8 * num_classes, "form": "features", "feature_dim": 8,
                      "num_workers": 0}
+    labels = max_labels(config.get("data") or {})
+    if labels > 1:  # multi-label data stay multi-label (setvalued.label_kinds)
+        smoke["data"]["max_labels"] = min(labels, num_classes)
     head = config.get("model", {}).get("head", "auto")
     smoke["model"] = {"name": "mlp", "pretrained": False, "head": head, "hidden_dim": 16}
     smoke.setdefault("optim", {})["batch_size"] = _SMOKE_BATCH

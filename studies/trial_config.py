@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model, field_vali
 
 from setvalued.config import (BUILTIN_MODELS, DATA_FIELDS, EVAL_FIELDS, KNOWN_NUM_CLASSES, MODEL_FIELDS,
                               OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS)
+from setvalued.label_kinds import label_kind_problems
 from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
 from setvalued.metric_names import check_metric
 from setvalued.params import REQUIRED, Param, ParameterError
@@ -261,9 +262,24 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
     reason = check_metric(ev["selection"], ev)
     if reason:
         problems.append(Problem(("eval", "selection"), reason))
+    if not problems:
+        problems.extend(Problem(path, message) for path, message in label_kind_problems(config))
     if problems:
         return None, problems
-    return config, []
+    return _without_implicit_defaults(config), []
+
+
+def _without_implicit_defaults(config: dict) -> dict:
+    """The config without the section fields declared ``implicit`` that hold their default
+    (``Param.implicit``: a config holds them only when they differ, so adding such a field
+    changed no config_id); the trainer fills them in again."""
+    sections = {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS,
+                "data": DATA_FIELDS.get(config["data"].get("name"), {})}
+    for section, fields in sections.items():
+        for key, param in fields.items():
+            if param.implicit and key in config[section] and config[section][key] == param.default:
+                del config[section][key]
+    return config
 
 
 def _unknown_field_hint(problem: Problem, model: type[BaseModel], context: str = "") -> Problem:

@@ -85,7 +85,21 @@ EXPECTED_CELLS = {
     "avgk_optuna_search_cifar100": 1 * 1,
     # Tables 4.2/4.3 one at a time: centre + epsilon 2 + M 2 + batch size 2, 1 seed
     "topk_sensitivity_cifar100": (1 + 2 + 2 + 2) * 1,
+    # the thesis's arguments without a published table ([Gar23] §2.2.2, §6.2.7):
+    # conformal vs average-K on synthetic data: CE + the two-head loss, 3 seeds
+    "conformal_vs_avgk": 2 * 3,
+    # the same on Pl@ntNet-300K with the Table 5.2 recipe: CE + the two-head loss, 3 seeds
+    "conformal_vs_avgk_plantnet300k": 2 * 3,
+    # sparse-top vs BCE on multi-label synthetic data, 3 seeds
+    "sparse_top_multilabel": 2 * 3,
 }
+
+# Files on synthetic data, run on a CPU (no data folder, no GPU), and files without published
+# numbers (the thesis states their argument without an experiment).
+SYNTHETIC = {"quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+NO_PUBLISHED_NUMBERS = {"quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+# the conformal methods and levels each conformal study evaluates (eval.conformal_*)
+CONFORMAL_STUDIES = {"conformal_vs_avgk": {"ks": [2, 5]}, "conformal_vs_avgk_plantnet300k": {"ks": [2, 3, 5, 10]}}
 
 # The design kind(s) and early stopping each variant file must show (the catalogue shows every
 # design kind on a real experiment).
@@ -163,6 +177,7 @@ EXPECTED_RECIPE = {
                                         "loss.scale": 60.0, "eval.selection": "val/macro_top5"},
     "avgk_optuna_search_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
     "topk_sensitivity_cifar100": {**CIFAR_CH4, "epochs": 300, "eval.selection": "val/top5", "loss.k": 5},
+    "conformal_vs_avgk_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18", "eval.selection": "val/avg5"},
 }
 
 # The CIFAR-100 300-epoch schedule of each paper's authors: 0-indexed epochs at whose start the
@@ -381,7 +396,7 @@ def test_smooth_svm_runs_with_the_official_hard_switch(path):
         assert loss.get("hard_switch", False) is (not is_ce), (cell.variant, cell.swept, loss)
 
 
-@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem not in SYNTHETIC], ids=_id)
 def test_real_data_paths_are_relative_placeholders(path):
     _, cells = loaded(path)
     for cell in cells:
@@ -392,13 +407,13 @@ def test_real_data_paths_are_relative_placeholders(path):
         assert cell.config["device"] == "cuda"
 
 
-@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem not in SYNTHETIC], ids=_id)
 def test_resources_ask_for_a_gpu(path):
     study, _ = loaded(path)
     assert 0 < study.resources.gpus <= 1
 
 
-@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem not in NO_PUBLISHED_NUMBERS], ids=_id)
 def test_reference_rows_match_one_config_and_a_logged_metric(path):
     study, cells = loaded(path)
     assert study.reference is not None and study.reference.rows, "every paper experiment has reference numbers"
@@ -590,6 +605,49 @@ def test_quickstart_runs_and_reports_every_config_on_three_seeds(tmp_path):
     assert (out / "report" / "figures" / "learning_val_top5.png").exists()
     # and the run ends with the command that opens the MLflow UI
     assert "mlflow ui" in (result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMAL_STUDIES))
+def test_conformal_studies_compare_every_method_at_the_average_k_sizes(name):
+    """[Gar23] §2.2.2: LAC and APS, marginal and Mondrian (per class and per shot group),
+    calibrated to each average-K set size and at two levels, on every config; the report
+    tables show overall and few-shot coverage of average-K beside the size-matched sets, and
+    every metric they name is one the trainer logs."""
+    from setvalued.config import EVAL_FIELDS
+    from setvalued.metric_names import check_conformal_metric
+
+    study, cells = loaded(CATALOG / f"{name}.yaml")
+    for cell in cells:
+        # a config leaves out the implicit fields that hold their defaults
+        ev = {**{key: p.default for key, p in EVAL_FIELDS.items()}, **cell.config["eval"]}
+        assert ev["avgk"] == CONFORMAL_STUDIES[name]["ks"] and ev["conformal_match_avgk"] is True
+        assert ev["conformal_scores"] == ["lac", "aps"]
+        assert ev["conformal_mondrian"] == ["marginal", "class", "shot"]
+        assert len(ev["conformal_alphas"]) >= 1
+    metrics = [m for t in study.report.tables for m in t.metrics]
+    for metric in metrics:
+        base = re.sub(r"_size$", "", metric)
+        if re.match(r"test/(few/|medium/|many/)?(macro_)?avg\d+$", base):
+            continue  # average-K (and its group sizes, logged beside the conformal sets)
+        assert check_conformal_metric(metric, cells[0].config["eval"], ("test",)) is None, metric
+    for prefix in ("test/", "test/few/"):
+        assert f"{prefix}avg5" in metrics and f"{prefix}lac_avg5" in metrics and f"{prefix}aps_avg5" in metrics
+        assert f"{prefix}lac_class_avg5" in metrics
+
+
+def test_multilabel_study_compares_sparse_top_with_bce_on_multi_label_data():
+    """[Gar23] §6.2: the sparse-top loss against BCE (eq. 6.3) on multi-hot targets, the same
+    data and recipe for both, selected on a multi-label metric."""
+    from setvalued.label_kinds import is_multi_label
+
+    study, cells = loaded(CATALOG / "sparse_top_multilabel.yaml")
+    assert {c.config["loss"]["name"] for c in cells} == {"sparse_top", "bce"}
+    assert all(is_multi_label(c.config["data"]) for c in cells)
+    rest = [{**c.config, "loss": None} for c in cells]
+    assert all(r == rest[0] for r in rest)
+    assert cells[0].config["eval"]["selection"] == "val/rprec"
+    metrics = [m for t in study.report.tables for m in t.metrics]
+    assert {"test/prec1", "test/rprec", "test/few/rec5"} <= set(metrics)
 
 
 def test_margin_ablation_pairs_differ_only_in_the_margin():

@@ -9,7 +9,8 @@ losses with per-example state (ROLE's label estimates) need. Every split also ex
   train, val and test splits, since margins and shot groups are defined by the training
   counts: [Gar23] eq. 4.13 and the captions of Tables 4.5, 4.6, 5.2; docs/papers.md,
   note P-6);
-- ``targets``: the labels of this split, as a 1-D int64 tensor;
+- ``targets``: the labels of this split, as a 1-D int64 tensor of class indices, or for
+  multi-label data (synthetic, ``data.max_labels > 1``) an int64 (n, L) multi-hot matrix;
 - ``class_names``: one name per class.
 """
 
@@ -65,18 +66,21 @@ class IndexedDataset(Dataset):
     split: str
 
     def __len__(self) -> int:
-        return int(self.targets.numel())
+        return int(self.targets.shape[0])
 
     def load(self, index: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __getitem__(self, index: int) -> tuple[Any, int, int]:
         index = int(index)
-        return self.load(index), int(self.targets[index]), index
+        label = self.targets[index]
+        return self.load(index), (int(label) if label.dim() == 0 else label), index
 
     @property
     def split_counts(self) -> list[int]:
-        """Number of examples of each class in this split."""
+        """Number of examples of each class in this split (carrying it, for multi-label data)."""
+        if self.targets.dim() == 2:
+            return self.targets.sum(dim=0).tolist()
         return counts_of(self.targets, self.num_classes)
 
 

@@ -16,6 +16,15 @@ ambiguity; §3.2: Pl@ntNet-300K's long tail and ambiguity within a genus):
   members, with t near 1 it is clear. So top-1 stays well below top-K for K at least the
   group size, and average-K (adaptive set sizes) has something to gain over top-K.
 
+**Multi-label** (``max_labels > 1``): every example has a primary class (drawn with the
+long-tailed frequencies above, so every class is some example's primary class in every split)
+and ``m - 1`` more, ``m ~ U{1, ..., max_labels}``, drawn without replacement with the same
+frequencies; its input is the sum of its classes' points, ``x = sum_{c in Y} (mu_g(c) + t_c
+delta_c) + sigma * noise`` with one clarity ``t_c ~ U(0, 1)`` per label, and its target the
+multi-hot vector of Y. ``class_counts`` are then the training examples carrying each class. The
+thesis proposes sparse-top for such sparse multi-label targets ([Gar23] §6.2.1) without a data
+set; this one keeps the long tail and the within-group ambiguity of the single-label data.
+
 ``form: features`` yields vectors of ``feature_dim`` values; ``form: images`` maps the same
 vectors linearly to smooth 3x32x32 patterns (fixed random low-frequency bases) plus
 pixel noise, for the CNNs.
@@ -84,6 +93,7 @@ def _check(cfg: dict[str, Any]) -> dict[str, Any]:
         "form": cfg.get("form", "features"),
         "feature_dim": int(cfg.get("feature_dim", 32)),
         "split_seed": int(cfg.get("split_seed", 1234)),
+        "max_labels": int(cfg.get("max_labels") or 1),
     }
     if values["num_classes"] < 2:
         raise ValueError(f"data.num_classes must be >= 2, got {values['num_classes']}")
@@ -92,6 +102,9 @@ def _check(cfg: dict[str, Any]) -> dict[str, Any]:
                          f"{values['num_classes']}], got {values['num_superclasses']}")
     if values["form"] not in FORMS:
         raise ValueError(f"data.form must be one of {FORMS}, got {values['form']!r}")
+    if not 1 <= values["max_labels"] <= values["num_classes"]:
+        raise ValueError(f"data.max_labels must be in [1, data.num_classes={values['num_classes']}], "
+                         f"got {values['max_labels']}")
     if values["feature_dim"] < 1:
         raise ValueError(f"data.feature_dim must be >= 1, got {values['feature_dim']}")
     return values
@@ -129,6 +142,31 @@ class SyntheticGenerator:
             x = (x @ self.bases + pixels).view(-1, 3, 32, 32)
         return x, torch.from_numpy(labels), clarity
 
+    def sample_multilabel(self, counts: np.ndarray, max_labels: int, weights: np.ndarray,
+                          rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, int64 multi-hot targets (n, L)): ``counts[c]`` examples whose primary class is
+        c, each with 1 to ``max_labels`` classes (module docstring)."""
+        primary = rng.permutation(np.repeat(np.arange(self.num_classes), counts))
+        n = len(primary)
+        sizes = rng.integers(1, max_labels + 1, n)
+        # the other labels without replacement, proportional to the weights: the first m - 1 of
+        # the Gumbel-perturbed log-weights in decreasing order (successive sampling)
+        keys = np.log(weights)[None, :] + rng.gumbel(size=(n, self.num_classes))
+        keys[np.arange(n), primary] = -np.inf
+        ranked = np.argsort(-keys, axis=1, kind="stable")[:, :max_labels - 1]
+        targets = np.zeros((n, self.num_classes), dtype=np.int64)
+        targets[np.arange(n), primary] = 1
+        for extra in range(max_labels - 1):
+            chosen = sizes > extra + 1
+            targets[np.nonzero(chosen)[0], ranked[chosen, extra]] = 1
+        clarity = rng.random((n, self.num_classes)) * targets
+        points = targets @ self.centres[self.superclass_of] + clarity @ self.offsets
+        x = torch.from_numpy(points + rng.normal(0.0, NOISE, (n, self.feature_dim))).float()
+        if self.form == "images":
+            pixels = torch.from_numpy(rng.normal(0.0, PIXEL_NOISE, (n, 3 * 32 * 32))).float()
+            x = (x @ self.bases + pixels).view(-1, 3, 32, 32)
+        return x, torch.from_numpy(targets)
+
 
 def build(cfg: dict[str, Any], seed: int = 0) -> DataSplits:
     """The synthetic splits of a ``data`` config; ``seed`` (the trial seed) is not used."""
@@ -144,13 +182,21 @@ def build(cfg: dict[str, Any], seed: int = 0) -> DataSplits:
         "val": allocate(v["val_size"], weights, 1, "val_size"),
         "test": allocate(v["test_size"], weights, 1, "test_size"),
     }
-    class_counts = counts["train"].tolist()
     names = [f"class{c:03d}_group{gen.superclass_of[c]:02d}" for c in range(L)]
-    splits = []
+    drawn = []
     for i, split in enumerate(("train", "val", "test")):
-        x, y, clarity = gen.sample(counts[split], np.random.default_rng(mix_seed(base_seed, 2 + i)))
+        rng_split = np.random.default_rng(mix_seed(base_seed, 2 + i))
+        if v["max_labels"] > 1:
+            drawn.append(gen.sample_multilabel(counts[split], v["max_labels"], weights, rng_split) + (None,))
+        else:
+            drawn.append(gen.sample(counts[split], rng_split))
+    # training examples per class (carrying it, for multi-label data)
+    class_counts = drawn[0][1].sum(dim=0).tolist() if v["max_labels"] > 1 else counts["train"].tolist()
+    splits = []
+    for split, (x, y, clarity) in zip(("train", "val", "test"), drawn):
         ds = TensorSplit(x, y, num_classes=L, class_counts=class_counts, class_names=names, split=split)
-        ds.clarity = torch.from_numpy(clarity).float()
+        if clarity is not None:
+            ds.clarity = torch.from_numpy(clarity).float()
         splits.append(ds)
     shape = (v["feature_dim"],) if v["form"] == "features" else (3, 32, 32)
     info = {"superclass_of": gen.superclass_of.tolist(), "generation_seed": v["split_seed"]}

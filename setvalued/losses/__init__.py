@@ -25,7 +25,7 @@ _LAZY = {
 }
 #: the modules whose import registers the losses
 _LOSS_MODULES = ("setvalued.losses.topk", "setvalued.losses.smooth_svm", "setvalued.losses.avgk",
-                 "setvalued.losses.sparse_top")
+                 "setvalued.losses.sparse_top", "setvalued.losses.bce")
 
 __all__ = ["CONTEXT_KEYS", "LOSS_PARAMETERS", *_LAZY]
 

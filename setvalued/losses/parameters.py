@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from setvalued.params import Param
 
-__all__ = ["LOSS_PARAMETERS", "CONTEXT_KEYS"]
+__all__ = ["LOSS_PARAMETERS", "CONTEXT_KEYS", "MULTI_LABEL_LOSSES"]
 
 #: keys the trainer passes to every loss; a loss that does not use them ignores them
 CONTEXT_KEYS = ("class_counts", "num_classes", "num_examples")
@@ -80,4 +80,9 @@ LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
                                low=0.0, low_open=True),
     },
     "sparse_top": {},
+    "bce": {},
 }
+
+#: the losses that take multi-hot (B, L) targets, for multi-label data (``setvalued.label_kinds``);
+#: they take class indices too
+MULTI_LABEL_LOSSES = ("sparse_top", "bce")
