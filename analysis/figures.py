@@ -409,6 +409,15 @@ def _per_class(results: StudyResults, figures_dir: Path, figures: Figures) -> No
     if not specs:
         return
     shown, which = results.showcase(plots.CLASS_PANELS)
+    reference = results.study.reference
+    matched = {r["config_id"] for r in results.rows if reference is not None
+               and any(row_matches(ref, r) for ref in reference.rows)}
+    published = [c for c in results.config_order(results.rows) if c in matched]
+    if published:  # the configs of published numbers (Table 3.1's ResNet-50) come first
+        total = len({r["config_id"] for r in results.rows})
+        shown = list(dict.fromkeys(published + shown))[:plots.CLASS_PANELS]
+        which = (f"Shown: {len(shown)} of {total} configs, those with published numbers first, "
+                 f"then the best of each variant." if len(shown) < total else "")
     runs = {r["run_id"]: r["config_id"] for r in results.rows if r["config_id"] in set(shown)}
     try:
         table = collect_per_class(results.collected.tracking_uri, list(runs), PER_CLASS_ARTIFACT)
