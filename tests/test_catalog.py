@@ -687,3 +687,17 @@ def test_plantnet300k_smooth_svm_pairs_each_network_with_cross_entropy():
         assert set(pair) == {"ce", "smooth_topk_svm"}, network
         assert (pair["smooth_topk_svm"]["loss"]["k"], pair["smooth_topk_svm"]["loss"]["tau"]) == (5, 1.0)
         assert {**pair["ce"], "loss": None} == {**pair["smooth_topk_svm"], "loss": None}
+
+
+def test_readme_maps_every_catalogue_file_and_the_chapter_3_figures():
+    """studies/catalog/README.md lists every file, and its map of the seeds' tables and figures
+    names the file of each chapter 3 result (or why there is none)."""
+    text = (CATALOG / "README.md").read_text(encoding="utf-8")
+    for path in catalog_files():
+        assert f"`{path.name}`" in text, f"{path.name} is not in the catalogue README"
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith("| ") and line.count("|") >= 4}
+    for figure in ("Table 3.1", "Fig. 3.5", "Fig. 3.6", "Fig. 3.8 (a), (b)"):
+        assert "plantnet300k_baselines.yaml" in rows[figure], figure
+    assert "plantnet300k_smooth_svm.yaml" in rows["Fig. 3.9"]
+    assert "none:" in rows["Fig. 3.7"]
