@@ -579,6 +579,16 @@ def test_smoke_run(path, tmp_path):
         assert "learning_" + re.sub(r"[^A-Za-z0-9]+", "_", metric) + ".png" in figures, figures
     if any(c.config["eval"]["avgk"] for c in cells):
         assert any(f.startswith("set_sizes_avg") for f in figures), figures
+    if path.stem.startswith("plantnet300k_"):
+        # the chapter 3 files: a report (a failing report is not an error of `studies run`),
+        # with the reference columns where there are published numbers, and the figures asked
+        report_md = (out / "report" / "report.md").read_text(encoding="utf-8")
+        assert "Figure failed" not in report_md
+        assert ("(paper)" in report_md) == (study.reference is not None)
+        for base in study.report.count_bins or []:
+            assert f"count_bins_{base}.png" in figures, figures
+        for base in study.report.per_class or []:
+            assert f"per_class_{base}.png" in figures, figures
     print(f"smoke {path.stem}: {len(expected)} cells in {SMOKE_TIMES[path.stem]:.1f} s")
 
 
