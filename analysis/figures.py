@@ -3,7 +3,9 @@
 In the order of the report: sensitivity curves (`report.curves`, default: the main test
 metric against each swept number), heat maps of the main test metric over two swept
 parameters (default: every variant that sweeps two numbers on a grid), learning curves,
-epoch time against K, average-K set-size histograms, shot-group bars.
+epoch time against K, average-K set-size histograms, shot-group bars, accuracy per bin of
+training images (thesis Table 3.1, `report.count_bins`) and per-class accuracy against the
+class's training images (`report.per_class`, read from the runs' per-class artifact).
 
 A study of thousands of configs gets the same figures at the same sizes as one of ten:
 curves with many lines become small multiples by variant (`plots.plot_series`), and the
@@ -30,12 +32,16 @@ from typing import Callable, Sequence
 
 from analysis import plots
 from analysis.collect import MEAN_PREFIX, PARAM_PREFIX, collect_histories, collect_per_class
-from analysis.layout import SET_SIZES_ARTIFACT
+from analysis.layout import PER_CLASS_ARTIFACT, SET_SIZES_ARTIFACT
+from analysis.published import row_matches
 from analysis.report_schema import ReportCurve, ReportSetSizes
 from analysis.results import StudyResults, swept_of
-from analysis.stats import epoch_curves, set_size_fractions
+from analysis.stats import epoch_curves, per_class_means, set_size_fractions
 
 _AVGK_METRIC = re.compile(r"^test/avg(?P<k>[0-9]+(?:\.[0-9]+)?)$")
+#: a test metric of a bin of classes by training images (`setvalued.metric_names` grammar)
+_COUNT_BIN_METRIC = re.compile(r"^test/count_(?P<low>[0-9]+)_(?P<high>[0-9]+|inf)/"
+                               r"(?P<base>(?:top|avg)[0-9]+)$")
 #: Configs of a learning-curve figure: bands of more than this many lines are a tangle.
 LEARNING_LINES = 6
 MAX_ERROR_CHARS = 300
@@ -103,7 +109,9 @@ def build_figures(results: StudyResults, figures_dir: Path) -> Figures:
     figures = Figures()
     sections = [("sensitivity curves", _curves), ("heat maps", _heatmaps),
                 ("learning curves", _learning_curves), ("epoch time vs K", _epoch_time),
-                ("set-size histograms", _set_sizes), ("shot-group bars", _shot_groups)]
+                ("set-size histograms", _set_sizes), ("shot-group bars", _shot_groups),
+                ("accuracy by number of training images", _count_bins),
+                ("per-class accuracy", _per_class)]
     for what, section in sections:
         figures.section(what, functools.partial(section, results, figures_dir, figures))
     return figures
@@ -320,3 +328,117 @@ def _shot_groups(results: StudyResults, figures_dir: Path, figures: Figures) -> 
                     functools.partial(plots.shot_group_bars, summary, base,
                                       figures_dir / f"shot_groups_{slug(base)}",
                                       split=split, order=shown))
+
+
+def _logged_bins(results: StudyResults) -> dict[str, dict[tuple[int, float], str]]:
+    """{base metric: {(low, high): test metric}} of the bins of training images logged."""
+    out: dict[str, dict[tuple[int, float], str]] = {}
+    for metric in results.metric_names:
+        match = _COUNT_BIN_METRIC.match(metric)
+        if match:
+            high = float("inf") if match["high"] == "inf" else float(match["high"])
+            out.setdefault(match["base"], {})[(int(match["low"]), high)] = metric
+    return out
+
+
+def _bin_label(low: int, high: float) -> str:
+    """`0–10`, `10–50`, `> 2000`: the bins as thesis Table 3.1 prints them."""
+    return f"> {low}" if high == float("inf") else f"{low}\u2013{high:g}"
+
+
+def _published_by_config(results: StudyResults, summary: list[dict], metrics: list[str]
+                         ) -> dict[str, dict[str, float]]:
+    """{config_id: {metric: published percent}} from the study's `reference` rows."""
+    reference = results.study.reference
+    out: dict[str, dict[str, float]] = {}
+    firsts: dict[str, dict] = {}
+    for r in summary:
+        firsts.setdefault(r["config_id"], r)
+    for config_id, row in firsts.items():
+        for ref in reference.rows if reference is not None else []:
+            if row_matches(ref, row):
+                for metric in metrics:
+                    if metric in ref.metrics:
+                        out.setdefault(config_id, {}).setdefault(metric, float(ref.metrics[metric]))
+    return out
+
+
+def _count_bins(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
+    """Thesis Table 3.1 as a figure: the mean per-class test accuracy of each bin of
+    training images, a line per config (those with published numbers first, then the best
+    of each variant), the published numbers marked."""
+    logged = _logged_bins(results)
+    specs = results.study.report.count_bins
+    if specs is None:
+        primary = results.primary_metric()
+        base = primary.split("/", 1)[1] if primary and primary.count("/") == 1 else None
+        specs = [base] if base in logged else sorted(logged)[:1]
+    for base in specs:
+        bins = logged.get(base)
+        if not bins:
+            figures.skipped.append(f"accuracy by number of training images ({base}): no finished "
+                                   f"cell logged test/count_<low>_<high>/{base} (eval.count_bins)")
+            continue
+        ordered = sorted(bins.items())
+        metrics = [m for _, m in ordered]
+        summary = results.summary(metrics)
+        published = _published_by_config(results, summary, metrics)
+        shown, which = results.showcase(plots.MAX_LINES)
+        with_reference = [c for c in results.config_order(summary) if c in published]
+        order = list(dict.fromkeys(with_reference + shown))[:plots.MAX_LINES]
+        if len(order) < len({r["config_id"] for r in summary}):
+            which = (f"Shown: {len(order)} of {len({r['config_id'] for r in summary})} configs, "
+                     f"those with published numbers first, then the best of each variant.")
+        source = results.study.reference.source if results.study.reference is not None else ""
+        figures.add(f"accuracy by number of training images ({base})",
+                    f"test/{base} by number of training images",
+                    f"Mean over the classes of each bin of training images (low < n ≤ high) of "
+                    f"the per-class test {base}, mean over seeds; error bars: "
+                    f"{_level_text(results)}; crosses: the published numbers.{(' ' + which) if which else ''}",
+                    functools.partial(plots.count_bin_accuracy, summary,
+                                      [(_bin_label(low, high), m) for (low, high), m in ordered],
+                                      figures_dir / f"count_bins_{slug(base)}",
+                                      published=published, source=source, order=order))
+
+
+def _per_class(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
+    """`report.per_class`: per-class test accuracy against the class's number of training
+    images, a panel per config (the best of each variant, at most `plots.CLASS_PANELS`);
+    only the per-class artifacts of those configs' runs are read."""
+    specs = results.study.report.per_class or []
+    if not specs:
+        return
+    shown, which = results.showcase(plots.CLASS_PANELS)
+    reference = results.study.reference
+    matched = {r["config_id"] for r in results.rows if reference is not None
+               and any(row_matches(ref, r) for ref in reference.rows)}
+    published = [c for c in results.config_order(results.rows) if c in matched]
+    if published:  # the configs of published numbers (Table 3.1's ResNet-50) come first
+        total = len({r["config_id"] for r in results.rows})
+        shown = list(dict.fromkeys(published + shown))[:plots.CLASS_PANELS]
+        which = (f"Shown: {len(shown)} of {total} configs, those with published numbers first, "
+                 f"then the best of each variant." if len(shown) < total else "")
+    runs = {r["run_id"]: r["config_id"] for r in results.rows if r["config_id"] in set(shown)}
+    try:
+        table = collect_per_class(results.collected.tracking_uri, list(runs), PER_CLASS_ARTIFACT)
+    except Exception as exc:  # runs without the artifact, or a broken store
+        figures.skipped.append(f"per-class accuracy: cannot read {PER_CLASS_ARTIFACT} "
+                               f"({error_text(exc)})")
+        return
+    labels = {r["config_id"]: plots.config_label(r) for r in results.rows}
+    logged = _logged_bins(results)
+    for base in specs:
+        if base not in table.column_names:
+            figures.skipped.append(f"per-class {base}: the per-class artifacts have no {base} "
+                                   f"column (eval.ks / eval.avgk)")
+            continue
+        means = per_class_means(table, runs, base)
+        panels = [(labels[c], means[c]) for c in shown if c in means]
+        edges = sorted({high for (_, high) in logged.get(base, {}) if high != float("inf")}) or None
+        figures.add(f"per-class {base}", f"Per-class test {base} against training images",
+                    f"One dot per class: its test {base}, mean over seeds, against its number of "
+                    f"training images (log scale); black: the mean over the classes of each bin "
+                    f"({'eval.count_bins' if edges else 'powers of ten'}). A panel per config."
+                    f"{(' ' + which) if which else ''}",
+                    functools.partial(plots.per_class_accuracy, panels, base,
+                                      figures_dir / f"per_class_{slug(base)}", edges=edges))

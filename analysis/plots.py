@@ -1,6 +1,7 @@
 """Figures of a study: sensitivity curves with CI bands, epoch time against K, metric
 against label noise, per-shot-group bars, learning curves (a metric against the epoch),
-average-K set-size histograms, heat maps of a metric over two swept parameters. Each
+average-K set-size histograms, heat maps of a metric over two swept parameters, accuracy
+by number of training images (per bin, and per class). Each
 function writes `<out_base>.png` and `<out_base>.svg` and returns both paths.
 
 No figure grows with the number of configs: every figure has a fixed size in inches (saved
@@ -699,3 +700,176 @@ def _sort_value(value: Any) -> tuple:
 
 def _tick(value: Any) -> str:
     return f"{value:.3g}" if _is_number(value) else short(str(value), 10)
+
+
+# ----------------------------------------------------------------------------- class sizes
+
+#: Panels of the per-class figure (one per config) and points drawn per panel at most.
+CLASS_PANELS = 4
+MAX_CLASS_POINTS = 5000
+
+
+def count_bin_accuracy(
+    summary: pa.Table | Sequence[Mapping[str, Any]],
+    metrics: Sequence[tuple[str, str]],
+    out_base: str | Path,
+    *,
+    published: Mapping[str, Mapping[str, float]] | None = None,
+    source: str = "",
+    order: Sequence[str] | None = None,
+    notes: list[str] | None = None,
+) -> list[Path]:
+    """Mean per-class accuracy per bin of training images (thesis Table 3.1): a line per
+    config with CI error bars, and the published numbers (`published`: config_id -> metric
+    -> percent) as black crosses joined by a dashed line.
+
+    `metrics` are (bin label, metric path) in the bins' order. At most MAX_LINES configs,
+    the first of `order` (the report passes the best config of each variant first)."""
+    rows = _rows(summary)
+    present = [(label, m) for label, m in metrics if any(r["metric"] == m for r in rows)]
+    if not present:
+        raise ValueError(f"no bin metric among {[m for _, m in metrics]} in the summary")
+    firsts: dict[str, Mapping] = {}
+    for r in rows:
+        if r["metric"] in {m for _, m in present}:
+            firsts.setdefault(r["config_id"], r)
+    configs = [c for c in (order or []) if c in firsts] + [c for c in firsts if c not in (order or [])]
+    if len(configs) > MAX_LINES:
+        _note(notes, f"{len(configs) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
+        configs = configs[:MAX_LINES]
+    by_key = {(r["config_id"], r["metric"]): r for r in rows}
+    factor = _scale(present[0][1], None)
+    xs = list(range(len(present)))
+    fig, ax = _new_axes(FIGSIZE)
+    drawn_published = False
+    for ci, config_id in enumerate(configs):
+        means, err_low, err_high, n_values = [], [], [], set()
+        for _, metric in present:
+            row = by_key.get((config_id, metric))
+            if row is None or row["n"] == 0 or row["mean"] is None:
+                means.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
+                continue
+            n_values.add(row["n"])
+            mean = row["mean"] * factor
+            (low,), (high,) = _band([row], metric, factor)
+            means.append(mean)
+            err_low.append(mean - low if math.isfinite(low) else 0.0)
+            err_high.append(high - mean if math.isfinite(high) else 0.0)
+        color = _PALETTE[ci % len(_PALETTE)]
+        n_text = "/".join(str(n) for n in sorted(n_values))
+        label = f"{config_label(firsts[config_id])} (n={n_text} seed{'' if n_values == {1} else 's'})"
+        offset = (ci - (len(configs) - 1) / 2) * 0.06
+        ax.errorbar([x + offset for x in xs], means, yerr=[err_low, err_high], color=color,
+                    marker="o", markersize=4, capsize=3, linewidth=1.4, label=short(label))
+        reference = (published or {}).get(config_id) or {}
+        ref_values = [reference.get(metric, math.nan) for _, metric in present]
+        if any(math.isfinite(v) for v in ref_values):
+            ax.plot(xs, ref_values, color="black", linestyle="--", marker="x", markersize=7,
+                    linewidth=1.0, label=None if drawn_published else short(
+                        f"published{': ' + source if source else ''}", 70))
+            drawn_published = True
+    ax.set_xticks(xs, [label for label, _ in present])
+    ax.set_xlabel("training images of the class")
+    base = present[0][1].rsplit("/", 1)[-1]
+    ax.set_ylabel(f"mean per-class {base} (%)" if factor == 100.0 else f"mean per-class {base}")
+    if factor == 100.0:
+        ax.set_ylim(0.0, 100.0)
+    ax.set_title(f"{present[0][1].split('/', 1)[0]}/{base} by number of training images "
+                 f"(error bars: CI)", fontsize=10)
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+    return save_figure(fig, out_base)
+
+
+def _thin_points(counts: Sequence[float], values: Sequence[float], most: int
+                 ) -> tuple[list[float], list[float]]:
+    """At most `most` points, spread over the classes sorted by training images (every
+    class kept when there are fewer)."""
+    order = sorted(range(len(counts)), key=lambda i: counts[i])
+    if len(order) > most:
+        step = len(order) / most
+        order = [order[int(i * step)] for i in range(most)]
+    return [counts[i] for i in order], [values[i] for i in order]
+
+
+def per_class_accuracy(
+    panels: Sequence[tuple[str, Mapping[str, Any]]],
+    base_metric: str,
+    out_base: str | Path,
+    *,
+    edges: Sequence[float] | None = None,
+    notes: list[str] | None = None,
+) -> list[Path]:
+    """Per-class test accuracy against the class's number of training images (the class
+    sizes of thesis Table 3.1, one dot per class), a panel per config, with the mean
+    per-class accuracy of each bin of training images drawn over the dots.
+
+    `panels`: (label, {"train_count": [...], "mean": [...] (per class, mean over seeds,
+    NaN where the class has no test image), "n": seeds}). The bins are `edges` (the study's
+    `eval.count_bins`) or, without them, powers of ten. At most CLASS_PANELS panels and
+    MAX_CLASS_POINTS dots per panel: the figure's size does not grow with the classes or
+    the configs."""
+    panels = [(label, data) for label, data in panels
+              if any(math.isfinite(v) for v in data["mean"])]
+    if not panels:
+        raise ValueError("no run stored a per-class accuracy for a class with test images")
+    if len(panels) > CLASS_PANELS:
+        _note(notes, f"{len(panels) - CLASS_PANELS} config(s) not drawn (at most "
+                     f"{CLASS_PANELS} panels).")
+        panels = list(panels)[:CLASS_PANELS]
+    factor = _scale(base_metric, None)
+    fig = _new_figure(PANEL_FIGSIZE)
+    ncols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
+    for extra in axes[len(panels):]:
+        extra.set_axis_off()
+    for index, (ax, (label, data)) in enumerate(zip(axes, panels)):
+        pairs = [(float(c), float(v) * factor) for c, v in zip(data["train_count"], data["mean"])
+                 if v is not None and math.isfinite(v)]
+        counts, values = [c for c, _ in pairs], [v for _, v in pairs]
+        shown_counts, shown_values = _thin_points(counts, values, MAX_CLASS_POINTS)
+        if len(shown_counts) < len(counts):
+            _note(notes, f"At most {MAX_CLASS_POINTS} classes drawn per panel, spread over the "
+                         f"class sizes; the bin means use every class.")
+        # a class with 0 training images sits at 0.5 on the log axis
+        ax.scatter([max(c, 0.5) for c in shown_counts], shown_values, s=6, alpha=0.35,
+                   color=_PALETTE[index % len(_PALETTE)], linewidths=0)
+        bounds = _bin_bounds(counts, edges)
+        centres, means = [], []
+        for low, high in bounds:
+            inside = [v for c, v in zip(counts, values)
+                      if (c > low or (low == 0 and c >= 0)) and c <= high]
+            if inside:
+                top = high if math.isfinite(high) else max(counts)
+                centres.append(math.sqrt(max(low, 0.5) * max(top, 0.5)))
+                means.append(sum(inside) / len(inside))
+        ax.plot(centres, means, color="black", marker="s", markersize=4, linewidth=1.4,
+                label="mean per bin")
+        ax.set_xscale("log")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_title(short(f"{label} (n={data['n']} seed{'' if data['n'] == 1 else 's'}, "
+                           f"{len(counts)} classes)", 70), fontsize=8)
+        ax.set_xlabel("training images of the class", fontsize=8)
+        if factor == 100.0:
+            ax.set_ylim(-2.0, 102.0)
+        if index % ncols == 0:
+            ax.set_ylabel(f"test {base_metric} of the class" + (" (%)" if factor == 100.0 else ""),
+                          fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Per-class test {base_metric} against the number of training images "
+                 f"(mean over seeds)", fontsize=10)
+    return save_figure(fig, out_base)
+
+
+def _bin_bounds(counts: Sequence[float], edges: Sequence[float] | None
+                ) -> list[tuple[float, float]]:
+    """(low, high] bins of training images: the given edges, else the powers of ten that
+    cover the counts."""
+    if not edges:
+        top = max(counts) if counts else 1.0
+        edges, e = [], 10.0
+        while e < top:
+            edges.append(e)
+            e *= 10.0
+    bounds = [0.0] + [float(e) for e in edges]
+    return list(zip(bounds, bounds[1:])) + [(bounds[-1], math.inf)]

@@ -24,6 +24,10 @@ report:
                                #   per config (one request per run and metric; none by default)
   set_sizes: {ks: [5], by_shot: avg}  # or true / false; average-K set-size histograms
                                #   (thesis Fig. 5.4); default: every K of test/avg<K>
+  count_bins: [top1]           # mean accuracy per bin of eval.count_bins (thesis Table 3.1),
+                               #   published numbers marked; default: the main metric's, when logged
+  per_class: [top1]            # per-class test accuracy against the class's training images,
+                               #   a panel per config (the best of each variant); none by default
 reference:                     # published numbers (percent), shown beside the reproduced
   source: "Thesis Table 4.4"
   rows:
@@ -38,6 +42,7 @@ average-K is computed, a learning curve's metric is logged per epoch) is checked
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -102,6 +107,16 @@ class Report(_Strict):
     epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
     shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
     compare: Optional[ReportCompare] = None
+    count_bins: Optional[list[str]] = None  # base metrics (top1, avg5) per bin of training images
+    per_class: Optional[list[str]] = None  # base metrics per class against its training images
+
+    @field_validator("count_bins", "per_class")
+    @classmethod
+    def _base_metrics(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        for item in value or []:
+            if not isinstance(item, str) or not re.fullmatch(r"(top|avg)[0-9]+", item):
+                raise ValueError(f"expected metrics such as top1 or avg5 (no split, no group), got {item!r}")
+        return value
 
     @field_validator("epoch_time")
     @classmethod

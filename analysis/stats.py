@@ -736,3 +736,43 @@ def set_size_fractions(
                 fractions[size] = fractions.get(size, 0.0) + count / total / len(runs)
         out[key] = {"n": len(runs), "fractions": dict(sorted(fractions.items()))}
     return out
+
+
+def per_class_means(
+    per_class: pa.Table | Sequence[Mapping[str, Any]],
+    config_of_run: Mapping[str, str],
+    metric: str,
+) -> dict[str, dict]:
+    """Per-class test accuracy of each config, averaged over its seeds.
+
+    `per_class` holds the `per_class_test.parquet` rows of the runs (`run_id`, `class`,
+    `train_count` and a column per metric, such as `top1`; NaN where the class has no test
+    image); `config_of_run` maps the runs to their config. Returns `{config_id:
+    {"train_count": [...], "mean": [...], "n": seeds}}`, classes in increasing order, each
+    mean over the runs that have a finite value for the class (NaN when none has). Runs
+    without the metric's column are left out.
+    """
+    rows = _rows(per_class)
+    sums: dict[str, dict[int, list]] = {}
+    runs_of: dict[str, set] = {}
+    for row in rows:
+        run_id = row.get("run_id")
+        if run_id not in config_of_run or row.get(metric) is None:
+            continue
+        config_id = config_of_run[run_id]
+        runs_of.setdefault(config_id, set()).add(run_id)
+        entry = sums.setdefault(config_id, {}).setdefault(int(row["class"]),
+                                                          [int(row["train_count"]), 0.0, 0])
+        value = float(row[metric])
+        if math.isfinite(value):
+            entry[1] += value
+            entry[2] += 1
+    out = {}
+    for config_id, classes in sorted(sums.items()):
+        ordered = sorted(classes.items())
+        out[config_id] = {
+            "train_count": [count for _, (count, _, _) in ordered],
+            "mean": [total / n if n else math.nan for _, (_, total, n) in ordered],
+            "n": len(runs_of[config_id]),
+        }
+    return out

@@ -133,6 +133,9 @@ EVAL_FIELDS: dict[str, Param] = {
                              options=("softmax", "sigmoid")),
     "shot_thresholds": Param("list", [20, 100], "few < first <= medium <= second < many (training images)",
                              item=Param("int", low=0), length=(2, 2)),
+    "count_bins": Param("list", [], "increasing edges of bins of classes by training images: mean per-class "
+                        "accuracy per bin, count_<low>_<high> metrics (low < n <= high; [Gar23] Table 3.1: "
+                        "[10, 50, 500, 2000])", item=Param("int", low=1), implicit=True),
     "selection": Param("str", "val/top5", "validation metric that picks the checkpoint"),
     "selection_mode": Param("str", "max", "max or min", options=("max", "min")),
 }
@@ -237,12 +240,19 @@ def _conformal_settings(ev: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def _increasing_count_bins(ev: Mapping[str, Any]) -> Optional[str]:
+    edges = ev["count_bins"]
+    if any(a >= b for a, b in zip(edges, edges[1:])):
+        return f"eval.count_bins must be strictly increasing edges such as [10, 50, 500, 2000], got {edges}"
+    return None
+
+
 #: section -> rules over its checked fields (each returns why the section is wrong, or None)
 SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...]] = {
     "data": (_synthetic_superclasses,),
     "model": (_densenet_shape,),
     "optim": (_nesterov_needs_momentum,),
-    "eval": (_increasing_shot_thresholds,),
+    "eval": (_increasing_shot_thresholds, _increasing_count_bins),
 }
 
 

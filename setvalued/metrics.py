@@ -22,6 +22,9 @@ evaluate on the same scale.
 Macro metrics average the per-class accuracy over the classes present in the evaluated split
 (thesis section 3.3.1; docs/papers.md, note P-7); for average-K the threshold stays global.
 Shot groups (Table 5.2 caption): few < 20 <= medium <= 100 < many training images per class.
+Bins of classes by training images ([Gar23] Table 3.1, ``eval.count_bins``): ``low < n <= high``,
+named as in ``setvalued.metric_names.count_bins``; a bin's number is, like a shot group's, the
+mean per-class accuracy over its classes present in the split.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import math
 from typing import Mapping, Sequence
 
 import torch
+
+from setvalued.metric_names import count_bins as count_bin_bounds
 
 #: Default shot-group limits: few < 20 <= medium <= 100 < many training images.
 DEFAULT_SHOT_THRESHOLDS = (20, 100)
@@ -45,6 +50,7 @@ __all__ = [
     "macro_topk_accuracy",
     "shot_groups",
     "group_macro_accuracy",
+    "count_bin_groups",
     "calibrate_avgk_threshold",
     "calibrate_avgk_thresholds",
     "avgk_hits",
@@ -213,6 +219,24 @@ def shot_groups(class_counts: Sequence[int] | torch.Tensor,
     return {"few": counts < low, "medium": (counts >= low) & (counts <= high), "many": counts > high}
 
 
+def count_bin_groups(class_counts: Sequence[int] | torch.Tensor,
+                     edges: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Bool masks over classes, one per bin of ``edges`` (``count_0_10``: n <= 10,
+    ``count_10_50``: 10 < n <= 50, ..., ``count_2000_inf``: n > 2000; [Gar23] Table 3.1)."""
+    counts = torch.as_tensor(class_counts)
+    if counts.dim() != 1:
+        raise ValueError(f"class_counts must be one training count per class, got shape {tuple(counts.shape)}")
+    edges = list(edges)
+    if any(isinstance(e, bool) or int(e) != e or e < 1 for e in edges) or \
+            any(a >= b for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"count_bins must be strictly increasing positive integers, got {edges!r}")
+    groups = {}
+    for name, low, high in count_bin_bounds(edges):
+        above = counts > low if low > 0 else counts >= 0
+        groups[name] = above & (counts <= high) if math.isfinite(high) else above
+    return groups
+
+
 def group_macro_accuracy(hits: torch.Tensor, counts: torch.Tensor,
                          groups: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """Mean per-class accuracy inside each group, over the classes present in the split.
@@ -338,12 +362,14 @@ def macro_avgk_accuracy(scores: torch.Tensor, targets: torch.Tensor, threshold: 
 def evaluate(scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int],
              class_counts: Sequence[int] | torch.Tensor | None,
              avgk_threshold: Mapping[float, float] | None = None,
-             shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+             shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+             count_bins: Sequence[int] = ()) -> dict[str, float]:
     """The flat metric dict of docs/interfaces.md section 3 (no split prefix).
 
     For every K in ``ks``: ``topK``, ``macro_topK``, ``few/topK``, ``medium/topK``,
-    ``many/topK``.  For every K of ``avgk_threshold`` (K -> calibrated threshold, on the same
-    score scale as ``scores``): ``avgK``, ``macro_avgK``, ``avgK_size``, ``few/avgK``, ...
+    ``many/topK`` and, for every bin of the ``count_bins`` edges, ``count_<low>_<high>/topK``.
+    For every K of ``avgk_threshold`` (K -> calibrated threshold, on the same score scale as
+    ``scores``): ``avgK``, ``macro_avgK``, ``avgK_size``, ``few/avgK``, ``count_.../avgK``...
     Groups without a class present in the split are left out; ``class_counts=None`` leaves out
     every group.  K larger than the number of classes is skipped for top-K.
     """
@@ -353,6 +379,7 @@ def evaluate(scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int],
     groups: dict[str, torch.Tensor] = {}
     if class_counts is not None:
         groups = shot_groups(class_counts, shot_thresholds)
+        groups.update(count_bin_groups(class_counts, count_bins))
         if groups["few"].numel() != num_classes:
             raise ValueError(f"class_counts has {groups['few'].numel()} entries, the scores have "
                              f"{num_classes} classes")

@@ -467,12 +467,13 @@ class _Trial:
         thresholds softmax scores, Eq. 5.16, ``eval.avgk_activation`` may choose sigmoid;
         ranking raw scores avoids ties from saturated sigmoids)."""
         e = self.cfg["eval"]
-        counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
+        counts, shots, bins = self.data.class_counts, tuple(e["shot_thresholds"]), tuple(e["count_bins"])
         if self.multi_label:
             return multilabel_evaluate(scores, targets, e["ks"], counts, shots)
-        out = evaluate(scores, targets, e["ks"], counts, None, shots)
+        out = evaluate(scores, targets, e["ks"], counts, None, shots, bins)
         if thresholds:
-            out.update(evaluate(activate(scores, e["avgk_activation"]), targets, [], counts, thresholds, shots))
+            out.update(evaluate(activate(scores, e["avgk_activation"]), targets, [], counts, thresholds, shots,
+                                bins))
         return out
 
     # -- one epoch -------------------------------------------------------------------------------

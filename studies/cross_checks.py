@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from setvalued.metric_names import PER_EPOCH_EXTRA_METRICS, check_metric
+from setvalued.metric_names import PER_EPOCH_EXTRA_METRICS, check_metric, count_bins
 from setvalued.paths import deep_merge
 from studies.expressions import Expression, ExpressionError, parse_expression
 from studies.problems import Path_, Problem, Problems
@@ -115,6 +115,23 @@ def check_study(study: Study) -> None:
             if float(k) not in computed:
                 problems.append(Problem(("report", "set_sizes", "ks", i), f"average-{k:g} sets are not computed: "
                                         f"expected a K of eval.avgk ({sorted(computed) or 'empty'})"))
+    for key in ("count_bins", "per_class"):
+        for i, base in enumerate(getattr(study.report, key) or []):
+            # computed by some variant: the test metric itself, and for count_bins one of its bins
+            reasons = []
+            for config in configs.values():
+                bins = [name for name, _, _ in count_bins(config["eval"]["count_bins"])]
+                metric = f"test/{bins[0]}/{base}" if key == "count_bins" and bins else f"test/{base}"
+                reason = check_metric(metric, config["eval"], ("test",))
+                if key == "count_bins" and not bins:
+                    reason = "eval.count_bins is empty"
+                if reason is None:
+                    break
+                reasons.append(reason)
+            else:
+                problems.append(Problem(("report", key, i), f"no variant computes {base} "
+                                        f"{'per bin of training images' if key == 'count_bins' else 'per class'}: "
+                                        f"{reasons[0]}"))
     for i, metric in enumerate(study.report.learning_curves or []):
         if metric in PER_EPOCH_EXTRA_METRICS:
             continue

@@ -77,6 +77,11 @@ EXPECTED_CELLS = {
     "avgk_hparam_search_plantnet300k": (10 + 5 + 6) * 4 * 1,
     # S2 Table 7: 3 architectures x 5 losses x 3 seeds
     "avgk_plantnet300k_architectures": 3 * 5 * 3,
+    # thesis ch. 3, Figs. 3.5, 3.6, 3.8 and Table 3.1: CE on the 24 timm networks of Table 3.3
+    # (27 less alexnet, squeezenet, shufflenet), 3 seeds
+    "plantnet300k_baselines": 24 * 3,
+    # thesis Fig. 3.9: CE and the smooth top-5 hinge x 5 networks, 3 seeds
+    "plantnet300k_smooth_svm": 2 * 5 * 3,
     # variants of the published protocols that show the other design kinds (not paper tables):
     # Section 4.6.5 as a random search: 6 sampled configs + the selected one, 1 seed
     "topk_random_search_plantnet300k": (6 + 1) * 1,
@@ -141,6 +146,9 @@ CIFAR_CH5 = {**CIFAR_CH4, "data.stratified_split": True, "epochs": 300,
              "eval.avgk": [5], "eval.avgk_activation": "softmax"}
 PLANTNET_CH5 = {"data.name": "plantnet300k", "epochs": 30, "optim.lr": 0.002, "optim.milestones": [25],
                 "optim.batch_size": 32, "optim.weight_decay": 1e-4, "eval.avgk_activation": "softmax"}
+PLANTNET_CH3 = {"data.name": "plantnet300k", "optim.batch_size": 32, "optim.weight_decay": 1e-4,
+                "optim.momentum": 0.9, "optim.nesterov": True, "optim.gamma": 0.1,
+                "eval.selection": "val/top1"}
 EXPECTED_RECIPE = {
     "topk_epsilon": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1,
                      "eval.selection": "val/top5", "loss.k": 5, "loss.n_samples": 10},
@@ -173,6 +181,9 @@ EXPECTED_RECIPE = {
     "avgk_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
     "avgk_hparam_search_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
     "avgk_plantnet300k_architectures": {**PLANTNET_CH5, "eval.selection": "val/avg5"},
+    "plantnet300k_baselines": {**PLANTNET_CH3, "loss.name": "ce", "eval.count_bins": [10, 50, 500, 2000],
+                               "eval.avgk": [5]},
+    "plantnet300k_smooth_svm": {**PLANTNET_CH3, "loss.k": 5, "loss.tau": 1.0},
     "topk_random_search_plantnet300k": {**PLANTNET_CH4, "loss.k": 5, "loss.n_samples": 5,
                                         "loss.scale": 60.0, "eval.selection": "val/macro_top5"},
     "avgk_optuna_search_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
@@ -413,7 +424,21 @@ def test_resources_ask_for_a_gpu(path):
     assert 0 < study.resources.gpus <= 1
 
 
-@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem not in NO_PUBLISHED_NUMBERS], ids=_id)
+# Experiments whose paper prints no number (figures only): no reference block, and the header
+# says so.
+FIGURE_ONLY = {"plantnet300k_smooth_svm"}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURE_ONLY))
+def test_figure_only_files_say_so_and_have_no_reference(name):
+    study, _ = loaded(CATALOG / f"{name}.yaml")
+    assert study.reference is None
+    header = CATALOG.joinpath(f"{name}.yaml").read_text(encoding="utf-8").split("\nname:", 1)[0]
+    assert "Figure only" in header and "no number" in header
+
+
+@pytest.mark.parametrize("path", [p for p in catalog_files()
+                                  if p.stem not in NO_PUBLISHED_NUMBERS and p.stem not in FIGURE_ONLY], ids=_id)
 def test_reference_rows_match_one_config_and_a_logged_metric(path):
     study, cells = loaded(path)
     assert study.reference is not None and study.reference.rows, "every paper experiment has reference numbers"
@@ -463,6 +488,9 @@ def test_reference_numbers_spot_checks():
     assert ref("avgk_plantnet300k", "avg", {"loss.k": 10}, "test/few/avg10") == (75.75, None)
     assert ref("avgk_plantnet300k", "ce", {"eval.selection": "val/avg5"}, "test/avg5_size") == (5.04, 0.03)
     assert ref("avgk_plantnet300k_architectures", "avg", {"model.name": "densenet169"}, "test/avg5") == (97.49, None)
+    # thesis Table 3.1 (fractions in the thesis: 0.09 ... 0.93)
+    assert [ref("plantnet300k_baselines", "resnet50", {}, f"test/count_{b}/top1")[0]
+            for b in ("0_10", "10_50", "50_500", "500_2000", "2000_inf")] == [9, 35, 59, 79, 93]
 
 
 def test_quickstart_is_a_small_cpu_study():
@@ -566,6 +594,16 @@ def test_smoke_run(path, tmp_path):
         assert "learning_" + re.sub(r"[^A-Za-z0-9]+", "_", metric) + ".png" in figures, figures
     if any(c.config["eval"]["avgk"] for c in cells):
         assert any(f.startswith("set_sizes_avg") for f in figures), figures
+    if path.stem.startswith("plantnet300k_"):
+        # the chapter 3 files: a report (a failing report is not an error of `studies run`),
+        # with the reference columns where there are published numbers, and the figures asked
+        report_md = (out / "report" / "report.md").read_text(encoding="utf-8")
+        assert "Figure failed" not in report_md
+        assert ("(paper)" in report_md) == (study.reference is not None)
+        for base in study.report.count_bins or []:
+            assert f"count_bins_{base}.png" in figures, figures
+        for base in study.report.per_class or []:
+            assert f"per_class_{base}.png" in figures, figures
     print(f"smoke {path.stem}: {len(expected)} cells in {SMOKE_TIMES[path.stem]:.1f} s")
 
 
@@ -666,3 +704,68 @@ def test_margin_ablation_pairs_differ_only_in_the_margin():
             assert config["eval"]["selection"] == selection
         without_margin = [{**c, "loss": {**c["loss"], "alpha": None, "hard_switch": None}} for c in pair]
         assert without_margin[0] == without_margin[1]
+
+
+# [Gar23] Table 3.3 (the Pl@ntNet-300K baselines of ch. 3), copied here: (lr, epochs, decay
+# epochs) of each row and its networks, by the timm names of the paper's torchvision and timm
+# networks; alexnet, squeezenet and shufflenet have no timm architecture and are not run.
+TABLE_3_3 = [
+    ((0.01, 30, [20, 25]), ["mobilenetv2_100", "mobilenetv3_large_100", "resnet18", "resnet34", "resnet50",
+                            "resnet101", "resnet152", "densenet121", "densenet161", "densenet169",
+                            "densenet201", "inception_v3", "inception_v4", "inception_resnet_v2",
+                            "wide_resnet50_2", "wide_resnet101_2"]),
+    ((0.001, 30, [20, 25]), ["vgg11", "mobilenetv3_small_100"]),
+    ((0.01, 20, [10, 15]), ["efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
+                            "efficientnet_b4"]),
+    ((5e-4, 20, [15]), ["vit_base_patch16_224"]),
+]
+RECIPE_OF_NETWORK = {name: recipe for recipe, names in TABLE_3_3 for name in names}
+
+
+@pytest.mark.parametrize("name, networks", [
+    ("plantnet300k_baselines", set(RECIPE_OF_NETWORK)),
+    ("plantnet300k_smooth_svm", {"resnet18", "resnet50", "densenet121", "mobilenetv2_100", "efficientnet_b0"}),
+])
+def test_plantnet300k_chapter_3_networks_train_with_their_table_3_3_recipe(name, networks):
+    """Every network of the ch. 3 studies runs with its row of [Gar23] Table 3.3 and its own
+    weights file; the baselines run every timm network of the table, each once per seed."""
+    _, cells = loaded(CATALOG / f"{name}.yaml")
+    seen = set()
+    for cell in cells:
+        config = cell.config
+        model = config["model"]["name"]
+        seen.add(model)
+        lr, epochs, milestones = RECIPE_OF_NETWORK[model]
+        assert math.isclose(config["optim"]["lr"], lr, rel_tol=1e-12), (cell.variant, model)
+        assert config["epochs"] == epochs and config["optim"]["milestones"] == milestones, (cell.variant, model)
+        assert config["model"]["pretrained"] == f"weights/{model}.pth"
+    assert seen == networks
+    import timm
+
+    assert all(timm.is_model(n) for n in seen)
+
+
+def test_plantnet300k_smooth_svm_pairs_each_network_with_cross_entropy():
+    """Fig. 3.9: per network, the smooth top-5 hinge (tau = 1) and CE differ only in the loss."""
+    _, cells = loaded(CATALOG / "plantnet300k_smooth_svm.yaml")
+    by_network: dict[str, dict[str, dict]] = {}
+    for cell in cells:
+        by_network.setdefault(cell.config["model"]["name"], {})[cell.config["loss"]["name"]] = cell.config
+    for network, pair in by_network.items():
+        assert set(pair) == {"ce", "smooth_topk_svm"}, network
+        assert (pair["smooth_topk_svm"]["loss"]["k"], pair["smooth_topk_svm"]["loss"]["tau"]) == (5, 1.0)
+        assert {**pair["ce"], "loss": None} == {**pair["smooth_topk_svm"], "loss": None}
+
+
+def test_readme_maps_every_catalogue_file_and_the_chapter_3_figures():
+    """studies/catalog/README.md lists every file, and its map of the seeds' tables and figures
+    names the file of each chapter 3 result (or why there is none)."""
+    text = (CATALOG / "README.md").read_text(encoding="utf-8")
+    for path in catalog_files():
+        assert f"`{path.name}`" in text, f"{path.name} is not in the catalogue README"
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith("| ") and line.count("|") >= 4}
+    for figure in ("Table 3.1", "Fig. 3.5", "Fig. 3.6", "Fig. 3.8 (a), (b)"):
+        assert "plantnet300k_baselines.yaml" in rows[figure], figure
+    assert "plantnet300k_smooth_svm.yaml" in rows["Fig. 3.9"]
+    assert "none:" in rows["Fig. 3.7"]

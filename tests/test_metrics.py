@@ -288,3 +288,81 @@ def test_bad_inputs_name_the_argument():
         M.evaluate(scores, torch.tensor([0, 1, 2, 3]), [1], [1, 2, 3])
     with pytest.raises(ValueError, match="num_classes"):
         M.per_class_topk(scores, torch.tensor([0, 1, 2, 3]), 1, num_classes=7)
+
+
+# ----------------------------------------------------------------------------------------------
+# bins of classes by training images ([Gar23] Table 3.1)
+# ----------------------------------------------------------------------------------------------
+
+def bf_bin_accuracy(rows, ys, class_counts, low, high, hit):
+    """Mean over the classes with low < n <= high training images (n = 0 in a bin from 0) that
+    occur in the split of their examples' hit rate, written as plain loops."""
+    rates = []
+    for c, n in enumerate(class_counts):
+        inside = (n >= 0 if low == 0 else n > low) and (high is None or n <= high)
+        examples = [i for i, y in enumerate(ys) if y == c]
+        if inside and examples:
+            rates.append(sum(hit(rows[i], ys[i]) for i in examples) / len(examples))
+    return sum(rates) / len(rates) if rates else None
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_count_bin_metrics_match_brute_force(tied):
+    val, _ = random_split(21, tied=tied)
+    scores, targets = random_split(22, tied=tied)
+    rows, ys = scores.tolist(), targets.tolist()
+    thresholds = M.calibrate_avgk_thresholds(val, [3])
+    # edges on the counts themselves (20, 100, 120) test that a bin includes its upper edge
+    edges = [10, 20, 100, 120, 400]
+    got = M.evaluate(scores, targets, [1, 3], CLASS_COUNTS, avgk_threshold=thresholds,
+                     count_bins=edges)
+    bins = [("count_0_10", 0, 10), ("count_10_20", 10, 20), ("count_20_100", 20, 100),
+            ("count_100_120", 100, 120), ("count_120_400", 120, 400), ("count_400_inf", 400, None)]
+    checked = 0
+    for name, low, high in bins:
+        for k in (1, 3):
+            expected = bf_bin_accuracy(rows, ys, CLASS_COUNTS, low, high,
+                                       lambda r, y: bf_topk_hit(r, y, k))
+            assert got.get(f"{name}/top{k}") == (pytest.approx(expected) if expected is not None
+                                                  else None), (name, k)
+            checked += expected is not None
+        expected = bf_bin_accuracy(rows, ys, CLASS_COUNTS, low, high,
+                                   lambda r, y: r[y] >= thresholds[3])
+        assert got.get(f"{name}/avg3") == (pytest.approx(expected) if expected is not None else None)
+    # every bin but count_20_100 holds a class present in the split; its only class (5, with
+    # 100 images) never occurs, so the bin has no key
+    assert checked == 2 * (len(bins) - 1)
+    assert not any(key.startswith("count_20_100/") for key in got)
+    # the shot groups and the micro/macro metrics are unchanged by the bins
+    plain = M.evaluate(scores, targets, [1, 3], CLASS_COUNTS, avgk_threshold=thresholds)
+    assert {k: v for k, v in got.items() if not k.startswith("count_")} == plain
+
+
+def test_count_bins_partition_the_classes_and_name_the_table_3_1_bins():
+    from setvalued.metric_names import count_bins
+
+    counts = [3, 10, 11, 50, 51, 500, 501, 2000, 2001, 40000]
+    groups = M.count_bin_groups(counts, [10, 50, 500, 2000])
+    assert list(groups) == ["count_0_10", "count_10_50", "count_50_500", "count_500_2000",
+                            "count_2000_inf"]
+    members = {name: [n for n, inside in zip(counts, mask.tolist()) if inside]
+               for name, mask in groups.items()}
+    assert members == {"count_0_10": [3, 10], "count_10_50": [11, 50], "count_50_500": [51, 500],
+                       "count_500_2000": [501, 2000], "count_2000_inf": [2001, 40000]}
+    assert M.count_bin_groups(counts, []) == {} and count_bins([]) == []
+    assert M.count_bin_groups([0, 1, 2], [1])["count_0_1"].tolist() == [True, True, False]
+    for bad in ([50, 10], [10, 10], [0, 5]):
+        with pytest.raises(ValueError, match="count_bins"):
+            M.count_bin_groups(counts, bad)
+
+
+def test_count_bin_metric_names_are_checked_against_the_eval_section():
+    from setvalued.metric_names import check_metric
+
+    ev = {"ks": [1, 5], "avgk": [5], "count_bins": [10, 50, 500, 2000]}
+    for name in ("test/count_0_10/top1", "test/count_2000_inf/top5", "val/count_10_50/avg5"):
+        assert check_metric(name, ev, ("val", "test")) is None, name
+    reason = check_metric("test/count_10_40/top1", ev, ("test",))
+    assert "count_10_40" in reason and "count_10_50" in reason
+    assert "eval.count_bins" in check_metric("test/count_0_10/top1", {"ks": [1]}, ("test",))
+    assert "already macro" in check_metric("test/count_0_10/macro_top1", ev, ("test",))
