@@ -120,7 +120,7 @@ def check_study(study: Study) -> None:
             # computed by some variant: the test metric itself, and for count_bins one of its bins
             reasons = []
             for config in configs.values():
-                bins = [name for name, _, _ in count_bins(config["eval"]["count_bins"])]
+                bins = [name for name, _, _ in count_bins(config["eval"].get("count_bins", []))]
                 metric = f"test/{bins[0]}/{base}" if key == "count_bins" and bins else f"test/{base}"
                 reason = check_metric(metric, config["eval"], ("test",))
                 if key == "count_bins" and not bins:
