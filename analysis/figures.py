@@ -346,16 +346,20 @@ def _bin_label(low: int, high: float) -> str:
     return f"> {low}" if high == float("inf") else f"{low}\u2013{high:g}"
 
 
+def _reference_rows(results: StudyResults) -> list:
+    """The rows of every reference source of the study, the first source's first."""
+    return [row for source in results.study.reference or [] for row in source.rows]
+
+
 def _published_by_config(results: StudyResults, summary: list[dict], metrics: list[str]
                          ) -> dict[str, dict[str, float]]:
     """{config_id: {metric: published percent}} from the study's `reference` rows."""
-    reference = results.study.reference
     out: dict[str, dict[str, float]] = {}
     firsts: dict[str, dict] = {}
     for r in summary:
         firsts.setdefault(r["config_id"], r)
     for config_id, row in firsts.items():
-        for ref in reference.rows if reference is not None else []:
+        for ref in _reference_rows(results):
             if row_matches(ref, row):
                 for metric in metrics:
                     if metric in ref.metrics:
@@ -389,7 +393,7 @@ def _count_bins(results: StudyResults, figures_dir: Path, figures: Figures) -> N
         if len(order) < len({r["config_id"] for r in summary}):
             which = (f"Shown: {len(order)} of {len({r['config_id'] for r in summary})} configs, "
                      f"those with published numbers first, then the best of each variant.")
-        source = results.study.reference.source if results.study.reference is not None else ""
+        source = "; ".join(ref.source for ref in results.study.reference or [])
         figures.add(f"accuracy by number of training images ({base})",
                     f"test/{base} by number of training images",
                     f"Mean over the classes of each bin of training images (low < n ≤ high) of "
@@ -409,9 +413,8 @@ def _per_class(results: StudyResults, figures_dir: Path, figures: Figures) -> No
     if not specs:
         return
     shown, which = results.showcase(plots.CLASS_PANELS)
-    reference = results.study.reference
-    matched = {r["config_id"] for r in results.rows if reference is not None
-               and any(row_matches(ref, r) for ref in reference.rows)}
+    rows = _reference_rows(results)
+    matched = {r["config_id"] for r in results.rows if any(row_matches(ref, r) for ref in rows)}
     published = [c for c in results.config_order(results.rows) if c in matched]
     if published:  # the configs of published numbers (Table 3.1's ResNet-50) come first
         total = len({r["config_id"] for r in results.rows})

@@ -25,14 +25,6 @@ def auto_digits(values: Sequence[float]) -> int:
     return max(0, min(4, 2 - magnitude))
 
 
-def decimals(number: Any) -> int:
-    """Decimals a published number was written with (`94.20` and `94.2` give 1, `94` gives 0)."""
-    text = repr(float(number)) if not isinstance(number, str) else number
-    if "e" in text or "." not in text:
-        return 0
-    return len(text.split(".")[1].rstrip("0"))
-
-
 def value_text(value: Any) -> str:
     """A parameter value as the study file would write it (`0.0`, `1e-05`, `resnet18`)."""
     if isinstance(value, float):

@@ -3,7 +3,8 @@
 Each `analysis.tables.Table` marked for the paper becomes a `table` float holding a
 `tabular` (or a `longtable` past `LONG_ROWS` rows, which a page cannot hold) with
 `\\toprule`, `\\midrule` and `\\bottomrule`, its caption above and a label derived from its
-title. Published numbers keep their own columns ("... (paper)"), as in the HTML. Text is
+title. Published numbers keep their own columns, one per source ("... (paper)", "...
+([GSJS22])"), as in the HTML. Text is
 escaped for LaTeX; the few non-ASCII signs the report writes (±, –, −, ≤, ≥, ≠, …) become
 their LaTeX forms, so the file compiles with pdflatex as it is.
 

@@ -1,7 +1,10 @@
 """Published numbers (the study file's `reference` block) matched to the configs of a study.
 
-The tables print a published number beside the reproduced one when a `reference.rows` entry
+The tables print a published number beside the reproduced one when a `rows` entry of a source
 describes the config: same variant (when the row names one) and the values of its `match`.
+Each source has its own column, headed by its label ("test/top5 (paper)" for the one-source
+form, "test/top5 ([GSJS22])" for a source labelled [GSJS22]), and its numbers print as the
+file writes them (`68.20 ± 0.07`, `65`).
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ import math
 from typing import Any, Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX
-from analysis.formatting import decimals, format_mean_ci
+from analysis.published_number import PublishedNumber
 from analysis.report_schema import Reference, ReferenceRow
 from analysis.results import swept_of
 
 
 def row_matches(ref: ReferenceRow, row: Mapping[str, Any]) -> bool:
-    """Whether a `reference.rows` entry describes this config (its variant and `match`)."""
+    """Whether a `reference` rows entry describes this config (its variant and `match`)."""
     if ref.variant is not None and ref.variant != row.get("variant"):
         return False
     for path, expected in ref.match.items():
@@ -30,28 +33,38 @@ def row_matches(ref: ReferenceRow, row: Mapping[str, Any]) -> bool:
     return True
 
 
-def published_value(reference: Reference | None, row: Mapping[str, Any], metric: str
-                    ) -> tuple[str, str] | None:
-    """(text, source) of the published number for this config and metric, if any; the
-    text keeps the decimals the source wrote (at least one)."""
-    for ref in reference.rows if reference is not None else []:
-        if not row_matches(ref, row) or metric not in ref.metrics:
-            continue
-        value = ref.metrics[metric]
-        ci = ref.ci.get(metric)
-        digits = max(1, decimals(value), decimals(ci) if ci is not None else 0)
-        text = format_mean_ci(value, ci if ci is not None else math.nan, digits)
-        return text, reference.source or "reference"
+def published_text(value: PublishedNumber, ci: PublishedNumber | None) -> str:
+    """`94.24`, or `94.2 ± 0.1` with its interval: each number as the source wrote it."""
+    return value.text if ci is None else f"{value.text} ± {ci.text}"
+
+
+def published_value(source: Reference, row: Mapping[str, Any], metric: str) -> str | None:
+    """The text of the source's published number for this config and metric, if any."""
+    for ref in source.rows:
+        if row_matches(ref, row) and metric in ref.metrics:
+            return published_text(ref.metrics[metric], ref.ci.get(metric))
     return None
 
 
-def unmatched_rows(reference: Reference | None, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Notes on the reference rows that no finished config matches (a typo in `match`, or
-    a config that was not run): their numbers are not shown anywhere."""
+def column_header(name: str, source: Reference) -> str:
+    """The header of a source's column beside the column `name`: "test/top5 (paper)"."""
+    return f"{name} ({source.label})"
+
+
+def sources_caption(sources: Sequence[Reference]) -> str:
+    """The caption sentence saying where each published column comes from."""
+    return "".join(f" ({s.label}): published numbers from {s.source}." for s in sources)
+
+
+def unmatched_rows(sources: Sequence[Reference], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Notes on the reference rows, of every source, that no finished config matches (a typo
+    in `match`, or a config that was not run): their numbers are not shown anywhere."""
     notes = []
     configs = list({r["config_id"]: r for r in rows}.values())
-    for i, ref in enumerate(reference.rows if reference is not None else []):
-        if not any(row_matches(ref, row) for row in configs):
-            notes.append(f"Reference row {i} ({ref.variant}, match {ref.match or {}}) matches "
-                         f"no finished config: its numbers are not shown.")
+    for source in sources:
+        named = "Reference row" if len(sources) == 1 else f"Reference {source.label}, row"
+        for i, ref in enumerate(source.rows):
+            if not any(row_matches(ref, row) for row in configs):
+                notes.append(f"{named} {i} ({ref.variant}, match {ref.match or {}}) matches "
+                             f"no finished config: its numbers are not shown.")
     return notes

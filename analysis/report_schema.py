@@ -29,11 +29,28 @@ report:
   per_class: [top1]            # per-class test accuracy against the class's training images,
                                #   a panel per config (the best of each variant); none by default
 reference:                     # published numbers (percent), shown beside the reproduced
-  source: "Thesis Table 4.4"
+  source: "Thesis Table 4.4"   #   ones in a column headed "<metric> (paper)"
   rows:
     - {variant: ce, match: {data.label_noise: 0.0}, metrics: {test/top5: 94.2},
        ci: {test/top5: 0.1}}
 ```
+
+When two papers report the same experiment with different numbers, `reference` is a list of
+sources, each with a short distinct `label` that heads its own column ("test/top5 ([Gar23])",
+"test/top5 ([GSJS22])"); the single mapping above is the one-source form (label "paper"):
+
+```yaml
+reference:
+  - label: "[Gar23]"
+    source: "Thesis Table 4.4, 4 seeds, 95% CI"
+    rows: [{variant: ce, match: {data.label_noise: 0.0}, metrics: {test/top5: 94.2}, ci: {test/top5: 0.1}}]
+  - label: "[GSJS22]"
+    source: "ICML 2022 paper Table 4, 2 seeds, no CI"
+    rows: [{variant: ce, match: {data.label_noise: 0.0}, metrics: {test/top5: 94.24}}]
+```
+
+Published numbers print as written in the file (`68.20`, `65`, `94.2 ± 0.1`): their text is
+kept (`analysis.published_number`), so write them with the paper's precision.
 
 What needs the study's trial configs (a variant name exists, a curve's `x` is swept, an
 average-K is computed, a learning curve's metric is logged per epoch) is checked by
@@ -45,10 +62,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from analysis.published_number import PublishedNumber
 
 __all__ = ["Report", "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes",
-           "Reference", "ReferenceRow"]
+           "Reference", "ReferenceRow", "References", "SINGLE_SOURCE_LABEL"]
 
 
 class _Strict(BaseModel):
@@ -140,16 +159,49 @@ class Report(_Strict):
 
 
 class ReferenceRow(_Strict):
-    """Published numbers (percent) for the cells of ``variant`` whose config matches ``match``."""
+    """Published numbers (percent) for the cells of ``variant`` whose config matches ``match``;
+    each number keeps the text it was written with."""
 
     variant: Optional[str] = None
     match: dict[str, Any] = {}
-    metrics: dict[str, float] = Field(min_length=1)
-    ci: dict[str, float] = {}
+    metrics: dict[str, PublishedNumber] = Field(min_length=1)
+    ci: dict[str, PublishedNumber] = {}
+
+
+#: the column label of the one-source form (`reference: {source: ..., rows: ...}`)
+SINGLE_SOURCE_LABEL = "paper"
 
 
 class Reference(_Strict):
-    """Published numbers to print beside the reproduced ones, and where they come from."""
+    """One source of published numbers: where they come from, its column label, its rows."""
 
     source: str
+    label: Optional[str] = Field(None, min_length=1, max_length=40)  # heads the source's column
     rows: list[ReferenceRow] = Field(min_length=1)
+
+
+def _one_or_many(value: Any) -> Any:
+    """`reference: {source, rows}` is one source: the list of it."""
+    return [value] if isinstance(value, dict) else value
+
+
+def _labelled(sources: list[Reference]) -> list[Reference]:
+    """A lone source is labelled "paper" by default; several need distinct labels (each
+    labels a column of the report)."""
+    if len(sources) == 1 and sources[0].label is None:
+        sources[0].label = SINGLE_SOURCE_LABEL
+    for i, source in enumerate(sources):
+        if source.label is None:
+            raise ValueError(f"source {i} ({source.source!r}) has no `label`; expected a short name "
+                             f"for its column, distinct from the other sources' (such as [GSJS22])")
+    labels = [s.label for s in sources]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"the label(s) {', '.join(map(repr, repeated))} name several sources; "
+                         f"expected a distinct label per source")
+    return sources
+
+
+#: the `reference` block: one source (a mapping) or several (a list of mappings)
+References = Annotated[list[Reference], BeforeValidator(_one_or_many), Field(min_length=1),
+                       AfterValidator(_labelled)]

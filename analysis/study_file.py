@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from analysis.collect import Collected
 from analysis.layout import flatten_config
-from analysis.report_schema import Reference, Report
+from analysis.published_number import keep_reference_texts
+from analysis.report_schema import Reference, References, Report
+
+_REFERENCES = TypeAdapter(References)
 
 
 class ReportError(ValueError):
@@ -27,13 +30,14 @@ class ReportError(ValueError):
 @dataclass
 class StudyInfo:
     """What the report needs from the study file: its text, where it came from, the raw
-    mapping, and the parsed `report` and `reference` blocks."""
+    mapping, and the parsed `report` and `reference` blocks (`reference`: its sources, each
+    with its column label; empty when the file has none)."""
 
     text: str | None
     origin: str
     data: dict = field(default_factory=dict)
     report: Report = field(default_factory=Report)
-    reference: Reference | None = None
+    reference: list[Reference] = field(default_factory=list)
 
     @property
     def variant_order(self) -> list[str]:
@@ -65,34 +69,49 @@ def load_study_info(study_file: str | Path | None, collected: Collected) -> Stud
     else:
         return StudyInfo(None, "none (no study file given and no study.yaml artifact)")
     try:
-        data = yaml.safe_load(text) or {}
+        data = _read_yaml(text)
     except yaml.YAMLError as exc:
         raise ReportError(f"study file {origin}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict):
         raise ReportError(f"study file {origin}: the top level must be a mapping, "
                           f"got {type(data).__name__}")
-    report = _parse_block(Report, data, "report", origin)
-    reference = _parse_block(Reference, data, "reference", origin)
-    return StudyInfo(text, origin, data, report or Report(), reference)
+    report = _parse_block(Report.model_validate, data, "report", origin)
+    reference = _parse_block(_REFERENCES.validate_python, data, "reference", origin)
+    return StudyInfo(text, origin, data, report or Report(), reference or [])
 
 
-def _parse_block(model: type, data: dict, key: str, origin: str) -> Any:
-    """`data[key]` validated by `model`; None when the block is absent (or null)."""
+def _read_yaml(text: str) -> Any:
+    """The file's data (safe loader), the reference numbers keeping their written text."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    keep_reference_texts(root, data)
+    return data or {}
+
+
+def _parse_block(validate: Any, data: dict, key: str, origin: str) -> Any:
+    """`data[key]` validated; None when the block is absent (or null)."""
     block = data.get(key)
     if block is None:
         return None
     try:
-        return model.model_validate(block)
+        return validate(block)
     except ValidationError as exc:
-        problems = "; ".join(_problem_text(key, error) for error in exc.errors())
+        # the one-source `reference` mapping is validated as a list of it: its errors are
+        # located in the mapping as written
+        drop_index = key == "reference" and isinstance(block, dict)
+        problems = "; ".join(_problem_text(key, error, drop_index) for error in exc.errors())
         raise ReportError(f"study file {origin}: {problems}") from None
 
 
-def _problem_text(key: str, error: dict) -> str:
+def _problem_text(key: str, error: dict, drop_index: bool = False) -> str:
     """One schema error in the words of study validation:
     "`report.tables[1].columns`: expected 'metrics' or 'variant', got 'sideways'"."""
-    path = key + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
-                         for part in error["loc"])
+    loc = error["loc"][1:] if drop_index and error["loc"][:1] == (0,) else error["loc"]
+    path = key + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
     if error["type"] == "missing":
         return f"`{path}`: missing required field"
     if error["type"] == "extra_forbidden":

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from analysis.collect import PARAM_PREFIX
 from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, swept_text,
                                  value_text)
-from analysis.published import published_value
+from analysis.published import column_header, published_value, sources_caption
 from analysis.report_schema import ReportTable
 from analysis.results import StudyResults, swept_of
 from analysis.stats import is_fraction_metric, lower_is_better, metric_bounds, paired_comparisons
@@ -152,6 +152,11 @@ def _only_swept(summary: list[dict], spec: ReportTable) -> list[dict]:
     return [r for r in summary if set(swept_of(r)) <= allowed]
 
 
+def _shown(sources: Sequence, published: Mapping[object, list]) -> list:
+    """The sources that have a column in the table, in the file's order (for the caption)."""
+    return [s for s in sources if any(s is u for used in published.values() for u in used)]
+
+
 def _n_range_text(ns: set[int]) -> str:
     if not ns:
         return "0"
@@ -187,7 +192,7 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     if found is None:
         return None
     metrics, summary = found
-    reference = results.study.reference
+    sources = results.study.reference
     by_key = {(r["config_id"], r["metric"]): r for r in summary}
     configs = results.config_order(summary)
     first = {c: by_key[(c, metrics[0])] for c in configs}
@@ -196,13 +201,13 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     sweeping = {(first[c]["variant"], p) for c in configs for p in swept_of(first[c])}
     caption, typical = _seed_caption(results, summary)
 
-    ref_metrics = [m for m in metrics if any(
-        published_value(reference, first[c], m) for c in configs)]
+    # per metric, the sources with a number for some config: one column each, after the metric's
+    published = {m: [s for s in sources if any(published_value(s, first[c], m) for c in configs)]
+                 for m in metrics}
     header = ["variant"] + swept_cols
     for m in metrics:
         header.append(m)
-        if m in ref_metrics:
-            header.append(f"{m} (paper)")
+        header += [column_header(m, s) for s in published[m]]
     header.append("seeds")
 
     digits = {m: _digits_for(m, spec, [_scaled(by_key[(c, m)], m)[0] for c in configs])
@@ -211,7 +216,6 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
                            [by_key[(c, m)]["n"] for c in configs])
             for m in metrics}
     rows = []
-    sources = set()
     for i, config_id in enumerate(configs):
         row0 = first[config_id]
         entries = [TableEntry(str(row0["variant"]))]
@@ -227,15 +231,11 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
             entries.append(_value_entry(r, m, digits[m], typical, bold[m][i]))
             if r is not None and r["n"]:
                 ns.add(r["n"])
-            if m in ref_metrics:
-                ref = published_value(reference, row0, m)
-                entries.append(TableEntry(ref[0] if ref else "", muted=True))
-                if ref:
-                    sources.add(ref[1])
+            for source in published[m]:
+                entries.append(TableEntry(published_value(source, row0, m) or "", muted=True))
         entries.append(TableEntry(_n_range_text(ns)))
         rows.append(entries)
-    if sources:
-        caption += " (paper): published numbers from " + "; ".join(sorted(sources)) + "."
+    caption += sources_caption(_shown(sources, published))
     if missing:
         caption += f" Not logged by any finished cell: {', '.join(missing)}."
     return Table(title, header, rows, caption, label_columns=1 + len(swept_cols))
@@ -252,7 +252,7 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     if found is None:
         return None
     metrics, summary = found
-    reference = results.study.reference
+    sources = results.study.reference
     variants = [v for v in results.variants if any(r["variant"] == v for r in summary)]
     caption, typical = _seed_caption(results, summary)
     caption = caption.replace("best mean of the column", "best variant of the row")
@@ -272,14 +272,16 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
 
     ordered = sorted(contexts.items(), key=context_sort)
     columns = [(v, m) for m in metrics for v in variants]
-    with_ref = {(v, m) for (v, m) in columns for _, by_column in ordered
-                if (v, m) in by_column and published_value(reference, by_column[(v, m)], m)}
+    # per (variant, metric) column, the sources with a number in some row: a column each
+    published = {(v, m): [s for s in sources if any(
+        (v, m) in by_column and published_value(s, by_column[(v, m)], m)
+        for _, by_column in ordered)] for v, m in columns}
     header = list(context_paths) or ["config"]
     for v, m in columns:
-        header.append(v if len(metrics) == 1 else f"{v}: {m}")
-        if (v, m) in with_ref:
-            header.append(f"{v} (paper)" if len(metrics) == 1 else f"{v}: {m} (paper)")
-    rows, sources = [], set()
+        name = v if len(metrics) == 1 else f"{v}: {m}"
+        header.append(name)
+        header += [column_header(name, s) for s in published[(v, m)]]
+    rows = []
     for swept_json, by_column in ordered:
         swept = json.loads(swept_json)
         row = [TableEntry(value_text(swept[p]) if p in swept else "–") for p in context_paths] \
@@ -296,14 +298,11 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
         for v, m in columns:
             r = by_column.get((v, m))
             row.append(_value_entry(r, m, digits[m], typical, bold[(v, m)]))
-            if (v, m) in with_ref:
-                ref = published_value(reference, r, m) if r is not None else None
-                row.append(TableEntry(ref[0] if ref else "", muted=True))
-                if ref:
-                    sources.add(ref[1])
+            for source in published[(v, m)]:
+                text = published_value(source, r, m) if r is not None else None
+                row.append(TableEntry(text or "", muted=True))
         rows.append(row)
-    if sources:
-        caption += " (paper): published numbers from " + "; ".join(sorted(sources)) + "."
+    caption += sources_caption(_shown(sources, published))
     return Table(title, header, rows, caption, label_columns=max(1, len(context_paths)))
 
 

@@ -142,11 +142,11 @@ def check_study(study: Study) -> None:
                                         f"metric ({', '.join(PER_EPOCH_EXTRA_METRICS)} or a val/ or train/ "
                                         f"accuracy): {reason}" + (f" (variant '{name}')" if study.variants else "")))
                 break
-    if study.reference is not None:
-        for i, row in enumerate(study.reference.rows):
+    for s, source in enumerate(study.reference or []):
+        for i, row in enumerate(source.rows):
             if row.variant is not None and row.variant not in configs:
-                problems.append(Problem(("reference", "rows", i, "variant"), f"unknown variant {row.variant!r}; "
-                                        f"expected one of: {', '.join(names)}"))
+                problems.append(Problem(("reference", s, "rows", i, "variant"), f"unknown variant "
+                                        f"{row.variant!r}; expected one of: {', '.join(names)}"))
     if problems:
         raise Problems(problems)
 

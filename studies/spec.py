@@ -62,6 +62,7 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
     :func:`load_study`)."""
     lines: dict = {}
     design_is_list = True
+    reference_is_list = True
     try:
         data, lines = read_yaml(text)
         if data is None:
@@ -77,6 +78,7 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
             raw["design"] = [design]
         elif design is None and "design" in raw:
             del raw["design"]
+        reference_is_list = not isinstance(raw.get("reference"), dict)  # one source, unlisted
         try:
             study = Study.model_validate(raw)
         except ValidationError as err:
@@ -90,8 +92,10 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
         study.set_designed_configs(configs)
     except Problems as problems:
         def file_path(p: Path_) -> Path_:
-            if not design_is_list and len(p) >= 2 and p[0] == "design" and p[1] == 0:
-                return ("design",) + tuple(p[2:])
+            # a block written as one mapping is validated as a list of it: back to its path
+            if len(p) >= 2 and p[1] == 0 and ((p[0] == "design" and not design_is_list)
+                                              or (p[0] == "reference" and not reference_is_list)):
+                return (p[0],) + tuple(p[2:])
             return tuple(p)
 
         raise StudyError(file, [(format_yaml_path(file_path(p.path)), line_of(lines, file_path(p.path)),

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, PrivateAttr, field_validator
 
-from analysis.report_schema import (Reference, ReferenceRow, Report, ReportCompare, ReportCurve,  # noqa: F401
+from analysis.report_schema import (Reference, ReferenceRow, References, Report, ReportCompare, ReportCurve,  # noqa: F401
                                     ReportSetSizes, ReportTable)
 from studies.design import BLOCK_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
 from studies.expressions import Expression
@@ -123,7 +123,7 @@ class Study(StrictModel):
     objective: Optional[Objective] = None
     scheduler: Scheduler = Field(default_factory=lambda: NoScheduler(kind="none"))
     report: Report = Field(default_factory=Report)
-    reference: Optional[Reference] = None
+    reference: Optional[References] = None  # its sources (one mapping in the file is one source)
 
     _path: str = PrivateAttr("<string>")
     _source_text: str = PrivateAttr("")
@@ -271,7 +271,7 @@ _MODEL_AT = {
     (): Study, ("resources",): Resources, ("objective",): Objective, ("report",): Report,
     ("report", "tables", 0): ReportTable, ("report", "curves", 0): ReportCurve,
     ("report", "compare"): ReportCompare,
-    ("reference",): Reference, ("reference", "rows", 0): ReferenceRow,
+    ("reference", 0): Reference, ("reference", 0, "rows", 0): ReferenceRow,
 }
 
 

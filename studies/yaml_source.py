@@ -2,7 +2,8 @@
 
 ``read_yaml(text)`` returns the data and a map from every YAML path to its line, so that each
 problem can name the line to fix. Only PyYAML's safe loader is used: a study file is data,
-never code.
+never code. The numbers of the `reference` block keep their written text
+(`analysis.published_number`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Optional
 
 import yaml
 
+from analysis.published_number import keep_reference_texts
 from studies.problems import Path_, Problem, Problems
 
 __all__ = ["read_yaml", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "MAX_FILE_BYTES"]
@@ -154,6 +156,7 @@ def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
             root = loader.get_single_node()
             _bounded(root)
             data = loader.construct_document(root) if root is not None else None
+            keep_reference_texts(root, data)  # published numbers print as the file writes them
         finally:
             loader.dispose()
     except RecursionError:

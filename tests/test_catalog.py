@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.published import published_text
 from setvalued.metric_names import check_metric
 from setvalued.paths import get_path
 from studies.spec import load_study
@@ -441,38 +442,50 @@ def test_figure_only_files_say_so_and_have_no_reference(name):
                                   if p.stem not in NO_PUBLISHED_NUMBERS and p.stem not in FIGURE_ONLY], ids=_id)
 def test_reference_rows_match_one_config_and_a_logged_metric(path):
     study, cells = loaded(path)
-    assert study.reference is not None and study.reference.rows, "every paper experiment has reference numbers"
-    for i, row in enumerate(study.reference.rows):
-        matched = [c for c in cells if (row.variant is None or c.variant == row.variant)
-                   and all(_same(get_path(c.config, p, None), v) for p, v in row.match.items())]
-        configs = {c.config_id for c in matched}
-        assert len(configs) == 1, f"reference row {i} ({row.variant}, {row.match}) matches {len(configs)} configs"
-        config = matched[0].config
-        for metric, value in row.metrics.items():
-            if metric not in OTHER_METRICS:
-                # test/avg5_size (the realised average set size) is logged beside test/avg5
-                reason = check_metric(re.sub(r"_size$", "", metric), config["eval"], ("test", "train"))
-                assert reason is None, f"reference row {i}: {reason}"
-            if metric not in OTHER_METRICS or metric == "best_val":
-                assert 0.0 <= value <= 100.0 or metric.endswith("_size"), (i, metric, value)
-        assert set(row.ci) <= set(row.metrics), f"reference row {i}: a CI without its value"
-        assert all(ci >= 0 for ci in row.ci.values())
-    # the numbers are percentages: most accuracies of a paper table are above 1 (not fractions)
-    accuracies = [v for r in study.reference.rows for m, v in r.metrics.items()
-                  if re.search(r"/(macro_)?(top|avg)\d+$", m) or m == "best_val"]
-    if accuracies:
-        assert sum(v > 1.0 for v in accuracies) > len(accuracies) / 2
+    assert study.reference, "every paper experiment has reference numbers"
+    for source in study.reference:
+        assert source.rows and source.label
+        for i, row in enumerate(source.rows):
+            where = f"reference {source.label} row {i} ({row.variant}, {row.match})"
+            matched = [c for c in cells if (row.variant is None or c.variant == row.variant)
+                       and all(_same(get_path(c.config, p, None), v) for p, v in row.match.items())]
+            configs = {c.config_id for c in matched}
+            assert len(configs) == 1, f"{where} matches {len(configs)} configs"
+            config = matched[0].config
+            for metric, value in row.metrics.items():
+                if metric not in OTHER_METRICS:
+                    # test/avg5_size (the realised average set size) is logged beside test/avg5
+                    reason = check_metric(re.sub(r"_size$", "", metric), config["eval"], ("test", "train"))
+                    assert reason is None, f"{where}: {reason}"
+                if metric not in OTHER_METRICS or metric == "best_val":
+                    assert 0.0 <= value <= 100.0 or metric.endswith("_size"), (where, metric, value)
+            assert set(row.ci) <= set(row.metrics), f"{where}: a CI without its value"
+            assert all(ci >= 0 for ci in row.ci.values())
+        # the numbers are percentages: most accuracies of a paper table are above 1 (not fractions)
+        accuracies = [v for r in source.rows for m, v in r.metrics.items()
+                      if re.search(r"/(macro_)?(top|avg)\d+$", m) or m == "best_val"]
+        if accuracies:
+            assert sum(v > 1.0 for v in accuracies) > len(accuracies) / 2
+
+
+def _published(name, variant, match, metric, label=None) -> tuple[str, str | None]:
+    """(value, CI) of a file's reference number as written, from the source labelled `label`
+    (default: the first source)."""
+    study, _ = loaded(CATALOG / f"{name}.yaml")
+    sources = [s for s in study.reference if label is None or s.label == label][:1]
+    for row in (sources[0].rows if sources else []):
+        if row.variant == variant and all(_same(row.match.get(p), v) for p, v in match.items()) \
+                and metric in row.metrics:
+            ci = row.ci.get(metric)
+            return row.metrics[metric].text, ci.text if ci is not None else None
+    raise AssertionError(f"no reference for {name} {label} {variant} {match} {metric}")
 
 
 def test_reference_numbers_spot_checks():
     """A few published numbers, copied here from the papers' tables, against the files."""
     def ref(name, variant, match, metric):
-        study, _ = loaded(CATALOG / f"{name}.yaml")
-        for row in study.reference.rows:
-            if row.variant == variant and all(_same(row.match.get(p), v) for p, v in match.items()) \
-                    and metric in row.metrics:
-                return row.metrics[metric], row.ci.get(metric)
-        raise AssertionError(f"no reference for {name} {variant} {match} {metric}")
+        value, ci = _published(name, variant, match, metric)
+        return float(value), float(ci) if ci is not None else None
 
     assert ref("topk_epsilon", "noised_bal", {"loss.epsilon": 0.1}, "best_val") == (94.46, None)
     assert ref("topk_n_samples", "noised_bal", {"loss.n_samples": 50}, "best_val") == (94.64, None)
@@ -491,6 +504,74 @@ def test_reference_numbers_spot_checks():
     # thesis Table 3.1 (fractions in the thesis: 0.09 ... 0.93)
     assert [ref("plantnet300k_baselines", "resnet50", {}, f"test/count_{b}/top1")[0]
             for b in ("0_10", "10_50", "50_500", "500_2000", "2000_inf")] == [9, 35, 59, 79, 93]
+
+
+# [GSJS22] (the ICML paper), as printed: Table 4 (CIFAR-100 test top-5) and Table 6 (top-1) by
+# label noise p, columns CE, smoothed hinge, noised bal.; Table 5 (Pl@ntNet-300K test macro-average
+# top-K) and Table 7 (top-K) by K, columns CE, smoothed hinge, noised bal., focal, LDAM, noised
+# imbal. ("NA": not reported).
+GSJS22_TABLE_4 = """
+0.0 94.24 94.34 94.35
+0.1 90.39 92.08 92.03
+0.2 87.67 90.22 90.68
+0.3 85.93 88.82 89.58
+0.4 83.74 87.40 87.48"""
+GSJS22_TABLE_6 = """
+0.0 76.56 69.23 68.74
+0.1 71.01 71.52 68.43
+0.2 68.19 71.59 69.34
+0.3 65.61 70.44 69.11
+0.4 61.9 70.42 69.44"""
+GSJS22_TABLE_5 = """
+1 35.91 NA 35.44 37.87 40.54 42.36
+3 58.91 50.41 59.06 59.96 63.50 64.77
+5 69.05 50.71 66.97 69.91 72.23 72.95
+10 78.08 46.23 76.08 78.88 80.69 80.85"""
+GSJS22_TABLE_7 = """
+1 79.93 NA 81.00 79.71 79.49 80.90
+3 93.19 93.20 93.56 93.56 92.40 93.45
+5 95.75 94.91 95.84 96.10 95.22 95.80
+10 97.42 95.46 97.52 97.72 97.21 97.52"""
+
+
+def _table(text: str) -> list[list[str]]:
+    return [line.split() for line in text.strip().splitlines()]
+
+
+def test_icml_paper_numbers_are_a_second_source_copied_as_printed():
+    """Every number of [GSJS22] Tables 4-7 is in its file, as the paper prints it (`87.40`,
+    `61.9`), under the source labelled [GSJS22]; the thesis stays the first source."""
+    cifar, plantnet = "topk_cifar100_label_noise", "topk_plantnet300k"
+    for name in (cifar, plantnet):
+        study, _ = loaded(CATALOG / f"{name}.yaml")
+        assert [s.label for s in study.reference] == ["[Gar23]", "[GSJS22]"]
+        assert study.reference[0].source.startswith("Thesis")
+        assert all(not row.ci for row in study.reference[1].rows), "the ICML tables have no CI"
+    losses = ("ce", "smooth_hinge", "noised_bal")
+    for table, metric in ((GSJS22_TABLE_4, "test/top5"), (GSJS22_TABLE_6, "test/top1")):
+        for p, *values in _table(table):
+            for variant, value in zip(losses, values):
+                assert _published(cifar, variant, {"data.label_noise": float(p)}, metric, "[GSJS22]") \
+                    == (value, None), (variant, p, metric)
+    losses += ("focal", "ldam", "noised_imbal")
+    n_rows = 0
+    for table, metric in ((GSJS22_TABLE_5, "test/macro_top{}"), (GSJS22_TABLE_7, "test/top{}")):
+        for k, *values in _table(table):
+            for variant, value in zip(losses, values):
+                match = {"eval.selection": f"val/macro_top{k}"}
+                if value == "NA":
+                    with pytest.raises(AssertionError, match="no reference"):
+                        _published(plantnet, variant, match, metric.format(k), "[GSJS22]")
+                    continue
+                assert _published(plantnet, variant, match, metric.format(k), "[GSJS22]") == (value, None)
+                n_rows += metric.startswith("test/macro")
+    study, _ = loaded(CATALOG / f"{plantnet}.yaml")
+    assert len(study.reference[1].rows) == n_rows == 23  # 4 K x 6 losses, less the hinge at K = 1
+    # the thesis numbers of the same experiments differ, and keep their own precision
+    assert _published(cifar, "ce", {"data.label_noise": 0.0}, "test/top5") == ("94.2", "0.1")
+    assert _published(cifar, "smooth_hinge", {"data.label_noise": 0.0}, "test/top5") == ("93.3", "0.0")
+    assert _published(plantnet, "ce", {"eval.selection": "val/macro_top1"}, "test/macro_top1") == ("36.3", "0.3")
+    assert _published(plantnet, "focal", {"eval.selection": "val/macro_top10"}, "test/top10") == ("97.7", "0.0")
 
 
 def test_quickstart_is_a_small_cpu_study():
@@ -599,11 +680,24 @@ def test_smoke_run(path, tmp_path):
         # with the reference columns where there are published numbers, and the figures asked
         report_md = (out / "report" / "report.md").read_text(encoding="utf-8")
         assert "Figure failed" not in report_md
-        assert ("(paper)" in report_md) == (study.reference is not None)
+        assert ("(paper)" in report_md) == bool(study.reference)
         for base in study.report.count_bins or []:
             assert f"count_bins_{base}.png" in figures, figures
         for base in study.report.per_class or []:
             assert f"per_class_{base}.png" in figures, figures
+    # a file with several reference sources shows a published column per source, filled with
+    # that source's numbers as the file writes them (for the configs the smoke run keeps)
+    if len(study.reference or []) > 1:
+        report = (out / "report" / "report.md").read_text(encoding="utf-8")
+        headers = [line for line in report.splitlines() if line.startswith("| variant |")]
+        entries = {c.strip() for line in report.splitlines() if line.startswith("| ")
+                   for c in line.split("|")}
+        for source in study.reference:
+            assert any(f" ({source.label}) |" in h for h in headers), (source.label, headers)
+            assert f"({source.label}): published numbers from {source.source}." in report
+            texts = {published_text(value, row.ci.get(metric))
+                     for row in source.rows for metric, value in row.metrics.items()}
+            assert texts & entries, (source.label, sorted(texts)[:5])
     print(f"smoke {path.stem}: {len(expected)} cells in {SMOKE_TIMES[path.stem]:.1f} s")
 
 

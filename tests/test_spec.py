@@ -218,7 +218,7 @@ def test_report_block_accepts_the_analysis_keys(tmp_path: Path):
             - {variant: ce, match: {data.label_noise: 0.0}, metrics: {test/top5: 94.2}, ci: {test/top5: 0.1}}
         """)))
     assert study.report.level == 0.9 and study.report.tables[0].columns == "variant"
-    assert study.reference.rows[0].metrics == {"test/top5": 94.2}
+    assert study.reference[0].rows[0].metrics == {"test/top5": 94.2}
 
 
 # ----------------------------------------------------------------------------- expressions
