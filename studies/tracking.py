@@ -76,6 +76,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout, shared with anal
     TAG_VARIANT,
 )
 from setvalued.config import effective_config
+from studies.sqlite_store import seed_sqlite_store
 
 # Key whose history tells which epochs a run already holds (fit always reports it; the
 # trial adds it when a fit function does not).
@@ -515,6 +516,7 @@ class StudyTracking:
         self.study_name = study_name
         self.description = description
         self.run_tags = dict(run_tags or {})
+        seed_sqlite_store(tracking_uri)  # a new local store: a copy, not 70 migrations
         self.client = _client(tracking_uri)
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
