@@ -343,7 +343,8 @@ def draw(landscapes: Sequence[Landscape], target: int, path: Path, title: str = 
         triangulation = mtri.Triangulation(x, y)
         scaled = landscape.scaled.numpy()
         axes.tricontourf(triangulation, scaled, levels=levels, cmap="viridis", vmin=0.0, vmax=1.0)
-        axes.tricontour(triangulation, scaled, levels=levels[1:-1:2], colors="white", linewidths=0.3)
+        if len(np.unique(scaled)) > 2:  # level lines; a step (the 0/1 error) would crowd them on its edge
+            axes.tricontour(triangulation, scaled, levels=levels[1:-1:2], colors="white", linewidths=0.3)
         axes.plot([0, 1, 0.5, 0], [0, 0, math.sqrt(3) / 2, 0], color="black", linewidth=0.6)
         axes.text(0.5, math.sqrt(3) / 2 + 0.03, f"y={target}", ha="center", va="bottom", color="red", fontsize=7)
         axes.text(0.0, -0.03, str(others[0] + 1), ha="center", va="top", fontsize=7)
