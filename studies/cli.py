@@ -26,6 +26,8 @@ examples:
   studies resume quickstart                               # complete what is missing
   studies report quickstart                               # HTML + Markdown report
   studies export quickstart --to cells.parquet            # one row per finished cell
+  studies landscape --figure fig1 --out fig1.png          # a loss-landscape figure of the papers
+  studies landscape --loss noised_topk --param k=2 --param epsilon=0.1,1.0
 """
 
 
@@ -199,6 +201,46 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
+def _landscape(args: argparse.Namespace) -> int:
+    from studies.landscape import LandscapeError, render
+
+    try:
+        path = render(figure=args.figure, loss=args.loss, params=args.param, out=args.out,
+                      target=args.target, resolution=args.resolution,
+                      replications=args.replications, seed=args.seed, columns=args.columns)
+    except LandscapeError as error:
+        return _fail(str(error))
+    print(path)
+    return 0
+
+
+def _add_landscape(parser: argparse.ArgumentParser) -> None:
+    from studies.landscape import FIGURES  # no torch: the figures are declarations
+
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--figure", default=None, choices=list(FIGURES),
+                       help="a figure of the papers: " + "; ".join(
+                           f"{name}: {preset.caption}" for name, preset in FIGURES.items())
+                       + " (default: fig1)")
+    which.add_argument("--loss", default=None, metavar="NAME",
+                       help="draw one registered loss instead (or topk_error, the 0/1 top-K loss)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=V1[,V2...]",
+                        help="a parameter of --loss; one panel per combination of the listed "
+                             "values (repeatable), e.g. --param k=2 --param epsilon=0.1,1.0")
+    parser.add_argument("--out", default=None, metavar="PATH",
+                        help="the drawing: .png, .svg or .pdf (default: ./landscape_<figure or loss>.png)")
+    parser.add_argument("--target", type=int, default=None, metavar="Y",
+                        help="the true class, 1 to 3, drawn at the top vertex (default: the figure's, else 3)")
+    parser.add_argument("--resolution", type=int, default=100, metavar="N",
+                        help="grid points per edge of the simplex (default: %(default)s)")
+    parser.add_argument("--replications", type=int, default=None, metavar="R",
+                        help="noise draws averaged per point for the noised losses (default: the "
+                             "figure's, else 100)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise (default: %(default)s)")
+    parser.add_argument("--columns", type=int, default=None, metavar="C",
+                        help="panels per row (default: the figure's, else 4)")
+
+
 COMMANDS: list[Command] = [
     Command("run", "run a study file (or complete it: finished cells are skipped)",
             "Validate the study file, expand it into (config, seed) cells and run every "
@@ -216,6 +258,12 @@ COMMANDS: list[Command] = [
     Command("export", "export the finished cells to Parquet and print the path",
             "One row per finished cell: ids, the flattened config, final metrics.",
             _add_export, _export),
+    Command("landscape", "draw a loss's level sets over three scores and print the path",
+            "Level sets of s -> loss(s, y) over the scaled 2-simplex (L = 3, y at the top "
+            "vertex), min-max rescaled per panel, computed from the registered losses (no "
+            "training): the papers' figures ([Gar23] Fig. 4.1, 4.4, 4.5, 4.6) or one loss "
+            "over a grid of its parameters.",
+            _add_landscape, _landscape),
 ]
 
 
