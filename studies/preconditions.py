@@ -59,15 +59,16 @@ def tracking_reachable(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> list[
 
 
 def data_layouts(data_configs: Iterable[Mapping]) -> list[str]:
-    """Every distinct real data set of the study is where its config says, in its layout."""
-    from setvalued.data import DataLayoutError, check_layout
-
+    """Every distinct real data set of the study is where its config says, in its layout
+    (the data package, which imports torch, is loaded only when there is one)."""
     problems, seen = [], set()
     for data in data_configs:
         key = (data.get("name"), data.get("root"), bool(data.get("download")))
         if key in seen or data.get("name") == "synthetic":
             continue
         seen.add(key)
+        from setvalued.data import DataLayoutError, check_layout
+
         try:
             check_layout(dict(data))
         except DataLayoutError as error:

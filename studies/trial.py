@@ -277,7 +277,9 @@ class _EpochReporter:
     follow in one request: after the checkpoint, so that MLflow never holds an epoch that a
     restarted trial would train and log again. A cell of many short epochs thus costs one
     checkpoint and one tracking request a minute, not one per epoch; a worker that dies
-    loses at most that much training.
+    loses at most that much training. The epochs after the last checkpoint of the last epoch
+    go with the run's final request (a worker that dies in between leaves them in that
+    checkpoint's history, which its restart logs first).
     """
 
     def __init__(self, run: CellRun, cell: Mapping[str, Any], context: TrackingContext,
@@ -312,7 +314,8 @@ class _EpochReporter:
             self.pending.append((epoch, values))
         if self._checkpoint_due(epoch):
             self._report(epoch, values, state)
-            self.flush()
+            if epoch < self.last_epoch:  # after the last, the run's final request takes them
+                self.flush()
         else:
             self._report(epoch, values, None)
         if self.coordinator is not None and \
