@@ -125,6 +125,12 @@ class SeedRace:
         self.allowed[c] = max(self.allowed[c], i + 1)
         self._dirty = True
 
+    def commit(self, config_id: str, seed: int) -> None:
+        """The config runs this seed (and those before it): an earlier session started it."""
+        c, i = self._at(config_id, seed)
+        self.allowed[c] = max(self.allowed[c], i + 1)
+        self._dirty = True
+
     def record(self, config_id: str, seed: int, value: float) -> None:
         """A finished cell's value of the race metric; NaN counts as a failed seed."""
         c, i = self._at(config_id, seed)

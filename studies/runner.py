@@ -127,6 +127,7 @@ class _Session:
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.resume = ResumePoints()  # cells that continue from an earlier session
+        self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
 
     def say(self, text: str) -> None:
         _print(self.stream, f"[studies] {text}")
@@ -153,6 +154,12 @@ class _Session:
         if message:
             self.say(message)
         wanted = set(to_run)
+        if self.study.racing is not None:  # only the cells of configs still racing may run
+            from studies.race_driver import RaceDriver
+
+            self.race = RaceDriver.rebuild(self.study, cells, self.tracking,
+                                           resumable=self.resume.folders())
+            wanted = set(self.race.runnable(to_run))
         return done, [c for c in cells if c.cell_id in wanted]
 
     def start(self) -> None:
@@ -179,7 +186,7 @@ class _Session:
 
         progress = StudyProgress(
             total=total, to_run=len(cells), done_before=done_before,
-            epochs={c.cell_id: int(c.config.get("epochs", 1)) for c in cells})
+            epochs={c.cell_id: int(c.config.get("epochs", 1)) for c in cells}, race=self.race)
         names = run_names(self.known_cells.values())
         metric, mode = self.progress_metric()
         callback = ProgressCallback(progress, interval_s=self.options.progress_interval_s,
@@ -200,7 +207,7 @@ class _Session:
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources=resources, concurrency=self.concurrency,
-            max_failures=int(self.study.max_failures), callbacks=[callback])
+            max_failures=int(self.study.max_failures), callbacks=[callback], race=self.race)
 
     def progress_metric(self) -> tuple[str | None, str]:
         """The per-epoch metric that ranks configs in the progress line: the objective when it
@@ -458,6 +465,11 @@ def _summarise(session: _Session, started: float, stream: IO[str], interrupted: 
     ended without its trial recording why: it is marked failed, so no run stays running."""
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
+    not_needed: list[str] = []
+    if session.race is not None:  # cells of configs the race decided: never started, not failures
+        not_needed = session.race.not_needed(i for i in ids if states[i].status == "missing")
+        skip = set(not_needed)
+        ids = [i for i in ids if i not in skip]
     if not interrupted:
         for cell_id, state in states.items():
             if state.status == "running":
@@ -471,6 +483,9 @@ def _summarise(session: _Session, started: float, stream: IO[str], interrupted: 
     _print(stream, f"[studies] summary: {len(finished)}/{len(ids)} cells finished, "
                    f"{len(failed)} not finished, {format_duration(time.monotonic() - started)}"
                    f" wall time")
+    if session.race is not None:
+        _print(stream, f"[studies] race: {session.race.summary()}; {len(not_needed)} cells not "
+                       f"needed (their configs were decided before their seeds)")
     for cell_id, error in list(failed.items())[:20]:
         _print(stream, f"[studies]   {cell_id}: {error}")
     if len(failed) > 20:

@@ -50,6 +50,45 @@ class CellQueueSearcher(Searcher):
         self.queue = CellQueue.from_json(Path(checkpoint_path).read_text())
 
 
+class RaceSearcher(Searcher):
+    """Tune's searcher over a race (`studies.race_driver.RaceDriver`): each suggestion is the
+    cell the race starts next; None ("ask again") while every racing config waits for its
+    round; FINISHED once the race is over. Every trial's end is told to the race."""
+
+    def __init__(self, race):
+        super().__init__(metric=None, mode=None)
+        self.race = race
+        self.cell_of: dict[str, str] = {}  # trial_id -> cell_id
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True
+
+    def suggest(self, trial_id: str):
+        from studies.race_driver import RACE_OVER
+
+        cell_id = self.race.next_cell_id()
+        if cell_id == RACE_OVER:
+            return self.FINISHED
+        if cell_id is None:
+            return None
+        self.cell_of[trial_id] = cell_id
+        return {"cell_id": cell_id}
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        cell_id = self.cell_of.pop(trial_id, None)
+        if cell_id is None:
+            return
+        failed = bool(error) or (result or {}).get("cell_status") == "failed"
+        self.race.complete(cell_id, failed, str((result or {}).get("error", "")) if failed else "")
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to keep: the race is rebuilt from MLflow by the next session."""
+        Path(checkpoint_path).write_text("{}")
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
+
+
 class ProgressCallback(ProgressReporter, tune.Callback):
     """Tune's driver callback that keeps a `StudyProgress` and prints it (the hooks are
     `ProgressReporter`'s)."""
@@ -69,15 +108,17 @@ def cell_payload(cell, resume_from: str | None = None, run_name: str | None = No
 def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage: str,
                    context: TrackingContext, fit_fn: Callable | None,
                    early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
-                   concurrency: int, max_failures: int, callbacks: Sequence) -> None:
+                   concurrency: int, max_failures: int, callbacks: Sequence,
+                   race=None) -> None:
     """Run one trial per cell of `cells` (cell_id -> payload, in the order to start them)
-    in the Tune experiment `name` under `storage`, at most `concurrency` at a time."""
+    in the Tune experiment `name` under `storage`, at most `concurrency` at a time; with a
+    `race` (`studies.race_driver.RaceDriver`), only the cells the race starts."""
     trainable = tune.with_parameters(run_cell, cells=dict(cells), context=context,
                                      fit_fn=fit_fn, early_stopping=early_stopping)
     tuner = tune.Tuner(
         tune.with_resources(trainable, dict(resources)),
         tune_config=tune.TuneConfig(
-            search_alg=CellQueueSearcher(list(cells)),
+            search_alg=RaceSearcher(race) if race is not None else CellQueueSearcher(list(cells)),
             num_samples=len(cells),
             max_concurrent_trials=concurrency,
             reuse_actors=True,
