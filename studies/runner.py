@@ -368,7 +368,8 @@ def _run(session: _Session, cells: Sequence, study_copy: Path, leases: list) -> 
     session.context = tracking.context(session.session_id)
     proposals = sum(b.n_configs for _, b in study.optuna_blocks)
     session.say(f"study {session.name}: {len(cells)} cells"
-                + (f" + {proposals} optuna proposals x {len(study.seeds)} seeds"
+                + (f" (racing: at most; {session.race.summary()})" if session.race else "")
+                + (f" + {proposals} optuna proposals x {len(study.seed_list)} seeds"
                    if study.optuna_blocks else "")
                 + f"; tracking {tracking.tracking_uri} (experiment {tracking.experiment_id}, "
                   f"parent run {parent_run})")
@@ -376,7 +377,7 @@ def _run(session: _Session, cells: Sequence, study_copy: Path, leases: list) -> 
         session.say(f"{len(done)} cells already finished (skipped)")
     if not (pending or study.optuna_blocks):
         return
-    total_hint = len(cells) + proposals * len(study.seeds)
+    total_hint = len(cells) + proposals * len(study.seed_list)
     session.run_cells(pending, total=total_hint, done_before=len(done))
     session.run_optuna_blocks(total_hint, len(done))
 

@@ -257,7 +257,7 @@ def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
                      f"{len(cells)} cells")
     if study is not None:
         for index, block in study.optuna_blocks:
-            n = block.n_configs * len(study.seeds)
+            n = block.n_configs * len(study.seed_list)
             lines.append(f"+ design[{index}] (optuna, {block.sampler}): {block.n_configs} proposals x "
-                         f"{len(study.seeds)} seeds = {n} cells, proposed while the study runs")
+                         f"{len(study.seed_list)} seeds = {n} cells, proposed while the study runs")
     return "\n".join(lines)

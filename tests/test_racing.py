@@ -229,9 +229,9 @@ def race_fit(config, seed, on_epoch=None, checkpoint=None):
 def racing_study(tmp_path, name: str):
     from tests.test_runner import write_study
 
-    path = write_study(tmp_path, name, lrs=list(RACE_MEANS), epochs=1,
-                       seeds={"initial": 3, "max": 6, "until": {"metric": "test/top1"}})
+    path = write_study(tmp_path, name, lrs=list(RACE_MEANS), epochs=1)
     study = yaml.safe_load(path.read_text())
+    study["seeds"] = {"initial": 3, "max": 6, "until": {"metric": "test/top1"}}
     study["base"]["eval"] = {"ks": [1], "selection": "val/top1"}
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
