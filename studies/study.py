@@ -193,8 +193,10 @@ class Study(StrictModel):
     def _unique_seeds(cls, seeds: Any) -> Any:
         if isinstance(seeds, SeedRacing):
             return seeds
-        if not 1 <= len(seeds) <= MAX_SEEDS:
-            raise ValueError(f"expected 1 to {MAX_SEEDS} seeds, got {len(seeds)}")
+        if not seeds:
+            raise ValueError("expected at least 1 item (a seed), got none")
+        if len(seeds) > MAX_SEEDS:
+            raise ValueError(f"expected at most {MAX_SEEDS} items (seeds), got {len(seeds)}")
         dupes = sorted(seed for seed, n in Counter(seeds).items() if n > 1)
         if dupes:
             raise ValueError(f"each seed may appear once; repeated: {dupes}")

@@ -279,7 +279,7 @@ def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(
     # an interrupted race: the same study up to its first 10 finished cells (the MLflow state a
     # killed driver leaves: later runs absent, no decision recorded yet), then resumed
     path2 = racing_study(tmp_path, "racing-cut")
-    assert run_study(path2, options()).exit_code == 0
+    assert run_study(path2, options(stream=io.StringIO())).exit_code == 0
     client = MlflowClient(mlflow_server)
     runs = sorted(child_runs(mlflow_server, "racing-cut"), key=lambda r: r.info.end_time)
     for run in runs[10:]:
@@ -287,7 +287,7 @@ def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(
     for run in runs[:10]:
         if run.data.tags.get("studies.race"):
             client.delete_tag(run.info.run_id, "studies.race")
-    again = run_study(path2, options())
+    again = run_study(path2, options(stream=io.StringIO()))
     assert again.exit_code == 0
 
     def outcome_of(found):  # the decision and seeds (the p-values depend on what was known when)
