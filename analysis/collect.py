@@ -72,6 +72,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_CELL_ID,
     TAG_CONFIG_ID,
     TAG_ERROR,
+    TAG_RACE,
     TAG_ROLE,
     TAG_SEED,
     TAG_STATUS,
@@ -85,6 +86,9 @@ MEAN_PREFIX = "mean:"
 
 # Columns that identify a cell; everything else in the table is a parameter or a metric.
 ID_COLUMNS = ("run_id", "cell_id", "config_id", "seed", "variant", "swept")
+#: column of a racing study's final decision about a config (`TAG_RACE`, JSON), on the row of
+#: the config's last finished seed; present only when some run has one
+RACE_COLUMN = "race"
 
 
 class CollectError(ValueError):
@@ -108,7 +112,7 @@ class Collected:
 
     @property
     def metric_columns(self) -> list[str]:
-        fixed = set(ID_COLUMNS) | {"start_time", "end_time", "duration_s"}
+        fixed = set(ID_COLUMNS) | {"start_time", "end_time", "duration_s", RACE_COLUMN}
         return [
             c for c in self.table.column_names
             if c not in fixed and not c.startswith(PARAM_PREFIX)
@@ -636,6 +640,8 @@ def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: 
          if r.start_time is not None and r.end_time is not None else None for r in runs],
         type=pa.float64(),
     )
+    if any(TAG_RACE in r.tags for r in runs):
+        columns[RACE_COLUMN] = pa.array([r.tags.get(TAG_RACE) for r in runs], type=pa.string())
     parsed: dict[str, Any] = {}  # params repeat across runs: parse each text once
 
     def parse(text: str | None) -> Any:

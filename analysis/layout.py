@@ -18,6 +18,9 @@ TAG_ERROR = "studies.error"
 TAG_SESSION = "studies.session"
 TAG_RESUMED_FROM = "studies.resumed_from_epoch"
 TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
+#: a racing study's final decision about a config (JSON: state, seeds, max, reason, p_holm,
+#: best), on the run of the config's last finished seed (studies.race_driver)
+TAG_RACE = "studies.race"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"

@@ -31,8 +31,8 @@ from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
 from analysis.study_file import ReportError, StudyInfo, load_study_info
-from analysis.tables import (comparison_table, failed_cells_table, metrics_table, table_specs,
-                             variant_table)
+from analysis.tables import (comparison_table, failed_cells_table, metrics_table, race_table,
+                             table_specs, variant_table)
 
 __all__ = ["build_report", "ReportError", "StudyInfo", "load_study_info", "format_mean_ci"]
 
@@ -72,6 +72,9 @@ def build_report(
         doc.paragraph("No finished cell: no table, figure or comparison.", note=True)
     else:
         table_metrics = _result_tables(doc, results)
+        racing = race_table(results)
+        if racing is not None:
+            doc.table(racing)
         _figures(doc, results, out_dir, figures_dir)
         doc.heading("Paired comparisons")
         table, message = comparison_table(results, table_metrics)

@@ -372,6 +372,47 @@ def _significant(p: float, level: float) -> bool:
     return p is not None and math.isfinite(p) and p < 1 - level
 
 
+# ----------------------------------------------------------------------------- racing
+
+
+def race_table(results: StudyResults) -> Table | None:
+    """A racing study's seeds per config and why its race stopped (None for a seed list).
+
+    Every config's decision is the `race` column (the MLflow tag `studies.race`) of its last
+    finished seed; a config without one was still racing when the study stopped."""
+    rows = [r for r in results.rows if r.get("race")]
+    if not rows:
+        return None
+    decision = {r["config_id"]: json.loads(r["race"]) for r in rows}
+    max_seeds = max(int(d.get("max", 0)) for d in decision.values())
+    seeds: dict[str, int] = {}
+    first: dict[str, Mapping] = {}
+    for r in results.rows:
+        seeds[r["config_id"]] = seeds.get(r["config_id"], 0) + 1
+        first.setdefault(r["config_id"], r)
+    body = []
+    counts: dict[str, int] = {}
+    for config_id in results.config_order(results.rows):
+        row = first[config_id]
+        found = decision.get(config_id)
+        state = found["state"] if found else "racing"
+        counts[state] = counts.get(state, 0) + 1
+        reason = found.get("reason", "") if found else "undecided when the study stopped"
+        body.append([TableEntry(str(row["variant"])), TableEntry(swept_text(row.get("swept"))),
+                     TableEntry(f"{seeds[config_id]} of {max_seeds}"),
+                     TableEntry(state, bold=state == "best"), TableEntry(reason)])
+    used = sum(seeds.values())
+    caption = (f"{used} cells of at most {len(body) * max_seeds} ({len(body)} configs x "
+               f"{max_seeds} seeds): " + ", ".join(f"{n} {state}" for state, n in counts.items())
+               + ". Each config started with the first seeds of one shared sequence (paired) and "
+               "got the next seed while its paired difference with the best config was not "
+               "significant (paired t-test, Holm-corrected over the configs still racing); the "
+               "tables above use the seeds each config has.")
+    return Table("Racing: seeds per config and why each stopped",
+                 ["variant", "config", "seeds", "decision", "reason"], body, caption,
+                 label_columns=2, paper=False)
+
+
 # ----------------------------------------------------------------------------- failures
 
 

@@ -95,6 +95,28 @@ def check_study(study: Study) -> None:
                 break
         study.scheduler.metric = metric  # resolved: the runner reads metric and mode directly
 
+    # racing: the metric that decides it (default: the objective's) is logged by every variant
+    racing = study.racing
+    if racing is not None:
+        until = racing.until
+        metric = until.metric or study.objective.metric
+        if until.mode is None:
+            from analysis.stats import lower_is_better  # noqa: WPS433  (scipy: only for a race)
+
+            until.mode = study.objective.mode if metric == study.objective.metric \
+                else ("min" if lower_is_better(metric) else "max")
+        for name, config in configs.items():
+            reason = check_metric(metric, config["eval"], ("val", "test", "train"))
+            if reason:
+                where = ("seeds", "until", "metric") if until.metric else ("objective", "metric")
+                problems.append(Problem(where, "racing needs a metric every config logs: " + reason))
+                break
+        until.metric = metric  # resolved: the runner reads metric and mode directly
+        for i, block in study.optuna_blocks:
+            problems.append(Problem(("design", i, "kind"), "an optuna block runs each proposal on "
+                                    "every seed; racing (seeds: {initial, max}) needs a fixed set of "
+                                    "configs: expected a seed list, or no optuna block"))
+
     # report and reference: variant names exist; curve x is a swept path
     swept = {p for b in study.design for p in b.parameter_paths}
     compare = study.report.compare

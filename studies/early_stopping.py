@@ -164,7 +164,7 @@ class EarlyStopping:
         `ConfigEarlyStopper`); refuse before anything starts when the cluster cannot."""
         if not self.enabled:
             return
-        need = len(self.study.seeds)
+        need = self.study.seeds_at_once  # a race's later seeds run after its initial round
         if concurrency < need:
             raise RunnerError(
                 f"{self.study.path}: scheduler: early stopping decides per config over its "
@@ -190,9 +190,12 @@ class EarlyStopping:
                 name=self.actor_name).remote(
                 {}, mode, scheduler.grace_epochs, scheduler.patience)
         known = list(known_cells)
+        # a race's later seeds start after its initial round: only those run (and wait) together
+        together = set(self.study.seed_list[:self.study.seeds_at_once])
         seeds = defaultdict(set)
         for cell in known:
-            seeds[cell.config_id].add(int(cell.seed))
+            if int(cell.seed) in together:
+                seeds[cell.config_id].add(int(cell.seed))
         ray.get([self.actor.add_config.remote(config_id, sorted(config_seeds))
                  for config_id, config_seeds in seeds.items()])
         self._replay_finished([c for c in known if c.cell_id not in self._replayed])

@@ -41,6 +41,15 @@ class StudyProgress:
     finished: set = field(default_factory=set)
     failed: dict = field(default_factory=dict)  # cell_id -> error
     running: dict = field(default_factory=dict)  # cell_id -> epochs done
+    # a racing study's race (studies.race_driver.RaceDriver): how many cells run is decided
+    # as they finish, so `to_run` follows the race's upper bound
+    race: Any = None
+
+    def _sync_race(self) -> None:
+        """`to_run` = cells started or finished in this session + the most the race may start."""
+        if self.race is not None:
+            self.to_run = (len(self.finished) + len(self.failed) + len(self.running)
+                           + self.race.upper_bound_left())
 
     def start(self, cell_id: str) -> None:
         self.running.setdefault(cell_id, 0)
@@ -61,9 +70,11 @@ class StudyProgress:
 
     @property
     def left(self) -> int:
+        self._sync_race()
         return max(0, self.to_run - len(self.finished) - len(self.failed) - len(self.running))
 
     def fraction_done(self) -> float:
+        self._sync_race()
         if self.to_run == 0:
             return 1.0
         partial = sum(min(1.0, done / max(1, self.epochs.get(cell, 1)))
@@ -79,6 +90,13 @@ class StudyProgress:
 
     def line(self, now: float | None = None) -> str:
         done = self.done_before + len(self.finished)
+        if self.race is not None:  # the total is not known in advance: an upper bound
+            left = self.left
+            return (f"[studies] done {done}"
+                    + (f" ({self.done_before} before this run)" if self.done_before else "")
+                    + f" | running {len(self.running)} | failed {len(self.failed)}"
+                    + f" | left at most {left} | race: {self.race.summary()}"
+                    + f" | ETA at most {format_duration(self.eta_s(now))}")
         return (f"[studies] done {done}/{self.total}"
                 + (f" ({self.done_before} before this run)" if self.done_before else "")
                 + f" | running {len(self.running)} | failed {len(self.failed)}"

@@ -127,6 +127,7 @@ class _Session:
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.resume = ResumePoints()  # cells that continue from an earlier session
+        self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
 
     def say(self, text: str) -> None:
         _print(self.stream, f"[studies] {text}")
@@ -153,6 +154,12 @@ class _Session:
         if message:
             self.say(message)
         wanted = set(to_run)
+        if self.study.racing is not None:  # only the cells of configs still racing may run
+            from studies.race_driver import RaceDriver
+
+            self.race = RaceDriver.rebuild(self.study, cells, self.tracking,
+                                           resumable=self.resume.folders())
+            wanted = set(self.race.runnable(to_run))
         return done, [c for c in cells if c.cell_id in wanted]
 
     def start(self) -> None:
@@ -167,7 +174,7 @@ class _Session:
         """One Tune experiment over `cells` (all not finished yet)."""
         if not cells:
             return
-        from studies.tune_experiment import CellQueueSearcher
+        from studies.tune_experiment import CellQueueSearcher, RaceSearcher
 
         cells = config_major(cells)
         names = run_names(self.known_cells.values())
@@ -175,7 +182,9 @@ class _Session:
         payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
                  f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
-        self.experiment(payloads, CellQueueSearcher(list(payloads)), cells, max_trials=len(cells),
+        searcher = RaceSearcher(self.race) if self.race is not None \
+            else CellQueueSearcher(list(payloads))
+        self.experiment(payloads, searcher, cells, max_trials=len(cells),
                         total=total, done_before=done_before)
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
@@ -247,7 +256,7 @@ class _Session:
         if epochs is None:
             epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
         progress = StudyProgress(total=total, to_run=max_trials, done_before=done_before,
-                                 epochs=epochs)
+                                 epochs=epochs, race=self.race)
         names = run_names(self.known_cells.values())
         metric, mode = self.progress_metric()
         callback = ProgressCallback(progress, interval_s=self.options.progress_interval_s,
@@ -417,7 +426,8 @@ def _run(session: _Session, cells: Sequence, study_copy: Path, leases: list) -> 
     session.context = tracking.context(session.session_id)
     proposals = sum(b.n_configs for _, b in study.optuna_blocks)
     session.say(f"study {session.name}: {len(cells)} cells"
-                + (f" + {proposals} optuna proposals x {len(study.seeds)} seeds"
+                + (f" (racing: at most; {session.race.summary()})" if session.race else "")
+                + (f" + {proposals} optuna proposals x {len(study.seed_list)} seeds"
                    if study.optuna_blocks else "")
                 + f"; tracking {tracking.tracking_uri} (experiment {tracking.experiment_id}, "
                   f"parent run {parent_run})")
@@ -425,7 +435,7 @@ def _run(session: _Session, cells: Sequence, study_copy: Path, leases: list) -> 
         session.say(f"{len(done)} cells already finished (skipped)")
     if not (pending or study.optuna_blocks):
         return
-    total_hint = len(cells) + proposals * len(study.seeds)
+    total_hint = len(cells) + proposals * len(study.seed_list)
     session.run_cells(pending, total=total_hint, done_before=len(done))
     session.run_optuna_blocks(total_hint, len(done))
 
@@ -514,6 +524,11 @@ def _summarise(session: _Session, started: float, stream: IO[str], interrupted: 
     ended without its trial recording why: it is marked failed, so no run stays running."""
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
+    not_needed: list[str] = []
+    if session.race is not None:  # cells of configs the race decided: never started, not failures
+        not_needed = session.race.not_needed(i for i in ids if states[i].status == "missing")
+        skip = set(not_needed)
+        ids = [i for i in ids if i not in skip]
     if not interrupted:
         for cell_id, state in states.items():
             if state.status == "running":
@@ -527,6 +542,9 @@ def _summarise(session: _Session, started: float, stream: IO[str], interrupted: 
     _print(stream, f"[studies] summary: {len(finished)}/{len(ids)} cells finished, "
                    f"{len(failed)} not finished, {format_duration(time.monotonic() - started)}"
                    f" wall time")
+    if session.race is not None:
+        _print(stream, f"[studies] race: {session.race.summary()}; {len(not_needed)} cells not "
+                       f"needed (their configs were decided before their seeds)")
     for cell_id, error in list(failed.items())[:20]:
         _print(stream, f"[studies]   {cell_id}: {error}")
     if len(failed) > 20:

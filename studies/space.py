@@ -66,13 +66,16 @@ class Cell:
 def expand(study: Study) -> list[Cell]:
     """All cells of the study: every config of the design x every seed (paired).
 
+    A racing study (``seeds: {initial, max}``) gives every seed of its sequence up to ``max``:
+    the cells its race may run (`studies.racing`); most are never started.
+
     Config-major order: the seeds of the first config, then of the second, and so on.
     Optuna blocks give no cells (see :func:`optuna_block_suggest`).
     """
     cells = []
     for draft in study.designed_configs:
         cid = config_id(draft.config)
-        for seed in study.seeds:
+        for seed in study.seed_list:
             cells.append(Cell(cid, seed, draft.variant, copy.deepcopy(draft.config), dict(draft.swept)))
     return cells
 
@@ -251,9 +254,15 @@ def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
 
     lines.append(f"{counted(len(cells), 'cell')} = {counted(n_configs, 'config')} x "
                  f"{counted(n_seeds, 'seed')}")
+    if study is not None and study.racing is not None:
+        race = study.racing
+        lines.append(f"racing on {race.until.metric} ({race.until.mode}): each config starts with "
+                     f"{race.initial} seeds and gets {race.step} more per round while undecided "
+                     f"against the best, up to {race.max}: between {n_configs * race.initial} and "
+                     f"{len(cells)} cells")
     if study is not None:
         for index, block in study.optuna_blocks:
-            n = block.n_configs * len(study.seeds)
+            n = block.n_configs * len(study.seed_list)
             lines.append(f"+ design[{index}] (optuna, {block.sampler}): {block.n_configs} proposals x "
-                         f"{len(study.seeds)} seeds = {n} cells, proposed while the study runs")
+                         f"{len(study.seed_list)} seeds = {n} cells, proposed while the study runs")
     return "\n".join(lines)

@@ -109,6 +109,6 @@ def _check_size(study: Study, max_cells: Optional[int]) -> None:
     configs, cells = study.planned_cells()
     if cells > limit:
         raise Problems([Problem(("design",), f"the design has {cells:,} cells ({configs:,} configs x "
-                                             f"{len(study.seeds):,} seeds), more than the limit of {limit:,}; "
+                                             f"{len(study.seed_list):,} seeds), more than the limit of {limit:,}; "
                                              "expected a smaller design, or a higher limit (max_cells: N in "
                                              "the file, or --max-cells N)")])

@@ -12,7 +12,7 @@ import copy
 from collections import Counter
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from analysis.report_schema import (Reference, ReferenceRow, References, Report, ReportCompare, ReportCurve,  # noqa: F401
                                     ReportSetSizes, ReportTable)
@@ -21,7 +21,7 @@ from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
 from studies.schema import StrictModel, fields_of, pydantic_message
 
-__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
+__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "SeedRacing", "RaceUntil", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
            "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes", "Reference", "ReferenceRow",
            "DEFAULT_VARIANT", "NAME_PATTERN", "schema_problem"]
 
@@ -89,6 +89,58 @@ class EarlyStopping(StrictModel):
 Scheduler = Annotated[Union[NoScheduler, EarlyStopping], Field(discriminator="kind")]
 
 
+class RaceUntil(StrictModel):
+    """What decides a race: the metric (default: the objective's), which way is better, and
+    the confidence level of the paired intervals (0.95: Holm-adjusted p < 0.05 stops)."""
+
+    metric: Optional[str] = None
+    mode: Optional[Literal["max", "min"]] = None
+    level: float = Field(0.95, gt=0.5, lt=1.0)
+
+
+class SeedRacing(StrictModel):
+    """``seeds: {initial, max, until}``: adaptive seed allocation (studies.racing.SeedRace).
+
+    Every config starts with the first ``initial`` seeds of ``sequence`` (default 0, 1, ...,
+    max - 1; the same for every config, so comparisons stay paired) and gets ``step`` more
+    seeds per round while it is undecided against the best, up to ``max``."""
+
+    initial: int = Field(3, ge=2)
+    max: int = Field(ge=2, le=MAX_SEEDS)
+    step: int = Field(1, ge=1)
+    sequence: Optional[list[Annotated[int, Field(ge=0, lt=2**32)]]] = None
+    until: RaceUntil = Field(default_factory=RaceUntil)
+
+    @field_validator("sequence", mode="before")
+    @classmethod
+    def _ints(cls, value: Any) -> Any:
+        return _seed_list(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SeedRacing":
+        if self.initial > self.max:
+            raise ValueError(f"initial ({self.initial}) must be at most max ({self.max})")
+        if self.sequence is not None:
+            if len(self.sequence) != self.max:
+                raise ValueError(f"sequence has {len(self.sequence)} seeds; expected max = {self.max}")
+            dupes = sorted(seed for seed, n in Counter(self.sequence).items() if n > 1)
+            if dupes:
+                raise ValueError(f"each seed may appear once in sequence; repeated: {dupes}")
+        return self
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(self.sequence) if self.sequence is not None else list(range(self.max))
+
+
+SEED_LIST_TAG, SEED_RACING_TAG = "seed list", "racing"
+
+
+def _seeds_kind(value: Any) -> str:
+    """Which form of ``seeds`` a value is: a mapping races, anything else is a list."""
+    return SEED_RACING_TAG if isinstance(value, (dict, SeedRacing)) else SEED_LIST_TAG
+
+
 def _seed_list(value: Any) -> Any:
     if isinstance(value, list):
         for i, seed in enumerate(value):
@@ -111,7 +163,10 @@ class Study(StrictModel):
     variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Optional[dict[str, Any]]] = {}
     design: list[DesignBlock] = Field(default_factory=lambda: [SingleBlock(kind="single")], min_length=1)
     derived: dict[str, Any] = {}
-    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(min_length=1, max_length=MAX_SEEDS)
+    # a list: every config runs on every seed; a mapping: racing (SeedRacing)
+    seeds: Annotated[Union[Annotated[list[Annotated[int, Field(ge=0, lt=2**32)]], Tag(SEED_LIST_TAG)],
+                           Annotated[SeedRacing, Tag(SEED_RACING_TAG)]],
+                     Discriminator(_seeds_kind)]
     resources: Resources = Field(default_factory=Resources)
     max_concurrent: Optional[int] = Field(None, ge=1)
     max_failures: int = Field(1, ge=0, le=MAX_FAILURES)
@@ -141,7 +196,13 @@ class Study(StrictModel):
 
     @field_validator("seeds")
     @classmethod
-    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+    def _unique_seeds(cls, seeds: Any) -> Any:
+        if isinstance(seeds, SeedRacing):
+            return seeds
+        if not seeds:
+            raise ValueError("expected at least 1 item (a seed), got none")
+        if len(seeds) > MAX_SEEDS:
+            raise ValueError(f"expected at most {MAX_SEEDS} items (seeds), got {len(seeds)}")
         dupes = sorted(seed for seed, n in Counter(seeds).items() if n > 1)
         if dupes:
             raise ValueError(f"each seed may appear once; repeated: {dupes}")
@@ -158,6 +219,21 @@ class Study(StrictModel):
         return {} if value is None else value
 
     # ----- accessors used by studies.space and the runner --------------------------------
+
+    @property
+    def seed_list(self) -> list[int]:
+        """Every seed a config may run on: the list, or the racing sequence up to ``max``."""
+        return self.seeds.seed_list if isinstance(self.seeds, SeedRacing) else list(self.seeds)
+
+    @property
+    def racing(self) -> Optional[SeedRacing]:
+        """The racing block (``seeds: {initial, max, until}``), None for a seed list."""
+        return self.seeds if isinstance(self.seeds, SeedRacing) else None
+
+    @property
+    def seeds_at_once(self) -> int:
+        """Seeds of a config that run together: all of a list, the initial round of a race."""
+        return self.seeds.initial if isinstance(self.seeds, SeedRacing) else len(self.seeds)
 
     @property
     def path(self) -> str:
@@ -234,7 +310,7 @@ class Study(StrictModel):
         n_variants = max(1, len(self.variants))
         configs = sum(block.configs_per_variant() * (len(block.variants) if block.variants else n_variants)
                       for block in self.design)
-        return configs, configs * len(self.seeds)
+        return configs, configs * len(self.seed_list)
 
     @property
     def designed_configs(self) -> list:
@@ -281,7 +357,7 @@ def _strip_union_tags(loc: Path_, raw: Any) -> Path_:
     out: list = []
     node = raw
     for part in loc:
-        if part == "[key]":
+        if part == "[key]" or (loc[:1] == ("seeds",) and part in (SEED_LIST_TAG, SEED_RACING_TAG)):
             continue
         if isinstance(node, dict) and part not in node and node.get("kind") == part:
             continue  # discriminated-union tag

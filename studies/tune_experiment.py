@@ -3,7 +3,9 @@
 `run_experiment` builds `tune.Tuner(tune.with_resources(trainable, {"cpu", "gpu"}), ...)`.
 The trainable is `studies.trial.run_cell`, and the cells travel once through the object
 store (`tune.with_parameters`); Tune's `param_space` holds only an opaque `cell_id` per
-trial, handed out by `CellQueueSearcher` in the order given (see `studies.cell_queue`).
+trial, handed out by `CellQueueSearcher` in the order given (see `studies.cell_queue`), by
+`RaceSearcher` as a race needs them (`studies.racing`), or by `ProposalSearcher` as an optuna
+block proposes configs (`studies.optuna_rounds`; their payloads travel in the trial configs).
 `reuse_actors=True`, `max_concurrent_trials` = the trials that fit at once,
 `FailureConfig(max_failures)` and one kept checkpoint per trial (written by `run_cell` at
 most every `checkpoint_interval_s` and after the last epoch), so a trial whose worker dies
@@ -50,6 +52,45 @@ class CellQueueSearcher(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         self.queue = CellQueue.from_json(Path(checkpoint_path).read_text())
+
+
+class RaceSearcher(Searcher):
+    """Tune's searcher over a race (`studies.race_driver.RaceDriver`): each suggestion is the
+    cell the race starts next; None ("ask again") while every racing config waits for its
+    round; FINISHED once the race is over. Every trial's end is told to the race."""
+
+    def __init__(self, race):
+        super().__init__(metric=None, mode=None)
+        self.race = race
+        self.cell_of: dict[str, str] = {}  # trial_id -> cell_id
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True
+
+    def suggest(self, trial_id: str):
+        from studies.race_driver import RACE_OVER
+
+        cell_id = self.race.next_cell_id()
+        if cell_id == RACE_OVER:
+            return self.FINISHED
+        if cell_id is None:
+            return None
+        self.cell_of[trial_id] = cell_id
+        return {"cell_id": cell_id}
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        cell_id = self.cell_of.pop(trial_id, None)
+        if cell_id is None:
+            return
+        failed = bool(error) or (result or {}).get("cell_status") == "failed"
+        self.race.complete(cell_id, failed, str((result or {}).get("error", "")) if failed else "")
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to keep: the race is rebuilt from MLflow by the next session."""
+        Path(checkpoint_path).write_text("{}")
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
 
 
 class ProposalSearcher(Searcher):
@@ -126,8 +167,9 @@ def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage
                    searcher: Searcher | None = None, max_trials: int | None = None) -> None:
     """Run one trial per cell in the Tune experiment `name` under `storage`, at most
     `concurrency` at a time: the cells of `cells` (cell_id -> payload, in the order to start
-    them), or those `searcher` hands out (at most `max_trials`) with their payloads in their
-    trial configs."""
+    them), or those `searcher` hands out (at most `max_trials`: a race's
+    `RaceSearcher` starts only the cells the race needs; an optuna block's `ProposalSearcher`
+    puts the payloads of the cells it proposes in their trial configs)."""
     trainable = tune.with_parameters(run_cell, cells=dict(cells), context=context,
                                      fit_fn=fit_fn, early_stopping=early_stopping)
     if searcher is None:

@@ -36,6 +36,8 @@ CATALOG = REPO / "studies" / "catalog"
 EXPECTED_CELLS = {
     # quickstart: CE + smooth SVM + noised top-K at 3 epsilon values, 3 seeds
     "quickstart": (2 + 3) * 3,
+    # the quickstart racing on 3 to 10 seeds: every seed up to max is a cell the race may run
+    "racing_quickstart": (2 + 3) * 10,
     # thesis Table 4.2: 8 epsilon values x 4 seeds
     "topk_epsilon": 8 * 4,
     # thesis Table 4.3: 7 values of M x 4 seeds
@@ -102,8 +104,8 @@ EXPECTED_CELLS = {
 
 # Files on synthetic data, run on a CPU (no data folder, no GPU), and files without published
 # numbers (the thesis states their argument without an experiment).
-SYNTHETIC = {"quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
-NO_PUBLISHED_NUMBERS = {"quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+SYNTHETIC = {"quickstart", "racing_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+NO_PUBLISHED_NUMBERS = {"quickstart", "racing_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
 # the conformal methods and levels each conformal study evaluates (eval.conformal_*)
 CONFORMAL_STUDIES = {"conformal_vs_avgk": {"ks": [2, 5]}, "conformal_vs_avgk_plantnet300k": {"ks": [2, 3, 5, 10]}}
 
@@ -207,6 +209,9 @@ PAPER_KEYS = ("[Gar23]", "[GSJS22]", "[GSJS23]", "[BZK18]", "[Gar+21]")
 LOCATOR = r"(§\s*\d|Tables?\s+\d|Fig(ure|\.)\s*\d|Section\s+\d|eq\.\s*\d|App(endix|\.)\s*[A-Z]|supp\.\s*[A-Z])"
 
 
+#: the catalogue's laptop studies (synthetic data, CPU), not paper experiments
+
+
 def catalog_files() -> list[Path]:
     return sorted(CATALOG.glob("*.yaml"))
 
@@ -256,8 +261,8 @@ def test_file_validates_and_expands_to_the_experiment(path):
     seeds_of: dict[str, set] = {}
     for cell in cells:
         seeds_of.setdefault(cell.config_id, set()).add(cell.seed)
-    assert all(s == set(study.seeds) for s in seeds_of.values())
-    assert len(seeds_of) * len(study.seeds) == len(cells)
+    assert all(s == set(study.seed_list) for s in seeds_of.values())
+    assert len(seeds_of) * len(study.seed_list) == len(cells)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_SWEEPS))
@@ -392,7 +397,7 @@ def test_cifar100_300_epoch_files_use_their_papers_schedule():
                        "avgk_optuna_search_cifar100", "topk_sensitivity_cifar100"}
 
 
-@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem != "quickstart"], ids=_id)
+@pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem not in SYNTHETIC], ids=_id)
 def test_smooth_svm_runs_with_the_official_hard_switch(path):
     """docs/papers.md, erratum S-E9c: the published numbers of [BZK18] and [GSJS22] come from
     the official smooth top-k SVM, which switches a sample to the hard loss when
@@ -608,7 +613,7 @@ def test_every_variant_trains_in_smoke_mode(path):
     study, cells = loaded(path)
     picked: dict[tuple, object] = {}
     for cell in smoke_cells(cells):
-        if cell.seed == study.seeds[0]:
+        if cell.seed == study.seed_list[0]:
             key = (cell.variant, cell.config["loss"].get("k"), cell.config["optim"]["batch_size"])
             picked.setdefault(key, cell)
     assert picked
@@ -665,9 +670,23 @@ def test_smoke_run(path, tmp_path):
     assert (out / "study.yaml").is_file()
     done = finished_cells(out / "mlflow.db", name)
     # optuna blocks give no cells before the run: each proposal runs on every seed
-    proposals = sum(b.n_configs for _, b in study.optuna_blocks) * len(study.seeds)
-    assert expected <= set(done) and len(set(done) - expected) == proposals, (
-        f"missing: {sorted(expected - set(done))[:5]}, unexpected: {sorted(set(done) - expected)[:5]}")
+    proposals = sum(b.n_configs for _, b in study.optuna_blocks) * len(study.seed_list)
+    if study.racing is not None:
+        # a race runs every config's initial seeds and at most every seed up to max; the
+        # seeds each config got are the first ones of the shared sequence (paired)
+        assert set(done) <= expected, sorted(set(done) - expected)[:5]
+        got: dict[str, list] = {}
+        for tags in done.values():
+            got.setdefault(tags["studies.config_id"], []).append(int(tags["studies.seed"]))
+        sequence = study.seed_list
+        assert len(got) == len({c.config_id for c in smoke_cells(cells)})
+        for seeds in got.values():
+            assert sorted(seeds, key=sequence.index) == sequence[:len(seeds)]
+            assert len(seeds) >= study.racing.initial
+        assert "Racing: seeds per config" in (out / "report" / "report.md").read_text()
+    else:
+        assert expected <= set(done) and len(set(done) - expected) == proposals, (
+            f"missing: {sorted(expected - set(done))[:5]}, unexpected: {sorted(set(done) - expected)[:5]}")
     # the report drew the figures the file asks for: learning curves, and the set-size
     # histograms wherever average-K sets are evaluated
     figures = {p.name for p in (out / "report" / "figures").glob("*.png")}
