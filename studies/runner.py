@@ -182,10 +182,16 @@ class _Session:
         payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
                  f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
-        searcher = RaceSearcher(self.race) if self.race is not None \
-            else CellQueueSearcher(list(payloads))
-        self.experiment(payloads, searcher, cells, max_trials=len(cells),
-                        total=total, done_before=done_before)
+        if self.race is not None:  # the race decides which cells start: one experiment
+            self.experiment(payloads, RaceSearcher(self.race), cells, max_trials=len(cells),
+                            total=total, done_before=done_before)
+            return
+        callback = None
+        for part in experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT):
+            callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
+                                       CellQueueSearcher([c.cell_id for c in part]), cells,
+                                       max_trials=len(part), total=total,
+                                       done_before=done_before, callback=callback)
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
         """One Tune experiment over the configs of an optuna block, asked as slots free up
@@ -241,9 +247,11 @@ class _Session:
 
     def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
                    max_trials: int, total: int, done_before: int,
-                   epochs: dict[str, int] | None = None) -> None:
+                   epochs: dict[str, int] | None = None, callback=None):
         """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
-        the progress line, early stopping and the study's resources."""
+        the progress line (`callback`: the one of an earlier part of the same cells, whose
+        counts go on; else a new one over `cells`), early stopping and the study's
+        resources. Returns the progress callback."""
         from studies.tune_experiment import ProgressCallback, run_experiment
 
         early = self.early_stopping.prepare(self.known_cells.values(), self.concurrency)
@@ -253,15 +261,17 @@ class _Session:
             if cell is not None:
                 self.early_stopping.mark_gone(cell)
 
-        if epochs is None:
-            epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
-        progress = StudyProgress(total=total, to_run=max_trials, done_before=done_before,
-                                 epochs=epochs, race=self.race)
-        names = run_names(self.known_cells.values())
-        metric, mode = self.progress_metric()
-        callback = ProgressCallback(progress, interval_s=self.options.progress_interval_s,
-                                    stream=self.stream, on_error=on_error, metric=metric, mode=mode,
-                                    labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
+        if callback is None:
+            if epochs is None:
+                epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
+            progress = StudyProgress(total=total, to_run=len(cells) or max_trials,
+                                     done_before=done_before, epochs=epochs, race=self.race)
+            names = run_names(self.known_cells.values())
+            metric, mode = self.progress_metric()
+            callback = ProgressCallback(
+                progress, interval_s=self.options.progress_interval_s, stream=self.stream,
+                on_error=on_error, metric=metric, mode=mode,
+                labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
         root = self.storage_root()
         if root is not None:
@@ -274,6 +284,7 @@ class _Session:
                        "gpu": float(self.study.resources.gpus)},
             concurrency=self.concurrency,
             max_failures=int(self.study.max_failures), callbacks=[callback])
+        return callback
 
     def progress_metric(self) -> tuple[str | None, str]:
         """The per-epoch metric that ranks configs in the progress line: the objective when it
@@ -296,6 +307,30 @@ class _Session:
                 self.study, index, block, study_name=self.name, study_dir=self.study_dir,
                 smoke=self.options.smoke, tracking=self.tracking,
                 run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before))
+
+
+#: most trials in one Tune experiment. Tune keeps every trial of an experiment in the driver's
+#: memory (about 0.15 MB each, measured) and rewrites its experiment state as trials end, so
+#: a longer list of cells runs as consecutive experiments of whole configs: the driver's
+#: memory stays bounded over a study of any size, for a few seconds of start per part.
+MAX_TRIALS_PER_EXPERIMENT = 1000
+
+
+def experiment_parts(cells: Sequence, limit: int) -> list[list]:
+    """`cells` (config-major) cut into parts of at most `limit` cells, never inside a config
+    (its seeds run together: early stopping compares them epoch by epoch); a config of more
+    than `limit` seeds is a part of its own."""
+    configs: list[list] = []
+    for cell in cells:
+        if not configs or configs[-1][0].config_id != cell.config_id:
+            configs.append([])
+        configs[-1].append(cell)
+    parts: list[list] = []
+    for config in configs:
+        if not parts or len(parts[-1]) + len(config) > limit:
+            parts.append([])
+        parts[-1].extend(config)
+    return parts
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -491,3 +491,36 @@ def test_optuna_block_runs_every_seed_and_tells_the_seed_mean(local_ray, mlflow_
     assert again.exit_code == 0
     assert {r.info.run_id for r in child_runs(mlflow_server, "runner-optuna")} == before
     assert len(optuna.load_study(study_name=summary.study_name, storage=storage).trials) == 3
+
+
+@pytest.mark.slow
+def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_server,
+                                                              tmp_path, monkeypatch):
+    """Past MAX_TRIALS_PER_EXPERIMENT cells the runner starts one Tune experiment per part
+    (whole configs), the progress counts going on across them."""
+    import studies.runner as runner
+    import studies.tune_experiment as tune_experiment
+
+    monkeypatch.setattr(runner, "MAX_TRIALS_PER_EXPERIMENT", 2)
+    started = []
+    real = tune_experiment.run_experiment
+
+    def counted(cells, **kwargs):
+        started.append(sorted(cells))
+        return real(cells, **kwargs)
+
+    monkeypatch.setattr(tune_experiment, "run_experiment", counted)
+    path = scripted_study(tmp_path, "runner-parts", lrs=[0.1, 0.2, 0.3])
+    study = yaml.safe_load(path.read_text())
+    study["base"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    stream = io.StringIO()
+    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit,
+                                      stream=stream))
+    assert outcome.exit_code == 0 and outcome.finished == 6, stream.getvalue()
+    # three configs of two seeds: an experiment per config, its two seeds together
+    assert [{cell.rsplit("-s", 1)[1] for cell in part} for part in started] == [{"0", "1"}] * 3
+    assert len({cell.rsplit("-s", 1)[0] for part in started for cell in part}) == 3
+    finals = [line for line in stream.getvalue().splitlines() if line.startswith("[studies] done")]
+    assert finals[-1].startswith("[studies] done 6/6"), finals
+    assert len({r.data.tags["studies.cell_id"] for r in child_runs(mlflow_server, "runner-parts")}) == 6

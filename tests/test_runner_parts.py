@@ -71,3 +71,20 @@ def test_progress_reporter_follows_tune_hooks():
     reporter.on_trial_error(0, [], trial_b)
     assert progress.finished == {"a"} and "b" in progress.failed and errors == ["b"]
     assert "cell b FAILED" in stream.getvalue()
+
+
+def test_long_cell_lists_run_as_experiments_of_whole_configs():
+    from studies.runner import experiment_parts
+
+    cells = [SimpleNamespace(config_id=f"c{c}", seed=s) for c, seeds in enumerate([3, 3, 2, 5, 1])
+             for s in range(seeds)]
+    parts = experiment_parts(cells, limit=6)
+    assert [[(c.config_id, c.seed) for c in part] for part in parts] == [
+        [("c0", 0), ("c0", 1), ("c0", 2), ("c1", 0), ("c1", 1), ("c1", 2)],
+        [("c2", 0), ("c2", 1)],
+        [("c3", s) for s in range(5)] + [("c4", 0)],
+    ]
+    assert [c for part in parts for c in part] == cells  # nothing lost, order kept
+    (alone,) = experiment_parts(cells[:3], limit=2)  # a config larger than the limit
+    assert len(alone) == 3
+    assert experiment_parts([], limit=5) == []
