@@ -21,8 +21,17 @@
    a 30-second epoch (target: under 2%) and with one `log_metric` call per key (what
    `MLflowLoggerCallback` does).
 
+3. At scale (`--scale 1000 10000`): for each size N, a study of N trivial cells (N configs,
+   one seed, one epoch of no work): `studies run --dry-run` in a fresh process (wall time and
+   peak memory: no torch, no Ray), and the runner over all N cells on the local Ray (wall
+   time per cell, and the driver's memory sampled every 0.5 s: at the start, its peak, at the
+   end). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
+   every trial of an experiment, so the runner runs parts of at most
+   `studies.runner.MAX_TRIALS_PER_EXPERIMENT` trials.
+
     python benchmarks/orchestration.py                      # issue's size: 100 cells of 1 s
     python benchmarks/orchestration.py --cells 20 --seconds 0.5 --start-server
+    python benchmarks/orchestration.py --scale 1000 10000   # dry run and driver memory
 """
 
 from __future__ import annotations
@@ -111,6 +120,67 @@ def time_runner(folder: Path, name: str, cells: int, seconds: float, epochs: int
     return elapsed
 
 
+def rss_mb() -> float:
+    """This process's resident memory (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def time_dry_run(folder: Path, cells: int) -> dict[str, float]:
+    """`studies run --dry-run` of an N-cell study in a fresh process: wall time, peak MB."""
+    path = folder / f"dry-{cells}.yaml"
+    path.write_text(study_text(f"dry-{cells}", cells, 0.0, 1).replace(
+        "max_failures: 0", f"max_failures: 0\nmax_cells: {max(cells, 1)}"))
+    code = ("import resource, sys, time; t = time.perf_counter(); "
+            "from studies.cli import main; sys.argv = ['studies', 'run', sys.argv[1], '--dry-run']; "
+            "code = main(); print('RESULT', time.perf_counter() - t, "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(code)")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                          cwd=REPO, timeout=600)
+    wall = time.perf_counter() - start
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"dry run of {cells} cells failed: {done.stderr[-2000:]}")
+    _, inside, peak = line.split()
+    return {"process_wall_s": wall, "in_process_s": float(inside), "peak_mb": float(peak)}
+
+
+def time_runner_at_scale(folder: Path, cells: int, concurrency: int) -> dict[str, float]:
+    """The runner over `cells` trivial cells (one epoch of no work), `concurrency` at a time:
+    wall time per cell and the driver's memory (sampled every 0.5 s)."""
+    import threading
+
+    from studies.runner import RunOptions, run_study
+
+    name = f"scale-{cells}"
+    path = folder / f"{name}.yaml"
+    path.write_text(study_text(name, cells, 0.0, 1).replace(
+        "max_concurrent: 1", f"max_concurrent: {concurrency}").replace(
+        "max_failures: 0", f"max_failures: 0\nmax_cells: {max(cells, 1)}\nlog_models: false"))
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            samples.append(rss_mb())
+
+    options = RunOptions(output=folder / "out", report=False, stream=io.StringIO(),
+                         fit_fn=functools.partial(sleep_fit, seconds=0.0), progress_interval_s=1e9)
+    start_mb = rss_mb()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    outcome = run_study(path, options)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    if outcome.exit_code != 0 or outcome.finished != cells:
+        raise RuntimeError(f"scale study of {cells} cells did not finish: {outcome}")
+    return {"wall_s": elapsed, "per_cell_s": elapsed / cells, "concurrency": concurrency,
+            "driver_start_mb": start_mb, "driver_peak_mb": max(samples or [start_mb]),
+            "driver_end_mb": rss_mb()}
+
+
 def time_loop(cells: int, seconds: float, epochs: int) -> float:
     config = {"epochs": epochs}
     start = time.perf_counter()
@@ -184,7 +254,11 @@ def main(argv=None) -> int:
                              "embedded SQLite store)")
     parser.add_argument("--num-cpus", type=int, default=2, help="local Ray CPUs (default 2)")
     parser.add_argument("--json", default=None, help="write the numbers to this file")
+    parser.add_argument("--scale", type=int, nargs="+", default=None,
+                        help="instead: dry run and the runner over N trivial cells, for each N")
     args = parser.parse_args(argv)
+    if args.scale:
+        return scale_main(args)
 
     import ray
     from ray import cloudpickle
@@ -244,6 +318,39 @@ def main(argv=None) -> int:
                   f"{100 * numbers['share_of_30s_epoch']:.3f}% of a 30 s epoch (target < 2%); "
                   f"one log_metric per key: "
                   f"{1000 * numbers['log_metric_per_key_median_s']:.0f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def scale_main(args) -> int:
+    """Part 3 of the module docstring: the goals of the scale issue at each size."""
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="studies-scale-") as tmp:
+        folder = Path(tmp)
+        for cells in args.scale:
+            results[cells] = {"dry_run": time_dry_run(folder, cells)}
+        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+                 log_to_driver=False)
+        try:
+            time_runner(folder, "scale-warmup", 2, 0.0, 1, None)
+            for cells in args.scale:
+                results[cells]["runner"] = time_runner_at_scale(folder, cells, args.num_cpus)
+                print(json.dumps({cells: results[cells]}), flush=True)
+        finally:
+            ray.shutdown()
+    print("\n| cells | dry run (goal < 3 s, 400 MB) | runner per cell (concurrency) | driver MB start / peak / end |")
+    print("|---|---|---|---|")
+    for cells, r in results.items():
+        d, run = r["dry_run"], r.get("runner", {})
+        print(f"| {cells:,} | {d['process_wall_s']:.2f} s, {d['peak_mb']:.0f} MB | "
+              f"{run.get('per_cell_s', float('nan')):.3f} s ({run.get('concurrency')}) | "
+              f"{run.get('driver_start_mb', 0):.0f} / {run.get('driver_peak_mb', 0):.0f} / "
+              f"{run.get('driver_end_mb', 0):.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
