@@ -603,29 +603,21 @@ class StudyTracking:
 
     def cell_runs(self) -> dict[str, list]:
         """Active child runs of the study grouped by cell id (oldest first)."""
-        experiment_id = self.find_experiment_id() if self._experiment_id is None \
-            else self._experiment_id
-        if experiment_id is None:
-            return {}
-        grouped: dict[str, list] = {}
-        for run in _search_all(self.client, experiment_id, _filter(
-                studies__role=ROLE_CELL, studies__study=self.study_name)):
-            cell_id = run.data.tags.get(TAG_CELL_ID)
-            if cell_id:
-                grouped.setdefault(cell_id, []).append(run)
-        return grouped
+        return self._grouped_runs()
 
     def config_runs(self, config_id: str) -> dict[str, list]:
         """Active child runs of one config of the study grouped by cell id (oldest first):
         one query, whatever the size of the study."""
+        return self._grouped_runs(studies__config_id=str(config_id))  # the TAG_CONFIG_ID tag
+
+    def _grouped_runs(self, **tags: str) -> dict[str, list]:
         experiment_id = self.find_experiment_id() if self._experiment_id is None \
             else self._experiment_id
         if experiment_id is None:
             return {}
         grouped: dict[str, list] = {}
         for run in _search_all(self.client, experiment_id, _filter(
-                studies__role=ROLE_CELL, studies__study=self.study_name,
-                studies__config_id=str(config_id))):  # the TAG_CONFIG_ID tag
+                studies__role=ROLE_CELL, studies__study=self.study_name, **tags)):
             cell_id = run.data.tags.get(TAG_CELL_ID)
             if cell_id:
                 grouped.setdefault(cell_id, []).append(run)

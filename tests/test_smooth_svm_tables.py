@@ -4,7 +4,6 @@ is computed from the algorithms."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 from pathlib import Path
@@ -12,17 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("smooth_svm_tables", REPO / "benchmarks" / "smooth_svm_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tables = _load_benchmark()
+import benchmarks.smooth_svm_tables as tables  # noqa: E402  (the benchmark's own code under test)
 
 
 @pytest.fixture
