@@ -18,6 +18,11 @@ TAG_ERROR = "studies.error"
 TAG_SESSION = "studies.session"
 TAG_RESUMED_FROM = "studies.resumed_from_epoch"
 TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
+#: the epochs done when the cell's config was stopped by a config-level rule (all its seeds)
+TAG_STOPPED_EPOCH = "studies.stopped_epoch"
+#: the rule that pruned the cell's config (`asha`, `optuna`); absent for early stopping. The
+#: report leaves pruned configs out of its tables unless `report: {show_pruned: true}`
+TAG_PRUNED = "studies.pruned"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"
