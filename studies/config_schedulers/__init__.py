@@ -11,10 +11,11 @@ from __future__ import annotations
 from studies.config_schedulers.base import CONTINUE, STOP, WAIT, ConfigScheduler
 from studies.config_schedulers.coordinator import ConfigScheduling, CoordinatorClient
 from studies.config_schedulers.early_stopping import ConfigEarlyStopper
+from studies.config_schedulers.optuna_pruning import ConfigOptunaPruning
 from studies.config_schedulers.successive_halving import ConfigSuccessiveHalving, rungs
 
 __all__ = ["CONTINUE", "STOP", "WAIT", "ConfigScheduler", "ConfigEarlyStopper",
-           "ConfigSuccessiveHalving", "ConfigScheduling", "CoordinatorClient", "rungs",
+           "ConfigSuccessiveHalving", "ConfigOptunaPruning", "ConfigScheduling", "CoordinatorClient", "rungs",
            "session_scheduling"]
 
 
