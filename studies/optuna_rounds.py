@@ -79,6 +79,16 @@ class OptunaProposals:
         self.by_config: dict[str, list[Proposal]] = {}  # config_id -> its open proposals
         self.cells_used: list = []
 
+    def __getstate__(self) -> dict:
+        """Tune pickles its searcher with the experiment's state: without the lock."""
+        state = dict(self.__dict__)
+        state.pop("lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
     @property
     def max_cells(self) -> int:
         """Most cells the block can still start (its room times the seeds)."""

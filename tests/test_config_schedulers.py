@@ -235,3 +235,191 @@ def test_optuna_pruner_builds_the_named_optuna_pruner():
     pruner = optuna_pruner(study.optuna_blocks[0][1].pruner)
     assert isinstance(pruner, optuna.pruners.HyperbandPruner)
     assert (pruner._min_resource, pruner._reduction_factor) == (2, 2)
+
+
+# ----------------------------------------------------------------------------- slow tests
+
+#: scripted validation curves per lr: value(seed, n) for n = epochs done (1, 2, ...)
+CURVES = {
+    0.5: lambda seed, n: 0.5 + 0.01 * n,  # the leader
+    0.4: lambda seed, n: 0.6 if n == 1 else 0.2,  # good at rung 1, then falls behind
+    0.3: lambda seed, n: (0.9 if seed == 0 else 0.0) + 0.01 * n,  # one seed alone leads
+    0.2: lambda seed, n: 0.55 + 0.01 * n,  # second best throughout
+}
+EPOCHS = 6
+
+
+def curve_fit(config, seed, on_epoch=None, checkpoint=None):
+    """A small function with the contract of setvalued.train.fit (docs/interfaces.md §4):
+    validation curves fixed by CURVES, resumable from its own state."""
+    import time
+
+    lr = config["optim"]["lr"]
+    start = 0 if checkpoint is None else checkpoint["epoch"] + 1
+    best = None if checkpoint is None else tuple(checkpoint["best"])
+    for epoch in range(start, config["epochs"]):
+        value = CURVES[lr](seed, epoch + 1)
+        if best is None or value > best[1]:
+            best = (epoch, value)
+        time.sleep(0.05)
+        if on_epoch is not None:
+            on_epoch(epoch, {"epoch": epoch, "train/loss": 1.0 - value, "val/top1": value,
+                             "lr": lr, "epoch_time_s": 0.05},
+                     {"epoch": epoch, "best": best, "config": dict(config)})
+    return {"best_epoch": best[0], "best_val": best[1], "test": {"top1": best[1]},
+            "per_class": {"class": [0, 1], "top1": [best[1], best[1]]}, "history": []}
+
+
+def curve_study(folder: Path, name: str, lrs, **extra) -> Path:
+    study = yaml.safe_load(STUDY)
+    study["name"] = name
+    study["base"]["epochs"] = EPOCHS
+    study["base"]["eval"] = {"ks": [1], "selection": "val/top1"}
+    study.update({"design": [{"kind": "grid", "parameters": {"optim.lr": list(lrs)}}],
+                  "resources": {"cpus": 1}, "log_models": False,
+                  "objective": {"metric": "val/top1", "mode": "max"}})
+    study.update(extra)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def cell_runs(server: str, name: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(server)
+    experiment = client.get_experiment_by_name(name)
+    return [r for r in client.search_runs([experiment.experiment_id], max_results=1000)
+            if r.data.tags.get("studies.role") == "cell"]
+
+
+@pytest.mark.slow
+def test_asha_stops_the_bad_configs_at_their_rungs_with_all_seeds(local_ray, mlflow_server,
+                                                                  tmp_path):
+    from mlflow import MlflowClient
+
+    from analysis.report import build_report
+
+    lrs = [0.5, 0.4, 0.3, 0.2]  # design order = the order configs reach each rung
+    path = curve_study(tmp_path, "asha-grid", lrs,
+                       scheduler={"kind": "asha", "grace_epochs": 1, "reduction_factor": 2})
+    stream = io.StringIO()
+    outcome = run_study(path, RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server,
+                                         report=False, stream=stream, fit_fn=curve_fit))
+    assert outcome.exit_code == 0, stream.getvalue()
+    # one config at a time (2 slots, 2 seeds): configs complete their epochs in design order
+    curves = {lr: {s: [CURVES[lr](s, n) for n in range(1, EPOCHS + 1)] for s in (0, 1)}
+              for lr in lrs}
+    expected = brute_force_asha([(lr, n) for lr in lrs for n in range(1, EPOCHS + 1)],
+                                curves, "max", grace=1, eta=2, epochs=EPOCHS)
+    assert expected == {0.4: 2, 0.3: 1}  # the scripted bad configs (0.3's seed 0 leads alone)
+    client = MlflowClient(mlflow_server)
+    seen = {}
+    for run in cell_runs(mlflow_server, "asha-grid"):
+        lr, seed = float(run.data.params["optim.lr"]), int(run.data.params["seed"])
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/top1"))
+        tags = run.data.tags
+        seen[(lr, seed)] = (len(steps), tags.get("studies.stopped_epoch"),
+                            tags.get("studies.pruned"), tags["studies.status"])
+    for lr in lrs:
+        for seed in (0, 1):
+            if lr in expected:
+                assert seen[(lr, seed)] == (expected[lr], str(expected[lr]), "asha", "finished")
+            else:
+                assert seen[(lr, seed)] == (EPOCHS, None, None, "finished")
+
+    # the report leaves the pruned configs out of its tables, with a note, unless asked
+    report_dir = tmp_path / "report"
+    study = yaml.safe_load(path.read_text())
+    study["report"] = {"tables": [{"metrics": ["test/top1"]}]}
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    text = Path(build_report(mlflow_server, "asha-grid", report_dir, study_file=path)
+                ).with_suffix(".md").read_text(encoding="utf-8")
+    assert "2 configs pruned (asha): 1 at epoch 1, 1 at epoch 2; not shown" in text
+    assert text.count("| 0.") < 2 * len(lrs)
+    table_rows = [line for line in text.splitlines() if line.startswith("| ") and "0.4" in line]
+    assert not table_rows, table_rows
+    study["report"]["show_pruned"] = True
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    text = Path(build_report(mlflow_server, "asha-grid", tmp_path / "report2", study_file=path)
+                ).with_suffix(".md").read_text(encoding="utf-8")
+    assert "not shown" not in text
+    assert [line for line in text.splitlines() if line.startswith("| ") and "0.4" in line]
+
+
+def median_fit(config, seed, on_epoch=None, checkpoint=None):
+    """Curves linear in lr: value = lr + 0.1 * seed + 0.01 * n (seed means lr + 0.05 + 0.01 n)."""
+    import time
+
+    lr = config["optim"]["lr"]
+    start = 0 if checkpoint is None else checkpoint["epoch"] + 1
+    best = None if checkpoint is None else tuple(checkpoint["best"])
+    for epoch in range(start, config["epochs"]):
+        value = lr + 0.1 * seed + 0.01 * (epoch + 1)
+        if best is None or value > best[1]:
+            best = (epoch, value)
+        time.sleep(0.05)
+        if on_epoch is not None:
+            on_epoch(epoch, {"epoch": epoch, "val/top1": value, "epoch_time_s": 0.05},
+                     {"epoch": epoch, "best": best, "config": dict(config)})
+    return {"best_epoch": best[0], "best_val": best[1], "test": {"top1": best[1]},
+            "per_class": {"class": [0, 1], "top1": [best[1], best[1]]}, "history": []}
+
+
+@pytest.mark.slow
+def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlflow_server,
+                                                                tmp_path):
+    import optuna
+
+    path = curve_study(tmp_path, "optuna-median", [0.3], design=[{
+        "kind": "optuna", "n_configs": 5, "sampler": "random", "sampler_seed": 0,
+        "parameters": {"optim.lr": {"uniform": [0.01, 0.5]}},
+        "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 2}}])
+    stream = io.StringIO()
+    outcome = run_study(path, RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server,
+                                         report=False, stream=stream, fit_fn=median_fit))
+    assert outcome.exit_code == 0, stream.getvalue()
+    storage = f"sqlite:///{tmp_path / 'out' / 'optuna-median' / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    trials = optuna.load_study(study_name=summary.study_name, storage=storage).trials
+    assert len(trials) == 5
+    runs: dict[str, list] = {}
+    for run in cell_runs(mlflow_server, "optuna-median"):
+        runs.setdefault(run.data.tags["studies.config_id"], []).append(run)
+    states = []
+    completed: list[dict] = []  # intermediate values of the configs told COMPLETE so far
+    for trial in sorted(trials, key=lambda t: t.number):
+        lr = trial.params["optim.lr"]
+        cells = runs[trial.user_attrs["config_id"]]
+        assert len(cells) == 2  # every config on both seeds
+        # the intermediate values are the seed means after each epoch done (step = n)
+        for step, value in trial.intermediate_values.items():
+            assert value == pytest.approx(lr + 0.05 + 0.01 * step)
+        # the median rule, written out: from step 2 (warm-up) on, once a config is complete, a
+        # config is pruned at the first step where its best mean so far (the curves rise: its
+        # mean there) is below the median of the completed configs' means at that step
+        expected_stop = None
+        if completed:
+            for n in range(2, EPOCHS):
+                median = float(sorted(v[n] for v in completed)[(len(completed) - 1) // 2]
+                               if len(completed) % 2 else
+                               sum(sorted(v[n] for v in completed)[len(completed) // 2 - 1:
+                                                                   len(completed) // 2 + 1]) / 2)
+                if lr + 0.05 + 0.01 * n < median:
+                    expected_stop = n
+                    break
+        stops = {run.data.tags.get("studies.stopped_epoch") for run in cells}
+        pruned = {run.data.tags.get("studies.pruned") for run in cells}
+        if expected_stop is None:
+            assert trial.state == optuna.trial.TrialState.COMPLETE, lr
+            assert stops == {None} and pruned == {None}
+            assert max(trial.intermediate_values) == EPOCHS - 1  # no report at the last epoch
+            completed.append({n: lr + 0.05 + 0.01 * n for n in range(1, EPOCHS)})
+        else:
+            assert trial.state == optuna.trial.TrialState.PRUNED, lr
+            assert stops == {str(expected_stop)} and pruned == {"optuna"}
+            assert max(trial.intermediate_values) == expected_stop
+            assert trial.value == pytest.approx(lr + 0.05 + 0.01 * expected_stop)
+        states.append(trial.state)
+    assert optuna.trial.TrialState.PRUNED in states, [t.params for t in trials]
+
