@@ -336,7 +336,6 @@ def test_asha_stops_the_bad_configs_at_their_rungs_with_all_seeds(local_ray, mlf
     text = Path(build_report(mlflow_server, "asha-grid", report_dir, study_file=path)
                 ).with_suffix(".md").read_text(encoding="utf-8")
     assert "2 configs pruned (asha): 1 at epoch 1, 1 at epoch 2; not shown" in text
-    assert text.count("| 0.") < 2 * len(lrs)
     table_rows = [line for line in text.splitlines() if line.startswith("| ") and "0.4" in line]
     assert not table_rows, table_rows
     study["report"]["show_pruned"] = True
