@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from studies.tracking import STATUS_FINISHED, TAG_PRUNED, TAG_STATUS, StudyTracking, cell_objective, with_retry
+from studies.tracking import STATUS_FINISHED, TAG_PRUNED, TAG_STATUS, StudyTracking, cell_objective
 
 
 @dataclass
@@ -168,8 +168,7 @@ class OptunaProposals:
         pruned = False
         for cell in proposal.cells:
             run_id = proposal.runs.get(cell.cell_id)
-            tags = with_retry(lambda: self.tracking.client.get_run(run_id)).data.tags \
-                if run_id is not None else {}
+            tags = self.tracking.run_tags(run_id) if run_id is not None else {}
             if tags.get(TAG_STATUS) != STATUS_FINISHED:
                 break
             pruned = pruned or bool(tags.get(TAG_PRUNED))

@@ -641,7 +641,11 @@ class StudyTracking:
 
     def run_status(self, run_id: str) -> str | None:
         """The `studies.status` tag of a run (None when the run has none)."""
-        return with_retry(lambda: self.client.get_run(run_id)).data.tags.get(TAG_STATUS)
+        return self.run_tags(run_id).get(TAG_STATUS)
+
+    def run_tags(self, run_id: str) -> dict[str, str]:
+        """The tags of a run."""
+        return dict(with_retry(lambda: self.client.get_run(run_id)).data.tags)
 
     def fail_unfinished(self, state: CellState, message: str) -> CellState:
         """End a run that a trial left `running` (its worker could not write its failure, for
