@@ -168,7 +168,7 @@ class OptunaProposals:
         pruned = False
         for cell in proposal.cells:
             run_id = proposal.runs.get(cell.cell_id)
-            tags = self.tracking.run_tags(run_id) if run_id is not None else {}
+            tags = self.tracking.tags_of_run(run_id) if run_id is not None else {}
             if tags.get(TAG_STATUS) != STATUS_FINISHED:
                 break
             pruned = pruned or bool(tags.get(TAG_PRUNED))

@@ -641,9 +641,9 @@ class StudyTracking:
 
     def run_status(self, run_id: str) -> str | None:
         """The `studies.status` tag of a run (None when the run has none)."""
-        return self.run_tags(run_id).get(TAG_STATUS)
+        return self.tags_of_run(run_id).get(TAG_STATUS)
 
-    def run_tags(self, run_id: str) -> dict[str, str]:
+    def tags_of_run(self, run_id: str) -> dict[str, str]:
         """The tags of a run."""
         return dict(with_retry(lambda: self.client.get_run(run_id)).data.tags)
 

@@ -21,7 +21,7 @@ class LedgerOfValues:
     def __init__(self):
         self.runs: dict[str, tuple[str, float]] = {}
 
-    def run_tags(self, run_id):
+    def tags_of_run(self, run_id):
         return {"studies.status": self.runs[run_id][0]}
 
     def run_metrics(self, run_id):
