@@ -10,6 +10,9 @@ Columns of `Collected.table` (one row per cell whose run has `studies.status=fin
 
 - `run_id`, `cell_id`, `config_id`, `seed` (int64), `variant`,
   `swept` (the cell's swept parameters as canonical JSON text, `{}` when none),
+  `stopped_epoch` (int64: the epochs done when a config-level rule stopped its config, null
+  when it ran every epoch), `pruned` (the rule that pruned its config, `asha` or `optuna`;
+  null when not pruned: early stopping is not pruning),
   `start_time`, `end_time` (ms since the epoch), `duration_s`;
 - `param:<dotted path>`: every parameter of the flattened trial config, typed (bool, int64,
   float64 or string; lists and dicts as JSON text). MLflow stores params as strings; they are
@@ -73,9 +76,11 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_CONFIG_ID,
     TAG_ERROR,
     TAG_RACE,
+    TAG_PRUNED,
     TAG_ROLE,
     TAG_SEED,
     TAG_STATUS,
+    TAG_STOPPED_EPOCH,
     TAG_STUDY,
     TAG_SWEPT,
     TAG_VARIANT,
@@ -89,6 +94,9 @@ ID_COLUMNS = ("run_id", "cell_id", "config_id", "seed", "variant", "swept")
 #: column of a racing study's final decision about a config (`TAG_RACE`, JSON), on the row of
 #: the config's last finished seed; present only when some run has one
 RACE_COLUMN = "race"
+# Columns that say how a config-level rule stopped the cell (tags studies.stopped_epoch and
+# studies.pruned); not metrics either.
+SCHEDULE_COLUMNS = ("stopped_epoch", "pruned")
 
 
 class CollectError(ValueError):
@@ -112,7 +120,8 @@ class Collected:
 
     @property
     def metric_columns(self) -> list[str]:
-        fixed = set(ID_COLUMNS) | {"start_time", "end_time", "duration_s", RACE_COLUMN}
+        fixed = set(ID_COLUMNS) | set(SCHEDULE_COLUMNS) | {"start_time", "end_time", "duration_s",
+                                                           RACE_COLUMN}
         return [
             c for c in self.table.column_names
             if c not in fixed and not c.startswith(PARAM_PREFIX)
@@ -633,6 +642,9 @@ def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: 
     for name in ID_COLUMNS:
         values = [ident[name] for ident in identities]
         columns[name] = pa.array(values, type=pa.int64() if name == "seed" else pa.string())
+    columns["stopped_epoch"] = pa.array([_int_or_none(r.tags.get(TAG_STOPPED_EPOCH)) for r in runs],
+                                        type=pa.int64())
+    columns["pruned"] = pa.array([r.tags.get(TAG_PRUNED) or None for r in runs], type=pa.string())
     columns["start_time"] = pa.array([r.start_time for r in runs], type=pa.int64())
     columns["end_time"] = pa.array([r.end_time for r in runs], type=pa.int64())
     columns["duration_s"] = pa.array(
@@ -663,6 +675,13 @@ def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: 
     if not runs:
         return pa.table({name: pa.array([], type=arr.type) for name, arr in columns.items()})
     return pa.table(columns)
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
 
 
 def _failed_table(runs: Sequence[RunRecord]) -> pa.Table:

@@ -21,6 +21,11 @@ TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
 #: a racing study's final decision about a config (JSON: state, seeds, max, reason, p_holm,
 #: best), on the run of the config's last finished seed (studies.race_driver)
 TAG_RACE = "studies.race"
+#: the epochs done when the cell's config was stopped by a config-level rule (all its seeds)
+TAG_STOPPED_EPOCH = "studies.stopped_epoch"
+#: the rule that pruned the cell's config (`asha`, `optuna`); absent for early stopping. The
+#: report leaves pruned configs out of its tables unless `report: {show_pruned: true}`
+TAG_PRUNED = "studies.pruned"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"

@@ -27,6 +27,7 @@ from analysis.document import Document
 from analysis.figures import build_figures
 from analysis.formatting import format_mean_ci
 from analysis.provenance import mlflow_ui, provenance
+from analysis.pruned import leave_out_pruned
 from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
@@ -63,11 +64,14 @@ def build_report(
     method = ci_method or study.report.ci
     if method not in CI_METHODS:
         raise ValueError(f"ci_method must be one of {CI_METHODS}, got {method!r}")
+    collected, pruned_note = leave_out_pruned(collected, study.report.show_pruned)
     results = StudyResults(collected, study, level, method, n_boot)
 
     doc = Document(f"Study report: {study_name}")
     _introduction(doc, results, study_name, tracking_uri)
     doc.heading("Results")
+    if pruned_note:
+        doc.paragraph(pruned_note, note=True)
     if not results.rows:
         doc.paragraph("No finished cell: no table, figure or comparison.", note=True)
     else:

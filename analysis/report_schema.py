@@ -28,6 +28,9 @@ report:
                                #   published numbers marked; default: the main metric's, when logged
   per_class: [top1]            # per-class test accuracy against the class's training images,
                                #   a panel per config (the best of each variant); none by default
+  show_pruned: false           # configs pruned by ASHA or an Optuna pruner (tag studies.pruned)
+                               #   trained fewer epochs: left out of every table and figure,
+                               #   with a note, unless true
 reference:                     # published numbers (percent), shown beside the reproduced
   source: "Thesis Table 4.4"   #   ones in a column headed "<metric> (paper)"
   rows:
@@ -128,6 +131,7 @@ class Report(_Strict):
     compare: Optional[ReportCompare] = None
     count_bins: Optional[list[str]] = None  # base metrics (top1, avg5) per bin of training images
     per_class: Optional[list[str]] = None  # base metrics per class against its training images
+    show_pruned: bool = False  # pruned configs (studies.pruned) in the tables and figures
 
     @field_validator("count_bins", "per_class")
     @classmethod

@@ -10,7 +10,7 @@ creates each trial just when a slot is free (with `max_concurrent_trials` equal 
 trials that fit at once), so trials start exactly in config-major order: the seeds of a
 config start together, and at most one config at a time is partly started. Early stopping
 relies on this (the seeds of a config wait for each other at every epoch; see
-`studies.early_stopping.ConfigEarlyStopper`).
+`studies.config_schedulers`).
 
 Plain Python: no Ray here.
 """

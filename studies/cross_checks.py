@@ -15,7 +15,7 @@ from setvalued.metric_names import PER_EPOCH_EXTRA_METRICS, check_metric, count_
 from setvalued.paths import deep_merge
 from studies.expressions import Expression, ExpressionError, parse_expression
 from studies.problems import Path_, Problem, Problems
-from studies.study import DEFAULT_VARIANT, EarlyStopping, Objective, ReportSetSizes, Study
+from studies.study import DEFAULT_VARIANT, Asha, EarlyStopping, Objective, ReportSetSizes, Study
 from studies.trial_config import validate_config
 
 __all__ = ["check_study", "origin_in_variant"]
@@ -82,7 +82,8 @@ def check_study(study: Study) -> None:
             if reason:
                 problems.append(Problem(("objective", "metric"), reason + (f" (variant '{name}')" if study.variants else "")))
                 break
-    if isinstance(study.scheduler, EarlyStopping):
+    if isinstance(study.scheduler, (EarlyStopping, Asha)):
+        rule = "early stopping" if isinstance(study.scheduler, EarlyStopping) else "asha"
         metric = study.scheduler.metric or study.objective.metric
         if study.scheduler.mode is None:
             study.scheduler.mode = study.objective.mode if study.scheduler.metric in (None, study.objective.metric) \
@@ -91,9 +92,32 @@ def check_study(study: Study) -> None:
             reason = check_metric(metric, config["eval"], ("val",))
             if reason:
                 where = ("scheduler", "metric") if study.scheduler.metric else ("objective", "metric")
-                problems.append(Problem(where, "early stopping needs a validation metric: " + reason))
+                problems.append(Problem(where, f"{rule} needs a validation metric: " + reason))
                 break
         study.scheduler.metric = metric  # resolved: the runner reads metric and mode directly
+    if isinstance(study.scheduler, Asha):
+        grace = study.scheduler.grace_epochs
+        for name, config in configs.items():
+            if grace >= config["epochs"]:
+                problems.append(Problem(("scheduler", "grace_epochs"), (
+                    f"asha's first rung ({grace} epochs) must come before the last epoch; "
+                    f"{'variant ' + repr(name) + ' trains' if study.variants else 'the study trains'} "
+                    f"{config['epochs']} epochs: expected grace_epochs < {config['epochs']}")))
+                break
+    for index, block in study.optuna_blocks:
+        if block.pruner is None:
+            continue
+        if study.scheduler.kind != "none":
+            problems.append(Problem(("design", index, "pruner"), (
+                f"an optuna block's pruner and the study's scheduler ({study.scheduler.kind}) "
+                f"would both stop its configs; expected one of them (scheduler: {{kind: none}})")))
+        for name, config in configs.items():
+            reason = check_metric(study.objective.metric, config["eval"], ("val",))
+            if reason:
+                problems.append(Problem(("objective", "metric"), (
+                    "an optuna pruner reads the objective after every epoch, so it must be a "
+                    f"validation metric: {reason}")))
+                break
 
     # racing: the metric that decides it (default: the objective's) is logged by every variant
     racing = study.racing

@@ -135,14 +135,51 @@ class RandomBlock(_Block):
     def configs_per_variant(self) -> int:
         return self.n_configs
 
+class MedianPruner(StrictModel):
+    """Optuna's ``MedianPruner``: a config stops when its seed mean at an epoch is worse than
+    the median of the completed configs' means at that epoch."""
+
+    kind: Literal["median"]
+    n_startup_trials: int = Field(5, ge=0)
+    n_warmup_steps: int = Field(0, ge=0)  # epochs done before any pruning
+    interval_steps: int = Field(1, ge=1)
+    n_min_trials: int = Field(1, ge=1)
+
+
+class SuccessiveHalvingPruner(StrictModel):
+    """Optuna's ``SuccessiveHalvingPruner`` (asynchronous successive halving) on the seed means."""
+
+    kind: Literal["successive_halving"]
+    min_resource: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"  # epochs
+    reduction_factor: int = Field(4, ge=2)
+    min_early_stopping_rate: int = Field(0, ge=0)
+
+
+class HyperbandPruner(StrictModel):
+    """Optuna's ``HyperbandPruner`` on the seed means."""
+
+    kind: Literal["hyperband"]
+    min_resource: int = Field(1, ge=1)  # epochs
+    max_resource: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
+    reduction_factor: int = Field(3, ge=2)
+
+
+Pruner = Annotated[Union[MedianPruner, SuccessiveHalvingPruner, HyperbandPruner], Field(discriminator="kind")]
+PRUNER_CLASSES = {"median": MedianPruner, "successive_halving": SuccessiveHalvingPruner,
+                  "hyperband": HyperbandPruner}
+
+
 class OptunaBlock(_Block):
-    """``n_configs`` proposals from an Optuna sampler; each runs on every seed (seed mean told)."""
+    """``n_configs`` proposals from an Optuna sampler; each runs on every seed (seed mean told).
+    With a ``pruner``, Optuna's pruner gets each config's seed mean after every epoch as its
+    intermediate value and may stop the config (all its seeds): the trial ends PRUNED."""
 
     kind: Literal["optuna"]
     n_configs: int = Field(ge=1)
     parameters: dict[str, Distribution] = Field(min_length=1)
     sampler: Literal["tpe", "random", "cmaes", "gp", "qmc"] = "tpe"
     sampler_seed: Optional[int] = 0
+    pruner: Optional[Pruner] = None
 
 
     def configs_per_variant(self) -> int:

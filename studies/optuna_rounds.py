@@ -8,7 +8,10 @@ is free and no seed of an earlier config is left to start: each config runs on e
 the study as Tune trials, and when the last of its seeds ends, the seed mean of the objective
 is told back (ask/tell), so the sampler learns from every config as soon as it is known and
 no slot waits for a round to end. A config with a failed cell is told FAIL and not retried
-(its cells stay failed in MLflow). Trials left RUNNING by a killed driver are replayed first:
+(its cells stay failed in MLflow). With a `pruner` on the block, the config's seed mean
+after every epoch is reported to its trial as the intermediate value at step = epochs done
+(`report_epoch`, called by `studies.config_schedulers.optuna_pruning.PrunerBridge`); a config
+the pruner stops ends with every seed at that epoch and is told PRUNED. Trials left RUNNING by a killed driver are replayed first:
 `optuna.trial.FixedTrial` of their params gives the same config, hence the same cells, which
 finish (or are already finished) and are told.
 
@@ -17,11 +20,12 @@ finish (or are already finished) and are told.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from studies.tracking import STATUS_FINISHED, StudyTracking, cell_objective
+from studies.tracking import STATUS_FINISHED, TAG_PRUNED, TAG_STATUS, StudyTracking, cell_objective
 
 
 @dataclass
@@ -31,6 +35,8 @@ class Proposal:
     number: int
     cells: list
     runs: dict = field(default_factory=dict)  # cell_id -> run id (None: no run) once ended
+    trial: Any = None  # its optuna.trial.Trial (intermediate values are reported to it)
+    reported: set = field(default_factory=set)  # the steps its trial holds
 
     @property
     def ended(self) -> bool:
@@ -51,9 +57,12 @@ class OptunaProposals:
         import optuna
         from optuna.trial import TrialState
 
+        from studies.config_schedulers.optuna_pruning import optuna_pruner
         from studies.space import optuna_sampler
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Tune's searcher (ask, tell) and the pruner's thread (report) share the study
+        self.lock = threading.RLock()
         self.study, self.index, self.block = study, index, block
         self.smoke, self.tracking = smoke, tracking
         self.metric = study.objective.metric
@@ -61,13 +70,24 @@ class OptunaProposals:
         self.ostudy = optuna.create_study(
             study_name=f"{study_name}/design[{index}]",
             storage=f"sqlite:///{study_dir / 'optuna.db'}",
-            sampler=optuna_sampler(block), load_if_exists=True,
+            sampler=optuna_sampler(block), pruner=optuna_pruner(block.pruner), load_if_exists=True,
             direction="maximize" if study.objective.mode == "max" else "minimize")
         trials = self.ostudy.get_trials(deepcopy=False)
         self.replays = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
         self.trials_made = len(trials)  # every trial of the block, whatever its state
         self.open: dict[str, list[Proposal]] = {}  # cell_id -> the proposals waiting for it
+        self.by_config: dict[str, list[Proposal]] = {}  # config_id -> its open proposals
         self.cells_used: list = []
+
+    def __getstate__(self) -> dict:
+        """Tune pickles its searcher with the experiment's state: without the lock."""
+        state = dict(self.__dict__)
+        state.pop("lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
     @property
     def max_cells(self) -> int:
@@ -85,20 +105,27 @@ class OptunaProposals:
     def propose(self) -> list | None:
         """The cells of the next config (every seed) that are not already under way for an
         earlier proposal of the same config; None when the block is complete."""
-        from optuna.trial import FixedTrial
+        with self.lock:
+            return self._propose()
+
+    def _propose(self) -> list | None:
+        from optuna.trial import FixedTrial, Trial
 
         if self.replays:
-            trial = self.replays.pop(0)
-            number, cells = trial.number, self._cells_of(FixedTrial(trial.params, trial.number))
+            frozen = self.replays.pop(0)
+            cells = self._cells_of(FixedTrial(frozen.params, frozen.number))
+            trial = Trial(self.ostudy, frozen._trial_id)  # reports go to the stored trial
+            reported = set(frozen.intermediate_values)
         elif self.trials_made < self.block.n_configs:
             trial = self.ostudy.ask()
             self.trials_made += 1
             cells = self._cells_of(trial)
             trial.set_user_attr("config_id", cells[0].config_id)
-            number = trial.number
+            reported = set()
         else:
             return None
-        proposal = Proposal(number, cells)
+        proposal = Proposal(trial.number, cells, trial=trial, reported=reported)
+        self.by_config.setdefault(cells[0].config_id, []).append(proposal)
         fresh = []
         for cell in cells:
             if cell.cell_id not in self.open:  # a config asked twice waits for the first
@@ -110,25 +137,48 @@ class OptunaProposals:
     def cell_ended(self, cell_id: str, run_id: str | None) -> None:
         """A cell of an open proposal ended (finished, failed, or found finished in MLflow
         without running); the last one of its config tells Optuna the seed mean."""
-        for proposal in self.open.pop(cell_id, []):
-            proposal.runs[cell_id] = run_id
-            if proposal.ended:
-                self._tell(proposal)
+        with self.lock:
+            for proposal in self.open.pop(cell_id, []):
+                proposal.runs[cell_id] = run_id
+                if proposal.ended:
+                    self._tell(proposal)
+                    config_id = proposal.cells[0].config_id
+                    self.by_config[config_id] = [p for p in self.by_config.get(config_id, [])
+                                                 if p is not proposal]
+
+    def report_epoch(self, config_id: str, epoch: int, mean: float) -> bool:
+        """The config's seed mean of the objective after `epoch` epochs, reported to its
+        open trial(s) at step `epoch`; whether the block's pruner stops the config. A step
+        already reported (a trial replayed after a driver was killed) is not reported again."""
+        with self.lock:
+            prune = False
+            for proposal in self.by_config.get(config_id, []):
+                if epoch not in proposal.reported:
+                    proposal.trial.report(float(mean), step=int(epoch))
+                    proposal.reported.add(epoch)
+                prune = proposal.trial.should_prune() or prune
+            return prune
 
     def _tell(self, proposal: Proposal) -> None:
-        """The seed mean of the objective, or FAIL when a cell did not finish."""
+        """The seed mean of the objective; PRUNED when the block's pruner stopped the config
+        (its cells are tagged `studies.pruned`); FAIL when a cell did not finish."""
         from optuna.trial import TrialState
 
         values = []
+        pruned = False
         for cell in proposal.cells:
             run_id = proposal.runs.get(cell.cell_id)
-            if run_id is None or self.tracking.run_status(run_id) != STATUS_FINISHED:
+            tags = self.tracking.tags_of_run(run_id) if run_id is not None else {}
+            if tags.get(TAG_STATUS) != STATUS_FINISHED:
                 break
+            pruned = pruned or bool(tags.get(TAG_PRUNED))
             value = cell_objective(self.tracking, run_id, self.metric)
             if value != value:  # NaN: the metric is missing
                 break
             values.append(value)
-        if len(values) == len(proposal.cells):
+        if len(values) == len(proposal.cells) and pruned:
+            self.ostudy.tell(proposal.number, state=TrialState.PRUNED)  # value: its last report
+        elif len(values) == len(proposal.cells):
             self.ostudy.tell(proposal.number, sum(values) / len(values))
         else:
             self.ostudy.tell(proposal.number, state=TrialState.FAIL)

@@ -17,8 +17,9 @@ How a study file becomes trials (`run_study`), and which module does each step:
    checkpointed every epoch, so a trial whose worker dies restarts from its last epoch;
 5. optuna blocks: configs asked as trial slots free up, each run on every seed, the seed mean
    told back when its last seed ends (`studies.optuna_rounds`);
-6. early stopping (`scheduler: {kind: early_stopping}`) is decided per config over all its
-   seeds, by a Ray actor that every trial reports to (`studies.early_stopping`);
+6. early stopping and ASHA (`scheduler: {kind: early_stopping | asha}`) and an optuna
+   block's `pruner` are decided per config over all its seeds, by a Ray actor that every
+   trial reports to (`studies.config_schedulers`);
 7. progress while the trials run (`studies.progress`), then a summary, a report
    (`analysis.report.build_report`) unless disabled, and how to open the MLflow UI. The exit
    code is 0 when every cell finished, 1 otherwise, 130 when interrupted.
@@ -39,7 +40,7 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 from studies.cell_queue import config_major
 from studies.checkpoints import ResumePoints
-from studies.early_stopping import EarlyStopping
+from studies.config_schedulers import session_scheduling
 from studies.errors import RunnerError
 from studies.progress import StudyProgress, format_duration
 from studies.ray_session import RaySession
@@ -108,7 +109,8 @@ def _print(stream: IO[str], text: str) -> None:
 
 class _Session:
     """One invocation of the runner on one study: what its collaborators share (the Ray
-    session, early stopping, the cells seen, the checkpoints to resume, Tune's folders)."""
+    session, the config-level schedulers, the cells seen, the checkpoints to resume, Tune's
+    folders)."""
 
     def __init__(self, study, name: str, study_dir: Path, tracking: StudyTracking,
                  options: RunOptions, stream: IO[str]):
@@ -121,7 +123,14 @@ class _Session:
         self.session_id = new_session_id()
         self.ray = RaySession(options.address, options.num_cpus, options.num_gpus,
                               options.object_store_mb, dashboard=options.dashboard)
-        self.early_stopping = EarlyStopping(study, tracking, self.session_id)
+        self.scheduling = session_scheduling(study, tracking, self.session_id)
+        self.block_scheduling = {}  # optuna block index -> its pruner's scheduling
+        for index, block in study.optuna_blocks:
+            if block.pruner is not None:
+                from studies.config_schedulers.optuna_pruning import block_scheduling
+
+                self.block_scheduling[index] = block_scheduling(study, tracking, self.session_id,
+                                                                index)
         self.concurrency = 1
         self.context = None
         self.tune_dirs: list[Path] = []
@@ -163,12 +172,14 @@ class _Session:
         return done, [c for c in cells if c.cell_id in wanted]
 
     def start(self) -> None:
-        """Start Ray, count the trial slots, refuse early stopping that cannot work here."""
+        """Start Ray, count the trial slots, refuse a config-level scheduler that cannot work
+        here."""
         self.ray.start()
         if self.ray.dashboard_url:
             self.say(f"Ray dashboard: {self.ray.dashboard_url}")
         self.concurrency = self.ray.trial_slots(self.study, self.stream)
-        self.early_stopping.check_concurrency(self.concurrency)
+        for scheduling in (self.scheduling, *self.block_scheduling.values()):
+            scheduling.check_concurrency(self.concurrency)
 
     def run_cells(self, cells: Sequence, total: int, done_before: int) -> None:
         """One Tune experiment over `cells` (all not finished yet)."""
@@ -199,6 +210,7 @@ class _Session:
         finished are told at once, the others run."""
         from studies.tune_experiment import ProposalSearcher
 
+        scheduling = self.block_scheduling.get(proposals.index, self.scheduling)
         epochs: dict[str, int] = {}
         # one scan of the storage for the checkpoints of every cell of the study; a
         # proposal (a replayed config) takes those of its cells
@@ -206,8 +218,8 @@ class _Session:
 
         def admit(cells: list) -> list[dict]:
             self.know(cells)
-            if self.early_stopping.enabled:
-                self.early_stopping.prepare(cells, self.concurrency)
+            if scheduling.enabled:
+                scheduling.prepare(cells, self.concurrency)
             done, pending = self.plan_proposal(cells)
             for cell_id, run_id in done.items():
                 proposals.cell_ended(cell_id, run_id)
@@ -219,8 +231,17 @@ class _Session:
 
         self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
                  f"({self.concurrency} at a time)")
-        self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
-                        max_trials=proposals.max_cells, total=total, done_before=done_before)
+        if proposals.index not in self.block_scheduling:
+            self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
+                            max_trials=proposals.max_cells, total=total, done_before=done_before)
+            return
+        from studies.config_schedulers.optuna_pruning import PrunerBridge
+
+        scheduling.prepare([], self.concurrency)  # the actor, for the bridge
+        with PrunerBridge(scheduling.actor, proposals.report_epoch):
+            self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
+                            max_trials=proposals.max_cells, total=total, done_before=done_before,
+                            scheduling=scheduling)
 
     def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
         """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
@@ -247,19 +268,22 @@ class _Session:
 
     def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
                    max_trials: int, total: int, done_before: int,
-                   epochs: dict[str, int] | None = None, callback=None):
+                   epochs: dict[str, int] | None = None, callback=None, scheduling=None):
         """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
         the progress line (`callback`: the one of an earlier part of the same cells, whose
-        counts go on; else a new one over `cells`), early stopping and the study's
-        resources. Returns the progress callback."""
+        counts go on; else a new one over `cells`), the config-level scheduler (`scheduling`,
+        default the study's) and the study's resources. Returns the progress callback."""
         from studies.tune_experiment import ProgressCallback, run_experiment
 
-        early = self.early_stopping.prepare(self.known_cells.values(), self.concurrency)
+        scheduling = scheduling or self.scheduling
+        # a block's pruner knows the block's configs alone (told as they are proposed)
+        early = scheduling.prepare(self.known_cells.values() if scheduling is self.scheduling
+                                   else [], self.concurrency)
 
         def on_error(cell_id: str) -> None:  # failed for good: its config decides without it
             cell = self.known_cells.get(cell_id)
             if cell is not None:
-                self.early_stopping.mark_gone(cell)
+                scheduling.mark_gone(cell)
 
         if callback is None:
             if epochs is None:
@@ -348,15 +372,19 @@ def read_settings(study_dir: Path) -> dict:
 
 
 def smoke_study(study):
-    """The study as a smoke run executes it: one CPU per trial, no GPU, no early stopping.
+    """The study as a smoke run executes it: one CPU per trial, no GPU, no early stopping or
+    pruning.
 
-    The smoke cells are tiny CPU jobs (studies.space.smoke_config), so the file's GPU
-    resources and its scheduler (which needs every seed of a config at once) do not apply,
-    and their models are not worth logging.
+    The smoke cells are tiny CPU jobs of one epoch (studies.space.smoke_config), so the
+    file's GPU resources and its scheduler or pruners (which need every seed of a config at
+    once, and decide nothing at a config's last epoch) do not apply, and their models are
+    not worth logging.
     """
     from studies.study import NoScheduler, Resources
 
-    return study.model_copy(update={"resources": Resources(cpus=1, gpus=0),
+    design = [block.model_copy(update={"pruner": None}) if getattr(block, "pruner", None)
+              else block for block in study.design]
+    return study.model_copy(update={"resources": Resources(cpus=1, gpus=0), "design": design,
                                     "scheduler": NoScheduler(kind="none"), "log_models": False})
 
 

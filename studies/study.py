@@ -16,12 +16,12 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, mo
 
 from analysis.report_schema import (Reference, ReferenceRow, References, Report, ReportCompare, ReportCurve,  # noqa: F401
                                     ReportSetSizes, ReportTable)
-from studies.design import BLOCK_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
+from studies.design import BLOCK_CLASSES, PRUNER_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
 from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
 from studies.schema import StrictModel, fields_of, pydantic_message
 
-__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "SeedRacing", "RaceUntil", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Scheduler", "Report",
+__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "SeedRacing", "RaceUntil", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Asha", "Scheduler", "Report",
            "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes", "Reference", "ReferenceRow",
            "DEFAULT_VARIANT", "NAME_PATTERN", "schema_problem"]
 
@@ -86,7 +86,22 @@ class EarlyStopping(StrictModel):
     patience: int = Field(3, ge=1)
 
 
-Scheduler = Annotated[Union[NoScheduler, EarlyStopping], Field(discriminator="kind")]
+class Asha(StrictModel):
+    """Asynchronous successive halving of configs (all seeds of a config advance or stop
+    together, on their mean): rungs at grace_epochs * reduction_factor^i epochs; at a rung a
+    config goes on when its seed mean is in the top 1/reduction_factor of the configs that
+    reached it so far (`studies.config_schedulers.successive_halving`)."""
+
+    kind: Literal["asha"]
+    metric: Optional[str] = None  # default: the objective's metric
+    mode: Optional[Literal["max", "min"]] = None
+    grace_epochs: int = Field(1, ge=1)
+    reduction_factor: int = Field(3, ge=2)
+
+
+Scheduler = Annotated[Union[NoScheduler, EarlyStopping, Asha], Field(discriminator="kind")]
+#: the model of each scheduler kind (for the list of accepted fields in errors)
+SCHEDULER_CLASSES = {"none": NoScheduler, "early_stopping": EarlyStopping, "asha": Asha}
 
 
 class RaceUntil(StrictModel):
@@ -371,6 +386,14 @@ def _strip_union_tags(loc: Path_, raw: Any) -> Path_:
     return tuple(out)
 
 
+def _union_kinds(loc: Path_) -> list[str]:
+    """The kinds accepted by the tagged union at `loc` (a design block, an optuna block's
+    pruner, the scheduler)."""
+    if loc[:1] == ("design",):
+        return list(PRUNER_CLASSES if loc[-1:] == ("pruner",) else BLOCK_CLASSES)
+    return list(SCHEDULER_CLASSES)
+
+
 def schema_problem(e: dict, raw: dict) -> Problem:
     """A pydantic error of the Study schema as a Problem at the YAML path of the file."""
     loc = _strip_union_tags(tuple(e["loc"]), raw)
@@ -378,7 +401,7 @@ def schema_problem(e: dict, raw: dict) -> Problem:
     kind = e["type"]
     if kind == "union_tag_not_found":
         return Problem(loc + ("kind",), "missing field 'kind'; expected one of: "
-                       + ", ".join(BLOCK_CLASSES if loc[:1] == ("design",) else ("none", "early_stopping")))
+                       + ", ".join(_union_kinds(loc)))
     if kind == "union_tag_invalid":
         expected = e["ctx"]["expected_tags"].replace("'", "")
         return Problem(loc + ("kind",), f"unknown kind {e['ctx']['tag']!r}; expected one of: {expected}")
@@ -392,7 +415,11 @@ def schema_problem(e: dict, raw: dict) -> Problem:
             model = Distribution
         elif parent == ("scheduler",):
             sched = raw.get("scheduler")
-            model = EarlyStopping if isinstance(sched, dict) and sched.get("kind") == "early_stopping" else NoScheduler
+            model = SCHEDULER_CLASSES.get(sched.get("kind") if isinstance(sched, dict) else None, NoScheduler)
+        elif parent[:1] == ("design",) and len(parent) == 3 and parent[2] == "pruner":
+            block = raw.get("design", [])[parent[1]] if isinstance(raw.get("design"), list) else None
+            pruner = block.get("pruner") if isinstance(block, dict) else None
+            model = PRUNER_CLASSES.get(pruner.get("kind")) if isinstance(pruner, dict) else None
         else:
             normal = tuple(0 if isinstance(p, int) else p for p in parent)
             model = _MODEL_AT.get(normal)

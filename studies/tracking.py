@@ -66,11 +66,13 @@ from analysis.layout import (  # noqa: E402  the MLflow layout, shared with anal
     TAG_CONFIG_ID,
     TAG_ERROR,
     TAG_NODE_ID,
+    TAG_PRUNED,
     TAG_RESUMED_FROM,
     TAG_ROLE,
     TAG_SEED,
     TAG_SESSION,
     TAG_STATUS,
+    TAG_STOPPED_EPOCH,
     TAG_STUDY,
     TAG_SWEPT,
     TAG_VARIANT,
@@ -631,7 +633,11 @@ class StudyTracking:
 
     def run_status(self, run_id: str) -> str | None:
         """The `studies.status` tag of a run (None when the run has none)."""
-        return with_retry(lambda: self.client.get_run(run_id)).data.tags.get(TAG_STATUS)
+        return self.tags_of_run(run_id).get(TAG_STATUS)
+
+    def tags_of_run(self, run_id: str) -> dict[str, str]:
+        """The tags of a run."""
+        return dict(with_retry(lambda: self.client.get_run(run_id)).data.tags)
 
     def fail_unfinished(self, state: CellState, message: str) -> CellState:
         """End a run that a trial left `running` (its worker could not write its failure, for

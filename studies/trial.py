@@ -23,10 +23,11 @@ A `NonFiniteLossError` (NaN/inf loss) is deterministic: the cell is marked faile
 error and the trial ends without a Tune retry. Any other exception marks the cell failed and
 is re-raised, so that Tune retries it (up to `max_failures`) from its last checkpoint.
 
-Early stopping (`scheduler: {kind: early_stopping}`) is decided per config over its seeds by
-the `studies.early_stopping.EarlyStoppingCoordinator` actor: after `grace_epochs`, each seed
-waits at every epoch until all seeds of its config have reported that epoch, and all seeds
-of a stopped config stop at the same epoch. A stopped seed is finalised by calling `fit`
+Early stopping and pruning (`scheduler: {kind: early_stopping | asha}`, an optuna block's
+`pruner`) are decided per config over its seeds by the coordinator actor
+(`studies.config_schedulers`): at the rule's decision epochs, each seed waits until all
+seeds of its config have reported that epoch, and all seeds of a stopped config stop at the
+same epoch (tagged `studies.stopped_epoch`, and `studies.pruned` when the rule prunes). A stopped seed is finalised by calling `fit`
 again from its last checkpoint with `epochs` cut to the epochs done: no epoch is left to
 train, and `fit` evaluates the checkpoint selected on validation on the test set, as for a
 complete run.
@@ -44,9 +45,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from studies.checkpoints import META_FILE, read_checkpoint, read_tune_checkpoint, save_checkpoint
-from studies.early_stopping import TAG_STOPPED_EPOCH, CoordinatorClient
+from studies.config_schedulers.coordinator import CoordinatorClient
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
+    TAG_PRUNED,
+    TAG_STOPPED_EPOCH,
     STATUS_FINISHED,
     TAG_NODE_ID,
     TAG_RESUMED_FROM,
@@ -125,7 +128,8 @@ def run_cell(
     """Train the cell `tune_config["cell_id"]` with checkpoints and MLflow logging.
 
     `early_stopping`: None, or {"actor": name of the coordinator actor, "metric": metric
-    key}; see the module docstring.
+    key, "prunes": the `studies.pruned` tag of a stopped cell or None}; see the module
+    docstring.
     """
     import ray
     import ray.tune
@@ -378,7 +382,10 @@ def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: _EpochReporter) 
             return fit(config, seed, on_epoch=reporter, checkpoint=reporter.state)
         except StopTraining:
             stopped_at = reporter.epochs_done
-    reporter.run.set_tags({TAG_STOPPED_EPOCH: str(stopped_at)})
+    tags = {TAG_STOPPED_EPOCH: str(stopped_at)}
+    if coordinator.prunes:
+        tags[TAG_PRUNED] = coordinator.prunes
+    reporter.run.set_tags(tags)
     # epochs cut to those done: fit resumes after the last one, trains nothing more and
     # evaluates the checkpoint it selected on validation
     truncated = copy.deepcopy(config)

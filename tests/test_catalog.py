@@ -38,6 +38,8 @@ EXPECTED_CELLS = {
     "quickstart": (2 + 3) * 3,
     # the quickstart racing on 3 to 10 seeds: every seed up to max is a cell the race may run
     "racing_quickstart": (2 + 3) * 10,
+    # ASHA quickstart: noised top-K on 3 learning rates x 3 epsilon values, 2 seeds
+    "asha_quickstart": 3 * 3 * 2,
     # thesis Table 4.2: 8 epsilon values x 4 seeds
     "topk_epsilon": 8 * 4,
     # thesis Table 4.3: 7 values of M x 4 seeds
@@ -104,8 +106,8 @@ EXPECTED_CELLS = {
 
 # Files on synthetic data, run on a CPU (no data folder, no GPU), and files without published
 # numbers (the thesis states their argument without an experiment).
-SYNTHETIC = {"quickstart", "racing_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
-NO_PUBLISHED_NUMBERS = {"quickstart", "racing_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+SYNTHETIC = {"quickstart", "racing_quickstart", "asha_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+NO_PUBLISHED_NUMBERS = {"quickstart", "racing_quickstart", "asha_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
 # the conformal methods and levels each conformal study evaluates (eval.conformal_*)
 CONFORMAL_STUDIES = {"conformal_vs_avgk": {"ks": [2, 5]}, "conformal_vs_avgk_plantnet300k": {"ks": [2, 3, 5, 10]}}
 
@@ -309,7 +311,7 @@ def test_variant_files_show_the_other_design_kinds(name):
 
 
 def test_catalogue_shows_every_design_kind_derived_and_early_stopping():
-    kinds, derived, stopping = set(), set(), set()
+    kinds, derived, stopping, asha = set(), set(), set(), set()
     for path in catalog_files():
         study, _ = loaded(path)
         kinds |= {b.kind for b in study.design}
@@ -317,8 +319,23 @@ def test_catalogue_shows_every_design_kind_derived_and_early_stopping():
             derived.add(path.stem)
         if study.scheduler.kind == "early_stopping":
             stopping.add(path.stem)
+        if study.scheduler.kind == "asha":
+            asha.add(path.stem)
     assert kinds == {"grid", "sensitivity", "random", "optuna", "single"}
-    assert derived and stopping
+    assert derived and stopping and asha
+
+
+def test_asha_quickstart_has_rungs_before_its_last_epoch():
+    """Pruning configs, not trials: its ASHA rungs come before the last epoch, and its seeds
+    (which wait for each other at a rung) fit on a 2-core laptop at once."""
+    from studies.config_schedulers import rungs
+
+    study, cells = loaded(CATALOG / "asha_quickstart.yaml")
+    epochs = {c.config["epochs"] for c in cells}
+    assert len(epochs) == 1
+    schedule = rungs(study.scheduler.grace_epochs, study.scheduler.reduction_factor, epochs.pop())
+    assert len(schedule) >= 2, schedule
+    assert len(study.seeds) <= 2 and study.resources.cpus == 1 and study.resources.gpus == 0
 
 
 @pytest.mark.parametrize("path", catalog_files(), ids=_id)

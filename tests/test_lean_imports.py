@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
 RUNNER_SIDE = ("studies.runner", "studies.progress", "studies.trial", "studies.tracking",
                "studies.cli", "studies.cell_queue", "studies.checkpoints",
-               "studies.early_stopping", "studies.ray_session", "studies.optuna_rounds")
+               "studies.config_schedulers", "studies.ray_session", "studies.optuna_rounds")
 
 
 def loaded_after(code: str) -> set[str]:

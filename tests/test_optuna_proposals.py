@@ -21,8 +21,8 @@ class LedgerOfValues:
     def __init__(self):
         self.runs: dict[str, tuple[str, float]] = {}
 
-    def run_status(self, run_id):
-        return self.runs[run_id][0]
+    def tags_of_run(self, run_id):
+        return {"studies.status": self.runs[run_id][0]}
 
     def run_metrics(self, run_id):
         return {"test/top1": self.runs[run_id][1]}

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from studies.cell_queue import config_major
-from studies.early_stopping import ConfigEarlyStopper
+from studies.config_schedulers import ConfigEarlyStopper
 from studies.runner import RunOptions, run_study
 from studies.progress import StudyProgress, format_duration
 
