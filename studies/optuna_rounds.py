@@ -66,7 +66,7 @@ class OptunaProposals:
         self.study, self.index, self.block = study, index, block
         self.smoke, self.tracking = smoke, tracking
         self.metric = study.objective.metric
-        self.seeds = list(study.seeds)
+        self.seeds = study.seed_list  # racing is refused with optuna blocks: the list
         self.ostudy = optuna.create_study(
             study_name=f"{study_name}/design[{index}]",
             storage=f"sqlite:///{study_dir / 'optuna.db'}",
