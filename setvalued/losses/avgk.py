@@ -238,7 +238,7 @@ class _TwoHeadBCE(torch.autograd.Function):
     correction on the positives only.  ``BCE(z, 0) = softplus(z) = max(z, 0) - log sigma(|z|)``
     (no overflow, no log of 0; the logs are taken per chunk: :func:`_row_log_sigmoid_abs`),
     ``BCE(z, 1) = softplus(-z)``; gradient ``w (sigma(z) - t)``, with ``sigma(z)`` kept from the
-    forward pass.
+    forward pass (``-w sigma(-z)`` on the positives, exact where ``sigma(z)`` rounds to 1).
     """
 
     @staticmethod
@@ -253,16 +253,17 @@ class _TwoHeadBCE(torch.autograd.Function):
         correction.sub_((z.clamp_min(0.0) + tail).mul_(negative_weight))
         rows = torch.div(positives, num_classes, rounding_mode="floor")
         per_row.index_add_(0, rows, correction)
-        ctx.save_for_backward(sigmoid, positives, positive_weights, rows)
+        # gradient at the positives: w (sigma(z) - 1) = -w sigma(-z), accurate when sigma(z) ~ 1
+        positive_grad = torch.sigmoid(-z).mul_(positive_weights).neg_()
+        ctx.save_for_backward(sigmoid, positives, positive_grad, rows)
         ctx.negative_weight = negative_weight
         return per_row
 
     @staticmethod
     def backward(ctx, grad_output):
-        sigmoid, positives, positive_weights, rows = ctx.saved_tensors
+        sigmoid, positives, positive_grad, rows = ctx.saved_tensors
         grad = sigmoid * (grad_output * ctx.negative_weight).unsqueeze(1)
-        at_positives = (sigmoid.reshape(-1)[positives] - 1.0).mul_(positive_weights).mul_(grad_output[rows])
-        grad.view(-1)[positives] = at_positives
+        grad.view(-1)[positives] = positive_grad * grad_output[rows]
         return grad, None, None, None
 
 
