@@ -257,6 +257,18 @@ def test_largest_entries_are_a_stable_descending_sort_prefix(seed, shape):
         assert torch.equal(torch.sort(chosen).values, torch.sort(order[:count]).values), count
 
 
+def test_two_head_accepts_non_contiguous_heads():
+    g = torch.Generator().manual_seed(4)
+    sccp = torch.randn(30, 8, generator=g).t().requires_grad_(True)  # (8, 30), column-major
+    ml = torch.randn(30, 8, generator=g).t().requires_grad_(True)
+    targets = torch.randint(0, 30, (8,), generator=g)
+    loss = build_loss("avgk_two_head", k=3, alpha=0.5, reduction="none")(TwoHeadOutput(sccp, ml), targets)
+    expected, _ = reference_two_head(sccp.detach().contiguous().requires_grad_(True),
+                                     ml.detach().contiguous().requires_grad_(True), targets, 3, 0.5)
+    assert torch.allclose(loss, expected, rtol=1e-6)
+    assert torch.autograd.grad(loss.sum(), ml)[0].shape == (8, 30)
+
+
 def test_candidate_indices_match_the_masks():
     sccp, _, targets = random_two_head(5, batch=9, num_classes=12)
     _, candidate, _ = candidate_masks(sccp, targets, 4)

@@ -130,23 +130,27 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     if members > 1 and rows * groups >= count:
         padded = values if members * groups == cols else F.pad(values, (0, members * groups - cols),
                                                                  value=-math.inf)
-        grid = padded.view(rows, members, groups)
-        group_max = grid.amax(dim=1)
-        bound = torch.topk(group_max.reshape(-1), count, sorted=False).values.min()
+        group_max = padded.view(rows, members, groups).amax(dim=1)
+        bound = torch.topk(group_max.view(-1), count, sorted=False).values.min()
         if bool(bound > -math.inf):  # else the padding could be chosen: select over everything
-            row, group = (group_max >= bound).nonzero(as_tuple=True)
-            pool = grid[row, :, group].reshape(-1)
-            where = ((row * cols + group).unsqueeze(1)
-                     + torch.arange(members, device=device) * groups).reshape(-1)
+            reaching = (group_max.view(-1) >= bound).nonzero().squeeze(1)  # row * G + group
+            row = torch.div(reaching, groups, rounding_mode="floor")
+            first = reaching.add_(row * (cols - groups))  # flat index of the group's member 0
+            where = (first.unsqueeze(1) + torch.arange(0, members * groups, groups, device=device)).view(-1)
+            if members * groups != cols:  # members past the last class read the padding (-inf)
+                shift = (row * (members * groups - cols)).unsqueeze(1).expand(-1, members).reshape(-1)
+                pool = padded.reshape(-1)[where + shift]
+            else:
+                pool = pool[where]
     top_values, positions = torch.topk(pool, count, sorted=False)
     threshold = top_values.min()
-    tied_in_top = top_values == threshold
-    tied = (pool == threshold).nonzero().squeeze(1)
-    if tied.numel() > int(tied_in_top.sum()):  # ties cut by the threshold: lower positions first
+    tied_in_top = int((top_values == threshold).sum())
+    if int((pool == threshold).sum()) > tied_in_top:  # ties cut by the threshold: lower first
+        tied = (pool == threshold).nonzero().squeeze(1)
         if where is not None:
             tied = where[tied]
-        first_tied = torch.sort(tied).values[: int(tied_in_top.sum())]
-        above = positions[~tied_in_top]
+        above = positions[top_values > threshold]
+        first_tied = torch.sort(tied).values[:tied_in_top]
         return torch.cat([above if where is None else where[above], first_tied])
     return positions if where is None else where[positions]
 
@@ -244,13 +248,13 @@ class _TwoHeadBCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, positives, positive_weights, negative_weight):
         batch, num_classes = logits.shape
+        logits = logits.contiguous()  # row-major: the flat indices and the chunked views
         sigmoid = torch.sigmoid(logits)
         per_row = logits.clamp_min(0.0).sum(dim=1).sub_(_row_log_sigmoid_abs(sigmoid))
         per_row.mul_(negative_weight)
         z = logits.reshape(-1)[positives]
-        tail = torch.log1p(torch.exp(-z.abs()))  # softplus(+-z) = max(+-z, 0) + tail
-        correction = ((-z).clamp_min(0.0) + tail).mul_(positive_weights)
-        correction.sub_((z.clamp_min(0.0) + tail).mul_(negative_weight))
+        # on the positives, w_pos softplus(-z) replaces the dense term's w_neg softplus(z)
+        correction = F.softplus(-z).mul_(positive_weights).sub_(F.softplus(z).mul_(negative_weight))
         rows = torch.div(positives, num_classes, rounding_mode="floor")
         per_row.index_add_(0, rows, correction)
         # gradient at the positives: w (sigma(z) - 1) = -w sigma(-z), accurate when sigma(z) ~ 1
