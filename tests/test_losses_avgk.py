@@ -243,6 +243,21 @@ def test_fast_two_head_equals_the_reference_implementation(num_classes, k, tied)
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("num_classes", [100, 1000])  # entry by entry / dense sum + corrections
+def test_fast_two_head_is_exact_in_float64(num_classes):
+    """In float64 the chunked logs and the corrections on the positives leave only rounding."""
+    batch, k = 64, 5
+    g = torch.Generator().manual_seed(9)
+    sccp = (torch.randn(batch, num_classes, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    ml = (torch.randn(batch, num_classes, generator=g, dtype=torch.float64) * 8).requires_grad_(True)
+    targets = torch.randint(0, num_classes, (batch,), generator=g)
+    expected, _ = reference_two_head(sccp, ml, targets, k, alpha=2.0)
+    got = build_loss("avgk_two_head", k=k, alpha=2.0, reduction="none")(TwoHeadOutput(sccp, ml), targets)
+    assert torch.allclose(got, expected, rtol=1e-12, atol=0)
+    for a, b in zip(torch.autograd.grad(got.sum(), (sccp, ml)), torch.autograd.grad(expected.sum(), (sccp, ml))):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-300)
+
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("shape", [(1, 5), (3, 37), (16, 100), (64, 1000)])
 def test_largest_entries_are_a_stable_descending_sort_prefix(seed, shape):

@@ -259,8 +259,11 @@ class _TwoHeadBCE(torch.autograd.Function):
         per_row = logits.clamp_min(0.0).sum(dim=1).sub_(_row_log_sigmoid_abs(sigmoid))
         per_row.mul_(negative_weight)
         z = logits.reshape(-1)[positives]
-        # on the positives, w_pos softplus(-z) replaces the dense term's w_neg softplus(z)
-        correction = F.softplus(-z).mul_(positive_weights).sub_(F.softplus(z).mul_(negative_weight))
+        # on the positives, w_pos softplus(-z) = w_pos (softplus(z) - z) replaces the dense
+        # term's w_neg softplus(z); softplus(z) = max(z, 0) + log1p(exp(-|z|)) to the last bit
+        softplus = torch.log1p(torch.exp(-z.abs())).add_(z.clamp_min(0.0))
+        correction = torch.addcmul(softplus * (positive_weights - negative_weight), z, positive_weights,
+                                   value=-1.0)
         rows = torch.div(positives, num_classes, rounding_mode="floor")
         per_row.index_add_(0, rows, correction)
         # gradient at the positives: w (sigma(z) - 1) = -w sigma(-z), accurate when sigma(z) ~ 1
