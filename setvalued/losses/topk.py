@@ -237,8 +237,9 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     when k > L / 8, or when M L < 500.
 
     Work: one max over groups of P classes (a strided view, no copy) and a top-k over the L/P
-    group maxima; then, when few groups reach the cut, only those groups are read class by
-    class, otherwise all classes are compared with the cut (:func:`_compact`).
+    group maxima; then, when few groups reach the cut, those groups are listed (``nonzero``)
+    and read class by class, otherwise all classes are compared with the cut and compacted by
+    a running count (:func:`_compact`: no ``nonzero`` and no indexed writes over B x L).
     """
     batch, num_classes = flat.shape
     if 8 * k > num_classes or n_samples * num_classes < _PRUNING_MIN_DRAWS:
@@ -253,22 +254,27 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         return None  # most rows have no class below the cut: nothing to prune there
     reaching = group_max > cut
     if members > 1 and int(reaching.sum()) < _GROUP_COMPACTION_SHARE * reaching.numel():
-        chosen, empty = _compact(reaching)  # (B, g) groups, padded with index G
-        chosen.masked_fill_(empty, 0)
-        scores = grid.gather(2, chosen.unsqueeze(1).expand(-1, members, -1))  # (B, P, g)
-        scores.masked_fill_(empty.unsqueeze(1), -math.inf)
-        classes = (torch.arange(0, num_classes, groups, device=flat.device).view(1, -1, 1)
-                   + chosen.unsqueeze(1))
-        scores, classes = scores.reshape(batch, -1), classes.reshape(batch, -1)
-    else:
-        scores, classes = flat, None
-    positions, padding = _compact(scores > cut)
+        # few groups reach the cut: list them, then their classes (few operations on few entries)
+        row_of_group, group = reaching.nonzero(as_tuple=True)
+        group_scores = grid[row_of_group, :, group]  # (groups reaching, P)
+        which, member = (group_scores > cut[row_of_group]).nonzero(as_tuple=True)
+        rows = row_of_group[which]  # ascending: nonzero walks row-major
+        counts = torch.bincount(rows, minlength=batch)
+        width = int(counts.max())
+        if width > _PRUNING_MAX_FRACTION * num_classes:
+            return None
+        position = torch.arange(rows.numel(), device=flat.device) - (counts.cumsum(0) - counts)[rows]
+        kept = torch.full((batch, width), num_classes, dtype=torch.long, device=flat.device)
+        kept[rows, position] = group[which] + groups * member
+        scores = torch.full((batch, width), -math.inf, dtype=flat.dtype, device=flat.device)
+        scores[rows, position] = group_scores[which, member]
+        return scores, kept
+    positions, padding = _compact(flat > cut)  # most groups reach it: all classes at once
     if positions.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
         return None
     positions.masked_fill_(padding, 0)
-    kept = positions if classes is None else classes.gather(1, positions)
-    return (scores.gather(1, positions).masked_fill_(padding, -math.inf),
-            kept.masked_fill_(padding, num_classes))
+    return (flat.gather(1, positions).masked_fill_(padding, -math.inf),
+            positions.masked_fill_(padding, num_classes))
 
 
 def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples: int,
