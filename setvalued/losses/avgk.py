@@ -123,6 +123,7 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     gives the count largest.  The tie rule is applied afterwards on the few entries equal to
     the threshold, so the result is the first ``count`` positions of a stable descending sort.
     """
+    values = values.contiguous()
     rows, cols = values.shape
     total = rows * cols
     device = values.device
