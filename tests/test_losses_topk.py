@@ -370,6 +370,16 @@ def test_group_and_class_compaction_keep_the_same_classes(monkeypatch, scale):
     assert kept[0] == kept[1] and len(kept[0]) > 64 * 4
 
 
+def test_pruned_path_with_a_prime_number_of_classes():
+    """L = 601 has no divisor to group by: the bound is the k-th largest score itself."""
+    scores, _ = _spread_scores(300, 601, seed=5, spread=30.0)
+    assert _pruned_candidates(scores.detach(), 3, 1.0, 4)[0].shape[1] < 601 / 4
+    noise = torch.randn(300, 4, 601, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    values = [smooth_kth_largest(scores, 3, 1.0, 4, noise=noise, exact=exact) for exact in (False, True)]
+    grads = [torch.autograd.grad(v.sum(), scores)[0] for v in values]
+    assert torch.equal(values[0], values[1]) and torch.equal(grads[0], grads[1])
+
+
 def test_pruning_falls_back_to_the_exact_path_where_it_cannot_pay():
     dense, _ = _spread_scores(64, 1000, seed=0, spread=2.0, dtype=torch.float32)  # std 2 / eps 1
     spread, _ = _spread_scores(64, 1000, seed=0, spread=40.0, dtype=torch.float32)
