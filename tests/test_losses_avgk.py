@@ -14,7 +14,9 @@ from setvalued.losses.avgk import (
     ROLE_INIT_UNOBSERVED,
     AvgKTwoHeadLoss,
     TwoHeadClassifier,
+    _largest_entries,
     _top_entries,
+    candidate_indices,
     candidate_masks,
 )
 
@@ -163,6 +165,130 @@ def test_top_entries_equal_a_stable_descending_sort(seed):
         expected = torch.zeros(values.numel(), dtype=torch.bool)
         expected[order[:count]] = True
         assert torch.equal(chosen.reshape(-1), expected), count
+
+
+# ----------------------------------------------------------------------------------------------
+# the fast path against the previous implementation, kept here as the reference: a selection
+# over all B L entries (topk) with ties broken by flat position, and the BCE of eq. 5.14 entry
+# by entry in the stable log-sigmoid form
+# ----------------------------------------------------------------------------------------------
+
+def reference_candidates(sccp, targets, k):
+    """Bool mask of the (k-1)|B| largest masked log-softmax entries over the whole batch,
+    ties at the threshold by flat position (the implementation before the group bound)."""
+    batch, num_classes = sccp.shape
+    log_probs = torch.log_softmax(sccp.detach().float() if sccp.dtype in (torch.float16, torch.bfloat16)
+                                  else sccp.detach(), dim=1)
+    masked = log_probs.clone()
+    masked[torch.arange(batch), targets] = -math.inf
+    flat, count = masked.reshape(-1), (k - 1) * batch
+    threshold = torch.topk(flat, count, sorted=False).values.min()
+    chosen = flat >= threshold
+    surplus = int(chosen.sum()) - count
+    if surplus > 0:
+        tied = flat == threshold
+        chosen &= ~tied | (tied.cumsum(0) <= int(tied.sum()) - surplus)
+    return chosen.view(batch, num_classes)
+
+
+def reference_two_head(sccp, ml, targets, k, alpha):
+    """Per-example loss of eq. 5.15 with one weight per entry and logsigmoid per entry."""
+    batch, num_classes = ml.shape
+    candidate = reference_candidates(sccp, targets, k)
+    positive = torch.zeros_like(candidate)
+    positive[torch.arange(batch), targets] = True
+    ce = -torch.log_softmax(sccp, dim=1).gather(1, targets.unsqueeze(1)).squeeze(1)
+    weights = torch.full_like(ml, alpha / (num_classes - k))
+    weights = weights.masked_fill(candidate, alpha / (k - 1)).masked_fill(positive, 1.0)
+    per_entry = torch.where(positive | candidate, -F.logsigmoid(ml), -F.logsigmoid(-ml))
+    return ce + (weights * per_entry).sum(dim=1), candidate
+
+
+def tied_logits(batch, num_classes, seed, levels=4):
+    """Rows that are permutations of one vector of few distinct values: every row has the
+    same log-softmax values (same multiset, same normaliser), so equal entries tie exactly
+    within and across rows, and the threshold of eq. 5.12 falls inside a tie."""
+    g = torch.Generator().manual_seed(seed)
+    row = torch.randint(0, levels, (num_classes,), generator=g).float()
+    order = torch.argsort(torch.rand(batch, num_classes, generator=g), dim=1)
+    return row[order]
+
+
+@pytest.mark.parametrize("num_classes,k", [(1000, 2), (1000, 5), (1000, 10), (1000, 50), (100, 20), (37, 3)])
+@pytest.mark.parametrize("tied", [False, True])
+def test_fast_two_head_equals_the_reference_implementation(num_classes, k, tied):
+    """Same candidate set, same loss and gradients as the previous implementation, at the
+    benchmark's sizes (B = 128, float32), with ties at the threshold or without."""
+    batch = 128
+    g = torch.Generator().manual_seed(num_classes + k)
+    sccp = tied_logits(batch, num_classes, k) if tied else torch.randn(batch, num_classes, generator=g) * 2
+    ml = torch.randn(batch, num_classes, generator=g) * 3
+    targets = torch.randint(0, num_classes, (batch,), generator=g)
+    sccp.requires_grad_(True)
+    ml.requires_grad_(True)
+    expected, reference_mask = reference_two_head(sccp, ml, targets, k, alpha=0.7)
+    _, candidate, _ = candidate_masks(sccp, targets, k)
+    assert torch.equal(candidate, reference_mask)
+    if tied:  # the threshold splits a tie: the rule decides, not the values
+        threshold = torch.log_softmax(sccp.detach(), 1)[candidate].min()
+        at_threshold = (torch.log_softmax(sccp.detach(), 1) == threshold)
+        at_threshold[torch.arange(batch), targets] = False
+        assert int((at_threshold & ~candidate).sum()) > 0 and int((at_threshold & candidate).sum()) > 0
+    per_example = build_loss("avgk_two_head", k=k, alpha=0.7, reduction="none")(TwoHeadOutput(sccp, ml), targets)
+    assert torch.allclose(per_example, expected, rtol=2e-6, atol=1e-6)
+    weights = torch.rand(batch, generator=g)  # a non-uniform upstream gradient
+    got = torch.autograd.grad((per_example * weights).sum(), (sccp, ml))
+    want = torch.autograd.grad((expected * weights).sum(), (sccp, ml))
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("num_classes", [100, 1000])  # entry by entry / dense sum + corrections
+def test_fast_two_head_is_exact_in_float64(num_classes):
+    """In float64 the chunked logs and the corrections on the positives leave only rounding."""
+    batch, k = 64, 5
+    g = torch.Generator().manual_seed(9)
+    sccp = (torch.randn(batch, num_classes, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    ml = (torch.randn(batch, num_classes, generator=g, dtype=torch.float64) * 8).requires_grad_(True)
+    targets = torch.randint(0, num_classes, (batch,), generator=g)
+    expected, _ = reference_two_head(sccp, ml, targets, k, alpha=2.0)
+    got = build_loss("avgk_two_head", k=k, alpha=2.0, reduction="none")(TwoHeadOutput(sccp, ml), targets)
+    assert torch.allclose(got, expected, rtol=1e-12, atol=0)
+    for a, b in zip(torch.autograd.grad(got.sum(), (sccp, ml)), torch.autograd.grad(expected.sum(), (sccp, ml))):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("shape", [(1, 5), (3, 37), (16, 100), (64, 1000)])
+def test_largest_entries_are_a_stable_descending_sort_prefix(seed, shape):
+    """Every count, including ties across rows and counts where the group bound is loose."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, 8, shape, generator=g).float() + 0.5 * torch.randint(0, 2, shape, generator=g)
+    order = torch.sort(values.reshape(-1), descending=True, stable=True).indices
+    total = values.numel()
+    for count in sorted({1, 2, shape[0], total // 7, total // 3, total - 1, total}):
+        chosen = _largest_entries(values, count)
+        assert chosen.numel() == count and chosen.unique().numel() == count
+        assert torch.equal(torch.sort(chosen).values, torch.sort(order[:count]).values), count
+
+
+def test_two_head_accepts_non_contiguous_heads():
+    g = torch.Generator().manual_seed(4)
+    sccp = torch.randn(30, 8, generator=g).t().requires_grad_(True)  # (8, 30), column-major
+    ml = torch.randn(30, 8, generator=g).t().requires_grad_(True)
+    targets = torch.randint(0, 30, (8,), generator=g)
+    loss = build_loss("avgk_two_head", k=3, alpha=0.5, reduction="none")(TwoHeadOutput(sccp, ml), targets)
+    expected, _ = reference_two_head(sccp.detach().contiguous().requires_grad_(True),
+                                     ml.detach().contiguous().requires_grad_(True), targets, 3, 0.5)
+    assert torch.allclose(loss, expected, rtol=1e-6)
+    assert torch.autograd.grad(loss.sum(), ml)[0].shape == (8, 30)
+
+
+def test_candidate_indices_match_the_masks():
+    sccp, _, targets = random_two_head(5, batch=9, num_classes=12)
+    _, candidate, _ = candidate_masks(sccp, targets, 4)
+    flat = candidate_indices(sccp, targets, 4)
+    assert torch.equal(torch.sort(flat).values, candidate.reshape(-1).nonzero().squeeze(1))
 
 
 def test_candidates_from_float32_logits_rank_log_probabilities_without_underflow():

@@ -17,6 +17,7 @@ from scipy import integrate, optimize, stats
 from setvalued.losses import LOSSES, NormedLinear, build_loss
 from setvalued.losses.topk import (
     PRUNING_FAILURE_PROBABILITY,
+    _compact,
     _pruned_candidates,
     _pruning_window,
     ldam_margins,
@@ -337,6 +338,46 @@ def test_pruned_candidates_hold_every_class_within_the_window(k):
     assert (values[~real] == -math.inf).all()
     # and pruning did prune: far fewer than L columns
     assert values.shape[1] < 500 / 4
+
+
+def test_compact_lists_the_kept_columns_of_every_row_in_order():
+    g = torch.Generator().manual_seed(0)
+    keep = torch.rand(9, 40, generator=g) < torch.rand(9, 1, generator=g)
+    keep[3] = False  # an empty row
+    keep[4] = True  # a full row: the width
+    positions, padding = _compact(keep)
+    assert positions.shape == (9, 40) and torch.equal(padding, positions == 40)
+    for row in range(9):
+        expected = keep[row].nonzero().squeeze(1).tolist()
+        assert positions[row][~padding[row]].tolist() == expected
+        assert int((~padding[row]).sum()) == len(expected)
+
+
+@pytest.mark.parametrize("scale", [40.0, 6.0])  # few groups reach the cut / most of them do
+def test_group_and_class_compaction_keep_the_same_classes(monkeypatch, scale):
+    """The two ways of compacting (group by group, or over all classes) keep the same set."""
+    scores, _ = _spread_scores(64, 1000, seed=3, spread=scale, dtype=torch.float32)
+    scores = scores.detach()
+    kept = []
+    for share in (0.0, 1.1):  # never / always group by group
+        monkeypatch.setattr("setvalued.losses.topk._GROUP_COMPACTION_SHARE", share)
+        values, classes = _pruned_candidates(scores, 4, 0.2, 3)
+        real = classes < 1000
+        rows = real.nonzero(as_tuple=True)[0]
+        assert torch.equal(values[real], scores[rows, classes[real]])
+        assert (values[~real] == -math.inf).all()
+        kept.append(sorted(zip(rows.tolist(), classes[real].tolist())))
+    assert kept[0] == kept[1] and len(kept[0]) > 64 * 4
+
+
+def test_pruned_path_with_a_prime_number_of_classes():
+    """L = 601 has no divisor to group by: the bound is the k-th largest score itself."""
+    scores, _ = _spread_scores(300, 601, seed=5, spread=30.0)
+    assert _pruned_candidates(scores.detach(), 3, 1.0, 4)[0].shape[1] < 601 / 4
+    noise = torch.randn(300, 4, 601, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    values = [smooth_kth_largest(scores, 3, 1.0, 4, noise=noise, exact=exact) for exact in (False, True)]
+    grads = [torch.autograd.grad(v.sum(), scores)[0] for v in values]
+    assert torch.equal(values[0], values[1]) and torch.equal(grads[0], grads[1])
 
 
 def test_pruning_falls_back_to_the_exact_path_where_it_cannot_pay():
