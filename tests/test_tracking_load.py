@@ -3,8 +3,9 @@ against a real tracking store, and its counting is right (W writers x C cells =>
 finished runs, each with the cell's metrics and artifact, and the expected number of client
 calls and HTTP requests).
 
-The fast test uses the embedded SQLite store; the slow one the deployment's MLflow server on
-PostgreSQL (`tests/local_services.py`), where every HTTP request is counted as well.
+Against the embedded SQLite store, and the deployment's MLflow server on PostgreSQL
+(`tests/local_services.py`), where every HTTP request is counted as well (both slow: forked
+writer processes and real stores).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def _check_runs(uri: str, name: str, templates: list[dict], pattern, expected_ru
         assert run.data.params["seed"] == run.data.tags["studies.seed"]
 
 
+@pytest.mark.slow  # ~10-20 s: forked writers, each opening the store
 def test_writers_times_cells_finished_runs_on_sqlite(tmp_path):
     pattern = tracking_load.CellPattern(checkpoints=2, epochs_per_checkpoint=2)
     templates = tracking_load.template_cells(count=4, pattern=pattern)
