@@ -34,6 +34,10 @@
 #   MLFLOW_ALLOWED_HOSTS           comma-separated Host headers the server accepts; set it
 #                                  to the name/IP the Ray workers use (e.g. mlflow,10.0.*)
 #   MLFLOW_DB_WAIT_S (60)          how long to wait for PostgreSQL to accept connections
+#   MLFLOW_AUTH_CACHE_TTL_S (0)    seconds a checked credential is cached in each server
+#                                  worker; 0 checks the password hash (scrypt, ~0.1 s of
+#                                  CPU) on every request. See docs/scale.md for what it
+#                                  costs and the staleness a cache brings
 #
 # Usage: start-mlflow-server.sh            (exec's the server in the foreground)
 set -euo pipefail
@@ -94,6 +98,7 @@ cat >"$auth_ini" <<INI
 default_permission = ${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}
 database_uri = ${auth_uri}
 admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME:-admin}
+auth_cache_ttl_seconds = ${MLFLOW_AUTH_CACHE_TTL_S:-0}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$auth_ini"
