@@ -514,6 +514,9 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     # MLflow's client retries a failed request silently for minutes; a few quick retries, then
     # the runner's own backoff (studies.tracking.with_retry) that says so (workers inherit this)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    # no "View run ... at ..." line per ended run: with a server it costs a request per cell
+    # and two console lines per cell from every worker (docs/scale.md)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     _set_log_levels(options.verbose)
     study, cells, name = _load(study_file, options)
     if options.dry_run:

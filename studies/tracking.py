@@ -177,7 +177,9 @@ def _is_locked_error(error: BaseException) -> bool:
 #: what a tracking server that is down or restarting answers, through requests and MLflow
 _OUTAGE_SIGNS = ("connection refused", "max retries exceeded", "failed to establish a new connection",
                  "connection aborted", "remote end closed connection", "bad gateway", "service unavailable",
-                 "gateway timeout", "read timed out", "connection reset")
+                 "gateway timeout", "read timed out", "connection reset",
+                 # a server whose database connection pool is used up by concurrent writers
+                 "queuepool limit")
 #: how long an unanswering tracking server is waited for before the error is raised
 OUTAGE_PATIENCE_S = 15 * 60.0
 _outage_warned = False

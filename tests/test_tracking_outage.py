@@ -70,3 +70,21 @@ def test_an_error_that_is_not_an_outage_is_raised_at_once():
     with pytest.raises(ValueError):
         tracking.with_retry(bad)
     assert len(calls) == 1
+
+
+def test_a_server_out_of_database_connections_is_waited_for(monkeypatch):
+    """MLflow answers 400 with SQLAlchemy's pool error when concurrent writers use up its
+    connection pool (docs/scale.md): a passing overload, waited for like an outage."""
+    import studies.tracking as tracking
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    calls = []
+
+    def overloaded():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("API request failed with code 400: QueuePool limit of size 5 "
+                               "overflow 10 reached, connection timed out, timeout 30.00")
+        return "logged"
+
+    assert tracking.with_retry(overloaded) == "logged" and len(calls) == 3
