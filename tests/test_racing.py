@@ -300,3 +300,42 @@ def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(
     assert run_study(path2, options(stream=stream)).exit_code == 0
     assert decisions(mlflow_server, "racing-cut") == resumed
     assert "running" not in stream.getvalue().split("summary")[0].split("cells already")[1]
+
+
+@pytest.mark.slow
+def test_racing_and_asha_compose(local_ray, mlflow_server, tmp_path):
+    """ASHA prunes a config on the mean of its initial (racing) seeds, all of them at the same
+    rung; the race then decides on the seeds each config has; later seeds of a config follow
+    the epoch its initial seeds stopped at, and every config's seeds stay a paired prefix."""
+    from studies.runner import RunOptions, run_study
+    from tests.test_runner import child_runs, write_study
+
+    # 0.03 (good) reaches the first rung first and sets its bar: 0.01 (worse) is pruned there
+    lrs = [0.03, 0.01, 0.02, 0.04]
+    path = write_study(tmp_path, "racing-asha", lrs=lrs, epochs=4)
+    study = yaml.safe_load(path.read_text())
+    study["seeds"] = {"initial": 2, "max": 4, "until": {"metric": "test/top1"}}
+    study["base"]["eval"] = {"ks": [1], "selection": "val/top1"}
+    study["objective"] = {"metric": "val/top1", "mode": "max"}
+    study["scheduler"] = {"kind": "asha", "grace_epochs": 1, "reduction_factor": 2}
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    stream = io.StringIO()
+    outcome = run_study(path, RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server,
+                                         report=False, progress_interval_s=5.0, fit_fn=race_fit,
+                                         stream=stream))
+    assert outcome.exit_code == 0, stream.getvalue()
+    by_config: dict[float, list] = {}
+    for run in child_runs(mlflow_server, "racing-asha"):
+        by_config.setdefault(float(run.data.params["optim.lr"]), []).append(run)
+    for lr, runs in by_config.items():
+        seeds = sorted(int(r.data.params["seed"]) for r in runs)
+        assert seeds == list(range(len(seeds))) and len(seeds) >= 2  # a paired prefix
+        stops = {r.data.tags.get("studies.stopped_epoch") for r in runs}
+        pruned = {r.data.tags.get("studies.pruned") for r in runs}
+        assert len(stops) == 1 and len(pruned) == 1, (lr, stops, pruned)  # all seeds together
+    assert {r.data.tags.get("studies.pruned") for r in by_config[0.01]} == {"asha"}
+    assert {r.data.tags.get("studies.stopped_epoch") for r in by_config[0.01]} == {"1"}
+    assert {r.data.tags.get("studies.pruned") for r in by_config[0.03]} == {None}
+    decided, _ = decisions(mlflow_server, "racing-asha")
+    assert set(decided) == set(lrs)  # the race decided every config, the pruned one included
+    assert sum(map(len, by_config.values())) < 4 * 4
