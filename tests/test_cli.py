@@ -146,6 +146,9 @@ def study_file(folder: Path, name: str) -> Path:
         "design": [{"kind": "grid", "parameters": {"optim.lr": [0.02, 0.05, 0.1]}}],
         "seeds": [0, 1], "resources": {"cpus": 1}, "max_concurrent": 1, "max_failures": 1,
         "log_models": False,
+        # a checkpoint (and the epochs in MLflow) every epoch: the driver is killed while a
+        # cell is mid-way and has checkpointed one
+        "checkpoint_interval_s": 0,
     }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))

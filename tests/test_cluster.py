@@ -66,6 +66,7 @@ design:
 seeds: [0, 1]
 resources: {{cpus: 1, gpus: 0}}
 max_failures: 3
+checkpoint_interval_s: 0   # every epoch: the worker node dies after some, before the end
 """
 
 
