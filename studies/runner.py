@@ -29,6 +29,7 @@ Ray, Tune and Optuna are imported only once cells are about to run: a dry run lo
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -308,6 +309,9 @@ class _Session:
                        "gpu": float(self.study.resources.gpus)},
             concurrency=self.concurrency,
             max_failures=int(self.study.max_failures), callbacks=[callback])
+        # Tune's trials of this experiment hold reference cycles: free them before the next
+        # part starts, not whenever the collector next runs
+        gc.collect()
         return callback
 
     def progress_metric(self) -> tuple[str | None, str]:
