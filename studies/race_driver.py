@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 from analysis.layout import TAG_CELL_ID, TAG_RACE, TAG_STATUS, TAG_STUDY
 from studies.racing import BEST, FAILED, MAX, WORSE, RaceStatus, SeedRace
-from studies.tracking import STATUS_FINISHED, StudyTracking, cell_objective, with_retry
+from studies.tracking import STATUS_FINISHED, StudyTracking, cell_objective, finished_runs, with_retry
 
 #: what `next_cell_id` returns once the race is over
 RACE_OVER = "RACE_OVER"
@@ -60,8 +60,7 @@ class RaceDriver:
         driver = cls(study, cells, tracking)
         grouped = tracking.cell_runs()
         for cell_id, cell in driver.cells.items():
-            runs = [r for r in grouped.get(cell_id, [])
-                    if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+            runs = finished_runs(grouped.get(cell_id, []))
             if not runs:
                 continue
             run = runs[-1]

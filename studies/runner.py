@@ -12,9 +12,10 @@ How a study file becomes trials (`run_study`), and which module does each step:
    runs. A cell that a killed driver left unfinished continues from the last checkpoint its
    trial left, in its MLflow run (`studies.checkpoints`); Tune's folder is removed once every
    cell has finished;
-4. Ray is connected or started (`studies.ray_session`), and each batch of cells to run is one
-   Tune experiment (`studies.tune_experiment`) whose trials run `studies.trial.run_cell`,
-   checkpointed every epoch, so a trial whose worker dies restarts from its last epoch;
+4. Ray is connected or started (`studies.ray_session`), and the cells to run are Tune
+   experiments of at most `MAX_TRIALS_PER_EXPERIMENT` trials (`studies.tune_experiment`) whose
+   trials run `studies.trial.run_cell`, checkpointed at most every `checkpoint_interval_s`
+   and after the last epoch, so a trial whose worker dies restarts from its last checkpoint;
 5. optuna blocks: configs asked as trial slots free up, each run on every seed, the seed mean
    told back when its last seed ends (`studies.optuna_rounds`);
 6. early stopping and ASHA (`scheduler: {kind: early_stopping | asha}`) and an optuna
@@ -196,14 +197,14 @@ class _Session:
                  f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
         if self.race is not None:  # the race decides which cells start: one experiment
             self.experiment(payloads, RaceSearcher(self.race), cells, max_trials=len(cells),
-                            total=total, done_before=done_before)
+                            total=total, done_before=done_before, names=names)
             return
         callback = None
         for part in experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT):
             callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
                                        CellQueueSearcher([c.cell_id for c in part]), cells,
                                        max_trials=len(part), total=total,
-                                       done_before=done_before, callback=callback)
+                                       done_before=done_before, callback=callback, names=names)
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
         """One Tune experiment over the configs of an optuna block, asked as slots free up
@@ -269,11 +270,13 @@ class _Session:
 
     def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
                    max_trials: int, total: int, done_before: int,
-                   epochs: dict[str, int] | None = None, callback=None, scheduling=None):
+                   epochs: dict[str, int] | None = None, callback=None, scheduling=None,
+                   names: Mapping[str, str] | None = None):
         """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
         the progress line (`callback`: the one of an earlier part of the same cells, whose
         counts go on; else a new one over `cells`), the config-level scheduler (`scheduling`,
-        default the study's) and the study's resources. Returns the progress callback."""
+        default the study's) and the study's resources; `names`: the run names of the known
+        cells when the caller has them. Returns the progress callback."""
         from studies.tune_experiment import ProgressCallback, run_experiment
 
         scheduling = scheduling or self.scheduling
@@ -291,7 +294,8 @@ class _Session:
                 epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
             progress = StudyProgress(total=total, to_run=len(cells) or max_trials,
                                      done_before=done_before, epochs=epochs, race=self.race)
-            names = run_names(self.known_cells.values())
+            if names is None:
+                names = run_names(self.known_cells.values())
             metric, mode = self.progress_metric()
             callback = ProgressCallback(
                 progress, interval_s=self.options.progress_interval_s, stream=self.stream,

@@ -305,6 +305,12 @@ def _search_all(client, experiment_id: str, filter_string: str) -> list:
             return runs
 
 
+def finished_runs(runs: Iterable) -> list:
+    """The runs tagged `studies.status=finished` among `runs`, in their order (oldest first
+    as the ledger groups them): a cell is done when it has one."""
+    return [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+
+
 def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
               session_id: str) -> dict[str, str]:
     """The contract tags of a cell's child run (docs/interfaces.md section 5)."""
@@ -630,12 +636,8 @@ class StudyTracking:
     @staticmethod
     def finished_run(runs: Sequence) -> str | None:
         """The id of the (latest) run tagged finished among `runs`, if any."""
-        finished = [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+        finished = finished_runs(runs)
         return finished[-1].info.run_id if finished else None
-
-    def run_status(self, run_id: str) -> str | None:
-        """The `studies.status` tag of a run (None when the run has none)."""
-        return self.tags_of_run(run_id).get(TAG_STATUS)
 
     def tags_of_run(self, run_id: str) -> dict[str, str]:
         """The tags of a run."""
@@ -657,7 +659,7 @@ class StudyTracking:
         states = {}
         for cell_id in ids:
             runs = grouped.get(cell_id, [])
-            finished = [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+            finished = finished_runs(runs)
             if finished:
                 run = finished[-1]
                 states[cell_id] = CellState(cell_id, STATUS_FINISHED, run.info.run_id)
@@ -687,7 +689,7 @@ class StudyTracking:
         done, to_run = [], []
         for cell_id in cell_ids:
             runs = grouped.get(cell_id, [])
-            finished = [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+            finished = finished_runs(runs)
             kept = keep.get(cell_id) if not finished else None
             if kept not in {r.info.run_id for r in runs}:
                 keep.pop(cell_id, None)

@@ -263,10 +263,11 @@ def _log_missing_epochs(run: CellRun, history: list[list], reused: bool,
     """Log the checkpoint's epochs that the run misses (a worker that died between its
     checkpoint and its MLflow log); returns the last epoch the run holds, if any."""
     logged_through = run.last_logged_epoch() if reused else None
-    for epoch, metrics in history:
-        if logged_through is None or epoch > logged_through:
-            run.log_metrics(metrics, step=epoch)
-            logged_through = epoch
+    missing = [(epoch, metrics) for epoch, metrics in history
+               if logged_through is None or epoch > logged_through]
+    if missing:  # in one request (a minute of short epochs may be missing)
+        run.log_epochs(missing)
+        logged_through = missing[-1][0]
     if resumed and history:
         run.set_tags({TAG_RESUMED_FROM: str(history[-1][0])})
     return logged_through
