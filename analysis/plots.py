@@ -130,6 +130,17 @@ def _new_figure(size: tuple[float, float] = FIGSIZE) -> Figure:
     return fig
 
 
+def _panel_grid(fig: Figure, panels: int, max_columns: int, sharey: bool = False) -> list:
+    """The axes of `panels` small multiples, at most `max_columns` a row; the cells of the
+    last row left over are hidden."""
+    ncols = min(max_columns, panels)
+    nrows = math.ceil(panels / ncols)
+    axes = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False).ravel()
+    for extra in axes[panels:]:
+        extra.set_axis_off()
+    return list(axes)
+
+
 def _new_axes(size: tuple[float, float] = FIGSIZE):
     fig = _new_figure(size)
     ax = fig.add_subplot()
@@ -257,11 +268,7 @@ def plot_series(
                      f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
                      f"means of its other lines.")
         fig = _new_figure(PANEL_FIGSIZE)
-        ncols = min(3, len(groups))
-        nrows = math.ceil(len(groups) / ncols)
-        grid = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
-        for extra in grid[len(groups):]:
-            extra.set_axis_off()
+        grid = _panel_grid(fig, len(groups), 3, sharey=True)
         panels = [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:])
                   for ax, (variant, group) in zip(grid, groups)]
 
@@ -655,11 +662,7 @@ def heatmaps(
     if vmin == vmax:
         vmin, vmax = vmin - 0.5, vmax + 0.5
     fig = _new_figure(PANEL_FIGSIZE)
-    ncols = min(3, len(grids))
-    nrows = math.ceil(len(grids) / ncols)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for extra in axes[len(grids):]:
-        extra.set_axis_off()
+    axes = _panel_grid(fig, len(grids), 3)
     image = None
     cmap = "viridis_r" if lower else "viridis"
     for ax, (variant, x, y, cells, values_x, values_y) in zip(axes, grids):
@@ -818,11 +821,7 @@ def per_class_accuracy(
         panels = list(panels)[:CLASS_PANELS]
     factor = _scale(base_metric, None)
     fig = _new_figure(PANEL_FIGSIZE)
-    ncols = min(2, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
-    for extra in axes[len(panels):]:
-        extra.set_axis_off()
+    axes = _panel_grid(fig, len(panels), 2, sharey=True)
     for index, (ax, (label, data)) in enumerate(zip(axes, panels)):
         pairs = [(float(c), float(v) * factor) for c, v in zip(data["train_count"], data["mean"])
                  if v is not None and math.isfinite(v)]
@@ -852,7 +851,7 @@ def per_class_accuracy(
         ax.set_xlabel("training images of the class", fontsize=8)
         if factor == 100.0:
             ax.set_ylim(-2.0, 102.0)
-        if index % ncols == 0:
+        if ax.get_subplotspec().is_first_col():
             ax.set_ylabel(f"test {base_metric} of the class" + (" (%)" if factor == 100.0 else ""),
                           fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
