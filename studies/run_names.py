@@ -10,10 +10,10 @@ differ only in a path no design sweeps (then the hash tells them apart: it is ap
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-__all__ = ["run_names", "SYMBOLS"]
+__all__ = ["run_names", "RunNamer", "SYMBOLS"]
 
 #: the last part of a dotted path -> how the papers write it
 SYMBOLS = {
@@ -38,31 +38,43 @@ def _value(value: Any) -> str:
     return str(value)
 
 
+class RunNamer:
+    """Names for a growing set of cells (an optuna block's configs arrive one at a time):
+    `add(cells)` records them, `names(cells)` names some of them against every cell recorded
+    so far, at the cost of the configs of their variants, not of every cell known."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+        self.configs: dict[str, dict[str, Mapping]] = defaultdict(dict)  # variant -> config -> swept
+
+    def add(self, cells: Iterable[Any]) -> None:
+        for cell in cells:
+            if cell.config_id in self.configs[cell.variant]:
+                continue
+            self.configs[cell.variant][cell.config_id] = cell.swept
+            for path, value in cell.swept.items():
+                self.values[cell.variant][path].add(json.dumps(value, sort_keys=True))
+
+    def _labels(self, variant: str) -> dict[str, str]:
+        """config_id -> the label of every recorded config of `variant` (the values of the
+        paths that vary within the variant), with the hash where two still read alike."""
+        varying = [p for p, seen in self.values[variant].items() if len(seen) > 1]
+        labels = {}
+        for config_id, swept in self.configs[variant].items():
+            parts = [variant] + [f"{_symbol(p)}={_value(swept[p])}" for p in varying if p in swept]
+            labels[config_id] = " ".join(parts)
+        counts = Counter(labels.values())
+        return {config_id: label if counts[label] == 1 else f"{label} [{config_id[:6]}]"
+                for config_id, label in labels.items()}
+
+    def names(self, cells: Iterable[Any]) -> dict[str, str]:
+        """``{cell_id: name}`` of `cells` (recorded first if they were not)."""
+        cells = list(cells)
+        self.add(cells)
+        labels = {variant: self._labels(variant) for variant in {c.variant for c in cells}}
+        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 8]} s{c.seed}" for c in cells}
+
+
 def run_names(cells: Iterable[Any]) -> dict[str, str]:
     """``{cell_id: name}`` for cells with ``cell_id``, ``config_id``, ``variant``, ``swept``, ``seed``."""
-    cells = list(cells)
-    values: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
-    configs: dict[str, set] = defaultdict(set)
-    for cell in cells:
-        configs[cell.variant].add(cell.config_id)
-        for path, value in cell.swept.items():
-            values[cell.variant][path].add(json.dumps(value, sort_keys=True))
-    names: dict[str, str] = {}
-    labels: dict[tuple[str, str], str] = {}
-    for cell in cells:
-        key = (cell.variant, cell.config_id)
-        if key not in labels:
-            varying = [p for p, seen in values[cell.variant].items() if len(seen) > 1 and p in cell.swept]
-            parts = [cell.variant] + [f"{_symbol(p)}={_value(cell.swept[p])}" for p in varying]
-            labels[key] = " ".join(parts)
-        names[cell.cell_id] = labels[key]
-    # configs of a variant that still read alike get their hash
-    by_label: Mapping[str, set] = defaultdict(set)
-    for (variant, config_id), label in labels.items():
-        by_label[label].add(config_id)
-    for cell in cells:
-        label = names[cell.cell_id]
-        if len(by_label[label]) > 1:
-            label = f"{label} [{cell.config_id[:6]}]"
-        names[cell.cell_id] = f"{label[:MAX_NAME - 8]} s{cell.seed}"
-    return names
+    return RunNamer().names(cells)

@@ -46,7 +46,7 @@ from studies.config_schedulers import session_scheduling
 from studies.errors import RunnerError
 from studies.progress import StudyProgress, format_duration
 from studies.ray_session import RaySession
-from studies.run_names import run_names
+from studies.run_names import RunNamer
 from studies.tracking import (
     STATUS_FINISHED,
     StudyTracking,
@@ -137,6 +137,7 @@ class _Session:
         self.context = None
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
+        self.namer = RunNamer()  # their run names
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
 
@@ -149,8 +150,10 @@ class _Session:
         return None if "://" in storage else Path(storage).expanduser().resolve()
 
     def know(self, cells: Iterable) -> None:
+        cells = list(cells)
         for cell in cells:
             self.known_cells.setdefault(cell.cell_id, cell)
+        self.namer.add(cells)
 
     def plan(self, cells: Sequence) -> tuple[list[str], list]:
         """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
@@ -190,7 +193,7 @@ class _Session:
         from studies.tune_experiment import CellQueueSearcher, RaceSearcher
 
         cells = config_major(cells)
-        names = run_names(self.known_cells.values())
+        names = self.namer.names(cells)
         resume_from = self.resume.folders()
         payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
@@ -225,7 +228,7 @@ class _Session:
             done, pending = self.plan_proposal(cells)
             for cell_id, run_id in done.items():
                 proposals.cell_ended(cell_id, run_id)
-            names = run_names(self.known_cells.values())
+            names = self.namer.names(pending)
             resume_from = self.resume.folders()
             for cell in pending:
                 epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
@@ -295,7 +298,7 @@ class _Session:
             progress = StudyProgress(total=total, to_run=len(cells) or max_trials,
                                      done_before=done_before, epochs=epochs, race=self.race)
             if names is None:
-                names = run_names(self.known_cells.values())
+                names = self.namer.names(self.known_cells.values())
             metric, mode = self.progress_metric()
             callback = ProgressCallback(
                 progress, interval_s=self.options.progress_interval_s, stream=self.stream,

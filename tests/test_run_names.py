@@ -29,3 +29,26 @@ def test_every_catalogue_study_gets_distinct_names_per_config():
         cells = expand(load_study(path))
         names = run_names(cells)
         assert len(set(names.values())) == len(cells), path.name
+
+
+def test_names_of_cells_added_a_config_at_a_time_equal_the_names_of_the_whole_set():
+    """An optuna block names each config's cells when it is asked: against every config
+    recorded so far, exactly as `run_names` over that set would (incremental, not O(n) each)."""
+    from studies.run_names import RunNamer
+
+    cells = expand(load_study(CATALOG / "quickstart.yaml"))
+    by_config: dict[str, list] = {}
+    for cell in cells:
+        by_config.setdefault(cell.config_id, []).append(cell)
+    namer, seen = RunNamer(), []
+    for group in by_config.values():
+        seen.extend(group)
+        names = namer.names(group)
+        expected = run_names(seen)
+        assert names == {c.cell_id: expected[c.cell_id] for c in group}
+    # two configs that differ only in a path no design sweeps read apart by their hash
+    first = cells[0]
+    twin = type(first)(first.config_id[::-1], first.seed, first.variant, first.config, dict(first.swept))
+    names = RunNamer().names([first, twin])
+    assert names[first.cell_id] != names[twin.cell_id]
+    assert names[first.cell_id].rsplit(" s", 1)[0].endswith(f"[{first.config_id[:6]}]")
