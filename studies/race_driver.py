@@ -16,18 +16,25 @@ from typing import Iterable, Mapping, Sequence
 
 from analysis.layout import TAG_CELL_ID, TAG_RACE, TAG_STATUS, TAG_STUDY
 from studies.racing import BEST, FAILED, MAX, WORSE, RaceStatus, SeedRace
-from studies.tracking import STATUS_FINISHED, StudyTracking, cell_objective, finished_runs, with_retry
+from studies.tracking import (
+    STATUS_FINISHED,
+    LedgerRun,
+    StudyTracking,
+    cell_objective,
+    finished_runs,
+    with_retry,
+)
 
 #: what `next_cell_id` returns once the race is over
 RACE_OVER = "RACE_OVER"
 
 
-def run_value(tracking: StudyTracking, run, metric: str) -> float:
+def run_value(tracking: StudyTracking, run: LedgerRun, metric: str) -> float:
     """A finished run's value of the race metric: as logged for a final metric (`test/...`,
     `best_val`), else at the selected epoch (`studies.tracking.cell_objective`)."""
     if metric.startswith("test/") or metric in ("best_val", "best_epoch"):
-        return float(run.data.metrics.get(metric, math.nan))
-    return cell_objective(tracking, run.info.run_id, metric)
+        return float(run.metrics.get(metric, math.nan))
+    return cell_objective(tracking, run.run_id, metric)
 
 
 class RaceDriver:
@@ -58,15 +65,15 @@ class RaceDriver:
         cells an earlier session left in flight (`resumable`, continued from a checkpoint)
         committed to their configs."""
         driver = cls(study, cells, tracking)
-        grouped = tracking.cell_runs()
+        grouped = tracking.cell_runs(metrics=(driver.metric,))
         for cell_id, cell in driver.cells.items():
             runs = finished_runs(grouped.get(cell_id, []))
             if not runs:
                 continue
             run = runs[-1]
-            driver.run_ids[cell_id] = run.info.run_id
+            driver.run_ids[cell_id] = run.run_id
             driver.race.record(cell.config_id, cell.seed, run_value(tracking, run, driver.metric))
-            decision = run.data.tags.get(TAG_RACE)
+            decision = run.tags.get(TAG_RACE)
             if decision:
                 driver.race.restore(cell.config_id, parse_decision(decision))
         for cell_id in resumable:
@@ -106,12 +113,12 @@ class RaceDriver:
             self.failed_cells.add(cell_id)
             self.race.fail(cell.config_id, cell.seed, error or "the cell did not finish")
         else:
-            self.run_ids[cell_id] = run.info.run_id
+            self.run_ids[cell_id] = run.run_id
             self.race.record(cell.config_id, cell.seed, run_value(self.tracking, run, self.metric))
         self.record_decisions()
 
     def _finished_run(self, cell_id: str):
-        """The finished MLflow run of a cell (one indexed search), or None."""
+        """The finished run of a cell (one indexed search) with the race metric, or None."""
         from mlflow.entities import ViewType
 
         escaped = cell_id.replace("'", "\\'")
@@ -120,7 +127,7 @@ class RaceDriver:
             [self.tracking.experiment_id], run_view_type=ViewType.ACTIVE_ONLY,
             filter_string=(f"tags.`{TAG_CELL_ID}` = '{escaped}' and tags.`{TAG_STUDY}` = '{study}'"
                            f" and tags.`{TAG_STATUS}` = '{STATUS_FINISHED}'"), max_results=5))
-        return runs[0] if runs else None
+        return LedgerRun.of(runs[0], (self.metric,)) if runs else None
 
     def record_decisions(self) -> None:
         """Each new final decision (but a failure, which a resumed study retries) as `TAG_RACE`

@@ -47,7 +47,7 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -287,8 +287,12 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def _search_all(client, experiment_id: str, filter_string: str) -> list:
-    """Every active run of the experiment matching the filter (all pages)."""
+def _search_all(client, experiment_id: str, filter_string: str,
+                record: Callable[[Any], Any] | None = None) -> list:
+    """Every active run of the experiment matching the filter (all pages), oldest first;
+    `record` turns each run into what the caller keeps, page by page (a study's whole ledger
+    of MLflow `Run`s, every latest metric and param included, would not fit in memory at
+    100,000 cells)."""
     from mlflow.entities import ViewType
 
     runs: list = []
@@ -299,16 +303,30 @@ def _search_all(client, experiment_id: str, filter_string: str) -> list:
             max_results=_SEARCH_PAGE, order_by=["attributes.start_time ASC"],
             page_token=token,
         ))
-        runs.extend(page)
+        runs.extend(page if record is None else map(record, page))
         token = page.token
         if not token:
             return runs
 
 
+@dataclass(frozen=True)
+class LedgerRun:
+    """What the ledger keeps of a cell's MLflow run: its id, its tags and the metrics asked for."""
+
+    run_id: str
+    tags: Mapping[str, str]
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, run, metrics: Iterable[str] = ()) -> "LedgerRun":
+        kept = {key: run.data.metrics[key] for key in metrics if key in run.data.metrics}
+        return cls(run.info.run_id, dict(run.data.tags), kept)
+
+
 def finished_runs(runs: Iterable) -> list:
-    """The runs tagged `studies.status=finished` among `runs`, in their order (oldest first
-    as the ledger groups them): a cell is done when it has one."""
-    return [r for r in runs if r.data.tags.get(TAG_STATUS) == STATUS_FINISHED]
+    """The runs tagged `studies.status=finished` among `runs` (`LedgerRun`s), in their order
+    (oldest first as the ledger groups them): a cell is done when it has one."""
+    return [r for r in runs if r.tags.get(TAG_STATUS) == STATUS_FINISHED]
 
 
 def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
@@ -611,33 +629,35 @@ class StudyTracking:
 
     # -- the cell ledger
 
-    def cell_runs(self) -> dict[str, list]:
-        """Active child runs of the study grouped by cell id (oldest first)."""
-        return self._grouped_runs()
+    def cell_runs(self, metrics: Iterable[str] = ()) -> dict[str, list[LedgerRun]]:
+        """Active child runs of the study grouped by cell id (oldest first), with `metrics`."""
+        return self._grouped_runs(metrics)
 
-    def config_runs(self, config_id: str) -> dict[str, list]:
+    def config_runs(self, config_id: str) -> dict[str, list[LedgerRun]]:
         """Active child runs of one config of the study grouped by cell id (oldest first):
         one query, whatever the size of the study."""
-        return self._grouped_runs(studies__config_id=str(config_id))  # the TAG_CONFIG_ID tag
+        return self._grouped_runs((), studies__config_id=str(config_id))  # the TAG_CONFIG_ID tag
 
-    def _grouped_runs(self, **tags: str) -> dict[str, list]:
+    def _grouped_runs(self, metrics: Iterable[str], **tags: str) -> dict[str, list[LedgerRun]]:
         experiment_id = self.find_experiment_id() if self._experiment_id is None \
             else self._experiment_id
         if experiment_id is None:
             return {}
-        grouped: dict[str, list] = {}
+        metrics = tuple(metrics)
+        grouped: dict[str, list[LedgerRun]] = {}
         for run in _search_all(self.client, experiment_id, _filter(
-                studies__role=ROLE_CELL, studies__study=self.study_name, **tags)):
-            cell_id = run.data.tags.get(TAG_CELL_ID)
+                studies__role=ROLE_CELL, studies__study=self.study_name, **tags),
+                record=lambda run: LedgerRun.of(run, metrics)):
+            cell_id = run.tags.get(TAG_CELL_ID)
             if cell_id:
                 grouped.setdefault(cell_id, []).append(run)
         return grouped
 
     @staticmethod
-    def finished_run(runs: Sequence) -> str | None:
+    def finished_run(runs: Sequence[LedgerRun]) -> str | None:
         """The id of the (latest) run tagged finished among `runs`, if any."""
         finished = finished_runs(runs)
-        return finished[-1].info.run_id if finished else None
+        return finished[-1].run_id if finished else None
 
     def tags_of_run(self, run_id: str) -> dict[str, str]:
         """The tags of a run."""
@@ -661,13 +681,11 @@ class StudyTracking:
             runs = grouped.get(cell_id, [])
             finished = finished_runs(runs)
             if finished:
-                run = finished[-1]
-                states[cell_id] = CellState(cell_id, STATUS_FINISHED, run.info.run_id)
+                states[cell_id] = CellState(cell_id, STATUS_FINISHED, finished[-1].run_id)
             elif runs:
                 run = runs[-1]
-                status = run.data.tags.get(TAG_STATUS) or STATUS_RUNNING
-                states[cell_id] = CellState(cell_id, status, run.info.run_id,
-                                            run.data.tags.get(TAG_ERROR))
+                status = run.tags.get(TAG_STATUS) or STATUS_RUNNING
+                states[cell_id] = CellState(cell_id, status, run.run_id, run.tags.get(TAG_ERROR))
             else:
                 states[cell_id] = CellState(cell_id, "missing")
         return states
@@ -691,12 +709,12 @@ class StudyTracking:
             runs = grouped.get(cell_id, [])
             finished = finished_runs(runs)
             kept = keep.get(cell_id) if not finished else None
-            if kept not in {r.info.run_id for r in runs}:
+            if kept not in {r.run_id for r in runs}:
                 keep.pop(cell_id, None)
                 kept = None
             for run in runs:
-                if run.data.tags.get(TAG_STATUS) != STATUS_FINISHED and run.info.run_id != kept:
-                    with_retry(lambda: self.client.delete_run(run.info.run_id))
+                if run.tags.get(TAG_STATUS) != STATUS_FINISHED and run.run_id != kept:
+                    with_retry(lambda: self.client.delete_run(run.run_id))
             (done if finished else to_run).append(cell_id)
         return done, to_run
 

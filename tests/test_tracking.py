@@ -176,3 +176,8 @@ def test_cell_run_layout_and_idempotent_ledger(mlflow_server, tmp_path):
     assert not reused and fresh.run_id != first.run_id
     active = tracking.cell_runs()
     assert {k: len(v) for k, v in active.items()} == {cell["cell_id"]: 1, other["cell_id"]: 1}
+    # the ledger keeps of each run its id, its tags and only the metrics asked for
+    kept = tracking.cell_runs(metrics=("test/top5", "no/such/metric"))[cell["cell_id"]][0]
+    assert kept.run_id == run.run_id and kept.tags["studies.status"] == STATUS_FINISHED
+    assert kept.metrics == {"test/top5": 0.8}
+    assert active[cell["cell_id"]][0].metrics == {}
