@@ -56,7 +56,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -234,10 +234,13 @@ def search_all_runs(
             return
 
 
-def _filter_for(tag: str, value: str) -> str:
-    # dotted tag keys must be quoted with backticks in MLflow's filter syntax
-    escaped = value.replace("'", "\\'")
-    return f"tags.`{tag}` = '{escaped}'"
+def _filter_for(tags: Mapping[str, str]) -> str:
+    """MLflow's filter for runs with these tag values (dotted keys quoted with backticks)."""
+    clauses = []
+    for tag, value in tags.items():
+        escaped = str(value).replace("'", "\\'")
+        clauses.append(f"tags.`{tag}` = '{escaped}'")
+    return " and ".join(clauses)
 
 
 def _experiment(client, tracking_uri: str, study_name: str):
@@ -349,17 +352,18 @@ def _tables():
             SqlLatestMetric.__table__, SqlMetric.__table__)
 
 
-def _sql_study_runs(store, experiment_id: str, role: str) -> list[RunRecord]:
-    """The active runs of the experiment tagged `studies.role=<role>`: four queries in all
-    (runs, then their tags, params and latest metrics), what `search_runs` returns for the
-    filter `tags.studies.role = '<role>'`."""
+def _sql_study_runs(store, experiment_id: str, tags: Mapping[str, str], *, params: bool = True,
+                    metrics: Sequence[str] | None = None) -> list[RunRecord]:
+    """The active runs of the experiment with these tag values: one query per table (runs,
+    then their tags, params and latest metrics), what `search_runs` returns for the same
+    filter; `params=False` skips the params, `metrics` keeps only those latest metrics."""
     from sqlalchemy import and_, select
 
-    runs, tags, params, latest, _ = _tables()
-    with_role = select(tags.c.run_uuid).where(and_(tags.c.key == TAG_ROLE,
-                                                   tags.c.value == role))
-    wanted = and_(runs.c.experiment_id == int(experiment_id),
-                  runs.c.lifecycle_stage == "active", runs.c.run_uuid.in_(with_role))
+    runs, tag_table, param_table, latest, _ = _tables()
+    wanted = and_(runs.c.experiment_id == int(experiment_id), runs.c.lifecycle_stage == "active")
+    for key, value in tags.items():
+        wanted = and_(wanted, runs.c.run_uuid.in_(select(tag_table.c.run_uuid).where(
+            and_(tag_table.c.key == key, tag_table.c.value == str(value)))))
     ids = select(runs.c.run_uuid).where(wanted).scalar_subquery()
     intern = sys.intern  # one str object per distinct key: 10,000 runs share them
 
@@ -373,17 +377,23 @@ def _sql_study_runs(store, experiment_id: str, role: str) -> list[RunRecord]:
                 runs.c.run_uuid, runs.c.status, runs.c.start_time, runs.c.end_time)
                 .where(wanted).order_by(runs.c.start_time, runs.c.run_uuid))
         }
-        for run_id, key, value in rows(conn, select(tags.c.run_uuid, tags.c.key, tags.c.value)
-                                       .where(tags.c.run_uuid.in_(ids))):
+        for run_id, key, value in rows(conn, select(
+                tag_table.c.run_uuid, tag_table.c.key, tag_table.c.value)
+                .where(tag_table.c.run_uuid.in_(ids))):
             records[run_id].tags[intern(key)] = value
-        for run_id, key, value in rows(conn, select(params.c.run_uuid, params.c.key,
-                                                    params.c.value)
-                                       .where(params.c.run_uuid.in_(ids))):
-            records[run_id].params[intern(key)] = value
-        for run_id, key, value, is_nan in rows(conn, select(
-                latest.c.run_uuid, latest.c.key, latest.c.value, latest.c.is_nan)
-                .where(latest.c.run_uuid.in_(ids))):
-            records[run_id].metrics[intern(key)] = math.nan if is_nan else float(value)
+        if params:
+            for run_id, key, value in rows(conn, select(
+                    param_table.c.run_uuid, param_table.c.key, param_table.c.value)
+                    .where(param_table.c.run_uuid.in_(ids))):
+                records[run_id].params[intern(key)] = value
+        if metrics is None or metrics:
+            which = latest.c.run_uuid.in_(ids)
+            if metrics is not None:
+                which = and_(which, latest.c.key.in_(list(metrics)))
+            for run_id, key, value, is_nan in rows(conn, select(
+                    latest.c.run_uuid, latest.c.key, latest.c.value, latest.c.is_nan)
+                    .where(which)):
+                records[run_id].metrics[intern(key)] = math.nan if is_nan else float(value)
     return list(records.values())
 
 
@@ -408,13 +418,26 @@ def _raw_rows(conn, statement, block: int = 50_000) -> Iterator[tuple]:
         cursor.close()
 
 
-def _study_runs(client, experiment_id: str, role: str, page_size: int, bulk: bool
-                ) -> list[RunRecord]:
+def study_runs(client, experiment_id: str, tags: Mapping[str, str], *, params: bool = True,
+               metrics: Sequence[str] | None = None, page_size: int = MAX_PAGE_SIZE,
+               bulk: bool = True) -> list[RunRecord]:
+    """The active runs of the experiment with these tag values, oldest first, as `RunRecord`s;
+    `params=False` leaves their params out and `metrics` keeps only those latest metrics (the
+    cell ledger of `studies.tracking` needs tags alone: at 10,000 runs MLflow `Run` objects
+    would hold every metric and param). Bulk SQL on an SQL store (see the module docstring),
+    else `search_runs` pages of `page_size` runs."""
     store = _sql_store(client) if bulk else None
     if store is not None:
-        return _sql_study_runs(store, experiment_id, role)
-    return [RunRecord.of(run) for run in
-            search_all_runs(client, experiment_id, _filter_for(TAG_ROLE, role), page_size)]
+        return _sql_study_runs(store, experiment_id, tags, params=params, metrics=metrics)
+    records = []
+    for run in search_all_runs(client, experiment_id, _filter_for(tags), page_size):
+        record = RunRecord.of(run)
+        if not params:
+            record.params = {}
+        if metrics is not None:
+            record.metrics = {k: record.metrics[k] for k in metrics if k in record.metrics}
+        records.append(record)
+    return records
 
 
 def _history_points(points: Iterable[tuple[int, int, float | None]]) -> list[tuple[int, float]]:
@@ -570,9 +593,11 @@ def collect(
     experiment = _experiment(client, tracking_uri, study_name)
     experiment_id = experiment.experiment_id
 
-    parents = _study_runs(client, experiment_id, ROLE_PARENT, page_size, bulk)
+    parents = study_runs(client, experiment_id, {TAG_ROLE: ROLE_PARENT}, page_size=page_size,
+                         bulk=bulk)
     parent = max(parents, key=lambda r: r.start_time or 0) if parents else None
-    cells = _study_runs(client, experiment_id, ROLE_CELL, page_size, bulk)
+    cells = study_runs(client, experiment_id, {TAG_ROLE: ROLE_CELL}, page_size=page_size,
+                       bulk=bulk)
 
     finished_by_cell: dict[str, list] = {}
     other_by_cell: dict[str, list] = {}

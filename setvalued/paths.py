@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["split_path", "get_path", "set_path", "deep_merge"]
+__all__ = ["split_path", "get_path", "set_path", "deep_merge", "copy_config"]
 
 #: sections whose content is replaced, not merged, when an overlay changes their ``name``
 #: (the parameters of one loss or one data set do not apply to another)
@@ -77,3 +77,17 @@ def _merge_values(old: Any, new: Any) -> Any:
             out[key] = _merge_values(out.get(key), value)
         return out
     return copy.deepcopy(new)
+
+
+def copy_config(value: Any) -> Any:
+    """A copy of a config made of YAML values (dicts, lists, scalars) that shares nothing
+    mutable with it: `copy.deepcopy` without its memo, several times faster (a 10,000-cell
+    study copies configs tens of thousands of times while it is validated and expanded).
+    Any other object is deep-copied."""
+    if isinstance(value, dict):
+        return {key: copy_config(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_config(item) for item in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return copy.deepcopy(value)

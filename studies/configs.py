@@ -40,11 +40,13 @@ _MAX_PROBLEMS = 40
 @dataclass
 class DesignedConfig:
     """A config of the design, before pairing with the seeds: its variant, the validated
-    config and the values the design set (``swept``: dotted path -> value)."""
+    config and the values the design set (``swept``: dotted path -> value); its
+    ``config_id`` once `design_configs` has computed it."""
 
     variant: str
     config: dict
     swept: dict
+    config_id: Optional[str] = None
 
 
 def _context(variant: str, values: dict, study: Study) -> str:
@@ -258,7 +260,7 @@ def design_configs(study: Study) -> tuple[list[DesignedConfig], list[Problem]]:
     unique: dict[str, DesignedConfig] = {}
     for index, block in enumerate(study.design):
         for draft in _block_configs(study, index, block, problems, seen):
-            cid = config_id(draft.config)
+            cid = draft.config_id = config_id(draft.config)
             if cid in unique:
                 # same config from another block or value: one cell, swept values merged
                 for key, value in draft.swept.items():

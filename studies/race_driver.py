@@ -14,11 +14,11 @@ import json
 import math
 from typing import Iterable, Mapping, Sequence
 
+from analysis.collect import RunRecord
 from analysis.layout import TAG_CELL_ID, TAG_RACE, TAG_STATUS, TAG_STUDY
 from studies.racing import BEST, FAILED, MAX, WORSE, RaceStatus, SeedRace
 from studies.tracking import (
     STATUS_FINISHED,
-    LedgerRun,
     StudyTracking,
     cell_objective,
     finished_runs,
@@ -29,7 +29,7 @@ from studies.tracking import (
 RACE_OVER = "RACE_OVER"
 
 
-def run_value(tracking: StudyTracking, run: LedgerRun, metric: str) -> float:
+def run_value(tracking: StudyTracking, run: RunRecord, metric: str) -> float:
     """A finished run's value of the race metric: as logged for a final metric (`test/...`,
     `best_val`), else at the selected epoch (`studies.tracking.cell_objective`)."""
     if metric.startswith("test/") or metric in ("best_val", "best_epoch"):
@@ -127,7 +127,7 @@ class RaceDriver:
             [self.tracking.experiment_id], run_view_type=ViewType.ACTIVE_ONLY,
             filter_string=(f"tags.`{TAG_CELL_ID}` = '{escaped}' and tags.`{TAG_STUDY}` = '{study}'"
                            f" and tags.`{TAG_STATUS}` = '{STATUS_FINISHED}'"), max_results=5))
-        return LedgerRun.of(runs[0], (self.metric,)) if runs else None
+        return RunRecord.of(runs[0]) if runs else None
 
     def record_decisions(self) -> None:
         """Each new final decision (but a failure, which a resumed study retries) as `TAG_RACE`

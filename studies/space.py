@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
 
 from setvalued.label_kinds import max_labels
-from setvalued.paths import get_path, set_path
+from setvalued.paths import copy_config, get_path, set_path
 from studies.config_ids import canonical_json, config_id  # noqa: F401  (part of this module's API)
 from studies.configs import build_config, format_value
 from studies.design import OptunaBlock
@@ -70,13 +70,15 @@ def expand(study: Study) -> list[Cell]:
     the cells its race may run (`studies.racing`); most are never started.
 
     Config-major order: the seeds of the first config, then of the second, and so on.
-    Optuna blocks give no cells (see :func:`optuna_block_suggest`).
+    Optuna blocks give no cells (see :func:`optuna_block_suggest`). The cells of one config
+    share one copy of its config and swept values (read-only: a trial copies what it changes).
     """
     cells = []
     for draft in study.designed_configs:
-        cid = config_id(draft.config)
+        cid = draft.config_id or config_id(draft.config)
+        config, swept = copy_config(draft.config), dict(draft.swept)
         for seed in study.seed_list:
-            cells.append(Cell(cid, seed, draft.variant, copy.deepcopy(draft.config), dict(draft.swept)))
+            cells.append(Cell(cid, seed, draft.variant, config, swept))
     return cells
 
 

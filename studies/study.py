@@ -8,7 +8,7 @@ docs/interfaces.md section 6 for the format).
 
 from __future__ import annotations
 
-import copy
+
 from collections import Counter
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -16,6 +16,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, mo
 
 from analysis.report_schema import (Reference, ReferenceRow, References, Report, ReportCompare, ReportCurve,  # noqa: F401
                                     ReportSetSizes, ReportTable)
+from setvalued.paths import copy_config
 from studies.design import BLOCK_CLASSES, PRUNER_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
 from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
@@ -280,11 +281,11 @@ class Study(StrictModel):
 
     def variant_config(self, name: str) -> dict:
         """The validated, default-filled config of a variant (a copy)."""
-        return copy.deepcopy(self._variant_configs[name])
+        return copy_config(self._variant_configs[name])
 
     def variant_raw_config(self, name: str) -> dict:
         """``base`` deep-merged with the variant's overlay, as written (no defaults filled in)."""
-        return copy.deepcopy(self._variant_raw[name])
+        return copy_config(self._variant_raw[name])
 
     def block_variants(self, block: _Block) -> list[str]:
         """The variants a design block applies to (its filter, or every variant)."""

@@ -47,9 +47,12 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    from analysis.collect import RunRecord
 
 from analysis.layout import (  # noqa: E402  the MLflow layout, shared with analysis.collect
     flatten_config,
@@ -84,7 +87,7 @@ from studies.sqlite_store import seed_sqlite_store
 # trial adds it when a fit function does not).
 EPOCH_MARKER_METRIC = "epoch_time_s"
 
-_SEARCH_PAGE = 50_000  # MLflow's largest search_runs page
+_SEARCH_PAGE = 1_000  # runs per search_runs page: what one page holds in memory is bounded
 _MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
 _MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 _MAX_PARAM_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
@@ -287,12 +290,8 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def _search_all(client, experiment_id: str, filter_string: str,
-                record: Callable[[Any], Any] | None = None) -> list:
-    """Every active run of the experiment matching the filter (all pages), oldest first;
-    `record` turns each run into what the caller keeps, page by page (a study's whole ledger
-    of MLflow `Run`s, every latest metric and param included, would not fit in memory at
-    100,000 cells)."""
+def _search_all(client, experiment_id: str, filter_string: str) -> list:
+    """Every active run of the experiment matching the filter (all pages), oldest first."""
     from mlflow.entities import ViewType
 
     runs: list = []
@@ -303,28 +302,14 @@ def _search_all(client, experiment_id: str, filter_string: str,
             max_results=_SEARCH_PAGE, order_by=["attributes.start_time ASC"],
             page_token=token,
         ))
-        runs.extend(page if record is None else map(record, page))
+        runs.extend(page)
         token = page.token
         if not token:
             return runs
 
 
-@dataclass(frozen=True)
-class LedgerRun:
-    """What the ledger keeps of a cell's MLflow run: its id, its tags and the metrics asked for."""
-
-    run_id: str
-    tags: Mapping[str, str]
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, run, metrics: Iterable[str] = ()) -> "LedgerRun":
-        kept = {key: run.data.metrics[key] for key in metrics if key in run.data.metrics}
-        return cls(run.info.run_id, dict(run.data.tags), kept)
-
-
 def finished_runs(runs: Iterable) -> list:
-    """The runs tagged `studies.status=finished` among `runs` (`LedgerRun`s), in their order
+    """The runs tagged `studies.status=finished` among `runs` (`RunRecord`s), in their order
     (oldest first as the ledger groups them): a cell is done when it has one."""
     return [r for r in runs if r.tags.get(TAG_STATUS) == STATUS_FINISHED]
 
@@ -629,32 +614,37 @@ class StudyTracking:
 
     # -- the cell ledger
 
-    def cell_runs(self, metrics: Iterable[str] = ()) -> dict[str, list[LedgerRun]]:
-        """Active child runs of the study grouped by cell id (oldest first), with `metrics`."""
+    def cell_runs(self, metrics: Sequence[str] = ()) -> dict[str, list[RunRecord]]:
+        """Active child runs of the study grouped by cell id (oldest first): their ids and
+        tags, and of their latest metrics only `metrics` (`analysis.collect.study_runs`: bulk
+        SQL on an SQL store, so that resuming a study of 10,000 cells reads its ledger in
+        seconds and holds no MLflow `Run` objects)."""
         return self._grouped_runs(metrics)
 
-    def config_runs(self, config_id: str) -> dict[str, list[LedgerRun]]:
+    def config_runs(self, config_id: str) -> dict[str, list[RunRecord]]:
         """Active child runs of one config of the study grouped by cell id (oldest first):
         one query, whatever the size of the study."""
-        return self._grouped_runs((), studies__config_id=str(config_id))  # the TAG_CONFIG_ID tag
+        return self._grouped_runs((), **{TAG_CONFIG_ID: str(config_id)})
 
-    def _grouped_runs(self, metrics: Iterable[str], **tags: str) -> dict[str, list[LedgerRun]]:
+    def _grouped_runs(self, metrics: Sequence[str], **tags: str) -> dict[str, list[RunRecord]]:
+        from analysis.collect import study_runs
+
         experiment_id = self.find_experiment_id() if self._experiment_id is None \
             else self._experiment_id
         if experiment_id is None:
             return {}
-        metrics = tuple(metrics)
-        grouped: dict[str, list[LedgerRun]] = {}
-        for run in _search_all(self.client, experiment_id, _filter(
-                studies__role=ROLE_CELL, studies__study=self.study_name, **tags),
-                record=lambda run: LedgerRun.of(run, metrics)):
+        wanted = {TAG_ROLE: ROLE_CELL, TAG_STUDY: self.study_name, **tags}
+        grouped: dict[str, list[RunRecord]] = {}
+        for run in with_retry(lambda: study_runs(self.client, experiment_id, wanted, params=False,
+                                                 metrics=tuple(metrics),
+                                                 page_size=_SEARCH_PAGE)):
             cell_id = run.tags.get(TAG_CELL_ID)
             if cell_id:
                 grouped.setdefault(cell_id, []).append(run)
         return grouped
 
     @staticmethod
-    def finished_run(runs: Sequence[LedgerRun]) -> str | None:
+    def finished_run(runs: Sequence[RunRecord]) -> str | None:
         """The id of the (latest) run tagged finished among `runs`, if any."""
         finished = finished_runs(runs)
         return finished[-1].run_id if finished else None

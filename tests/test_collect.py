@@ -323,6 +323,43 @@ def test_collect_from_sqlite_store(tmp_path):
     assert collected.study_yaml is None
 
 
+def test_study_runs_filters_tags_params_and_metrics_alike_on_both_paths(tmp_path):
+    """`study_runs` (what the cell ledger reads): bulk SQL and `search_runs` pages return the
+    same runs, in start order, for extra tag filters, without params, with chosen metrics."""
+    from mlflow import MlflowClient
+
+    from analysis.collect import study_runs
+    from analysis.layout import ROLE_CELL, TAG_CONFIG_ID, TAG_ROLE
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    a, b = set_path(BASE_CONFIG, "loss.epsilon", 0.5), set_path(BASE_CONFIG, "loss.epsilon", 0.1)
+    cells = [_finished("noised", a, s, {"loss.epsilon": 0.5}, 0.9 + s / 100) for s in range(3)]
+    cells += [_finished("noised", b, s, {"loss.epsilon": 0.1}, 0.8) for s in range(2)]
+    log_study_runs(uri, "ledger-study", cells)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("ledger-study").experiment_id
+    config_a = next(iter({r.data.tags[TAG_CONFIG_ID] for r in client.search_runs([experiment])
+                          if r.data.params.get("loss.epsilon") == "0.5"}))
+    wanted = {TAG_ROLE: ROLE_CELL, TAG_CONFIG_ID: config_a}
+
+    def view(records):
+        return [(r.run_id, r.status, r.tags, r.params, r.metrics) for r in records]
+
+    for params, metrics in ((True, None), (False, ("test/top5", "no/such")), (False, ())):
+        bulk = study_runs(client, experiment, wanted, params=params, metrics=metrics)
+        paged = study_runs(client, experiment, wanted, params=params, metrics=metrics,
+                           page_size=2, bulk=False)
+        assert view(bulk) == view(paged)
+        assert len(bulk) == 3 and {r.tags[TAG_CONFIG_ID] for r in bulk} == {config_a}
+        assert [r.start_time for r in bulk] == sorted(r.start_time for r in bulk)
+        assert all(bool(r.params) == params for r in bulk)
+        if metrics is not None:
+            assert all(set(r.metrics) == set(metrics) & {"test/top5"} for r in bulk)
+        else:
+            assert all("test/top5" in r.metrics and "best_val" in r.metrics for r in bulk)
+    assert len(study_runs(client, experiment, {TAG_ROLE: ROLE_CELL})) == 5
+
+
 def test_param_parsing_and_typing():
     assert parse_param_value("True") is True and parse_param_value("None") is None
     assert parse_param_value("[150, 225]") == [150, 225]
