@@ -119,9 +119,11 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     strided groups (class ``p G + g`` in group g) and ``bound``, the count-th largest of the
     B G group maxima, is a lower bound of the count-th largest entry (the group maxima are
     some of the entries).  Every entry at least the threshold is therefore in a group whose
-    maximum reaches ``bound``; one selection over those groups' entries (about count x P)
-    gives the count largest.  The tie rule is applied afterwards on the few entries equal to
-    the threshold, so the result is the first ``count`` positions of a stable descending sort.
+    maximum reaches ``bound``: the ``count`` top groups of the selection over the maxima, unless
+    other groups tie with them at ``bound`` (then all groups reaching it are listed).  One
+    selection over those groups' entries (about count x P) gives the count largest.  The tie
+    rule is applied afterwards on the few entries equal to the threshold, so the result is the
+    first ``count`` positions of a stable descending sort.
     """
     values = values.contiguous()
     rows, cols = values.shape
@@ -137,12 +139,14 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     if total > _DIRECT_SELECTION_ENTRIES and members > 1 and rows * groups >= count:
         padded = values if members * groups == cols else F.pad(values, (0, members * groups - cols),
                                                                  value=-math.inf)
-        group_max = padded.view(rows, members, groups).amax(dim=1)
-        bound = torch.topk(group_max.view(-1), count, sorted=False).values.min()
+        group_max = padded.view(rows, members, groups).amax(dim=1).view(-1)
+        top_maxima, reaching = torch.topk(group_max, count, sorted=False)  # row * G + group
+        bound = top_maxima.min()
         if bool(bound > -math.inf):  # else the padding could be chosen: select over everything
-            reaching = (group_max.view(-1) >= bound).nonzero().squeeze(1)  # row * G + group
+            if int((group_max >= bound).sum()) > count:  # groups tied at the bound: list them all
+                reaching = (group_max >= bound).nonzero().squeeze(1)
             row = torch.div(reaching, groups, rounding_mode="floor")
-            first = reaching.add_(row * (cols - groups))  # flat index of the group's member 0
+            first = reaching.add(row * (cols - groups))  # flat index of the group's member 0
             where = (first.unsqueeze(1) + torch.arange(0, members * groups, groups, device=device)).view(-1)
             if members * groups != cols:  # members past the last class read the padding (-inf)
                 shift = (row * (members * groups - cols)).unsqueeze(1).expand(-1, members).reshape(-1)
