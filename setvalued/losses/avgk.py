@@ -99,9 +99,8 @@ class TwoHeadClassifier(nn.Module):
         return TwoHeadOutput(sccp=self.sccp(features), ml=self.ml(features))
 
 
-#: Up to this many entries one selection over all of them is cheaper than the group bound, and
-#: the BCE entry by entry cheaper than the dense sum plus corrections (measured on CPU, B = 128:
-#: L = 100 yes, L = 1000 no).
+#: Up to this many entries one selection over all of them is cheaper than the group bound
+#: (measured on CPU, B = 128: L = 100 yes, L = 1000 no).
 _DIRECT_SELECTION_ENTRIES = 32768
 
 
