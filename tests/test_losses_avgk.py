@@ -497,3 +497,20 @@ def test_batch_too_small_for_the_candidates_raises():
         loss(torch.zeros(3, 6), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="single-head"):
         build_loss("epr", k=2)(out, torch.tensor([0, 1, 2]))
+
+
+def test_two_head_second_backward_pass_recomputes_the_buffers():
+    """The backward pass writes the gradients over the forward buffers; with retain_graph a
+    second pass must still give the same gradients (it recomputes them)."""
+    g = torch.Generator().manual_seed(12)
+    sccp = (torch.randn(64, 1000, generator=g) * 2).requires_grad_(True)
+    ml = (torch.randn(64, 1000, generator=g) * 3).requires_grad_(True)
+    targets = torch.randint(0, 1000, (64,), generator=g)
+    loss = build_loss("avgk_two_head", k=5, alpha=0.7)(TwoHeadOutput(sccp, ml), targets)
+    first = torch.autograd.grad(loss, (sccp, ml), retain_graph=True)
+    second = torch.autograd.grad(loss, (sccp, ml))
+    expected, _ = reference_two_head(sccp, ml, targets, 5, 0.7)
+    want = torch.autograd.grad(expected.mean(), (sccp, ml))
+    for a, b, c in zip(first, second, want):
+        assert torch.equal(a, b)
+        assert torch.allclose(a, c, rtol=1e-5, atol=1e-8)

@@ -99,9 +99,8 @@ class TwoHeadClassifier(nn.Module):
         return TwoHeadOutput(sccp=self.sccp(features), ml=self.ml(features))
 
 
-#: Up to this many entries one selection over all of them is cheaper than the group bound, and
-#: the BCE entry by entry cheaper than the dense sum plus corrections (measured on CPU, B = 128:
-#: L = 100 yes, L = 1000 no).
+#: Up to this many entries one selection over all of them is cheaper than the group bound
+#: (measured on CPU, B = 128: L = 100 yes, L = 1000 no).
 _DIRECT_SELECTION_ENTRIES = 32768
 
 
@@ -109,6 +108,35 @@ def _group_members(total: int, count: int) -> int:
     """Classes per group for :func:`_largest_entries`: about 10 while the count is a small
     share of the entries, fewer (down to 4) as it grows (measured, B = 128, L in {100, 1000})."""
     return min(10, max(4, total // (8 * count)))
+
+
+def _reaching_groups(group_max: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(groups, bound)``: a bound at most the count-th largest group maximum (so at most the
+    count-th largest entry) and every group whose maximum reaches it.
+
+    Few groups wanted (count x 64 <= groups): the ``count`` top groups of one selection (a
+    partial sort), all groups at the bound when others tie with them.  Many: a selection over
+    all maxima costs several times more per entry, so the bound is a quantile of a strided
+    sample of the maxima, taken low enough (three standard deviations of the sample count) that
+    at least ``count`` maxima reach it, which one count checks (else the exact count-th largest).
+    """
+    total = group_max.numel()
+    if count * 64 <= total:
+        top_maxima, groups = torch.topk(group_max, count, sorted=False)
+        bound = top_maxima.min()
+        if int((group_max >= bound).sum()) > count:  # groups tied at the bound: list them all
+            groups = (group_max >= bound).nonzero().squeeze(1)
+        return groups, bound
+    stride = 8
+    sample = group_max[::stride]
+    expected = count / stride
+    rank = min(sample.numel(), int(expected + 3.0 * math.sqrt(expected)) + 1)  # rank-th largest
+    bound = torch.kthvalue(sample, sample.numel() - rank + 1).values
+    reaching = group_max >= bound
+    if int(reaching.sum()) < count:  # the sample was unlucky: the exact count-th largest
+        bound = torch.kthvalue(group_max, total - count + 1).values
+        reaching = group_max >= bound
+    return reaching.nonzero().squeeze(1), bound
 
 
 def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
@@ -119,9 +147,11 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     strided groups (class ``p G + g`` in group g) and ``bound``, the count-th largest of the
     B G group maxima, is a lower bound of the count-th largest entry (the group maxima are
     some of the entries).  Every entry at least the threshold is therefore in a group whose
-    maximum reaches ``bound``; one selection over those groups' entries (about count x P)
-    gives the count largest.  The tie rule is applied afterwards on the few entries equal to
-    the threshold, so the result is the first ``count`` positions of a stable descending sort.
+    maximum reaches ``bound``: the ``count`` top groups of the selection over the maxima, unless
+    other groups tie with them at ``bound`` (then all groups reaching it are listed).  One
+    selection over those groups' entries (about count x P) gives the count largest.  The tie
+    rule is applied afterwards on the few entries equal to the threshold, so the result is the
+    first ``count`` positions of a stable descending sort.
     """
     values = values.contiguous()
     rows, cols = values.shape
@@ -137,18 +167,17 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     if total > _DIRECT_SELECTION_ENTRIES and members > 1 and rows * groups >= count:
         padded = values if members * groups == cols else F.pad(values, (0, members * groups - cols),
                                                                  value=-math.inf)
-        group_max = padded.view(rows, members, groups).amax(dim=1)
-        bound = torch.topk(group_max.view(-1), count, sorted=False).values.min()
+        group_max = padded.view(rows, members, groups).amax(dim=1).view(-1)
+        reaching, bound = _reaching_groups(group_max, count)  # row * G + group
         if bool(bound > -math.inf):  # else the padding could be chosen: select over everything
-            reaching = (group_max.view(-1) >= bound).nonzero().squeeze(1)  # row * G + group
             row = torch.div(reaching, groups, rounding_mode="floor")
-            first = reaching.add_(row * (cols - groups))  # flat index of the group's member 0
+            first = reaching.add(row * (cols - groups))  # flat index of the group's member 0
             where = (first.unsqueeze(1) + torch.arange(0, members * groups, groups, device=device)).view(-1)
             if members * groups != cols:  # members past the last class read the padding (-inf)
                 shift = (row * (members * groups - cols)).unsqueeze(1).expand(-1, members).reshape(-1)
-                pool = padded.reshape(-1)[where + shift]
+                pool = padded.reshape(-1).index_select(0, where + shift)
             else:
-                pool = pool[where]
+                pool = pool.index_select(0, where)
     top_values, positions = torch.topk(pool, count, sorted=False)
     threshold = top_values.min()
     tied_in_top = int((top_values == threshold).sum())
@@ -159,7 +188,7 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
         above = positions[top_values > threshold]
         first_tied = torch.sort(tied).values[:tied_in_top]
         return torch.cat([above if where is None else where[above], first_tied])
-    return positions if where is None else where[positions]
+    return positions if where is None else where.index_select(0, positions)
 
 
 def _top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
@@ -223,16 +252,15 @@ def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
 
 
 def _chunk_size(num_classes: int) -> int:
-    """Largest divisor of L in [1, 64]: rows are multiplied in chunks of that many entries."""
-    return max(d for d in range(1, 65) if num_classes % d == 0)
+    """Largest divisor of L in [1, 100]: rows are multiplied in chunks of that many entries."""
+    return max(d for d in range(1, 101) if num_classes % d == 0)
 
 
-def _row_log_sigmoid_abs(sigmoid: torch.Tensor) -> torch.Tensor:
-    """``sum_j log sigma(|z_ij|)`` per row, from ``sigma(z)``: ``sigma(|z|) = |sigma(z) - 1/2|
-    + 1/2`` lies in [1/2, 1], so a product of 64 of them stays above 2^-64 (no
-    underflow) and one log per chunk replaces one log per entry."""
-    batch, num_classes = sigmoid.shape
-    folded = (sigmoid - 0.5).abs_().add_(0.5)
+def _row_sum_log(folded: torch.Tensor) -> torch.Tensor:
+    """``sum_j log f_ij`` per row for entries ``f`` in [1/2, 1] (here ``sigma(|z|)``): a product
+    of up to 100 of them stays above 2^-100 (no underflow in float32), so one log per chunk
+    replaces one log per entry."""
+    batch, num_classes = folded.shape
     chunk = _chunk_size(num_classes)
     if chunk < 16:  # few divisors: pad with ones (log 1 = 0) to chunks of 64
         chunk = 64
@@ -240,71 +268,84 @@ def _row_log_sigmoid_abs(sigmoid: torch.Tensor) -> torch.Tensor:
     return folded.view(batch, -1, chunk).prod(dim=2).log_().sum(dim=1)
 
 
-class _TwoHeadBCE(torch.autograd.Function):
-    """Per-row BCE of thesis eq. 5.14 on the ML logits Z: ``sum_j w_ij BCE(z_ij, t_ij)``.
+def _working(logits: torch.Tensor) -> torch.Tensor:
+    """Contiguous logits (row-major: flat indices and chunked views), half precision upcast to
+    float32 (the candidates are ranked in float32 at least, as in :func:`candidate_indices`)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return logits.contiguous()
 
-    Every entry is a negative (``t = 0``, weight ``w_neg = alpha/(L-K)``) except the few
-    ``positives`` (flat indices of the labels and the candidates, ``t = 1``, weights
-    ``positive_weights``), so the row sum is the dense ``w_neg sum_j softplus(z_ij)`` plus a
-    correction on the positives only.  ``BCE(z, 0) = softplus(z) = max(z, 0) - log sigma(|z|)``
-    (no overflow, no log of 0; the logs are taken per chunk: :func:`_row_log_sigmoid_abs`),
-    ``BCE(z, 1) = softplus(-z)``; gradient ``w (sigma(z) - t)``, with ``sigma(z)`` kept from the
-    forward pass (``-w sigma(-z)`` on the positives, exact where ``sigma(z)`` rounds to 1).
+
+class _TwoHeadLoss(torch.autograd.Function):
+    """Per-example ``l_CE(z'_i, y_i) + sum_j w_ij BCE(z_ij, t_ij)`` (thesis eqs. 5.10-5.15) as one
+    autograd node with a closed-form backward: few passes over B x L, few fresh B x L tensors
+    (on CPU each costs page faults) and few small operations (each costs a dispatch).
+
+    CE (eq. 5.10): ``-log varsigma(z')_y`` from one log-softmax, whose output also ranks the
+    candidates (eq. 5.11: the labels masked to -inf in place); gradient ``go_i (varsigma(z'_i) -
+    e_y)``, written over the log-softmax buffer (``exp``; ``expm1`` at the label, exact when
+    p_y ~ 1).
+
+    BCE (eq. 5.14): every entry is a negative (``t = 0``, weight ``w_neg = alpha/(L-K)``) except
+    the labels (``t = 1``, weight 1) and the candidates (``t = 1``, weight ``alpha/(K-1)``), so the
+    row sum is the dense ``w_neg sum_j softplus(z_ij)`` plus a correction on those positives.
+    ``softplus(z) = max(z, 0) - log sigma(|z|)`` (no overflow, no log of 0; the logs taken per
+    chunk: :func:`_row_sum_log`); at a positive ``w_pos softplus(-z) = w_pos (softplus(z) - z)``
+    replaces ``w_neg softplus(z)``.  Gradient ``w (sigma(z) - t)``, written over the sigmoid
+    buffer of the forward pass; ``-w sigma(-z)`` at the positives (exact where sigma(z) rounds
+    to 1).
+
+    The candidates are a discrete choice (no gradient through them).  The buffers kept for the
+    backward pass become the gradients; a second backward pass (``retain_graph=True``)
+    recomputes them from the saved inputs.
     """
 
     @staticmethod
-    def forward(ctx, logits, positives, positive_weights, negative_weight):
-        batch, num_classes = logits.shape
-        logits = logits.contiguous()  # row-major: the flat indices and the chunked views
-        sigmoid = torch.sigmoid(logits)
-        per_row = logits.clamp_min(0.0).sum(dim=1).sub_(_row_log_sigmoid_abs(sigmoid))
-        per_row.mul_(negative_weight)
-        z = logits.reshape(-1)[positives]
-        # on the positives, w_pos softplus(-z) = w_pos (softplus(z) - z) replaces the dense
-        # term's w_neg softplus(z); softplus(z) = max(z, 0) + log1p(exp(-|z|)) to the last bit
-        softplus = torch.log1p(torch.exp(-z.abs())).add_(z.clamp_min(0.0))
-        correction = torch.addcmul(softplus * (positive_weights - negative_weight), z, positive_weights,
-                                   value=-1.0)
+    def forward(ctx, sccp, ml, targets, k, alpha):
+        batch, num_classes = ml.shape
+        column = targets.unsqueeze(1)
+        log_probs = torch.log_softmax(sccp, dim=1)
+        label_log_probs = log_probs.gather(1, column)
+        log_probs.scatter_(1, column, -math.inf)  # eq. 5.11: a label is never a candidate
+        candidates = _largest_entries(log_probs, (k - 1) * batch)  # eq. 5.12
+        labels = torch.arange(0, batch * num_classes, num_classes, device=ml.device).add_(targets)
+        positives = torch.cat([labels, candidates])
+        weights = torch.full(positives.shape, alpha / (k - 1), dtype=ml.dtype, device=ml.device)
+        weights[:batch] = 1.0
+        negative_weight = alpha / (num_classes - k)
+
+        sigmoid = torch.sigmoid(ml)
+        folded = torch.sub(sigmoid, 0.5).abs_().add_(0.5)  # sigma(|z|), in [1/2, 1]
+        z = ml.view(-1).index_select(0, positives)
+        softplus = folded.view(-1).index_select(0, positives).log_().neg_().add_(z.clamp_min(0.0))
+        log_folded = _row_sum_log(folded)
+        per_row = torch.clamp_min(ml, 0.0, out=folded).sum(dim=1).sub_(log_folded)  # sum softplus
+        per_row.mul_(negative_weight).sub_(label_log_probs.squeeze(1))
+        correction = torch.addcmul(softplus.mul_(weights - negative_weight), z, weights, value=-1.0)
         rows = torch.div(positives, num_classes, rounding_mode="floor")
         per_row.index_add_(0, rows, correction)
-        # gradient at the positives: w (sigma(z) - 1) = -w sigma(-z), accurate when sigma(z) ~ 1
-        positive_grad = torch.sigmoid(-z).mul_(positive_weights).neg_()
-        ctx.save_for_backward(sigmoid, positives, positive_grad, rows)
+
+        ctx.save_for_backward(sccp, ml, targets, positives, rows)
+        ctx.buffers = (log_probs, sigmoid)
+        ctx.label_log_probs = label_log_probs
+        ctx.positive_grad = torch.sigmoid(z.neg_()).mul_(weights).neg_()  # w (sigma(z) - 1)
         ctx.negative_weight = negative_weight
         return per_row
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        sigmoid, positives, positive_grad, rows = ctx.saved_tensors
-        grad = sigmoid * (grad_output * ctx.negative_weight).unsqueeze(1)
-        grad.view(-1)[positives] = positive_grad * grad_output[rows]
-        return grad, None, None, None
-
-
-class _DenseTwoHeadBCE(torch.autograd.Function):
-    """The BCE of :class:`_TwoHeadBCE` entry by entry, for small batches (B L up to
-    ``_DIRECT_SELECTION_ENTRIES``), where fewer operations matter more than fewer passes.
-
-    ``BCE(z, t) = softplus(u)`` with ``u = -z`` if t = 1 else z, as ``max(u, 0) - log sigma(|u|)``;
-    gradient ``w sigma(u) du/dz`` (``-w sigma(-z)`` on the positives, exact where ``sigma(z)``
-    rounds to 1).
-    """
-
-    @staticmethod
-    def forward(ctx, logits, positives, positive_weights, negative_weight):
-        logits = logits.contiguous()  # row-major: the flat indices
-        sign = torch.ones_like(logits).view(-1).index_fill_(0, positives, -1.0).view(logits.shape)
-        weights = torch.full_like(logits, negative_weight).view(-1)
-        weights = weights.index_copy_(0, positives, positive_weights).view(logits.shape)
-        signed = logits * sign
-        per_entry = signed.clamp_min(0.0).sub_(torch.log(torch.sigmoid(signed.abs())))
-        ctx.save_for_backward(torch.sigmoid(signed).mul_(sign).mul_(weights))
-        return per_entry.mul_(weights).sum(dim=1)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output.unsqueeze(1), None, None, None
+        sccp, ml, targets, positives, rows = ctx.saved_tensors
+        if ctx.buffers is None:  # a second backward pass: the first one wrote over the buffers
+            log_probs, sigmoid = torch.log_softmax(sccp, dim=1), torch.sigmoid(ml)
+        else:
+            (log_probs, sigmoid), ctx.buffers = ctx.buffers, None
+        scale = grad_output.unsqueeze(1)
+        grad_sccp = log_probs.exp_().mul_(scale)  # exp(log_probs) = softmax
+        grad_sccp.scatter_(1, targets.unsqueeze(1), torch.expm1(ctx.label_log_probs).mul_(scale))
+        grad_ml = sigmoid.mul_(scale * ctx.negative_weight)
+        grad_ml.view(-1).index_copy_(0, positives, ctx.positive_grad * grad_output.index_select(0, rows))
+        return grad_sccp, grad_ml, None, None, None
 
 
 @register_loss("avgk_two_head")
@@ -366,19 +407,7 @@ class AvgKTwoHeadLoss(SetValuedLoss):
         batch, num_classes = ml.shape
         self._check_fits(batch, num_classes)
         targets = targets.to(device=ml.device, dtype=torch.long)
-        log_probs = F.log_softmax(sccp, dim=1)
-        ce = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # eq. 5.10, erratum A-E2
-        candidates = candidate_indices(sccp, targets, self.k, log_probs=log_probs.detach())
-        # eq. 5.14: weight 1 on the label, alpha/(K-1) on the candidates, alpha/(L-K) on the
-        # negatives (every other entry)
-        labels = torch.arange(batch, device=ml.device) * num_classes + targets
-        positives = torch.cat([labels, candidates])
-        positive_weights = torch.full(positives.shape, self.alpha / (self.k - 1), dtype=ml.dtype,
-                                      device=ml.device)
-        positive_weights[:batch] = 1.0
-        negative_weight = self.alpha / (num_classes - self.k)
-        bce = _DenseTwoHeadBCE if ml.numel() <= _DIRECT_SELECTION_ENTRIES else _TwoHeadBCE
-        per_example = ce + bce.apply(ml, positives, positive_weights, negative_weight)
+        per_example = _TwoHeadLoss.apply(_working(sccp), _working(ml), targets, self.k, self.alpha)
         return self.reduce(per_example)
 
     def prediction_scores(self, output: Any) -> torch.Tensor:
