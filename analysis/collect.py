@@ -65,7 +65,6 @@ import pyarrow.parquet as pq
 MAX_PAGE_SIZE = 50_000
 
 from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
-    PARENT_RUN_TAG,
     PER_CLASS_ARTIFACT,
     ROLE_CELL,
     ROLE_PARENT,
@@ -81,7 +80,6 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_SEED,
     TAG_STATUS,
     TAG_STOPPED_EPOCH,
-    TAG_STUDY,
     TAG_SWEPT,
     TAG_VARIANT,
 )

@@ -23,7 +23,7 @@ def _wait_healthy(uri: str, process, timeout_s: float = 180.0) -> None:
 def test_writes_wait_for_a_restarted_server_with_one_warning(tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 
-    import studies.tracking as tracking
+    import studies.tracking.retry as tracking
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # our backoff, not MLflow's silent one
     monkeypatch.setattr(tracking, "_outage_warned", False)
@@ -59,7 +59,7 @@ def test_writes_wait_for_a_restarted_server_with_one_warning(tmp_path, monkeypat
 
 
 def test_an_error_that_is_not_an_outage_is_raised_at_once():
-    import studies.tracking as tracking
+    import studies.tracking.retry as tracking
 
     calls = []
 
@@ -75,7 +75,7 @@ def test_an_error_that_is_not_an_outage_is_raised_at_once():
 def test_a_server_out_of_database_connections_is_waited_for(monkeypatch):
     """MLflow answers 400 with SQLAlchemy's pool error when concurrent writers use up its
     connection pool (docs/scale.md): a passing overload, waited for like an outage."""
-    import studies.tracking as tracking
+    import studies.tracking.retry as tracking
 
     monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
     calls = []

@@ -1,0 +1,202 @@
+"""What a study writes to MLflow and how it is found again: the contract tags and params of
+a cell's run (docs/interfaces.md section 5), the experiment's tags, the search helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
+
+from analysis.layout import (  # the MLflow layout, shared with analysis.collect
+    flatten_config,
+    PARENT_RUN_TAG,
+    ROLE_CELL,
+    STATUS_FINISHED,
+    STATUS_RUNNING,
+    TAG_CELL_ID,
+    TAG_CONFIG_ID,
+    TAG_ROLE,
+    TAG_SEED,
+    TAG_SESSION,
+    TAG_STATUS,
+    TAG_STUDY,
+    TAG_SWEPT,
+    TAG_VARIANT,
+)
+from setvalued.config import effective_config
+from studies.tracking.retry import with_retry
+
+# Key whose history tells which epochs a run already holds (fit always reports it; the
+# trial adds it when a fit function does not).
+EPOCH_MARKER_METRIC = "epoch_time_s"
+
+_SEARCH_PAGE = 1_000  # runs per search_runs page: what one page holds in memory is bounded
+_MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
+_MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
+_MAX_PARAM_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+_MAX_TAG_LENGTH = 8000
+
+T = TypeVar("T")
+
+#: the artifact folder of a cell's selected model (MLflow's pytorch flavour)
+MODEL_ARTIFACT = "model"
+#: MLflow 3 opens an experiment in its GenAI view unless this tag says otherwise
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: the experiment's (and a run's) description in the MLflow UI
+NOTE_TAG = "mlflow.note.content"
+
+
+def source_tags(study_file: str | Path) -> dict[str, str]:
+    """The system tags MLflow's own clients set on a run: who ran it, from which file, and the
+    git commit, branch and remote of the checkout holding the study file, if it is in one."""
+    import getpass
+    import subprocess
+
+    path = Path(study_file).resolve()
+    tags = {"mlflow.source.name": str(path), "mlflow.source.type": "LOCAL"}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):  # no user name in this container
+        pass
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        for key, args in (("mlflow.source.git.branch", ("rev-parse", "--abbrev-ref", "HEAD")),
+                          ("mlflow.source.git.repoURL", ("config", "--get", "remote.origin.url"))):
+            value = git(*args)
+            if value:
+                tags[key] = value
+    return tags
+
+
+def experiment_tags(description: str) -> dict[str, str]:
+    """A study's experiment opens in MLflow 3's model-training view, with the study's
+    description (``study_description``) as its note."""
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    if description:
+        tags[NOTE_TAG] = description
+    return tags
+
+
+def study_description(description: str, source_text: str) -> str:
+    """The study's ``description:``, else the comment lines that open its file."""
+    if description.strip():
+        return description.strip()
+    lines = []
+    for line in source_text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return "\n".join(lines).strip()
+
+
+def default_tracking_uri(study_dir: str | Path) -> str:
+    """The embedded tracking store of a study: `sqlite:///<output>/<name>/mlflow.db`."""
+    return f"sqlite:///{Path(study_dir).resolve() / 'mlflow.db'}"
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The shell command that opens the MLflow UI on this tracking store."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri} in a browser (MLflow server)"
+    return f"mlflow ui --backend-store-uri {tracking_uri}"
+
+
+def param_text(value: Any) -> str:
+    """An MLflow param string: strings as they are, everything else as JSON."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    if len(text) > _MAX_PARAM_LENGTH:
+        text = text[: _MAX_PARAM_LENGTH - 3] + "..."
+    return text
+
+
+def config_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """The nested trial config as MLflow params with dotted keys (`loss.epsilon` -> '0.1').
+
+    Lists stay whole (JSON text); an empty mapping is kept as '{}' so that it is not lost.
+    """
+    return {path: param_text(dict(value) if isinstance(value, Mapping) else value)
+            for path, value in flatten_config(effective_config(config)).items()}
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _filter(**tags: str) -> str:
+    """An MLflow filter string matching every given tag (dotted keys in backticks)."""
+    clauses = []
+    for key, value in tags.items():
+        tag = key.replace("__", ".")
+        escaped = str(value).replace("'", "\\'")
+        clauses.append(f"tags.`{tag}` = '{escaped}'")
+    return " and ".join(clauses)
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number
+
+
+def _client(tracking_uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _search_all(client, experiment_id: str, filter_string: str) -> list:
+    """Every active run of the experiment matching the filter (all pages), oldest first."""
+    from mlflow.entities import ViewType
+
+    runs: list = []
+    token = None
+    while True:
+        page = with_retry(lambda: client.search_runs(
+            [experiment_id], filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=_SEARCH_PAGE, order_by=["attributes.start_time ASC"],
+            page_token=token,
+        ))
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def finished_runs(runs: Iterable) -> list:
+    """The runs tagged `studies.status=finished` among `runs` (`RunRecord`s), in their order
+    (oldest first as the ledger groups them): a cell is done when it has one."""
+    return [r for r in runs if r.tags.get(TAG_STATUS) == STATUS_FINISHED]
+
+
+def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
+              session_id: str) -> dict[str, str]:
+    """The contract tags of a cell's child run (docs/interfaces.md section 5)."""
+    return {
+        PARENT_RUN_TAG: parent_run_id,
+        TAG_ROLE: ROLE_CELL,
+        TAG_STUDY: study_name,
+        TAG_CONFIG_ID: str(cell["config_id"]),
+        TAG_SEED: str(cell["seed"]),
+        TAG_CELL_ID: str(cell["cell_id"]),
+        TAG_VARIANT: str(cell.get("variant") or ""),
+        TAG_SWEPT: canonical_json(cell.get("swept") or {}),
+        TAG_STATUS: STATUS_RUNNING,
+        TAG_SESSION: session_id,
+    }
