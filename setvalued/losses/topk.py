@@ -307,11 +307,12 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         return scores, classes
     if int((cut <= flat.amin(dim=1, keepdim=True)).sum()) * 2 > batch:
         return None  # most rows have no class below the cut: nothing to prune there
-    every_class = torch.arange(num_classes, device=flat.device).expand(batch, -1)
-    scores, classes = _gather_kept(flat, every_class, flat > cut, num_classes)  # all classes at once
-    if scores.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
+    positions, padding = _compact(flat > cut)  # most groups reach it: all classes at once
+    if positions.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
         return None
-    return scores, classes
+    positions.masked_fill_(padding, 0)
+    return (flat.gather(1, positions).masked_fill_(padding, -math.inf),
+            positions.masked_fill_(padding, num_classes))
 
 
 def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples: int,
