@@ -18,8 +18,11 @@ from setvalued.losses import LOSSES, NormedLinear, build_loss
 from setvalued.losses.topk import (
     PRUNING_FAILURE_PROBABILITY,
     _compact,
+    _group_members,
+    _heap_selection_pays,
     _pruned_candidates,
     _pruning_window,
+    _select_kth_largest,
     ldam_margins,
     smooth_kth_largest,
 )
@@ -338,6 +341,54 @@ def test_pruned_candidates_hold_every_class_within_the_window(k):
     assert (values[~real] == -math.inf).all()
     # and pruning did prune: far fewer than L columns
     assert values.shape[1] < 500 / 4
+
+
+@pytest.mark.parametrize("k, length", [(2, 42), (2, 119), (3, 60), (6, 180), (21, 1000)])
+def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
+    """Rows a little shorter than 64k are padded with -inf for torch.topk's heap: value and
+    index of the k-th largest are those of a numpy sort, row by row, including rows whose
+    k-th largest is -inf (fewer than k finite entries: the padding must never be returned)."""
+    assert _heap_selection_pays(k, length)  # this case takes the padded path
+    generator = torch.Generator().manual_seed(length)
+    values = torch.randn(40, 3, length, generator=generator, dtype=torch.float32) * 5
+    values[0, 0, :] = -math.inf
+    values[1, 2, k - 1:] = -math.inf  # k - 1 finite entries: the k-th largest is -inf
+    values[2, 1, :k] = 7.0  # the k largest tie
+    kth, index = _select_kth_largest(values, k)
+    assert kth.shape == index.shape == (40, 3)
+    assert int(index.max()) < length
+    rows = values.numpy().reshape(-1, length)
+    for row, got_value, got_index in zip(rows, kth.reshape(-1).tolist(), index.reshape(-1).tolist()):
+        assert got_value == _kth_largest_np(row, k)
+        assert row[got_index] == got_value
+    # the padded path and the plain one agree exactly on tie-free rows
+    plain_values, plain_index = torch.topk(values[3:], k, dim=-1, sorted=False)
+    smallest, where = plain_values.min(dim=-1, keepdim=True)
+    assert torch.equal(kth[3:], smallest.squeeze(-1))
+    assert torch.equal(index[3:], plain_index.gather(-1, where).squeeze(-1))
+
+
+def test_heap_padding_rule_only_pads_rows_shorter_than_64k_and_never_for_large_k():
+    for k in range(1, 80):
+        for length in range(k, 1200, 7):
+            pays = _heap_selection_pays(k, length)
+            assert not (pays and length >= 64 * k)  # topk already keeps a heap there
+            if k >= 40 and length <= 1000:
+                assert not pays  # 64k (2.5 + 0.1k) ns is more than 9.5 ns per entry of the row
+    assert _heap_selection_pays(2, 42) and not _heap_selection_pays(2, 30)
+    assert _heap_selection_pays(21, 1000) and not _heap_selection_pays(11, 250)
+
+
+@pytest.mark.parametrize("classes, k, members", [(1000, 2, 5), (1000, 6, 2), (1000, 11, 10), (1000, 51, 8),
+                                                 (100, 1, 10), (601, 3, 1)])
+def test_group_members_leave_a_heap_selection_or_at_least_2k_groups(classes, k, members):
+    """P divides L; L/P >= 64k (heap selection of the k-th group maximum) when some P in
+    [2, 16] allows it, else the largest P with L/P >= 2k; 1 when no P in [2, 16] divides L."""
+    assert _group_members(classes, k) == members
+    if members > 1:
+        assert classes % members == 0 and classes // members >= 2 * k
+        heap = [p for p in range(2, 17) if classes % p == 0 and classes // p >= 64 * k]
+        assert (classes // members >= 64 * k) == bool(heap)
 
 
 def test_compact_lists_the_kept_columns_of_every_row_in_order():
