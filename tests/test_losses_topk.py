@@ -361,6 +361,17 @@ def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
     for row, got_value, got_index in zip(rows, kth.reshape(-1).tolist(), index.reshape(-1).tolist()):
         assert got_value == _kth_largest_np(row, k)
         assert row[got_index] == got_value
+    # k passes of max on a scratch copy (small k x length) give the same values and indices
+    for scratch in (values.clone(), values[3:].clone()):  # with and without a -inf k-th largest
+        original = scratch.clone()
+        repeated, where = _select_kth_largest(scratch, k, overwrite=True)
+        topk_values, topk_index = _select_kth_largest(original, k)
+        assert torch.equal(repeated, topk_values)
+        assert (original.gather(-1, where.unsqueeze(-1)).squeeze(-1) == repeated).all()
+        tie_free = torch.ones_like(repeated, dtype=torch.bool)
+        if scratch.shape[0] == 40:
+            tie_free[:3] = False
+        assert torch.equal(where[tie_free], topk_index[tie_free])
     # the padded path and the plain one agree exactly on tie-free rows
     plain_values, plain_index = torch.topk(values[3:], k, dim=-1, sorted=False)
     smallest, where = plain_values.min(dim=-1, keepdim=True)

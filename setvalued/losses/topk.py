@@ -153,7 +153,15 @@ def _heap_selection_pays(k: int, length: int) -> bool:
     return length < padded and padded * (25 + k) < 95 * length
 
 
-def _select_kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+#: :func:`_select_kth_largest` with ``overwrite``: up to this k, and while k x the row length is
+#: at most ``_REPEATED_MAX_WORK``, k passes of ``max`` (each setting the maximum found to -inf)
+#: beat ``topk`` on CPU (torch 2.14: 53 against 142 us for k = 2 of 42 entries x 384 rows).
+_REPEATED_MAX_K = 4
+_REPEATED_MAX_WORK = 400
+
+
+def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and index of the k-th largest entry along the last axis (no gradient).
 
     ``topk(sorted=False)`` followed by a min over the k survivors. On CPU (torch 2.14,
@@ -162,8 +170,22 @@ def _select_kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     of an ``nth_element`` over the row; rows a little shorter than that are padded with -inf
     to 64k (:func:`_heap_selection_pays`). On GPU both are one radix-select pass (no padding).
     (A tournament over chunks of 64 entries, each a cheap selection, measured slower.)
+    With ``overwrite`` (``values`` is the caller's scratch tensor), small k on short rows
+    takes k passes of ``max`` instead, setting each maximum found to -inf: among tied
+    entries each pass removes one, so the k-th pass returns the k-th largest value.
     """
     length = values.shape[-1]
+    if overwrite and k <= _REPEATED_MAX_K and k * length <= _REPEATED_MAX_WORK:
+        removed = []
+        for _ in range(k - 1):
+            largest, where = values.max(dim=-1, keepdim=True)
+            removed.append((where, largest))
+            values.scatter_(-1, where, -math.inf)
+        kth_values, kth_positions = values.max(dim=-1)
+        if not bool(torch.isneginf(kth_values).any()):
+            return kth_values, kth_positions
+        for where, largest in reversed(removed):  # fewer than k entries above -inf somewhere:
+            values.scatter_(-1, where, largest)  # put them back and let topk pick a -inf entry
     if values.device.type == "cpu" and values.is_floating_point() and _heap_selection_pays(k, length):
         padded = F.pad(values, (0, 64 * k - length), value=-math.inf)
         top_values, top_positions = torch.topk(padded, k, dim=-1, sorted=False)
@@ -351,7 +373,7 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
             where = classes.clamp(max=flat.shape[1] - 1).unsqueeze(1).expand(-1, n_samples, -1)
             perturbed = noise.gather(2, where)
         perturbed.add_(shifted)
-        values, indices = _select_kth_largest(perturbed, k)
+        values, indices = _select_kth_largest(perturbed, k, overwrite=True)
         if classes is not None:
             indices = classes.gather(1, indices)
         smoothed = values.mean(dim=-1)
