@@ -425,19 +425,22 @@ class _NoisedHinge(torch.autograd.Function):
         hinge = smoothed.add_(margin).sub_(target_scores)
         if scale != 1.0:
             hinge.mul_(scale)
-        active = hinge > 0
-        ctx.save_for_backward(indices, targets, active)
-        ctx.num_classes, ctx.scale = scores.shape[1], scale
+        # the gradient in one scatter: weight scale/M at each selected class, -scale at y,
+        # on the rows whose hinge is active
+        picks = torch.cat([indices, targets.unsqueeze(1)], dim=1)  # (B, M + 1)
+        shares = torch.full((1, picks.shape[1]), scale / indices.shape[1], dtype=hinge.dtype,
+                            device=hinge.device)
+        shares[0, -1] = -scale
+        active = (hinge > 0).to(hinge.dtype).unsqueeze(1)
+        ctx.save_for_backward(picks, active * shares)
+        ctx.num_classes = scores.shape[1]
         return hinge.clamp_(min=0.0)
 
     @staticmethod
     def backward(ctx, grad_output):
-        indices, targets, active = ctx.saved_tensors
-        weights = grad_output * active.to(grad_output.dtype)
-        if ctx.scale != 1.0:
-            weights = weights * ctx.scale
-        grad = _scatter_mean_one_hot(weights, indices, ctx.num_classes)
-        grad.scatter_add_(1, targets.unsqueeze(1), -weights.unsqueeze(1))
+        picks, weights = ctx.saved_tensors
+        grad = weights.new_zeros(picks.shape[0], ctx.num_classes)
+        grad.scatter_add_(1, picks, weights * grad_output.unsqueeze(1).to(weights.dtype))
         return grad, None, None, None, None, None, None, None, None
 
 
