@@ -482,6 +482,24 @@ def test_pruned_path_equals_the_exact_path_draw_by_draw(k, eps, samples):
                        torch.autograd.grad(exact.sum(), cosines)[0])
 
 
+@pytest.mark.parametrize("k", [1, 2, 10, 50])
+def test_pruned_path_equals_the_exact_path_in_the_benchmark_regime(k):
+    """Logits of std 4, epsilon 0.2, L = 1000, float32 (benchmarks/losses.py, `spread`): every
+    listing (group by group at small K, over all classes above) and both selections (max passes,
+    topk) gives the exact path's value and gradient on the same noise."""
+    batch, classes, samples, eps = 64, 1000, 3, 0.2
+    scores, targets = _spread_scores(batch, classes, seed=k, spread=4.0, dtype=torch.float32)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(k))
+    assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < classes / 3
+    results = []
+    for exact in (False, True):
+        loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none", exact=exact)
+        values = loss.per_sample(scores, targets, noise=noise)
+        results.append((values, torch.autograd.grad(values.sum(), scores)[0]))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert (results[0][0] > 0).any()
+
+
 def test_pruned_path_at_the_edge_of_the_window():
     """Classes just inside the cut are kept, just outside dropped, and nothing changes."""
     samples, k, eps, classes = 4, 3, 1.0, 200
