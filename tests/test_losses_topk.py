@@ -21,6 +21,7 @@ from setvalued.losses.topk import (
     _group_members,
     _heap_selection_pays,
     _pruned_candidates,
+    _repeated_max_pays,
     _pruning_window,
     _select_kth_largest,
     ldam_margins,
@@ -379,7 +380,7 @@ def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
     assert torch.equal(index[3:], plain_index.gather(-1, where).squeeze(-1))
 
 
-def test_heap_padding_rule_only_pads_rows_shorter_than_64k_and_never_for_large_k():
+def test_selection_rules_only_act_on_rows_shorter_than_64k():
     for k in range(1, 80):
         for length in range(k, 1200, 7):
             pays = _heap_selection_pays(k, length)
@@ -388,6 +389,10 @@ def test_heap_padding_rule_only_pads_rows_shorter_than_64k_and_never_for_large_k
                 assert not pays  # 64k (2.5 + 0.1k) ns is more than 9.5 ns per entry of the row
     assert _heap_selection_pays(2, 42) and not _heap_selection_pays(2, 30)
     assert _heap_selection_pays(21, 1000) and not _heap_selection_pays(11, 250)
+    for k in range(1, 80):  # max passes only where topk would run an nth_element, and k <= 6
+        for length in range(k, 1200, 7):
+            assert not (_repeated_max_pays(k, length) and (length >= 64 * k or k > 6))
+    assert _repeated_max_pays(2, 42) and _repeated_max_pays(6, 90) and not _repeated_max_pays(6, 30)
 
 
 @pytest.mark.parametrize("classes, k, members", [(1000, 2, 5), (1000, 6, 2), (1000, 11, 10), (1000, 51, 8),

@@ -153,11 +153,18 @@ def _heap_selection_pays(k: int, length: int) -> bool:
     return length < padded and padded * (25 + k) < 95 * length
 
 
-#: :func:`_select_kth_largest` with ``overwrite``: up to this k, on rows shorter than 64k (where
-#: ``torch.topk`` on CPU runs an ``nth_element``), k passes of ``max`` (each setting the maximum
-#: found to -inf) beat ``topk`` (torch 2.14, 384 rows: k = 2 of 42 entries 67 against 175 us,
-#: k = 4 of 200 375 against 745 us, k = 6 of 90 319 against 388 us; k = 8 no longer wins).
+#: :func:`_select_kth_largest` with ``overwrite``: on rows shorter than 64k (where ``torch.topk``
+#: on CPU runs an ``nth_element``), k passes of ``max`` (each setting the maximum found to -inf)
+#: beat ``topk`` for k up to 4, and for k up to 6 on rows of at least 10k entries (torch 2.14,
+#: 384 rows: k = 2 of 42 entries 67 against 175 us, k = 4 of 200 375 against 745 us, k = 6 of
+#: 90 319 against 388 us, but k = 6 of 30 166 against 152 us; k = 8 no longer wins).
 _REPEATED_MAX_K = 6
+
+
+def _repeated_max_pays(k: int, length: int) -> bool:
+    """Whether k passes of ``max`` select the k-th largest of rows of ``length`` faster than
+    ``torch.topk`` on CPU (``_REPEATED_MAX_K``)."""
+    return 64 * k > length and (k <= 4 or (k <= _REPEATED_MAX_K and length >= 10 * k))
 
 
 def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
@@ -170,12 +177,13 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
     of an ``nth_element`` over the row; rows a little shorter than that are padded with -inf
     to 64k (:func:`_heap_selection_pays`). On GPU both are one radix-select pass (no padding).
     (A tournament over chunks of 64 entries, each a cheap selection, measured slower.)
-    With ``overwrite`` (``values`` is the caller's scratch tensor), k <= 6 on rows shorter than
-    64k takes k passes of ``max`` instead, setting each maximum found to -inf: among tied
-    entries each pass removes one, so the k-th pass returns the k-th largest value.
+    With ``overwrite`` (``values`` is the caller's scratch tensor), small k on rows shorter
+    than 64k (:func:`_repeated_max_pays`) takes k passes of ``max`` instead, setting each
+    maximum found to -inf: among tied entries each pass removes one, so the k-th pass returns
+    the k-th largest value.
     """
     length = values.shape[-1]
-    if overwrite and k <= _REPEATED_MAX_K and 64 * k > length:
+    if overwrite and _repeated_max_pays(k, length):
         removed = []
         for _ in range(k - 1):
             largest, where = values.max(dim=-1, keepdim=True)
