@@ -18,8 +18,12 @@ from setvalued.losses import LOSSES, NormedLinear, build_loss
 from setvalued.losses.topk import (
     PRUNING_FAILURE_PROBABILITY,
     _compact,
+    _group_members,
+    _heap_selection_pays,
     _pruned_candidates,
+    _repeated_max_pays,
     _pruning_window,
+    _select_kth_largest,
     ldam_margins,
     smooth_kth_largest,
 )
@@ -340,6 +344,69 @@ def test_pruned_candidates_hold_every_class_within_the_window(k):
     assert values.shape[1] < 500 / 4
 
 
+@pytest.mark.parametrize("k, length", [(2, 42), (2, 119), (3, 60), (6, 180), (21, 1000)])
+def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
+    """Rows a little shorter than 64k are padded with -inf for torch.topk's heap: value and
+    index of the k-th largest are those of a numpy sort, row by row, including rows whose
+    k-th largest is -inf (fewer than k finite entries: the padding must never be returned)."""
+    assert _heap_selection_pays(k, length)  # this case takes the padded path
+    generator = torch.Generator().manual_seed(length)
+    values = torch.randn(40, 3, length, generator=generator, dtype=torch.float32) * 5
+    values[0, 0, :] = -math.inf
+    values[1, 2, k - 1:] = -math.inf  # k - 1 finite entries: the k-th largest is -inf
+    values[2, 1, :k] = 7.0  # the k largest tie
+    kth, index = _select_kth_largest(values, k)
+    assert kth.shape == index.shape == (40, 3)
+    assert int(index.max()) < length
+    rows = values.numpy().reshape(-1, length)
+    for row, got_value, got_index in zip(rows, kth.reshape(-1).tolist(), index.reshape(-1).tolist()):
+        assert got_value == _kth_largest_np(row, k)
+        assert row[got_index] == got_value
+    # k passes of max on a scratch copy (small k x length) give the same values and indices
+    for scratch in (values.clone(), values[3:].clone()):  # with and without a -inf k-th largest
+        original = scratch.clone()
+        repeated, where = _select_kth_largest(scratch, k, overwrite=True)
+        topk_values, topk_index = _select_kth_largest(original, k)
+        assert torch.equal(repeated, topk_values)
+        assert (original.gather(-1, where.unsqueeze(-1)).squeeze(-1) == repeated).all()
+        tie_free = torch.ones_like(repeated, dtype=torch.bool)
+        if scratch.shape[0] == 40:
+            tie_free[:3] = False
+        assert torch.equal(where[tie_free], topk_index[tie_free])
+    # the padded path and the plain one agree exactly on tie-free rows
+    plain_values, plain_index = torch.topk(values[3:], k, dim=-1, sorted=False)
+    smallest, where = plain_values.min(dim=-1, keepdim=True)
+    assert torch.equal(kth[3:], smallest.squeeze(-1))
+    assert torch.equal(index[3:], plain_index.gather(-1, where).squeeze(-1))
+
+
+def test_selection_rules_only_act_on_rows_shorter_than_64k():
+    for k in range(1, 80):
+        for length in range(k, 1200, 7):
+            pays = _heap_selection_pays(k, length)
+            assert not (pays and length >= 64 * k)  # topk already keeps a heap there
+            if k >= 40 and length <= 1000:
+                assert not pays  # 64k (2.5 + 0.1k) ns is more than 9.5 ns per entry of the row
+    assert _heap_selection_pays(2, 42) and not _heap_selection_pays(2, 30)
+    assert _heap_selection_pays(21, 1000) and not _heap_selection_pays(11, 250)
+    for k in range(1, 80):  # max passes only where topk would run an nth_element, and k <= 6
+        for length in range(k, 1200, 7):
+            assert not (_repeated_max_pays(k, length) and (length >= 64 * k or k > 6))
+    assert _repeated_max_pays(2, 42) and _repeated_max_pays(6, 90) and not _repeated_max_pays(6, 30)
+
+
+@pytest.mark.parametrize("classes, k, members", [(1000, 2, 5), (1000, 6, 2), (1000, 11, 10), (1000, 51, 8),
+                                                 (100, 1, 10), (601, 3, 1)])
+def test_group_members_leave_a_heap_selection_or_at_least_2k_groups(classes, k, members):
+    """P divides L; L/P >= 64k (heap selection of the k-th group maximum) when some P in
+    [2, 16] allows it, else the largest P with L/P >= 2k; 1 when no P in [2, 16] divides L."""
+    assert _group_members(classes, k) == members
+    if members > 1:
+        assert classes % members == 0 and classes // members >= 2 * k
+        heap = [p for p in range(2, 17) if classes % p == 0 and classes // p >= 64 * k]
+        assert (classes // members >= 64 * k) == bool(heap)
+
+
 def test_compact_lists_the_kept_columns_of_every_row_in_order():
     g = torch.Generator().manual_seed(0)
     keep = torch.rand(9, 40, generator=g) < torch.rand(9, 1, generator=g)
@@ -418,6 +485,24 @@ def test_pruned_path_equals_the_exact_path_draw_by_draw(k, eps, samples):
     assert torch.equal(pruned, exact)
     assert torch.equal(torch.autograd.grad(pruned.sum(), cosines)[0],
                        torch.autograd.grad(exact.sum(), cosines)[0])
+
+
+@pytest.mark.parametrize("k", [1, 2, 10, 50])
+def test_pruned_path_equals_the_exact_path_in_the_benchmark_regime(k):
+    """Logits of std 4, epsilon 0.2, L = 1000, float32 (benchmarks/losses.py, `spread`): every
+    listing (group by group at small K, over all classes above) and both selections (max passes,
+    topk) gives the exact path's value and gradient on the same noise."""
+    batch, classes, samples, eps = 64, 1000, 3, 0.2
+    scores, targets = _spread_scores(batch, classes, seed=k, spread=4.0, dtype=torch.float32)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(k))
+    assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < classes / 3
+    results = []
+    for exact in (False, True):
+        loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none", exact=exact)
+        values = loss.per_sample(scores, targets, noise=noise)
+        results.append((values, torch.autograd.grad(values.sum(), scores)[0]))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert (results[0][0] > 0).any()
 
 
 def test_pruned_path_at_the_edge_of_the_window():

@@ -140,15 +140,67 @@ def _working_dtype(scores: torch.Tensor) -> torch.Tensor:
 # The perturbed k-th largest value (thesis section 4.3; docs/papers.md, note T-N1)
 # --------------------------------------------------------------------------------------
 
-def _select_kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _heap_selection_pays(k: int, length: int) -> bool:
+    """Whether padding rows of ``length`` entries with -inf to 64k makes the k-th largest cheaper.
+
+    ``torch.topk`` on CPU keeps a heap of k entries when 64k <= the row length (about 2.5 + 0.1k
+    ns per entry, measured with torch 2.14 on perturbed scores) and runs an ``nth_element``
+    over (value, index) pairs otherwise (about 9.5 ns per entry, whatever k): below 64k entries,
+    a row padded to 64k is cheaper when ``64k (2.5 + 0.1k) < 9.5 length`` (e.g. k = 2 from
+    37 entries on, k = 21 from 650 on; never for k >= 40 at L <= 1000).
+    """
+    padded = 64 * k
+    return length < padded and padded * (25 + k) < 95 * length
+
+
+#: :func:`_select_kth_largest` with ``overwrite``: on rows shorter than 64k (where ``torch.topk``
+#: on CPU runs an ``nth_element``), k passes of ``max`` (each setting the maximum found to -inf)
+#: beat ``topk`` for k up to 4, and for k up to 6 on rows of at least 10k entries (torch 2.14,
+#: 384 rows: k = 2 of 42 entries 67 against 175 us, k = 4 of 200 375 against 745 us, k = 6 of
+#: 90 319 against 388 us, but k = 6 of 30 166 against 152 us; k = 8 no longer wins).
+_REPEATED_MAX_K = 6
+
+
+def _repeated_max_pays(k: int, length: int) -> bool:
+    """Whether k passes of ``max`` select the k-th largest of rows of ``length`` faster than
+    ``torch.topk`` on CPU (``_REPEATED_MAX_K``)."""
+    return 64 * k > length and (k <= 4 or (k <= _REPEATED_MAX_K and length >= 10 * k))
+
+
+def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and index of the k-th largest entry along the last axis (no gradient).
 
     ``topk(sorted=False)`` followed by a min over the k survivors. On CPU (torch 2.14,
     perturbed scores, L in {100, 1000}) this measured as fast as ``kthvalue`` or faster, and
-    3-10x faster when k << L, where PyTorch uses a partial sort, so its cost grows with k
-    there; on GPU both are one radix-select pass.  (A tournament over chunks of 64 entries,
-    each a cheap selection, measured slower in place.)
+    3-10x faster when 64k <= the row length, where PyTorch keeps a heap of k entries instead
+    of an ``nth_element`` over the row; rows a little shorter than that are padded with -inf
+    to 64k (:func:`_heap_selection_pays`). On GPU both are one radix-select pass (no padding).
+    (A tournament over chunks of 64 entries, each a cheap selection, measured slower.)
+    With ``overwrite`` (``values`` is the caller's scratch tensor), small k on rows shorter
+    than 64k (:func:`_repeated_max_pays`) takes k passes of ``max`` instead, setting each
+    maximum found to -inf: among tied entries each pass removes one, so the k-th pass returns
+    the k-th largest value.
     """
+    length = values.shape[-1]
+    if overwrite and _repeated_max_pays(k, length):
+        removed = []
+        for _ in range(k - 1):
+            largest, where = values.max(dim=-1, keepdim=True)
+            removed.append((where, largest))
+            values.scatter_(-1, where, -math.inf)
+        kth_values, kth_positions = values.max(dim=-1)
+        if not bool(torch.isneginf(kth_values).any()):
+            return kth_values, kth_positions
+        for where, largest in reversed(removed):  # fewer than k entries above -inf somewhere:
+            values.scatter_(-1, where, largest)  # put them back and let topk pick a -inf entry
+    if values.device.type == "cpu" and values.is_floating_point() and _heap_selection_pays(k, length):
+        padded = F.pad(values, (0, 64 * k - length), value=-math.inf)
+        top_values, top_positions = torch.topk(padded, k, dim=-1, sorted=False)
+        kth_values, where = top_values.min(dim=-1, keepdim=True)
+        kth_positions = top_positions.gather(-1, where)
+        if not bool((kth_positions >= length).any()):  # a padding entry only where the k-th is -inf
+            return kth_values.squeeze(-1), kth_positions.squeeze(-1)
     top_values, top_positions = torch.topk(values, k, dim=-1, sorted=False)
     kth_values, where = top_values.min(dim=-1, keepdim=True)
     return kth_values.squeeze(-1), top_positions.gather(-1, where).squeeze(-1)
@@ -193,11 +245,14 @@ def _pruning_window(k: int, num_classes: int, n_samples: int,
 
 
 def _group_members(num_classes: int, k: int) -> int:
-    """P, the classes per group for the lower bound of ``s_[k]``: the largest divisor of L in
-    [2, 16] that leaves at least 2k groups (the rows are then read as a P x L/P grid without
-    a copy), or 1 (no grouping) if there is none."""
-    fitting = [p for p in range(2, 17) if num_classes % p == 0 and num_classes // p >= 2 * k]
-    return max(fitting, default=1)
+    """P, the classes per group for the lower bound of ``s_[k]`` (the rows are read as a
+    P x L/P grid without a copy): the largest divisor of L in [2, 16] that leaves at least 64k
+    groups, where one exists (then the k-th largest of the group maxima is a heap selection,
+    whose cost hardly grows with k: ``torch.topk`` on CPU takes it when 64k <= the row
+    length), otherwise the largest that leaves at least 2k groups, or 1 (no grouping)."""
+    divisors = [p for p in range(2, 17) if num_classes % p == 0]
+    heap = [p for p in divisors if num_classes // p >= 64 * k]
+    return max(heap or [p for p in divisors if num_classes // p >= 2 * k], default=1)
 
 
 #: Below this share of groups reaching the cut, the classes are compacted group by group
@@ -211,16 +266,32 @@ def _compact(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     A running count gives each kept entry its column (1-based; the others are sent to column
     0, which is dropped) and one scatter writes the positions: ``nonzero`` and indexed writes
-    cost several times more on CPU.
+    cost several times more on CPU. The count runs in int32 (half the memory traffic of the
+    default int64 over B x N).
     """
     batch, columns = keep.shape
-    slot = keep.cumsum(dim=1)
-    width = int(slot[:, -1].max())
+    slot = keep.cumsum(dim=1, dtype=torch.int32)
+    width = int(slot[:, -1].max()) if columns else 0
     slot.mul_(keep)
     every_column = torch.arange(columns, device=keep.device).expand(batch, -1)
     positions = torch.full((batch, width + 1), columns, dtype=torch.long, device=keep.device)
-    positions = positions.scatter_(1, slot, every_column)[:, 1:]
+    positions = positions.scatter_(1, slot.long(), every_column)[:, 1:]
     return positions, positions == columns
+
+
+def _gather_kept(values: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, padding_label: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of ``values`` and ``labels`` (B, N) where ``keep`` holds, compacted to (B, W)
+    in order, padded with score -inf and label ``padding_label``: the running count of
+    :func:`_compact` sends each kept entry to its column and both are scattered there directly
+    (for small N: fewer operations than listing positions and gathering)."""
+    batch = keep.shape[0]
+    slot = keep.cumsum(dim=1, dtype=torch.int32)
+    width = int(slot[:, -1].max()) if keep.shape[1] else 0
+    slot = slot.mul_(keep).long()
+    kept_values = torch.full((batch, width + 1), -math.inf, dtype=values.dtype, device=values.device)
+    kept_labels = torch.full((batch, width + 1), padding_label, dtype=labels.dtype, device=labels.device)
+    return kept_values.scatter_(1, slot, values)[:, 1:], kept_labels.scatter_(1, slot, labels)[:, 1:]
 
 
 def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: int
@@ -236,10 +307,11 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     more than half of the classes of some row, when most rows have no class below the cut,
     when k > L / 8, or when M L < 500.
 
-    Work: one max over groups of P classes (a strided view, no copy) and a top-k over the L/P
-    group maxima; then, when few groups reach the cut, those groups are listed (``nonzero``)
-    and read class by class, otherwise all classes are compared with the cut and compacted by
-    a running count (:func:`_compact`: no ``nonzero`` and no indexed writes over B x L).
+    Work: one max over groups of P classes (a strided view, no copy) and a selection of the
+    k-th largest of the L/P group maxima; then, when few groups reach the cut, those groups
+    are compacted (:func:`_compact` over the B x L/P group maxima) and only their P members
+    are compared with the cut and compacted again; otherwise all classes are compared with
+    the cut and compacted at once (no ``nonzero`` and no indexed writes over B x L).
     """
     batch, num_classes = flat.shape
     if 8 * k > num_classes or n_samples * num_classes < _PRUNING_MIN_DRAWS:
@@ -247,28 +319,29 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     reach = epsilon * _pruning_window(k, num_classes, n_samples)
     members = _group_members(num_classes, k)
     groups = num_classes // members
-    grid = flat.reshape(batch, members, groups)
+    grid = flat.reshape(batch, members, groups)  # class = member * groups + group
     group_max = grid.amax(dim=1) if members > 1 else flat
-    cut = torch.topk(group_max, k, dim=1, sorted=False).values.amin(dim=1).sub_(reach).unsqueeze(1)
-    if int((cut <= flat.amin(dim=1, keepdim=True)).sum()) * 2 > batch:
-        return None  # most rows have no class below the cut: nothing to prune there
+    if k == 1:
+        cut = group_max.amax(dim=1, keepdim=True)
+    else:
+        cut = torch.topk(group_max, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    cut.sub_(reach)
     reaching = group_max > cut
     if members > 1 and int(reaching.sum()) < _GROUP_COMPACTION_SHARE * reaching.numel():
-        # few groups reach the cut: list them, then their classes (few operations on few entries)
-        row_of_group, group = reaching.nonzero(as_tuple=True)
-        group_scores = grid[row_of_group, :, group]  # (groups reaching, P)
-        which, member = (group_scores > cut[row_of_group]).nonzero(as_tuple=True)
-        rows = row_of_group[which]  # ascending: nonzero walks row-major
-        counts = torch.bincount(rows, minlength=batch)
-        width = int(counts.max())
-        if width > _PRUNING_MAX_FRACTION * num_classes:
+        # few groups reach the cut (so every row has classes below it): list those groups,
+        # then the members of each that score above the cut
+        group_index, padding = _compact(reaching)  # (B, Wg), padded with `groups`
+        group_index.masked_fill_(padding, 0)
+        member_offset = torch.arange(0, num_classes, groups, device=flat.device)
+        classes = (group_index.unsqueeze(1) + member_offset.view(1, -1, 1)).view(batch, -1)
+        scores = flat.gather(1, classes)
+        keep = (scores > cut).view(batch, members, -1).logical_and_(~padding.unsqueeze(1))
+        scores, classes = _gather_kept(scores, classes, keep.view(batch, -1), num_classes)
+        if scores.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
             return None
-        position = torch.arange(rows.numel(), device=flat.device) - (counts.cumsum(0) - counts)[rows]
-        kept = torch.full((batch, width), num_classes, dtype=torch.long, device=flat.device)
-        kept[rows, position] = group[which] + groups * member
-        scores = torch.full((batch, width), -math.inf, dtype=flat.dtype, device=flat.device)
-        scores[rows, position] = group_scores[which, member]
-        return scores, kept
+        return scores, classes
+    if int((cut <= flat.amin(dim=1, keepdim=True)).sum()) * 2 > batch:
+        return None  # most rows have no class below the cut: nothing to prune there
     positions, padding = _compact(flat > cut)  # most groups reach it: all classes at once
     if positions.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
         return None
@@ -313,7 +386,7 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
             where = classes.clamp(max=flat.shape[1] - 1).unsqueeze(1).expand(-1, n_samples, -1)
             perturbed = noise.gather(2, where)
         perturbed.add_(shifted)
-        values, indices = _select_kth_largest(perturbed, k)
+        values, indices = _select_kth_largest(perturbed, k, overwrite=True)
         if classes is not None:
             indices = classes.gather(1, indices)
         smoothed = values.mean(dim=-1)
@@ -365,19 +438,22 @@ class _NoisedHinge(torch.autograd.Function):
         hinge = smoothed.add_(margin).sub_(target_scores)
         if scale != 1.0:
             hinge.mul_(scale)
-        active = hinge > 0
-        ctx.save_for_backward(indices, targets, active)
-        ctx.num_classes, ctx.scale = scores.shape[1], scale
+        # the gradient in one scatter: weight scale/M at each selected class, -scale at y,
+        # on the rows whose hinge is active
+        picks = torch.cat([indices, targets.unsqueeze(1)], dim=1)  # (B, M + 1)
+        shares = torch.full((1, picks.shape[1]), scale / indices.shape[1], dtype=hinge.dtype,
+                            device=hinge.device)
+        shares[0, -1] = -scale
+        active = (hinge > 0).to(hinge.dtype).unsqueeze(1)
+        ctx.save_for_backward(picks, active * shares)
+        ctx.num_classes = scores.shape[1]
         return hinge.clamp_(min=0.0)
 
     @staticmethod
     def backward(ctx, grad_output):
-        indices, targets, active = ctx.saved_tensors
-        weights = grad_output * active.to(grad_output.dtype)
-        if ctx.scale != 1.0:
-            weights = weights * ctx.scale
-        grad = _scatter_mean_one_hot(weights, indices, ctx.num_classes)
-        grad.scatter_add_(1, targets.unsqueeze(1), -weights.unsqueeze(1))
+        picks, weights = ctx.saved_tensors
+        grad = weights.new_zeros(picks.shape[0], ctx.num_classes)
+        grad.scatter_add_(1, picks, weights * grad_output.unsqueeze(1).to(weights.dtype))
         return grad, None, None, None, None, None, None, None, None
 
 
