@@ -1,7 +1,8 @@
 """Forward+backward time of the losses per batch, as a ratio to ``ce`` measured in the same run.
 
 Grid: K in {1, 2, 5, 10, 20, 50}, L in {100, 1000}, batch 128, one CPU thread, float32.
-Side by side, in interleaved rounds:
+Side by side, in interleaved rounds (each round in its own shuffled order: what runs just before
+a config changes its time by 10-15 % on a CPU):
 
 - this checkout's losses;
 - the authors' code where it is installed, measured, never copied: ``pytopk`` (PyPI, the noised
@@ -45,6 +46,7 @@ import importlib
 import io
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -236,10 +238,16 @@ def time_configs(configs: list[Config], repeats: int, warmup: int, device,
             config.run()
     _synchronize(device)
     times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+    # each round in its own order: what runs just before a config (a reference package's
+    # allocations, a loss that fills the cache) changes its time by 10-15 % on a CPU, and a
+    # fixed order would give that to the same configs in every round
+    order = list(range(len(configs)))
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for i, config in enumerate(configs):
+        shuffle(order)
+        for i in order:
             start = clock()
-            config.run()
+            configs[i].run()
             _synchronize(device)
             times[i].append(clock() - start)
     return times
