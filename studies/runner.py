@@ -200,7 +200,10 @@ class _Session:
                             total=total, done_before=done_before, names=names)
             return
         callback = None
-        for part in experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT):
+        parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT)
+        for number, part in enumerate(parts, start=1):
+            if len(parts) > 1:
+                self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
             callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
                                        CellQueueSearcher([c.cell_id for c in part]), cells,
                                        max_trials=len(part), total=total,
@@ -346,6 +349,8 @@ class _Session:
 #: a longer list of cells runs as consecutive experiments of whole configs: the driver's
 #: memory stays bounded over a study of any size, for a few seconds of start per part.
 MAX_TRIALS_PER_EXPERIMENT = 1000
+#: how the line that starts each of several parts begins (after "[studies] ")
+PART_LINE = "experiment part"
 
 
 def experiment_parts(cells: Sequence, limit: int) -> list[list]:
