@@ -139,6 +139,7 @@ class _Session:
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
+        self.parameters = None  # what its Tune experiments pass to their trials, put once
 
     def say(self, text: str) -> None:
         _print(self.stream, f"[studies] {text}")
@@ -308,8 +309,12 @@ class _Session:
         root = self.storage_root()
         if root is not None:
             self.tune_dirs.append(root / run_name)
+        if self.parameters is None:
+            from studies.tune_experiment import ExperimentParameters
+
+            self.parameters = ExperimentParameters()
         run_experiment(
-            payloads, searcher=searcher, max_trials=max_trials,
+            payloads, searcher=searcher, max_trials=max_trials, parameters=self.parameters,
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources={"cpu": float(self.study.resources.cpus),
