@@ -27,7 +27,8 @@
    one seed, one epoch of no work): `studies run --dry-run` in a fresh process (wall time and
    peak memory: no torch, no Ray), and the runner over all N cells on the local Ray (wall
    time per cell, and the driver's memory sampled every 0.5 s: at the start, its peak, at the
-   end). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
+   end, at the start of each experiment part, and when every cell has ended, before the
+   summary reads the ledger). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
    every trial of an experiment, so the runner runs parts of at most
    `studies.runner.MAX_TRIALS_PER_EXPERIMENT` trials.
 
