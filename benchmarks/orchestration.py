@@ -27,7 +27,8 @@
    one seed, one epoch of no work): `studies run --dry-run` in a fresh process (wall time and
    peak memory: no torch, no Ray), and the runner over all N cells on the local Ray (wall
    time per cell, and the driver's memory sampled every 0.5 s: at the start, its peak, at the
-   end). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
+   end, at the start of each experiment part, and when every cell has ended, before the
+   summary reads the ledger). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
    every trial of an experiment, so the runner runs parts of at most
    `studies.runner.MAX_TRIALS_PER_EXPERIMENT` trials.
 
@@ -171,7 +172,8 @@ def time_runner_at_scale(folder: Path, cells: int, concurrency: int) -> dict[str
         while not stop.wait(0.5):
             samples.append(rss_mb())
 
-    options = RunOptions(output=folder / "out", report=False, stream=io.StringIO(),
+    stream = PartMemoryStream(samples)
+    options = RunOptions(output=folder / "out", report=False, stream=stream,
                          fit_fn=functools.partial(sleep_fit, seconds=0.0), progress_interval_s=1e9)
     start_mb = rss_mb()
     sampler = threading.Thread(target=sample, daemon=True)
@@ -185,7 +187,33 @@ def time_runner_at_scale(folder: Path, cells: int, concurrency: int) -> dict[str
         raise RuntimeError(f"scale study of {cells} cells did not finish: {outcome}")
     return {"wall_s": elapsed, "per_cell_s": elapsed / cells, "concurrency": concurrency,
             "driver_start_mb": start_mb, "driver_peak_mb": max(samples or [start_mb]),
-            "driver_end_mb": rss_mb()}
+            "driver_end_mb": rss_mb(), "driver_mb_at_part_starts": stream.part_mb,
+            "driver_mb_after_cells": stream.cells_done_mb,
+            "driver_peak_mb_while_cells_ran": max(samples[:stream.cells_done_samples] or [start_mb])}
+
+
+class PartMemoryStream(io.StringIO):
+    """The runner's output, with the driver's memory when each experiment part starts (after
+    the previous part's garbage is collected) and at the last experiment's final counts
+    (every cell ended, the summary's ledger read not started), and how many of `samples`
+    (the sampler's list) were taken by then."""
+
+    def __init__(self, samples: list[float]):
+        super().__init__()
+        self.samples = samples
+        self.part_mb: list[float] = []
+        self.cells_done_mb: float | None = None
+        self.cells_done_samples = 0
+
+    def write(self, text: str) -> int:
+        from studies.runner import PART_LINE
+
+        if text.startswith(f"[studies] {PART_LINE} "):
+            self.part_mb.append(round(rss_mb(), 1))
+        elif text.startswith("[studies] done "):  # an experiment's final counts (interval 1e9 s)
+            self.cells_done_mb = round(rss_mb(), 1)
+            self.cells_done_samples = len(self.samples)
+        return super().write(text)
 
 
 def time_loop(cells: int, seconds: float, epochs: int) -> float:
@@ -367,6 +395,11 @@ def scale_main(args) -> int:
               f"{run.get('per_cell_s', float('nan')):.3f} s ({run.get('concurrency')}) | "
               f"{run.get('driver_start_mb', 0):.0f} / {run.get('driver_peak_mb', 0):.0f} / "
               f"{run.get('driver_end_mb', 0):.0f} |")
+    for cells, r in results.items():
+        run = r.get("runner", {})
+        print(f"{cells:,} cells: driver MB at each part's start {run.get('driver_mb_at_part_starts')}, "
+              f"when every cell had ended {run.get('driver_mb_after_cells')} (peak until then "
+              f"{run.get('driver_peak_mb_while_cells_ran', 0):.0f})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -140,6 +140,7 @@ class _Session:
         self.namer = RunNamer()  # their run names
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
+        self.parameters = None  # what its Tune experiments pass to their trials, put once
 
     def say(self, text: str) -> None:
         _print(self.stream, f"[studies] {text}")
@@ -203,7 +204,10 @@ class _Session:
                             total=total, done_before=done_before, names=names)
             return
         callback = None
-        for part in experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT):
+        parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT)
+        for number, part in enumerate(parts, start=1):
+            if len(parts) > 1:
+                self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
             callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
                                        CellQueueSearcher([c.cell_id for c in part]), cells,
                                        max_trials=len(part), total=total,
@@ -308,8 +312,12 @@ class _Session:
         root = self.storage_root()
         if root is not None:
             self.tune_dirs.append(root / run_name)
+        if self.parameters is None:
+            from studies.tune_experiment import ExperimentParameters
+
+            self.parameters = ExperimentParameters()
         run_experiment(
-            payloads, searcher=searcher, max_trials=max_trials,
+            payloads, searcher=searcher, max_trials=max_trials, parameters=self.parameters,
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources={"cpu": float(self.study.resources.cpus),
@@ -349,6 +357,8 @@ class _Session:
 #: a longer list of cells runs as consecutive experiments of whole configs: the driver's
 #: memory stays bounded over a study of any size, for a few seconds of start per part.
 MAX_TRIALS_PER_EXPERIMENT = 1000
+#: how the line that starts each of several parts begins (after "[studies] ")
+PART_LINE = "experiment part"
 
 
 def experiment_parts(cells: Sequence, limit: int) -> list[list]:

@@ -18,9 +18,11 @@ started, so that a dry run or `studies --help` never loads Ray.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import ray
 from ray import tune
 from ray.tune.search import Searcher
 
@@ -148,6 +150,59 @@ class ProgressCallback(ProgressReporter, tune.Callback):
     `ProgressReporter`'s)."""
 
 
+class ExperimentParameters:
+    """The parameters of a session's experiments (`run_cell`'s keyword arguments) in Ray's
+    object store, each value put once however many experiments use it.
+
+    `tune.with_parameters` keeps a reference per value, and Tune pickles its trainable with
+    Ray's out-of-band serializer, which pins those references for the driver's lifetime
+    (Ray 2.x, `SerializationContext.add_contained_object_ref`): values put anew for every
+    experiment part would pile up in the object store and in the driver. A value equal to
+    the one put before reuses its reference, so that only each part's own cells (~0.3 KB per
+    cell) stay pinned."""
+
+    def __init__(self):
+        self._held: dict[str, tuple[Any, Any]] = {}  # name -> (value, its object reference)
+
+    def references(self, **values: Any) -> dict[str, Any]:
+        """{name: object reference of `values[name]`}, put only when the value changed."""
+        refs = {}
+        for name, value in values.items():
+            held = self._held.get(name)
+            if held is None or not (held[0] is value or held[0] == value):
+                held = (value, ray.put(value))
+                self._held[name] = held
+            refs[name] = held[1]
+        return refs
+
+
+@contextmanager
+def released_parameters() -> Iterator[None]:
+    """Drop, when the block ends, what `tune.with_parameters` calls in it left in the driver.
+
+    Each call appends its parameter registry to Ray's list of hooks run when Ray starts
+    (`ray._private.worker._post_init_hooks`; Ray 2.x) and never removes it: the registry keeps
+    the object references of its parameters, so every experiment's cells would stay pinned in
+    the object store, and their references in the driver, until the driver exits. The hooks
+    added inside the block are removed and their registries' references cleared; nothing is
+    done where that list does not exist (another Ray version)."""
+    hooks = getattr(getattr(ray, "_private", None), "worker", None)
+    hooks = getattr(hooks, "_post_init_hooks", None)
+    if not isinstance(hooks, list):
+        yield
+        return
+    before = list(hooks)
+    try:
+        yield
+    finally:
+        for hook in [h for h in hooks if not any(h is b for b in before)]:
+            hooks.remove(hook)
+            registry = getattr(hook, "__self__", None)
+            for table in ("references", "to_flush"):
+                if isinstance(getattr(registry, table, None), dict):
+                    getattr(registry, table).clear()
+
+
 def cell_payload(cell, resume_from: str | None = None, run_name: str | None = None,
                  log_model: bool = False, checkpoint_interval_s: float = 0.0) -> dict:
     """A cell as a plain dict (what travels to the workers), with the checkpoint folder an
@@ -164,36 +219,40 @@ def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage
                    context: TrackingContext, fit_fn: Callable | None,
                    early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
                    concurrency: int, max_failures: int, callbacks: Sequence,
-                   searcher: Searcher | None = None, max_trials: int | None = None) -> None:
+                   searcher: Searcher | None = None, max_trials: int | None = None,
+                   parameters: ExperimentParameters | None = None) -> None:
     """Run one trial per cell in the Tune experiment `name` under `storage`, at most
     `concurrency` at a time: the cells of `cells` (cell_id -> payload, in the order to start
     them), or those `searcher` hands out (at most `max_trials`: a race's
     `RaceSearcher` starts only the cells the race needs; an optuna block's `ProposalSearcher`
-    puts the payloads of the cells it proposes in their trial configs)."""
-    trainable = tune.with_parameters(run_cell, cells=dict(cells), context=context,
-                                     fit_fn=fit_fn, early_stopping=early_stopping)
-    if searcher is None:
-        searcher = CellQueueSearcher(list(cells))
-    if max_trials is None:
-        max_trials = len(cells)
-    tuner = tune.Tuner(
-        tune.with_resources(trainable, dict(resources)),
-        tune_config=tune.TuneConfig(
-            search_alg=searcher,
-            num_samples=max(1, int(max_trials)),
-            max_concurrent_trials=concurrency,
-            reuse_actors=True,
-            trial_name_creator=lambda trial: str(trial.config["cell_id"]),
-            trial_dirname_creator=lambda trial: str(trial.config["cell_id"]),
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=storage,
-            failure_config=tune.FailureConfig(max_failures=max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            verbose=0,
-            callbacks=list(callbacks),
-            log_to_file=False,
-        ),
-    )
-    tuner.fit()
+    puts the payloads of the cells it proposes in their trial configs). `parameters`: the
+    session's, so that consecutive experiments share what they pass to their trials."""
+    parameters = parameters or ExperimentParameters()
+    with released_parameters():
+        trainable = tune.with_parameters(run_cell, **parameters.references(
+            cells=cells, context=context, fit_fn=fit_fn, early_stopping=early_stopping))
+        if searcher is None:
+            searcher = CellQueueSearcher(list(cells))
+        if max_trials is None:
+            max_trials = len(cells)
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, dict(resources)),
+            tune_config=tune.TuneConfig(
+                search_alg=searcher,
+                num_samples=max(1, int(max_trials)),
+                max_concurrent_trials=concurrency,
+                reuse_actors=True,
+                trial_name_creator=lambda trial: str(trial.config["cell_id"]),
+                trial_dirname_creator=lambda trial: str(trial.config["cell_id"]),
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=storage,
+                failure_config=tune.FailureConfig(max_failures=max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                verbose=0,
+                callbacks=list(callbacks),
+                log_to_file=False,
+            ),
+        )
+        tuner.fit()
