@@ -200,7 +200,7 @@ class _Session:
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
                  f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
         if self.race is not None:  # the race decides which cells start: one experiment
-            self.experiment(payloads, RaceSearcher(self.race), cells, max_trials=len(cells),
+            self.experiment(payloads, RaceSearcher(self.race, payloads), cells, max_trials=len(cells),
                             total=total, done_before=done_before, names=names)
             return
         callback = None
@@ -209,7 +209,7 @@ class _Session:
             if len(parts) > 1:
                 self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
             callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
-                                       CellQueueSearcher([c.cell_id for c in part]), cells,
+                                       CellQueueSearcher({c.cell_id: payloads[c.cell_id] for c in part}), cells,
                                        max_trials=len(part), total=total,
                                        done_before=done_before, callback=callback, names=names)
 

@@ -2,8 +2,8 @@
 
 `run_cell` is what every Tune trial runs, in a Ray worker:
 
-1. it finds its cell (the trial's `param_space` holds only the opaque `cell_id`; the cells
-   themselves travel once through the object store with `tune.with_parameters`);
+1. it reads its cell from its trial's config (``{"cell_id", "cell"}``: the payload the
+   searcher handed out; what all trials share comes with `tune.with_parameters`);
 2. its starting point (`studies.checkpoints`): when Tune restarts the trial after its worker
    died (`FailureConfig(max_failures)`), `ray.tune.get_checkpoint()`, and training resumes
    after the last checkpointed epoch, in the same MLflow run; a cell left unfinished by a
@@ -120,12 +120,12 @@ def _ids(cell: Mapping[str, Any], run: CellRun) -> dict[str, Any]:
 def run_cell(
     tune_config: Mapping[str, Any],
     *,
-    cells: Mapping[str, Mapping[str, Any]],
     context: TrackingContext,
     fit_fn: FitFunction | None = None,
     early_stopping: Mapping[str, Any] | None = None,
 ) -> None:
-    """Train the cell `tune_config["cell_id"]` with checkpoints and MLflow logging.
+    """Train the cell `tune_config["cell"]` (its payload, `cell_payload`) with checkpoints and
+    MLflow logging.
 
     `early_stopping`: None, or {"actor": name of the coordinator actor, "metric": metric
     key, "prunes": the `studies.pruned` tag of a stopped cell or None}; see the module
@@ -134,8 +134,7 @@ def run_cell(
     import ray
     import ray.tune
 
-    # a queued cell travels once in `cells`; a proposed one (optuna) in its trial's config
-    cell = cells.get(tune_config["cell_id"]) or tune_config["cell"]
+    cell = tune_config["cell"]
     fit = fit_fn or default_fit()
     deterministic = _deterministic_errors()
     _set_torch_threads()

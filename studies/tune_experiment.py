@@ -1,11 +1,13 @@
 """One Ray Tune experiment over a batch of a study's cells: one trial per cell.
 
 `run_experiment` builds `tune.Tuner(tune.with_resources(trainable, {"cpu", "gpu"}), ...)`.
-The trainable is `studies.trial.run_cell`, and the cells travel once through the object
-store (`tune.with_parameters`); Tune's `param_space` holds only an opaque `cell_id` per
-trial, handed out by `CellQueueSearcher` in the order given (see `studies.cell_queue`), by
-`RaceSearcher` as a race needs them (`studies.racing`), or by `ProposalSearcher` as an optuna
-block proposes configs (`studies.optuna_rounds`; their payloads travel in the trial configs).
+The trainable is `studies.trial.run_cell`; what every trial shares (the tracking context, the
+fit function, the early-stopping settings) travels once through the object store
+(`tune.with_parameters`), and each cell's payload in its own trial's config
+(``{"cell_id", "cell"}``: a trial reads its cell alone, not the part's thousand), handed out
+by `CellQueueSearcher` in the order given (see `studies.cell_queue`), by `RaceSearcher` as a
+race needs them (`studies.racing`), or by `ProposalSearcher` as an optuna block proposes
+configs (`studies.optuna_rounds`).
 `reuse_actors=True`, `max_concurrent_trials` = the trials that fit at once,
 `FailureConfig(max_failures)` and one kept checkpoint per trial (written by `run_cell` at
 most every `checkpoint_interval_s` and after the last epoch), so a trial whose worker dies
@@ -33,27 +35,34 @@ from studies.tracking import TrackingContext
 
 
 class CellQueueSearcher(Searcher):
-    """Tune's searcher over a `CellQueue`: each suggestion is the next cell's id."""
+    """Tune's searcher over a `CellQueue`: each suggestion is the next cell, its payload in
+    the trial's config (``{"cell_id", "cell"}``)."""
 
-    def __init__(self, cell_ids: Sequence[str]):
+    def __init__(self, payloads: Mapping[str, Mapping[str, Any]]):
         super().__init__(metric=None, mode=None)
-        self.queue = CellQueue(cell_ids)
+        self.payloads = dict(payloads)
+        self.queue = CellQueue(list(self.payloads))
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True  # no search space: the cells are the space
 
     def suggest(self, trial_id: str):
         cell_id = self.queue.next()
-        return self.FINISHED if cell_id is None else {"cell_id": cell_id}
+        if cell_id is None:
+            return self.FINISHED
+        return {"cell_id": cell_id, "cell": self.payloads.pop(cell_id)}
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         pass  # MLflow is the ledger
 
     def save(self, checkpoint_path: str) -> None:
-        Path(checkpoint_path).write_text(self.queue.to_json())
+        Path(checkpoint_path).write_text(json.dumps({"queue": self.queue.to_json(),
+                                                     "payloads": self.payloads}))
 
     def restore(self, checkpoint_path: str) -> None:
-        self.queue = CellQueue.from_json(Path(checkpoint_path).read_text())
+        state = json.loads(Path(checkpoint_path).read_text())
+        self.queue = CellQueue.from_json(state["queue"])
+        self.payloads = state["payloads"]
 
 
 class RaceSearcher(Searcher):
@@ -61,9 +70,10 @@ class RaceSearcher(Searcher):
     cell the race starts next; None ("ask again") while every racing config waits for its
     round; FINISHED once the race is over. Every trial's end is told to the race."""
 
-    def __init__(self, race):
+    def __init__(self, race, payloads: Mapping[str, Mapping[str, Any]]):
         super().__init__(metric=None, mode=None)
         self.race = race
+        self.payloads = payloads  # every cell the race may start
         self.cell_of: dict[str, str] = {}  # trial_id -> cell_id
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
@@ -78,7 +88,7 @@ class RaceSearcher(Searcher):
         if cell_id is None:
             return None
         self.cell_of[trial_id] = cell_id
-        return {"cell_id": cell_id}
+        return {"cell_id": cell_id, "cell": self.payloads[cell_id]}
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         cell_id = self.cell_of.pop(trial_id, None)
@@ -158,8 +168,7 @@ class ExperimentParameters:
     Ray's out-of-band serializer, which pins those references for the driver's lifetime
     (Ray 2.x, `SerializationContext.add_contained_object_ref`): values put anew for every
     experiment part would pile up in the object store and in the driver. A value equal to
-    the one put before reuses its reference, so that only each part's own cells (~0.3 KB per
-    cell) stay pinned."""
+    the one put before reuses its reference, so that nothing of a part stays pinned."""
 
     def __init__(self):
         self._held: dict[str, tuple[Any, Any]] = {}  # name -> (value, its object reference)
@@ -223,16 +232,16 @@ def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage
                    parameters: ExperimentParameters | None = None) -> None:
     """Run one trial per cell in the Tune experiment `name` under `storage`, at most
     `concurrency` at a time: the cells of `cells` (cell_id -> payload, in the order to start
-    them), or those `searcher` hands out (at most `max_trials`: a race's
-    `RaceSearcher` starts only the cells the race needs; an optuna block's `ProposalSearcher`
-    puts the payloads of the cells it proposes in their trial configs). `parameters`: the
+    them), or those `searcher` hands out (at most `max_trials`: a race's `RaceSearcher` starts
+    only the cells the race needs, an optuna block's `ProposalSearcher` the cells of the
+    configs it proposes), each payload in its trial's config. `parameters`: the
     session's, so that consecutive experiments share what they pass to their trials."""
     parameters = parameters or ExperimentParameters()
     with released_parameters():
         trainable = tune.with_parameters(run_cell, **parameters.references(
-            cells=cells, context=context, fit_fn=fit_fn, early_stopping=early_stopping))
+            context=context, fit_fn=fit_fn, early_stopping=early_stopping))
         if searcher is None:
-            searcher = CellQueueSearcher(list(cells))
+            searcher = CellQueueSearcher(cells)
         if max_trials is None:
             max_trials = len(cells)
         tuner = tune.Tuner(
