@@ -271,9 +271,11 @@ class _Session:
         """What travels to the worker that trains `cell`."""
         from studies.tune_experiment import cell_payload
 
+        metric, _ = self.progress_metric()
         return cell_payload(cell, resume_from, names.get(cell.cell_id),
                             log_model=self.study.log_models,
-                            checkpoint_interval_s=self.study.checkpoint_interval_s)
+                            checkpoint_interval_s=self.study.checkpoint_interval_s,
+                            tune_metrics=[metric] if metric else [])
 
     def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
                    max_trials: int, total: int, done_before: int,

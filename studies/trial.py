@@ -355,7 +355,9 @@ class _EpochReporter:
         """The epoch's Tune report; with a checkpoint of `state` unless it is None."""
         import ray.tune
 
-        report = {**values, **_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
+        keys = self.cell.get("tune_metrics")  # MLflow has every metric; Tune, what the driver reads
+        shown = values if keys is None else {k: values[k] for k in keys if k in values}
+        report = {**shown, **_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
                   "cell_status": "running"}
         if state is None:
             ray.tune.report(report)
