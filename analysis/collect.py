@@ -82,6 +82,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_STOPPED_EPOCH,
     TAG_SWEPT,
     TAG_VARIANT,
+    tag_filter,
 )
 
 PARAM_PREFIX = "param:"
@@ -230,15 +231,6 @@ def search_all_runs(
         token = page.token
         if not token:
             return
-
-
-def _filter_for(tags: Mapping[str, str]) -> str:
-    """MLflow's filter for runs with these tag values (dotted keys quoted with backticks)."""
-    clauses = []
-    for tag, value in tags.items():
-        escaped = str(value).replace("'", "\\'")
-        clauses.append(f"tags.`{tag}` = '{escaped}'")
-    return " and ".join(clauses)
 
 
 def _experiment(client, tracking_uri: str, study_name: str):
@@ -428,7 +420,7 @@ def study_runs(client, experiment_id: str, tags: Mapping[str, str], *, params: b
     if store is not None:
         return _sql_study_runs(store, experiment_id, tags, params=params, metrics=metrics)
     records = []
-    for run in search_all_runs(client, experiment_id, _filter_for(tags), page_size):
+    for run in search_all_runs(client, experiment_id, tag_filter(tags), page_size):
         record = RunRecord.of(run)
         if not params:
             record.params = {}

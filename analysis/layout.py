@@ -53,3 +53,13 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
         else:
             flat[path] = value
     return flat
+
+
+def tag_filter(tags: Mapping[str, Any]) -> str:
+    """MLflow's `search_runs` filter for runs with these tag values (dotted keys quoted with
+    backticks, quotes in values escaped)."""
+    clauses = []
+    for tag, value in tags.items():
+        escaped = str(value).replace("'", "\\'")
+        clauses.append(f"tags.`{tag}` = '{escaped}'")
+    return " and ".join(clauses)

@@ -12,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 from analysis.collect import Collected, display_uri
-from analysis.layout import ROLE_CELL, TAG_ROLE
+from analysis.layout import ROLE_CELL, TAG_ROLE, tag_filter
 from analysis.results import StudyResults
 
 #: Where `mlflow ui` serves by default.
@@ -48,7 +48,7 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     The study is its experiment; the filter keeps its cell runs (not the parent run). The
     UI reads the filter from the `searchFilter` parameter of the experiment's runs page."""
     uri = collected.tracking_uri
-    search = f"tags.`{TAG_ROLE}` = '{ROLE_CELL}'"
+    search = tag_filter({TAG_ROLE: ROLE_CELL})
     if uri.startswith(("http://", "https://")):
         parts = urllib.parse.urlsplit(uri)
         base = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (

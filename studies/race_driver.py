@@ -15,7 +15,7 @@ import math
 from typing import Iterable, Mapping, Sequence
 
 from analysis.collect import RunRecord
-from analysis.layout import TAG_CELL_ID, TAG_RACE, TAG_STATUS, TAG_STUDY
+from analysis.layout import TAG_CELL_ID, TAG_RACE, TAG_STATUS, TAG_STUDY, tag_filter
 from studies.racing import BEST, FAILED, MAX, WORSE, RaceStatus, SeedRace
 from studies.tracking import (
     STATUS_FINISHED,
@@ -121,12 +121,11 @@ class RaceDriver:
         """The finished run of a cell (one indexed search) with the race metric, or None."""
         from mlflow.entities import ViewType
 
-        escaped = cell_id.replace("'", "\\'")
-        study = self.tracking.study_name.replace("'", "\\'")
+        wanted = {TAG_CELL_ID: cell_id, TAG_STUDY: self.tracking.study_name,
+                  TAG_STATUS: STATUS_FINISHED}
         runs = with_retry(lambda: self.tracking.client.search_runs(
             [self.tracking.experiment_id], run_view_type=ViewType.ACTIVE_ONLY,
-            filter_string=(f"tags.`{TAG_CELL_ID}` = '{escaped}' and tags.`{TAG_STUDY}` = '{study}'"
-                           f" and tags.`{TAG_STATUS}` = '{STATUS_FINISHED}'"), max_results=5))
+            filter_string=tag_filter(wanted), max_results=5))
         return RunRecord.of(runs[0]) if runs else None
 
     def record_decisions(self) -> None:

@@ -14,8 +14,11 @@ from analysis.layout import (
     STATUS_FAILED,
     STATUS_FINISHED,
     STATUS_RUNNING,
+    TAG_CELL_ID,
     TAG_ERROR,
+    TAG_SESSION,
     TAG_STATUS,
+    tag_filter,
 )
 from studies.tracking.contract import (
     _MAX_METRICS_PER_BATCH,
@@ -26,7 +29,6 @@ from studies.tracking.contract import (
     _as_float,
     _chunks,
     _client,
-    _filter,
     _search_all,
     cell_tags,
     config_params,
@@ -68,9 +70,8 @@ class CellRun:
         """
         client = _client(context.tracking_uri)
         if run_id is None:
-            existing = _search_all(client, context.experiment_id, _filter(
-                studies__cell_id=str(cell["cell_id"]), studies__session=context.session_id,
-            ))
+            existing = _search_all(client, context.experiment_id, tag_filter(
+                {TAG_CELL_ID: cell["cell_id"], TAG_SESSION: context.session_id}))
             if existing:
                 run_id = existing[-1].info.run_id
         if run_id is not None:

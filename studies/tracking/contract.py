@@ -132,16 +132,6 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _filter(**tags: str) -> str:
-    """An MLflow filter string matching every given tag (dotted keys in backticks)."""
-    clauses = []
-    for key, value in tags.items():
-        tag = key.replace("__", ".")
-        escaped = str(value).replace("'", "\\'")
-        clauses.append(f"tags.`{tag}` = '{escaped}'")
-    return " and ".join(clauses)
-
-
 def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]

@@ -22,10 +22,11 @@ from analysis.layout import (
     TAG_ROLE,
     TAG_STATUS,
     TAG_STUDY,
+    tag_filter,
 )
 from studies.sqlite_store import seed_sqlite_store
 from studies.tracking.cell_run import TrackingContext
-from studies.tracking.contract import _SEARCH_PAGE, _client, _filter, _search_all, experiment_tags, finished_runs
+from studies.tracking.contract import _SEARCH_PAGE, _client, _search_all, experiment_tags, finished_runs
 from studies.tracking.retry import with_retry
 
 if TYPE_CHECKING:
@@ -106,8 +107,8 @@ class StudyTracking:
         """
         if self._parent_run_id is not None:
             return self._parent_run_id
-        runs = _search_all(self.client, self.experiment_id, _filter(
-            studies__role=ROLE_PARENT, studies__study=self.study_name))
+        runs = _search_all(self.client, self.experiment_id, tag_filter(
+            {TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name}))
         if runs:
             run_id = runs[0].info.run_id
             with_retry(lambda: self.client.update_run(run_id, status="RUNNING"))
