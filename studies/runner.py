@@ -30,6 +30,7 @@ Ray, Tune and Optuna are imported only once cells are about to run: a dry run lo
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -271,7 +272,7 @@ class _Session:
         """What travels to the worker that trains `cell`."""
         from studies.tune_experiment import cell_payload
 
-        metric, _ = self.progress_metric()
+        metric, _ = self.progress_metric
         return cell_payload(cell, resume_from, names.get(cell.cell_id),
                             log_model=self.study.log_models,
                             checkpoint_interval_s=self.study.checkpoint_interval_s,
@@ -305,7 +306,7 @@ class _Session:
                                      done_before=done_before, epochs=epochs, race=self.race)
             if names is None:
                 names = self.namer.names(self.known_cells.values())
-            metric, mode = self.progress_metric()
+            metric, mode = self.progress_metric
             callback = ProgressCallback(
                 progress, interval_s=self.options.progress_interval_s, stream=self.stream,
                 on_error=on_error, metric=metric, mode=mode,
@@ -331,6 +332,7 @@ class _Session:
         gc.collect()
         return callback
 
+    @functools.cached_property
     def progress_metric(self) -> tuple[str | None, str]:
         """The per-epoch metric that ranks configs in the progress line: the objective when it
         is logged every epoch, else the first variant's checkpoint-selection metric."""
