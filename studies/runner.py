@@ -328,8 +328,10 @@ class _Session:
             concurrency=self.concurrency,
             max_failures=int(self.study.max_failures), callbacks=[callback])
         # Tune's trials of this experiment hold reference cycles: free them before the next
-        # part starts, not whenever the collector next runs
-        gc.collect()
+        # part starts, not whenever the collector next runs (a full collection of the
+        # driver's heap takes about 0.3 s: not worth it after a few trials)
+        if max_trials >= COLLECT_AFTER_TRIALS:
+            gc.collect()
         return callback
 
     @functools.cached_property
@@ -361,6 +363,8 @@ class _Session:
 #: a longer list of cells runs as consecutive experiments of whole configs: the driver's
 #: memory stays bounded over a study of any size, for a few seconds of start per part.
 MAX_TRIALS_PER_EXPERIMENT = 1000
+#: an experiment of at least this many trials ends with a full garbage collection
+COLLECT_AFTER_TRIALS = 100
 #: how the line that starts each of several parts begins (after "[studies] ")
 PART_LINE = "experiment part"
 
