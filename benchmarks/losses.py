@@ -306,6 +306,12 @@ def goal_checks(rows, ks) -> list[tuple[str, str, float, bool, float | None]]:
         match = [r for r in rows if r["loss"] == label and r["L"] == num_classes and r["K"] == k]
         return match[0]["ratio_to_ce"] if match else None
 
+    def floor(m, regime, k):
+        """Every class is within reach in the dense regime: its floor is drawing B x M x L."""
+        if regime == "dense":
+            return ratio(f"floor M={m} (B x M x L normals)", "")
+        return ratio(f"reach floor M={m} {regime}", k)
+
     checks = []  # rows that were not timed (--only, or a reference not installed) are skipped
     for regime in REGIMES:
         for m, limit in ((3, 3.0), (10, 6.0)):
@@ -314,10 +320,10 @@ def goal_checks(rows, ks) -> list[tuple[str, str, float, bool, float | None]]:
                 value = ratio(label, k)
                 if value is not None:
                     checks.append((f"noised M={m} <= x{limit:g} CE", f"{regime} K={k}", value, value <= limit,
-                                   ratio(f"reach floor M={m} {regime}", k)))
+                                   floor(m, regime, k)))
             if 1 in ks and 50 in ks and m == 3 and None not in (ratio(label, 50), ratio(label, 1)):
                 flat = ratio(label, 50) / ratio(label, 1)
-                floors = ratio(f"reach floor M=3 {regime}", 50), ratio(f"reach floor M=3 {regime}", 1)
+                floors = floor(3, regime, 50), floor(3, regime, 1)
                 checks.append(("noised M=3: K=50 / K=1 <= 1.3", regime, flat, flat <= 1.3,
                                None if None in floors else floors[0] / floors[1]))
     for m in SAMPLE_COUNTS:
@@ -354,9 +360,12 @@ def markdown(rows, ks, checks, header: str, notes: list[str]) -> str:
         ce_ms = next(r["best_ms"] for r in rows if r["loss"] == "ce" and r["L"] == num_classes)
         lines += ["", f"(ce: {ce_ms:.3f} ms)", ""]
     lines += ["### Goals of issue 14 (L = 1000)", "",
-              "reach floor: drawing M normals for each class within reach of the top K+1 and selecting "
-              "the (K+1)-th largest, nothing else (the candidates found outside the timing)", "",
-              "| goal | case | measured | met | reach floor |", "|---|---|---|---|---|"]
+              "floor: what any exact method must do at least, with torch's kernels: in the spread and "
+              "imbalanced regimes, drawing M normals for each class within reach of the top K+1 and "
+              "selecting the (K+1)-th largest (the reach floor rows; the candidates found outside the "
+              "timing); in the dense regime, where every class is within reach, drawing the B x M x L "
+              "normals", "",
+              "| goal | case | measured | met | floor |", "|---|---|---|---|---|"]
     for name, case, value, met, floor in checks:
         lines.append(f"| {name} | {case} | {value:.2f} | {'yes' if met else 'NO'} | "
                      f"{'' if floor is None else f'{floor:.2f}'} |")

@@ -165,6 +165,55 @@ def test_optuna_rule_waits_for_the_outside_decision_on_the_raw_seed_mean():
     assert rule.status("a", 1, 2) == "stop" and rule.stopped == {"a": 2}
 
 
+def test_the_coordinator_answers_a_waiting_seed_when_its_config_is_decided(local_ray):
+    """A seed that must wait makes one call, which returns once the decision exists: when the
+    config's other seed reports, when it is gone for good, when the driver resolves an outside
+    (Optuna) decision; with nothing new it returns 'wait' at its timeout."""
+    import threading
+
+    from studies.config_schedulers.coordinator import CoordinatorClient, SchedulerActor
+    from studies.config_schedulers.early_stopping import ConfigEarlyStopper
+
+    ray = local_ray
+    actor = ray.remote(num_cpus=0)(SchedulerActor).remote(
+        ConfigEarlyStopper, {"seeds": {"a": [0, 1], "b": [0, 1]}, "mode": "max",
+                             "grace_epochs": 1, "patience": 1})
+    assert ray.get(actor.record.remote("a", 0, 1, 0.5)) == "wait"
+    waiting = actor.wait_decision.remote("a", 0, 1, 600.0)
+    assert ray.wait([waiting], timeout=1.0)[0] == []  # nothing decided: the call waits
+    assert ray.get(actor.record.remote("a", 1, 1, 0.7)) == "continue"
+    assert ray.get(waiting, timeout=120) == "continue"
+
+    assert ray.get(actor.record.remote("b", 0, 1, 0.1)) == "wait"
+    assert ray.get(actor.wait_decision.remote("b", 0, 1, 0.2)) == "wait"  # its timeout
+    waiting = actor.wait_decision.remote("b", 0, 1, 600.0)
+    assert ray.wait([waiting], timeout=1.0)[0] == []
+    ray.get(actor.mark_gone.remote("b", 1))  # b's mean is seed 0's alone, behind a's 0.6
+    assert ray.get(waiting, timeout=120) == "stop"
+
+    # a trial's side: seed 0 blocks in report_and_wait until seed 1 reports
+    actor = ray.remote(num_cpus=0)(SchedulerActor).remote(
+        ConfigOptunaPruning, {"seeds": {"c": [0, 1]}, "mode": "min"})
+    clients = [CoordinatorClient(actor, "val/loss", {"config_id": "c", "seed": s}) for s in (0, 1)]
+    answers = {}
+    first = threading.Thread(target=lambda: answers.update(
+        {0: clients[0].report_and_wait(1, {"val/loss": 0.2})}))
+    first.start()
+    first.join(timeout=1.0)
+    assert first.is_alive()  # waiting for seed 1
+    second = threading.Thread(target=lambda: answers.update(
+        {1: clients[1].report_and_wait(1, {"val/loss": 0.4})}))
+    second.start()
+    pending = []
+    while not pending:  # the driver's side of an Optuna pruner: resolve the pending mean
+        pending = ray.get(actor.pending.remote())
+    assert pending == [("c", 1, pytest.approx(0.3))]
+    ray.get(actor.resolve.remote([("c", 1, True)]))
+    first.join(timeout=120)
+    second.join(timeout=120)
+    assert answers == {0: "stop", 1: "stop"}
+
+
 STUDY = """
 name: s
 base:

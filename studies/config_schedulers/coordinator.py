@@ -10,13 +10,18 @@ that every trial reports to, the driver's side, and a trial's side.
 - `CoordinatorClient`: a trial's side. After every epoch the seed reports its value and
   waits for its config's decision; all seeds of a stopped config stop at the same epoch.
 
+The actor is an asyncio actor: a seed that must wait makes one call that returns when its
+config's decision exists (every change to the rule wakes the waiting calls), not a call every
+fraction of a second, so the calls grow with the epochs trained, not with the time spent
+waiting (docs/scale.md, "Early stopping").
+
 `ray` is imported only where an actor is started or called.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-import time
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
@@ -27,37 +32,70 @@ from studies.tracking import STATUS_FINISHED
 
 
 class SchedulerActor:
-    """The body of the Ray actor that holds one session's rule (a `ConfigScheduler`)."""
+    """The body of the Ray actor that holds one session's rule (a `ConfigScheduler`).
+
+    Every method is a coroutine, so Ray runs the actor on one event loop: the rule is only
+    touched between awaits (no lock needed), and `wait_decision` calls wait side by side
+    (up to Ray's 1,000 concurrent calls of an asyncio actor) while the others go on."""
 
     def __init__(self, rule_class: type, kwargs: Mapping[str, Any]):
         self.rule: ConfigScheduler = rule_class(**kwargs)
+        self._change: asyncio.Event | None = None  # set (and replaced) at every change
 
-    def record(self, config_id, seed, epoch, value):
-        return self.rule.record(config_id, seed, epoch, value)
+    def _changed(self) -> None:
+        """Wake every `wait_decision` call: the rule may have decided."""
+        if self._change is not None:
+            self._change.set()
+            self._change = None
 
-    def status(self, config_id, seed, epoch):
+    async def record(self, config_id, seed, epoch, value):
+        status = self.rule.record(config_id, seed, epoch, value)
+        self._changed()
+        return status
+
+    async def status(self, config_id, seed, epoch):
         return self.rule.status(config_id, seed, epoch)
 
-    def mark_gone(self, config_id, seed):
+    async def wait_decision(self, config_id, seed, epoch, timeout_s: float):
+        """The seed's status at `epoch` once it is not WAIT, or WAIT after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (status := self.rule.status(config_id, seed, epoch)) == WAIT:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if self._change is None:
+                self._change = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._change.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        return status
+
+    async def mark_gone(self, config_id, seed):
         self.rule.mark_gone(config_id, seed)
+        self._changed()
 
-    def mark_stopped(self, config_id, epoch):
+    async def mark_stopped(self, config_id, epoch):
         self.rule.mark_stopped(config_id, epoch)
+        self._changed()
 
-    def add_configs(self, configs):
+    async def add_configs(self, configs):
         for config_id, seeds, epochs in configs:
             self.rule.add_config(config_id, seeds, epochs)
+        self._changed()
 
-    def stopped(self):
+    async def stopped(self):
         return dict(self.rule.stopped)
 
-    def pending(self):
+    async def pending(self):
         """[(config_id, epoch, raw seed mean)] waiting for an outside decision."""
         return [(c, n, self.rule.raw_mean(c, n)) for (c, n) in self.rule.pending]
 
-    def resolve(self, decisions):
+    async def resolve(self, decisions):
         for config_id, epoch, stop in decisions:
             self.rule.resolve(config_id, epoch, stop)
+        self._changed()
 
 
 class ConfigScheduling:
@@ -186,17 +224,18 @@ class CoordinatorClient:
         return ray.get(self.actor.status.remote(self.config_id, self.seed, epochs_done))
 
     def report_and_wait(self, epochs_done: int, metrics: Mapping[str, float],
-                        poll_s: float = 0.2) -> str:
+                        wait_s: float = 60.0) -> str:
         """Record this seed's value of the metric (NaN when absent) and block until its
-        config's decision at this epoch: 'stop' or 'continue'."""
+        config's decision at this epoch: 'stop' or 'continue' (one call per `wait_s` of
+        waiting: the actor answers as soon as the decision exists)."""
         import ray
 
         value = float(metrics.get(self.metric, math.nan))
         status = ray.get(self.actor.record.remote(self.config_id, self.seed, epochs_done,
                                                   value))
         while status == WAIT:
-            time.sleep(poll_s)
-            status = self.decision(epochs_done)
+            status = ray.get(self.actor.wait_decision.remote(
+                self.config_id, self.seed, epochs_done, wait_s))
         return status
 
     def tell_gone(self) -> None:
