@@ -56,7 +56,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -214,19 +214,24 @@ def _client(tracking_uri: str):
 
 
 def search_all_runs(
-    client, experiment_id: str, filter_string: str, page_size: int = MAX_PAGE_SIZE
+    client, experiment_id: str, filter_string: str, page_size: int = MAX_PAGE_SIZE,
+    call: Callable[[Callable[[], Any]], Any] | None = None,
 ) -> Iterator[Any]:
-    """Every active run of the experiment that matches, page after page (page tokens)."""
+    """Every active run of the experiment that matches, oldest first, page after page (page
+    tokens). `call(request)` makes each page's request (e.g. a retry wrapper); default: once."""
     from mlflow.entities import ViewType
 
     if not 1 <= page_size <= MAX_PAGE_SIZE:
         raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}")
     token = None
     while True:
-        page = client.search_runs(
-            [experiment_id], filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
-            max_results=page_size, order_by=["attributes.start_time ASC"], page_token=token,
-        )
+        def request(token=token):
+            return client.search_runs(
+                [experiment_id], filter_string=filter_string,
+                run_view_type=ViewType.ACTIVE_ONLY, max_results=page_size,
+                order_by=["attributes.start_time ASC"], page_token=token)
+
+        page = call(request) if call is not None else request()
         yield from page
         token = page.token
         if not token:

@@ -187,10 +187,10 @@ def _heatmaps(results: StudyResults, figures_dir: Path, figures: Figures) -> Non
     if not metric or not pairs:
         return
     figures.add(f"heat map of {metric}", f"{metric} over two swept parameters",
-                f"Mean over seeds of each config, one panel per variant on its two swept "
-                f"parameters with the most values (a cell with several configs, which differ "
-                f"in a third parameter, shows the best of them); one colour scale for all "
-                f"panels; outlined: the variant's best cell.",
+                "Mean over seeds of each config, one panel per variant on its two swept "
+                "parameters with the most values (a cell with several configs, which differ "
+                "in a third parameter, shows the best of them); one colour scale for all "
+                "panels; outlined: the variant's best cell.",
                 functools.partial(plots.heatmaps, results.summary([metric]), metric, pairs,
                                   figures_dir / f"heatmap_{slug(metric)}", level=results.level))
 

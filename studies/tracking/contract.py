@@ -152,21 +152,12 @@ def _client(tracking_uri: str):
 
 
 def _search_all(client, experiment_id: str, filter_string: str) -> list:
-    """Every active run of the experiment matching the filter (all pages), oldest first."""
-    from mlflow.entities import ViewType
+    """Every active run of the experiment matching the filter (all pages), oldest first; each
+    page's request retried through an outage (`with_retry`)."""
+    from analysis.collect import search_all_runs
 
-    runs: list = []
-    token = None
-    while True:
-        page = with_retry(lambda: client.search_runs(
-            [experiment_id], filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
-            max_results=_SEARCH_PAGE, order_by=["attributes.start_time ASC"],
-            page_token=token,
-        ))
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
+    return list(search_all_runs(client, experiment_id, filter_string, page_size=_SEARCH_PAGE,
+                                call=with_retry))
 
 
 def finished_runs(runs: Iterable) -> list:
