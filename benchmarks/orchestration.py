@@ -30,7 +30,7 @@
    end, at the start of each experiment part, and when every cell has ended, before the
    summary reads the ledger). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
    every trial of an experiment, so the runner runs parts of at most
-   `studies.runner.MAX_TRIALS_PER_EXPERIMENT` trials.
+   `studies.session.MAX_TRIALS_PER_EXPERIMENT` trials.
 
     python benchmarks/orchestration.py                      # issue's size: 100 cells of 1 s
     python benchmarks/orchestration.py --cells 20 --seconds 0.5 --start-server
@@ -206,7 +206,7 @@ class PartMemoryStream(io.StringIO):
         self.cells_done_samples = 0
 
     def write(self, text: str) -> int:
-        from studies.runner import PART_LINE
+        from studies.session import PART_LINE
 
         if text.startswith(f"[studies] {PART_LINE} "):
             self.part_mb.append(round(rss_mb(), 1))

@@ -13,9 +13,10 @@ How a study file becomes trials (`run_study`), and which module does each step:
    trial left, in its MLflow run (`studies.checkpoints`); Tune's folder is removed once every
    cell has finished;
 4. Ray is connected or started (`studies.ray_session`), and the cells to run are Tune
-   experiments of at most `MAX_TRIALS_PER_EXPERIMENT` trials (`studies.tune_experiment`) whose
-   trials run `studies.trial.run_cell`, checkpointed at most every `checkpoint_interval_s`
-   and after the last epoch, so a trial whose worker dies restarts from its last checkpoint;
+   experiments of at most `MAX_TRIALS_PER_EXPERIMENT` trials (`studies.session`,
+   `studies.tune_experiment`) whose trials run `studies.trial.run_cell`, checkpointed at
+   most every `checkpoint_interval_s` and after the last epoch, so a trial whose worker dies
+   restarts from its last checkpoint;
 5. optuna blocks: configs asked as trial slots free up, each run on every seed, the seed mean
    told back when its last seed ends (`studies.optuna_rounds`);
 6. early stopping and ASHA (`scheduler: {kind: early_stopping | asha}`) and an optuna
@@ -30,8 +31,6 @@ Ray, Tune and Optuna are imported only once cells are about to run: a dry run lo
 
 from __future__ import annotations
 
-import functools
-import gc
 import json
 import os
 import shutil
@@ -39,20 +38,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, Callable, Sequence
 
-from studies.cell_queue import config_major
-from studies.checkpoints import ResumePoints
-from studies.config_schedulers import session_scheduling
 from studies.errors import RunnerError
-from studies.progress import StudyProgress, format_duration
-from studies.ray_session import RaySession
-from studies.run_names import RunNamer
+from studies.progress import format_duration
+from studies.session import StudySession
 from studies.tracking import (
     STATUS_FINISHED,
     StudyTracking,
     default_tracking_uri,
-    new_session_id,
     source_tags,
     study_description,
     ui_command,
@@ -108,282 +102,6 @@ def study_dir_of(output: Path, name: str) -> Path:
 
 def _print(stream: IO[str], text: str) -> None:
     print(text, file=stream, flush=True)
-
-
-class _Session:
-    """One invocation of the runner on one study: what its collaborators share (the Ray
-    session, the config-level schedulers, the cells seen, the checkpoints to resume, Tune's
-    folders)."""
-
-    def __init__(self, study, name: str, study_dir: Path, tracking: StudyTracking,
-                 options: RunOptions, stream: IO[str]):
-        self.study = study
-        self.name = name
-        self.study_dir = study_dir
-        self.tracking = tracking
-        self.options = options
-        self.stream = stream
-        self.session_id = new_session_id()
-        self.ray = RaySession(options.address, options.num_cpus, options.num_gpus,
-                              options.object_store_mb, dashboard=options.dashboard)
-        self.scheduling = session_scheduling(study, tracking, self.session_id)
-        self.block_scheduling = {}  # optuna block index -> its pruner's scheduling
-        for index, block in study.optuna_blocks:
-            if block.pruner is not None:
-                from studies.config_schedulers.optuna_pruning import block_scheduling
-
-                self.block_scheduling[index] = block_scheduling(study, tracking, self.session_id,
-                                                                index)
-        self.concurrency = 1
-        self.context = None
-        self.tune_dirs: list[Path] = []
-        self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
-        self.namer = RunNamer()  # their run names
-        self.resume = ResumePoints()  # cells that continue from an earlier session
-        self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
-        self.parameters = None  # what its Tune experiments pass to their trials, put once
-
-    def say(self, text: str) -> None:
-        _print(self.stream, f"[studies] {text}")
-
-    def storage_root(self) -> Path | None:
-        """The local (or shared) Tune storage folder; None for a URI storage."""
-        storage = self.options.storage or str(self.study_dir / "ray")
-        return None if "://" in storage else Path(storage).expanduser().resolve()
-
-    def know(self, cells: Iterable) -> None:
-        cells = list(cells)
-        for cell in cells:
-            self.known_cells.setdefault(cell.cell_id, cell)
-        self.namer.add(cells)
-
-    def plan(self, cells: Sequence) -> tuple[list[str], list]:
-        """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
-        earlier trial left a checkpoint continue from it (in the run the ledger keeps)."""
-        ids = [c.cell_id for c in cells]
-        found = ResumePoints.search(self.storage_root(), self.name, ids)
-        keep = found.run_ids()
-        done, to_run = self.tracking.prepare(ids, keep=keep)  # drops what it did not keep
-        self.resume = found.only(keep)
-        self.tune_dirs.extend(self.resume.experiment_dirs())
-        message = self.resume.describe()
-        if message:
-            self.say(message)
-        wanted = set(to_run)
-        if self.study.racing is not None:  # only the cells of configs still racing may run
-            from studies.race_driver import RaceDriver
-
-            self.race = RaceDriver.rebuild(self.study, cells, self.tracking,
-                                           resumable=self.resume.folders())
-            wanted = set(self.race.runnable(to_run))
-        return done, [c for c in cells if c.cell_id in wanted]
-
-    def start(self) -> None:
-        """Start Ray, count the trial slots, refuse a config-level scheduler that cannot work
-        here."""
-        self.ray.start()
-        if self.ray.dashboard_url:
-            self.say(f"Ray dashboard: {self.ray.dashboard_url}")
-        self.concurrency = self.ray.trial_slots(self.study, self.stream)
-        for scheduling in (self.scheduling, *self.block_scheduling.values()):
-            scheduling.check_concurrency(self.concurrency)
-
-    def run_cells(self, cells: Sequence, total: int, done_before: int) -> None:
-        """One Tune experiment over `cells` (all not finished yet)."""
-        if not cells:
-            return
-        from studies.tune_experiment import CellQueueSearcher, RaceSearcher
-
-        cells = config_major(cells)
-        names = self.namer.names(cells)
-        resume_from = self.resume.folders()
-        payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
-        self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
-                 f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
-        if self.race is not None:  # the race decides which cells start: one experiment
-            self.experiment(payloads, RaceSearcher(self.race, payloads), cells, max_trials=len(cells),
-                            total=total, done_before=done_before, names=names)
-            return
-        callback = None
-        parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT)
-        for number, part in enumerate(parts, start=1):
-            if len(parts) > 1:
-                self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
-            callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
-                                       CellQueueSearcher({c.cell_id: payloads[c.cell_id] for c in part}), cells,
-                                       max_trials=len(part), total=total,
-                                       done_before=done_before, callback=callback, names=names)
-
-    def run_proposals(self, proposals, total: int, done_before: int) -> None:
-        """One Tune experiment over the configs of an optuna block, asked as slots free up
-        (`studies.optuna_rounds.OptunaProposals`): each proposal's cells that the ledger has
-        finished are told at once, the others run."""
-        from studies.tune_experiment import ProposalSearcher
-
-        scheduling = self.block_scheduling.get(proposals.index, self.scheduling)
-        epochs: dict[str, int] = {}
-        # one scan of the storage for the checkpoints of every cell of the study; a
-        # proposal (a replayed config) takes those of its cells
-        self.checkpoints_left = ResumePoints.search(self.storage_root(), self.name, None)
-
-        def admit(cells: list) -> list[dict]:
-            self.know(cells)
-            if scheduling.enabled:
-                scheduling.prepare(cells, self.concurrency)
-            done, pending = self.plan_proposal(cells)
-            for cell_id, run_id in done.items():
-                proposals.cell_ended(cell_id, run_id)
-            names = self.namer.names(pending)
-            resume_from = self.resume.folders()
-            for cell in pending:
-                epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
-            return [self.payload(c, names, resume_from.get(c.cell_id)) for c in pending]
-
-        self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
-                 f"({self.concurrency} at a time)")
-        if proposals.index not in self.block_scheduling:
-            self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
-                            max_trials=proposals.max_cells, total=total, done_before=done_before)
-            return
-        from studies.config_schedulers.optuna_pruning import PrunerBridge
-
-        scheduling.prepare([], self.concurrency)  # the actor, for the bridge
-        with PrunerBridge(scheduling.actor, proposals.report_epoch):
-            self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
-                            max_trials=proposals.max_cells, total=total, done_before=done_before,
-                            scheduling=scheduling)
-
-    def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
-        """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
-        the runs of its config alone (one query, whatever the size of the study); an
-        unfinished cell continues from the checkpoint an earlier session left, if any."""
-        ids = [c.cell_id for c in cells]
-        found = self.checkpoints_left.only(ids)
-        keep = found.run_ids()
-        grouped = self.tracking.config_runs(cells[0].config_id)
-        done, to_run = self.tracking.prepare(ids, keep=keep, grouped=grouped)
-        self.resume = self.resume.merged(found.only(keep))
-        finished = {cell_id: self.tracking.finished_run(grouped.get(cell_id, []))
-                    for cell_id in done}
-        wanted = set(to_run)
-        return finished, [c for c in cells if c.cell_id in wanted]
-
-    def payload(self, cell, names: Mapping[str, str], resume_from: str | None) -> dict:
-        """What travels to the worker that trains `cell`."""
-        from studies.tune_experiment import cell_payload
-
-        metric, _ = self.progress_metric
-        return cell_payload(cell, resume_from, names.get(cell.cell_id),
-                            log_model=self.study.log_models,
-                            checkpoint_interval_s=self.study.checkpoint_interval_s,
-                            tune_metrics=[metric] if metric else [])
-
-    def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
-                   max_trials: int, total: int, done_before: int,
-                   epochs: dict[str, int] | None = None, callback=None, scheduling=None,
-                   names: Mapping[str, str] | None = None):
-        """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
-        the progress line (`callback`: the one of an earlier part of the same cells, whose
-        counts go on; else a new one over `cells`), the config-level scheduler (`scheduling`,
-        default the study's) and the study's resources; `names`: the run names of the known
-        cells when the caller has them. Returns the progress callback."""
-        from studies.tune_experiment import ProgressCallback, run_experiment
-
-        scheduling = scheduling or self.scheduling
-        # a block's pruner knows the block's configs alone (told as they are proposed)
-        early = scheduling.prepare(self.known_cells.values() if scheduling is self.scheduling
-                                   else [], self.concurrency)
-
-        def on_error(cell_id: str) -> None:  # failed for good: its config decides without it
-            cell = self.known_cells.get(cell_id)
-            if cell is not None:
-                scheduling.mark_gone(cell)
-
-        if callback is None:
-            if epochs is None:
-                epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
-            progress = StudyProgress(total=total, to_run=len(cells) or max_trials,
-                                     done_before=done_before, epochs=epochs, race=self.race)
-            if names is None:
-                names = self.namer.names(self.known_cells.values())
-            metric, mode = self.progress_metric
-            callback = ProgressCallback(
-                progress, interval_s=self.options.progress_interval_s, stream=self.stream,
-                on_error=on_error, metric=metric, mode=mode,
-                labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
-        run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
-        root = self.storage_root()
-        if root is not None:
-            self.tune_dirs.append(root / run_name)
-        if self.parameters is None:
-            from studies.tune_experiment import ExperimentParameters
-
-            self.parameters = ExperimentParameters()
-        run_experiment(
-            payloads, searcher=searcher, max_trials=max_trials, parameters=self.parameters,
-            name=run_name, storage=str(root) if root is not None else str(self.options.storage),
-            context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
-            resources={"cpu": float(self.study.resources.cpus),
-                       "gpu": float(self.study.resources.gpus)},
-            concurrency=self.concurrency,
-            max_failures=int(self.study.max_failures), callbacks=[callback])
-        # Tune's trials of this experiment hold reference cycles: free them before the next
-        # part starts, not whenever the collector next runs (a full collection of the
-        # driver's heap takes about 0.3 s: not worth it after a few trials)
-        if max_trials >= COLLECT_AFTER_TRIALS:
-            gc.collect()
-        return callback
-
-    @functools.cached_property
-    def progress_metric(self) -> tuple[str | None, str]:
-        """The per-epoch metric that ranks configs in the progress line: the objective when it
-        is logged every epoch, else the first variant's checkpoint-selection metric."""
-        objective = self.study.objective
-        if objective is not None and objective.metric.startswith(("val/", "train/")):
-            return objective.metric, objective.mode
-        first = self.study.variant_names[0]
-        return (self.study.variant_value(first, "eval.selection"),
-                self.study.variant_value(first, "eval.selection_mode", "max"))
-
-    def run_optuna_blocks(self, total: int, done_before: int) -> None:
-        """Every optuna block of the design, in order (their cells become known cells)."""
-        if not self.study.optuna_blocks:
-            return
-        from studies.optuna_rounds import run_optuna_block
-
-        for index, block in self.study.optuna_blocks:
-            run_optuna_block(
-                self.study, index, block, study_name=self.name, study_dir=self.study_dir,
-                smoke=self.options.smoke, tracking=self.tracking,
-                run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before))
-
-
-#: most trials in one Tune experiment. Tune keeps every trial of an experiment in the driver's
-#: memory (about 0.15 MB each, measured) and rewrites its experiment state as trials end, so
-#: a longer list of cells runs as consecutive experiments of whole configs: the driver's
-#: memory stays bounded over a study of any size, for a few seconds of start per part.
-MAX_TRIALS_PER_EXPERIMENT = 1000
-#: an experiment of at least this many trials ends with a full garbage collection
-COLLECT_AFTER_TRIALS = 100
-#: how the line that starts each of several parts begins (after "[studies] ")
-PART_LINE = "experiment part"
-
-
-def experiment_parts(cells: Sequence, limit: int) -> list[list]:
-    """`cells` (config-major) cut into parts of at most `limit` cells, never inside a config
-    (its seeds run together: early stopping compares them epoch by epoch); a config of more
-    than `limit` seeds is a part of its own."""
-    configs: list[list] = []
-    for cell in cells:
-        if not configs or configs[-1][0].config_id != cell.config_id:
-            configs.append([])
-        configs[-1].append(cell)
-    parts: list[list] = []
-    for config in configs:
-        if not parts or len(parts[-1]) + len(config) > limit:
-            parts.append([])
-        parts[-1].extend(config)
-    return parts
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -496,7 +214,7 @@ def _take_lease(tracking: StudyTracking, name: str, options: RunOptions, say: Ca
     return lease
 
 
-def _run(session: _Session, cells: Sequence, study_copy: Path, leases: list) -> None:
+def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list) -> None:
     """Run the cells that the ledger says are missing, then the optuna blocks.
 
     A new study (no experiment yet) starts Ray and checks that it can run here first, so a
@@ -561,7 +279,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
         description=study_description(study.description, study.source_text),
         run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
-    session = _Session(study, name, study_dir, tracking, options, stream)
+    session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
         session.say(f"warning: tracking to a SQLite file ({tracking_uri}) with --address: "
@@ -613,7 +331,7 @@ def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     return run_study(study_copy, options)
 
 
-def _summarise(session: _Session, started: float, stream: IO[str], interrupted: bool = False) -> RunOutcome:
+def _summarise(session: StudySession, started: float, stream: IO[str], interrupted: bool = False) -> RunOutcome:
     """Every cell seen (the file's and the optuna blocks'): finished or not; closes the
     parent run. After a complete (not interrupted) run, a cell whose run is still `running`
     ended without its trial recording why: it is marked failed, so no run stays running."""

@@ -17,7 +17,8 @@ import io
 import pytest
 import yaml
 
-from studies.runner import PART_LINE, RunOptions, run_study
+from studies.runner import RunOptions, run_study
+from studies.session import PART_LINE
 
 
 def instant_fit(config, seed, on_epoch=None, checkpoint=None):
@@ -58,9 +59,9 @@ def driver_holdings() -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_driver_holds_nothing_of_an_ended_part(local_ray, tmp_path, monkeypatch):
-    import studies.runner as runner
+    import studies.session as session
 
-    monkeypatch.setattr(runner, "MAX_TRIALS_PER_EXPERIMENT", 2)
+    monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
     study = {
         "name": "driver-memory", "description": "parts of two cells",
         "base": {"data": {"name": "synthetic", "num_classes": 20},

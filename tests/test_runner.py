@@ -498,10 +498,10 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
                                                               tmp_path, monkeypatch):
     """Past MAX_TRIALS_PER_EXPERIMENT cells the runner starts one Tune experiment per part
     (whole configs), the progress counts going on across them."""
-    import studies.runner as runner
+    import studies.session as session
     import studies.tune_experiment as tune_experiment
 
-    monkeypatch.setattr(runner, "MAX_TRIALS_PER_EXPERIMENT", 2)
+    monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
     started = []
     real = tune_experiment.run_experiment
 

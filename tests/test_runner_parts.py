@@ -74,7 +74,7 @@ def test_progress_reporter_follows_tune_hooks():
 
 
 def test_long_cell_lists_run_as_experiments_of_whole_configs():
-    from studies.runner import experiment_parts
+    from studies.session import experiment_parts
 
     cells = [SimpleNamespace(config_id=f"c{c}", seed=s) for c, seeds in enumerate([3, 3, 2, 5, 1])
              for s in range(seeds)]
