@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
 from studies.errors import RunnerError
+from studies.run_options import RunOptions
 from studies.progress import format_duration
 from studies.session import StudySession
 from studies.tracking import (
@@ -58,29 +59,6 @@ __all__ = ["RunOptions", "RunOutcome", "RunnerError", "run_study", "resume_study
 SETTINGS_FILE = "run.json"
 STUDY_FILE = "study.yaml"
 SMOKE_SUFFIX = "-smoke"
-
-
-@dataclass
-class RunOptions:
-    """How to run a study (the CLI flags of `studies run`)."""
-
-    output: Path = Path("studies_out")
-    tracking_uri: str | None = None  # default: sqlite:///<output>/<name>/mlflow.db
-    address: str | None = None  # Ray cluster address; None: a local Ray instance
-    smoke: bool = False
-    dry_run: bool = False
-    report: bool = True
-    num_cpus: int | None = None  # local Ray only; default: the machine's CPUs
-    num_gpus: int | None = None  # local Ray only; default: detected
-    object_store_mb: int | None = None  # local Ray only
-    storage: str | None = None  # Tune storage (shared path or URI on a multi-node cluster)
-    fit_fn: Callable | None = None  # default: setvalued.train.fit
-    progress_interval_s: float = 30.0
-    stream: IO[str] | None = None
-    max_cells: int | None = None  # raises the study's cell limit (default: the file's, else 100,000)
-    wait: bool = False  # wait for another driver of the same study to finish instead of refusing
-    verbose: bool = False  # show the INFO logs of MLflow, alembic and Ray
-    dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
 
 
 @dataclass

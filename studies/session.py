@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import IO, Any, Iterable, Mapping, Sequence
 
 from studies.cell_queue import config_major
 from studies.checkpoints import ResumePoints
@@ -20,10 +20,8 @@ from studies.config_schedulers import session_scheduling
 from studies.progress import StudyProgress
 from studies.ray_session import RaySession
 from studies.run_names import RunNamer
+from studies.run_options import RunOptions
 from studies.tracking import StudyTracking, new_session_id
-
-if TYPE_CHECKING:
-    from studies.runner import RunOptions
 
 
 class StudySession:
