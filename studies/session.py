@@ -115,7 +115,7 @@ class StudySession:
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
                  f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
         if self.race is not None:  # the race decides which cells start: one experiment
-            self.experiment(payloads, RaceSearcher(self.race, payloads), cells, max_trials=len(cells),
+            self.experiment(RaceSearcher(self.race, payloads), cells, max_trials=len(cells),
                             total=total, done_before=done_before, names=names)
             return
         callback = None
@@ -123,9 +123,8 @@ class StudySession:
         for number, part in enumerate(parts, start=1):
             if len(parts) > 1:
                 self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
-            callback = self.experiment({c.cell_id: payloads[c.cell_id] for c in part},
-                                       CellQueueSearcher({c.cell_id: payloads[c.cell_id] for c in part}), cells,
-                                       max_trials=len(part), total=total,
+            callback = self.experiment(CellQueueSearcher({c.cell_id: payloads[c.cell_id] for c in part}),
+                                       cells, max_trials=len(part), total=total,
                                        done_before=done_before, callback=callback, names=names)
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
@@ -156,14 +155,14 @@ class StudySession:
         self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
                  f"({self.concurrency} at a time)")
         if proposals.index not in self.block_scheduling:
-            self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
+            self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
                             max_trials=proposals.max_cells, total=total, done_before=done_before)
             return
         from studies.config_schedulers.optuna_pruning import PrunerBridge
 
         scheduling.prepare([], self.concurrency)  # the actor, for the bridge
         with PrunerBridge(scheduling.actor, proposals.report_epoch):
-            self.experiment({}, ProposalSearcher(proposals, admit), [], epochs=epochs,
+            self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
                             max_trials=proposals.max_cells, total=total, done_before=done_before,
                             scheduling=scheduling)
 
@@ -192,7 +191,7 @@ class StudySession:
                             checkpoint_interval_s=self.study.checkpoint_interval_s,
                             tune_metrics=[metric] if metric else [])
 
-    def experiment(self, payloads: Mapping[str, dict], searcher, cells: Sequence, *,
+    def experiment(self, searcher, cells: Sequence, *,
                    max_trials: int, total: int, done_before: int,
                    epochs: dict[str, int] | None = None, callback=None, scheduling=None,
                    names: Mapping[str, str] | None = None):
@@ -234,7 +233,7 @@ class StudySession:
 
             self.parameters = ExperimentParameters()
         run_experiment(
-            payloads, searcher=searcher, max_trials=max_trials, parameters=self.parameters,
+            searcher, max_trials=max_trials, parameters=self.parameters,
             name=run_name, storage=str(root) if root is not None else str(self.options.storage),
             context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
             resources={"cpu": float(self.study.resources.cpus),

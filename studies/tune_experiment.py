@@ -228,26 +228,21 @@ def cell_payload(cell, resume_from: str | None = None, run_name: str | None = No
     }
 
 
-def run_experiment(cells: Mapping[str, Mapping[str, Any]], *, name: str, storage: str,
+def run_experiment(searcher: Searcher, *, max_trials: int, name: str, storage: str,
                    context: TrackingContext, fit_fn: Callable | None,
                    early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
                    concurrency: int, max_failures: int, callbacks: Sequence,
-                   searcher: Searcher | None = None, max_trials: int | None = None,
                    parameters: ExperimentParameters | None = None) -> None:
-    """Run one trial per cell in the Tune experiment `name` under `storage`, at most
-    `concurrency` at a time: the cells of `cells` (cell_id -> payload, in the order to start
-    them), or those `searcher` hands out (at most `max_trials`: a race's `RaceSearcher` starts
-    only the cells the race needs, an optuna block's `ProposalSearcher` the cells of the
-    configs it proposes), each payload in its trial's config. `parameters`: the
-    session's, so that consecutive experiments share what they pass to their trials."""
+    """Run one trial per cell that `searcher` hands out, each payload in its trial's config,
+    in the Tune experiment `name` under `storage`, at most `concurrency` at a time and at most
+    `max_trials` in all (a `CellQueueSearcher` hands out its cells in order, a race's
+    `RaceSearcher` only the cells the race needs, an optuna block's `ProposalSearcher` the
+    cells of the configs it proposes). `parameters`: the session's, so that consecutive
+    experiments share what they pass to their trials."""
     parameters = parameters or ExperimentParameters()
     with released_parameters():
         trainable = tune.with_parameters(run_cell, **parameters.references(
             context=context, fit_fn=fit_fn, early_stopping=early_stopping))
-        if searcher is None:
-            searcher = CellQueueSearcher(cells)
-        if max_trials is None:
-            max_trials = len(cells)
         tuner = tune.Tuner(
             tune.with_resources(trainable, dict(resources)),
             tune_config=tune.TuneConfig(

@@ -170,6 +170,7 @@ def test_the_coordinator_answers_a_waiting_seed_when_its_config_is_decided(local
     config's other seed reports, when it is gone for good, when the driver resolves an outside
     (Optuna) decision; with nothing new it returns 'wait' at its timeout."""
     import threading
+    import time
 
     from studies.config_schedulers.coordinator import CoordinatorClient, SchedulerActor
     from studies.config_schedulers.early_stopping import ConfigEarlyStopper
@@ -204,9 +205,10 @@ def test_the_coordinator_answers_a_waiting_seed_when_its_config_is_decided(local
     second = threading.Thread(target=lambda: answers.update(
         {1: clients[1].report_and_wait(1, {"val/loss": 0.4})}))
     second.start()
-    pending = []
-    while not pending:  # the driver's side of an Optuna pruner: resolve the pending mean
-        pending = ray.get(actor.pending.remote())
+    pending, deadline = [], time.monotonic() + 120
+    while not pending and time.monotonic() < deadline:  # the driver's side of an Optuna
+        pending = ray.get(actor.pending.remote())     # pruner: resolve the pending mean
+        time.sleep(0.05)
     assert pending == [("c", 1, pytest.approx(0.3))]
     ray.get(actor.resolve.remote([("c", 1, True)]))
     first.join(timeout=120)

@@ -505,9 +505,9 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
     started = []
     real = tune_experiment.run_experiment
 
-    def counted(cells, **kwargs):
-        started.append(sorted(cells))
-        return real(cells, **kwargs)
+    def counted(searcher, **kwargs):
+        started.append(sorted(searcher.payloads))  # the part's cells, before any is handed out
+        return real(searcher, **kwargs)
 
     monkeypatch.setattr(tune_experiment, "run_experiment", counted)
     path = scripted_study(tmp_path, "runner-parts", lrs=[0.1, 0.2, 0.3])
