@@ -267,6 +267,18 @@ COMMANDS: list[Command] = [
 ]
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("setvalued-studies")
+    except PackageNotFoundError:
+        from setvalued import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="studies",
@@ -274,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "file -> every (config, seed) cell trained on Ray Tune, tracked in "
                     "MLflow, resumable, and reported with confidence intervals.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         child = sub.add_parser(command.name, help=command.help,

@@ -8,12 +8,13 @@ what was expected.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 __all__ = ["Path_", "Problem", "Problems", "StudyError", "format_yaml_path", "line_of", "dedupe",
-           "MAX_PROBLEMS_SHOWN"]
+           "MAX_PROBLEMS_SHOWN", "did_you_mean"]
 
 #: at most this many problems are spelled out in one StudyError
 MAX_PROBLEMS_SHOWN = 8
@@ -76,6 +77,12 @@ class StudyError(ValueError):
         body = body.rstrip(" .")
         text = f"Invalid study file '{self.file}'{count}: {body}. No trial was started."
         return re.sub(r"\s*\n\s*", " ", text)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'seeds'?)"`` when a choice is close to ``word`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def line_of(lines: dict, path: Path_) -> Optional[int]:
