@@ -22,6 +22,8 @@ EPILOG = """\
 examples:
   studies run studies/catalog/quickstart.yaml --dry-run   # the cells, nothing started
   studies run studies/catalog/quickstart.yaml --smoke     # seconds: synthetic data, 1 epoch
+  studies run studies/catalog/quickstart.yaml optim.lr=0.05 seeds=[0,1]   # overrides
+  studies show studies/catalog/quickstart.yaml ce         # the resolved config of a variant
   studies run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
   studies resume quickstart                               # complete what is missing
   studies report quickstart                               # HTML + Markdown report
@@ -102,7 +104,24 @@ def _options(args: argparse.Namespace):
         progress_interval_s=getattr(args, "progress_every", 30.0),
         wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
         verbose=getattr(args, "verbose", False), dashboard=getattr(args, "dashboard", False),
+        overrides=tuple(_overrides(args)),
     )
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The `key=value` words after FILE, then those of --set (later ones win)."""
+    return list(getattr(args, "overrides", None) or []) + list(getattr(args, "set", None) or [])
+
+
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="set a value of the study file before it is validated (Hydra's convention): KEY a "
+             "dotted path from the top of the file (seeds, variants.ce.loss.k, "
+             "design.0.parameters.loss.epsilon) or inside base (optim.lr), VALUE read as YAML "
+             "(0.01, [0,1]); kept in DIR/NAME/study.yaml and run.json")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="the same as a KEY=VALUE word (repeatable)")
 
 
 def _fail(message: str) -> int:
@@ -133,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    _add_overrides(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the table of cells (config_id, seed, swept values) and "
                              "their count; start nothing")
@@ -201,6 +221,40 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
+def _show(args: argparse.Namespace) -> int:
+    import yaml
+
+    from studies.spec import StudyError, load_study
+
+    words = list(args.overrides or [])
+    variants = [word for word in words if "=" not in word]
+    try:
+        study = load_study(args.file, overrides=[w for w in words if "=" in w] + list(args.set or []))
+    except StudyError as error:
+        return _fail(str(error))
+    unknown = [name for name in variants if not study.has_variant(name)]
+    if unknown:
+        from studies.problems import did_you_mean
+
+        return _fail(f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
+                     f"expected one of: {', '.join(study.variant_names)}")
+    for name in variants or study.variant_names:
+        print(f"# variant {name} (defaults filled in; --dry-run of `studies run` lists the design's values)")
+        print(yaml.safe_dump(study.variant_config(name), sort_keys=False, allow_unicode=True,
+                             default_flow_style=None), end="")
+    return 0
+
+
+def _add_show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="VARIANT|KEY=VALUE",
+        help="the variants to print (default: every one), and KEY=VALUE overrides as for "
+             "`studies run`")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="the same as a KEY=VALUE word (repeatable)")
+
+
 def _landscape(args: argparse.Namespace) -> int:
     from studies.landscape import LandscapeError, render
 
@@ -247,6 +301,10 @@ COMMANDS: list[Command] = [
             "cell not finished yet as a Ray Tune trial, tracked in MLflow. A bad file is "
             "reported in one paragraph (exit 2) before anything starts.",
             _add_run, _run),
+    Command("show", "print the resolved trial config of each variant (or of those named)",
+            "Validate the study file (with any KEY=VALUE overrides) and print each variant's "
+            "trial config as the trainer gets it, every default filled in, as YAML.",
+            _add_show, _show),
     Command("resume", "complete an interrupted study by name",
             "Re-run DIR/NAME/study.yaml with the settings it was run with (run.json): "
             "finished cells are skipped, unfinished ones start again.",
@@ -300,7 +358,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from studies.overrides import looks_like_override
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `studies run FILE --smoke optim.lr=0.1`: argparse leaves KEY=VALUE words after a flag
+    if extra and hasattr(args, "overrides") and all(looks_like_override(word) for word in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.handler(args))
 
 

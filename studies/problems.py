@@ -54,10 +54,11 @@ class StudyError(ValueError):
     """A study file that cannot be run. ``str(err)`` is one paragraph for the user.
 
     Attributes: ``file`` (the path as given), ``problems`` (list of
-    ``(yaml_path, line or None, message)``).
+    ``(yaml_path, line or None, message)``; in place of a line, the text of where else the
+    value came from, such as ``override optim.lr=-1``).
     """
 
-    def __init__(self, file: str, problems: list[tuple[str, Optional[int], str]]):
+    def __init__(self, file: str, problems: list[tuple[str, Union[int, str, None], str]]):
         self.file = file
         self.problems = problems
         super().__init__(self._paragraph())
@@ -65,7 +66,8 @@ class StudyError(ValueError):
     def _paragraph(self) -> str:
         parts = []
         for path, line, message in self.problems[:MAX_PROBLEMS_SHOWN]:
-            where = path if line is None else f"{path} (line {line})"
+            # a line of the file, or where else the value came from (a command-line override)
+            where = path if line is None else f"{path} (line {line})" if isinstance(line, int) else f"{path} ({line})"
             parts.append(f"{where}: {message}")
         if len(self.problems) == 1:
             body = parts[0]
@@ -85,8 +87,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def line_of(lines: dict, path: Path_) -> Optional[int]:
-    """Line of the longest prefix of ``path`` that is in the file (keys compared as text)."""
+def line_of(lines: dict, path: Path_) -> Union[int, str, None]:
+    """Line of the longest prefix of ``path`` that is in the file (keys compared as text), or
+    the override that set it (``"override optim.lr=-1"``)."""
     path = tuple(path)
     for n in range(len(path), 0, -1):
         prefix = tuple(p if isinstance(p, int) else str(p) for p in path[:n])

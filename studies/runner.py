@@ -118,7 +118,7 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     from studies.space import expand, smoke_cells
     from studies.spec import load_study
 
-    study = load_study(study_file, max_cells=options.max_cells)
+    study = load_study(study_file, max_cells=options.max_cells, overrides=options.overrides)
     cells = expand(study)
     if options.smoke:
         cells = smoke_cells(cells)
@@ -126,10 +126,11 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     return study, cells, study.name + (SMOKE_SUFFIX if options.smoke else "")
 
 
-def _prepare_study_dir(study_file: str | Path, name: str,
-                       options: RunOptions) -> tuple[Path, Path, str]:
+def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
+                       resolved: str = "") -> tuple[Path, Path, str]:
     """(study folder, its copy of the study file, tracking URI): the folder made, the file
-    copied and the run's settings saved (for `studies resume`)."""
+    copied (with command-line overrides: `resolved`, the file with them applied) and the
+    run's settings saved (for `studies resume`), the overrides among them."""
     from studies.preconditions import writable_folder
 
     study_dir = study_dir_of(options.output, name)
@@ -139,7 +140,9 @@ def _prepare_study_dir(study_file: str | Path, name: str,
     try:
         study_copy = study_dir / STUDY_FILE
         source = Path(study_file).resolve()
-        if source != study_copy.resolve():
+        if options.overrides:
+            study_copy.write_text(resolved, encoding="utf-8")
+        elif source != study_copy.resolve():
             shutil.copyfile(source, study_copy)
         saved = read_settings(study_dir)
         tracking_uri = options.tracking_uri or saved.get("tracking_uri") \
@@ -147,6 +150,10 @@ def _prepare_study_dir(study_file: str | Path, name: str,
         settings = {"name": name, "source": str(saved.get("source") or source),
                     "tracking_uri": tracking_uri, "smoke": bool(options.smoke),
                     "address": options.address}
+        if options.overrides:
+            settings["overrides"] = list(options.overrides)
+        elif source == study_copy.resolve() and saved.get("overrides"):  # a resume: the copy has them
+            settings["overrides"] = saved["overrides"]
         _settings_path(study_dir).write_text(json.dumps(settings, indent=2) + "\n")
     except OSError as error:  # a full disk, a folder that changed under us
         raise RunnerError(f"cannot write the study folder {study_dir} ({error.strerror or error}); "
@@ -250,7 +257,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         _print(stream, format_cells_table(cells, study))
         return RunOutcome(0, name, cells=len(cells))
 
-    study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options)
+    study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text)
     _check_preconditions(study_dir, tracking_uri, options, cells)
     tracking = StudyTracking(
         tracking_uri, name,
