@@ -222,8 +222,7 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    import yaml
-
+    from studies.overrides import dump_yaml
     from studies.spec import StudyError, load_study
 
     words = list(args.overrides or [])
@@ -239,9 +238,8 @@ def _show(args: argparse.Namespace) -> int:
         return _fail(f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
                      f"expected one of: {', '.join(study.variant_names)}")
     for name in variants or study.variant_names:
-        print(f"# variant {name} (defaults filled in; --dry-run of `studies run` lists the design's values)")
-        print(yaml.safe_dump(study.variant_config(name), sort_keys=False, allow_unicode=True,
-                             default_flow_style=None), end="")
+        print(f"# variant {name}: its trial config, defaults filled in (the design sets more)")
+        print(dump_yaml(study.variant_config(name)), end="")
     return 0
 
 

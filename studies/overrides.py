@@ -27,7 +27,7 @@ from studies.problems import Path_, Problem, Problems, format_yaml_path
 from studies.yaml_source import read_yaml
 
 __all__ = ["Override", "parse_overrides", "apply_overrides", "resolved_text", "OVERRIDE_FORMAT",
-           "looks_like_override"]
+           "looks_like_override", "dump_yaml"]
 
 OVERRIDE_FORMAT = ("KEY=VALUE, KEY a dotted path (optim.lr, seeds, variants.ce.loss.k, "
                    "design.0.parameters.loss.epsilon) and VALUE a YAML value (0.01, [0, 1], {name: ce})")
@@ -127,15 +127,26 @@ def apply_overrides(data: dict, overrides: Sequence[Override], lines: dict) -> d
 
 
 class _Dumper(yaml.SafeDumper):
-    """Writes a published reference number as the file wrote it (`68.20`)."""
+    """Writes a published reference number as the file wrote it (`68.20`), and a list of
+    scalars on one line (`ks: [1, 5]`)."""
+
+    def represent_list(self, data):
+        flat = all(not isinstance(item, (dict, list)) for item in data)
+        return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
+_Dumper.add_representer(list, _Dumper.represent_list)
 _Dumper.add_representer(PublishedNumber, lambda dumper, number: dumper.represent_scalar(
     "tag:yaml.org,2002:float", number.text))
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML as a person writes a study file: block mappings, short lists on one line."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
 def resolved_text(data: dict, overrides: Sequence[Override], file: str) -> str:
     """The study file with its overrides applied, headed by where it came from."""
     header = [f"# {file} with the command-line overrides below applied (studies run ... KEY=VALUE):"]
     header += [f"#   {override.text}" for override in overrides]
-    return "\n".join(header) + "\n" + yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return "\n".join(header) + "\n" + dump_yaml(data)

@@ -76,3 +76,50 @@ def test_the_report_blocks_extra_metrics_pass(tmp_path, capsys):
     path = quickstart_with(tmp_path, "metrics: [test/top1, test/top5]",
                            "metrics: [test/top1, test/few/top5, test/macro_top5, best_val, epoch_time_s]")
     assert main(["run", str(path), "--dry-run"]) == 0
+
+
+def test_overrides_change_the_study_and_are_checked_by_the_same_schema(tmp_path, capsys):
+    args = ["run", str(QUICKSTART), "--dry-run"]
+    assert main(args + ["seeds=[0]", "--set", "design.1.parameters.loss.epsilon=[0.5, 2.0]"]) == 0
+    table = capsys.readouterr().out
+    assert "4 cells = 4 configs x 1 seed" in table
+    assert sorted(line.split()[-1] for line in table.splitlines() if "noised_topk" in line) == ["0.5", "2"]
+    err = refused(capsys, *args, "optim.lr=-1")  # inside base; the same message as in the file
+    assert "base.optim.lr (override optim.lr=-1): expected greater than 0, got -1" in err
+    err = refused(capsys, *args, "--set", "optim.lrr=0.1")
+    assert "base.optim.lrr (override optim.lrr=0.1): unknown field 'lrr' (did you mean 'lr'?)" in err
+    err = refused(capsys, *args, "design.5.kind=grid")
+    assert "override design.5.kind=grid: design[5] is not in the file (design is a list of 2)" in err
+    err = refused(capsys, *args, "--set", "seeds")
+    assert "override 'seeds': expected KEY=VALUE" in err
+
+
+def test_an_override_is_validated_where_the_file_wrote_the_value(tmp_path, capsys):
+    from studies.spec import load_study
+
+    study = load_study(QUICKSTART, overrides=["variants.noised_topk.loss.epsilon=0.5", "optim.lr=0.05"])
+    assert study.variant_value("noised_topk", "loss.epsilon") == 0.5
+    assert {study.variant_value(v, "optim.lr") for v in study.variant_names} == {0.05}
+    assert "#   optim.lr=0.05" in study.source_text  # the resolved file says where it came from
+    again = load_study(_write(tmp_path / "resolved.yaml", study.source_text))
+    assert [c.config_id for c in again.designed_configs] == [c.config_id for c in study.designed_configs]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_show_prints_the_resolved_config_of_a_variant(capsys):
+    import yaml
+
+    assert main(["show", str(QUICKSTART), "noised_topk", "optim.lr=0.05"]) == 0
+    out = capsys.readouterr().out
+    config = yaml.safe_load(out)
+    assert config["optim"]["lr"] == 0.05 and config["loss"]["name"] == "noised_topk"
+    assert config["optim"]["batch_size"] == 64 and "selection" in config["eval"]  # defaults filled in
+    assert out.count("# variant ") == 1
+    assert main(["show", str(QUICKSTART)]) == 0
+    assert capsys.readouterr().out.count("# variant ") == 3
+    err = refused(capsys, "show", str(QUICKSTART), "noised")
+    assert "unknown variant 'noised' (did you mean 'noised_topk'?)" in err
