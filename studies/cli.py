@@ -189,7 +189,11 @@ def _report(args: argparse.Namespace) -> int:
         from studies.api import report
     except (FileNotFoundError, ImportError) as error:
         return _fail(str(error))
-    print(report(args.name, output=args.output, tracking_uri=uri))
+    from studies.progress import activity
+
+    with activity(sys.stderr, f"building the report of {args.name} (reading its runs from MLflow)"):
+        path = report(args.name, output=args.output, tracking_uri=uri)
+    print(path)
     return 0
 
 
@@ -207,7 +211,10 @@ def _export(args: argparse.Namespace) -> int:
         return _fail(str(error))
     target = Path(args.to) if args.to else study_dir / "cells.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
-    path = export_parquet(collect(uri, args.name), target)
+    from studies.progress import activity
+
+    with activity(sys.stderr, f"exporting the cells of {args.name} (reading its runs from MLflow)"):
+        path = export_parquet(collect(uri, args.name), target)
     print(path)
     return 0
 

@@ -521,6 +521,7 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
     # three configs of two seeds: an experiment per config, its two seeds together
     assert [{cell.rsplit("-s", 1)[1] for cell in part} for part in started] == [{"0", "1"}] * 3
     assert len({cell.rsplit("-s", 1)[0] for part in started for cell in part}) == 3
-    finals = [line for line in stream.getvalue().splitlines() if line.startswith("[studies] done")]
+    # without a terminal each line starts with the time (HH:MM:SS)
+    finals = [line[9:] for line in stream.getvalue().splitlines() if line[9:].startswith("[studies] done")]
     assert finals[-1].startswith("[studies] done 6/6"), finals
     assert len({r.data.tags["studies.cell_id"] for r in child_runs(mlflow_server, "runner-parts")}) == 6
