@@ -190,6 +190,22 @@ class StudyProgress:
         elapsed = (now if now is not None else time.monotonic()) - self.started_at
         return elapsed * (1.0 - fraction) / fraction
 
+    def short_line(self, now: float | None = None) -> str:
+        """The counts for a terminal's line, zeros left out: `[studies] done 3/15, 2 running,
+        10 left | ETA 0:01:20` (a race: `done 3, ..., at most 10 left | ETA at most ...`)."""
+        done = self.done_before + len(self.finished)
+        race = self.race is not None
+        parts = [f"[studies] done {done}" + ("" if race else f"/{self.total_now()}")]
+        parts += [f"{n} {what}" for n, what in ((len(self.running), "running"), (len(self.failed), "failed"))
+                  if n]
+        left = self.left
+        if left:
+            parts.append(("at most " if race else "") + f"{left} left")
+        text = ", ".join(parts)
+        if left or self.running:
+            text += f" | ETA {'at most ' if race else ''}{format_duration(self.eta_s(now))}"
+        return text
+
     def line(self, now: float | None = None) -> str:
         done = self.done_before + len(self.finished)
         if self.race is not None:  # the total is not known in advance: an upper bound
@@ -293,9 +309,13 @@ class ProgressReporter:
     def status(self) -> str:
         """The progress line: counts, elapsed time, ETA, then the best config (on a terminal,
         cut to its width)."""
-        text = self.progress.line()
         elapsed = format_duration(time.monotonic() - self.progress.started_at)
-        text = text.replace(" | ETA", f" | elapsed {elapsed} | ETA", 1)
+        if self.live:
+            text = self.progress.short_line().replace(" | ETA", f" | {elapsed}, ETA", 1)
+            if " | " not in text:
+                text += f" | {elapsed}"
+        else:
+            text = self.progress.line().replace(" | ETA", f" | elapsed {elapsed} | ETA", 1)
         best = self.best()
         if best is not None:
             text += f" | best {best[0]} {self.metric}={best[1]:.4g}"
