@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping
 
 #: how every line of the runner starts
 PREFIX = "[studies]"
@@ -128,11 +128,20 @@ class StudyProgress:
     # an optuna block: how many cells the configs not asked yet may still add (its room times
     # the seeds); cells are added to `to_run` as their config is asked (`admit`)
     may_add: Callable[[], int] | None = None
+    _admitted: set = field(default_factory=set)  # the optuna cells counted so far
 
-    def admit(self, to_run: int, done: int = 0) -> None:
-        """An optuna config asked: `to_run` of its cells will run, `done` were finished before."""
-        self.to_run += to_run
-        self.done_before += done
+    def admit(self, to_run: Iterable[str], done: Iterable[str] = ()) -> None:
+        """An optuna config asked: the cells `to_run` will run, those `done` were finished
+        before. A cell counted already (a config asked again) is not counted twice."""
+        counted = set(self.finished) | set(self.failed) | set(self.running) | self._admitted
+        for cell in to_run:
+            if cell not in counted:
+                self.to_run += 1
+                self._admitted.add(cell)
+        for cell in done:
+            if cell not in counted:
+                self.done_before += 1
+                self._admitted.add(cell)
 
     @property
     def pending_configs_cells(self) -> int:

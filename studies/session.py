@@ -156,7 +156,7 @@ class StudySession:
             if scheduling.enabled:
                 scheduling.prepare(cells, self.concurrency)
             done, pending = self.plan_proposal(cells)
-            callback.progress.admit(len(pending), done=len(done))
+            callback.progress.admit([c.cell_id for c in pending], done=list(done))
             for cell_id, run_id in done.items():
                 proposals.cell_ended(cell_id, run_id)
             # the block's configs named against each other (a name may grow as configs come)

@@ -18,6 +18,22 @@ from studies.progress import ProgressReporter, StudyProgress
 REPO = Path(__file__).resolve().parents[1]
 
 
+def check_progress_counts(text: str) -> list[tuple[int, ...]]:
+    """The progress lines of a run's output (without a terminal) as (done, total, running,
+    failed, left): their counts add up to the total, done never falls back, and the last line
+    agrees with the summary."""
+    lines = [tuple(int(n) for n in m.groups()) for m in re.finditer(
+        r"\[studies\] done (\d+)/(\d+)(?: \(\d+ before this run\))? \| running (\d+) \| "
+        r"failed (\d+) \| left (\d+)", text)]
+    assert lines, text
+    for done, total, running, failed, left in lines:
+        assert done + running + failed + left == total, (lines, text)
+    assert [line[0] for line in lines] == sorted(line[0] for line in lines), lines
+    finished, cells = (int(n) for n in re.search(r"summary: (\d+)/(\d+) cells finished", text).groups())
+    assert lines[-1][:2] == (finished, cells) and lines[-1][2] == 0, (lines[-1], text)
+    return lines
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
