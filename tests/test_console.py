@@ -134,3 +134,35 @@ def test_the_best_config_so_far_never_goes_backwards():
     for value in (2.0, 1.0, 1.5):  # a min objective: never goes up
         low.on_trial_result(0, [], SimpleNamespace(config={"cell_id": "c-s0"}), {"val/top5": 0, "train/loss": value})
     assert low.best() == ("c", 1.0)
+
+
+def test_a_long_step_shows_its_elapsed_seconds_in_place_on_a_terminal_and_timed_lines_without():
+    import time as clock
+
+    from studies.progress import activity
+
+    plain = io.StringIO()
+    with activity(plain, "reading the runs"):
+        pass
+    first, last = plain.getvalue().splitlines()
+    assert re.match(r"^\d\d:\d\d:\d\d \[studies\] reading the runs \.\.\.$", first), first
+    assert re.match(r"^\d\d:\d\d:\d\d \[studies\] reading the runs: done in 0:00:00$", last), last
+    terminal = _Terminal()
+    with activity(terminal, "reading the runs", every_s=0.05):
+        clock.sleep(0.3)
+    text = terminal.getvalue()
+    assert text.count("\r\x1b[K[studies] reading the runs ... ") >= 2 and text.endswith("\r\x1b[K")
+    assert "\n" not in text  # erased when done: the next line takes its place
+
+
+def test_lines_on_a_terminal_fit_its_width(monkeypatch):
+    from studies import progress
+
+    monkeypatch.setattr(progress, "terminal_width", lambda stream: 40)
+    stream = _Terminal()
+    progress.say(stream, "study quickstart: 15 cells; tracking sqlite:////a/long/path/mlflow.db (experiment 1)")
+    rows = stream.getvalue().splitlines()
+    assert len(rows) > 1 and all(len(row) < 40 for row in rows), rows
+    assert " ".join(row.strip() for row in rows).startswith("[studies] study quickstart: 15 cells;")
+    reporter = _drive(_Terminal())
+    assert len(reporter.status()) < 40 and reporter.status().endswith("…")
