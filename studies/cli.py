@@ -191,7 +191,7 @@ def _report(args: argparse.Namespace) -> int:
         return _fail(str(error))
     from studies.progress import activity
 
-    with activity(sys.stderr, f"building the report of {args.name} (reading its runs from MLflow)"):
+    with activity(sys.stderr, f"report of {args.name}: reading MLflow, drawing tables and figures"):
         path = report(args.name, output=args.output, tracking_uri=uri)
     print(path)
     return 0
@@ -213,7 +213,7 @@ def _export(args: argparse.Namespace) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     from studies.progress import activity
 
-    with activity(sys.stderr, f"exporting the cells of {args.name} (reading its runs from MLflow)"):
+    with activity(sys.stderr, f"export of {args.name}: reading its runs from MLflow"):
         path = export_parquet(collect(uri, args.name), target)
     print(path)
     return 0

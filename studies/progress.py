@@ -84,8 +84,8 @@ def activity(stream: IO[str], text: str, every_s: float = 0.5) -> Iterator[None]
 
     def tick() -> None:
         while True:
-            elapsed = int(time.monotonic() - started)
-            stream.write("\r\x1b[K" + fit_line(f"{PREFIX} {text} ... {elapsed} s", width))
+            counter = f" ... {int(time.monotonic() - started)} s"  # cut the text, not the seconds
+            stream.write("\r\x1b[K" + fit_line(f"{PREFIX} {text}", width - len(counter)) + counter)
             stream.flush()
             if stop.wait(every_s):
                 return

@@ -389,7 +389,7 @@ def _build_report(tracking_uri: str, name: str, study_dir: Path, study_file: Pat
         _print(stream, f"[studies] report skipped: analysis.report is not available ({error})")
         return None
     try:
-        with activity(stream, "building the report (reading the runs from MLflow)"):
+        with activity(stream, "report: reading MLflow, drawing tables and figures"):
             path = build_report(tracking_uri, name, study_dir / "report", study_file=study_file)
     except Exception as error:  # the study's results stay in MLflow; say why, do not crash
         _print(stream, f"[studies] report failed: {type(error).__name__}: {error}")
