@@ -83,7 +83,7 @@ def test_overrides_change_the_study_and_are_checked_by_the_same_schema(tmp_path,
     assert main(args + ["seeds=[0]", "--set", "design.1.parameters.loss.epsilon=[0.5, 2.0]"]) == 0
     table = capsys.readouterr().out
     assert "4 cells = 4 configs x 1 seed" in table
-    assert sorted(line.split()[-1] for line in table.splitlines() if "noised_topk" in line) == ["0.5", "2"]
+    assert sorted(line.split()[-2] for line in table.splitlines() if "noised_topk" in line) == ["0.5", "2"]
     err = refused(capsys, *args, "optim.lr=-1")  # inside base; the same message as in the file
     assert "base.optim.lr (override optim.lr=-1): expected greater than 0, got -1" in err
     err = refused(capsys, *args, "--set", "optim.lrr=0.1")
