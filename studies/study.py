@@ -310,8 +310,9 @@ class Study(StrictModel):
             return ("design",) + tuple(path[2:])
         return tuple(path)
 
-    def line_of(self, path: Path_) -> Optional[int]:
-        """The line of the file where ``path`` (or its longest prefix in the file) is written."""
+    def line_of(self, path: Path_) -> Union[int, str, None]:
+        """The line of the file where ``path`` (or its longest prefix in the file) is written, or
+        the command-line override that set it."""
         return line_of(self._lines, self._file_path(path))
 
     def error(self, problems: list[Problem]) -> StudyError:
