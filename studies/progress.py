@@ -144,7 +144,8 @@ class StudyProgress:
                 self._admitted.add(cell)
 
     @property
-    def pending_configs_cells(self) -> int:
+    def cells_not_asked(self) -> int:
+        """The most cells an optuna block's configs not asked yet may add (0 without one)."""
         return int(self.may_add()) if self.may_add is not None else 0
 
     def total_now(self) -> int:
@@ -152,7 +153,7 @@ class StudyProgress:
         those its configs not asked yet may add (it falls as a config asked twice adds none)."""
         if self.may_add is None:
             return self.total
-        return self.done_before + self.to_run + self.pending_configs_cells
+        return self.done_before + self.to_run + self.cells_not_asked
 
     def _sync_race(self) -> None:
         """`to_run` = cells started or finished in this session + the most the race may start."""
@@ -181,11 +182,11 @@ class StudyProgress:
     def left(self) -> int:
         self._sync_race()
         return max(0, self.to_run - len(self.finished) - len(self.failed) - len(self.running)) \
-            + self.pending_configs_cells
+            + self.cells_not_asked
 
     def fraction_done(self) -> float:
         self._sync_race()
-        to_run = self.to_run + self.pending_configs_cells
+        to_run = self.to_run + self.cells_not_asked
         if to_run == 0:
             return 1.0
         partial = sum(min(1.0, done / max(1, self.epochs.get(cell, 1)))
@@ -204,7 +205,7 @@ class StudyProgress:
         10 left | ETA 0:01:20` (a race: `done 3, ..., at most 10 left | ETA at most ...`)."""
         done = self.done_before + len(self.finished)
         race = self.race is not None
-        parts = [f"[studies] done {done}" + ("" if race else f"/{self.total_now()}")]
+        parts = [f"{PREFIX} done {done}" + ("" if race else f"/{self.total_now()}")]
         parts += [f"{n} {what}" for n, what in ((len(self.running), "running"), (len(self.failed), "failed"))
                   if n]
         left = self.left
@@ -219,12 +220,12 @@ class StudyProgress:
         done = self.done_before + len(self.finished)
         if self.race is not None:  # the total is not known in advance: an upper bound
             left = self.left
-            return (f"[studies] done {done}"
+            return (f"{PREFIX} done {done}"
                     + (f" ({self.done_before} before this run)" if self.done_before else "")
                     + f" | running {len(self.running)} | failed {len(self.failed)}"
                     + f" | left at most {left} | race: {self.race.summary()}"
                     + f" | ETA at most {format_duration(self.eta_s(now))}")
-        return (f"[studies] done {done}/{self.total_now()}"
+        return (f"{PREFIX} done {done}/{self.total_now()}"
                 + (f" ({self.done_before} before this run)" if self.done_before else "")
                 + f" | running {len(self.running)} | failed {len(self.failed)}"
                 + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}")
