@@ -113,13 +113,14 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return list(getattr(args, "overrides", None) or []) + list(getattr(args, "set", None) or [])
 
 
-def _add_overrides(parser: argparse.ArgumentParser) -> None:
+def _add_overrides(parser: argparse.ArgumentParser, metavar: str = "KEY=VALUE",
+                   help: str = "kept in DIR/NAME/study.yaml and run.json") -> None:
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE",
+        "overrides", nargs="*", metavar=metavar,
         help="set a value of the study file before it is validated (Hydra's convention): KEY a "
              "dotted path from the top of the file (seeds, variants.ce.loss.k, "
              "design.0.parameters.loss.epsilon) or inside base (optim.lr), VALUE read as YAML "
-             "(0.01, [0,1]); kept in DIR/NAME/study.yaml and run.json")
+             f"(0.01, [0,1]); {help}")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="the same as a KEY=VALUE word (repeatable)")
 
@@ -154,8 +155,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
     _add_overrides(parser)
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the table of cells (config_id, seed, swept values) and "
-                             "their count; start nothing")
+                        help="print the table of cells (run name, swept values, config_id) "
+                             "and their count; start nothing")
     parser.add_argument("--smoke", action="store_true",
                         help="same losses, metrics and design on a tiny synthetic set, tiny "
                              "MLP, one epoch, CPU; runs as study NAME-smoke")
@@ -229,13 +230,13 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from studies.overrides import dump_yaml
+    from studies.overrides import dump_yaml, looks_like_override
     from studies.spec import StudyError, load_study
 
-    words = list(args.overrides or [])
-    variants = [word for word in words if "=" not in word]
+    words = _overrides(args)
+    variants = [word for word in words if not looks_like_override(word)]
     try:
-        study = load_study(args.file, overrides=[w for w in words if "=" in w] + list(args.set or []))
+        study = load_study(args.file, overrides=[word for word in words if looks_like_override(word)])
     except StudyError as error:
         return _fail(str(error))
     unknown = [name for name in variants if not study.has_variant(name)]
@@ -252,12 +253,8 @@ def _show(args: argparse.Namespace) -> int:
 
 def _add_show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
-    parser.add_argument(
-        "overrides", nargs="*", metavar="VARIANT|KEY=VALUE",
-        help="the variants to print (default: every one), and KEY=VALUE overrides as for "
-             "`studies run`")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="the same as a KEY=VALUE word (repeatable)")
+    _add_overrides(parser, "VARIANT|KEY=VALUE", "a word without '=' names a variant to print "
+                                                "(default: every one)")
 
 
 def _landscape(args: argparse.Namespace) -> int:
