@@ -18,7 +18,7 @@ import math
 import re
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["METRIC_FORMAT", "PER_EPOCH_EXTRA_METRICS", "check_metric", "parse_metric", "count_bins",
+__all__ = ["METRIC_FORMAT", "PER_EPOCH_EXTRA_METRICS", "FINAL_EXTRA_METRICS", "common_metrics", "check_metric", "parse_metric", "count_bins",
            "conformal_method_name", "conformal_level_name", "parse_conformal_metric", "check_conformal_metric",
            "parse_multilabel_metric", "is_multilabel_metric", "check_multilabel_metric"]
 
@@ -47,6 +47,21 @@ def count_bins(edges: Sequence[int]) -> list[tuple[str, int, float]]:
 #: section 4).
 PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", "epoch_time_s", "eval_time_s", "grad_nonzero",
                            "grad_nonzero_active")
+
+#: What a finished cell logs besides its test metrics: the selected epoch and its validation value.
+FINAL_EXTRA_METRICS = ("best_val", "best_epoch")
+
+
+def common_metrics(eval_section: Mapping) -> list[str]:
+    """The usual metric paths of an eval section (not every one: no conformal or multi-label
+    names), for a "did you mean" beside a mistyped path."""
+    tops = [f"top{k}" for k in eval_section.get("ks", [])]
+    avgs = [f"avg{k}" for k in eval_section.get("avgk", [])]
+    names = list(FINAL_EXTRA_METRICS) + list(PER_EPOCH_EXTRA_METRICS) + [f"train/{t}" for t in tops]
+    for split in ("val", "test"):
+        names += [f"{split}/{m}" for m in tops + [f"macro_{t}" for t in tops] + avgs + [f"{a}_size" for a in avgs]]
+        names += [f"{split}/{g}/{m}" for g in ("few", "medium", "many") for m in tops + avgs]
+    return names
 
 
 def parse_metric(metric: str) -> Optional[Mapping[str, Optional[str]]]:

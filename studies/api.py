@@ -18,7 +18,7 @@ Every function takes the same ``output`` folder and ``tracking_uri`` as the comm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import IO, Optional, Union
+from typing import IO, Optional, Sequence, Union
 
 __all__ = ["load", "cells", "dry_run", "run", "resume", "locate", "collect", "report", "DEFAULT_OUTPUT"]
 
@@ -26,11 +26,12 @@ DEFAULT_OUTPUT = "studies_out"
 PathLike = Union[str, Path]
 
 
-def load(path: PathLike, max_cells: Optional[int] = None):
-    """The validated :class:`~studies.study.Study` of a study file (raises ``StudyError``)."""
+def load(path: PathLike, max_cells: Optional[int] = None, overrides: Sequence[str] = ()):
+    """The validated :class:`~studies.study.Study` of a study file (raises ``StudyError``);
+    ``overrides``: ``key=value`` strings as on the command line (``["optim.lr=0.01"]``)."""
     from studies.spec import load_study
 
-    return load_study(path, max_cells=max_cells)
+    return load_study(path, max_cells=max_cells, overrides=overrides)
 
 
 def cells(study, smoke: bool = False) -> list:
@@ -57,13 +58,16 @@ def _options(output: PathLike, tracking_uri: Optional[str], **given):
 
 def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
         address: Optional[str] = None, smoke: bool = False, report: bool = True,
-        num_cpus: Optional[int] = None, storage: Optional[str] = None, stream: Optional[IO[str]] = None):
-    """Run (or complete) a study file, as ``studies run``; returns the ``RunOutcome``
-    (``exit_code``, ``study_name``, ``finished``, ``failed``, ``report_path``...)."""
+        num_cpus: Optional[int] = None, storage: Optional[str] = None, stream: Optional[IO[str]] = None,
+        overrides: Sequence[str] = ()):
+    """Run (or complete) a study file, as ``studies run`` (``overrides``: its ``key=value``
+    words); returns the ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``,
+    ``report_path``...)."""
     from studies.runner import run_study
 
     return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke, report=report,
-                                    num_cpus=num_cpus, storage=storage, stream=stream))
+                                    num_cpus=num_cpus, storage=storage, stream=stream,
+                                    overrides=tuple(overrides)))
 
 
 def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,

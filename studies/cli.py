@@ -22,6 +22,8 @@ EPILOG = """\
 examples:
   studies run studies/catalog/quickstart.yaml --dry-run   # the cells, nothing started
   studies run studies/catalog/quickstart.yaml --smoke     # seconds: synthetic data, 1 epoch
+  studies run studies/catalog/quickstart.yaml optim.lr=0.05 seeds=[0,1]   # overrides
+  studies show studies/catalog/quickstart.yaml ce         # the resolved config of a variant
   studies run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
   studies resume quickstart                               # complete what is missing
   studies report quickstart                               # HTML + Markdown report
@@ -102,7 +104,25 @@ def _options(args: argparse.Namespace):
         progress_interval_s=getattr(args, "progress_every", 30.0),
         wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
         verbose=getattr(args, "verbose", False), dashboard=getattr(args, "dashboard", False),
+        overrides=tuple(_overrides(args)),
     )
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The `key=value` words after FILE, then those of --set (later ones win)."""
+    return list(getattr(args, "overrides", None) or []) + list(getattr(args, "set", None) or [])
+
+
+def _add_overrides(parser: argparse.ArgumentParser, metavar: str = "KEY=VALUE",
+                   help: str = "kept in DIR/NAME/study.yaml and run.json") -> None:
+    parser.add_argument(
+        "overrides", nargs="*", metavar=metavar,
+        help="set a value of the study file before it is validated (Hydra's convention): KEY a "
+             "dotted path from the top of the file (seeds, variants.ce.loss.k, "
+             "design.0.parameters.loss.epsilon) or inside base (optim.lr), VALUE read as YAML "
+             f"(0.01, [0,1]); {help}")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="the same as a KEY=VALUE word (repeatable)")
 
 
 def _fail(message: str) -> int:
@@ -133,9 +153,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    _add_overrides(parser)
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the table of cells (config_id, seed, swept values) and "
-                             "their count; start nothing")
+                        help="print the table of cells (run name, swept values, config_id) "
+                             "and their count; start nothing")
     parser.add_argument("--smoke", action="store_true",
                         help="same losses, metrics and design on a tiny synthetic set, tiny "
                              "MLP, one epoch, CPU; runs as study NAME-smoke")
@@ -169,7 +190,11 @@ def _report(args: argparse.Namespace) -> int:
         from studies.api import report
     except (FileNotFoundError, ImportError) as error:
         return _fail(str(error))
-    print(report(args.name, output=args.output, tracking_uri=uri))
+    from studies.progress import activity
+
+    with activity(sys.stderr, f"report of {args.name}: reading MLflow, drawing tables and figures"):
+        path = report(args.name, output=args.output, tracking_uri=uri)
+    print(path)
     return 0
 
 
@@ -187,7 +212,10 @@ def _export(args: argparse.Namespace) -> int:
         return _fail(str(error))
     target = Path(args.to) if args.to else study_dir / "cells.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
-    path = export_parquet(collect(uri, args.name), target)
+    from studies.progress import activity
+
+    with activity(sys.stderr, f"export of {args.name}: reading its runs from MLflow"):
+        path = export_parquet(collect(uri, args.name), target)
     print(path)
     return 0
 
@@ -199,6 +227,34 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
                              "failed cells go to <stem>.failed.parquet beside it)")
     _add_tracking(parser, saved=True)
     _add_output(parser)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from studies.overrides import dump_yaml, looks_like_override
+    from studies.spec import StudyError, load_study
+
+    words = _overrides(args)
+    variants = [word for word in words if not looks_like_override(word)]
+    try:
+        study = load_study(args.file, overrides=[word for word in words if looks_like_override(word)])
+    except StudyError as error:
+        return _fail(str(error))
+    unknown = [name for name in variants if not study.has_variant(name)]
+    if unknown:
+        from studies.problems import did_you_mean
+
+        return _fail(f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
+                     f"expected one of: {', '.join(study.variant_names)}")
+    for name in variants or study.variant_names:
+        print(f"# variant {name}: its trial config, defaults filled in (the design sets more)")
+        print(dump_yaml(study.variant_config(name)), end="")
+    return 0
+
+
+def _add_show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    _add_overrides(parser, "VARIANT|KEY=VALUE", "a word without '=' names a variant to print "
+                                                "(default: every one)")
 
 
 def _landscape(args: argparse.Namespace) -> int:
@@ -247,6 +303,10 @@ COMMANDS: list[Command] = [
             "cell not finished yet as a Ray Tune trial, tracked in MLflow. A bad file is "
             "reported in one paragraph (exit 2) before anything starts.",
             _add_run, _run),
+    Command("show", "print the resolved trial config of each variant (or of those named)",
+            "Validate the study file (with any KEY=VALUE overrides) and print each variant's "
+            "trial config as the trainer gets it, every default filled in, as YAML.",
+            _add_show, _show),
     Command("resume", "complete an interrupted study by name",
             "Re-run DIR/NAME/study.yaml with the settings it was run with (run.json): "
             "finished cells are skipped, unfinished ones start again.",
@@ -267,6 +327,18 @@ COMMANDS: list[Command] = [
 ]
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("setvalued-studies")
+    except PackageNotFoundError:
+        from setvalued import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="studies",
@@ -274,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "file -> every (config, seed) cell trained on Ray Tune, tracked in "
                     "MLflow, resumable, and reported with confidence intervals.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         child = sub.add_parser(command.name, help=command.help,
@@ -287,7 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from studies.overrides import looks_like_override
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `studies run FILE --smoke optim.lr=0.1`: argparse leaves KEY=VALUE words after a flag
+    if extra and hasattr(args, "overrides") and all(looks_like_override(word) for word in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.handler(args))
 
 

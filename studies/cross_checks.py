@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from setvalued.metric_names import PER_EPOCH_EXTRA_METRICS, check_metric, count_bins
+from setvalued.metric_names import (FINAL_EXTRA_METRICS, METRIC_FORMAT, PER_EPOCH_EXTRA_METRICS, check_metric,
+                                    common_metrics, count_bins)
 from setvalued.paths import deep_merge
 from studies.expressions import Expression, ExpressionError, parse_expression
-from studies.problems import Path_, Problem, Problems
+from studies.problems import Path_, Problem, Problems, did_you_mean
 from studies.study import DEFAULT_VARIANT, Asha, EarlyStopping, Objective, ReportSetSizes, Study
 from studies.trial_config import validate_config
 
@@ -178,6 +179,7 @@ def check_study(study: Study) -> None:
                 problems.append(Problem(("report", key, i), f"no variant computes {base} "
                                         f"{'per bin of training images' if key == 'count_bins' else 'per class'}: "
                                         f"{reasons[0]}"))
+    problems += _report_metric_problems(study, configs)
     for i, metric in enumerate(study.report.learning_curves or []):
         if metric in PER_EPOCH_EXTRA_METRICS:
             continue
@@ -195,6 +197,38 @@ def check_study(study: Study) -> None:
                                         f"{row.variant!r}; expected one of: {', '.join(names)}"))
     if problems:
         raise Problems(problems)
+
+
+def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+    """The metric paths of the report's tables, curves and comparison: each one some variant
+    logs (a typo such as ``tset/top5`` would leave its column out of the report)."""
+    report = study.report
+    used: list[tuple[Path_, Any]] = []
+    for i, table in enumerate(report.tables or []):
+        used += [(("report", "tables", i, "metrics", j), m) for j, m in enumerate(table.metrics)]
+    used += [(("report", "curves", i, "metric"), c.metric) for i, c in enumerate(report.curves or [])]
+    if report.compare is not None:
+        used += [(("report", "compare", "metrics", j), m) for j, m in enumerate(report.compare.metrics or [])]
+    problems = []
+    for path, metric in used:
+        if metric in FINAL_EXTRA_METRICS or metric in PER_EPOCH_EXTRA_METRICS:
+            continue
+        reasons = []
+        for config in configs.values():
+            splits = ("val", "test", "train")
+            reason = check_metric(metric, config["eval"], splits)
+            if reason and isinstance(metric, str) and metric.endswith("_size"):  # an average-K set's size
+                reason = reason if check_metric(metric[:-len("_size")], config["eval"], splits) else None
+            if reason is None:
+                break
+            reasons.append(reason)
+        else:
+            known = sorted({m for config in configs.values() for m in common_metrics(config["eval"])})
+            reason = reasons[0] if reasons else f"expected {METRIC_FORMAT}"
+            if "expected a metric path" not in reason:
+                reason += f"; expected {METRIC_FORMAT} that some variant logs"
+            problems.append(Problem(path, f"no variant logs {metric!r}{did_you_mean(metric, known)}: {reason}"))
+    return problems
 
 
 def _overlay_touches(overlay: dict, config_path: Path_) -> bool:

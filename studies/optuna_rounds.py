@@ -184,6 +184,23 @@ class OptunaProposals:
             self.ostudy.tell(proposal.number, state=TrialState.FAIL)
 
 
+    def trial_counts(self) -> dict[str, int]:
+        """How many of the block's configs Optuna holds in each state (complete, pruned, ...)."""
+        counts: dict[str, int] = {}
+        for trial in self.ostudy.get_trials(deepcopy=False):
+            state = trial.state.name.lower()
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    def best(self) -> tuple[str, float] | None:
+        """(config_id, seed mean of the objective) of the block's best complete config."""
+        try:
+            trial = self.ostudy.best_trial
+        except ValueError:  # no complete trial
+            return None
+        return trial.user_attrs.get("config_id", f"trial {trial.number}"), float(trial.value)
+
+
 def run_optuna_block(study, index: int, block, *, study_name: str, study_dir: Path,
                      smoke: bool, tracking: StudyTracking,
                      run_proposals: Callable[[OptunaProposals], None]) -> list:

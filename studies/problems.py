@@ -8,12 +8,13 @@ what was expected.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 __all__ = ["Path_", "Problem", "Problems", "StudyError", "format_yaml_path", "line_of", "dedupe",
-           "MAX_PROBLEMS_SHOWN"]
+           "MAX_PROBLEMS_SHOWN", "did_you_mean"]
 
 #: at most this many problems are spelled out in one StudyError
 MAX_PROBLEMS_SHOWN = 8
@@ -53,10 +54,11 @@ class StudyError(ValueError):
     """A study file that cannot be run. ``str(err)`` is one paragraph for the user.
 
     Attributes: ``file`` (the path as given), ``problems`` (list of
-    ``(yaml_path, line or None, message)``).
+    ``(yaml_path, line or None, message)``; in place of a line, the text of where else the
+    value came from, such as ``override optim.lr=-1``).
     """
 
-    def __init__(self, file: str, problems: list[tuple[str, Optional[int], str]]):
+    def __init__(self, file: str, problems: list[tuple[str, Union[int, str, None], str]]):
         self.file = file
         self.problems = problems
         super().__init__(self._paragraph())
@@ -64,7 +66,8 @@ class StudyError(ValueError):
     def _paragraph(self) -> str:
         parts = []
         for path, line, message in self.problems[:MAX_PROBLEMS_SHOWN]:
-            where = path if line is None else f"{path} (line {line})"
+            # a line of the file, or where else the value came from (a command-line override)
+            where = path if line is None else f"{path} (line {line})" if isinstance(line, int) else f"{path} ({line})"
             parts.append(f"{where}: {message}")
         if len(self.problems) == 1:
             body = parts[0]
@@ -78,8 +81,15 @@ class StudyError(ValueError):
         return re.sub(r"\s*\n\s*", " ", text)
 
 
-def line_of(lines: dict, path: Path_) -> Optional[int]:
-    """Line of the longest prefix of ``path`` that is in the file (keys compared as text)."""
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'seeds'?)"`` when a choice is close to ``word`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def line_of(lines: dict, path: Path_) -> Union[int, str, None]:
+    """Line of the longest prefix of ``path`` that is in the file (keys compared as text), or
+    the override that set it (``"override optim.lr=-1"``)."""
     path = tuple(path)
     for n in range(len(path), 0, -1):
         prefix = tuple(p if isinstance(p, int) else str(p) for p in path[:n])

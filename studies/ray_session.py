@@ -97,7 +97,9 @@ class RaySession:
             )
             if not self.address:
                 raise RunnerError(message)
-            print(f"[studies] warning: {message}", file=stream, flush=True)
+            from studies.progress import say
+
+            say(stream, f"warning: {message}")
             slots = 1
         return slots
 

@@ -28,4 +28,5 @@ class RunOptions:
     max_cells: int | None = None  # raises the study's cell limit (default: the file's, else 100,000)
     wait: bool = False  # wait for another driver of the same study to finish instead of refusing
     verbose: bool = False  # show the INFO logs of MLflow, alembic and Ray
+    overrides: tuple[str, ...] = ()  # `key=value` words applied to the study file (studies.overrides)
     dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address

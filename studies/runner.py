@@ -42,7 +42,7 @@ from typing import IO, Any, Callable, Sequence
 
 from studies.errors import RunnerError
 from studies.run_options import RunOptions
-from studies.progress import format_duration
+from studies.progress import activity, format_duration, plain_line
 from studies.session import StudySession
 from studies.tracking import (
     STATUS_FINISHED,
@@ -79,7 +79,8 @@ def study_dir_of(output: Path, name: str) -> Path:
 
 
 def _print(stream: IO[str], text: str) -> None:
-    print(text, file=stream, flush=True)
+    """A line of the runner: fitted to a terminal's width, or headed by the time."""
+    print(plain_line(text, stream), file=stream, flush=True)
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -118,7 +119,7 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     from studies.space import expand, smoke_cells
     from studies.spec import load_study
 
-    study = load_study(study_file, max_cells=options.max_cells)
+    study = load_study(study_file, max_cells=options.max_cells, overrides=options.overrides)
     cells = expand(study)
     if options.smoke:
         cells = smoke_cells(cells)
@@ -126,10 +127,11 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     return study, cells, study.name + (SMOKE_SUFFIX if options.smoke else "")
 
 
-def _prepare_study_dir(study_file: str | Path, name: str,
-                       options: RunOptions) -> tuple[Path, Path, str]:
+def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
+                       resolved: str = "") -> tuple[Path, Path, str]:
     """(study folder, its copy of the study file, tracking URI): the folder made, the file
-    copied and the run's settings saved (for `studies resume`)."""
+    copied (with command-line overrides: `resolved`, the file with them applied) and the
+    run's settings saved (for `studies resume`), the overrides among them."""
     from studies.preconditions import writable_folder
 
     study_dir = study_dir_of(options.output, name)
@@ -139,7 +141,9 @@ def _prepare_study_dir(study_file: str | Path, name: str,
     try:
         study_copy = study_dir / STUDY_FILE
         source = Path(study_file).resolve()
-        if source != study_copy.resolve():
+        if options.overrides:
+            study_copy.write_text(resolved, encoding="utf-8")
+        elif source != study_copy.resolve():
             shutil.copyfile(source, study_copy)
         saved = read_settings(study_dir)
         tracking_uri = options.tracking_uri or saved.get("tracking_uri") \
@@ -147,6 +151,10 @@ def _prepare_study_dir(study_file: str | Path, name: str,
         settings = {"name": name, "source": str(saved.get("source") or source),
                     "tracking_uri": tracking_uri, "smoke": bool(options.smoke),
                     "address": options.address}
+        if options.overrides:
+            settings["overrides"] = list(options.overrides)
+        elif source == study_copy.resolve() and saved.get("overrides"):  # a resume: the copy has them
+            settings["overrides"] = saved["overrides"]
         _settings_path(study_dir).write_text(json.dumps(settings, indent=2) + "\n")
     except OSError as error:  # a full disk, a folder that changed under us
         raise RunnerError(f"cannot write the study folder {study_dir} ({error.strerror or error}); "
@@ -247,16 +255,18 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     if options.dry_run:
         from studies.space import format_cells_table
 
-        _print(stream, format_cells_table(cells, study))
+        print(format_cells_table(cells, study), file=stream, flush=True)
         return RunOutcome(0, name, cells=len(cells))
 
-    study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options)
-    _check_preconditions(study_dir, tracking_uri, options, cells)
-    tracking = StudyTracking(
-        tracking_uri, name,
-        artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
-        description=study_description(study.description, study.source_text),
-        run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
+    with activity(stream, f"study {name}: {len(cells)} cells; checking the study folder, "
+                          f"the tracking server and the data"):
+        study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text)
+        _check_preconditions(study_dir, tracking_uri, options, cells)
+        tracking = StudyTracking(
+            tracking_uri, name,
+            artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
+            description=study_description(study.description, study.source_text),
+            run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
@@ -336,14 +346,39 @@ def _summarise(session: StudySession, started: float, stream: IO[str], interrupt
     if session.race is not None:
         _print(stream, f"[studies] race: {session.race.summary()}; {len(not_needed)} cells not "
                        f"needed (their configs were decided before their seeds)")
+    for line in _optuna_summary(session):
+        _print(stream, f"[studies] {line}")
+    names = session.namer.names(session.known_cells[i] for i in list(failed)[:20])
     for cell_id, error in list(failed.items())[:20]:
-        _print(stream, f"[studies]   {cell_id}: {error}")
+        _print(stream, f"[studies]   {names.get(cell_id, cell_id)} ({cell_id}): {error}")
     if len(failed) > 20:
         _print(stream, f"[studies]   ... and {len(failed) - 20} more")
     return RunOutcome(
         exit_code=0 if all_done else 1, study_name=session.name, study_dir=session.study_dir,
         tracking_uri=session.tracking.tracking_uri, cells=len(ids), finished=len(finished),
         failed=failed)
+
+
+def _optuna_summary(session: StudySession) -> list[str]:
+    """A line per optuna block run: its configs by the state Optuna holds (pruned ones are
+    left out of the report unless `report.show_pruned`) and its best config by name."""
+    lines = []
+    for proposals in session.proposals:
+        counts = proposals.trial_counts()
+        text = (f"optuna design[{proposals.index}]: {sum(counts.values())} configs asked: "
+                + ", ".join(f"{n} {state}" for state, n in counts.items()))
+        if counts.get("pruned"):
+            text += " (pruned configs trained fewer epochs: left out of the report unless " \
+                    "report.show_pruned)"
+        best = proposals.best()
+        if best is not None:
+            config_id, value = best
+            cells = [c for c in session.known_cells.values() if c.config_id == config_id]
+            label = session.namer.names(cells[:1]).get(cells[0].cell_id, config_id).rsplit(" s", 1)[0] \
+                if cells else config_id
+            text += f"; best {label}: {proposals.metric}={value:.4g} (seed mean)"
+        lines.append(text)
+    return lines
 
 
 def _build_report(tracking_uri: str, name: str, study_dir: Path, study_file: Path,
@@ -354,7 +389,8 @@ def _build_report(tracking_uri: str, name: str, study_dir: Path, study_file: Pat
         _print(stream, f"[studies] report skipped: analysis.report is not available ({error})")
         return None
     try:
-        path = build_report(tracking_uri, name, study_dir / "report", study_file=study_file)
+        with activity(stream, "report: reading MLflow, drawing tables and figures"):
+            path = build_report(tracking_uri, name, study_dir / "report", study_file=study_file)
     except Exception as error:  # the study's results stay in MLflow; say why, do not crash
         _print(stream, f"[studies] report failed: {type(error).__name__}: {error}")
         return None

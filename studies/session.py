@@ -17,7 +17,7 @@ from typing import IO, Any, Iterable, Mapping, Sequence
 from studies.cell_queue import config_major
 from studies.checkpoints import ResumePoints
 from studies.config_schedulers import session_scheduling
-from studies.progress import StudyProgress
+from studies.progress import StudyProgress, activity, say
 from studies.ray_session import RaySession
 from studies.run_names import RunNamer
 from studies.run_options import RunOptions
@@ -56,9 +56,11 @@ class StudySession:
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.race = None  # a racing study's race (studies.race_driver), rebuilt by `plan`
         self.parameters = None  # what its Tune experiments pass to their trials, put once
+        self.callback = None  # the progress line's callback: its counts go on from one experiment to the next
+        self.proposals: list = []  # the optuna blocks run (studies.optuna_rounds.OptunaProposals)
 
     def say(self, text: str) -> None:
-        print(f"[studies] {text}", file=self.stream, flush=True)
+        say(self.stream, text)
 
     def storage_root(self) -> Path | None:
         """The local (or shared) Tune storage folder; None for a URI storage."""
@@ -95,7 +97,9 @@ class StudySession:
     def start(self) -> None:
         """Start Ray, count the trial slots, refuse a config-level scheduler that cannot work
         here."""
-        self.ray.start()
+        where = f"Ray at {self.options.address}" if self.options.address else "a local Ray"
+        with activity(self.stream, f"starting {where}"):
+            self.ray.start()
         if self.ray.dashboard_url:
             self.say(f"Ray dashboard: {self.ray.dashboard_url}")
         self.concurrency = self.ray.trial_slots(self.study, self.stream)
@@ -126,6 +130,7 @@ class StudySession:
             callback = self.experiment(CellQueueSearcher({c.cell_id: payloads[c.cell_id] for c in part}),
                                        cells, max_trials=len(part), total=total,
                                        done_before=done_before, callback=callback, names=names)
+        self.callback = callback
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
         """One Tune experiment over the configs of an optuna block, asked as slots free up
@@ -134,7 +139,14 @@ class StudySession:
         from studies.tune_experiment import ProposalSearcher
 
         scheduling = self.block_scheduling.get(proposals.index, self.scheduling)
-        epochs: dict[str, int] = {}
+        self.proposals.append(proposals)
+        # the progress goes on from the cells before (done never falls back); the block's
+        # cells are counted as their configs are asked, those of configs not asked yet as
+        # the most they may add
+        callback = self.callback or self.progress_callback([], total=total, done_before=done_before,
+                                                           epochs={}, to_run=0)
+        callback.progress.may_add = lambda: proposals.max_cells
+        epochs = callback.progress.epochs
         # one scan of the storage for the checkpoints of every cell of the study; a
         # proposal (a replayed config) takes those of its cells
         self.checkpoints_left = ResumePoints.search(self.storage_root(), self.name, None)
@@ -144,9 +156,12 @@ class StudySession:
             if scheduling.enabled:
                 scheduling.prepare(cells, self.concurrency)
             done, pending = self.plan_proposal(cells)
+            callback.progress.admit([c.cell_id for c in pending], done=list(done))
             for cell_id, run_id in done.items():
                 proposals.cell_ended(cell_id, run_id)
-            names = self.namer.names(pending)
+            # the block's configs named against each other (a name may grow as configs come)
+            names = self.namer.names(proposals.cells_used)
+            callback.add_labels({cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
             resume_from = self.resume.folders()
             for cell in pending:
                 epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
@@ -155,16 +170,18 @@ class StudySession:
         self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
                  f"({self.concurrency} at a time)")
         if proposals.index not in self.block_scheduling:
-            self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
-                            max_trials=proposals.max_cells, total=total, done_before=done_before)
+            self.callback = self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
+                                            max_trials=proposals.max_cells, total=total,
+                                            done_before=done_before, callback=callback)
             return
         from studies.config_schedulers.optuna_pruning import PrunerBridge
 
         scheduling.prepare([], self.concurrency)  # the actor, for the bridge
         with PrunerBridge(scheduling.actor, proposals.report_epoch):
-            self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
-                            max_trials=proposals.max_cells, total=total, done_before=done_before,
-                            scheduling=scheduling)
+            self.callback = self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
+                                            max_trials=proposals.max_cells, total=total,
+                                            done_before=done_before, scheduling=scheduling,
+                                            callback=callback)
 
     def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
         """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
@@ -200,7 +217,7 @@ class StudySession:
         counts go on; else a new one over `cells`), the config-level scheduler (`scheduling`,
         default the study's) and the study's resources; `names`: the run names of the known
         cells when the caller has them. Returns the progress callback."""
-        from studies.tune_experiment import ProgressCallback, run_experiment
+        from studies.tune_experiment import run_experiment
 
         scheduling = scheduling or self.scheduling
         # a block's pruner knows the block's configs alone (told as they are proposed)
@@ -213,17 +230,9 @@ class StudySession:
                 scheduling.mark_gone(cell)
 
         if callback is None:
-            if epochs is None:
-                epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
-            progress = StudyProgress(total=total, to_run=len(cells) or max_trials,
-                                     done_before=done_before, epochs=epochs, race=self.race)
-            if names is None:
-                names = self.namer.names(self.known_cells.values())
-            metric, mode = self.progress_metric
-            callback = ProgressCallback(
-                progress, interval_s=self.options.progress_interval_s, stream=self.stream,
-                on_error=on_error, metric=metric, mode=mode,
-                labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
+            callback = self.progress_callback(cells, total=total, done_before=done_before,
+                                              epochs=epochs, names=names)
+        callback._on_error = on_error  # this experiment's scheduler learns of a failed cell
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
         root = self.storage_root()
         if root is not None:
@@ -246,6 +255,25 @@ class StudySession:
         if max_trials >= COLLECT_AFTER_TRIALS:
             gc.collect()
         return callback
+
+    def progress_callback(self, cells: Sequence, *, total: int, done_before: int,
+                          epochs: dict[str, int] | None = None, names: Mapping[str, str] | None = None,
+                          to_run: int | None = None):
+        """A new progress line (`studies.tune_experiment.ProgressCallback`) over `cells`, its
+        configs named by their run names."""
+        from studies.tune_experiment import ProgressCallback
+
+        if epochs is None:
+            epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
+        progress = StudyProgress(total=total, to_run=len(cells) if to_run is None else to_run,
+                                 done_before=done_before, epochs=epochs, race=self.race)
+        if names is None:
+            names = self.namer.names(self.known_cells.values())
+        metric, mode = self.progress_metric
+        return ProgressCallback(
+            progress, interval_s=self.options.progress_interval_s, stream=self.stream,
+            metric=metric, mode=mode,
+            labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
 
     @functools.cached_property
     def progress_metric(self) -> tuple[str | None, str]:

@@ -26,6 +26,7 @@ from studies.config_ids import canonical_json, config_id  # noqa: F401  (part of
 from studies.configs import build_config, format_value
 from studies.design import OptunaBlock
 from studies.study import Study
+from studies.run_names import run_names
 from studies.trial_config import validate_config
 
 __all__ = [
@@ -233,7 +234,8 @@ def smoke_cells(cells: list[Cell]) -> list[Cell]:
 
 
 def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
-    """The ``--dry-run`` table: config_id, seed, variant, one column per swept path; a count line.
+    """The ``--dry-run`` table: the run name (variant, what sets its config apart, seed), one
+    column per swept path, the config_id; a count line.
 
     With ``study``, optuna blocks (whose configs are proposed while the study runs) are
     listed under the table.
@@ -243,8 +245,9 @@ def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
         for path in cell.swept:
             if path not in paths:
                 paths.append(path)
-    header = ["config_id", "seed", "variant"] + paths
-    rows = [[c.config_id, str(c.seed), c.variant] + [format_value(c.swept[p]) if p in c.swept else "-" for p in paths]
+    names = run_names(cells)  # what MLflow's run list will show
+    header = ["run name"] + paths + ["config_id"]
+    rows = [[names[c.cell_id]] + [format_value(c.swept[p]) if p in c.swept else "-" for p in paths] + [c.config_id]
             for c in cells]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]

@@ -21,12 +21,13 @@ mistake does not cascade into many messages:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from pydantic import ValidationError
 
 from studies.configs import design_configs
 from studies.cross_checks import check_study
+from studies.overrides import apply_overrides, parse_overrides, resolved_text
 from studies.problems import Path_, Problem, Problems, StudyError, dedupe, format_yaml_path, line_of
 from studies.study import DEFAULT_MAX_CELLS, Study, schema_problem
 from studies.yaml_source import MAX_FILE_BYTES, read_yaml
@@ -34,12 +35,13 @@ from studies.yaml_source import MAX_FILE_BYTES, read_yaml
 __all__ = ["load_study", "parse_study", "StudyError"]
 
 
-def load_study(path: Union[str, Path], max_cells: Optional[int] = None) -> Study:
+def load_study(path: Union[str, Path], max_cells: Optional[int] = None, overrides: Sequence[str] = ()) -> Study:
     """Read and validate a study file; raise :class:`StudyError` (one paragraph) when it is wrong.
 
     ``max_cells`` raises the limit on the number of cells (default: the file's ``max_cells``,
     else ``DEFAULT_MAX_CELLS``), which is checked from the design's sizes before anything is
-    built, so that a small file cannot make validation run for hours.
+    built, so that a small file cannot make validation run for hours. ``overrides``: the
+    command line's ``key=value`` words (``studies.overrides``), applied before validation.
     """
     file = str(path)
     try:
@@ -54,12 +56,14 @@ def load_study(path: Union[str, Path], max_cells: Optional[int] = None) -> Study
                                                  "YAML study file")]) from None
     except UnicodeDecodeError as err:
         raise StudyError(file, [("(file)", None, f"is not UTF-8 text ({err.reason} at byte {err.start})")]) from None
-    return parse_study(text, file, max_cells)
+    return parse_study(text, file, max_cells, overrides)
 
 
-def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = None) -> Study:
-    """Validate study-file text; ``file`` names it in the error messages (``max_cells``: see
-    :func:`load_study`)."""
+def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = None,
+                overrides: Sequence[str] = ()) -> Study:
+    """Validate study-file text; ``file`` names it in the error messages (``max_cells`` and
+    ``overrides``: see :func:`load_study`). With overrides, the study's ``source_text`` is the
+    file with them applied (``studies.overrides.resolved_text``)."""
     lines: dict = {}
     design_is_list = True
     reference_is_list = True
@@ -71,6 +75,10 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
         if not isinstance(data, dict):
             raise Problems([Problem((), f"expected a mapping with at least name, base and seeds, "
                                         f"got {type(data).__name__}")])
+        if overrides:
+            parsed = parse_overrides(overrides, Study.model_fields)
+            data = apply_overrides(data, parsed, lines)
+            text = resolved_text(data, parsed, file)
         raw = dict(data)
         design = raw.get("design")
         if isinstance(design, dict):  # one block written without the list

@@ -19,7 +19,7 @@ from analysis.report_schema import (Reference, ReferenceRow, References, Report,
 from setvalued.paths import copy_config
 from studies.design import BLOCK_CLASSES, PRUNER_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
 from studies.expressions import Expression
-from studies.problems import Path_, Problem, StudyError, dedupe, format_yaml_path, line_of
+from studies.problems import Path_, Problem, StudyError, dedupe, did_you_mean, format_yaml_path, line_of
 from studies.schema import StrictModel, fields_of, pydantic_message
 
 __all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "SeedRacing", "RaceUntil", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Asha", "Scheduler", "Report",
@@ -310,8 +310,9 @@ class Study(StrictModel):
             return ("design",) + tuple(path[2:])
         return tuple(path)
 
-    def line_of(self, path: Path_) -> Optional[int]:
-        """The line of the file where ``path`` (or its longest prefix in the file) is written."""
+    def line_of(self, path: Path_) -> Union[int, str, None]:
+        """The line of the file where ``path`` (or its longest prefix in the file) is written, or
+        the command-line override that set it."""
         return line_of(self._lines, self._file_path(path))
 
     def error(self, problems: list[Problem]) -> StudyError:
@@ -425,7 +426,8 @@ def schema_problem(e: dict, raw: dict) -> Problem:
             normal = tuple(0 if isinstance(p, int) else p for p in parent)
             model = _MODEL_AT.get(normal)
         fields = fields_of(model) if model else None
-        message = f"unknown field '{loc[-1]}'" + (f"; expected one of: {fields}" if fields else "")
+        hint = did_you_mean(loc[-1], fields.split(", ")) if fields else ""
+        message = f"unknown field '{loc[-1]}'" + hint + (f"; expected one of: {fields}" if fields else "")
     elif kind == "missing":
         message = f"missing required field '{loc[-1]}'"
     return Problem(loc, message)

@@ -26,7 +26,7 @@ from setvalued.label_kinds import label_kind_problems
 from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
 from setvalued.metric_names import check_metric
 from setvalued.params import REQUIRED, Param, ParameterError
-from studies.problems import Problem
+from studies.problems import Problem, did_you_mean
 from studies.schema import StrictModel, fields_of, pydantic_problems, short_repr
 
 __all__ = ["validate_config", "declared_param", "DATA_SCHEMAS", "TrialConfigSchema"]
@@ -152,7 +152,8 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
             problems.append(Problem(("loss", key), f"'{key}' is set by the trainer, not by the study file"))
             bad = True
         elif key not in declared:
-            problems.append(Problem(("loss", key), f"loss '{name}' has no parameter '{key}'; accepted "
+            problems.append(Problem(("loss", key), f"loss '{name}' has no parameter '{key}'"
+                                    f"{did_you_mean(key, declared)}; accepted "
                                     f"parameters: {', '.join(declared) or '(none)'}"))
             bad = True
         else:
@@ -296,5 +297,7 @@ def _unknown_field_hint(problem: Problem, model: type[BaseModel], context: str =
     if target is None or not isinstance(target, type):
         return Problem(problem.path, f"unknown field '{path[-1]}'")
     ctx = f" {context}" if context else ""
-    return Problem(problem.path, f"unknown field '{path[-1]}'{ctx}; expected one of: {fields_of(target)}")
+    fields = fields_of(target)
+    hint = did_you_mean(path[-1], fields.split(", "))
+    return Problem(problem.path, f"unknown field '{path[-1]}'{ctx}{hint}; expected one of: {fields}")
 

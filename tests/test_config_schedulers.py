@@ -472,4 +472,12 @@ def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlfl
             assert trial.value == pytest.approx(lr + 0.05 + 0.01 * expected_stop)
         states.append(trial.state)
     assert optuna.trial.TrialState.PRUNED in states, [t.params for t in trials]
+    # the summary says how many configs were pruned; the progress agrees with it
+    from tests.test_console import check_progress_counts
+
+    pruned = states.count(optuna.trial.TrialState.PRUNED)
+    text = stream.getvalue()
+    assert f"optuna design[0]: 5 configs asked: " in text and f"{pruned} pruned" in text, text
+    assert "left out of the report unless report.show_pruned" in text
+    assert check_progress_counts(text)[-1][:2] == (10, 10)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,22 @@ import pytest
 from studies.progress import ProgressReporter, StudyProgress
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def check_progress_counts(text: str) -> list[tuple[int, ...]]:
+    """The progress lines of a run's output (without a terminal) as (done, total, running,
+    failed, left): their counts add up to the total, done never falls back, and the last line
+    agrees with the summary."""
+    lines = [tuple(int(n) for n in m.groups()) for m in re.finditer(
+        r"\[studies\] done (\d+)/(\d+)(?: \(\d+ before this run\))? \| running (\d+) \| "
+        r"failed (\d+) \| left (\d+)", text)]
+    assert lines, text
+    for done, total, running, failed, left in lines:
+        assert done + running + failed + left == total, (lines, text)
+    assert [line[0] for line in lines] == sorted(line[0] for line in lines), lines
+    finished, cells = (int(n) for n in re.search(r"summary: (\d+)/(\d+) cells finished", text).groups())
+    assert lines[-1][:2] == (finished, cells) and lines[-1][2] == 0, (lines[-1], text)
+    return lines
 
 
 class _Terminal(io.StringIO):
@@ -45,9 +62,9 @@ def test_on_a_terminal_the_progress_is_one_line_rewritten_in_place():
     text = stream.getvalue()
     assert text.count("\r\x1b[K") >= 6  # every event rewrites the line
     lines = text.split("\n")
-    assert any("cell b-s0 FAILED" in line for line in lines)  # a failure gets its own line
+    assert any("cell ce s0 FAILED" in line for line in lines)  # a failure gets its own line, by name
     assert lines[-2].endswith(reporter.status()) or "done 2/3" in lines[-2]
-    # the best config is the seed mean of the latest values: ce 0.75 beats noised (0.8 + 0.6) / 2
+    # the best config is the seed mean of the seeds' best values: ce 0.75 beats noised (0.8 + 0.6) / 2
     assert reporter.best() == ("ce", pytest.approx(0.75))
 
 
@@ -58,7 +75,10 @@ def test_without_a_terminal_a_few_plain_lines_and_no_escape_sequences():
     assert "\x1b" not in text and "\r" not in text
     lines = text.strip().splitlines()
     assert len(lines) == 3, lines  # the first progress line, the failure, the final counts
-    assert lines[-1].startswith("[studies] done 2/3") and "failed 1" in lines[-1]
+    # each line starts with the time; a progress line carries the elapsed time
+    assert all(re.match(r"^\d\d:\d\d:\d\d \[studies\] ", line) for line in lines), lines
+    assert lines[-1][9:].startswith("[studies] done 2/3") and "failed 1" in lines[-1]
+    assert re.search(r"\| elapsed \d+:\d\d:\d\d \|", lines[-1]), lines[-1]
 
 
 @pytest.mark.slow
@@ -92,12 +112,57 @@ def test_a_local_run_can_show_rays_dashboard_on_loopback(tmp_path):
     assert "[studies] Ray dashboard: http://127.0.0.1:" in done.stdout, done.stdout
 
 
-def test_the_best_config_follows_each_seeds_latest_value():
-    progress = StudyProgress(total=2, to_run=2, epochs={"a-s0": 3, "b-s0": 3})
-    reporter = ProgressReporter(progress, stream=io.StringIO(), metric="val/top5", labels={"a-s0": "a", "b-s0": "b"})
-    trial = {c: SimpleNamespace(config={"cell_id": c}, last_result={}, error_file=None) for c in ("a-s0", "b-s0")}
-    reporter.on_trial_result(0, [], trial["a-s0"], {"epochs_done": 1, "val/top5": 0.9})
-    reporter.on_trial_result(0, [], trial["b-s0"], {"epochs_done": 1, "val/top5": 0.5})
-    assert reporter.best() == ("a", pytest.approx(0.9))
-    reporter.on_trial_result(0, [], trial["a-s0"], {"epochs_done": 2, "val/top5": 0.1})  # a fell back
-    assert reporter.best() == ("b", pytest.approx(0.5))
+def test_the_best_config_so_far_never_goes_backwards():
+    """A seed's value falling back (a worse epoch) does not lower the best: each seed counts its
+    best epoch, as the checkpoint selection does; a config counts once all its seeds reported."""
+    cells = ("a-s0", "a-s1", "b-s0", "b-s1")
+    progress = StudyProgress(total=4, to_run=4, epochs={c: 3 for c in cells})
+    reporter = ProgressReporter(progress, stream=io.StringIO(), metric="val/top5",
+                                labels={c: c[0] for c in cells})
+    trial = {c: SimpleNamespace(config={"cell_id": c}, last_result={}, error_file=None) for c in cells}
+    reporter.on_trial_result(0, [], trial["a-s0"], {"epochs_done": 1, "val/top5": 0.947})
+    assert reporter.best() is None  # one seed of two: a mean would fall when the other comes
+    reporter.on_trial_result(0, [], trial["a-s1"], {"epochs_done": 1, "val/top5": 0.749})
+    assert reporter.best() == ("a", pytest.approx(0.848))
+    seen = [reporter.best()[1]]
+    for cell, value in (("b-s0", 0.5), ("a-s0", 0.1), ("b-s1", 0.8), ("a-s1", 0.2), ("b-s0", 0.99)):
+        reporter.on_trial_result(0, [], trial[cell], {"epochs_done": 2, "val/top5": value})
+        seen.append(reporter.best()[1])
+    assert seen == sorted(seen) and reporter.best() == ("b", pytest.approx(0.895))
+    low = ProgressReporter(StudyProgress(total=1, to_run=1, epochs={"c-s0": 3}), stream=io.StringIO(),
+                           metric="train/loss", mode="min", labels={"c-s0": "c"})
+    for value in (2.0, 1.0, 1.5):  # a min objective: never goes up
+        low.on_trial_result(0, [], SimpleNamespace(config={"cell_id": "c-s0"}), {"val/top5": 0, "train/loss": value})
+    assert low.best() == ("c", 1.0)
+
+
+def test_a_long_step_shows_its_elapsed_seconds_in_place_on_a_terminal_and_timed_lines_without():
+    import time as clock
+
+    from studies.progress import activity
+
+    plain = io.StringIO()
+    with activity(plain, "reading the runs"):
+        pass
+    first, last = plain.getvalue().splitlines()
+    assert re.match(r"^\d\d:\d\d:\d\d \[studies\] reading the runs \.\.\.$", first), first
+    assert re.match(r"^\d\d:\d\d:\d\d \[studies\] reading the runs: done in 0:00:00$", last), last
+    terminal = _Terminal()
+    with activity(terminal, "reading the runs", every_s=0.05):
+        clock.sleep(0.3)
+    text = terminal.getvalue()
+    assert text.count("\r\x1b[K[studies] reading the runs ... ") >= 2 and text.endswith("\r\x1b[K")
+    assert "\n" not in text  # erased when done: the next line takes its place
+
+
+def test_lines_on_a_terminal_fit_its_width(monkeypatch):
+    from studies import progress
+
+    monkeypatch.setattr(progress, "terminal_width", lambda stream: 40)
+    stream = _Terminal()
+    progress.say(stream, "study quickstart: 15 cells; tracking sqlite:////a/long/path/mlflow.db (experiment 1)")
+    rows = stream.getvalue().splitlines()
+    assert len(rows) > 1 and all(len(row) < 40 for row in rows), rows
+    assert " ".join(row.strip() for row in rows).startswith("[studies] study quickstart: 15 cells;")
+    reporter = _drive(_Terminal())
+    assert len(reporter.status()) < 40 and reporter.status().endswith("…")

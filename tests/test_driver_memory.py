@@ -39,7 +39,7 @@ class PartProbe(io.StringIO):
         self.parts: list[dict[str, int]] = []
 
     def write(self, text: str) -> int:
-        if text.startswith(f"[studies] {PART_LINE} "):
+        if f"[studies] {PART_LINE} " in text:  # after the time, without a terminal
             self.parts.append(driver_holdings())
         return super().write(text)
 

@@ -445,7 +445,8 @@ def test_failed_cell_is_reported_and_does_not_stop_the_others(local_ray, mlflow_
     (failed_cell, error), = outcome.failed.items()
     assert failed_cell.endswith("-s1") and "NonFiniteLossError" in error
     text = stream.getvalue()
-    assert f"cell {failed_cell} FAILED: NonFiniteLossError" in text
+    assert "cell base lr=0.4 s1 FAILED: NonFiniteLossError" in text  # its run name, not its hash
+    assert f"base lr=0.4 s1 ({failed_cell}): " in text  # the summary names it too
     runs = {r.data.tags["studies.cell_id"]: r for r in child_runs(mlflow_server, "runner-nan")}
     assert runs[failed_cell].data.tags["studies.status"] == "failed"
     assert "epoch 1" in runs[failed_cell].data.tags["studies.error"]
@@ -469,6 +470,12 @@ def test_optuna_block_runs_every_seed_and_tells_the_seed_mean(local_ray, mlflow_
     outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit,
                                       stream=stream))
     assert outcome.exit_code == 0, stream.getvalue()
+    # the progress counts the proposals not asked yet and agrees with the summary
+    from tests.test_console import check_progress_counts
+
+    lines = check_progress_counts(stream.getvalue())
+    assert lines[0][4] > 0, lines  # left: the cells of the proposals not asked yet
+    assert "optuna design[0]: 3 configs asked: 3 complete; best base lr=" in stream.getvalue()
     storage = f"sqlite:///{tmp_path / 'out' / 'runner-optuna' / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
     trials = optuna.load_study(study_name=summary.study_name, storage=storage).trials
@@ -478,6 +485,8 @@ def test_optuna_block_runs_every_seed_and_tells_the_seed_mean(local_ray, mlflow_
     for run in runs:
         by_config.setdefault(run.data.tags["studies.config_id"], []).append(run)
     assert all(len(v) == 2 for v in by_config.values())  # every proposal on both seeds
+    # a config asked twice runs once: the last progress line counts the cells that ran
+    assert lines[-1][:2] == (len(runs), len(runs)), lines
     for trial in trials:
         assert trial.state == optuna.trial.TrialState.COMPLETE
         lr = trial.params["optim.lr"]
@@ -521,6 +530,7 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
     # three configs of two seeds: an experiment per config, its two seeds together
     assert [{cell.rsplit("-s", 1)[1] for cell in part} for part in started] == [{"0", "1"}] * 3
     assert len({cell.rsplit("-s", 1)[0] for part in started for cell in part}) == 3
-    finals = [line for line in stream.getvalue().splitlines() if line.startswith("[studies] done")]
+    # without a terminal each line starts with the time (HH:MM:SS)
+    finals = [line[9:] for line in stream.getvalue().splitlines() if line[9:].startswith("[studies] done")]
     assert finals[-1].startswith("[studies] done 6/6"), finals
     assert len({r.data.tags["studies.cell_id"] for r in child_runs(mlflow_server, "runner-parts")}) == 6

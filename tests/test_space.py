@@ -419,9 +419,10 @@ def test_cells_table_lists_every_cell_and_the_count(tmp_path: Path):
     cells = expand(study)
     table = format_cells_table(cells, study)
     lines = table.splitlines()
-    assert lines[0].split() == ["config_id", "seed", "variant", "loss.epsilon"]
-    for cell, line in zip(cells, lines[1:]):
-        assert line.split() == [cell.config_id, str(cell.seed), "base", f"{cell.swept['loss.epsilon']:g}"]
+    assert lines[0].split() == ["run", "name", "loss.epsilon", "config_id"]
+    for cell, line in zip(cells, lines[1:]):  # the run name MLflow shows, then the hash
+        epsilon = f"{cell.swept['loss.epsilon']:g}"
+        assert line.split() == ["base", f"ε={epsilon}", f"s{cell.seed}", epsilon, cell.config_id]
     assert "6 cells = 2 configs x 3 seeds" in lines
     assert lines[-1].startswith("+ design[1] (optuna, tpe): 5 proposals x 3 seeds = 15 cells")
 
