@@ -206,9 +206,17 @@ def _plan(args: argparse.Namespace) -> int:
     from studies.plan import PlanError, make_plan
     from studies.spec import StudyError
 
+    pilot_uri = None
+    if args.pilot is not None:
+        from studies.api import locate
+
+        try:
+            pilot_uri = locate(args.pilot, output=args.output, tracking_uri=args.tracking_uri)[1]
+        except FileNotFoundError as error:
+            return _fail(f"--pilot {args.pilot}: {error}")
     try:
-        print(make_plan(args.file, pilot=args.pilot, output=args.output,
-                        tracking_uri=args.tracking_uri, difference=args.difference,
+        print(make_plan(args.file, pilot=args.pilot, pilot_uri=pilot_uri,
+                        difference=args.difference,
                         half_width=args.half_width, power=args.power, gpus=args.gpus,
                         probe_steps=args.probe_steps, probe=args.probe))
     except (StudyError, PlanError) as error:

@@ -389,11 +389,12 @@ def check_flags(*, difference: float | None, half_width: float | None, power: fl
         raise PlanError(f"--probe-steps: expected at least 1, got {probe_steps}")
 
 
-def make_plan(study_file: str, *, pilot: str | None = None, output: str = "studies_output",
-              tracking_uri: str | None = None, difference: float | None = None,
+def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | None = None,
+              difference: float | None = None,
               half_width: float | None = None, power: float = 0.8, gpus: int | None = None,
               probe_steps: int = DEFAULT_PROBE_STEPS, probe: bool = True) -> str:
-    """The text of `studies plan`: the compute table, then the seeds table."""
+    """The text of `studies plan`: the compute table, then the seeds table. `pilot`: the
+    name of a study tracked at `pilot_uri` (the CLI finds it under --output)."""
     from analysis.collect import CollectError
     from studies.space import expand
     from studies.spec import load_study
@@ -405,12 +406,9 @@ def make_plan(study_file: str, *, pilot: str | None = None, output: str = "studi
     rows: list[dict] = []
     pilot_text = ""
     if pilot is not None:
-        from studies.api import locate
-
         try:
-            _, uri = locate(pilot, output=output, tracking_uri=tracking_uri)
-            rows = load_pilot(uri, pilot)
-        except (FileNotFoundError, CollectError) as error:
+            rows = load_pilot(pilot_uri, pilot)
+        except CollectError as error:
             raise PlanError(f"--pilot {pilot}: {error}") from None
         pilot_text = f"pilot: study {pilot!r}, {len(rows)} finished cells"
     times = pilot_times(rows)
@@ -446,3 +444,17 @@ def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping]
     else:
         text += f"; time: `studies plan {study.path}`"
     return text
+
+
+def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name: str) -> str:
+    """`run_estimate`, with this study's earlier runs as the pilot when its SQLite store
+    exists already (a re-run or a resume); a server or a new store is not read."""
+    rows: list[dict] = []
+    if tracking_uri.startswith("sqlite:///"):
+        path = tracking_uri[len("sqlite:///"):]
+        if os.path.exists(path):
+            try:
+                rows = load_pilot(tracking_uri, name)
+            except Exception:  # noqa: BLE001  no estimate is no reason to stop a run
+                rows = []
+    return run_estimate(study, cells, rows)

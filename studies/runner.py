@@ -252,6 +252,9 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
 
     study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options)
     _check_preconditions(study_dir, tracking_uri, options, cells)
+    from studies.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
+
+    _print(stream, "[studies] " + run_estimate_line(study, cells, tracking_uri, name))
     tracking = StudyTracking(
         tracking_uri, name,
         artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
