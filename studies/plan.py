@@ -419,7 +419,7 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     level = float(study.report.level)
     plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
                                power=power, level=level)
-    parts = [f"Plan of study {study.name} ({study_file})"]
+    parts = [f"Plan of study {study.name} ({os.path.basename(str(study_file))})"]
     if pilot_text:
         parts.append(pilot_text)
     parts += ["", "Compute", compute_table(est), "", "Seeds needed"]
