@@ -211,9 +211,9 @@ def estimate(study: Any, cells: Sequence[Any], times: Mapping[str, VariantTime],
         schedule_note = "early stopping: every epoch counted (an upper bound)"
     if getattr(study, "racing", None) is not None:
         race = study.racing
-        schedule_note = (f"racing: {race.initial} to {race.max} seeds per config; counted "
-                         f"at {race.max} (at most {1 - race.initial / race.max:.0%} saved "
-                         f"when every config is decided after {race.initial})")
+        schedule_note = (f"racing: {race.initial}-{race.max} seeds per config, counted at "
+                         f"{race.max} ({1 - race.initial / race.max:.0%} less if all are "
+                         f"decided at {race.initial})")
     for row in rows:
         if row.time.source == "unknown":
             notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); "
@@ -427,18 +427,27 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     return "\n".join(parts)
 
 
-def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping] = ()) -> str:
+def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping] = (),
+                 cpus: int | None = None, cluster: bool = False) -> str:
     """The first line of `studies run`: cells, epochs, slots, and the time when a pilot
     (an earlier session of the same study) logged its epoch times. No probe: it would
     import torch in the driver (`studies plan FILE` probes)."""
     epochs = sum(int(c.config.get("epochs", 1)) for c in cells)
     times = pilot_times(pilot_rows)
-    slots, slots_text = trial_slots(study, None)
-    if study.resources.gpus > 0:
-        slots_text = f"{slots} slot(s) per GPU"
-    text = f"estimate: {len(cells)} cells, {epochs} epochs, {slots} trial slots ({slots_text})"
-    if times and all(c.variant in times for c in cells):
-        est = estimate(study, cells, times)
+    slots, slots_text = trial_slots(study, None, cpus)
+    where = "per GPU" if study.resources.gpus > 0 else f"({slots_text})"
+    if study.scheduler.kind == "asha":
+        s = study.scheduler
+        expected = sum(asha_expected_epochs(int(c.config.get("epochs", 1)), s.grace_epochs,
+                                            s.reduction_factor) for c in cells)
+        epochs = f"{epochs} epochs ({expected:.0f} expected under ASHA)"
+    else:
+        epochs = f"{epochs} epochs"
+    text = f"estimate: {len(cells)} cells, {epochs}, {slots} trial slots {where}"
+    if cluster:
+        text = f"estimate: {len(cells)} cells, {epochs} (slots: the cluster's)"
+    if times and all(c.variant in times for c in cells) and not cluster:
+        est = estimate(study, cells, times, cpus=cpus)
         text += (f"; ~{duration_text(est.wall_s)} wall, {_number(est.gpu_hours)} GPU-hours "
                  f"(from this study's earlier runs)")
     else:
@@ -446,7 +455,8 @@ def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping]
     return text
 
 
-def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name: str) -> str:
+def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name: str,
+                      cpus: int | None = None, cluster: bool = False) -> str:
     """`run_estimate`, with this study's earlier runs as the pilot when its SQLite store
     exists already (a re-run or a resume); a server or a new store is not read."""
     rows: list[dict] = []
@@ -457,4 +467,4 @@ def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name:
                 rows = load_pilot(tracking_uri, name)
             except Exception:  # noqa: BLE001  no estimate is no reason to stop a run
                 rows = []
-    return run_estimate(study, cells, rows)
+    return run_estimate(study, cells, rows, cpus, cluster)
