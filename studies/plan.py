@@ -13,7 +13,8 @@ Compute. A cell costs  fixed + epochs x seconds per epoch:
   (`successive_halving.rungs`), a share eta^-i of the configs reaching rung i, so
   E = sum_i eta^-i (r_{i+1} - r_i) with r_0 = 0 and r_{m+1} = epochs (synchronous successive
   halving's budget; the asynchronous rule promotes a little more, so this is a lower bound);
-- racing runs `initial` to `max` seeds per config: the estimate is given for both.
+- racing runs `initial` to `max` seeds per config: counted at `max`, or with a pilot at the
+  expected seeds of races simulated on the pilot's values (`racing_expected_cells`).
 
 The cells are dealt config by config to the trial slots (the first free slot takes the next
 cell, as Ray Tune does); the wall time is that schedule's length plus the start-up
@@ -416,6 +417,13 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     if missing and probe:
         times.update(probe_times(missing, float(study.resources.cpus), probe_steps))
     est = estimate(study, cells, times, gpus=gpus)
+    raced = racing_expected_cells(study, rows, slots=est.slots)
+    if raced is not None:  # the cells of the expected seeds, the first of each config's
+        per_config, note = raced
+        keep = max(study.racing.initial, round(per_config))
+        order = {seed: i for i, seed in enumerate(study.seed_list)}
+        est = estimate(study, [c for c in cells if order[c.seed] < keep], times, gpus=gpus)
+        est.schedule_note = note
     level = float(study.report.level)
     plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
                                power=power, level=level)
@@ -468,3 +476,63 @@ def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name:
             except Exception:  # noqa: BLE001  no estimate is no reason to stop a run
                 rows = []
     return run_estimate(study, cells, rows, cpus, cluster)
+
+
+def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, races: int = 200,
+                          slots: int = 2, seed: int = 0) -> tuple[float, str] | None:
+    """The expected number of cells a racing study runs, by simulating `races` races
+    (`studies.racing.SeedRace`, the runner's rule) on values drawn from a pilot: config c,
+    seed s gives m_c + u_s + e_cs, m_c the pilot's mean of the race metric per config, u_s
+    a shared seed effect and e_cs a config's own noise, normal, their sds from the pilot's
+    two-way (config + seed) decomposition. None without a pilot of at least two configs on
+    two common seeds."""
+    import numpy as np
+
+    from studies.racing import SeedRace
+
+    race = study.racing
+    if race is None or not rows:
+        return None
+    metric = race.until.metric or (study.objective.metric if study.objective else None)
+    if metric is None or not any(metric in r for r in rows):
+        return None
+    mode = race.until.mode or (study.objective.mode if study.objective else "max")
+    values: dict[str, dict[int, float]] = {}
+    for row in rows:
+        value = row.get(metric)
+        if value is not None and math.isfinite(value):
+            values.setdefault(row["config_id"], {})[row["seed"]] = float(value)
+    common = sorted(set.intersection(*(set(v) for v in values.values()))) if values else []
+    if len(values) < 2 or len(common) < 2:
+        return None
+    x = np.array([[v[s] for s in common] for v in values.values()])
+    means = x.mean(axis=1)
+    seed_effect = x.mean(axis=0) - x.mean()
+    residual = x - means[:, None] - seed_effect[None, :]
+    df = (x.shape[0] - 1) * (x.shape[1] - 1)
+    sd_e = math.sqrt(float((residual ** 2).sum()) / df) if df else 0.0
+    sd_u = float(seed_effect.std(ddof=1)) if x.shape[1] > 1 else 0.0
+    rng = np.random.default_rng(seed)
+    ids = [str(i) for i in range(len(means))]
+    seeds = race.seed_list
+    total = 0
+    for _ in range(races):
+        draw = (means[:, None] + rng.normal(0.0, sd_u, len(seeds))[None, :]
+                + rng.normal(0.0, sd_e, (len(means), len(seeds))))
+        sim = SeedRace(ids, list(range(len(seeds))), race.initial, race.step, mode,
+                       race.until.level)
+        running: list[tuple[str, int]] = []
+        while True:
+            while len(running) < slots:
+                taken = sim.take()
+                if taken is None:
+                    break
+                running.append(taken)
+            if not running:
+                break
+            config_id, index = running.pop(int(rng.integers(len(running))))
+            sim.record(config_id, index, float(draw[int(config_id), index]))
+            total += 1
+    per_config = total / races / len(means)
+    return per_config, (f"racing, simulated on the pilot's {metric} ({races} races): "
+                        f"{per_config:.1f} of {race.max} seeds per config expected")

@@ -154,3 +154,22 @@ def test_report_gpu_hours_equal_durations_times_requested_gpus(smoke_pilot, tmp_
     ce = sum(r["duration_s"] for r in rows if r["variant"] == "ce") / 3600
     assert float(cells("ce")[3]) == pytest.approx(ce * 0.5, abs=1e-4)
     assert "Seeds to confirm each comparison" in section
+
+
+def test_racing_expected_seeds_from_a_pilot():
+    """Configs far apart are decided after few seeds (a little over the initial 3: a config
+    that finishes first is compared with the best *so far*, as the runner's race does);
+    identical configs (noise only) mostly race to max (10)."""
+    from studies.plan import racing_expected_cells
+
+    study = load_study(CATALOG / "racing_quickstart.yaml")
+    metric = study.racing.until.metric or study.objective.metric
+    rng = np.random.default_rng(1)
+    found = {}
+    for gap in (50.0, 0.0):
+        rows = [{"config_id": f"c{c}", "seed": s,
+                 metric: 0.5 + gap * c / 100 + rng.normal(0, 0.01)}
+                for c in range(5) for s in range(3)]
+        found[gap], note = racing_expected_cells(study, rows, races=40)
+        assert "racing, simulated" in note
+    assert 3.0 <= found[50.0] < 4.5 and found[0.0] > 7.5
