@@ -29,6 +29,7 @@ import heapq
 import json
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -144,11 +145,18 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
 
     from setvalued.train import probe
 
+    from studies.space import smoke_config
+
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(cpus_per_trial)))
     out: dict[str, VariantTime] = {}
     setups: list[float] = []
     try:
+        for cell in {c.variant: c for c in cells}.values():  # one-off imports, untimed
+            try:
+                probe(smoke_config(cell.config), cell.seed, 1)
+            except Exception:  # noqa: BLE001  the timed probe reports what fails
+                pass
         for cell in cells:
             if cell.variant in out:
                 continue
@@ -164,8 +172,8 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
             setups.append(result["setup_s"])
     finally:
         torch.set_num_threads(threads)
-    # the first probe's set-up includes one-off imports (the loss modules): the smallest is
-    # the set-up a cell pays
+    # a set-up may still include one-off work (the first data set of its kind): the
+    # smallest is the set-up a cell pays
     for time in out.values():
         if time.source == "probe":
             time.fixed_s += min(setups)
@@ -265,10 +273,10 @@ def compute_table(est: ComputeEstimate) -> str:
     lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}   "
                  f"wall time: {duration_text(est.wall_s)} (start-up {START_UP_S:.0f} s "
                  f"included)")
-    if est.schedule_note:
-        lines.append(est.schedule_note)
-    lines += est.notes
-    return "\n".join(_cut(line, 80) for line in lines)
+    lines = [_cut(line, 80) for line in lines]
+    for note in ([est.schedule_note] if est.schedule_note else []) + est.notes:
+        lines += textwrap.wrap(note, 80, subsequent_indent="  ")
+    return "\n".join(lines)
 
 
 def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
@@ -291,7 +299,7 @@ def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
                      f"{_number(p.observed):>7}{_number(p.sd):>6}{_number(p.difference):>7}"
                      f"{now:>6}{seeds:>6}{width:>4}")
         if p.note:
-            notes.append(f"  {label}: {p.note}")
+            notes.append(f"{label}: {p.note}")
     lines.append(f"Paired t-test, two-sided at {1 - level:.2g} (non-central t, df = n-1, ncp "
                  f"= d*sqrt(n)/sd);")
     lines.append("diff, sd, plan d in percentage points for accuracies; seeds: for the power; "
@@ -299,8 +307,10 @@ def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
     lines.append("for an interval half-width of w (default: plan d / 2).")
     sources = sorted({p.source for p in plans})
     lines += [f"source: {s}" for s in sources]
-    lines += notes
-    return "\n".join(_cut(line, 80) for line in lines)
+    lines = [_cut(line, 80) for line in lines]
+    for note in notes:
+        lines += textwrap.wrap(note, 80, initial_indent="  ", subsequent_indent="    ")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- the plan
