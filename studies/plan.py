@@ -192,7 +192,8 @@ def estimate(study: Any, cells: Sequence[Any], times: Mapping[str, VariantTime],
     durations: list[float] = []
     rows = []
     for variant, vcells in by_variant.items():
-        time = times.get(variant) or VariantTime(math.nan, math.nan, "unknown", "no time")
+        time = times.get(variant) or VariantTime(math.nan, math.nan, "unknown",
+                                                          "no pilot run of it, no probe")
         epochs_of = []
         for cell in vcells:
             epochs = int(cell.config.get("epochs", 1))
@@ -223,6 +224,12 @@ def estimate(study: Any, cells: Sequence[Any], times: Mapping[str, VariantTime],
         schedule_note = (f"racing: {race.initial}-{race.max} seeds per config, counted at "
                          f"{race.max} ({1 - race.initial / race.max:.0%} less if all are "
                          f"decided at {race.initial})")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cpus_here = os.cpu_count() or 1
+    if load > cpus_here and gpus is None and float(study.resources.gpus) == 0:
+        notes.append(f"this machine is busy (load average {load:.1f} on {cpus_here} CPUs): the "
+                     f"estimate assumes it idle; a run now takes longer, and a probe now "
+                     f"measures slower steps")
     for row in rows:
         if row.time.source == "unknown":
             notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); "
