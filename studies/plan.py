@@ -387,6 +387,38 @@ def load_pilot(uri: str, name: str) -> list[dict]:
     return collect(uri, name, histories=["epoch_time_s", "eval_time_s"]).table.to_pylist()
 
 
+@dataclass(frozen=True)
+class ProposedCell:
+    """A cell an optuna block will propose (its config is not known before it runs): timed
+    as its variant's config."""
+
+    config_id: str
+    seed: int
+    variant: str
+    config: dict
+
+
+def planned_cells(study: Any) -> list[Any]:
+    """The study's cells (`studies.space.expand`) and its optuna proposals."""
+    from studies.space import expand
+
+    return list(expand(study)) + proposed_cells(study)
+
+
+def proposed_cells(study: Any) -> list[ProposedCell]:
+    """For each optuna block, its `n_configs` proposals on every seed (as the runner counts
+    them), dealt to the block's variants in turn."""
+    cells: list[ProposedCell] = []
+    for index, block in study.optuna_blocks:
+        variants = study.block_variants(block)
+        for k in range(block.n_configs):
+            variant = variants[k % len(variants)]
+            config = study.variant_config(variant)
+            cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config)
+                      for seed in study.seed_list]
+    return cells
+
+
 class PlanError(ValueError):
     """A flag or pilot that cannot give a plan (the CLI's exit code 2)."""
 
@@ -414,13 +446,12 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     """The text of `studies plan`: the compute table, then the seeds table. `pilot`: the
     name of a study tracked at `pilot_uri` (the CLI finds it under --output)."""
     from analysis.collect import CollectError
-    from studies.space import expand
     from studies.spec import load_study
 
     check_flags(difference=difference, half_width=half_width, power=power, gpus=gpus,
                 probe_steps=probe_steps)
     study = load_study(study_file)
-    cells = expand(study)
+    cells = planned_cells(study)
     rows: list[dict] = []
     pilot_text = ""
     if pilot is not None:
@@ -448,7 +479,7 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     if pilot_text:
         parts.append(pilot_text)
     parts += ["", "Compute", compute_table(est), "", "Seeds needed"]
-    parts.append(seeds_table(plans, power, level) if plans else f"none: {reason}")
+    parts += [seeds_table(plans, power, level)] if plans else textwrap.wrap(f"none: {reason}", 80)
     return "\n".join(parts)
 
 
@@ -481,9 +512,14 @@ def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping]
 
 
 def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name: str,
-                      cpus: int | None = None, cluster: bool = False) -> str:
-    """`run_estimate`, with this study's earlier runs as the pilot when its SQLite store
-    exists already (a re-run or a resume); a server or a new store is not read."""
+                      options: Any) -> str:
+    """`run_estimate` of the run's cells (and optuna proposals, but in a smoke run) with the
+    run's options (`--num-cpus`, `--address`), this study's earlier runs as the pilot when
+    its SQLite store exists already (a re-run or a resume); a server or a new store is not
+    read."""
+    cpus, cluster = options.num_cpus, bool(options.address)
+    if not options.smoke:
+        cells = list(cells) + proposed_cells(study)
     rows: list[dict] = []
     if tracking_uri.startswith("sqlite:///"):
         path = tracking_uri[len("sqlite:///"):]

@@ -254,8 +254,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     _check_preconditions(study_dir, tracking_uri, options, cells)
     from studies.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
-    _print(stream, "[studies] " + run_estimate_line(study, cells, tracking_uri, name,
-                                                        options.num_cpus, bool(options.address)))
+    _print(stream, "[studies] " + run_estimate_line(study, cells, tracking_uri, name, options))
     tracking = StudyTracking(
         tracking_uri, name,
         artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
