@@ -26,6 +26,7 @@ from analysis.collect import Collected, collect, display_uri
 from analysis.document import Document
 from analysis.figures import build_figures
 from analysis.formatting import format_mean_ci
+from analysis.power_report import power_and_cost
 from analysis.provenance import mlflow_ui, provenance
 from analysis.pruned import leave_out_pruned
 from analysis.published import unmatched_rows
@@ -86,6 +87,7 @@ def build_report(
             doc.table(table)
         else:
             doc.paragraph(message)
+        power_and_cost(doc, results, table_metrics)
 
     results.notes += unmatched_rows(study.reference, results.rows)
     for note in results.notes:

@@ -719,3 +719,56 @@ def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dic
     if checkpoint is not None:
         trial.restore(_load_checkpoint(checkpoint))
     return trial.run(on_epoch)
+
+
+def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str, float]:
+    """Time a few training steps of one trial, for a cost estimate without training it.
+
+    Builds the trial (data, model, loss: ``setup_s``), runs one untimed warm-up step and then
+    ``steps`` timed ones (``step_s``: their mean; a loss whose cost varies from batch to batch,
+such as the smooth top-k SVM's switch between its smooth and hard paths, is averaged), and times the evaluation on a prefix of
+    the validation set (about ``steps`` evaluation batches), scaled to the whole validation
+    (``val_s``) and test set (``test_s``). ``epoch_s`` = steps per epoch x ``step_s`` +
+    ``val_s``: what ``fit`` logs as ``epoch_time_s`` plus its validation (``eval_time_s``).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    start = time.perf_counter()
+    trial = _Trial(resolve_config(config), int(seed))
+    setup_s = time.perf_counter() - start
+
+    def sync() -> None:
+        if trial.device.type == "cuda":
+            torch.cuda.synchronize(trial.device)
+
+    trial.model.train()
+    trial.loss.train()
+    times = []
+    for i, batch in enumerate(trial._epoch_batches(0)):
+        if i > steps:
+            break
+        began = time.perf_counter()
+        x, y, idx = (t.to(trial.device, non_blocking=True) for t in batch)
+        trial._train_step(x, y, idx)
+        sync()
+        times.append(time.perf_counter() - began)
+    step_s = float(np.mean(times[1:] if len(times) > 1 else times))
+    batch_size = int(trial.cfg["optim"]["batch_size"])
+    steps_per_epoch = math.ceil(len(trial.data.train) / batch_size)
+
+    eval_batch = max(2 * batch_size, 128)
+    n_val = len(trial.data.val)
+    prefix = min(n_val, steps * eval_batch)
+    trial.model.eval()
+    began = time.perf_counter()
+    with torch.no_grad():
+        for x, _, _ in _batches(trial.data.val, torch.arange(prefix), eval_batch,
+                                int(trial.cfg["data"]["num_workers"]), trial.device, 0):
+            with trial._autocast():
+                trial.model(x.to(trial.device, non_blocking=True))
+    sync()
+    per_example = (time.perf_counter() - began) / max(prefix, 1)
+    val_s = per_example * n_val
+    return {"setup_s": setup_s, "step_s": step_s, "steps_per_epoch": float(steps_per_epoch),
+            "val_s": val_s, "test_s": per_example * len(trial.data.test),
+            "epoch_s": steps_per_epoch * step_s + val_s}

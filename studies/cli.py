@@ -28,6 +28,7 @@ examples:
   studies resume quickstart                               # complete what is missing
   studies report quickstart                               # HTML + Markdown report
   studies export quickstart --to cells.parquet            # one row per finished cell
+  studies plan studies/catalog/quickstart.yaml --pilot quickstart --difference 0.5
   studies landscape --figure fig1 --out fig1.png          # a loss-landscape figure of the papers
   studies landscape --loss noised_topk --param k=2 --param epsilon=0.1,1.0
 """
@@ -257,6 +258,51 @@ def _add_show(parser: argparse.ArgumentParser) -> None:
                                                 "(default: every one)")
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from studies.plan import PlanError, make_plan
+    from studies.spec import StudyError
+
+    pilot_uri = None
+    if args.pilot is not None:
+        from studies.api import locate
+
+        try:
+            pilot_uri = locate(args.pilot, output=args.output, tracking_uri=args.tracking_uri)[1]
+        except FileNotFoundError as error:
+            return _fail(f"--pilot {args.pilot}: {error}")
+    try:
+        print(make_plan(args.file, pilot=args.pilot, pilot_uri=pilot_uri,
+                        difference=args.difference,
+                        half_width=args.half_width, power=args.power, gpus=args.gpus,
+                        probe_steps=args.probe_steps, probe=args.probe))
+    except (StudyError, PlanError) as error:
+        return _fail(str(error))
+    return 0
+
+
+def _add_plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    parser.add_argument("--pilot", default=None, metavar="NAME",
+                        help="a finished or partial study under --output whose runs give the "
+                             "seconds per epoch and the sd of the paired differences "
+                             "(default: probe a few steps; the file's reference intervals)")
+    parser.add_argument("--difference", type=float, default=None, metavar="D",
+                        help="the difference to detect, in percentage points for accuracies "
+                             "(default: the one observed)")
+    parser.add_argument("--half-width", type=float, default=None, metavar="W",
+                        help="the target half-width of the intervals (default: D / 2)")
+    parser.add_argument("--power", type=float, default=0.8, metavar="P",
+                        help="the power of the paired t-test (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=None, metavar="N",
+                        help="GPUs of the cluster the study will run on (default: 1)")
+    parser.add_argument("--probe-steps", type=int, default=10, metavar="N",
+                        help="training steps the probe times per variant (default: %(default)s)")
+    parser.add_argument("--no-probe", dest="probe", action="store_false",
+                        help="do not probe: times only from --pilot")
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
 def _landscape(args: argparse.Namespace) -> int:
     from studies.landscape import LandscapeError, render
 
@@ -318,6 +364,13 @@ COMMANDS: list[Command] = [
     Command("export", "export the finished cells to Parquet and print the path",
             "One row per finished cell: ids, the flattened config, final metrics.",
             _add_export, _export),
+    Command("plan", "how many seeds each comparison needs and what the study will cost",
+            "Seeds for a paired t-test of the given power (non-central t) and for a target "
+            "interval half-width, per comparison of the report, from a pilot study or the "
+            "file's published intervals; cells x epochs x seconds per epoch (pilot or a "
+            "probe of a few steps, no Ray) over the trial slots: GPU-hours and wall time. "
+            "docs/planning.md.",
+            _add_plan, _plan),
     Command("landscape", "draw a loss's level sets over three scores and print the path",
             "Level sets of s -> loss(s, y) over the scaled 2-simplex (L = 3, y at the top "
             "vertex), min-max rescaled per panel, computed from the registered losses (no "

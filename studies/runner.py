@@ -267,6 +267,9 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
             description=study_description(study.description, study.source_text),
             run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
+    from studies.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
+
+    _print(stream, "[studies] " + run_estimate_line(study, cells, tracking_uri, name, options))
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):

@@ -1,0 +1,85 @@
+"""The report's "Power and cost" section: the seeds a reader would need to confirm each
+paired comparison at the report's level with 80 % power (`analysis.power`, from the
+study's own per-seed paired differences), and the GPU-hours the study's runs took (their
+durations times the GPUs the study file requests per trial), per variant and in total."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from analysis.document import Document
+from analysis.formatting import swept_text
+from analysis.power import DEFAULT_POWER, run_costs, seeds_needed
+from analysis.results import StudyResults
+from analysis.stats import paired_comparisons
+from analysis.tables import Table, TableEntry
+
+
+def _resources(results: StudyResults) -> tuple[float, float]:
+    """(GPUs, CPUs) per trial from the study file's `resources` (defaults 0 and 1)."""
+    resources = results.study.data.get("resources") or {}
+    try:
+        return float(resources.get("gpus", 0.0) or 0.0), float(resources.get("cpus", 1.0) or 1.0)
+    except (TypeError, ValueError, AttributeError):
+        return 0.0, 1.0
+
+
+def power_table(results: StudyResults, metrics: Sequence[str], reference: str
+                ) -> Table | None:
+    """Seeds for DEFAULT_POWER to detect each comparison's observed difference."""
+    if not metrics:
+        return None
+    compared = paired_comparisons(results.rows, metrics, reference, results.level,
+                                  variant_paths=results.study.variant_paths()).to_pylist()
+    plans = seeds_needed(compared, power=DEFAULT_POWER, level=results.level)
+    if not plans:
+        return None
+    rows = []
+    for plan in plans:
+        seeds = "–" if plan.seeds_power is None else str(plan.seeds_power)
+        rows.append([TableEntry(plan.metric), TableEntry(plan.variant),
+                     TableEntry(swept_text(plan.swept)), TableEntry(str(plan.n_pilot)),
+                     TableEntry(f"{plan.observed:+.2f}" if math.isfinite(plan.observed) else "–"),
+                     TableEntry(f"{plan.sd:.2f}" if math.isfinite(plan.sd) else "–"),
+                     TableEntry(f"{plan.power_now:.2f}" if math.isfinite(plan.power_now) else "–"),
+                     TableEntry(seeds), TableEntry(plan.note)])
+    header = ["metric", "variant", "config (swept values)", "seeds (pairs)", "difference",
+              "sd of differences", "power now", f"seeds for {DEFAULT_POWER:.0%} power", "note"]
+    caption = (f"Seeds a paired t-test (two-sided at {1 - results.level:.2g}) needs for "
+               f"{DEFAULT_POWER:.0%} power to detect the observed difference, the sd of the "
+               f"per-seed paired differences taken as known: power(n) from the non-central t "
+               f"with df = n−1 and ncp = d·√n / sd. Differences and sds of accuracies in "
+               f"percentage points. `studies plan` gives them for a stated difference.")
+    return Table(f"Seeds to confirm each comparison against {reference!r}", header, rows,
+                 caption, label_columns=3, paper=False)
+
+
+def cost_table(results: StudyResults) -> Table:
+    """GPU- and CPU-hours per variant and in total."""
+    gpus, cpus = _resources(results)
+    costs = run_costs(results.rows, gpus, cpus)
+    rows = [[TableEntry(c.label), TableEntry(str(c.runs)), TableEntry(f"{c.hours:.4f}"),
+             TableEntry(f"{c.gpu_hours:.4f}"), TableEntry(f"{c.cpu_hours:.4f}")]
+            for c in costs]
+    caption = (f"Sum over the finished runs of their duration times the resources the study "
+               f"file requests per trial ({gpus:g} GPU, {cpus:g} CPU).")
+    return Table("Compute used", ["variant", "runs", "hours", "GPU-hours", "CPU-hours"], rows,
+                 caption, paper=False)
+
+
+def power_and_cost(doc: Document, results: StudyResults, metrics: Sequence[str]) -> None:
+    """Add the section to `doc` (after the paired comparisons)."""
+    doc.heading("Power and cost")
+    compare = results.study.report.compare
+    reference = (compare.reference if compare else None) or (
+        results.variants[0] if results.variants else None)
+    asked = (compare.metrics if compare else None) or metrics
+    metrics = [m for m in asked if m in results.metric_names]
+    table = power_table(results, metrics, reference) \
+        if len(results.variants) >= 2 and reference in results.variants else None
+    if table is not None:
+        doc.table(table)
+    else:
+        doc.paragraph("No paired comparison: no seeds to plan.", note=True)
+    doc.table(cost_table(results))

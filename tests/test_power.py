@@ -1,0 +1,93 @@
+"""analysis.power: seeds for the paired t-test's power (against scipy's non-central t and a
+simulation of synthetic paired studies), seeds for a half-width, and the cost sums."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from analysis.power import (NOTE_TOO_SMALL, paired_power, plan_comparison, run_costs,
+                            sd_of_interval, seeds_for_half_width, seeds_for_power)
+from analysis.stats import mean_ci
+
+CASES = [(0.5, 0.6, 0.8, 0.95), (0.2, 0.5, 0.8, 0.95), (1.0, 0.7, 0.9, 0.95),
+         (0.3, 0.3, 0.8, 0.99), (0.1, 0.4, 0.8, 0.90)]
+
+
+def reference_seeds(d, sd, power, level):
+    """First n >= 2 whose two-sided paired t-test reaches `power`, by scipy.stats.nct."""
+    for n in range(2, 2000):
+        c = sps.t.ppf(1 - (1 - level) / 2, n - 1)
+        delta = d * math.sqrt(n) / sd
+        if sps.nct.sf(c, n - 1, delta) + sps.nct.cdf(-c, n - 1, delta) >= power:
+            return n
+    return None
+
+
+@pytest.mark.parametrize("d,sd,power,level", CASES)
+def test_seeds_for_power_equal_the_scipy_nct_reference(d, sd, power, level):
+    n = seeds_for_power(d, sd, power, level)
+    assert n == reference_seeds(d, sd, power, level)
+    assert seeds_for_power(-d, sd, power, level) == n  # two-sided
+    assert paired_power(n, d, sd, level) >= power > paired_power(n - 1, d, sd, level)
+
+
+def test_a_large_effect_needs_two_or_three_seeds_not_nan():
+    # ncp above ~15 makes scipy's nct.cdf of the far tail NaN; the power is then ~1
+    assert paired_power(4, 1.9, 0.05) == pytest.approx(1.0)
+    assert seeds_for_power(1.9, 0.05) in (2, 3)
+
+
+@pytest.mark.parametrize("d,sd", [(0.5, 0.6), (0.3, 0.5)])
+def test_simulated_paired_studies_detect_the_difference_at_the_planned_rate(d, sd):
+    """Synthetic studies: per seed a shared seed effect plus each config's own noise, so
+    that the paired differences have sd `sd`; the paired t-test at 0.05 on the planned n
+    rejects at the planned power, within 4 Monte-Carlo standard errors."""
+    rng = np.random.default_rng(12345)
+    sims = 6000
+    n = seeds_for_power(d, sd, 0.8, 0.95)
+    for seeds in (n - 1, n):
+        seed_effect = rng.normal(0.0, 2.0, size=(sims, seeds))
+        noise = sd / math.sqrt(2)
+        a = 70.0 + d + seed_effect + rng.normal(0.0, noise, size=(sims, seeds))
+        b = 70.0 + seed_effect + rng.normal(0.0, noise, size=(sims, seeds))
+        rate = float(np.mean(sps.ttest_rel(a, b, axis=1).pvalue < 0.05))
+        expected = paired_power(seeds, d, sd, 0.95)
+        mc_error = math.sqrt(expected * (1 - expected) / sims)
+        assert abs(rate - expected) < 4 * mc_error, (seeds, rate, expected)
+    assert rate > 0.8 - 4 * mc_error
+
+
+@pytest.mark.parametrize("sd,w,level", [(0.6, 0.3, 0.95), (1.0, 0.2, 0.95), (0.4, 0.5, 0.99)])
+def test_seeds_for_half_width_is_the_first_t_interval_that_narrow(sd, w, level):
+    n = seeds_for_half_width(sd, w, level)
+    half = lambda k: sps.t.ppf((1 + level) / 2, k - 1) * sd / math.sqrt(k)  # noqa: E731
+    assert half(n) <= w
+    assert n == 2 or half(n - 1) > w
+
+
+def test_sd_of_a_published_interval_is_the_sd_behind_it():
+    values = np.random.default_rng(3).normal(0.9, 0.01, size=4)
+    interval = mean_ci(values)
+    assert sd_of_interval(interval.half_width, 4) == pytest.approx(values.std(ddof=1))
+
+
+def test_a_pilot_of_two_paired_seeds_is_too_small():
+    plan = plan_comparison("test/top5", "noised", 0.01, 0.004, 2)
+    assert plan.seeds_power is None and NOTE_TOO_SMALL in plan.note
+    plan = plan_comparison("test/top5", "noised", 0.01, 0.004, 3)
+    # in percentage points: 1.0 with sd 0.4
+    assert plan.difference == pytest.approx(1.0) and plan.sd == pytest.approx(0.4)
+    assert plan.seeds_power == seeds_for_power(1.0, 0.4) and plan.note == ""
+
+
+def test_run_costs_sum_duration_times_requested_resources():
+    rows = [{"variant": "ce", "duration_s": 3600.0}, {"variant": "ce", "duration_s": 1800.0},
+            {"variant": "svm", "duration_s": 900.0}, {"variant": "svm", "duration_s": None}]
+    costs = {c.label: c for c in run_costs(rows, gpus=0.5, cpus=4)}
+    assert costs["ce"].gpu_hours == pytest.approx(0.75)
+    assert costs["svm"].cpu_hours == pytest.approx(1.0)
+    assert costs["total"].runs == 3 and costs["total"].gpu_hours == pytest.approx(0.875)
