@@ -167,6 +167,20 @@ def _repeated_max_pays(k: int, length: int) -> bool:
     return 64 * k > length and (k <= 4 or (k <= _REPEATED_MAX_K and length >= 10 * k))
 
 
+def _fixed_shapes(values: torch.Tensor) -> bool:
+    """Whether the losses take their path of fixed shapes for ``values``: off the CPU and under
+    ``torch.compile``.
+
+    The CPU-tuned shortcuts (padding to a heap selection, repeated ``max``, pruning the classes
+    that cannot reach the top k) read a value back on the host to choose their next step: on a
+    GPU each such read waits for the device (``torch.cuda.set_sync_debug_mode`` reports it) and
+    a compiled graph cannot guard on it ("data-dependent expression"). The fixed-shape path
+    draws all B x M x L normals and runs one ``topk`` of fixed shape instead, with the same
+    value and gradient in expectation (draw by draw the same as ``exact=True``).
+    """
+    return values.device.type != "cpu" or torch.compiler.is_compiling()
+
+
 def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and index of the k-th largest entry along the last axis (no gradient).
@@ -181,9 +195,14 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
     than 64k (:func:`_repeated_max_pays`) takes k passes of ``max`` instead, setting each
     maximum found to -inf: among tied entries each pass removes one, so the k-th pass returns
     the k-th largest value.
+    NaN: ``topk`` ranks a NaN above every number, so a row holding one gets the value NaN
+    (the repeated ``max`` passes keep the NaN of their first pass to the same end).
+    :func:`_fixed_shapes` tensors take the plain ``topk`` (no value read back on the host).
     """
     length = values.shape[-1]
-    if overwrite and _repeated_max_pays(k, length):
+    if _fixed_shapes(values):
+        overwrite = False
+    elif overwrite and _repeated_max_pays(k, length):
         removed = []
         for _ in range(k - 1):
             largest, where = values.max(dim=-1, keepdim=True)
@@ -191,10 +210,13 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
             values.scatter_(-1, where, -math.inf)
         kth_values, kth_positions = values.max(dim=-1)
         if not bool(torch.isneginf(kth_values).any()):
+            if k > 1:  # a NaN is the first maximum (torch.max propagates it): NaN in, NaN out
+                first = removed[0][1].squeeze(-1)
+                kth_values = torch.where(torch.isnan(first), first, kth_values)
             return kth_values, kth_positions
         for where, largest in reversed(removed):  # fewer than k entries above -inf somewhere:
             values.scatter_(-1, where, largest)  # put them back and let topk pick a -inf entry
-    if values.device.type == "cpu" and values.is_floating_point() and _heap_selection_pays(k, length):
+    if not _fixed_shapes(values) and values.is_floating_point() and _heap_selection_pays(k, length):
         padded = F.pad(values, (0, 64 * k - length), value=-math.inf)
         top_values, top_positions = torch.topk(padded, k, dim=-1, sorted=False)
         kth_values, where = top_values.min(dim=-1, keepdim=True)
@@ -298,7 +320,7 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Scores (B, R) and class indices (B, R) of the classes that can reach the top k.
 
-    A class is kept when its score exceeds ``t - eps w``, with ``t`` the k-th largest of the
+    A class is kept when its score is at least ``t - eps w``, with ``t`` the k-th largest of the
     group maxima (a lower bound of ``s_[k]``: the k best groups each hold a class scoring at
     least t) and ``w`` from :func:`_pruning_window`, so the k-th largest of ``s + eps Z``
     over the kept classes equals the one over all classes except with probability at most
@@ -318,9 +340,11 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         return None  # the candidates would be a large share of few classes, or the draw is cheap
     reach = epsilon * _pruning_window(k, num_classes, n_samples)
     low = flat.amin(dim=1)  # (torch.aminmax is ten times slower than amin and amax on CPU)
-    if int((flat.amax(dim=1) - reach <= low).sum()) * 2 > batch:
+    narrow, nan = torch.stack([(flat.amax(dim=1) - reach <= low).sum(), low.isnan().sum()]).tolist()
+    if narrow * 2 > batch or nan:
         return None  # the cut (at most the row's max minus the reach) is below every class
-        # of most rows: nothing to prune there (scores that spread little compared to eps)
+        # of most rows: nothing to prune there (scores that spread little compared to eps);
+        # a NaN score (amin propagates it) is left to the exact path, whose topk ranks it first
     members = _group_members(num_classes, k)
     groups = num_classes // members
     grid = flat.reshape(batch, members, groups)  # class = member * groups + group
@@ -329,8 +353,11 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         cut = group_max.amax(dim=1, keepdim=True)
     else:
         cut = torch.topk(group_max, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    # Non-strict comparisons: where eps * w is below half an ulp of t, ``t - eps w`` rounds
+    # back onto t, and ``> cut`` would drop the classes scoring exactly t (then fewer than k
+    # candidates: "selected index k out of range").
     cut.sub_(reach)
-    reaching = group_max > cut
+    reaching = group_max >= cut
     if members > 1 and int(reaching.sum()) < _GROUP_COMPACTION_SHARE * reaching.numel():
         # few groups reach the cut (so every row has classes below it): list those groups,
         # then the members of each that score above the cut
@@ -339,14 +366,14 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         member_offset = torch.arange(0, num_classes, groups, device=flat.device)
         classes = (group_index.unsqueeze(1) + member_offset.view(1, -1, 1)).view(batch, -1)
         scores = flat.gather(1, classes)
-        keep = (scores > cut).view(batch, members, -1).logical_and_(~padding.unsqueeze(1))
+        keep = (scores >= cut).view(batch, members, -1).logical_and_(~padding.unsqueeze(1))
         scores, classes = _gather_kept(scores, classes, keep.view(batch, -1), num_classes)
         if scores.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
             return None
         return scores, classes
     if int((cut.squeeze(1) <= low).sum()) * 2 > batch:
         return None  # most rows have no class below the cut: nothing to prune there
-    positions, padding = _compact(flat > cut)  # most groups reach it: all classes at once
+    positions, padding = _compact(flat >= cut)  # most groups reach it: all classes at once
     if positions.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
         return None
     positions.masked_fill_(padding, 0)
@@ -363,8 +390,10 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
     ``exact=False`` draws noise only for the classes that can reach the top k
     (:func:`_pruned_candidates`); with a given ``noise`` it uses those classes' entries of
     it, so both paths agree draw by draw except with probability at most
-    ``PRUNING_FAILURE_PROBABILITY`` per example. No gradient: the callers' backward scatters
-    to the returned indices.
+    ``PRUNING_FAILURE_PROBABILITY`` per example. On a GPU and under ``torch.compile``
+    (:func:`_fixed_shapes`) it draws noise for every class, as ``exact=True`` does: no host
+    synchronisation and no shape that depends on the scores. No gradient: the callers'
+    backward scatters to the returned indices.
     """
     with torch.no_grad():
         flat = flat.detach()
@@ -373,7 +402,8 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
             # gradient (the exact s_[k] and its one-hot), without drawing noise.
             values, indices = _select_kth_largest(flat.unsqueeze(1), k)
             return values.mean(dim=-1), indices
-        pruned = None if exact else _pruned_candidates(flat, k, epsilon, n_samples)
+        fixed = exact or _fixed_shapes(flat)  # every class drawn: no shape depends on the data
+        pruned = None if fixed else _pruned_candidates(flat, k, epsilon, n_samples)
         if pruned is None:
             shifted, classes = flat, None
         else:
