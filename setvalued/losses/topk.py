@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
 
 __all__ = [
     "smooth_kth_largest",
@@ -167,20 +167,6 @@ def _repeated_max_pays(k: int, length: int) -> bool:
     return 64 * k > length and (k <= 4 or (k <= _REPEATED_MAX_K and length >= 10 * k))
 
 
-def _fixed_shapes(values: torch.Tensor) -> bool:
-    """Whether the losses take their path of fixed shapes for ``values``: off the CPU and under
-    ``torch.compile``.
-
-    The CPU-tuned shortcuts (padding to a heap selection, repeated ``max``, pruning the classes
-    that cannot reach the top k) read a value back on the host to choose their next step: on a
-    GPU each such read waits for the device (``torch.cuda.set_sync_debug_mode`` reports it) and
-    a compiled graph cannot guard on it ("data-dependent expression"). The fixed-shape path
-    draws all B x M x L normals and runs one ``topk`` of fixed shape instead, with the same
-    value and gradient in expectation (draw by draw the same as ``exact=True``).
-    """
-    return values.device.type != "cpu" or torch.compiler.is_compiling()
-
-
 def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and index of the k-th largest entry along the last axis (no gradient).
@@ -197,10 +183,10 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
     the k-th largest value.
     NaN: ``topk`` ranks a NaN above every number, so a row holding one gets the value NaN
     (the repeated ``max`` passes keep the NaN of their first pass to the same end).
-    :func:`_fixed_shapes` tensors take the plain ``topk`` (no value read back on the host).
+    :func:`~setvalued.losses.base.fixed_shapes` tensors take the plain ``topk`` (no value read back on the host).
     """
     length = values.shape[-1]
-    if _fixed_shapes(values):
+    if fixed_shapes(values):
         overwrite = False
     elif overwrite and _repeated_max_pays(k, length):
         removed = []
@@ -216,7 +202,7 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
             return kth_values, kth_positions
         for where, largest in reversed(removed):  # fewer than k entries above -inf somewhere:
             values.scatter_(-1, where, largest)  # put them back and let topk pick a -inf entry
-    if not _fixed_shapes(values) and values.is_floating_point() and _heap_selection_pays(k, length):
+    if not fixed_shapes(values) and values.is_floating_point() and _heap_selection_pays(k, length):
         padded = F.pad(values, (0, 64 * k - length), value=-math.inf)
         top_values, top_positions = torch.topk(padded, k, dim=-1, sorted=False)
         kth_values, where = top_values.min(dim=-1, keepdim=True)
@@ -391,7 +377,7 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
     (:func:`_pruned_candidates`); with a given ``noise`` it uses those classes' entries of
     it, so both paths agree draw by draw except with probability at most
     ``PRUNING_FAILURE_PROBABILITY`` per example. On a GPU and under ``torch.compile``
-    (:func:`_fixed_shapes`) it draws noise for every class, as ``exact=True`` does: no host
+    (:func:`~setvalued.losses.base.fixed_shapes`) it draws noise for every class, as ``exact=True`` does: no host
     synchronisation and no shape that depends on the scores. No gradient: the callers'
     backward scatters to the returned indices.
     """
@@ -402,7 +388,7 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
             # gradient (the exact s_[k] and its one-hot), without drawing noise.
             values, indices = _select_kth_largest(flat.unsqueeze(1), k)
             return values.mean(dim=-1), indices
-        fixed = exact or _fixed_shapes(flat)  # every class drawn: no shape depends on the data
+        fixed = exact or fixed_shapes(flat)  # every class drawn: no shape depends on the data
         pruned = None if fixed else _pruned_candidates(flat, k, epsilon, n_samples)
         if pruned is None:
             shifted, classes = flat, None
