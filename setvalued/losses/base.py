@@ -65,8 +65,8 @@ def fixed_shapes(values: torch.Tensor) -> bool:
     graph cannot guard on it ("data-dependent expression"). There the losses take one path of
     fixed shapes instead (e.g. all B x M x L normals and one ``topk``), with the same value and
     gradient, in expectation for the noised ones, and skip the value checks of their targets
-    (an index out of range still fails in the gather that reads it). docs/losses.md, "GPU and
-    torch.compile".
+    (an index out of range still fails in the gather that reads it). docs/interfaces.md,
+    section 2.
     """
     return values.device.type != "cpu" or torch.compiler.is_compiling()
 

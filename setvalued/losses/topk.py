@@ -764,7 +764,9 @@ class NoisedTopK(_TopKLoss):
     Gaussian tail and a union bound over classes and draws: :func:`_pruning_window`), so the
     loss and its gradient equal the exact ones in expectation up to that probability, at a
     cost that depends on how many classes are within reach rather than on L. True draws
-    noise for every class, as the authors' code does.
+    noise for every class, as the authors' code does; so does every call on a GPU or under
+    ``torch.compile`` (:func:`~setvalued.losses.base.fixed_shapes`), without host sync.
+    NaN in, NaN out: a NaN score makes its example's loss NaN (``topk`` ranks it first).
     """
 
     def __init__(self, k: int = 5, epsilon: float = 1.0, n_samples: int = 5,
