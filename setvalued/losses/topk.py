@@ -182,7 +182,8 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
     maximum found to -inf: among tied entries each pass removes one, so the k-th pass returns
     the k-th largest value.
     NaN: ``topk`` ranks a NaN above every number, so a row holding one gets the value NaN
-    (the repeated ``max`` passes keep the NaN of their first pass to the same end).
+    (rows where the repeated ``max`` passes met a NaN, an inf or fewer than k entries above
+    -inf are handed to ``topk``).
     :func:`~setvalued.losses.base.fixed_shapes` tensors take the plain ``topk`` (no value read back on the host).
     """
     length = values.shape[-1]
@@ -195,13 +196,15 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
             removed.append((where, largest))
             values.scatter_(-1, where, -math.inf)
         kth_values, kth_positions = values.max(dim=-1)
-        if not bool(torch.isneginf(kth_values).any()):
-            if k > 1:  # a NaN is the first maximum (torch.max propagates it): NaN in, NaN out
-                first = removed[0][1].squeeze(-1)
-                kth_values = torch.where(torch.isnan(first), first, kth_values)
+        # the sum of the k-th and first maxima is finite unless a k-th is -inf (fewer than k
+        # entries above -inf), an entry is +inf, or a first maximum is a NaN (which torch.max
+        # returns, and the k-th pass would not see again): then topk handles them (also if the
+        # sum overflows). One sum read back, as many operations as a test for -inf.
+        check = kth_values if k == 1 else kth_values + removed[0][1].squeeze(-1)
+        if math.isfinite(float(check.sum())):
             return kth_values, kth_positions
-        for where, largest in reversed(removed):  # fewer than k entries above -inf somewhere:
-            values.scatter_(-1, where, largest)  # put them back and let topk pick a -inf entry
+        for where, largest in reversed(removed):  # put them back and let topk select
+            values.scatter_(-1, where, largest)
     if not fixed_shapes(values) and values.is_floating_point() and _heap_selection_pays(k, length):
         padded = F.pad(values, (0, 64 * k - length), value=-math.inf)
         top_values, top_positions = torch.topk(padded, k, dim=-1, sorted=False)
@@ -312,7 +315,8 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     over the kept classes equals the one over all classes except with probability at most
     ``PRUNING_FAILURE_PROBABILITY`` per example. Rows are padded to the longest one with
     score -inf and class index L. Returns None (use the exact path) when pruning would keep
-    more than half of the classes of some row, when most rows have no class below the cut,
+    more than half of the classes of some row, when most rows have no class below the cut or
+    a score is NaN or infinite,
     when k > L / 8, or when M L < 500.
 
     Work: one max over groups of P classes (a strided view, no copy) and a selection of the
@@ -326,11 +330,13 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         return None  # the candidates would be a large share of few classes, or the draw is cheap
     reach = epsilon * _pruning_window(k, num_classes, n_samples)
     low = flat.amin(dim=1)  # (torch.aminmax is ten times slower than amin and amax on CPU)
-    narrow, nan = torch.stack([(flat.amax(dim=1) - reach <= low).sum(), low.isnan().sum()]).tolist()
-    if narrow * 2 > batch or nan:
-        return None  # the cut (at most the row's max minus the reach) is below every class
-        # of most rows: nothing to prune there (scores that spread little compared to eps);
-        # a NaN score (amin propagates it) is left to the exact path, whose topk ranks it first
+    spread = flat.amax(dim=1).sub_(low)  # NaN on a row holding a NaN (amax and amin propagate it)
+    # per row 1 where the cut (at most the row's max minus the reach) is below every class, else
+    # 0, and NaN where a score is NaN (or inf): one read back for both tests
+    narrow = float(torch.where(spread <= reach, 1.0, spread * 0.0).sum())
+    if not narrow * 2 <= batch:
+        return None  # nothing to prune on most rows (scores that spread little compared to
+        # eps); or a NaN or inf score: left to the exact path, whose topk ranks a NaN first
     members = _group_members(num_classes, k)
     groups = num_classes // members
     grid = flat.reshape(batch, members, groups)  # class = member * groups + group
