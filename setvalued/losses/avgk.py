@@ -588,14 +588,17 @@ class ROLELoss(SetValuedLoss):
         targets = targets.to(device=logits.device, dtype=torch.long)
 
         with torch.no_grad():  # first visit: the observed label starts at logit(0.995)
-            # written at every entry of the batch (the old value where the example was seen
-            # before): fixed shapes, no test read back on the host (base.fixed_shapes)
             labels = targets.to(indices.device)
-            current = self.label_logits[indices, labels]
             fresh = ~self.seen[indices]
-            self.label_logits.index_put_((indices, labels), torch.where(
-                fresh, torch.full_like(current, ROLE_INIT_POSITIVE), current))
-            self.seen.index_fill_(0, indices, True)
+            if fixed_shapes(indices):  # every entry of the batch written (the old value where
+                # the example was seen before): no test read back on the host
+                current = self.label_logits[indices, labels]
+                self.label_logits.index_put_((indices, labels), torch.where(
+                    fresh, torch.full_like(current, ROLE_INIT_POSITIVE), current))
+                self.seen.index_fill_(0, indices, True)
+            elif bool(fresh.any()):
+                self.label_logits[indices[fresh], labels[fresh]] = ROLE_INIT_POSITIVE
+                self.seen[indices[fresh]] = True
 
         theta = self.label_logits[indices].to(logits.device)
         f, g = torch.sigmoid(logits), torch.sigmoid(theta)
