@@ -106,9 +106,12 @@ def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
     the perturbed candidates: the least that any exact noised loss drawing noise only for the
     classes that can reach the top k does, at torch's kernel costs (the candidates of the pruned
     path are found once, outside the timing; no hinge, no backward). None when nothing can be
-    pruned (the dense regime: the B x M x L floor applies)."""
+    pruned (the dense regime: the B x M x L floor applies), and off the CPU, where the losses
+    draw every class (setvalued.losses.base.fixed_shapes)."""
     from setvalued.losses.topk import _pruned_candidates, _select_kth_largest
 
+    if scores.device.type != "cpu":
+        return None
     pruned = _pruned_candidates(scores.detach(), k, epsilon, n_samples)
     if pruned is None:
         return None
