@@ -183,8 +183,8 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
     the k-th largest value.
     NaN: ``topk`` ranks a NaN above every number, so a row holding one gets the value NaN
     (rows where the repeated ``max`` passes met a NaN, an inf or fewer than k entries above
-    -inf are handed to ``topk``).
-    :func:`~setvalued.losses.base.fixed_shapes` tensors take the plain ``topk`` (no value read back on the host).
+    -inf are handed to ``topk``). :func:`~setvalued.losses.base.fixed_shapes` tensors take the
+    plain ``topk`` (no value read back on the host).
     """
     length = values.shape[-1]
     if fixed_shapes(values):
@@ -315,9 +315,8 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     over the kept classes equals the one over all classes except with probability at most
     ``PRUNING_FAILURE_PROBABILITY`` per example. Rows are padded to the longest one with
     score -inf and class index L. Returns None (use the exact path) when pruning would keep
-    more than half of the classes of some row, when most rows have no class below the cut or
-    a score is NaN or infinite,
-    when k > L / 8, or when M L < 500.
+    more than half of the classes of some row, when most rows have no class below the cut,
+    when a score is NaN or infinite, when k > L / 8, or when M L < 500.
 
     Work: one max over groups of P classes (a strided view, no copy) and a selection of the
     k-th largest of the L/P group maxima; then, when few groups reach the cut, those groups
@@ -383,9 +382,9 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
     (:func:`_pruned_candidates`); with a given ``noise`` it uses those classes' entries of
     it, so both paths agree draw by draw except with probability at most
     ``PRUNING_FAILURE_PROBABILITY`` per example. On a GPU and under ``torch.compile``
-    (:func:`~setvalued.losses.base.fixed_shapes`) it draws noise for every class, as ``exact=True`` does: no host
-    synchronisation and no shape that depends on the scores. No gradient: the callers'
-    backward scatters to the returned indices.
+    (:func:`~setvalued.losses.base.fixed_shapes`) it draws noise for every class, as
+    ``exact=True`` does: no host synchronisation and no shape that depends on the scores. No
+    gradient: the callers' backward scatters to the returned indices.
     """
     with torch.no_grad():
         flat = flat.detach()
@@ -515,7 +514,9 @@ def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: 
             ``PRUNING_FAILURE_PROBABILITY`` = 1e-9 per row (Gaussian tail and union bound,
             :func:`_pruning_window`), so value and gradient are the same in expectation up to
             that probability. The pruned path draws fewer normals, so a fixed seed gives a
-            different draw than the exact path unless nothing can be pruned.
+            different draw than the exact path unless nothing can be pruned. On a GPU and
+            under ``torch.compile`` every class is drawn whatever ``exact`` says
+            (:func:`~setvalued.losses.base.fixed_shapes`).
 
     Returns:
         (...,) tensor of smoothed values.
