@@ -106,9 +106,12 @@ def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
     the perturbed candidates: the least that any exact noised loss drawing noise only for the
     classes that can reach the top k does, at torch's kernel costs (the candidates of the pruned
     path are found once, outside the timing; no hinge, no backward). None when nothing can be
-    pruned (the dense regime: the B x M x L floor applies)."""
+    pruned (the dense regime: the B x M x L floor applies), and off the CPU, where the losses
+    draw every class (setvalued.losses.base.fixed_shapes)."""
     from setvalued.losses.topk import _pruned_candidates, _select_kth_largest
 
+    if scores.device.type != "cpu":
+        return None
     pruned = _pruned_candidates(scores.detach(), k, epsilon, n_samples)
     if pruned is None:
         return None
@@ -124,6 +127,25 @@ def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
 # ----------------------------------------------------------------------------------------
 # other implementations: the authors' code, another checkout of this project
 # ----------------------------------------------------------------------------------------
+
+def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A reference loss module on ``device``: ``.to`` moves its parameters and buffers (pytopk's
+    margins); the 2018 reference's losses hold its ``labels`` buffer as it was when they were
+    built, and only its own ``.cuda()`` rebuilds them (``get_losses``), so it is called after
+    the move on any device."""
+    module = module.to(device)
+    rebuild = getattr(module, "get_losses", None)
+    if callable(rebuild):
+        rebuild()
+    return module
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the processor's, for the tables' headers."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
 
 def load_pytopk():
     try:
@@ -199,7 +221,7 @@ def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_s
 
         add("ce", build_loss("ce"), dense)
         add("focal", build_loss("focal", gamma=2.0), dense)
-        add("ldam", build_loss("ldam", max_margin=0.5, scale=30.0, class_counts=counts), cosines)
+        add("ldam", build_loss("ldam", max_margin=0.5, scale=30.0, class_counts=counts).to(device), cosines)
         for m in SAMPLE_COUNTS:
             configs.append(Config(f"floor M={m} (B x M x L normals)", num_classes, None,
                                   _floor_step(batch, num_classes, m, device)))
@@ -220,27 +242,28 @@ def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_s
                         add(f"{name} exact=True", build_loss("noised_topk", k=k, epsilon=eps, n_samples=m,
                                                              exact=True), scores, k=k)
                     if pytopk is not None:
-                        add(f"pytopk: {name}", pytopk.BalNoisedTopK(k=k, epsilon=eps, n_sample=m), scores, k=k)
+                        add(f"pytopk: {name}", on_device(pytopk.BalNoisedTopK(k=k, epsilon=eps, n_sample=m),
+                                                         device), scores, k=k)
                     if baseline is not None:
                         add(f"main: {name}", baseline[0]("noised_topk", k=k, epsilon=eps, n_samples=m),
                             scores, k=k)
                 name = f"noised_topk_imbalanced M={m}"
                 params = dict(k=k, epsilon=IMBALANCED_EPSILON, n_samples=m, max_margin=0.2, scale=50.0,
                               class_counts=counts)
-                add(name, build_loss("noised_topk_imbalanced", **params), cosines, k=k)
+                add(name, build_loss("noised_topk_imbalanced", **params).to(device), cosines, k=k)
                 floor = _reach_floor_step(cosines, k + 1, IMBALANCED_EPSILON, m)
                 if floor is not None:
                     configs.append(Config(f"reach floor M={m} imbalanced", num_classes, k, floor))
                 if pytopk is not None:
-                    add(f"pytopk: {name}", pytopk.ImbalNoisedTopK(k=k, epsilon=IMBALANCED_EPSILON, max_m=0.2,
-                                                                  cls_num_list=counts, scale=50.0, n_sample=m),
-                        cosines, k=k)
+                    add(f"pytopk: {name}", on_device(pytopk.ImbalNoisedTopK(
+                        k=k, epsilon=IMBALANCED_EPSILON, max_m=0.2, cls_num_list=counts, scale=50.0,
+                        n_sample=m), device), cosines, k=k)
                 if baseline is not None:
-                    add(f"main: {name}", baseline[0]("noised_topk_imbalanced", **params), cosines, k=k)
+                    add(f"main: {name}", baseline[0]("noised_topk_imbalanced", **params).to(device), cosines, k=k)
             add("smooth_topk_svm", build_loss("smooth_topk_svm", k=k, tau=SVM_TAU), dense, k=k)
             if reference_svm is not None:
                 with contextlib.redirect_stdout(io.StringIO()):  # it prints its tau
-                    reference = reference_svm(num_classes, k=k, tau=SVM_TAU).to(device)
+                    reference = on_device(reference_svm(num_classes, k=k, tau=SVM_TAU), device)
                 add("2018 reference: smooth_topk_svm", reference, dense, k=k)
             if baseline is not None:
                 add("main: smooth_topk_svm", baseline[0]("smooth_topk_svm", k=k, tau=SVM_TAU), dense, k=k)
@@ -430,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerow({key: (f"{row[key]:.6g}" if isinstance(row[key], float) else row[key])
                              for key in fields})
     header = (f"Loss benchmark: batch {args.batch}, float32, device {device} "
-              f"({platform.processor() or platform.machine()}), {args.threads} thread(s), torch "
+              f"({device_name(device)}), {args.threads} thread(s), torch "
               f"{torch.__version__}, best of {repeats} interleaved rounds ({clock_name} clock); "
               f"{elapsed:.0f} s of timing.")
     text = markdown(rows, ks, checks, header, notes)

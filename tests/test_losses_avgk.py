@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import setvalued.losses.avgk as avgk
 from setvalued.losses import LOSSES, TwoHeadOutput, build_loss
 from setvalued.losses.avgk import (
     ROLE_INIT_POSITIVE,
@@ -216,9 +217,14 @@ def tied_logits(batch, num_classes, seed, levels=4):
 
 @pytest.mark.parametrize("num_classes,k", [(1000, 2), (1000, 5), (1000, 10), (1000, 50), (100, 20), (37, 3)])
 @pytest.mark.parametrize("tied", [False, True])
-def test_fast_two_head_equals_the_reference_implementation(num_classes, k, tied):
+@pytest.mark.parametrize("fixed", [False, True], ids=["cpu-path", "fixed-path"])
+def test_fast_two_head_equals_the_reference_implementation(num_classes, k, tied, fixed, monkeypatch):
     """Same candidate set, same loss and gradients as the previous implementation, at the
-    benchmark's sizes (B = 128, float32), with ties at the threshold or without."""
+    benchmark's sizes (B = 128, float32), with ties at the threshold or without; on the CPU
+    path (group bound) and on the path of fixed shapes of GPUs and torch.compile (one stable
+    sort; setvalued.losses.base.fixed_shapes), forced here."""
+    if fixed:
+        monkeypatch.setattr(avgk, "fixed_shapes", lambda values: True)
     batch = 128
     g = torch.Generator().manual_seed(num_classes + k)
     sccp = tied_logits(batch, num_classes, k) if tied else torch.randn(batch, num_classes, generator=g) * 2

@@ -576,6 +576,51 @@ def test_pruned_loss_and_gradient_match_a_float64_brute_force_monte_carlo():
     assert 0.1 < ref_values.mean() < 2.0
 
 
+@pytest.mark.parametrize("epsilon, offset", [(1e-8, 0.0), (1e-4, 6e4)])
+def test_pruned_path_keeps_the_classes_at_the_cut_when_the_window_rounds_away(epsilon, offset):
+    """Issue 23: where eps * w is below half an ulp of the bound t, ``t - eps w`` rounds back onto
+    t; the cut must still keep the classes scoring t (it raised "selected index k out of range").
+    K = 1: 1 + s_[2] - s_y = 1 + 14 - 0, the noise below the float32 rounding of the scores
+    (about 0.01 at 6e4: (s / eps + Z) eps rounds at 6e8)."""
+    scores = (torch.arange(16.0) + offset)[None]
+    assert _pruned_candidates(scores, 2, epsilon, 40) is not None  # the pruned path runs
+    values = [build_loss("noised_topk", k=1, epsilon=epsilon, n_samples=40, exact=exact)(
+        scores, torch.tensor([0])).item() for exact in (False, True)]
+    assert values[0] == pytest.approx(15.0, abs=0.02) and values[0] == pytest.approx(values[1], abs=0.02)
+
+
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_fixed_shape_path_equals_the_exact_path_draw_by_draw(k, monkeypatch):
+    """The path of fixed shapes (GPU, torch.compile: setvalued.losses.base.fixed_shapes), forced
+    here on CPU: on the same noise, the exact path's value and gradient, for both noised losses
+    and the smoothed k-th largest."""
+    import setvalued.losses.topk as topk
+
+    batch, classes, samples, eps = 64, 1000, 3, 0.2
+    scores, targets = _spread_scores(batch, classes, seed=k, spread=4.0, dtype=torch.float32)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(k))
+    counts = [50 + 7 * j for j in range(classes)]
+    cosines = torch.tanh(scores.detach() / 4.0).requires_grad_(True)
+
+    def run(exact):
+        out = []
+        for name, inputs, params in (("noised_topk", scores, dict(epsilon=eps)),
+                                     ("noised_topk_imbalanced", cosines,
+                                      dict(epsilon=0.02, class_counts=counts, scale=30.0))):
+            loss = build_loss(name, k=k, n_samples=samples, reduction="none", exact=exact, **params)
+            values = loss.per_sample(inputs, targets, noise=noise)
+            out += [values, torch.autograd.grad(values.sum(), inputs)[0]]
+        smoothed = smooth_kth_largest(scores, k + 1, eps, samples, noise=noise)
+        return out + [smoothed, torch.autograd.grad(smoothed.sum(), scores)[0]]
+
+    exact = run(True)
+    monkeypatch.setattr(topk, "fixed_shapes", lambda values: True)
+    fixed = run(False)
+    for a, b in zip(fixed, exact):
+        assert torch.equal(a, b)
+    assert (exact[0] > 0).any() and (exact[2] > 0).any()
+
+
 def test_exact_path_draws_noise_for_every_class():
     batch, classes, samples, k, eps = 8, 200, 3, 1, 0.1
     scores, targets = _spread_scores(batch, classes, seed=1, spread=5.0)

@@ -341,3 +341,15 @@ def test_registered_with_linear_head_and_ignores_context_keys():
                       num_examples=6)
     assert loss.head == "linear" and loss.requires_indices is False
     assert torch.isfinite(loss(torch.randn(4, 3), torch.tensor([0, 1, 2, 0])))
+
+
+def test_float64_keeps_the_softplus_tail_above_the_default_threshold():
+    """Issue 23: F.softplus's default threshold (20) returned z and dropped log1p(exp(-z)) ~ 1.5e-9.
+    s = (0, 0, -420), y = 2, k = 2, tau = 10, alpha = 0: the subsets {0,1} (mean 0) and {0,2},
+    {1,2} (mean -210) of [BZK18] eq. 9 give tau (log(1 + 2 e^-21) + 21 - log 2) in closed form."""
+    closed_form = 10.0 * (math.log1p(2.0 * math.exp(-21.0)) + 21.0 - math.log(2.0))
+    scores = torch.tensor([[0.0, 0.0, -420.0]], dtype=torch.float64)
+    targets = torch.tensor([2])
+    value = build_loss("smooth_topk_svm", k=2, tau=10.0, alpha=0.0)(scores, targets).item()
+    assert value == pytest.approx(closed_form, rel=4 * torch.finfo(torch.float64).eps)
+    assert _brute_force_svm(scores, targets, 2, 10.0, 0.0).item() == pytest.approx(closed_form, rel=1e-15)

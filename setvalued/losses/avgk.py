@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
 
 __all__ = [
     "TwoHeadClassifier",
@@ -152,6 +152,10 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     selection over those groups' entries (about count x P) gives the count largest.  The tie
     rule is applied afterwards on the few entries equal to the threshold, so the result is the
     first ``count`` positions of a stable descending sort.
+
+    On a GPU and under ``torch.compile`` (:func:`~setvalued.losses.base.fixed_shapes`: the
+    group bound reads counts back on the host) it is that sort itself: one stable descending
+    sort of the B L entries, the same entries in another order.
     """
     values = values.contiguous()
     rows, cols = values.shape
@@ -161,6 +165,8 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.long, device=device)
     if count >= total:
         return torch.arange(total, device=device)
+    if fixed_shapes(values):
+        return torch.sort(values.view(-1), descending=True, stable=True).indices[:count]
     pool, where = values.reshape(-1), None
     members = _group_members(total, count)
     groups = -(-cols // members)
@@ -458,7 +464,7 @@ class AssumeNegativeLoss(SetValuedLoss):
             observed[torch.arange(batch, device=logits.device), targets.to(logits.device).long()] = 1
         elif targets.shape == logits.shape:
             observed = targets.to(device=logits.device).round().long()
-            if bool(((observed < -1) | (observed > 1)).any()):
+            if not fixed_shapes(observed) and bool(((observed < -1) | (observed > 1)).any()):
                 raise ValueError("assume_negative: a label matrix must hold 1 (positive), -1 (negative), 0 (unobserved)")
         else:
             raise ValueError(f"assume_negative: targets must be class indices ({batch},) or a label matrix "
@@ -577,14 +583,21 @@ class ROLELoss(SetValuedLoss):
         indices = indices.to(device=self.label_logits.device, dtype=torch.long)
         if indices.shape != (batch,):
             raise ValueError(f"role: indices must have shape ({batch},), got {tuple(indices.shape)}")
-        if int(indices.min()) < 0 or int(indices.max()) >= self.num_examples:
+        if not fixed_shapes(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.num_examples):
             raise ValueError(f"role: indices must lie in [0, {self.num_examples - 1}] (num_examples)")
         targets = targets.to(device=logits.device, dtype=torch.long)
 
         with torch.no_grad():  # first visit: the observed label starts at logit(0.995)
+            labels = targets.to(indices.device)
             fresh = ~self.seen[indices]
-            if bool(fresh.any()):
-                self.label_logits[indices[fresh], targets.to(indices.device)[fresh]] = ROLE_INIT_POSITIVE
+            if fixed_shapes(indices):  # every entry of the batch written (the old value where
+                # the example was seen before): no test read back on the host
+                current = self.label_logits[indices, labels]
+                self.label_logits.index_put_((indices, labels), torch.where(
+                    fresh, torch.full_like(current, ROLE_INIT_POSITIVE), current))
+                self.seen.index_fill_(0, indices, True)
+            elif bool(fresh.any()):
+                self.label_logits[indices[fresh], labels[fresh]] = ROLE_INIT_POSITIVE
                 self.seen[indices[fresh]] = True
 
         theta = self.label_logits[indices].to(logits.device)

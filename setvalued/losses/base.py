@@ -54,6 +54,23 @@ class SetValuedLoss(nn.Module):
         return output
 
 
+def fixed_shapes(values: torch.Tensor) -> bool:
+    """Whether a loss takes its path of fixed shapes for ``values``: off the CPU and under
+    ``torch.compile``.
+
+    The CPU-tuned shortcuts (padding to a heap selection, repeated ``max``, pruning the classes
+    that cannot reach the top k, the group bound of the average-K candidates) and the checks of
+    target values read a value back on the host to choose their next step: on a GPU each such
+    read waits for the device (``torch.cuda.set_sync_debug_mode`` reports it) and a compiled
+    graph cannot guard on it ("data-dependent expression"). There the losses take one path of
+    fixed shapes instead (e.g. all B x M x L normals and one ``topk``), with the same value and
+    gradient, in expectation for the noised ones, and skip the value checks of their targets
+    (an index out of range still fails in the gather that reads it). docs/interfaces.md,
+    section 2.
+    """
+    return values.device.type != "cpu" or torch.compiler.is_compiling()
+
+
 def register_loss(name: str, parameters: Mapping[str, Param] | None = None
                   ) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
     """Class decorator adding a loss to the registry under ``name``.

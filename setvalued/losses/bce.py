@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
 
 __all__ = ["BCELoss", "bce_loss"]
 
@@ -29,14 +29,15 @@ def _multi_hot(targets: Any, scores: torch.Tensor) -> torch.Tensor:
     if targets.dim() == 1 and targets.shape[0] == batch:
         if targets.is_floating_point() or targets.dtype == torch.bool:
             raise ValueError(f"bce: 1-D targets must be integer class indices, got dtype {targets.dtype}")
-        if batch and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
+        # value checks read back on the host: eager CPU only (base.fixed_shapes)
+        if batch and not fixed_shapes(targets) and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
             raise ValueError(f"bce: class indices must lie in [0, {num_classes - 1}]")
         return F.one_hot(targets.long(), num_classes).to(scores.dtype)
     if targets.shape != scores.shape:
         raise ValueError(f"bce: targets must be class indices ({batch},) or a multi-hot matrix "
                          f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
     labels = targets.to(scores.dtype)
-    if bool(((labels != 0) & (labels != 1)).any()):
+    if not fixed_shapes(labels) and bool(((labels != 0) & (labels != 1)).any()):
         raise ValueError("bce: a multi-hot target matrix must hold only 0 and 1")
     return labels
 

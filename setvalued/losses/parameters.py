@@ -24,8 +24,9 @@ CONTEXT_KEYS = ("class_counts", "num_classes", "num_examples")
 _K_TOPK = Param("int", 5, "the K of top-K", low=1)
 _EPSILON = "noise scale of the smoothed (k+1)-th largest score (thesis eq. 4.10)"
 _N_SAMPLES = Param("int", 5, "M, the number of noise draws per example", low=1)
-_EXACT = Param("bool", False, "draw noise for every class (else only for the classes that can reach "
-                              "the top K+1, exact but for a probability below 1e-9 per example)",
+_EXACT = Param("bool", False, "draw noise for every class (else, in eager CPU runs, only for the classes "
+                              "that can reach the top K+1, exact but for a probability below 1e-9 per "
+                              "example; on a GPU and under torch.compile every class)",
                implicit=True)
 
 LOSS_PARAMETERS: dict[str, dict[str, Param]] = {

@@ -234,6 +234,11 @@ def hard_topk_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, alpha: fl
     return F.relu(alpha + (kth_other - _target_scores(scores, targets)) / k)
 
 
+#: ``F.softplus(z)`` returns z itself above its threshold: above 40, ``log1p(exp(-z))`` is below
+#: the float64 rounding of z, so nothing is lost (the default 20 drops up to 2e-9).
+_FLOAT64_SOFTPLUS_THRESHOLD = 40.0
+
+
 @register_loss("smooth_topk_svm")
 class SmoothTopKSVM(SetValuedLoss):
     """Smooth top-k SVM ``L_{k,tau}`` with margin alpha ([BZK18] eq. 9/10, §3.3).
@@ -296,8 +301,10 @@ class SmoothTopKSVM(SetValuedLoss):
             x = (wide - wide.detach().amax(dim=1, keepdim=True)) / (k * tau)
             x_target = _target_scores(x, targets)
             log_sigma = _log_sigma_top_and_body(x.scatter(1, targets.unsqueeze(1), LOG_ZERO), k)
-            smooth = (tau * F.softplus(self.alpha / tau + log_sigma[:, 1] - log_sigma[:, 0] - x_target)
-                      ).to(scores.dtype)
+            # softplus's default threshold (20) returns z above it and drops log1p(exp(-z)) ~ 2e-9:
+            # float64 needs 40 (exp(-40) / 40 is below its epsilon)
+            smooth = (tau * F.softplus(self.alpha / tau + log_sigma[:, 1] - log_sigma[:, 0] - x_target,
+                                       threshold=_FLOAT64_SOFTPLUS_THRESHOLD)).to(scores.dtype)
         if not self.hard_switch:
             return smooth
         top = torch.topk(scores.detach(), k + 1, dim=1).values

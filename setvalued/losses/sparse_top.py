@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
 
 __all__ = [
     "sparse_top",
@@ -82,7 +82,7 @@ def _as_k(k: Any, scores: torch.Tensor, name: str = "sparse_top") -> torch.Tenso
     if k_tensor.shape != (batch,):
         raise ValueError(f"{name}: k must be a number or one value per row ({batch},), got shape "
                          f"{tuple(k_tensor.shape)}")
-    if bool(((k_tensor < 0) | (k_tensor > num_classes) | torch.isnan(k_tensor)).any()):
+    if not fixed_shapes(k_tensor) and bool(((k_tensor < 0) | (k_tensor > num_classes) | torch.isnan(k_tensor)).any()):
         raise ValueError(f"{name}: k must lie in [0, {num_classes}] (the number of classes), got {k!r}")
     return k_tensor
 
@@ -254,7 +254,8 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
                              f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
         if targets.is_floating_point() or targets.dtype == torch.bool:
             raise ValueError(f"{name}: 1-D targets must be integer class indices, got dtype {targets.dtype}")
-        if batch and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
+        # value checks read back on the host: eager CPU only (base.fixed_shapes)
+        if batch and not fixed_shapes(targets) and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
             raise ValueError(f"{name}: class indices must lie in [0, {num_classes - 1}]")
         labels = torch.zeros_like(scores)
         labels[torch.arange(batch, device=scores.device), targets.long()] = 1
@@ -263,7 +264,7 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
         raise ValueError(f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
                          f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
     labels = targets.to(scores.dtype)
-    if bool(((labels != 0) & (labels != 1)).any()):
+    if not fixed_shapes(labels) and bool(((labels != 0) & (labels != 1)).any()):
         raise ValueError(f"{name}: a multi-hot target matrix must hold only 0 and 1")
     return labels
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
 
 __all__ = [
     "smooth_kth_largest",
@@ -181,20 +181,31 @@ def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
     than 64k (:func:`_repeated_max_pays`) takes k passes of ``max`` instead, setting each
     maximum found to -inf: among tied entries each pass removes one, so the k-th pass returns
     the k-th largest value.
+    NaN: ``topk`` ranks a NaN above every number, so a row holding one gets the value NaN
+    (rows where the repeated ``max`` passes met a NaN, an inf or fewer than k entries above
+    -inf are handed to ``topk``). :func:`~setvalued.losses.base.fixed_shapes` tensors take the
+    plain ``topk`` (no value read back on the host).
     """
     length = values.shape[-1]
-    if overwrite and _repeated_max_pays(k, length):
+    if fixed_shapes(values):
+        overwrite = False
+    elif overwrite and _repeated_max_pays(k, length):
         removed = []
         for _ in range(k - 1):
             largest, where = values.max(dim=-1, keepdim=True)
             removed.append((where, largest))
             values.scatter_(-1, where, -math.inf)
         kth_values, kth_positions = values.max(dim=-1)
-        if not bool(torch.isneginf(kth_values).any()):
+        # the sum of the k-th and first maxima is finite unless a k-th is -inf (fewer than k
+        # entries above -inf), an entry is +inf, or a first maximum is a NaN (which torch.max
+        # returns, and the k-th pass would not see again): then topk handles them (also if the
+        # sum overflows). One sum read back, as many operations as a test for -inf.
+        check = kth_values if k == 1 else kth_values + removed[0][1].squeeze(-1)
+        if math.isfinite(float(check.sum())):
             return kth_values, kth_positions
-        for where, largest in reversed(removed):  # fewer than k entries above -inf somewhere:
-            values.scatter_(-1, where, largest)  # put them back and let topk pick a -inf entry
-    if values.device.type == "cpu" and values.is_floating_point() and _heap_selection_pays(k, length):
+        for where, largest in reversed(removed):  # put them back and let topk select
+            values.scatter_(-1, where, largest)
+    if not fixed_shapes(values) and values.is_floating_point() and _heap_selection_pays(k, length):
         padded = F.pad(values, (0, 64 * k - length), value=-math.inf)
         top_values, top_positions = torch.topk(padded, k, dim=-1, sorted=False)
         kth_values, where = top_values.min(dim=-1, keepdim=True)
@@ -298,14 +309,14 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Scores (B, R) and class indices (B, R) of the classes that can reach the top k.
 
-    A class is kept when its score exceeds ``t - eps w``, with ``t`` the k-th largest of the
+    A class is kept when its score is at least ``t - eps w``, with ``t`` the k-th largest of the
     group maxima (a lower bound of ``s_[k]``: the k best groups each hold a class scoring at
     least t) and ``w`` from :func:`_pruning_window`, so the k-th largest of ``s + eps Z``
     over the kept classes equals the one over all classes except with probability at most
     ``PRUNING_FAILURE_PROBABILITY`` per example. Rows are padded to the longest one with
     score -inf and class index L. Returns None (use the exact path) when pruning would keep
     more than half of the classes of some row, when most rows have no class below the cut,
-    when k > L / 8, or when M L < 500.
+    when a score is NaN or infinite, when k > L / 8, or when M L < 500.
 
     Work: one max over groups of P classes (a strided view, no copy) and a selection of the
     k-th largest of the L/P group maxima; then, when few groups reach the cut, those groups
@@ -318,9 +329,13 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         return None  # the candidates would be a large share of few classes, or the draw is cheap
     reach = epsilon * _pruning_window(k, num_classes, n_samples)
     low = flat.amin(dim=1)  # (torch.aminmax is ten times slower than amin and amax on CPU)
-    if int((flat.amax(dim=1) - reach <= low).sum()) * 2 > batch:
-        return None  # the cut (at most the row's max minus the reach) is below every class
-        # of most rows: nothing to prune there (scores that spread little compared to eps)
+    spread = flat.amax(dim=1).sub_(low)  # NaN on a row holding a NaN (amax and amin propagate it)
+    # per row 1 where the cut (at most the row's max minus the reach) is below every class, else
+    # 0, and NaN where a score is NaN (or inf): one read back for both tests
+    narrow = float(torch.where(spread <= reach, 1.0, spread * 0.0).sum())
+    if not narrow * 2 <= batch:
+        return None  # nothing to prune on most rows (scores that spread little compared to
+        # eps); or a NaN or inf score: left to the exact path, whose topk ranks a NaN first
     members = _group_members(num_classes, k)
     groups = num_classes // members
     grid = flat.reshape(batch, members, groups)  # class = member * groups + group
@@ -329,8 +344,11 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         cut = group_max.amax(dim=1, keepdim=True)
     else:
         cut = torch.topk(group_max, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    # Non-strict comparisons: where eps * w is below half an ulp of t, ``t - eps w`` rounds
+    # back onto t, and ``> cut`` would drop the classes scoring exactly t (then fewer than k
+    # candidates: "selected index k out of range").
     cut.sub_(reach)
-    reaching = group_max > cut
+    reaching = group_max >= cut
     if members > 1 and int(reaching.sum()) < _GROUP_COMPACTION_SHARE * reaching.numel():
         # few groups reach the cut (so every row has classes below it): list those groups,
         # then the members of each that score above the cut
@@ -339,14 +357,14 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
         member_offset = torch.arange(0, num_classes, groups, device=flat.device)
         classes = (group_index.unsqueeze(1) + member_offset.view(1, -1, 1)).view(batch, -1)
         scores = flat.gather(1, classes)
-        keep = (scores > cut).view(batch, members, -1).logical_and_(~padding.unsqueeze(1))
+        keep = (scores >= cut).view(batch, members, -1).logical_and_(~padding.unsqueeze(1))
         scores, classes = _gather_kept(scores, classes, keep.view(batch, -1), num_classes)
         if scores.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
             return None
         return scores, classes
     if int((cut.squeeze(1) <= low).sum()) * 2 > batch:
         return None  # most rows have no class below the cut: nothing to prune there
-    positions, padding = _compact(flat > cut)  # most groups reach it: all classes at once
+    positions, padding = _compact(flat >= cut)  # most groups reach it: all classes at once
     if positions.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
         return None
     positions.masked_fill_(padding, 0)
@@ -363,8 +381,10 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
     ``exact=False`` draws noise only for the classes that can reach the top k
     (:func:`_pruned_candidates`); with a given ``noise`` it uses those classes' entries of
     it, so both paths agree draw by draw except with probability at most
-    ``PRUNING_FAILURE_PROBABILITY`` per example. No gradient: the callers' backward scatters
-    to the returned indices.
+    ``PRUNING_FAILURE_PROBABILITY`` per example. On a GPU and under ``torch.compile``
+    (:func:`~setvalued.losses.base.fixed_shapes`) it draws noise for every class, as
+    ``exact=True`` does: no host synchronisation and no shape that depends on the scores. No
+    gradient: the callers' backward scatters to the returned indices.
     """
     with torch.no_grad():
         flat = flat.detach()
@@ -373,7 +393,8 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
             # gradient (the exact s_[k] and its one-hot), without drawing noise.
             values, indices = _select_kth_largest(flat.unsqueeze(1), k)
             return values.mean(dim=-1), indices
-        pruned = None if exact else _pruned_candidates(flat, k, epsilon, n_samples)
+        fixed = exact or fixed_shapes(flat)  # every class drawn: no shape depends on the data
+        pruned = None if fixed else _pruned_candidates(flat, k, epsilon, n_samples)
         if pruned is None:
             shifted, classes = flat, None
         else:
@@ -493,7 +514,9 @@ def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: 
             ``PRUNING_FAILURE_PROBABILITY`` = 1e-9 per row (Gaussian tail and union bound,
             :func:`_pruning_window`), so value and gradient are the same in expectation up to
             that probability. The pruned path draws fewer normals, so a fixed seed gives a
-            different draw than the exact path unless nothing can be pruned.
+            different draw than the exact path unless nothing can be pruned. On a GPU and
+            under ``torch.compile`` every class is drawn whatever ``exact`` says
+            (:func:`~setvalued.losses.base.fixed_shapes`).
 
     Returns:
         (...,) tensor of smoothed values.
@@ -748,7 +771,9 @@ class NoisedTopK(_TopKLoss):
     Gaussian tail and a union bound over classes and draws: :func:`_pruning_window`), so the
     loss and its gradient equal the exact ones in expectation up to that probability, at a
     cost that depends on how many classes are within reach rather than on L. True draws
-    noise for every class, as the authors' code does.
+    noise for every class, as the authors' code does; so does every call on a GPU or under
+    ``torch.compile`` (:func:`~setvalued.losses.base.fixed_shapes`), without host sync.
+    NaN in, NaN out: a NaN score makes its example's loss NaN (``topk`` ranks it first).
     """
 
     def __init__(self, k: int = 5, epsilon: float = 1.0, n_samples: int = 5,
