@@ -223,3 +223,25 @@ def test_compiled_model_trains_to_the_losses_of_eager():
     assert b["test"]["top1"] == pytest.approx(a["test"]["top1"], abs=1 / 60)
     # the checkpoint holds the model's own parameter names, not the compiled wrapper's
     assert not any(k.startswith("_orig_mod") for k in b["model"].state_dict())
+
+
+@pytest.mark.parametrize("gpus", ["1", "1/2", "1/3", "1/4", "1/8", "3/10"])
+@pytest.mark.parametrize("cluster_gpus", [1, 2, 8])
+def test_trials_per_gpu_is_the_most_trials_on_one_gpu_when_packed_evenly(gpus, cluster_gpus):
+    """Against a brute-force packing: trials placed one by one on the least-loaded GPU that
+    still has room for their fraction (exact fractions), as many as the slots."""
+    from fractions import Fraction
+
+    from studies.ray_session import trials_per_gpu
+
+    share = Fraction(gpus)
+    capacity = int(1 / share)  # whole trials of that fraction on one GPU
+    for slots in range(1, capacity * cluster_gpus + 1):
+        load = [Fraction(0)] * cluster_gpus
+        count = [0] * cluster_gpus
+        for _ in range(slots):
+            gpu = min((g for g in range(cluster_gpus) if load[g] + share <= 1), key=lambda g: count[g])
+            load[gpu] += share
+            count[gpu] += 1
+        assert trials_per_gpu(float(share), slots, cluster_gpus) == max(count), (gpus, cluster_gpus, slots)
+    assert trials_per_gpu(0.0, 4, cluster_gpus) == 0
