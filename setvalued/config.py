@@ -148,8 +148,9 @@ EVAL_FIELDS: dict[str, Param] = {
                         "[10, 50, 500, 2000])", item=Param("int", low=1), implicit=True),
     "selection": Param("str", "val/top5", "validation metric that picks the checkpoint"),
     "selection_mode": Param("str", "max", "max or min", options=("max", "min")),
-    "batch_size": Param("int", 512, "batch size of the validation and test passes (no gradients: larger than "
-                        "the training batch; the scores do not depend on it)", low=1, implicit=True),
+    "batch_size": Param("int", 128, "batch size of the validation and test passes (the scores do not depend "
+                        "on it; 128: what was used before, fastest on the CPU; docs/interfaces.md)", low=1,
+                        implicit=True),
 }
 
 

@@ -33,6 +33,12 @@ Sections 4.4 and 5.6):
   state at its start, so ``fit(config, seed, checkpoint=state)`` with the ``state`` handed
   to ``on_epoch`` after epoch e continues exactly as the uninterrupted run (bit for bit on
   CPU; on CUDA up to the non-determinism of cuDNN kernels).
+- Data on the device (``data.placement``; issue #24, docs/throughput.md): the in-memory sets
+  are held on the training device and CIFAR's augmentation is applied to whole batches there
+  (``setvalued.data.device``), its draws from a generator seeded by (seed, epoch), so resume
+  stays exact; validation and test run at ``eval.batch_size`` and copy their scores back once
+  per pass. ``compile: model`` runs the forward passes through ``torch.compile`` (CUDA graphs
+  on CUDA); checkpoints hold the uncompiled model.
 - A non-finite loss raises ``NonFiniteLossError`` with the epoch and the step.
 """
 

@@ -245,3 +245,27 @@ def test_trials_per_gpu_is_the_most_trials_on_one_gpu_when_packed_evenly(gpus, c
             count[gpu] += 1
         assert trials_per_gpu(float(share), slots, cluster_gpus) == max(count), (gpus, cluster_gpus, slots)
     assert trials_per_gpu(0.0, 4, cluster_gpus) == 0
+
+
+def test_study_validation_reads_the_new_fields_from_their_declarations():
+    """``compile``, ``eval.batch_size`` and ``data.placement`` are implicit: a config holds them
+    only when they differ from their defaults (existing config ids unchanged); bad values are
+    refused at their path, a device placement of a folder data set at its data section."""
+    from studies.config_ids import config_id
+    from studies.trial_config import validate_config
+
+    plain, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5]}})
+    assert not problems
+    explicit, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5], "batch_size": 128},
+                                          "compile": "none", "data": {"name": "synthetic", "placement": "auto"}})
+    assert not problems and explicit == plain and config_id(explicit) == config_id(plain)
+    assert "compile" not in plain and "batch_size" not in plain["eval"] and "placement" not in plain["data"]
+    changed, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5], "batch_size": 64},
+                                         "compile": "model", "data": {"name": "cifar100", "placement": "device"}})
+    assert not problems and changed["compile"] == "model" and changed["data"]["placement"] == "device"
+    _, problems = validate_config({"loss": {"name": "ce"}, "compile": "fast"})
+    assert [p.path for p in problems] == [("compile",)] and "'none'" in problems[0].message
+    _, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5], "batch_size": 0}})
+    assert [p.path for p in problems] == [("eval", "batch_size")]
+    _, problems = validate_config({"loss": {"name": "ce"}, "data": {"name": "plantnet300k", "placement": "device"}})
+    assert len(problems) == 1 and "in-memory data sets only" in problems[0].message

@@ -36,8 +36,8 @@ def recording_fit(config, seed, on_epoch=None, checkpoint=None, *, record: str):
 def study_file(folder: Path) -> Path:
     base = {
         "data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2, "train_size": 120,
-                 "val_size": 48, "test_size": 48, "form": "images", "feature_dim": 8},
-        "model": {"name": "small_cnn", "hidden_dim": 8},
+                 "val_size": 48, "test_size": 48, "feature_dim": 8},
+        "model": {"name": "mlp", "hidden_dim": 16},
         "loss": {"name": "ce"},
         "optim": {"lr": 0.1, "batch_size": 32, "milestones": []},
         "epochs": 2,

@@ -46,9 +46,11 @@ class BatchAugmentation:
             flips = torch.zeros_like(flips)
         return offsets, flips
 
-    def apply(self, images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    def apply(self, images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor,
+              stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The augmented float32 batch of uint8 ``images`` (n, C, H, W) for the given offsets
-        and flips: one gather from the padded batch, no per-image loop, no host read."""
+        and flips: one gather from the padded batch, no per-image loop, no host read.
+        ``stats``: ``self.statistics(device)``, kept by a caller that applies it per batch."""
         n, channels = images.shape[:2]
         padded = torch.nn.functional.pad(images, (self.padding,) * 4)  # zeros, as torchvision's fill=0
         steps = torch.arange(self.size, device=images.device)
@@ -58,13 +60,15 @@ class BatchAugmentation:
         batch = torch.arange(n, device=images.device).view(n, 1, 1, 1)
         channel = torch.arange(channels, device=images.device).view(1, channels, 1, 1)
         out = padded[batch, channel, rows.view(n, 1, self.size, 1), cols.view(n, 1, 1, self.size)]
-        return self.normalize(out)
+        mean, std = stats if stats is not None else self.statistics(images.device)
+        return (out.to(torch.float32) / 255.0 - mean) / std  # as ToDtype(scale=True), then Normalize
 
-    def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """``(x / 255 - mean) / std`` in float32, as ``ToDtype(scale=True)`` then ``Normalize``."""
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-        return (images.to(torch.float32) / 255.0 - mean) / std
+    def statistics(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) as (1, C, 1, 1) float32 tensors on ``device`` (made once: a tensor built
+        from Python numbers is a host-to-device copy, which would wait on the device per batch)."""
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1).to(device)
+        std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1).to(device)
+        return mean, std
 
 
 class DeviceSplit:
@@ -80,6 +84,7 @@ class DeviceSplit:
         self.targets = targets.to(device)
         self.device = device
         self.augmentation = augmentation
+        self.stats = augmentation.statistics(device) if augmentation is not None else None
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])
@@ -99,5 +104,6 @@ class DeviceSplit:
             idx = order[start:start + batch_size]
             x = self.inputs[idx]
             if draws is not None:
-                x = self.augmentation.apply(x, draws[0][start:start + batch_size], draws[1][start:start + batch_size])
+                x = self.augmentation.apply(x, draws[0][start:start + batch_size], draws[1][start:start + batch_size],
+                                            self.stats)
             yield x, self.targets[idx], idx
