@@ -180,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-throughput-") as tmp:
         work = Path(args.workdir or tmp)
         root = write_cifar(work / "data", p["per_class_train"], p["per_class_test"])
-        # one local Ray for every row; on the CPU one GPU that is only a resource label
-        ray.init(address="local", num_cpus=args.num_cpus or os.cpu_count(), num_gpus=1,
-                 include_dashboard=False, log_to_driver=False)
+        # one local Ray for every row (or the caller's); on the CPU one GPU that is only a resource label
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address="local", num_cpus=args.num_cpus or os.cpu_count(), num_gpus=1,
+                     include_dashboard=False, log_to_driver=False)
         rows = []
         try:
             for gpus, compile_mode, data in itertools.product(args.gpus, args.compile, args.data):
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"  {name}: {row['cells']} cells in {wall:.0f} s", file=sys.stderr, flush=True)
         finally:
-            ray.shutdown()
+            if started:
+                ray.shutdown()
     print(table(rows, device_name(args.device), epochs, train_images))
     return 0
 
