@@ -20,6 +20,7 @@ __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
     "KNOWN_NUM_CLASSES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
+    "PLACEMENTS", "DEVICE_DATASETS", "COMPILE_MODES", "placement_problem",
 ]
 
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
@@ -42,11 +43,20 @@ def _pretrained(value: Any) -> Any:
 # data
 # --------------------------------------------------------------------------------------------
 
+#: where the training batches are made (``data.placement``)
+PLACEMENTS = ("auto", "device", "loader")
+
 _DATA_COMMON = {
     "name": Param("str", "synthetic", "the data set", options=DATASET_NAMES),
     "root": Param("str", None, "folder of a real data set (official layout)", nullable=True),
     "num_workers": Param("int", 0, "data-loading worker processes", low=0),
+    "placement": Param("str", "auto", "device: the in-memory sets (cifar100, synthetic) held on the training "
+                       "device and augmented there a batch at a time, no loader workers; loader: a DataLoader "
+                       "with per-image transforms in num_workers processes; auto: device when num_workers is 0, "
+                       "else loader", options=PLACEMENTS, implicit=True),
 }
+#: the data sets that ``data.placement: device`` can hold on the training device (in memory)
+DEVICE_DATASETS = ("synthetic", "cifar100")
 _SPLIT_SEED = Param("int", 1234, "seeds the validation split (synthetic: the data), not the trial seed", low=0)
 
 DATA_FIELDS: dict[str, dict[str, Param]] = {
@@ -138,6 +148,9 @@ EVAL_FIELDS: dict[str, Param] = {
                         "[10, 50, 500, 2000])", item=Param("int", low=1), implicit=True),
     "selection": Param("str", "val/top5", "validation metric that picks the checkpoint"),
     "selection_mode": Param("str", "max", "max or min", options=("max", "min")),
+    "batch_size": Param("int", 128, "batch size of the validation and test passes (the scores do not depend "
+                        "on it; 128: what was used before, fastest on the CPU; docs/interfaces.md)", low=1,
+                        implicit=True),
 }
 
 
@@ -181,10 +194,16 @@ def _device(value: Any) -> Any:
     raise ValueError("auto, cpu, cuda or cuda:<index>")
 
 
+#: ``compile``: eager, or the model under ``torch.compile``
+COMPILE_MODES = ("none", "model")
+
 TOP_FIELDS: dict[str, Param] = {
     "epochs": Param("int", 300, "training epochs", low=1),
     "device": Param("str", "auto", "auto, cpu, cuda or cuda:<index>", rule=_device),
     "amp": Param("bool", True, "mixed precision on CUDA (the loss stays in float32)"),
+    "compile": Param("str", "none", "none (eager) or model: the model under torch.compile, on CUDA with CUDA "
+                     "graphs (mode reduce-overhead); the default and why: docs/interfaces.md",
+                     options=COMPILE_MODES, implicit=True),
 }
 
 #: the loss of a config without a ``loss`` section (its keys are the loss's parameters)
@@ -215,6 +234,14 @@ def _densenet_shape(model: Mapping[str, Any]) -> Optional[str]:
     elif (model["depth"], model["growth_rate"]) != (MODEL_FIELDS["depth"].default, MODEL_FIELDS["growth_rate"].default):
         return (f"model.depth and model.growth_rate apply to {' and '.join(_DENSENET_DEPTH_STEP)} only, "
                 f"not {model['name']!r}")
+    return None
+
+
+def placement_problem(data: Mapping[str, Any]) -> Optional[str]:
+    """Why a data section cannot have its ``placement`` (device: in-memory data sets only)."""
+    if data.get("placement") == "device" and data.get("name") not in DEVICE_DATASETS:
+        return (f"data.placement: device holds in-memory data sets only ({', '.join(DEVICE_DATASETS)}), "
+                f"not {data.get('name')!r}; use auto or loader")
     return None
 
 
@@ -249,7 +276,7 @@ def _increasing_count_bins(ev: Mapping[str, Any]) -> Optional[str]:
 
 #: section -> rules over its checked fields (each returns why the section is wrong, or None)
 SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...]] = {
-    "data": (_synthetic_superclasses,),
+    "data": (_synthetic_superclasses, placement_problem),
     "model": (_densenet_shape,),
     "optim": (_nesterov_needs_momentum,),
     "eval": (_increasing_shot_thresholds, _increasing_count_bins),

@@ -31,7 +31,8 @@ def _rows(prefix: str, fields: Mapping[str, Param], note: str = "") -> Iterable[
 def trial_config_table() -> str:
     """Markdown table of the trial config (docs/interfaces.md section 1)."""
     lines = ["| key | default | accepts | meaning |", "|---|---|---|---|"]
-    common = ("name", "root", "num_workers")
+    # the fields every data set has, listed once
+    common = tuple(k for k in DATA_FIELDS["synthetic"] if all(k in fields for fields in DATA_FIELDS.values()))
     lines += _rows("data.", {k: p for k, p in DATA_FIELDS["synthetic"].items() if k in common})
     for name, fields in DATA_FIELDS.items():
         lines += _rows("data.", {k: p for k, p in fields.items() if k not in common}, f"{name} only")

@@ -33,6 +33,12 @@ Sections 4.4 and 5.6):
   state at its start, so ``fit(config, seed, checkpoint=state)`` with the ``state`` handed
   to ``on_epoch`` after epoch e continues exactly as the uninterrupted run (bit for bit on
   CPU; on CUDA up to the non-determinism of cuDNN kernels).
+- Data on the device (``data.placement``; issue #24, docs/throughput.md): the in-memory sets
+  are held on the training device and CIFAR's augmentation is applied to whole batches there
+  (``setvalued.data.device``), its draws from a generator seeded by (seed, epoch), so resume
+  stays exact; validation and test run at ``eval.batch_size`` and copy their scores back once
+  per pass. ``compile: model`` runs the forward passes through ``torch.compile`` (CUDA graphs
+  on CUDA); checkpoints hold the uncompiled model.
 - A non-finite loss raises ``NonFiniteLossError`` with the epoch and the step.
 """
 
@@ -51,14 +57,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from setvalued.config import (EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, conformal_enabled,
-                              default_config, reject_unknown_keys)
+from setvalued.config import (DATA_FIELDS, DEVICE_DATASETS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS,
+                              conformal_enabled, default_config, placement_problem, reject_unknown_keys)
 from setvalued.conformal import ConformalMethod, conformal_metrics, set_metrics, split_calibration
 from setvalued.label_kinds import label_kind_problems
 from setvalued.metric_names import parse_metric
 from setvalued.params import ParameterError
 from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
+from setvalued.data.device import DeviceSplit
 from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
 from setvalued.metrics import (activate, avgk_set_size, avgk_set_sizes, avgk_sets, calibrate_avgk_thresholds, evaluate,
                                label_rank, per_class_avgk, per_class_topk, shot_groups)
@@ -75,10 +82,10 @@ CHECKPOINT_FORMAT = 1
 DEFAULT_CONFIG: dict[str, Any] = default_config()
 
 #: Config keys that may differ between a checkpoint and the run resuming from it.
-RESUME_FREE_KEYS = ("data.num_workers", "device", "epochs")
+RESUME_FREE_KEYS = ("data.num_workers", "device", "epochs", "compile", "eval.batch_size")
 
 # Stream tags, so that (seed, epoch) draws for different purposes are independent.
-_MODEL_STREAM, _EPOCH_STREAM, _ORDER_STREAM, _WORKER_STREAM, _CONFORMAL_STREAM = 11, 12, 13, 14, 15
+_MODEL_STREAM, _EPOCH_STREAM, _ORDER_STREAM, _WORKER_STREAM, _CONFORMAL_STREAM, _AUGMENT_STREAM = 11, 12, 13, 14, 15, 16
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -145,6 +152,14 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
                              f"contain {parts['k']}")
     for path, reason in label_kind_problems(cfg):
         raise ValueError(f"config {'.'.join(path)}: {reason}")
+    try:
+        cfg["data"]["placement"] = DATA_FIELDS["synthetic"]["placement"].check("data.placement",
+                                                                               cfg["data"].get("placement", "auto"))
+    except ParameterError as err:
+        raise ValueError(f"config {err.text}") from None
+    reason = placement_problem(cfg["data"])
+    if reason:
+        raise ValueError(f"config {reason}")
     head = cfg["model"].get("head", "auto")
     if head != "auto" and head not in HEADS:
         raise ValueError(f"config model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
@@ -405,6 +420,11 @@ class _Trial:
         self.model = build_model(cfg["model"], self.data.num_classes, self.data.input_shape, head)
         self.model.to(self.device)
         self.loss.to(self.device)
+        #: the splits held on the training device (``data.placement``), or None: DataLoader batches
+        self.on_device = self._device_splits()
+        #: the module that runs the forward passes: the model, or the model under torch.compile
+        #: (``compile: model``); its parameters are the model's, so checkpoints hold the model
+        self.forward, self.cudagraphs = self._compiled_forward()
         #: multi-hot targets (multi-label synthetic data): the multi-label metrics, no top-K
         self.multi_label = self.data.train.targets.dim() == 2
         #: (calibration, validation) indices of the validation set when conformal sets are asked for
@@ -428,6 +448,43 @@ class _Trial:
         self.best: dict[str, Any] | None = None
         self.start_epoch = 0
 
+    def _device_splits(self) -> dict[str, DeviceSplit] | None:
+        """The train, val and test splits on the training device when ``data.placement`` says so
+        (auto: for the in-memory sets when there are no loader workers); the training split of an
+        augmented set is held as uint8 and augmented a batch at a time (``BatchAugmentation``)."""
+        d = self.cfg["data"]
+        placement = d["placement"]
+        if placement == "auto":
+            placement = "device" if d["name"] in DEVICE_DATASETS and int(d["num_workers"]) == 0 else "loader"
+        if placement == "loader":
+            return None
+        splits = {}
+        for ds in self.data:
+            augmentation = getattr(ds, "batch_augmentation", None)
+            if not (getattr(ds, "supports_batches", False) or augmentation is not None):
+                raise ValueError(f"data.placement: device needs in-memory splits; the {ds.split} split of "
+                                 f"{d['name']!r} has a per-image transform without a batched form")
+            splits[ds.split] = DeviceSplit(ds.inputs, ds.targets, self.device, augmentation)
+        return splits
+
+    def _compiled_forward(self) -> tuple[torch.nn.Module, bool]:
+        """The forward module of ``compile`` and whether it runs under CUDA graphs (whose
+        outputs are reused buffers: the trainer copies what it keeps)."""
+        if self.cfg["compile"] == "none":
+            return self.model, False
+        cudagraphs = self.device.type == "cuda"
+        return torch.compile(self.model, mode="reduce-overhead" if cudagraphs else None), cudagraphs
+
+    def _run_model(self, x: torch.Tensor) -> Any:
+        """One forward pass of the (compiled) model, its output owned by the caller."""
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self._autocast():
+            output = self.forward(x)
+        if self.cudagraphs:  # the graph's output buffers are overwritten by its next replay
+            output = TwoHeadOutput(*(t.clone() for t in output)) if isinstance(output, TwoHeadOutput) else output.clone()
+        return output
+
     def _conformal_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The labelled calibration part of the validation set (its labels serve the conformal
         calibration only) and the rest (checkpoint selection, average-K thresholds), drawn from
@@ -449,16 +506,22 @@ class _Trial:
 
     @torch.no_grad()
     def predict(self, ds: IndexedDataset) -> torch.Tensor:
-        """Float32 CPU scores (n, L) that the metrics rank, in the order of ``ds``."""
+        """Float32 CPU scores (n, L) that the metrics rank, in the order of ``ds``, at the batch
+        size ``eval.batch_size``; the scores stay on the device until the last batch (one copy
+        back per pass, no host read per batch)."""
         self.model.eval()
         order = torch.arange(len(ds))
-        bs = max(2 * self.cfg["optim"]["batch_size"], 128)
+        bs = int(self.cfg["eval"]["batch_size"])
+        held = self.on_device[ds.split] if self.on_device is not None and ds.split in self.on_device else None
+        if held is not None and held.augmentation is None:
+            batches = held.batches(order, bs)
+        else:
+            batches = _batches(ds, order, bs, int(self.cfg["data"]["num_workers"]), self.device, 0)
         out = []
-        for x, _, _ in _batches(ds, order, bs, int(self.cfg["data"]["num_workers"]), self.device, 0):
-            with self._autocast():
-                output = self.model(x.to(self.device, non_blocking=True))
-            out.append(self.loss.prediction_scores(_to_float32(output)).float().cpu())
-        return torch.cat(out)
+        for x, _, _ in batches:
+            output = self._run_model(x.to(self.device, non_blocking=True))
+            out.append(self.loss.prediction_scores(_to_float32(output)).float())
+        return torch.cat(out).cpu()
 
     def metrics_of(self, scores: torch.Tensor, targets: torch.Tensor,
                    thresholds: Mapping[float, float] | None) -> dict[str, float]:
@@ -510,6 +573,10 @@ class _Trial:
         order_gen = torch.Generator()
         order_gen.manual_seed(mix_seed(self.seed, epoch, _ORDER_STREAM))
         order = torch.randperm(len(self.data.train), generator=order_gen)
+        if self.on_device is not None:
+            augment_gen = torch.Generator(device=self.device)
+            augment_gen.manual_seed(mix_seed(self.seed, epoch, _AUGMENT_STREAM))
+            return self.on_device["train"].batches(order, self.cfg["optim"]["batch_size"], augment_gen)
         return _batches(self.data.train, order, self.cfg["optim"]["batch_size"],
                         int(self.cfg["data"]["num_workers"]), self.device,
                         mix_seed(self.seed, epoch, _WORKER_STREAM))
@@ -518,9 +585,7 @@ class _Trial:
                     idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, loss, backward and optimizer step on one batch. Returns the loss and the
         scores that the metrics rank, their ``.grad`` kept (None when the output has none)."""
-        with self._autocast():
-            output = self.model(x)
-        output = _to_float32(output)  # the loss is computed in float32
+        output = _to_float32(self._run_model(x))  # the loss is computed in float32
         scores = _watched_scores(output, self.loss)
         if scores is not None and scores.requires_grad:
             scores.retain_grad()

@@ -48,6 +48,7 @@ class RaySession:
         self.num_gpus = num_gpus  # local Ray only; default: detected
         self.object_store_mb = object_store_mb  # local Ray only
         self.started = False
+        self.cluster_gpus = 0.0  # the cluster's GPUs, counted by trial_slots
 
     def start(self) -> None:
         """Connect to Ray, or start it (nothing when this process already initialised it)."""
@@ -89,6 +90,7 @@ class RaySession:
             slots = min(slots, math.floor(resources.get("GPU", 0.0) / gpus + 1e-9))
         if study.max_concurrent:
             slots = min(slots, int(study.max_concurrent))
+        self.cluster_gpus = float(resources.get("GPU", 0.0))
         if slots < 1:
             message = (
                 f"{study.path}: resources per trial (cpus: {cpus:g}, gpus: {gpus:g}) "
@@ -103,6 +105,10 @@ class RaySession:
             slots = 1
         return slots
 
+    def gpu_sharing(self, gpus_per_trial: float, slots: int) -> int:
+        """How many trials share each GPU (0 without GPUs); see `trials_per_gpu`."""
+        return trials_per_gpu(gpus_per_trial, slots, self.cluster_gpus)
+
     def stop(self) -> None:
         """Shut Ray down if this session started it."""
         if self.started:
@@ -110,3 +116,13 @@ class RaySession:
 
             ray.shutdown()
             self.started = False
+
+
+def trials_per_gpu(gpus_per_trial: float, slots: int, cluster_gpus: float) -> int:
+    """How many of `slots` concurrent trials share each GPU when every trial asks for
+    `gpus_per_trial` of one (Ray packs fractions onto one GPU: 1 / 0.25 = 4 trials) on a
+    cluster of `cluster_gpus` GPUs, spread evenly; 0 when the trials ask for no GPU."""
+    if gpus_per_trial <= 0 or slots < 1:
+        return 0
+    fit = max(1, math.floor(1.0 / gpus_per_trial + 1e-9))
+    return min(fit, math.ceil(slots / max(1.0, math.floor(cluster_gpus + 1e-9))))

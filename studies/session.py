@@ -116,8 +116,11 @@ class StudySession:
         names = self.namer.names(cells)
         resume_from = self.resume.folders()
         payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
+        sharing = self.ray.gpu_sharing(float(self.study.resources.gpus), self.concurrency)
         self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
-                 f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each)")
+                 f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each"
+                 + (f"; {sharing} trials share each GPU)" if sharing > 1 else
+                    "; 1 trial per GPU)" if sharing == 1 else ")"))
         if self.race is not None:  # the race decides which cells start: one experiment
             self.experiment(RaceSearcher(self.race, payloads), cells, max_trials=len(cells),
                             total=total, done_before=done_before, names=names)

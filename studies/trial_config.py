@@ -120,6 +120,7 @@ class TrialConfigSchema(StrictModel):
     eval: EvalSection = Field(default_factory=EvalSection)
     device: _annotation(TOP_FIELDS["device"]) = TOP_FIELDS["device"].default
     amp: _annotation(TOP_FIELDS["amp"]) = TOP_FIELDS["amp"].default
+    compile: _annotation(TOP_FIELDS["compile"]) = TOP_FIELDS["compile"].default
 
     _device = field_validator("device")(_rule_validator(TOP_FIELDS["device"]))
 
@@ -280,6 +281,9 @@ def _without_implicit_defaults(config: dict) -> dict:
         for key, param in fields.items():
             if param.implicit and key in config[section] and config[section][key] == param.default:
                 del config[section][key]
+    for key, param in TOP_FIELDS.items():
+        if param.implicit and key in config and config[key] == param.default:
+            del config[key]
     return config
 
 

@@ -231,7 +231,7 @@ def write_fake_cifar(root, per_class):
                      "coarse_label_names": [str(i) for i in range(20)]}, f, protocol=2)
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("num_workers", [0, 1])  # 0: data on the device (data.placement: auto); 1: a DataLoader
 def test_resume_with_augmentation_and_data_loader(tmp_path, num_workers):
     write_fake_cifar(tmp_path, per_class=3)
     cfg = {

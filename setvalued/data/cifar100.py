@@ -16,7 +16,9 @@ to P-5):
   read from the ``coarse_labels`` of the pickle, as the papers' text says. The noise is
   drawn from the trial seed. Validation and test labels stay clean.
 - Train transform: RandomCrop(32, padding=4), RandomHorizontalFlip, Normalize with mean
-  (125.3, 123.0, 113.9)/255 and std (63.0, 62.1, 66.7)/255; val/test: Normalize only.
+  (125.3, 123.0, 113.9)/255 and std (63.0, 62.1, 66.7)/255; val/test: Normalize only. The
+  training split carries it twice: per image (``transform``, for DataLoader workers) and per
+  batch (``batch_augmentation``, for the split held on the training device; same distribution).
 
 The pickles are read directly (same format as torchvision reads): torchvision's own class
 verifies MD5 sums of the full files, so it would refuse the small files that the tests
@@ -41,6 +43,7 @@ from setvalued.data.common import (
     layout_error,
     mix_seed,
 )
+from setvalued.data.device import BatchAugmentation
 
 FOLDER = "cifar-100-python"
 MEAN = tuple(v / 255.0 for v in (125.3, 123.0, 113.9))
@@ -206,8 +209,15 @@ def add_group_label_noise(labels: np.ndarray, p: float, groups: np.ndarray,
     return noisy, redraw
 
 
+#: the papers' training augmentation as whole-batch operations (setvalued.data.device)
+AUGMENTATION = BatchAugmentation(size=32, padding=4, flip=True, mean=MEAN, std=STD)
+
+
 class Cifar100Train(TensorSplit):
     """Training split with augmentation; ``clean_targets`` and ``redrawn`` describe the noise."""
+
+    #: the per-image ``transform`` as a batch operation, for the split held on the device
+    batch_augmentation = AUGMENTATION
 
 
 def build(cfg: dict[str, Any], seed: int) -> DataSplits:
@@ -245,7 +255,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
 
     normalize = v2.Normalize(MEAN, STD)
     train_transform = v2.Compose([
-        v2.RandomCrop(32, padding=4),
+        v2.RandomCrop(AUGMENTATION.size, padding=AUGMENTATION.padding),
         v2.RandomHorizontalFlip(),
         v2.ToDtype(torch.float32, scale=True),
         normalize,
