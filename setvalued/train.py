@@ -821,7 +821,7 @@ such as the smooth top-k SVM's switch between its smooth and hard paths, is aver
     batch_size = int(trial.cfg["optim"]["batch_size"])
     steps_per_epoch = math.ceil(len(trial.data.train) / batch_size)
 
-    eval_batch = max(2 * batch_size, 128)
+    eval_batch = int(trial.cfg["eval"]["batch_size"])
     n_val = len(trial.data.val)
     prefix = min(n_val, steps * eval_batch)
     trial.model.eval()
@@ -829,8 +829,7 @@ such as the smooth top-k SVM's switch between its smooth and hard paths, is aver
     with torch.no_grad():
         for x, _, _ in _batches(trial.data.val, torch.arange(prefix), eval_batch,
                                 int(trial.cfg["data"]["num_workers"]), trial.device, 0):
-            with trial._autocast():
-                trial.model(x.to(trial.device, non_blocking=True))
+            trial._run_model(x.to(trial.device, non_blocking=True))
     sync()
     per_example = (time.perf_counter() - began) / max(prefix, 1)
     val_s = per_example * n_val

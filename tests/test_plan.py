@@ -49,8 +49,9 @@ def test_asha_expected_epochs_equal_synchronous_successive_halving(epochs, grace
 
 
 def test_slots_and_schedule():
-    study = load_study(CATALOG / "topk_cifar100_label_noise.yaml")  # 4 CPUs, 0.5 GPU each
-    assert trial_slots(study, 8)[0] == 16
+    study = load_study(CATALOG / "topk_cifar100_label_noise.yaml")  # 4 CPUs, 0.25 GPU each
+    assert study.resources.gpus == 0.25
+    assert trial_slots(study, 8)[0] == 32
     quick = load_study(CATALOG / "quickstart.yaml")  # 1 CPU, no GPU
     assert trial_slots(quick, None, cpus=6)[0] == 6
     assert schedule_length([3, 1, 1, 2], 2) == 4  # 3 | 1+1, then 2 on the second slot (free at 2)
@@ -61,7 +62,7 @@ def test_plan_of_a_catalogue_file_prints_both_tables_in_80_columns():
                          "--no-probe", "--difference", "0.5")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "Compute" in out and "Seeds needed" in out and "trial slots: 16" in out
+    assert "Compute" in out and "Seeds needed" in out and "trial slots: 32" in out
     assert all(len(line) <= 80 for line in out.splitlines())
     # the published intervals (4 seeds, 95 % t) of ce and smooth_hinge at label noise 0.0,
     # combined as independent: top-5 94.2 +- 0.1 and 93.3 +- 0.0
