@@ -13,7 +13,7 @@ import json
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-__all__ = ["run_names", "RunNamer", "SYMBOLS"]
+__all__ = ["run_names", "config_name", "RunNamer", "SYMBOLS"]
 
 #: the last part of a dotted path -> how the papers write it
 SYMBOLS = {
@@ -72,7 +72,17 @@ class RunNamer:
         cells = list(cells)
         self.add(cells)
         labels = {variant: self._labels(variant) for variant in {c.variant for c in cells}}
-        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 8]} s{c.seed}" for c in cells}
+        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 8]}{_seed_suffix(c.seed)}"
+                for c in cells}
+
+
+def _seed_suffix(seed: Any) -> str:
+    return f" s{seed}"
+
+
+def config_name(run_name: str, seed: Any) -> str:
+    """The config's readable name in a cell's run name (the name without its seed)."""
+    return run_name.removesuffix(_seed_suffix(seed))
 
 
 def run_names(cells: Iterable[Any]) -> dict[str, str]:
