@@ -264,7 +264,12 @@ def test_mlflow_ui_link_opens_the_study_filtered_to_its_cells(report_study):
     assert f"{url.scheme}://{url.netloc}" == report_study["uri"]
     route, query = url.fragment.split("?", 1)
     assert route == f"/experiments/{experiment.experiment_id}/runs"
-    search = urllib.parse.parse_qs(query)["searchFilter"][0]
+    # an experiment without the UI's view (not written by studies.tracking): the same filter
+    # and order as URL parameters, in the model-training UI
+    params = urllib.parse.parse_qs(query)
+    assert params["workflowType"] == ["machine_learning"]
+    assert params["orderByKey"] == ["tags.`mlflow.runName`"]  # not the start time: no nesting
+    search = params["searchFilter"][0]
     assert search == "tags.`studies.role` = 'cell'"
     runs = MlflowClient(report_study["uri"]).search_runs([experiment.experiment_id], search)
     assert len(runs) == 21 and all(r.data.tags["studies.role"] == "cell" for r in runs)  # 19 + 2
