@@ -32,7 +32,7 @@ from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
 from analysis.study_file import ReportError, StudyInfo, load_study_info
-from analysis.tables import (comparison_table, failed_cells_table, metrics_table, race_table,
+from analysis.tables import (NO_BASELINE, comparison_table, failed_cells_table, metrics_table, race_table,
                              table_specs, variant_table)
 
 __all__ = ["build_report", "ReportError", "StudyInfo", "load_study_info", "format_mean_ci"]
@@ -85,7 +85,7 @@ def build_report(
         if table is not None:
             doc.table(table)
         else:
-            doc.paragraph(message)
+            doc.paragraph(message, note=message.startswith(NO_BASELINE))
 
     results.notes += unmatched_rows(study.reference, results.rows)
     for note in results.notes:
