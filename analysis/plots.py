@@ -403,12 +403,12 @@ Y_REACH = 1.5
 
 def _fit_y(ax, means: Sequence[float], bands: Sequence[float]) -> bool:
     """Y limits that show every mean and as much of every interval as is within `Y_REACH`
-    spreads of the means (at least 2 % of their level, so equal means keep a range): one
+    spreads of the means (at least 0.5 % of their level, so equal means keep a range): one
     huge interval does not squash the lines. Returns whether an interval was cut."""
     if not means:
         return False
     low, high = min(means), max(means)
-    spread = max(high - low, 0.02 * max(abs(low), abs(high)), 1e-9)
+    spread = max(high - low, 0.005 * max(abs(low), abs(high)), 1e-9)
     floor, ceiling = low - Y_REACH * spread, high + Y_REACH * spread
     bottom = max(min([low, *bands]), floor)
     top = min(max([high, *bands]), ceiling)
