@@ -58,8 +58,9 @@ def symbol(path: str) -> str:
 
 
 def param_label(path: str) -> str:
-    """A parameter on an axis or in a column head: `ε (loss.epsilon)`."""
-    return f"{symbol(path)} ({path})"
+    """A parameter on an axis or in a column head: `ε (loss.epsilon)`; the path alone where
+    the papers write it by its own name (`optim.lr`)."""
+    return path if symbol(path) == path.rsplit(".", 1)[-1] else f"{symbol(path)} ({path})"
 
 
 def short_value(value: Any) -> str:
