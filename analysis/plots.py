@@ -370,7 +370,7 @@ def plot_series(
                 ax.set_xticks(values, [_tick(v) for v in values])
                 ax.minorticks_off()
             if scale == "symlog" and values[0] >= 0:  # no empty negative half
-                ax.set_xlim(-0.5 * kwargs["linthresh"], values[-1] * 1.25)
+                ax.set_xlim(-0.5 * kwargs["linthresh"], values[-1] * 1.6)
         cut_bands |= _fit_y(ax, means_drawn, bands_drawn)
         ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
