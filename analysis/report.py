@@ -127,11 +127,16 @@ def _introduction(doc: Document, results: StudyResults, study_name: str,
         doc.paragraph("The runs in the MLflow UI: start it on this store,")
         doc.code(command, "sh")
         doc.link(f"then open experiment {collected.experiment_id} filtered to the study's cell "
-                 f"runs (search filter {search}):", url)
+                 f"runs{_grouped(collected)} (search filter {search}):", url)
     else:
         doc.link(f"The runs in the MLflow UI: experiment {collected.experiment_id}, filtered to "
-                 f"the study's cell runs (search filter {search}):", url)
+                 f"the study's cell runs{_grouped(collected)} (search filter {search}):", url)
     doc.paragraph("The tables are also in tables.tex beside this report (LaTeX, booktabs).")
+
+
+def _grouped(collected) -> str:
+    """How the UI's view groups the cell runs, when the experiment holds it."""
+    return ", grouped by config" if collected.ui_view else ""
 
 
 def _result_tables(doc: Document, results: StudyResults) -> list[str]:
