@@ -96,6 +96,27 @@ def test_the_reports_link_opens_every_cell_run_grouped_by_config_in_the_training
     assert "Group by: studies.config_name" in texts, joined[:3000]
 
 
+def test_without_the_view_the_link_still_lists_every_cell_run_flat(quickstart_runs, mlflow_server,
+                                                                  tmp_path):
+    """An experiment written before it held the view: the link carries the filter and a sort
+    by name, so that the UI does not fetch the parent run and fold the cells under it."""
+    import dataclasses
+
+    from analysis.collect import collect
+    from analysis.provenance import mlflow_ui
+
+    name, groups, _ = quickstart_runs
+    collected = dataclasses.replace(collect(mlflow_server, name), ui_view=False)
+    _, link, _ = mlflow_ui(collected)
+    assert "viewStateShareKey" not in link
+    texts = page_texts(link, tmp_path / "profile")
+    joined = " | ".join(texts)
+    assert not set(GENAI_ONLY) & set(texts), joined[:3000]
+    assert re.search(r"\b15 \| matching runs", joined), joined[-3000:]
+    runs = sorted(n for names in groups.values() for n in names)
+    assert sorted(t for t in texts if t in runs) == runs  # not folded under the parent run
+
+
 def test_the_selected_model_is_a_logged_model_of_its_run_in_the_models_tab(
         quickstart_runs, mlflow_server, tmp_path):
     import mlflow.pytorch
