@@ -209,7 +209,7 @@ def label_reference_lines(fig: Figure, labels: Mapping[Any, Sequence[tuple[float
     renderer = fig.canvas.get_renderer()
     texts = []
     for ax, entries in items.items():
-        placed = [ax.text(0.99, y, short(text, 32), transform=ax.get_yaxis_transform(),
+        placed = [ax.text(0.99, y, short(text, 44), transform=ax.get_yaxis_transform(),
                           ha="right", va="bottom", fontsize=fontsize, color=color,
                           bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
                                 "alpha": 0.85})
@@ -357,7 +357,7 @@ def plot_series(
                 ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
                 bands_drawn += [b for b in (low[0], high[0]) if math.isfinite(b)]
             references.setdefault(ax, []).append(
-                (p["mean"] * factor, f"{s.label} ({_n_label(s)}, one config)", color))
+                (p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color))
         if categorical:
             shown = _thin(categories)
             ax.set_xticks([categories.index(c) for c in shown],
@@ -551,6 +551,9 @@ def learning_curves(
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    first, last = ax.dataLim.intervalx
+    if first == last:  # one epoch: a point at it, not a stretch of fractions around it
+        ax.set_xlim(first - 1, last + 1)
     ax.set_ylabel(_axis_label(metric, factor))
     band = f"band: {level:.0%} CI" if level else "band: CI"
     ax.set_title(f"{metric} over the epochs ({band})", fontsize=10)

@@ -249,7 +249,7 @@ def test_paired_comparison_matches_scipy(report_study):
     # one metric and one compared variant: said once in the title, not in every row
     assert "### Each variant against the baseline 'ce' (metric: test/top5; variant: noised)" in section
     header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
-    assert header == ("| config | baseline (ce) | pairs (seeds) | mean difference [95% CI] "
+    assert header == ("| config | baseline config | pairs (seeds) | mean difference [95% CI] "
                       "| p (paired t) | p (Holm) | note |")
     # noised at p=0.1 pairs with ce at p=0.1 only; eps sweep configs pair with ce at p=0
     assert len(rows) == 5 and "| p=0.1 | p=0.1 |" in section
@@ -316,7 +316,7 @@ def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_s
     row = next(r for r in first["rows"] if r[0] == "ce" and r[1] == "0.0")
     assert ce in row and r"94.2 $\pm$ 0.1" in row
     assert any(r"\textbf{" in cell for row in first["rows"] for cell in row)
-    assert "baseline (ce)" in tables[2]["header"]
+    assert "baseline config" in tables[2]["header"]
     assert "NonFiniteLossError" not in tex
     if shutil.which("pdflatex"):
         document = tmp_path / "paper.tex"
