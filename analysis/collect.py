@@ -82,6 +82,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_STOPPED_EPOCH,
     TAG_SWEPT,
     TAG_VARIANT,
+    cell_runs_view_tag,
     tag_filter,
 )
 
@@ -116,6 +117,8 @@ class Collected:
     # cell_ids with more than one finished run (the latest finished run is kept in `table`)
     duplicate_cells: list[str] = field(default_factory=list)
     n_runs: int = 0
+    #: the experiment holds the MLflow UI's view of the cell runs (`layout.cell_runs_view_tag`)
+    ui_view: bool = False
 
     @property
     def metric_columns(self) -> list[str]:
@@ -634,6 +637,7 @@ def collect(
         study_yaml=_study_yaml(client, parent.run_id) if parent else None,
         duplicate_cells=duplicates,
         n_runs=len(cells),
+        ui_view=cell_runs_view_tag()[0] in (experiment.tags or {}),
     )
 
 

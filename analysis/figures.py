@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 from analysis import plots
 from analysis.collect import MEAN_PREFIX, PARAM_PREFIX, collect_histories, collect_per_class
+from analysis.formatting import param_label, symbol
 from analysis.layout import PER_CLASS_ARTIFACT, SET_SIZES_ARTIFACT
 from analysis.published import row_matches
 from analysis.report_schema import ReportCurve, ReportSetSizes
@@ -117,6 +118,11 @@ def build_figures(results: StudyResults, figures_dir: Path) -> Figures:
     return figures
 
 
+def _colors(results: StudyResults) -> dict:
+    """A variant's colour, the same in every figure of the report."""
+    return plots.variant_colors(results.variants)
+
+
 def _level_text(results: StudyResults) -> str:
     return f"{results.level:.0%} CI"
 
@@ -146,6 +152,7 @@ def _curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
         primary = results.primary_metric()
         specs = [ReportCurve(x=p, metric=primary) for p in _numeric_swept_paths(results)] \
             if primary else []
+    colors = _colors(results)
     for i, spec in enumerate(specs):
         x, metric = spec.x, spec.metric
         name = f"curve_{i + 1}_{slug(metric)}_vs_{slug(x)}"
@@ -154,13 +161,13 @@ def _curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
             continue
         if x == "data.label_noise":
             draw = functools.partial(plots.metric_vs_label_noise, results.summary([metric]),
-                                     metric, figures_dir / name, x=x)
+                                     metric, figures_dir / name, x=x, colors=colors)
         else:
             draw = functools.partial(plots.sensitivity_curve, results.summary([metric]), x,
-                                     metric, figures_dir / name)
-        figures.add(f"curve {metric} vs {x}", f"{metric} vs {x}",
+                                     metric, figures_dir / name, colors=colors)
+        figures.add(f"curve {metric} vs {x}", f"{metric} vs {param_label(x)}",
                     f"Mean over seeds; band: {_level_text(results)}; dashed, labelled at the "
-                    f"right: a variant with a single config (not swept on {x}).", draw)
+                    f"right: a variant with a single config (not swept on {symbol(x)}).", draw)
 
 
 def heatmap_pairs(results: StudyResults) -> dict[str, tuple[str, str]]:
@@ -216,7 +223,8 @@ def _learning_curves(results: StudyResults, figures_dir: Path, figures: Figures)
                     f"{_level_text(results)}.{(' ' + which) if which else ''}",
                     functools.partial(plots.learning_curves, curves, metric,
                                       figures_dir / f"learning_{slug(metric)}",
-                                      order=shown, level=results.level))
+                                      order=shown, level=results.level,
+                                      colors=_colors(results)))
 
 
 def _epoch_time(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
@@ -327,7 +335,8 @@ def _shot_groups(results: StudyResults, figures_dir: Path, figures: Figures) -> 
                     f"{_level_text(results)}, within 0–100 %.{(' ' + which) if which else ''}",
                     functools.partial(plots.shot_group_bars, summary, base,
                                       figures_dir / f"shot_groups_{slug(base)}",
-                                      split=split, order=shown))
+                                      split=split, order=shown,
+                                      colors=_colors(results)))
 
 
 def _logged_bins(results: StudyResults) -> dict[str, dict[tuple[int, float], str]]:
@@ -402,7 +411,8 @@ def _count_bins(results: StudyResults, figures_dir: Path, figures: Figures) -> N
                     functools.partial(plots.count_bin_accuracy, summary,
                                       [(_bin_label(low, high), m) for (low, high), m in ordered],
                                       figures_dir / f"count_bins_{slug(base)}",
-                                      published=published, source=source, order=order))
+                                      published=published, source=source, order=order,
+                                      colors=_colors(results)))
 
 
 def _per_class(results: StudyResults, figures_dir: Path, figures: Figures) -> None:

@@ -1,10 +1,21 @@
-"""How the report writes numbers and configs as text: `94.4 ± 0.1`, `loss.epsilon=0.01`, p-values."""
+"""How numbers and configs are written as text: `94.4 ± 0.1`, `ε=0.01`, p-values.
+
+A parameter is written with the papers' symbol (`SYMBOLS`, declared here once) wherever a
+person reads it: the report's tables, legends and axes, and the MLflow run names
+(`studies.run_names`)."""
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+#: the last part of a dotted path -> how the papers write it
+SYMBOLS = {
+    "epsilon": "ε", "tau": "τ", "alpha": "α", "beta": "β", "lambda_": "λ", "gamma": "γ",
+    "n_samples": "M", "k": "K", "max_margin": "m", "scale": "s", "batch_size": "bs",
+    "label_noise": "p", "lr": "lr", "weight_decay": "wd", "momentum": "mom",
+}
 
 
 def format_mean_ci(mean: float, half_width: float, digits: int) -> str:
@@ -39,13 +50,42 @@ def value_text(value: Any) -> str:
 NO_SWEPT_TEXT = "base values"
 
 
+def symbol(path: str) -> str:
+    """How the papers write the parameter at a dotted path (`loss.epsilon` -> `ε`); the
+    path's last part where they have no symbol."""
+    last = path.rsplit(".", 1)[-1]
+    return SYMBOLS.get(last, last)
+
+
+def param_label(path: str) -> str:
+    """A parameter on an axis or in a column head: `ε (loss.epsilon)`; the path alone where
+    the papers write it by its own name (`optim.lr`)."""
+    return path if symbol(path) == path.rsplit(".", 1)[-1] else f"{symbol(path)} ({path})"
+
+
+def short_value(value: Any) -> str:
+    """A value in an assignment: four significant digits (`0.01`, `1`, `1e-05`)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def assignments(values: Mapping[str, Any]) -> list[str]:
+    """`["p=0.1", "ε=0.2"]` for `{path: value}`, sorted by path; a symbol two paths share is
+    replaced by the paths."""
+    symbols = [symbol(path) for path in values]
+    return [f"{symbol(path) if symbols.count(symbol(path)) == 1 else path}={short_value(value)}"
+            for path, value in sorted(values.items())]
+
+
 def swept_text(swept_json: str) -> str:
-    """A config by its swept values (`data.label_noise=0.1, loss.k=5`), NO_SWEPT_TEXT if
-    none."""
+    """A config by its swept values (`p=0.1, K=5`), NO_SWEPT_TEXT if none."""
     swept = json.loads(swept_json or "{}")
     if not swept:
         return NO_SWEPT_TEXT
-    return ", ".join(f"{k}={value_text(v)}" for k, v in sorted(swept.items()))
+    return ", ".join(assignments(swept))
 
 
 def p_text(p: float | None) -> str:

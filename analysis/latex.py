@@ -5,7 +5,7 @@ Each `analysis.tables.Table` marked for the paper becomes a `table` float holdin
 `\\toprule`, `\\midrule` and `\\bottomrule`, its caption above and a label derived from its
 title. Published numbers keep their own columns, one per source ("... (paper)", "...
 ([GSJS22])"), as in the HTML. Text is
-escaped for LaTeX; the few non-ASCII signs the report writes (±, –, −, ≤, ≥, ≠, …) become
+escaped for LaTeX; the few non-ASCII signs the report writes (±, –, −, ≤, ≥, ≠, …, the Greek symbols of parameters) become
 their LaTeX forms, so the file compiles with pdflatex as it is.
 
 The preamble a paper needs is listed at the top of the file: `\\usepackage{booktabs}` (and
@@ -30,6 +30,9 @@ _SPECIAL = {
     "±": r"$\pm$", "–": "--", "—": "---", "−": "$-$", "≤": r"$\leq$", "≥": r"$\geq$",
     "≠": r"$\neq$", "…": r"\ldots{}", "×": r"$\times$", "\u2009": r"\,", "\u00a0": "~",
     "`": r"\textasciigrave{}",
+    # the papers' symbols of parameters (analysis.formatting.SYMBOLS)
+    "ε": r"$\varepsilon$", "τ": r"$\tau$", "α": r"$\alpha$", "β": r"$\beta$",
+    "λ": r"$\lambda$", "γ": r"$\gamma$",
 }
 _PATTERN = re.compile("|".join(re.escape(c) for c in sorted(_SPECIAL, key=len, reverse=True)))
 

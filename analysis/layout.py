@@ -4,6 +4,7 @@
 them back; both import the names from here so that the two sides cannot drift apart.
 """
 
+import json
 from typing import Any, Mapping
 
 TAG_ROLE = "studies.role"
@@ -12,6 +13,9 @@ TAG_CONFIG_ID = "studies.config_id"
 TAG_SEED = "studies.seed"
 TAG_CELL_ID = "studies.cell_id"
 TAG_VARIANT = "studies.variant"
+#: the config's readable name (`studies.run_names`: its run name without the seed); the MLflow
+#: UI groups a study's cell runs by it
+TAG_CONFIG_NAME = "studies.config_name"
 TAG_SWEPT = "studies.swept"
 TAG_STATUS = "studies.status"
 TAG_ERROR = "studies.error"
@@ -36,6 +40,20 @@ TAG_LEASE_PREFIX = "studies.lease."
 STATUS_RUNNING = "running"
 STATUS_FINISHED = "finished"
 STATUS_FAILED = "failed"
+
+#: the MLflow UI (3.x) of a study's cell runs: a view the experiment holds in the tag
+#: ``mlflow.sharedViewState.<key>`` and the runs page loads from ``viewStateShareKey=<key>``
+#: (the page ignores it when the URL holds a search facet such as ``searchFilter``);
+#: ``workflowType`` picks the model-training UI over the GenAI one, which a fresh browser
+#: shows otherwise (its choice lives in the browser's local storage, not in the experiment)
+UI_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+UI_VIEW_KEY = "studies-cells"
+UI_WORKFLOW = "workflowType=machine_learning"
+#: sorting by run name (any key but the start time) keeps the cell runs flat: on the start
+#: time, the UI fetches their parent run and folds them under it
+UI_ORDER_BY = "tags.`mlflow.runName`"
+#: the UI's id of its run-name column, widened so that a config's name reads whole
+UI_NAME_COLUMN = "attributes.`Run Name`"
 
 STUDY_ARTIFACT = "study.yaml"
 PER_CLASS_ARTIFACT = "per_class_test.parquet"
@@ -63,3 +81,26 @@ def tag_filter(tags: Mapping[str, Any]) -> str:
         escaped = str(value).replace("'", "\\'")
         clauses.append(f"tags.`{tag}` = '{escaped}'")
     return " and ".join(clauses)
+
+
+def cell_runs_filter() -> str:
+    """The search filter that keeps a study's cell runs (its experiment holds the study)."""
+    return tag_filter({TAG_ROLE: ROLE_CELL})
+
+
+def cell_runs_view() -> dict[str, Any]:
+    """The MLflow UI's view of the cell runs (the value of the experiment's view tag): the
+    cell runs flat, by name, grouped by their config's readable name, every run in the
+    charts."""
+    return {
+        "searchFilter": cell_runs_filter(), "orderByKey": UI_ORDER_BY, "orderByAsc": True,
+        "groupBy": {"aggregateFunction": "average",
+                    "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_NAME}]},
+        "runsHiddenMode": "SHOW_ALL",
+        "columnOrder": [UI_NAME_COLUMN], "columnWidths": {UI_NAME_COLUMN: 360},
+    }
+
+
+def cell_runs_view_tag() -> tuple[str, str]:
+    """(key, value) of the experiment tag that holds `cell_runs_view`."""
+    return UI_VIEW_TAG_PREFIX + UI_VIEW_KEY, json.dumps(cell_runs_view(), separators=(",", ":"))

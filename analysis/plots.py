@@ -29,11 +29,13 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from analysis.collect import PARAM_PREFIX
+from analysis.formatting import assignments, param_label
 from analysis.stats import CurveSeries, curve_series, is_fraction_metric, lower_is_better
 
 # A log axis is used when the positive values span at least this ratio (about 1.7 decades).
@@ -53,6 +55,38 @@ _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#
 _REFERENCE_PALETTE = ["#444444", "#8c564b", "#bcbd22", "#17becf"]
 #: Most lines one axes draws; more would be an unreadable tangle (and the palette repeats).
 MAX_LINES = len(_PALETTE)
+#: how far the configs of one variant are shaded away from its colour (towards white, then
+#: black, in turn): the first config keeps the colour itself
+_SHADES = (0.0, 0.45, -0.35, 0.65, -0.55, 0.25, -0.2, 0.8)
+
+
+def variant_colors(variants: Sequence[Any]) -> dict[Any, str]:
+    """One colour per variant, in the study's order: a report passes the same map to every
+    figure, so that a variant has one colour throughout."""
+    return {v: _PALETTE[i % len(_PALETTE)] for i, v in enumerate(variants)}
+
+
+def _shade(color: str, index: int) -> str:
+    """The `index`-th shade of `color` (`_SHADES`)."""
+    amount = _SHADES[index % len(_SHADES)]
+    rgb = to_rgb(color)
+    target = 1.0 if amount > 0 else 0.0
+    return to_hex(tuple(c + abs(amount) * (target - c) for c in rgb))
+
+
+def _config_colors(variants: Sequence[Any], colors: Mapping[Any, str] | None) -> list[str]:
+    """The colour of each of a figure's lines or bars, given their variants in drawing order:
+    the variant's colour (`colors`), shaded apart for its second, third... config; the
+    palette in order when there is no map."""
+    if colors is None:
+        return [_PALETTE[i % len(_PALETTE)] for i in range(len(variants))]
+    seen: dict[Any, int] = {}
+    out = []
+    for i, variant in enumerate(variants):
+        base = colors.get(variant) or _PALETTE[i % len(_PALETTE)]
+        out.append(_shade(base, seen.get(variant, 0)))
+        seen[variant] = seen.get(variant, 0) + 1
+    return out
 
 
 def _rows(summary: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
@@ -175,7 +209,7 @@ def label_reference_lines(fig: Figure, labels: Mapping[Any, Sequence[tuple[float
     renderer = fig.canvas.get_renderer()
     texts = []
     for ax, entries in items.items():
-        placed = [ax.text(0.99, y, short(text, 32), transform=ax.get_yaxis_transform(),
+        placed = [ax.text(0.99, y, short(text, 44), transform=ax.get_yaxis_transform(),
                           ha="right", va="bottom", fontsize=fontsize, color=color,
                           bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
                                 "alpha": 0.85})
@@ -229,11 +263,15 @@ def plot_series(
     percent: bool | None = None,
     level: float | None = None,
     notes: list[str] | None = None,
+    colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """Draw curve lines (mean, CI band) and flat reference lines; save PNG and SVG.
 
     Up to MAX_LINES lines share one axes; more become small multiples by variant (module
-    docstring). What is left out is appended to `notes`."""
+    docstring). A line has its variant's colour (`colors`, `variant_colors`). The legend sits
+    inside the axes; the y axis spans the means and the intervals, but an interval far
+    wider than the spread of the means (a t interval over two seeds) is cut by the axes and
+    said so in `notes`. What is left out is appended to `notes`."""
     if not series:
         raise ValueError(f"nothing to plot for {metric} against {x}: no config has both")
     factor = _scale(metric, percent)
@@ -273,10 +311,16 @@ def plot_series(
                   for ax, (variant, group) in zip(grid, groups)]
 
     references: dict[Any, list[tuple[float, str, str]]] = {}
+    cut_bands = False
+    flat_colors = _config_colors([f.variant for f in flats], colors) if colors is not None \
+        else [_REFERENCE_PALETTE[i % len(_REFERENCE_PALETTE)] for i in range(len(flats))]
     for ax, variant, drawn, rest in panels:
         ax.grid(True, which="major", alpha=0.3)
+        means_drawn: list[float] = []
+        bands_drawn: list[float] = []
+        line_colors = _config_colors([d.variant for d in drawn], colors)
         for index, s in enumerate(drawn):
-            color = _PALETTE[index % len(_PALETTE)]
+            color = line_colors[index]
             label = s.label
             if variant is not None and label.startswith(f"{variant}, "):
                 label = label[len(f"{variant}, "):]
@@ -284,6 +328,8 @@ def plot_series(
             xv = [xpos(p[xcol]) for p in points]
             mean = [p["mean"] * factor for p in points]
             low, high = _band(points, metric, factor)
+            means_drawn += [m for m in mean if math.isfinite(m)]
+            bands_drawn += [b for b in low + high if math.isfinite(b)]
             ax.plot(xv, mean, marker="o", markersize=3.5, color=color, linewidth=1.5,
                     label=short(f"{label} ({_n_label(s)})"))
             ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
@@ -302,14 +348,16 @@ def plot_series(
                             color="#999999", alpha=0.22, linewidth=0, zorder=0.5,
                             label=f"range of {len(rest)} other line(s)")
         for index, s in enumerate(flats):
-            color = _REFERENCE_PALETTE[index % len(_REFERENCE_PALETTE)]
+            color = flat_colors[index]
             p = s.points[0]
             ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.2)
+            means_drawn.append(p["mean"] * factor)
             if p["ci_low"] is not None and math.isfinite(p["ci_low"]):
                 low, high = _band([p], metric, factor)
                 ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
+                bands_drawn += [b for b in (low[0], high[0]) if math.isfinite(b)]
             references.setdefault(ax, []).append(
-                (p["mean"] * factor, f"{s.label} ({_n_label(s)}, one config)", color))
+                (p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color))
         if categorical:
             shown = _thin(categories)
             ax.set_xticks([categories.index(c) for c in shown],
@@ -317,19 +365,29 @@ def plot_series(
         else:
             scale, kwargs = choose_xscale(xs_all)
             ax.set_xscale(scale, **kwargs)
-        ax.set_xlabel(xlabel or x, fontsize=9)
+            values = sorted({float(v) for v in xs_all if _is_number(v)})
+            if scale != "linear" and len(values) <= 12:  # the swept values, not 10^k ticks
+                ax.set_xticks(values, [_tick(v) for v in values])
+                ax.minorticks_off()
+            if scale == "symlog" and values[0] >= 0:  # no empty negative half
+                ax.set_xlim(-0.5 * kwargs["linthresh"], values[-1] * 1.6)
+        cut_bands |= _fit_y(ax, means_drawn, bands_drawn)
+        ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
             total = len(drawn) + len(rest)
             ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""),
                          fontsize=9)
             ax.legend(fontsize=6.5, loc="best")
     band = f"band: {level:.0%} CI" if level else "band: CI"
-    heading = title or f"{metric} vs {x} ({band})"
+    heading = title or f"{metric} vs {param_label(x)} ({band})"
+    if cut_bands:
+        _note(notes, "Intervals far wider than the spread of the means (few seeds) are cut "
+                     "by the axes; the tables give them whole.")
     if panels[0][1] is None:
         panels[0][0].set_title(heading, fontsize=10)
         panels[0][0].set_ylabel(ylabel or _axis_label(metric, factor))
         if lines:
-            fig.legend(fontsize=7, loc="outside right upper")
+            panels[0][0].legend(fontsize=7, loc="best", framealpha=0.9)
     else:
         fig.suptitle(heading, fontsize=10)
         for ax, *_ in panels:
@@ -337,6 +395,26 @@ def plot_series(
                 ax.set_ylabel(ylabel or _axis_label(metric, factor))
     label_reference_lines(fig, references)
     return save_figure(fig, out_base)
+
+
+#: how far beyond the means the y axis goes for an interval, in spreads of the means
+Y_REACH = 1.5
+
+
+def _fit_y(ax, means: Sequence[float], bands: Sequence[float]) -> bool:
+    """Y limits that show every mean and as much of every interval as is within `Y_REACH`
+    spreads of the means (at least 0.5 % of their level, so equal means keep a range): one
+    huge interval does not squash the lines. Returns whether an interval was cut."""
+    if not means:
+        return False
+    low, high = min(means), max(means)
+    spread = max(high - low, 0.005 * max(abs(low), abs(high)), 1e-9)
+    floor, ceiling = low - Y_REACH * spread, high + Y_REACH * spread
+    bottom = max(min([low, *bands]), floor)
+    top = min(max([high, *bands]), ceiling)
+    pad = 0.05 * (top - bottom)
+    ax.set_ylim(bottom - pad, top + pad)
+    return any(b < floor or b > ceiling for b in bands)
 
 
 def _thin(values: Sequence[Any], most: int = 10) -> list[Any]:
@@ -357,6 +435,7 @@ def sensitivity_curve(
     title: str | None = None,
     percent: bool | None = None,
     notes: list[str] | None = None,
+    colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """`metric` (mean over seeds, CI band) against the swept param `x`, a line per variant.
 
@@ -369,7 +448,7 @@ def sensitivity_curve(
         raise ValueError(f"no config sweeps {x!r} for metric {metric!r}: nothing to draw")
     level = next((r["level"] for r in rows if r.get("level")), None)
     return plot_series(series, x, metric, out_base, title=title, percent=percent, level=level,
-                       notes=notes)
+                       notes=notes, colors=colors)
 
 
 def metric_vs_label_noise(
@@ -379,11 +458,13 @@ def metric_vs_label_noise(
     *,
     x: str = "data.label_noise",
     notes: list[str] | None = None,
+    colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """`metric` against the label-noise probability p (thesis Table 4.4 as a figure)."""
     return sensitivity_curve(
         summary, x, metric, out_base,
-        title=f"{metric} vs label-noise probability p ({x})", notes=notes,
+        title=f"{metric} vs the label-noise probability {param_label(x)}", notes=notes,
+        colors=colors,
     )
 
 
@@ -414,26 +495,18 @@ def epoch_time_vs_k(
             series.append(CurveSeries(str(loss), None, points, flat=len(
                 {r[PARAM_PREFIX + x] for r in points}) == 1 and len(by_loss) > 1))
     level = next((r["level"] for r in rows if r.get("level")), None)
-    return plot_series(series, x, metric, out_base, xlabel=f"K ({x})",
+    return plot_series(series, x, metric, out_base, xlabel=param_label(x),
                        ylabel="epoch time (s)", percent=False, level=level,
                        title=f"Epoch time vs K per loss ({metric})", notes=notes)
 
 
 def config_label(row: Mapping[str, Any]) -> str:
-    """A config's legend label: its variant and swept values, each parameter by the last
-    part of its path unless two share it (`noised_topk (epsilon=0.01, lr=0.1)`)."""
+    """A config's legend label: its variant and swept values, each parameter by its symbol
+    (`noised_topk (ε=0.01, lr=0.1)`, `analysis.formatting.assignments`)."""
     swept = json.loads(row.get("swept") or "{}")
     label = str(row.get("variant"))
     if swept:
-        lasts = [k.rsplit(".", 1)[-1] for k in swept]
-        parts = []
-        for key in sorted(swept):
-            last = key.rsplit(".", 1)[-1]
-            name = last if lasts.count(last) == 1 else key
-            value = swept[key]
-            parts.append(f"{name}={value:.4g}" if _is_number(value) and isinstance(value, float)
-                         else f"{name}={value}")
-        label += " (" + ", ".join(parts) + ")"
+        label += " (" + ", ".join(assignments(swept)) + ")"
     return label
 
 
@@ -445,6 +518,7 @@ def learning_curves(
     order: Sequence[str] | None = None,
     level: float | None = None,
     notes: list[str] | None = None,
+    colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """`metric` against the epoch, one line per config (mean over seeds, CI band).
 
@@ -463,9 +537,10 @@ def learning_curves(
         ids = ids[:MAX_LINES]
     factor = _scale(metric, None)
     fig, ax = _new_axes(FIGSIZE)
+    line_colors = _config_colors([by_config[c][0].get("variant") for c in ids], colors)
     for index, config_id in enumerate(ids):
         points = sorted(by_config[config_id], key=lambda r: r["epoch"])
-        color = _PALETTE[index % len(_PALETTE)]
+        color = line_colors[index]
         ns = sorted({p["n"] for p in points})
         n_text = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}\u2013{ns[-1]}"
         epochs = [p["epoch"] for p in points]
@@ -476,6 +551,9 @@ def learning_curves(
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    first, last = ax.dataLim.intervalx
+    if first == last:  # one epoch: a point at it, not a stretch of fractions around it
+        ax.set_xlim(first - 1, last + 1)
     ax.set_ylabel(_axis_label(metric, factor))
     band = f"band: {level:.0%} CI" if level else "band: CI"
     ax.set_title(f"{metric} over the epochs ({band})", fontsize=10)
@@ -558,6 +636,7 @@ def shot_group_bars(
     percent: bool | None = None,
     order: Sequence[str] | None = None,
     notes: list[str] | None = None,
+    colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """Bars of `<split>/<group>/<base_metric>` for the few/medium/many-shot groups, one bar
     per config, error bars = CI (thesis Tables 4.5, 4.6 and 5.2, numbers in parentheses).
@@ -586,6 +665,7 @@ def shot_group_bars(
     factor = _scale(present[0], percent)
     width = 0.8 / max(1, len(configs))
     fig, ax = _new_axes(FIGSIZE)
+    bar_colors = _config_colors([firsts[c].get("variant") for c in configs], colors)
     for ci, config_id in enumerate(configs):
         heights, err_low, err_high, label, n_values = [], [], [], None, set()
         for metric in present:
@@ -603,7 +683,7 @@ def shot_group_bars(
         positions = [g + (ci - (len(configs) - 1) / 2) * width for g in range(len(present))]
         n_text = "/".join(str(n) for n in sorted(n_values))
         seeds = "seed" if n_values == {1} else "seeds"
-        ax.bar(positions, heights, width=width * 0.95, color=_PALETTE[ci % len(_PALETTE)],
+        ax.bar(positions, heights, width=width * 0.95, color=bar_colors[ci], edgecolor="white",
                yerr=[err_low, err_high], capsize=3,
                label=short(f"{label} (n={n_text} {seeds})"))
     ax.set_xticks(range(len(present)), [m.split("/")[1] + "-shot" for m in present])
@@ -721,6 +801,7 @@ def count_bin_accuracy(
     source: str = "",
     order: Sequence[str] | None = None,
     notes: list[str] | None = None,
+    colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """Mean per-class accuracy per bin of training images (thesis Table 3.1): a line per
     config with CI error bars, and the published numbers (`published`: config_id -> metric
@@ -745,6 +826,7 @@ def count_bin_accuracy(
     xs = list(range(len(present)))
     fig, ax = _new_axes(FIGSIZE)
     drawn_published = False
+    line_colors = _config_colors([firsts[c].get("variant") for c in configs], colors)
     for ci, config_id in enumerate(configs):
         means, err_low, err_high, n_values = [], [], [], set()
         for _, metric in present:
@@ -758,7 +840,7 @@ def count_bin_accuracy(
             means.append(mean)
             err_low.append(mean - low if math.isfinite(low) else 0.0)
             err_high.append(high - mean if math.isfinite(high) else 0.0)
-        color = _PALETTE[ci % len(_PALETTE)]
+        color = line_colors[ci]
         n_text = "/".join(str(n) for n in sorted(n_values))
         label = f"{config_label(firsts[config_id])} (n={n_text} seed{'' if n_values == {1} else 's'})"
         offset = (ci - (len(configs) - 1) / 2) * 0.06

@@ -13,7 +13,7 @@ from analysis.formatting import swept_text
 from analysis.power import DEFAULT_POWER, run_costs, seeds_needed
 from analysis.results import StudyResults
 from analysis.stats import paired_comparisons
-from analysis.tables import Table, TableEntry
+from analysis.tables import Table, TableEntry, baseline_variant, compared_metrics
 
 
 def _resources(results: StudyResults) -> tuple[float, float]:
@@ -71,11 +71,8 @@ def cost_table(results: StudyResults) -> Table:
 def power_and_cost(doc: Document, results: StudyResults, metrics: Sequence[str]) -> None:
     """Add the section to `doc` (after the paired comparisons)."""
     doc.heading("Power and cost")
-    compare = results.study.report.compare
-    reference = (compare.reference if compare else None) or (
-        results.variants[0] if results.variants else None)
-    asked = (compare.metrics if compare else None) or metrics
-    metrics = [m for m in asked if m in results.metric_names]
+    reference = baseline_variant(results)
+    metrics = compared_metrics(results, metrics)
     table = power_table(results, metrics, reference) \
         if len(results.variants) >= 2 and reference in results.variants else None
     if table is not None:

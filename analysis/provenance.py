@@ -12,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 from analysis.collect import Collected, display_uri
-from analysis.layout import ROLE_CELL, TAG_ROLE, tag_filter
+from analysis.layout import UI_ORDER_BY, UI_VIEW_KEY, UI_WORKFLOW, cell_runs_filter
 from analysis.results import StudyResults
 
 #: Where `mlflow ui` serves by default.
@@ -45,10 +45,12 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     """(the command that starts an MLflow UI on the store, or None for a server; the URL of
     the study's cell runs in the UI; the search filter that URL applies).
 
-    The study is its experiment; the filter keeps its cell runs (not the parent run). The
-    UI reads the filter from the `searchFilter` parameter of the experiment's runs page."""
+    The study is its experiment; the URL opens its runs page in the model-training UI on the
+    view the experiment holds (`analysis.layout.cell_runs_view`: the cell runs flat, grouped
+    by config), or, for an experiment written before it had one, on the same filter and
+    order as URL parameters."""
     uri = collected.tracking_uri
-    search = tag_filter({TAG_ROLE: ROLE_CELL})
+    search = cell_runs_filter()
     if uri.startswith(("http://", "https://")):
         parts = urllib.parse.urlsplit(uri)
         base = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (
@@ -57,8 +59,13 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     else:
         base = LOCAL_UI
         command = f"mlflow ui --backend-store-uri {shlex.quote(display_uri(uri))}"
-    url = (f"{base}/#/experiments/{collected.experiment_id}/runs?searchFilter="
-           f"{urllib.parse.quote(search, safe='')}")
+    if collected.ui_view:
+        query = f"{UI_WORKFLOW}&viewStateShareKey={UI_VIEW_KEY}"
+    else:
+        query = urllib.parse.urlencode({"searchFilter": search, "orderByKey": UI_ORDER_BY,
+                                        "orderByAsc": "true"}, quote_via=urllib.parse.quote)
+        query = f"{UI_WORKFLOW}&{query}"
+    url = f"{base}/#/experiments/{collected.experiment_id}/runs?{query}"
     return command, url, search
 
 

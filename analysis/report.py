@@ -33,7 +33,7 @@ from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
 from analysis.study_file import ReportError, StudyInfo, load_study_info
-from analysis.tables import (comparison_table, failed_cells_table, metrics_table, race_table,
+from analysis.tables import (NO_BASELINE, comparison_table, failed_cells_table, metrics_table, race_table,
                              table_specs, variant_table)
 
 __all__ = ["build_report", "ReportError", "StudyInfo", "load_study_info", "format_mean_ci"]
@@ -86,7 +86,7 @@ def build_report(
         if table is not None:
             doc.table(table)
         else:
-            doc.paragraph(message)
+            doc.paragraph(message, note=message.startswith(NO_BASELINE))
         power_and_cost(doc, results, table_metrics)
 
     results.notes += unmatched_rows(study.reference, results.rows)
@@ -129,11 +129,16 @@ def _introduction(doc: Document, results: StudyResults, study_name: str,
         doc.paragraph("The runs in the MLflow UI: start it on this store,")
         doc.code(command, "sh")
         doc.link(f"then open experiment {collected.experiment_id} filtered to the study's cell "
-                 f"runs (search filter {search}):", url)
+                 f"runs{_grouped(collected)} (search filter {search}):", url)
     else:
         doc.link(f"The runs in the MLflow UI: experiment {collected.experiment_id}, filtered to "
-                 f"the study's cell runs (search filter {search}):", url)
+                 f"the study's cell runs{_grouped(collected)} (search filter {search}):", url)
     doc.paragraph("The tables are also in tables.tex beside this report (LaTeX, booktabs).")
+
+
+def _grouped(collected) -> str:
+    """How the UI's view groups the cell runs, when the experiment holds it."""
+    return ", grouped by config" if collected.ui_view else ""
 
 
 def _result_tables(doc: Document, results: StudyResults) -> list[str]:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX
-from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, swept_text,
+from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text,
                                  value_text)
 from analysis.published import column_header, published_value, sources_caption
 from analysis.report_schema import ReportTable
 from analysis.results import StudyResults, swept_of
 from analysis.stats import is_fraction_metric, lower_is_better, metric_bounds, paired_comparisons
-from analysis.study_file import ReportError
 
 MAX_ERROR_CHARS = 300  # of the first line of an error, in the failed-cells table
 
@@ -48,6 +47,28 @@ class Table:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def without_idle_columns(table: Table, droppable: Sequence[str]) -> tuple[Table, list[str]]:
+    """`table` without those of the `droppable` columns that say nothing row by row: empty
+    in every row, or the same text in every row of a table of several rows. Returns the
+    table and, for each column dropped for its one value, ``"header: value"`` (for the
+    caption or title)."""
+    drop, facts = set(), []
+    for index, head in enumerate(table.header):
+        if head not in droppable:
+            continue
+        texts = {row[index].text for row in table.rows}
+        if texts <= {""}:
+            drop.add(index)
+        elif len(texts) == 1 and len(table.rows) > 1:
+            drop.add(index)
+            facts.append(f"{head}: {texts.pop()}")
+    keep = [i for i in range(len(table.header)) if i not in drop]
+    labels = sum(1 for i in keep if i < table.label_columns)
+    return Table(table.title, [table.header[i] for i in keep],
+                 [[row[i] for i in keep] for row in table.rows], table.caption,
+                 label_columns=max(1, labels), paper=table.paper), facts
 
 
 def table_specs(results: StudyResults) -> list[ReportTable]:
@@ -204,7 +225,7 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     # per metric, the sources with a number for some config: one column each, after the metric's
     published = {m: [s for s in sources if any(published_value(s, first[c], m) for c in configs)]
                  for m in metrics}
-    header = ["variant"] + swept_cols
+    header = ["variant"] + [param_label(c) for c in swept_cols]
     for m in metrics:
         header.append(m)
         header += [column_header(m, s) for s in published[m]]
@@ -276,7 +297,7 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     published = {(v, m): [s for s in sources if any(
         (v, m) in by_column and published_value(s, by_column[(v, m)], m)
         for _, by_column in ordered)] for v, m in columns}
-    header = list(context_paths) or ["config"]
+    header = [param_label(p) for p in context_paths] or ["config"]
     for v, m in columns:
         name = v if len(metrics) == 1 else f"{v}: {m}"
         header.append(name)
@@ -309,20 +330,47 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
 # ----------------------------------------------------------------------------- comparisons
 
 
+#: how the reason for no comparison begins when the baseline has no finished cell (a warning)
+NO_BASELINE = "No paired comparison: the baseline variant"
+
+
+def baseline_variant(results: StudyResults) -> str:
+    """The variant every other one is compared with: `report.compare.reference`, else the study
+    file's first variant (else the first finished one), whether or not it finished."""
+    compare = results.study.report.compare
+    named = compare.reference if compare else None
+    return named or next(iter(results.study.variant_order), None) or results.variants[0]
+
+
+def compared_metrics(results: StudyResults, table_metrics: Sequence[str]) -> list[str]:
+    """The metrics of the paired comparisons: `report.compare.metrics`, else the tables' own,
+    those the runs hold."""
+    compare = results.study.report.compare
+    asked = (compare.metrics if compare else None) or table_metrics
+    return [m for m in asked if m in results.metric_names]
+
+
 def comparison_table(results: StudyResults, table_metrics: Sequence[str]
                      ) -> tuple[Table | None, str]:
-    """Each variant against the reference variant, paired by seed (`report.compare`); or
-    None and the reason there is nothing to compare."""
+    """Each variant against the baseline variant, paired by seed (`report.compare`); or None
+    and the reason there is nothing to compare.
+
+    The baseline is `report.compare.reference`, else the study file's first variant (else the
+    first finished one); a baseline without a finished cell is never swapped for another
+    variant: the reason says so (the report shows it as a note)."""
     compare = results.study.report.compare
+    named = compare.reference if compare else None
+    reference = baseline_variant(results)
+    if reference not in results.variants:
+        failed = results.collected.failed.column("variant").to_pylist().count(reference)
+        how = "`report.compare.reference`" if named else "the study file's first variant"
+        return None, (f"{NO_BASELINE} {reference!r} ({how}) has "
+                      f"no finished cell ({failed} failed or unfinished); the other variants "
+                      f"are not compared with one another in its place. Finished variants: "
+                      f"{', '.join(map(str, results.variants))}.")
     if len(results.variants) < 2:
         return None, "Fewer than two variants finished: no paired comparison."
-    reference = (compare.reference if compare else None) or results.variants[0]
-    if reference not in results.variants:
-        raise ReportError(f"study file {results.study.origin}: `report.compare.reference` names "
-                          f"variant {reference!r}, which has no finished cell; finished "
-                          f"variants: {results.variants}")
-    asked = (compare.metrics if compare else None) or table_metrics
-    metrics = [m for m in asked if m in results.metric_names]
+    metrics = compared_metrics(results, table_metrics)
     if not metrics:
         return None, "No metric to compare."
     compared = paired_comparisons(results.rows, metrics, reference, results.level,
@@ -333,8 +381,7 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
     if not compared:
         return None, (f"No config of another variant shares its context with a config of "
                       f"{reference!r}: nothing to pair.")
-    header = ["metric", "variant", "config (swept values)",
-              f"baseline: the {reference} config of the same context",
+    header = ["metric", "variant", "config", "baseline config",
               "pairs (seeds)", f"mean difference [{results.level:.0%} CI]", "p (paired t)",
               "p (Holm)", "note"]
     rows = []
@@ -356,7 +403,7 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
             TableEntry(p_text(r["p_value"])), TableEntry(p_text(r["p_holm"])),
             TableEntry(r["note"] or ""),
         ])
-    caption = (f"Each variant's config minus its baseline: the config of the reference "
+    caption = (f"Each variant's config (by its swept values) minus its baseline: the config of the reference "
                f"variant {reference!r} with the same context (every parameter equal except "
                f"those that define a variant; "
                f"{NO_SWEPT_TEXT}: the study's base values, nothing swept), paired by seed; "
@@ -364,8 +411,13 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
                f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
                f"compared with the same reference config, per metric. Bold: Holm-adjusted "
                f"p < {1 - results.level:.2g}.")
-    return Table(f"Each variant against the baseline {reference!r}", header, rows, caption,
-                 label_columns=4), ""
+    baseline = "baseline config"
+    table, facts = without_idle_columns(
+        Table(f"Each variant against the baseline {reference!r}", header, rows, caption,
+              label_columns=4), droppable=("metric", "variant", baseline, "note"))
+    if facts:  # one metric, variant or baseline config throughout: said once, in the title
+        table.title += " (" + "; ".join(facts) + ")"
+    return table, ""
 
 
 def _significant(p: float, level: float) -> bool:

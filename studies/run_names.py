@@ -13,29 +13,12 @@ import json
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-__all__ = ["run_names", "RunNamer", "SYMBOLS"]
+from analysis.formatting import SYMBOLS, assignments
 
-#: the last part of a dotted path -> how the papers write it
-SYMBOLS = {
-    "epsilon": "ε", "tau": "τ", "alpha": "α", "beta": "β", "lambda_": "λ", "gamma": "γ", "n_samples": "M",
-    "k": "K", "max_margin": "m", "scale": "s", "batch_size": "bs", "label_noise": "p", "lr": "lr",
-    "weight_decay": "wd", "momentum": "mom",
-}
+__all__ = ["run_names", "config_name", "RunNamer", "SYMBOLS"]
+
 #: longest run name MLflow shows whole in its run list
 MAX_NAME = 120
-
-
-def _symbol(path: str) -> str:
-    last = path.rsplit(".", 1)[-1]
-    return SYMBOLS.get(last, last)
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
 
 
 class RunNamer:
@@ -61,7 +44,7 @@ class RunNamer:
         varying = [p for p, seen in self.values[variant].items() if len(seen) > 1]
         labels = {}
         for config_id, swept in self.configs[variant].items():
-            parts = [variant] + [f"{_symbol(p)}={_value(swept[p])}" for p in varying if p in swept]
+            parts = [variant] + assignments({p: swept[p] for p in varying if p in swept})
             labels[config_id] = " ".join(parts)
         counts = Counter(labels.values())
         return {config_id: label if counts[label] == 1 else f"{label} [{config_id[:6]}]"
@@ -72,7 +55,17 @@ class RunNamer:
         cells = list(cells)
         self.add(cells)
         labels = {variant: self._labels(variant) for variant in {c.variant for c in cells}}
-        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 8]} s{c.seed}" for c in cells}
+        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 8]}{_seed_suffix(c.seed)}"
+                for c in cells}
+
+
+def _seed_suffix(seed: Any) -> str:
+    return f" s{seed}"
+
+
+def config_name(run_name: str, seed: Any) -> str:
+    """The config's readable name in a cell's run name (the name without its seed)."""
+    return run_name.removesuffix(_seed_suffix(seed))
 
 
 def run_names(cells: Iterable[Any]) -> dict[str, str]:

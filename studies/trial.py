@@ -174,7 +174,7 @@ def run_cell(
 def _log_model(run: CellRun, result: Mapping[str, Any]) -> None:
     """The selected model in MLflow; a model that cannot be saved costs the cell nothing else."""
     try:
-        run.log_model(result["model"], result["input_example"])
+        run.log_model(result["model"], result["input_example"], step=int(result.get("best_epoch") or 0))
     except Exception as error:  # noqa: BLE001  (the metrics matter more than the model file)
         print(f"[studies] the model of run {run.run_id} was not logged ({one_paragraph(error)})", flush=True)
 

@@ -7,6 +7,7 @@ the HTML must parse cleanly everywhere and render in headless Chromium where ins
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import re
@@ -83,6 +84,7 @@ class StrictParser(HTMLParser):
         self.stack: list[str] = []
         self.problems: list[str] = []
         self.links: list[str] = []
+        self.files: list[str] = []
         self.images = 0
 
     def handle_starttag(self, tag, attrs):
@@ -94,6 +96,9 @@ class StrictParser(HTMLParser):
             if tag == "a" and key == "href" and value is not None and \
                     value.startswith(("http://", "https://")):
                 self.links.append(value)  # navigation (the MLflow UI), not a resource
+                continue
+            if tag == "a" and key == "href" and value is not None and value.startswith("figures/"):
+                self.files.append(value)  # navigation to a figure's file beside the report
                 continue
             if value is not None and not (value.startswith("data:") or value.startswith("#")):
                 self.problems.append(f"external {key}={value!r}")
@@ -241,11 +246,14 @@ def test_paired_comparison_matches_scipy(report_study):
     assert diff in md
     assert f"{ref.pvalue:.3g}" in md
     section = md.split("\n## Paired comparisons", 1)[1].split("\n## ", 1)[0]
+    # one metric and one compared variant: said once in the title, not in every row
+    assert "### Each variant against the baseline 'ce' (metric: test/top5; variant: noised)" in section
+    header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert header == ("| config | baseline config | pairs (seeds) | mean difference [95% CI] "
+                      "| p (paired t) | p (Holm) | note |")
     # noised at p=0.1 pairs with ce at p=0.1 only; eps sweep configs pair with ce at p=0
-    assert section.count("| test/top5 | noised |") == 5
-    assert "data.label_noise=0.1 | data.label_noise=0.1" in section
-    # the baseline is explained by the header, not by a "(base)" marker
-    assert "| baseline: the ce config of the same context |" in section
+    assert len(rows) == 5 and "| p=0.1 | p=0.1 |" in section
+    assert sum(row.startswith("| ε=") and "| p=0 |" in row for row in rows) == 3
     assert "(base)" not in md and "| vs ce |" not in md
 
 
@@ -264,7 +272,12 @@ def test_mlflow_ui_link_opens_the_study_filtered_to_its_cells(report_study):
     assert f"{url.scheme}://{url.netloc}" == report_study["uri"]
     route, query = url.fragment.split("?", 1)
     assert route == f"/experiments/{experiment.experiment_id}/runs"
-    search = urllib.parse.parse_qs(query)["searchFilter"][0]
+    # an experiment without the UI's view (not written by studies.tracking): the same filter
+    # and order as URL parameters, in the model-training UI
+    params = urllib.parse.parse_qs(query)
+    assert params["workflowType"] == ["machine_learning"]
+    assert params["orderByKey"] == ["tags.`mlflow.runName`"]  # not the start time: no nesting
+    search = params["searchFilter"][0]
     assert search == "tags.`studies.role` = 'cell'"
     runs = MlflowClient(report_study["uri"]).search_runs([experiment.experiment_id], search)
     assert len(runs) == 21 and all(r.data.tags["studies.role"] == "cell" for r in runs)  # 19 + 2
@@ -295,7 +308,7 @@ def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_s
     tables = _latex_tables(tex)
     assert len(tables) == 3  # two result tables and the paired comparisons (no failed cells)
     first = tables[0]
-    assert first["header"][:3] == ["variant", "data.label\\_noise", "loss.epsilon"]
+    assert first["header"][:3] == ["variant", "p (data.label\\_noise)", "$\\varepsilon$ (loss.epsilon)"]
     assert "test/top5 (paper)" in first["header"]  # the published numbers in their own column
     assert all(len(row) == len(first["header"]) == len(first["spec"]) for row in first["rows"])
     expected = report_study["expected"]
@@ -303,7 +316,7 @@ def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_s
     row = next(r for r in first["rows"] if r[0] == "ce" and r[1] == "0.0")
     assert ce in row and r"94.2 $\pm$ 0.1" in row
     assert any(r"\textbf{" in cell for row in first["rows"] for cell in row)
-    assert "baseline: the ce config of the same context" in tables[2]["header"]
+    assert "baseline config" in tables[2]["header"]
     assert "NonFiniteLossError" not in tex
     if shutil.which("pdflatex"):
         document = tmp_path / "paper.tex"
@@ -577,7 +590,7 @@ def test_learning_curves_from_the_logged_epochs(mlflow_server, tmp_path):
     assert figures == ["learning_train_loss.png", "learning_val_top5.png"]
     assert "learning curve of val/top1: no finished cell logged it per epoch" in md
     svg = (tmp_path / "report" / "figures" / "learning_val_top5.svg").read_text()
-    assert "epsilon=0.01)" in svg and "epsilon=1)" in svg and "n=3" in svg
+    assert "ε=0.01)" in svg and "ε=1)" in svg and "n=3" in svg
     check_html(path.read_text())
 
 
@@ -640,3 +653,158 @@ def test_ci_band_of_an_accuracy_stays_within_0_and_100_percent():
     assert np.isnan(low[1]) and np.isnan(high[1])
     # a loss is not bounded: its interval is drawn as it is
     assert _band(points[:1], "train/loss", 1.0) == ([-0.1], [1.2])
+
+
+# ----------------------------------------------------------------------------- what a reader sees
+
+#: measures the report in an iframe of a given width once it has loaded: the page's width,
+#: each scroll box (its width, its content's width, what it holds), the lines of each entry
+#: holding a number with its interval
+MEASURE = """<!DOCTYPE html><html><body style="margin:0">
+<iframe id="f" src="{src}" style="width:{width}px;height:900px;border:0"></iframe>
+<pre id="out"></pre><script>
+document.getElementById('f').onload = () => {{
+  const d = document.getElementById('f').contentDocument;
+  const lines = (td) => {{ const node = (td.querySelector('strong') || td).firstChild;
+    const r = d.createRange(); r.selectNodeContents(node); return r.getClientRects().length; }};
+  document.getElementById('out').textContent = JSON.stringify({{
+    page: d.documentElement.scrollWidth,
+    boxes: [...d.querySelectorAll('.scroll')].map(b => [b.clientWidth, b.scrollWidth,
+            b.querySelector('img') ? 'figure' : 'table']),
+    images: [...d.querySelectorAll('img')].map(i => i.getBoundingClientRect().width),
+    intervals: [...d.querySelectorAll('td')].filter(td => /±|\\[/.test(td.textContent))
+               .map(td => [td.textContent, lines(td)]),
+  }});
+}};
+</script></body></html>"""
+
+
+def _measure(report: Path, width: int, tmp_path: Path) -> dict:
+    page = tmp_path / f"measure_{width}.html"
+    page.write_text(MEASURE.format(src=report.resolve().as_uri(), width=width))
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
+         "--allow-file-access-from-files", f"--user-data-dir={tmp_path / 'profile'}",
+         "--window-size=1500,1000", "--virtual-time-budget=10000", "--dump-dom",
+         page.as_uri()], capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.S)
+    assert found and found.group(1), done.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium not installed")
+def test_the_report_reads_at_a_phones_width_and_on_a_wide_screen(report_study, tmp_path):
+    """At 400 px nothing runs off the page: a table or figure wider than the page scrolls in
+    its own box, figures keep a legible size; at 1400 px figures fit their box. An interval
+    never breaks inside at either width."""
+    narrow = _measure(report_study["html_path"], 400, tmp_path)
+    assert narrow["page"] <= 400, narrow
+    assert narrow["boxes"] and all(client <= 400 for client, _, _ in narrow["boxes"])
+    assert any(content > client for client, content, kind in narrow["boxes"] if kind == "table")
+    assert all(width >= 600 for width in narrow["images"]), narrow["images"]
+    wide = _measure(report_study["html_path"], 1400, tmp_path)
+    assert wide["page"] <= 1400
+    assert all(content <= client for client, content, kind in wide["boxes"] if kind == "figure")
+    for measured in (narrow, wide):
+        assert len(measured["intervals"]) > 20
+        assert all(lines == 1 for _, lines in measured["intervals"]), measured["intervals"]
+
+
+@pytest.mark.slow
+def test_the_html_links_every_figures_svg_and_png(report_study):
+    parser = check_html(report_study["html"])
+    out_dir = report_study["out_dir"]
+    svgs = sorted(p.relative_to(out_dir).as_posix() for p in (out_dir / "figures").glob("*.svg"))
+    pngs = sorted(p.relative_to(out_dir).as_posix() for p in (out_dir / "figures").glob("*.png"))
+    assert len(svgs) == 3 and sorted(parser.files) == sorted(svgs + pngs)
+
+
+@pytest.mark.slow
+def test_a_parameter_is_written_one_way_with_the_papers_symbol(report_study):
+    """`ε` and `p` in table heads, configs, legends' source and captions alike: never
+    `epsilon=`, `loss.epsilon=` or a bare path as a column head; the run names use the same
+    function (`analysis.formatting.assignments`)."""
+    from analysis.formatting import assignments
+    from studies.run_names import run_names
+
+    md, text = report_study["md"], report_study["html"]
+    report = md.split("\n## Study file", 1)[0] + md.split("\n## Provenance", 1)[1]
+    for wrong in ("epsilon=", "label_noise=", "| loss.epsilon |", "| data.label_noise |"):
+        assert wrong not in report, wrong
+    assert "| ε (loss.epsilon) |" in md and "| p (data.label_noise) |" in md
+    assert "test/top5 vs ε (loss.epsilon)" in md and "| ε=0.01 | p=0 |" in md
+    assert "ε (loss.epsilon)" in text
+    cells = [type("Cell", (), {"cell_id": f"c{i}", "config_id": f"c{i}", "variant": "noised",
+                               "swept": {"loss.epsilon": eps}, "seed": 0})()
+             for i, eps in enumerate((0.01, 1.0))]
+    assert run_names(cells)["c0"] == "noised " + assignments({"loss.epsilon": 0.01})[0] + " s0"
+
+
+@pytest.mark.slow
+def test_a_variant_has_one_colour_in_every_figure(report_study):
+    """ce (the study's first variant) and noised keep their colours in the curves and the
+    bars; a variant's other configs are shades of its colour, never another variant's."""
+    from analysis.plots import _PALETTE, _SHADES, _shade, variant_colors
+
+    colors = variant_colors(["ce", "noised"])
+    shades = {v: {_shade(c, i) for i in range(len(_SHADES))} for v, c in colors.items()}
+    others = set(_PALETTE) - set(colors.values())
+    figures = report_study["out_dir"] / "figures"
+    for svg in figures.glob("*.svg"):
+        drawn = set(re.findall(r"#[0-9a-f]{6}", svg.read_text()))
+        assert colors["noised"] in drawn, svg.name
+        assert not drawn & others, (svg.name, drawn & others)
+    for name in ("curve_1_test_top5_vs_loss_epsilon.svg", "curve_2_test_top5_vs_data_label_noise.svg",
+                 "shot_groups_top5.svg"):
+        assert colors["ce"] in set(re.findall(r"#[0-9a-f]{6}", (figures / name).read_text())), name
+    bars = set(re.findall(r"#[0-9a-f]{6}", (figures / "shot_groups_top5.svg").read_text()))
+    assert len(bars & shades["noised"]) == 5 and len(bars & shades["ce"]) == 2
+
+
+def test_one_wide_interval_does_not_stretch_the_curve(tmp_path):
+    """A t interval over two seeds of 30-100 % beside means of 94-95 %: the y axis spans
+    the means and the other intervals, the wide one is cut by the axes and said so."""
+    from matplotlib.figure import Figure
+
+    rows = [{"config_id": f"c{i}", "variant": "noised", "metric": "test/top5",
+             "swept": json.dumps({"loss.epsilon": eps}), "param:loss.epsilon": eps, "n": 3,
+             "mean": mean, "ci_low": low, "ci_high": high, "level": 0.95}
+            for i, (eps, mean, low, high) in enumerate([(0.0, 0.945, 0.94, 0.95),
+                                                         (0.1, 0.95, 0.30, 1.0),
+                                                         (1.0, 0.94, 0.935, 0.945)])]
+    notes: list[str] = []
+    paths = plots.sensitivity_curve(rows, "loss.epsilon", "test/top5", tmp_path / "curve",
+                                    notes=notes)
+    assert [p.suffix for p in paths] == [".png", ".svg"]
+    assert any("cut by the axes" in note for note in notes), notes
+    ax = Figure().add_subplot()
+    assert plots._fit_y(ax, [94.5, 95.0, 94.0], [94.0, 95.0, 30.0, 100.0, 93.5, 94.5])
+    bottom, top = ax.get_ylim()
+    assert 92.0 < bottom < 93.5 and 95.0 < top < 97.0  # not 30 to 100
+    assert not plots._fit_y(ax, [94.5, 95.0], [94.0, 95.5])
+    assert ax.get_ylim()[0] < 94.0 and ax.get_ylim()[1] > 95.5
+
+
+@pytest.mark.slow
+def test_a_baseline_without_a_finished_cell_is_a_loud_note_not_swapped(mlflow_server, tmp_path):
+    """Every ce cell failed: the report says so as a note where the comparison would be, and
+    does not compare the other variants against one another instead."""
+    name = unique_name("nobaseline")
+    text = (f"name: {name}\nbase: {{}}\nvariants:\n  ce: {{loss: {{name: ce}}}}\n"
+            f"  noised: {{loss: {{name: noised_topk}}}}\n  svm: {{loss: {{name: smooth_svm}}}}\n")
+    cells = [CellRun("ce", BASE_CONFIG, s, {}, status="failed", error="boom") for s in (0, 1)]
+    for variant in ("noised", "svm"):
+        config = set_path(BASE_CONFIG, "loss.name", variant)
+        cells += [CellRun(variant, config, s, {}, test={"top5": 0.9 + 0.01 * s}, best_epoch=0)
+                  for s in (0, 1)]
+    log_study_runs(mlflow_server, name, cells, study_yaml=text)
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(text)
+    path = build_report(mlflow_server, name, tmp_path / "report", study_file=study_file)
+    md, page = (tmp_path / "report" / "report.md").read_text(), path.read_text()
+    assert "Each variant against the baseline" not in md
+    message = ("No paired comparison: the baseline variant 'ce' (the study file's first "
+               "variant) has no finished cell (2 failed or unfinished)")
+    assert message in md
+    assert f'<p class="note">{message}' in html.unescape(page)

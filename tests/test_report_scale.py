@@ -295,4 +295,6 @@ def test_large_report_intervals_latex_and_mlflow_command(small_and_large, tmp_pa
     (link,) = re.findall(r"<(http://127\.0\.0\.1:5000/[^>]+)>", md)
     route, query = urllib.parse.urlsplit(link).fragment.split("?", 1)
     assert route == "/experiments/1/runs"
-    assert urllib.parse.parse_qs(query)["searchFilter"] == ["tags.`studies.role` = 'cell'"]
+    # the experiment holds the UI's view of the cell runs (studies.tracking.experiment_tags)
+    assert urllib.parse.parse_qs(query) == {"workflowType": ["machine_learning"],
+                                            "viewStateShareKey": ["studies-cells"]}

@@ -171,20 +171,38 @@ class CellRun:
         self.log_epochs([*pending, (final_step, final)], tags={TAG_STATUS: STATUS_FINISHED})
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
 
-    def log_model(self, model: Any, input_example: Any) -> None:
-        """The selected checkpoint as an MLflow PyTorch model (artifact ``model``): loadable
-        with ``mlflow.pytorch.load_model("runs:/<run_id>/model")``, with its input example and
-        signature. Saved in PyTorch's exported-program format (no pickle of the module)."""
+    def log_model(self, model: Any, input_example: Any, step: int = 0) -> str:
+        """The selected checkpoint as an MLflow 3 Logged Model named ``model``, made by this
+        run (its source run, and an output of the run at `step`): listed in the experiment's
+        Models tab and on the run's page, and loadable with
+        ``mlflow.pytorch.load_model("runs:/<run_id>/model")`` (MLflow resolves the name to
+        the run's logged model) or ``models:/<model_id>``. MLflow's pytorch flavour with its
+        input example and signature, in PyTorch's exported-program format (no pickle of the
+        module). Returns the model's id."""
         import mlflow.pytorch
         import torch
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
         model = model.cpu().eval()
         version = torch.__version__.split("+")[0]
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / MODEL_ARTIFACT
-            mlflow.pytorch.save_model(model, str(path), input_example=input_example.cpu().numpy(),
-                                      pip_requirements=[f"torch=={version}"])
-            with_retry(lambda: self.client.log_artifacts(self.run_id, str(path), MODEL_ARTIFACT))
+        client = self.client
+        logged = with_retry(lambda: client.create_logged_model(
+            self.context.experiment_id, name=MODEL_ARTIFACT, source_run_id=self.run_id,
+            model_type="pytorch"))
+        model_id = logged.model_id
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / MODEL_ARTIFACT
+                mlflow.pytorch.save_model(model, str(path),
+                                          input_example=input_example.cpu().numpy(),
+                                          pip_requirements=[f"torch=={version}"])
+                with_retry(lambda: client.log_model_artifacts(model_id, str(path)))
+        except BaseException:
+            with_retry(lambda: client.finalize_logged_model(model_id, LoggedModelStatus.FAILED))
+            raise
+        with_retry(lambda: client.finalize_logged_model(model_id, LoggedModelStatus.READY))
+        with_retry(lambda: client.log_outputs(self.run_id, [LoggedModelOutput(model_id, step)]))
+        return model_id
 
     def recorded_error(self) -> str | None:
         """The error an earlier attempt of this run recorded (``studies.error``), if any."""

@@ -15,6 +15,7 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     STATUS_RUNNING,
     TAG_CELL_ID,
     TAG_CONFIG_ID,
+    TAG_CONFIG_NAME,
     TAG_ROLE,
     TAG_SEED,
     TAG_SESSION,
@@ -22,8 +23,10 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     TAG_STUDY,
     TAG_SWEPT,
     TAG_VARIANT,
+    cell_runs_view_tag,
 )
 from setvalued.config import effective_config
+from studies.run_names import config_name
 from studies.tracking.retry import with_retry
 
 # Key whose history tells which epochs a run already holds (fit always reports it; the
@@ -40,7 +43,8 @@ T = TypeVar("T")
 
 #: the artifact folder of a cell's selected model (MLflow's pytorch flavour)
 MODEL_ARTIFACT = "model"
-#: MLflow 3 opens an experiment in its GenAI view unless this tag says otherwise
+#: MLflow 3 opens an experiment (its bare page) in its GenAI view unless this tag says
+#: otherwise; a link to its runs page says so itself (`analysis.layout.UI_WORKFLOW`)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 #: the experiment's (and a run's) description in the MLflow UI
@@ -80,8 +84,10 @@ def source_tags(study_file: str | Path) -> dict[str, str]:
 
 def experiment_tags(description: str) -> dict[str, str]:
     """A study's experiment opens in MLflow 3's model-training view, with the study's
-    description (``study_description``) as its note."""
-    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    description (``study_description``) as its note and the view of its cell runs that the
+    report links to (`analysis.layout.cell_runs_view`)."""
+    key, view = cell_runs_view_tag()
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, key: view}
     if description:
         tags[NOTE_TAG] = description
     return tags
@@ -168,7 +174,9 @@ def finished_runs(runs: Iterable) -> list:
 
 def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
               session_id: str) -> dict[str, str]:
-    """The contract tags of a cell's child run (docs/interfaces.md section 5)."""
+    """The contract tags of a cell's child run (docs/interfaces.md section 5), with its
+    config's readable name (from the cell's ``run_name``, else its variant)."""
+    run_name = cell.get("run_name")
     return {
         PARENT_RUN_TAG: parent_run_id,
         TAG_ROLE: ROLE_CELL,
@@ -177,6 +185,8 @@ def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
         TAG_SEED: str(cell["seed"]),
         TAG_CELL_ID: str(cell["cell_id"]),
         TAG_VARIANT: str(cell.get("variant") or ""),
+        TAG_CONFIG_NAME: config_name(run_name, cell["seed"]) if run_name
+        else str(cell.get("variant") or cell["config_id"]),
         TAG_SWEPT: canonical_json(cell.get("swept") or {}),
         TAG_STATUS: STATUS_RUNNING,
         TAG_SESSION: session_id,
