@@ -97,8 +97,12 @@ def smoke_pilot(tmp_path_factory):
 @pytest.mark.slow
 def test_run_prints_the_estimate_first(smoke_pilot):
     _, stdout = smoke_pilot
-    first = stdout.splitlines()[0]
-    assert first.startswith("[studies] estimate: 15 cells, 15 epochs"), stdout
+    lines = stdout.splitlines()
+    # after the checks of the study folder and before Ray starts (lines without a TTY are
+    # headed by the time)
+    estimate = next(i for i, line in enumerate(lines) if "[studies] estimate:" in line)
+    assert "[studies] estimate: 15 cells, 15 epochs" in lines[estimate], stdout
+    assert all("checking the study folder" in line for line in lines[:estimate]), stdout
 
 
 @pytest.mark.slow
