@@ -75,19 +75,21 @@ def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
 
 
 def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> tuple[Path, str]:
-    """(study folder, tracking URI) of a study run under ``output``; FileNotFoundError if none."""
-    from studies.runner import read_settings, study_dir_of
+    """(study folder, tracking URI) of a study run under ``output``. The folder is confined to
+    ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
+    studies that exist, or the file and what was expected) otherwise. Creates nothing."""
+    from studies.readback import check_sqlite_store, study_folder, unknown_study
+    from studies.runner import read_settings
     from studies.tracking import default_tracking_uri
 
-    study_dir = study_dir_of(Path(output), name)
+    study_dir = study_folder(output, name)
     uri = tracking_uri or read_settings(study_dir).get("tracking_uri")
     if uri is None:
         if not (study_dir / "mlflow.db").exists():
-            raise FileNotFoundError(
-                f"no study named {name!r} under {study_dir.parent} (no run.json, no "
-                f"mlflow.db in {study_dir}); pass --output DIR where it ran, or "
-                f"--tracking-uri URI where it is tracked")
+            raise unknown_study(name, output, f"no run.json, no mlflow.db in {study_dir}; or pass "
+                                              f"--tracking-uri URI where it is tracked")
         uri = default_tracking_uri(study_dir)
+    check_sqlite_store(uri)
     return study_dir, uri
 
 

@@ -163,13 +163,24 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
+def _read_back_errors() -> tuple[type, ...]:
+    """What a read-only command refuses with exit code 2: a study or store that is not there
+    or not what the tool wrote (studies.readback), a store without the study (CollectError)."""
+    from analysis.collect import CollectError
+    from studies.errors import RunnerError
+
+    return (FileNotFoundError, ImportError, RunnerError, CollectError)
+
+
 def _report(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
         from studies.api import report
-    except (FileNotFoundError, ImportError) as error:
+
+        path = report(args.name, output=args.output, tracking_uri=uri)
+    except _read_back_errors() as error:
         return _fail(str(error))
-    print(report(args.name, output=args.output, tracking_uri=uri))
+    print(path)
     return 0
 
 
@@ -183,11 +194,13 @@ def _export(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
         from analysis.collect import collect, export_parquet
-    except (FileNotFoundError, ImportError) as error:
+
+        collected = collect(uri, args.name)  # before any folder is made
+        target = Path(args.to) if args.to else study_dir / "cells.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path = export_parquet(collected, target)
+    except _read_back_errors() as error:
         return _fail(str(error))
-    target = Path(args.to) if args.to else study_dir / "cells.parquet"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    path = export_parquet(collect(uri, args.name), target)
     print(path)
     return 0
 

@@ -89,11 +89,20 @@ def _settings_path(study_dir: Path) -> Path:
     return study_dir / SETTINGS_FILE
 
 
+#: run.json's fields and their types (checked when read back: ReadBackError naming the file)
+SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool, "address": str}
+
+
 def read_settings(study_dir: Path) -> dict:
+    """The settings a study was run with (run.json), {} when there are none; a run.json that
+    is not a small regular file holding a JSON object of those fields is refused by name."""
+    from studies.readback import MAX_SETTINGS_BYTES, read_json
+
     path = _settings_path(study_dir)
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
-    return json.loads(path.read_text())
+    return read_json(path, MAX_SETTINGS_BYTES, "the study's run settings written by `studies run` "
+                     "(a JSON object: name, source, tracking_uri, smoke, address)", SETTINGS_FIELDS)
 
 
 def smoke_study(study):
@@ -292,17 +301,16 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
 
 def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     """Complete the study `<output>/<name>/` from its saved `study.yaml` and settings."""
+    from studies.readback import check_sqlite_store, study_folder, unknown_study
+
     options = options or RunOptions()
-    study_dir = study_dir_of(options.output, name)
+    study_dir = study_folder(options.output, name)  # inside --output, or ReadBackError
     study_copy = study_dir / STUDY_FILE
-    if not study_copy.exists():
-        known = sorted(p.name for p in study_dir.parent.glob("*") if (p / STUDY_FILE).exists()) \
-            if study_dir.parent.exists() else []
-        raise RunnerError(
-            f"no study named {name!r} under {study_dir.parent} (expected {study_copy}); "
-            f"known studies: {', '.join(known) or '(none)'}; start one with `studies run FILE`"
-        )
+    if not os.path.lexists(study_copy):
+        raise unknown_study(name, options.output, f"expected {study_copy}")
     saved = read_settings(study_dir)
+    if options.tracking_uri:  # a mistyped path must not become a new, empty store
+        check_sqlite_store(options.tracking_uri)
     options.smoke = bool(saved.get("smoke", False))
     options.tracking_uri = options.tracking_uri or saved.get("tracking_uri")
     options.address = options.address or saved.get("address")
