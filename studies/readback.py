@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from studies.errors import RunnerError
 
 __all__ = ["ReadBackError", "study_folder", "known_studies", "unknown_study", "read_bounded",
-           "read_json", "check_sqlite_store", "sqlite_path", "STUDY_NAME_PATTERN",
+           "read_json", "check_regular", "check_sqlite_store", "sqlite_path", "STUDY_NAME_PATTERN",
            "MAX_SETTINGS_BYTES", "MAX_META_BYTES"]
 
 #: a study name: it names the output folder and the MLflow experiment (the study file's rule)
@@ -120,11 +120,9 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def read_bounded(path: str | Path, max_bytes: int, what: str) -> bytes:
-    """The bytes of `path` when it is a regular file (links followed) of at most `max_bytes`;
-    ReadBackError naming it otherwise. Opened without blocking, so a FIFO cannot hang here
-    even if it replaces the file between the check and the open."""
-    path = Path(path)
+def check_regular(path: str | Path, what: str) -> os.stat_result:
+    """The stat of `path` (links followed) when it is a regular file; ReadBackError naming it
+    and its kind otherwise (FileNotFoundError when it is missing)."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -133,6 +131,15 @@ def read_bounded(path: str | Path, max_bytes: int, what: str) -> bytes:
         raise ReadBackError(f"{path}: cannot be read ({error.strerror or error}); expected {what}") from None
     if not stat.S_ISREG(info.st_mode):
         raise ReadBackError(f"{path}: is a {_kind(info.st_mode)}; expected {what} (a regular file)")
+    return info
+
+
+def read_bounded(path: str | Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of `path` when it is a regular file (links followed) of at most `max_bytes`;
+    ReadBackError naming it otherwise. Opened without blocking, so a FIFO cannot hang here
+    even if it replaces the file between the check and the open."""
+    path = Path(path)
+    info = check_regular(path, what)
     if info.st_size > max_bytes:
         raise ReadBackError(f"{path}: is {info.st_size:,} bytes; expected {what} of at most {max_bytes:,} bytes")
     try:

@@ -60,6 +60,14 @@ class StudySession:
     def say(self, text: str) -> None:
         print(f"[studies] {text}", file=self.stream, flush=True)
 
+    def warn_refused(self, found: ResumePoints) -> None:
+        """One warning line per checkpoint skipped as unreadable (at most 5, then a count):
+        its cell starts from epoch 0."""
+        for text in found.refused[:5]:
+            self.say(f"warning: checkpoint skipped, its cell starts from epoch 0: {text}")
+        if len(found.refused) > 5:
+            self.say(f"warning: {len(found.refused) - 5} more checkpoints skipped the same way")
+
     def storage_root(self) -> Path | None:
         """The local (or shared) Tune storage folder; None for a URI storage."""
         storage = self.options.storage or str(self.study_dir / "ray")
@@ -75,9 +83,13 @@ class StudySession:
         """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
         earlier trial left a checkpoint continue from it (in the run the ledger keeps)."""
         ids = [c.cell_id for c in cells]
-        found = ResumePoints.search(self.storage_root(), self.name, ids)
+        grouped = self.tracking.cell_runs()
+        # only the checkpoints of unfinished cells are read: a finished study reads none
+        unfinished = [i for i in ids if self.tracking.finished_run(grouped.get(i, [])) is None]
+        found = ResumePoints.search(self.storage_root(), self.name, unfinished)
+        self.warn_refused(found)
         keep = found.run_ids()
-        done, to_run = self.tracking.prepare(ids, keep=keep)  # drops what it did not keep
+        done, to_run = self.tracking.prepare(ids, keep=keep, grouped=grouped)  # drops what it did not keep
         self.resume = found.only(keep)
         self.tune_dirs.extend(self.resume.experiment_dirs())
         message = self.resume.describe()
@@ -138,6 +150,7 @@ class StudySession:
         # one scan of the storage for the checkpoints of every cell of the study; a
         # proposal (a replayed config) takes those of its cells
         self.checkpoints_left = ResumePoints.search(self.storage_root(), self.name, None)
+        self.warn_refused(self.checkpoints_left)
 
         def admit(cells: list) -> list[dict]:
             self.know(cells)

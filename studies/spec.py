@@ -20,6 +20,8 @@ mistake does not cascade into many messages:
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Optional, Union
 
@@ -43,6 +45,10 @@ def load_study(path: Union[str, Path], max_cells: Optional[int] = None) -> Study
     """
     file = str(path)
     try:
+        kind = os.stat(path).st_mode
+        if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):  # a FIFO would hang the open
+            raise StudyError(file, [("(file)", None, "is not a regular file (a FIFO, device or socket); "
+                                                     "expected the path of a YAML study file")])
         with open(path, "rb") as handle:  # no more than the limit is read, however large the file
             text = handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except FileNotFoundError:

@@ -36,7 +36,6 @@ complete run.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 import tempfile
@@ -44,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from studies.checkpoints import META_FILE, read_checkpoint, read_tune_checkpoint, save_checkpoint
+from studies.checkpoints import read_checkpoint, read_meta, read_tune_checkpoint, save_checkpoint
+from studies.errors import RunnerError
 from studies.config_schedulers.coordinator import CoordinatorClient
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
@@ -234,8 +234,8 @@ def _read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
         print(f"[studies] cannot read the checkpoint {folder} safely ({one_paragraph(error)}); "
               f"the cell starts from scratch", flush=True)
         try:
-            earlier = json.loads((Path(folder) / META_FILE).read_text()).get("run_id")
-        except (OSError, ValueError):
+            earlier = read_meta(folder).get("run_id")
+        except (OSError, ValueError, RunnerError):
             earlier = None
         return None, {"discard_run_id": earlier} if earlier else {}
 
