@@ -27,6 +27,7 @@ from typing import Optional, Union
 
 from pydantic import ValidationError
 
+from studies.config_bounds import bound_problems
 from studies.configs import design_configs
 from studies.cross_checks import check_study
 from studies.problems import Path_, Problem, Problems, StudyError, dedupe, format_yaml_path, line_of
@@ -94,6 +95,9 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
         check_study(study)
         configs, problems = design_configs(study)
         if problems:
+            raise Problems(problems)
+        problems = bound_problems(configs, study.resources.cpus, study.resources.gpus, study.variants)
+        if problems:  # values in range that would exhaust the machine (studies.config_bounds)
             raise Problems(problems)
         study.set_designed_configs(configs)
     except Problems as problems:
