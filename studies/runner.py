@@ -128,6 +128,13 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     from studies.spec import load_study
 
     study = load_study(study_file, max_cells=options.max_cells)
+    if study.name.endswith(SMOKE_SUFFIX):  # NAME-smoke is the smoke run's folder and experiment
+        from studies.problems import StudyError
+
+        raise StudyError(str(study_file), [("name", study.line_of(("name",)),
+                                            f"{study.name!r} ends with {SMOKE_SUFFIX!r}, which names the smoke "
+                                            f"runs of study {study.name[:-len(SMOKE_SUFFIX)]!r} (`--smoke`); "
+                                            f"expected a name without that ending")])
     cells = expand(study)
     if options.smoke:
         cells = smoke_cells(cells)
