@@ -1,0 +1,283 @@
+"""What the tool reads back is guarded like the study file (issue 25, studies.readback).
+
+Each refusal runs as a real `python -m studies.cli` process on real files and real SQLite
+stores; its exit code (2), its one-line message naming the file or name and what was
+expected, its wall time and its peak memory (the child's own `ru_maxrss`, from `os.wait4`)
+are asserted, and so is what it left on disk:
+
+- a NAME outside `--output` (`../../x`, an absolute path) is refused by resume, report and
+  export even when the store has an experiment of that name, and nothing is written outside;
+- an unknown NAME lists the studies there, nearest first;
+- a 0-byte, a truncated or a mistyped store is refused by name and left as it was (no store
+  created, none modified); a broken run.json (wrong shape, a FIFO) too;
+- checkpoint metas of the wrong shape, a FIFO and a link to /dev/zero are skipped, each
+  described, and only the unfinished cells' folders are read at all;
+- a flow-style nesting 20,000 levels deep is refused in linear time, before the YAML parser;
+- a study named NAME-smoke (the smoke runs' folder and experiment) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: every refusal below must stay under this peak memory (issue 25) and time
+PEAK_MB = 500
+REFUSAL_S = 60
+
+
+@dataclass
+class Measured:
+    code: int
+    out: str
+    err: str
+    seconds: float
+    peak_mb: float
+
+
+def run_measured(*args: str, timeout: float = 120, code: str | None = None) -> Measured:
+    """`python -m studies.cli ARGS` (or `python -c CODE`) as a child process: its exit code,
+    output, wall time and peak resident memory (this child's alone, from os.wait4)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    command = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "studies.cli", *args]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.monotonic()
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        timer = threading.Timer(timeout, process.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.monotonic() - started
+        out.seek(0)
+        err.seek(0)
+        return Measured(process.returncode, out.read().decode(), err.read().decode(), seconds,
+                        usage.ru_maxrss / 1024)
+
+
+def assert_refused(result: Measured, *fragments: str) -> None:
+    """Exit 2, one line on stderr holding every fragment, no traceback, bounded time and memory."""
+    assert result.code == 2, (result.code, result.err[-2000:])
+    assert "Traceback" not in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1, result.err
+    for fragment in fragments:
+        assert fragment in result.err, (fragment, result.err)
+    assert result.seconds < REFUSAL_S, result.seconds
+    assert result.peak_mb < PEAK_MB, result.peak_mb
+
+
+def tree(root: Path) -> dict[str, int]:
+    """Every path under `root` with its size (folders: -1)."""
+    return {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1)
+            for p in sorted(root.rglob("*"))}
+
+
+def sqlite_store(path: Path, *experiments: str) -> str:
+    """A real MLflow SQLite store at `path` holding `experiments`; its URI."""
+    from mlflow import MlflowClient
+
+    from studies.sqlite_store import seed_sqlite_store
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{path}"
+    seed_sqlite_store(uri)
+    client = MlflowClient(uri)
+    for name in experiments:
+        client.create_experiment(name, artifact_location=str(path.parent / "artifacts"))
+    return uri
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def test_a_name_outside_the_output_folder_is_refused_and_nothing_is_written_outside(tmp_path):
+    output = tmp_path / "deep" / "er" / "out"
+    output.mkdir(parents=True)
+    # the store holds an experiment of each hostile name (on a shared server, names are anyone's)
+    uri = sqlite_store(tmp_path / "store" / "mlflow.db", "../../x", str(tmp_path / "abs"))
+    (tmp_path / "deep" / "x").mkdir()
+    (tmp_path / "deep" / "x" / "study.yaml").write_text("name: x\nbase: {loss: {name: ce}}\nseeds: [0]\n")
+    before = tree(tmp_path)
+    for command, name in (("report", "../../x"), ("export", str(tmp_path / "abs")), ("resume", "../../x")):
+        result = run_measured(command, name, "--output", str(output), "--tracking-uri", uri)
+        assert_refused(result, "is not a study name", repr(name))
+    after = tree(tmp_path)
+    assert after == before, set(after.items()) ^ set(before.items())
+
+
+def test_a_study_folder_that_links_outside_the_output_folder_is_refused(tmp_path):
+    from studies.readback import ReadBackError, study_folder
+
+    output = tmp_path / "out"
+    output.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (output / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ReadBackError, match="leads outside the output folder"):
+        study_folder(output, "linked")
+    assert study_folder(output, "fine.name-1") == output.resolve() / "fine.name-1"
+
+
+def test_an_unknown_study_name_lists_the_studies_there_nearest_first(tmp_path):
+    output = tmp_path / "out"
+    for name in ("alpha_study", "beta", "gamma"):
+        (output / name).mkdir(parents=True)
+        (output / name / "run.json").write_text("{}")
+    (output / "not_a_study").mkdir()
+    result = run_measured("report", "alpha_stduy", "--output", str(output))
+    assert_refused(result, "no study named 'alpha_stduy'", "did you mean 'alpha_study'?",
+                   "alpha_study, beta, gamma")
+    assert "not_a_study" not in result.err
+    assert not (output / "alpha_stduy").exists()
+
+
+# ----------------------------------------------------------------------------- stores
+
+
+def test_a_broken_or_mistyped_store_is_refused_by_name_and_left_as_it_was(tmp_path):
+    output = tmp_path / "out"
+    empty, cut = output / "empty", output / "cut"
+    empty.mkdir(parents=True)
+    (empty / "mlflow.db").write_bytes(b"")
+    sqlite_store(cut / "mlflow.db", "cut")
+    with open(cut / "mlflow.db", "r+b") as handle:  # half of the file lost (a disk full mid-copy)
+        handle.truncate((cut / "mlflow.db").stat().st_size // 2)
+    before = tree(tmp_path)
+
+    assert_refused(run_measured("report", "empty", "--output", str(output)),
+                   str(empty / "mlflow.db"), "is empty (0 bytes)")
+    assert_refused(run_measured("export", "cut", "--output", str(output)),
+                   str(cut / "mlflow.db"), "is truncated")
+    typo = tmp_path / "typo" / "mlflow.db"
+    assert_refused(run_measured("report", "cut", "--output", str(output), "--tracking-uri", f"sqlite:///{typo}"),
+                   str(typo), "no such file", "--tracking-uri")
+    assert tree(tmp_path) == before  # no store created, none modified, no report folder
+
+
+def test_a_broken_run_json_is_refused_by_name(tmp_path):
+    output = tmp_path / "out"
+    (output / "listed").mkdir(parents=True)
+    (output / "listed" / "run.json").write_text('[1, 2]')
+    assert_refused(run_measured("report", "listed", "--output", str(output)),
+                   str(output / "listed" / "run.json"), "JSON list", "expected")
+    (output / "piped").mkdir()
+    os.mkfifo(output / "piped" / "run.json")  # reading it would block forever
+    assert_refused(run_measured("export", "piped", "--output", str(output), timeout=REFUSAL_S),
+                   str(output / "piped" / "run.json"), "FIFO")
+    (output / "typed").mkdir()
+    (output / "typed" / "run.json").write_text('{"tracking_uri": 5}')
+    from studies.readback import ReadBackError
+    from studies.runner import read_settings
+
+    with pytest.raises(ReadBackError, match="field 'tracking_uri' is 5; expected str"):
+        read_settings(output / "typed")
+
+
+# ----------------------------------------------------------------------------- trial storage
+
+_CHECKPOINT_SCAN = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    from studies.checkpoints import ResumePoints
+
+    storage = Path(sys.argv[1])
+    good = {"run_id": "r1", "cell_id": "good", "study": "s", "epoch": 3, "history": []}
+
+    def checkpoint(cell, meta=None):
+        folder = storage / "tune-a-0" / cell / "checkpoint_000001"
+        folder.mkdir(parents=True)
+        return folder / "meta.json"
+
+    checkpoint("good").write_text(json.dumps(good))
+    checkpoint("listed").write_text("[1, 2]")
+    checkpoint("bad_epoch").write_text(json.dumps({**good, "cell_id": "bad_epoch", "epoch": "abc"}))
+    os.mkfifo(checkpoint("piped"))
+    checkpoint("zeros").symlink_to("/dev/zero")
+    os.mkfifo(checkpoint("other_cell"))  # a cell not asked for: never opened
+
+    started = time.monotonic()
+    found = ResumePoints.search(storage, "s", ["good", "listed", "bad_epoch", "piped", "zeros"])
+    none = ResumePoints.search(storage, "s", [])  # a finished study: no cell to resume
+    print(json.dumps({"found": sorted(found.found), "epoch": found.found["good"][1]["epoch"],
+                      "refused": found.refused, "none": [sorted(none.found), none.refused],
+                      "seconds": time.monotonic() - started,
+                      "describe": found.describe()}))
+""")
+
+
+def test_checkpoint_metas_are_read_with_bounds_and_only_for_unfinished_cells(tmp_path):
+    env_code = _CHECKPOINT_SCAN.replace("sys.argv[1]", repr(str(tmp_path / "storage")))
+    result = run_measured(code=env_code, timeout=REFUSAL_S)
+    assert result.code == 0, result.err[-3000:]
+    report = json.loads(result.out.strip().splitlines()[-1])
+    assert report["found"] == ["good"] and report["epoch"] == 3
+    refused = "\n".join(report["refused"])
+    assert len(report["refused"]) == 4, refused
+    assert "listed/checkpoint_000001/meta.json: holds a JSON list" in refused
+    assert "bad_epoch/checkpoint_000001/meta.json: field 'epoch' is 'abc'; expected int" in refused
+    assert "piped/checkpoint_000001/meta.json: is a FIFO" in refused
+    assert "zeros/checkpoint_000001/meta.json: is a character device" in refused
+    assert "other_cell" not in refused
+    assert report["none"] == [[], []]
+    assert report["describe"].startswith("1 unfinished cells continue")
+    assert report["seconds"] < 5
+    assert result.peak_mb < PEAK_MB, result.peak_mb
+
+
+# ----------------------------------------------------------------------------- study files
+
+
+def test_a_deep_flow_nesting_is_refused_in_linear_time(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    levels = 20_000  # 40 KB; PyYAML's scanner alone took more than 60 s on it
+    deep.write_text("name: deep\nbase: " + "[" * levels + "]" * levels + "\nseeds: [0]\n")
+    result = run_measured("run", str(deep), "--dry-run", "--output", str(tmp_path / "out"))
+    assert_refused(result, str(deep), "nested more than 32 levels deep (line 2)")
+    assert result.seconds < 20, result.seconds
+    assert not (tmp_path / "out").exists()
+
+
+def test_brackets_in_quotes_comments_and_plain_words_do_not_count_as_nesting():
+    from studies.spec import StudyError, parse_study
+
+    text = ("name: fine\nbase: {loss: {name: ce}}\nseeds: [0]\n"
+            "description: '" + "[{" * 100 + "'' and \"[[\"'  # " + "[" * 100 + "\n")
+    assert parse_study(text).name == "fine"
+    assert parse_study(text.replace("description: '", "description: a'").replace("# ", "# x")).name == "fine"
+    started = time.monotonic()
+    with pytest.raises(StudyError, match="nested more than 32 levels deep"):
+        parse_study("name: x\nbase: {a: " + "{b: " * 5000 + "}" * 5001 + "\nseeds: [0]\n")
+    assert time.monotonic() - started < 2
+
+
+def test_a_study_named_like_a_smoke_run_is_refused(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("name: a-smoke\nbase: {loss: {name: ce}}\nseeds: [0]\n")
+    result = run_measured("run", str(path), "--dry-run", "--output", str(tmp_path / "out"))
+    assert_refused(result, "name (line 1)", "'a-smoke' ends with '-smoke'", "smoke runs of study 'a'")
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("data", "{name: synthetic, num_workers: 10000}", "base.data.num_workers"),
+    ("model", "{name: mlp, hidden_dim: 1000000000}", "base.model.hidden_dim"),
+])
+def test_values_that_would_exhaust_the_machine_are_refused_by_the_dry_run(tmp_path, field, value, expect):
+    path = tmp_path / "big.yaml"
+    other = "model: {name: mlp}" if field == "data" else "data: {name: synthetic}"
+    path.write_text(f"name: big\nbase:\n  {field}: {value}\n  {other}\n  loss: {{name: ce}}\nseeds: [0]\n")
+    result = run_measured("run", str(path), "--dry-run", "--output", str(tmp_path / "out"))
+    assert_refused(result, expect, "expected at most")
+    assert not (tmp_path / "out").exists()
