@@ -5,7 +5,8 @@ Every subcommand is one `Command` (name, help, how to add its arguments, what it
 
 Exit codes: 0 success; 1 some cells did not finish (each listed with its error); 2 bad input
 (a study file that fails validation, an unknown study name, resources that do not fit):
-one paragraph on stderr, no traceback, nothing started; 130 interrupted.
+one paragraph on stderr, no traceback, nothing started; 130 interrupted (Ctrl-C); 143 / 129
+stopped by SIGTERM / SIGHUP (handled as Ctrl-C: the resume command is printed).
 """
 
 from __future__ import annotations

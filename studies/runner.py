@@ -24,7 +24,8 @@ How a study file becomes trials (`run_study`), and which module does each step:
    trial reports to (`studies.config_schedulers`);
 7. progress while the trials run (`studies.progress`), then a summary, a report
    (`analysis.report.build_report`) unless disabled, and how to open the MLflow UI. The exit
-   code is 0 when every cell finished, 1 otherwise, 130 when interrupted.
+   code is 0 when every cell finished, 1 otherwise, 130 when interrupted (Ctrl-C), 143 / 129
+   when stopped by SIGTERM / SIGHUP (`studies.termination`).
 
 Ray, Tune and Optuna are imported only once cells are about to run: a dry run loads none.
 """
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
+from studies import termination
 from studies.errors import RunnerError
 from studies.run_options import RunOptions
 from studies.progress import format_duration
@@ -281,22 +283,23 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                     f"--tracking-uri http://<mlflow server>")
 
     started = time.monotonic()
-    interrupted = False
+    stop: KeyboardInterrupt | None = None
     leases: list = []
-    try:
-        _run(session, cells, study_copy, leases)
-    except KeyboardInterrupt:
-        interrupted = True
-        session.say(f"interrupted; `studies resume {name}` (or the same `studies run`) "
-                    f"completes what is missing")
-    finally:
-        session.ray.stop()
-        for lease in leases:
-            lease.release()
-
-    outcome = _summarise(session, started, stream, interrupted)
-    if interrupted:
-        outcome.exit_code = 130
+    with termination.trapped():  # SIGTERM, SIGHUP: as Ctrl-C
+        try:
+            _run(session, cells, study_copy, leases)
+        except KeyboardInterrupt as error:
+            stop = error
+            session.say(f"{termination.describe(error)}; `studies resume {name}` (or the same "
+                        f"`studies run`) completes what is missing")
+        finally:
+            session.ray.stop()
+            for lease in leases:
+                lease.release()
+        interrupted = stop is not None
+        outcome = _summarise(session, started, stream, interrupted)
+    if stop is not None:
+        outcome.exit_code = termination.exit_code(stop)
     if not outcome.failed:
         for folder in session.tune_dirs:  # Tune's folder is a per-session cache
             shutil.rmtree(folder, ignore_errors=True)

@@ -14,6 +14,7 @@ import gc
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Sequence
 
+from studies import termination
 from studies.cell_queue import config_major
 from studies.checkpoints import ResumePoints
 from studies.config_schedulers import session_scheduling
@@ -108,6 +109,7 @@ class StudySession:
         """Start Ray, count the trial slots, refuse a config-level scheduler that cannot work
         here."""
         self.ray.start()
+        termination.trap()  # ray.init replaced the SIGTERM handler with one that aborts
         if self.ray.dashboard_url:
             self.say(f"Ray dashboard: {self.ray.dashboard_url}")
         self.concurrency = self.ray.trial_slots(self.study, self.stream)

@@ -281,3 +281,79 @@ def test_values_that_would_exhaust_the_machine_are_refused_by_the_dry_run(tmp_pa
     result = run_measured("run", str(path), "--dry-run", "--output", str(tmp_path / "out"))
     assert_refused(result, expect, "expected at most")
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+def _long_study(folder: Path, name: str) -> Path:
+    """A study whose cells take long enough to be stopped mid-way (one CPU, one at a time)."""
+    path = folder / f"{name}.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        base:
+          data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 4000,
+                  val_size: 60, test_size: 60, form: features, feature_dim: 8}}
+          model: {{name: mlp, hidden_dim: 32}}
+          loss: {{name: ce}}
+          optim: {{lr: 0.1, batch_size: 8, milestones: []}}
+          epochs: 50
+          eval: {{ks: [1, 3], selection: val/top3}}
+          device: cpu
+        design: {{kind: grid, parameters: {{optim.lr: [0.02, 0.05]}}}}
+        seeds: [0, 1]
+        resources: {{cpus: 1}}
+        max_concurrent: 1
+        log_models: false
+        """))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code):
+    import signal as signals
+
+    from mlflow import MlflowClient
+
+    name = f"term-{os.getpid()}"
+    output = tmp_path / "out"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RAY_ADDRESS"] = ""  # a local Ray of its own
+    process = subprocess.Popen(
+        [sys.executable, "-m", "studies.cli", "run", str(_long_study(tmp_path, name)), "--output", str(output),
+         "--num-cpus", "1", "--no-report"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any("running 4 cells" in line for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines + errors)[-3000:]
+            time.sleep(0.2)
+        time.sleep(3)  # a trial is training
+        assert process.poll() is None, "".join(lines + errors)[-3000:]
+        os.kill(process.pid, getattr(signals, signame))
+        stopped = time.monotonic()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        took = time.monotonic() - stopped
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signals.SIGKILL)
+            process.wait()
+    reader.join(10)
+    out, err = "".join(lines), "".join(errors)
+    assert process.returncode == code, (process.returncode, out[-2000:], err[-3000:])
+    assert f"terminated by {signame}; `studies resume {name}`" in out, out[-2000:]
+    assert "Traceback" not in err and "core dumped" not in err.lower(), err[-3000:]
+    assert took < 60, took
+    assert usage.ru_maxrss / 1024 < 1500  # the driver alone (torch and Ray loaded); its trials are not children
+    client = MlflowClient(f"sqlite:///{output / name / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(name)
+    parents = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'parent'")
+    assert parents and all(run.info.status != "RUNNING" for run in parents), [r.info.status for r in parents]
