@@ -357,3 +357,64 @@ def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code)
     experiment = client.get_experiment_by_name(name)
     parents = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'parent'")
     assert parents and all(run.info.status != "RUNNING" for run in parents), [r.info.status for r in parents]
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+_ARTIFACT_READ = textwrap.dedent("""
+    import json, sys, time
+    from analysis.collect import CollectError, collect_per_class
+
+    uri, runs = URI, RUNS
+    found = {"normal": collect_per_class(uri, [runs["normal"]]).num_rows}
+    for kind in ("many_rows", "folder"):
+        started = time.monotonic()
+        try:
+            collect_per_class(uri, [runs[kind]])
+            found[kind] = "read"
+        except CollectError as error:
+            found[kind] = [str(error), time.monotonic() - started, runs[kind]]
+    print(json.dumps(found))
+""")
+
+
+def test_a_run_artifact_is_read_with_bounds(tmp_path):
+    """A 15-million-row Parquet (a few hundred KB) and a folder in place of a run's per-class
+    artifact are refused by name from the file's kind and footer; the child that reads them
+    stays small."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from mlflow import MlflowClient
+
+    from analysis.collect import MAX_ARTIFACT_ROWS
+
+    uri = sqlite_store(tmp_path / "mlflow.db", "art")
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("art").experiment_id
+    runs = {}
+    for kind in ("normal", "many_rows", "folder"):
+        runs[kind] = client.create_run(experiment).info.run_id
+        local = tmp_path / kind
+        local.mkdir()
+        rows = 15_000_000 if kind == "many_rows" else 3
+        table = pa.table({"class": pa.repeat(pa.scalar(0, pa.int32()), rows),
+                          "top1": pa.repeat(pa.scalar(1.0), rows)})
+        target = local / "per_class_test.parquet"
+        if kind == "folder":  # a folder in the artifact's place, holding one seed's file
+            target.mkdir()
+            target = target / "part-0.parquet"
+        pq.write_table(table, target)
+        client.log_artifacts(runs[kind], str(local))
+
+    code = _ARTIFACT_READ.replace("URI", repr(uri)).replace("RUNS", repr(runs))
+    result = run_measured(code=code, timeout=120)
+    assert result.code == 0, result.err[-3000:]
+    found = json.loads(result.out.strip().splitlines()[-1])
+    assert found["normal"] == 3
+    message, seconds, run = found["many_rows"]
+    assert message == (f"artifact per_class_test.parquet of run {run} has 15,000,000 rows; expected at "
+                       f"most {MAX_ARTIFACT_ROWS:,} (one per class)")
+    assert seconds < 10
+    message, seconds, run = found["folder"]
+    assert message.startswith(f"artifact per_class_test.parquet of run {run} is a folder; expected one Parquet")
+    assert result.peak_mb < PEAK_MB, result.peak_mb
