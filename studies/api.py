@@ -97,9 +97,10 @@ def collect(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optio
     """The study's runs from MLflow (``analysis.collect.Collected``: ``table`` holds one row
     per finished cell, ``failed`` the others; ``.table.to_pandas()`` for pandas)."""
     from analysis.collect import collect as collect_runs
+    from studies.tracking.retry import with_retry
 
     _, uri = locate(name, output=output, tracking_uri=tracking_uri)
-    return collect_runs(uri, name)
+    return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
 def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> Path:
@@ -107,5 +108,8 @@ def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     from analysis.report import build_report
 
     study_dir, uri = locate(name, output=output, tracking_uri=tracking_uri)
+    from studies.tracking.retry import with_retry
+
     study_file = study_dir / "study.yaml"
-    return build_report(uri, name, study_dir / "report", study_file=study_file if study_file.exists() else None)
+    return with_retry(lambda: build_report(uri, name, study_dir / "report",  # waits on a locked store
+                                           study_file=study_file if study_file.is_file() else None))

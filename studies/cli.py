@@ -194,9 +194,10 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
 def _export(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
-        from analysis.collect import collect, export_parquet
+        from analysis.collect import export_parquet
+        from studies.api import collect
 
-        collected = collect(uri, args.name)  # before any folder is made
+        collected = collect(args.name, output=args.output, tracking_uri=uri)  # before any folder is made
         target = Path(args.to) if args.to else study_dir / "cells.parquet"
         target.parent.mkdir(parents=True, exist_ok=True)
         path = export_parquet(collected, target)

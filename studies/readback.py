@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from studies.errors import RunnerError
 
-__all__ = ["ReadBackError", "study_folder", "known_studies", "unknown_study", "read_bounded",
+__all__ = ["ReadBackError", "UnknownStudy", "study_folder", "known_studies", "unknown_study", "read_bounded",
            "read_json", "check_regular", "check_sqlite_store", "sqlite_path", "STUDY_NAME_PATTERN",
            "MAX_SETTINGS_BYTES", "MAX_META_BYTES"]
 
@@ -48,6 +48,10 @@ _SQLITE_PREFIX = "sqlite:///"
 
 class ReadBackError(RunnerError):
     """A file, folder or store the tool reads back that is not what it wrote; one paragraph."""
+
+
+class UnknownStudy(ReadBackError, FileNotFoundError):
+    """No study of that name under the output folder (a FileNotFoundError too, as before)."""
 
 
 # ----------------------------------------------------------------------------- names
@@ -96,14 +100,14 @@ def known_studies(output: str | Path) -> list[str]:
     return sorted(names)
 
 
-def unknown_study(name: str, output: str | Path, expected: str) -> ReadBackError:
+def unknown_study(name: str, output: str | Path, expected: str) -> UnknownStudy:
     """The error for a study that is not under `output`: the studies that are, nearest first."""
     root = Path(output).expanduser().resolve()
     known = known_studies(root)
     near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
     listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-    return ReadBackError(
+    return UnknownStudy(
         f"no study named {name!r} under {root} ({expected}); {hint}studies there: "
         f"{listed or '(none)'}; pass --output DIR where it ran, or start it with `studies run FILE`")
 

@@ -418,3 +418,43 @@ def test_a_run_artifact_is_read_with_bounds(tmp_path):
     message, seconds, run = found["folder"]
     assert message.startswith(f"artifact per_class_test.parquet of run {run} is a folder; expected one Parquet")
     assert result.peak_mb < PEAK_MB, result.peak_mb
+
+
+# ----------------------------------------------------------------------------- a locked store
+
+_HOLD_LOCK = textwrap.dedent("""
+    import sqlite3, sys, time
+    connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+    connection.execute("BEGIN EXCLUSIVE")
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    connection.execute("COMMIT")
+""")
+
+
+@pytest.mark.slow
+def test_export_waits_for_a_locked_store_with_one_warning_line(tmp_path):
+    """MLflow's SQLite busy timeout is 20 s; a lock held longer is waited for like `run` does."""
+    output = tmp_path / "out"
+    store = output / "held" / "mlflow.db"
+    uri = sqlite_store(store, "held")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.create_run(client.get_experiment_by_name("held").experiment_id,
+                            tags={"studies.role": "cell", "studies.study": "held", "studies.cell_id": "c0",
+                                  "studies.config_id": "c", "studies.seed": "0", "studies.status": "finished"})
+    client.log_metric(run.info.run_id, "test/top1", 0.5)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(store), "24"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        result = run_measured("export", "held", "--output", str(output), timeout=120)
+    finally:
+        holder.wait(30)
+    assert result.code == 0, result.err[-3000:]
+    assert "Traceback" not in result.err
+    warnings = [line for line in result.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "locked by another process" in warnings[0], (result.err, result.out, result.seconds)
+    assert Path(result.out.strip().splitlines()[-1]) == output.resolve() / "held" / "cells.parquet"
+    assert result.seconds > 20  # it waited for the holder
+    assert result.peak_mb < PEAK_MB, result.peak_mb
