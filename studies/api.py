@@ -17,6 +17,7 @@ Every function takes the same ``output`` folder and ``tracking_uri`` as the comm
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import IO, Optional, Union
 
@@ -108,8 +109,11 @@ def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     from analysis.report import build_report
 
     study_dir, uri = locate(name, output=output, tracking_uri=tracking_uri)
+    from studies.readback import check_study_copy
     from studies.tracking.retry import with_retry
 
     study_file = study_dir / "study.yaml"
+    if os.path.lexists(study_file):
+        check_study_copy(study_file)  # read with the study file's bounds, or refused by name
     return with_retry(lambda: build_report(uri, name, study_dir / "report",  # waits on a locked store
-                                           study_file=study_file if study_file.is_file() else None))
+                                           study_file=study_file if os.path.lexists(study_file) else None))

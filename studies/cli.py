@@ -168,9 +168,10 @@ def _read_back_errors() -> tuple[type, ...]:
     """What a read-only command refuses with exit code 2: a study or store that is not there
     or not what the tool wrote (studies.readback), a store without the study (CollectError)."""
     from analysis.collect import CollectError
+    from analysis.study_file import ReportError
     from studies.errors import RunnerError
 
-    return (FileNotFoundError, ImportError, RunnerError, CollectError)
+    return (FileNotFoundError, ImportError, RunnerError, CollectError, ReportError)
 
 
 def _report(args: argparse.Namespace) -> int:

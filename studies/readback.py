@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from studies.errors import RunnerError
 
 __all__ = ["ReadBackError", "UnknownStudy", "study_folder", "known_studies", "unknown_study", "read_bounded",
-           "read_json", "check_regular", "check_sqlite_store", "sqlite_path", "STUDY_NAME_PATTERN",
+           "read_json", "check_regular", "check_sqlite_store", "check_study_copy", "sqlite_path", "STUDY_NAME_PATTERN",
            "MAX_SETTINGS_BYTES", "MAX_META_BYTES"]
 
 #: a study name: it names the output folder and the MLflow experiment (the study file's rule)
@@ -234,3 +234,24 @@ def check_sqlite_store(tracking_uri: str, what: str = "the study's MLflow store"
 def _head(path: Path, n: int) -> bytes:
     with open(path, "rb") as handle:
         return handle.read(n)
+
+
+def check_study_copy(path: str | Path) -> None:
+    """Refuse a study file copy (`DIR/NAME/study.yaml`) that a report would read unbounded: not
+    a regular file, larger than a study file may be, not UTF-8, or YAML that is invalid, an
+    alias bomb or nested too deep (`studies.yaml_source.read_yaml`, the study file's bounds)."""
+    from studies.problems import Problems
+    from studies.yaml_source import MAX_FILE_BYTES, read_yaml
+
+    what = "the copy of the study file that `studies run` wrote"
+    data = read_bounded(path, MAX_FILE_BYTES, what)
+    try:
+        read_yaml(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ReadBackError(f"{path}: is not UTF-8 text ({error.reason} at byte {error.start}); "
+                            f"expected {what}") from None
+    except Problems as problems:
+        first = problems.problems[0]
+        where = ".".join(str(p) for p in first.path)
+        raise ReadBackError(f"{path}: {where}: {first.message}; expected {what}") from None
+

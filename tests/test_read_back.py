@@ -458,3 +458,20 @@ def test_export_waits_for_a_locked_store_with_one_warning_line(tmp_path):
     assert Path(result.out.strip().splitlines()[-1]) == output.resolve() / "held" / "cells.parquet"
     assert result.seconds > 20  # it waited for the holder
     assert result.peak_mb < PEAK_MB, result.peak_mb
+
+
+def test_a_broken_study_yaml_copy_is_refused_by_name(tmp_path):
+    output = tmp_path / "out"
+    sqlite_store(output / "bomb" / "mlflow.db", "bomb")
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9))
+    (output / "bomb" / "study.yaml").write_text(laughs)  # 9**10 values once expanded
+    before = tree(tmp_path)
+    assert_refused(run_measured("report", "bomb", "--output", str(output)),
+                   str(output / "bomb" / "study.yaml"), "expands to more than", "copy of the study file")
+    assert tree(tmp_path) == before  # no report folder
+    (output / "piped").mkdir()
+    os.mkfifo(output / "piped" / "study.yaml")
+    assert_refused(run_measured("resume", "piped", "--output", str(output), timeout=REFUSAL_S),
+                   str(output / "piped" / "study.yaml"), "not a regular file")
