@@ -81,7 +81,7 @@ def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Ite
     read, each only when it is a small regular file holding a JSON object of META_FIELDS
     (`studies.readback`): a FIFO, a link to a device, a huge or misshapen file is skipped
     (the cell starts from epoch 0) and described in `refused`, never a hang or a crash."""
-    from studies.readback import ReadBackError
+    from studies.readback import ReadBackError, check_regular
 
     if storage is None or not storage.is_dir():
         return {}
@@ -94,7 +94,12 @@ def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Ite
             continue
         try:
             meta = read_meta(meta_file.parent)
-        except FileNotFoundError:  # removed meanwhile
+            # the driver says the cell continues from here: its state must be there to load
+            check_regular(meta_file.parent / STATE_FILE, "a checkpoint's state written by torch.save")
+        except FileNotFoundError as missing:
+            if refused is not None and missing.filename and missing.filename.endswith(STATE_FILE):
+                refused.append(f"{missing.filename}: no such file; expected a checkpoint's state "
+                               f"beside its {META_FILE}")
             continue
         except ReadBackError as error:
             if refused is not None:

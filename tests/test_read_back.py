@@ -196,12 +196,15 @@ _CHECKPOINT_SCAN = textwrap.dedent("""
     storage = Path(sys.argv[1])
     good = {"run_id": "r1", "cell_id": "good", "study": "s", "epoch": 3, "history": []}
 
-    def checkpoint(cell, meta=None):
+    def checkpoint(cell, state=True):
         folder = storage / "tune-a-0" / cell / "checkpoint_000001"
         folder.mkdir(parents=True)
+        if state:
+            (folder / "state.pt").write_bytes(b"")
         return folder / "meta.json"
 
     checkpoint("good").write_text(json.dumps(good))
+    checkpoint("stateless", state=False).write_text(json.dumps({**good, "cell_id": "stateless"}))
     checkpoint("listed").write_text("[1, 2]")
     checkpoint("bad_epoch").write_text(json.dumps({**good, "cell_id": "bad_epoch", "epoch": "abc"}))
     os.mkfifo(checkpoint("piped"))
@@ -209,7 +212,7 @@ _CHECKPOINT_SCAN = textwrap.dedent("""
     os.mkfifo(checkpoint("other_cell"))  # a cell not asked for: never opened
 
     started = time.monotonic()
-    found = ResumePoints.search(storage, "s", ["good", "listed", "bad_epoch", "piped", "zeros"])
+    found = ResumePoints.search(storage, "s", ["good", "listed", "bad_epoch", "piped", "zeros", "stateless"])
     none = ResumePoints.search(storage, "s", [])  # a finished study: no cell to resume
     print(json.dumps({"found": sorted(found.found), "epoch": found.found["good"][1]["epoch"],
                       "refused": found.refused, "none": [sorted(none.found), none.refused],
@@ -225,7 +228,8 @@ def test_checkpoint_metas_are_read_with_bounds_and_only_for_unfinished_cells(tmp
     report = json.loads(result.out.strip().splitlines()[-1])
     assert report["found"] == ["good"] and report["epoch"] == 3
     refused = "\n".join(report["refused"])
-    assert len(report["refused"]) == 4, refused
+    assert len(report["refused"]) == 5, refused
+    assert "stateless/checkpoint_000001/state.pt: no such file" in refused
     assert "listed/checkpoint_000001/meta.json: holds a JSON list" in refused
     assert "bad_epoch/checkpoint_000001/meta.json: field 'epoch' is 'abc'; expected int" in refused
     assert "piped/checkpoint_000001/meta.json: is a FIFO" in refused
