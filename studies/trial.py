@@ -156,7 +156,8 @@ def run_cell(
         result = _train(fit, cell, reporter)
         if cell.get("log_model") and result.get("model") is not None:
             _log_model(run, result)
-        run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending())
+        run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending(),
+                   clear_error=earlier_error is not None)
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except Exception as error:
         message = one_paragraph(error)

@@ -479,3 +479,25 @@ def test_a_broken_study_yaml_copy_is_refused_by_name(tmp_path):
     os.mkfifo(output / "piped" / "study.yaml")
     assert_refused(run_measured("resume", "piped", "--output", str(output), timeout=REFUSAL_S),
                    str(output / "piped" / "study.yaml"), "not a regular file")
+
+
+# ----------------------------------------------------------------------------- a resumed cell
+
+
+def test_a_cell_that_finishes_after_a_transient_error_no_longer_carries_it(tmp_path):
+    from mlflow import MlflowClient
+
+    from analysis.layout import TAG_ERROR, TAG_STATUS
+    from studies.tracking.cell_run import CellRun, TrackingContext
+
+    uri = sqlite_store(tmp_path / "mlflow.db", "resumed")
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("resumed").experiment_id
+    parent = client.create_run(experiment).info.run_id
+    run_id = client.create_run(experiment, tags={TAG_ERROR: "ConnectionError: the store went away"}).info.run_id
+    context = TrackingContext(uri, experiment, parent, "resumed", "s1")
+    run = CellRun(context, run_id, client)
+    assert run.recorded_error() == "ConnectionError: the store went away"
+    run.finish({"test": {"top1": 0.5}}, final_step=1, clear_error=True)
+    tags = client.get_run(run_id).data.tags
+    assert TAG_ERROR not in tags and tags[TAG_STATUS] == "finished"
