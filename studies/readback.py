@@ -61,7 +61,7 @@ def study_folder(output: str | Path, name: str) -> Path:
     """The folder of study `name` under `output`, refused unless `name` is a study name and
     the folder (links resolved) is a child of `output`."""
     root = Path(output).expanduser().resolve()
-    if not isinstance(name, str) or len(name) > STUDY_NAME_MAX or not re.match(STUDY_NAME_PATTERN, name) \
+    if not isinstance(name, str) or len(name) > STUDY_NAME_MAX or not re.fullmatch(STUDY_NAME_PATTERN, name) \
             or name in (".", ".."):
         raise ReadBackError(
             f"{name!r} is not a study name; expected the name of a study under {root} (letters, "
@@ -180,12 +180,13 @@ def read_json(path: str | Path, max_bytes: int, what: str,
         raise ReadBackError(f"{path}: is not valid JSON ({first}); expected {what}") from None
     if not isinstance(value, dict):
         raise ReadBackError(f"{path}: holds a JSON {type(value).__name__}; expected {what} (a JSON object)")
-    for key, types in (fields or {}).items():
-        if key in value and value[key] is not None and (
-                not isinstance(value[key], types) or isinstance(value[key], bool) and bool not in (
-                    types if isinstance(types, tuple) else (types,))):
-            names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-            raise ReadBackError(f"{path}: field {key!r} is {value[key]!r:.60}; expected {names} ({what})")
+    for key, expected in (fields or {}).items():
+        types = expected if isinstance(expected, tuple) else (expected,)
+        found = value.get(key)
+        # None: the field is absent; a bool is not an int here (JSON true is no epoch)
+        if found is not None and (not isinstance(found, types) or (isinstance(found, bool) and bool not in types)):
+            names = " or ".join(t.__name__ for t in types)
+            raise ReadBackError(f"{path}: field {key!r} is {found!r:.60}; expected {names} ({what})")
     return value
 
 
@@ -217,7 +218,7 @@ def check_sqlite_store(tracking_uri: str, what: str = "the study's MLflow store"
     if info.st_size == 0:
         raise ReadBackError(f"{path}: is empty (0 bytes); expected {what} (an SQLite file with the "
                             f"study's runs); restore it from a backup, or move it away")
-    header = read_bounded(path, info.st_size, what)[:100] if info.st_size <= 100 else _head(path, 100)
+    header = _head(path, 100)
     if len(header) < 100 or not header.startswith(_SQLITE_HEADER):
         raise ReadBackError(f"{path}: is not an SQLite database (its first bytes are not "
                             f"'SQLite format 3'); expected {what}")
@@ -232,8 +233,12 @@ def check_sqlite_store(tracking_uri: str, what: str = "the study's MLflow store"
 
 
 def _head(path: Path, n: int) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read(n)
+    """The first `n` bytes of a file checked to be regular (opened without blocking)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        return os.read(fd, n)
+    finally:
+        os.close(fd)
 
 
 def check_study_copy(path: str | Path) -> None:
