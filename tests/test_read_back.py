@@ -390,8 +390,6 @@ def test_a_run_artifact_is_read_with_bounds(tmp_path):
     import pyarrow.parquet as pq
     from mlflow import MlflowClient
 
-    from analysis.collect import MAX_ARTIFACT_ROWS
-
     uri = sqlite_store(tmp_path / "mlflow.db", "art")
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("art").experiment_id
@@ -416,8 +414,8 @@ def test_a_run_artifact_is_read_with_bounds(tmp_path):
     found = json.loads(result.out.strip().splitlines()[-1])
     assert found["normal"] == 3
     message, seconds, run = found["many_rows"]
-    assert message == (f"artifact per_class_test.parquet of run {run} has 15,000,000 rows; expected at "
-                       f"most {MAX_ARTIFACT_ROWS:,} (one per class)")
+    assert message.startswith(f"artifact per_class_test.parquet of run {run} has 15,000,000 rows; "
+                              f"expected at most ")
     assert seconds < 10
     message, seconds, run = found["folder"]
     assert message.startswith(f"artifact per_class_test.parquet of run {run} is a folder; expected one Parquet")
