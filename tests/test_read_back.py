@@ -499,3 +499,38 @@ def test_a_cell_that_finishes_after_a_transient_error_no_longer_carries_it(tmp_p
     run.finish({"test": {"top1": 0.5}}, final_step=1, clear_error=True)
     tags = client.get_run(run_id).data.tags
     assert TAG_ERROR not in tags and tags[TAG_STATUS] == "finished"
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def full_disk_folder(tmp_path):
+    """A real 1 MiB tmpfs (mounted for the test; skipped where mounting is not permitted)."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()[:200]})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True, timeout=30)
+
+
+def test_a_full_disk_fails_the_cell_at_once_naming_the_folder(full_disk_folder, tmp_path):
+    import torch
+
+    from studies.checkpoints import save_checkpoint
+    from studies.trial import full_disk, full_disk_message
+
+    with pytest.raises(Exception) as info:  # what torch.save really raises on a full disk
+        save_checkpoint(full_disk_folder, {"w": torch.zeros(1_000_000)}, {"epoch": 3})
+    error = info.value  # a RuntimeError that does not say "disk" ("unexpected pos ...")
+    assert full_disk(error, [tmp_path, full_disk_folder])  # so the cell fails at once
+    assert not full_disk(RuntimeError("a transient error"), [tmp_path])
+    message = full_disk_message(error, [full_disk_folder, tmp_path])
+    assert message.startswith("the disk is full: ")
+    assert f"{full_disk_folder} (0.0 MiB free of 0.0 GiB)" in message, message
+    assert str(tmp_path) in message
