@@ -447,7 +447,7 @@ def test_export_waits_for_a_locked_store_with_one_warning_line(tmp_path):
                             tags={"studies.role": "cell", "studies.study": "held", "studies.cell_id": "c0",
                                   "studies.config_id": "c", "studies.seed": "0", "studies.status": "finished"})
     client.log_metric(run.info.run_id, "test/top1", 0.5)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(store), "24"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(store), "22"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         result = run_measured("export", "held", "--output", str(output), timeout=120)
