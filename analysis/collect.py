@@ -63,6 +63,10 @@ import pyarrow.parquet as pq
 
 # MLflow's largest page for search_runs (mlflow.store.tracking.SEARCH_MAX_RESULTS_THRESHOLD).
 MAX_PAGE_SIZE = 50_000
+#: bounds on one run's Parquet artifact (a row per class, or per K, shot and set size: 1,000,000
+#: classes fit), checked from the file's size and its Parquet footer before any row is read
+MAX_ARTIFACT_ROWS = 1_000_000
+MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 
 from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
     PER_CLASS_ARTIFACT,
@@ -823,6 +827,30 @@ def export_parquet(collected: Collected, path: str | Path) -> Path:
     return path
 
 
+def read_artifact_table(local: str | Path, what: str) -> pa.Table:
+    """A run's Parquet artifact, read only when it is a regular file within
+    MAX_ARTIFACT_BYTES whose footer says at most MAX_ARTIFACT_ROWS rows (CollectError naming
+    it otherwise): a folder in its place would be read as a data set of some seeds' files, a
+    small file of millions of rows would take minutes and gigabytes."""
+    path = Path(local)
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise CollectError(f"{what} is {kind}; expected one Parquet file written by the trial")
+    size = path.stat().st_size
+    if size > MAX_ARTIFACT_BYTES:
+        raise CollectError(f"{what} is {size:,} bytes; expected a Parquet file of at most "
+                           f"{MAX_ARTIFACT_BYTES:,} bytes")
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError) as error:
+        raise CollectError(f"{what} is not a readable Parquet file ({error}); expected the "
+                           f"table the trial wrote") from None
+    if rows > MAX_ARTIFACT_ROWS:
+        raise CollectError(f"{what} has {rows:,} rows; expected at most {MAX_ARTIFACT_ROWS:,} "
+                           f"(one per class)")
+    return pq.read_table(path)
+
+
 def collect_per_class(
     tracking_uri: str, run_ids: Iterable[str], artifact: str = PER_CLASS_ARTIFACT
 ) -> pa.Table:
@@ -834,7 +862,7 @@ def collect_per_class(
         def one(job: tuple[int, str]) -> pa.Table:
             index, run_id = job
             local = client.download_artifacts(run_id, artifact, str(Path(tmp) / str(index)))
-            table = pq.read_table(local)
+            table = read_artifact_table(local, f"artifact {artifact} of run {run_id}")
             return table.append_column(
                 "run_id", pa.array([run_id] * table.num_rows, type=pa.string())
             )

@@ -58,8 +58,8 @@ def build_report(
     """
     out_dir = Path(out_dir)
     figures_dir = out_dir / "figures"
+    collected = collect(tracking_uri, study_name)  # first: a study that is not there makes no folder
     figures_dir.mkdir(parents=True, exist_ok=True)
-    collected = collect(tracking_uri, study_name)
     study = load_study_info(study_file, collected)
     level = float(level if level is not None else study.report.level)
     method = ci_method or study.report.ci

@@ -17,6 +17,7 @@ Every function takes the same ``output`` folder and ``tracking_uri`` as the comm
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import IO, Optional, Sequence, Union
 
@@ -79,19 +80,21 @@ def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
 
 
 def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> tuple[Path, str]:
-    """(study folder, tracking URI) of a study run under ``output``; FileNotFoundError if none."""
-    from studies.runner import read_settings, study_dir_of
+    """(study folder, tracking URI) of a study run under ``output``. The folder is confined to
+    ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
+    studies that exist, or the file and what was expected) otherwise. Creates nothing."""
+    from studies.readback import check_sqlite_store, study_folder, unknown_study
+    from studies.runner import read_settings
     from studies.tracking import default_tracking_uri
 
-    study_dir = study_dir_of(Path(output), name)
+    study_dir = study_folder(output, name)
     uri = tracking_uri or read_settings(study_dir).get("tracking_uri")
     if uri is None:
         if not (study_dir / "mlflow.db").exists():
-            raise FileNotFoundError(
-                f"no study named {name!r} under {study_dir.parent} (no run.json, no "
-                f"mlflow.db in {study_dir}); pass --output DIR where it ran, or "
-                f"--tracking-uri URI where it is tracked")
+            raise unknown_study(name, output, f"no run.json, no mlflow.db in {study_dir}; or pass "
+                                              f"--tracking-uri URI where it is tracked")
         uri = default_tracking_uri(study_dir)
+    check_sqlite_store(uri)
     return study_dir, uri
 
 
@@ -99,9 +102,10 @@ def collect(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optio
     """The study's runs from MLflow (``analysis.collect.Collected``: ``table`` holds one row
     per finished cell, ``failed`` the others; ``.table.to_pandas()`` for pandas)."""
     from analysis.collect import collect as collect_runs
+    from studies.tracking.retry import with_retry
 
     _, uri = locate(name, output=output, tracking_uri=tracking_uri)
-    return collect_runs(uri, name)
+    return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
 def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> Path:
@@ -109,5 +113,11 @@ def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     from analysis.report import build_report
 
     study_dir, uri = locate(name, output=output, tracking_uri=tracking_uri)
+    from studies.readback import check_study_copy
+    from studies.tracking.retry import with_retry
+
     study_file = study_dir / "study.yaml"
-    return build_report(uri, name, study_dir / "report", study_file=study_file if study_file.exists() else None)
+    if os.path.lexists(study_file):
+        check_study_copy(study_file)  # read with the study file's bounds, or refused by name
+    return with_retry(lambda: build_report(uri, name, study_dir / "report",  # waits on a locked store
+                                           study_file=study_file if os.path.lexists(study_file) else None))

@@ -41,9 +41,21 @@ def read_checkpoint(folder: str | Path) -> tuple[Any, dict]:
     """
     import torch
 
-    meta = json.loads((Path(folder) / META_FILE).read_text())
-    state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+    from studies.readback import check_regular
+
+    meta = read_meta(folder)
+    state_file = Path(folder) / STATE_FILE
+    check_regular(state_file, "a checkpoint's state written by torch.save")  # a FIFO would hang
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
     return state, meta
+
+
+def read_meta(folder: str | Path) -> dict:
+    """The checked meta.json of a checkpoint folder (studies.readback.ReadBackError when it is
+    not a small regular file holding a JSON object of META_FIELDS)."""
+    from studies.readback import MAX_META_BYTES, read_json
+
+    return read_json(Path(folder) / META_FILE, MAX_META_BYTES, META_WHAT, META_FIELDS)
 
 
 def read_tune_checkpoint(checkpoint) -> tuple[Any, dict]:
@@ -52,30 +64,61 @@ def read_tune_checkpoint(checkpoint) -> tuple[Any, dict]:
         return read_checkpoint(folder)
 
 
-def find_resume_checkpoints(storage: Path | None, study_name: str,
-                            cell_ids: Iterable[str] | None) -> dict[str, tuple[Path, dict]]:
+#: meta.json's fields and their types, checked before a checkpoint is trusted
+META_FIELDS = {"run_id": str, "cell_id": str, "study": str, "epoch": int, "history": list}
+META_WHAT = "a checkpoint's metadata written by a trial (a JSON object: run_id, cell_id, study, epoch, history)"
+
+
+def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Iterable[str] | None,
+                            refused: list[str] | None = None) -> dict[str, tuple[Path, dict]]:
     """{cell_id: (checkpoint folder, its meta)}: the latest checkpoint (most epochs) that an
     earlier session's Tune trial of each cell left under `storage` (the Tune storage path,
     None for a URI). Only checkpoints of `study_name` count: a shared storage path holds the
     trials of every study, and a cell id names a config and seed, not a study. `cell_ids`
-    None: every cell of the study."""
+    None: every cell of the study.
+
+    A trial's folder is named by its cell id, so only the metas of the cells asked for are
+    read, each only when it is a small regular file holding a JSON object of META_FIELDS
+    (`studies.readback`): a FIFO, a link to a device, a huge or misshapen file is skipped
+    (the cell starts from epoch 0) and described in `refused`, never a hang or a crash."""
+    from studies.readback import ReadBackError, check_regular
+
     if storage is None or not storage.is_dir():
         return {}
     wanted = None if cell_ids is None else set(cell_ids)
+    if wanted is not None and not wanted:
+        return {}
     found: dict[str, tuple[Path, dict]] = {}
     for meta_file in storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"):
+        if wanted is not None and meta_file.parent.parent.name not in wanted:
+            continue
         try:
-            meta = json.loads(meta_file.read_text())
-        except (OSError, ValueError):
+            meta = read_meta(meta_file.parent)
+            # the driver says the cell continues from here: its state must be there to load
+            check_regular(meta_file.parent / STATE_FILE, "a checkpoint's state written by torch.save")
+        except FileNotFoundError as missing:
+            if refused is not None and missing.filename and missing.filename.endswith(STATE_FILE):
+                refused.append(f"{missing.filename}: no such file; expected a checkpoint's state "
+                               f"beside its {META_FILE}")
+            continue
+        except ReadBackError as error:
+            if refused is not None:
+                refused.append(str(error))
             continue
         cell_id = meta.get("cell_id")
         if meta.get("study") != study_name or "run_id" not in meta \
                 or (wanted is not None and cell_id not in wanted):
             continue
         best = found.get(cell_id)
-        if best is None or int(meta.get("epoch", -1)) > int(best[1].get("epoch", -1)):
+        if best is None or _epoch(meta) > _epoch(best[1]):
             found[cell_id] = (meta_file.parent, meta)
     return found
+
+
+def _epoch(meta: dict) -> int:
+    """The 0-indexed epoch of a checked meta (-1 when it has none)."""
+    epoch = meta.get("epoch")
+    return epoch if isinstance(epoch, int) else -1
 
 
 @dataclass
@@ -83,11 +126,13 @@ class ResumePoints:
     """The checkpoints that unfinished cells continue from: cell_id -> (folder, meta)."""
 
     found: dict[str, tuple[Path, dict]] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)  # the metas skipped, each described
 
     @classmethod
     def search(cls, storage: Path | None, study_name: str,
                cell_ids: Iterable[str] | None) -> "ResumePoints":
-        return cls(find_resume_checkpoints(storage, study_name, cell_ids))
+        refused: list[str] = []
+        return cls(find_resume_checkpoints(storage, study_name, cell_ids, refused), refused)
 
     def run_ids(self) -> dict[str, str]:
         """cell_id -> the MLflow run each checkpoint continues (the ledger keeps those)."""
@@ -114,7 +159,7 @@ class ResumePoints:
         """One line for the user; None when no cell continues from a checkpoint."""
         if not self.found:
             return None
-        epochs = sorted(int(meta.get("epoch", 0)) + 1 for _, meta in self.found.values())
+        epochs = sorted(max(_epoch(meta), 0) + 1 for _, meta in self.found.values())
         span = f"{epochs[0]}" + (f"-{epochs[-1]}" if epochs[-1] != epochs[0] else "")
         return (f"{len(self.found)} unfinished cells continue from the checkpoint an earlier "
                 f"run left (after {span} epochs)")

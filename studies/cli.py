@@ -5,7 +5,8 @@ Every subcommand is one `Command` (name, help, how to add its arguments, what it
 
 Exit codes: 0 success; 1 some cells did not finish (each listed with its error); 2 bad input
 (a study file that fails validation, an unknown study name, resources that do not fit):
-one paragraph on stderr, no traceback, nothing started; 130 interrupted.
+one paragraph on stderr, no traceback, nothing started; 130 interrupted (Ctrl-C); 143 / 129
+stopped by SIGTERM / SIGHUP (handled as Ctrl-C: the resume command is printed).
 """
 
 from __future__ import annotations
@@ -185,16 +186,26 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
+def _read_back_errors() -> tuple[type, ...]:
+    """What a read-only command refuses with exit code 2: a study or store that is not there
+    or not what the tool wrote (studies.readback), a store without the study (CollectError)."""
+    from analysis.collect import CollectError
+    from analysis.study_file import ReportError
+    from studies.errors import RunnerError
+
+    return (FileNotFoundError, ImportError, RunnerError, CollectError, ReportError)
+
+
 def _report(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
         from studies.api import report
-    except (FileNotFoundError, ImportError) as error:
-        return _fail(str(error))
-    from studies.progress import activity
+        from studies.progress import activity
 
-    with activity(sys.stderr, f"report of {args.name}: reading MLflow, drawing tables and figures"):
-        path = report(args.name, output=args.output, tracking_uri=uri)
+        with activity(sys.stderr, f"report of {args.name}: reading MLflow, drawing tables and figures"):
+            path = report(args.name, output=args.output, tracking_uri=uri)
+    except _read_back_errors() as error:
+        return _fail(str(error))
     print(path)
     return 0
 
@@ -208,15 +219,17 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
 def _export(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
-        from analysis.collect import collect, export_parquet
-    except (FileNotFoundError, ImportError) as error:
-        return _fail(str(error))
-    target = Path(args.to) if args.to else study_dir / "cells.parquet"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    from studies.progress import activity
+        from analysis.collect import export_parquet
+        from studies.api import collect
+        from studies.progress import activity
 
-    with activity(sys.stderr, f"export of {args.name}: reading its runs from MLflow"):
-        path = export_parquet(collect(uri, args.name), target)
+        with activity(sys.stderr, f"export of {args.name}: reading its runs from MLflow"):
+            collected = collect(args.name, output=args.output, tracking_uri=uri)  # before any folder is made
+        target = Path(args.to) if args.to else study_dir / "cells.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path = export_parquet(collected, target)
+    except _read_back_errors() as error:
+        return _fail(str(error))
     print(path)
     return 0
 

@@ -24,7 +24,8 @@ How a study file becomes trials (`run_study`), and which module does each step:
    trial reports to (`studies.config_schedulers`);
 7. progress while the trials run (`studies.progress`), then a summary, a report
    (`analysis.report.build_report`) unless disabled, and how to open the MLflow UI. The exit
-   code is 0 when every cell finished, 1 otherwise, 130 when interrupted.
+   code is 0 when every cell finished, 1 otherwise, 130 when interrupted (Ctrl-C), 143 / 129
+   when stopped by SIGTERM / SIGHUP (`studies.termination`).
 
 Ray, Tune and Optuna are imported only once cells are about to run: a dry run loads none.
 """
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
+from studies import termination
 from studies.errors import RunnerError
 from studies.run_options import RunOptions
 from studies.progress import activity, format_duration, plain_line
@@ -90,11 +92,20 @@ def _settings_path(study_dir: Path) -> Path:
     return study_dir / SETTINGS_FILE
 
 
+#: run.json's fields and their types (checked when read back: ReadBackError naming the file)
+SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool, "address": str}
+
+
 def read_settings(study_dir: Path) -> dict:
+    """The settings a study was run with (run.json), {} when there are none; a run.json that
+    is not a small regular file holding a JSON object of those fields is refused by name."""
+    from studies.readback import MAX_SETTINGS_BYTES, read_json
+
     path = _settings_path(study_dir)
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
-    return json.loads(path.read_text())
+    return read_json(path, MAX_SETTINGS_BYTES, "the study's run settings written by `studies run` "
+                     "(a JSON object: name, source, tracking_uri, smoke, address)", SETTINGS_FIELDS)
 
 
 def smoke_study(study):
@@ -120,6 +131,13 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     from studies.spec import load_study
 
     study = load_study(study_file, max_cells=options.max_cells, overrides=options.overrides)
+    if study.name.endswith(SMOKE_SUFFIX):  # NAME-smoke is the smoke run's folder and experiment
+        from studies.problems import StudyError
+
+        raise StudyError(str(study_file), [("name", study.line_of(("name",)),
+                                            f"{study.name!r} ends with {SMOKE_SUFFIX!r}, which names the smoke "
+                                            f"runs of study {study.name[:-len(SMOKE_SUFFIX)]!r} (`--smoke`); "
+                                            f"expected a name without that ending")])
     cells = expand(study)
     if options.smoke:
         cells = smoke_cells(cells)
@@ -278,22 +296,23 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                     f"--tracking-uri http://<mlflow server>")
 
     started = time.monotonic()
-    interrupted = False
+    stop: KeyboardInterrupt | None = None
     leases: list = []
-    try:
-        _run(session, cells, study_copy, leases)
-    except KeyboardInterrupt:
-        interrupted = True
-        session.say(f"interrupted; `studies resume {name}` (or the same `studies run`) "
-                    f"completes what is missing")
-    finally:
-        session.ray.stop()
-        for lease in leases:
-            lease.release()
-
-    outcome = _summarise(session, started, stream, interrupted)
-    if interrupted:
-        outcome.exit_code = 130
+    with termination.trapped():  # SIGTERM, SIGHUP: as Ctrl-C
+        try:
+            _run(session, cells, study_copy, leases)
+        except KeyboardInterrupt as error:
+            stop = error
+            session.say(f"{termination.describe(error)}; `studies resume {name}` (or the same "
+                        f"`studies run`) completes what is missing")
+        finally:
+            session.ray.stop()
+            for lease in leases:
+                lease.release()
+        interrupted = stop is not None
+        outcome = _summarise(session, started, stream, interrupted)
+    if stop is not None:
+        outcome.exit_code = termination.exit_code(stop)
     if not outcome.failed:
         for folder in session.tune_dirs:  # Tune's folder is a per-session cache
             shutil.rmtree(folder, ignore_errors=True)
@@ -305,17 +324,16 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
 
 def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     """Complete the study `<output>/<name>/` from its saved `study.yaml` and settings."""
+    from studies.readback import check_sqlite_store, study_folder, unknown_study
+
     options = options or RunOptions()
-    study_dir = study_dir_of(options.output, name)
+    study_dir = study_folder(options.output, name)  # inside --output, or ReadBackError
     study_copy = study_dir / STUDY_FILE
-    if not study_copy.exists():
-        known = sorted(p.name for p in study_dir.parent.glob("*") if (p / STUDY_FILE).exists()) \
-            if study_dir.parent.exists() else []
-        raise RunnerError(
-            f"no study named {name!r} under {study_dir.parent} (expected {study_copy}); "
-            f"known studies: {', '.join(known) or '(none)'}; start one with `studies run FILE`"
-        )
+    if not os.path.lexists(study_copy):
+        raise unknown_study(name, options.output, f"expected {study_copy}")
     saved = read_settings(study_dir)
+    if options.tracking_uri:  # a mistyped path must not become a new, empty store
+        check_sqlite_store(options.tracking_uri)
     options.smoke = bool(saved.get("smoke", False))
     options.tracking_uri = options.tracking_uri or saved.get("tracking_uri")
     options.address = options.address or saved.get("address")

@@ -14,6 +14,7 @@ import gc
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Sequence
 
+from studies import termination
 from studies.cell_queue import config_major
 from studies.checkpoints import ResumePoints
 from studies.config_schedulers import session_scheduling
@@ -62,6 +63,14 @@ class StudySession:
     def say(self, text: str) -> None:
         say(self.stream, text)
 
+    def warn_refused(self, found: ResumePoints) -> None:
+        """One warning line per checkpoint skipped as unreadable (at most 5, then a count):
+        its cell starts from epoch 0."""
+        for text in found.refused[:5]:
+            self.say(f"warning: checkpoint skipped, its cell starts from epoch 0: {text}")
+        if len(found.refused) > 5:
+            self.say(f"warning: {len(found.refused) - 5} more checkpoints skipped the same way")
+
     def storage_root(self) -> Path | None:
         """The local (or shared) Tune storage folder; None for a URI storage."""
         storage = self.options.storage or str(self.study_dir / "ray")
@@ -77,9 +86,13 @@ class StudySession:
         """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
         earlier trial left a checkpoint continue from it (in the run the ledger keeps)."""
         ids = [c.cell_id for c in cells]
-        found = ResumePoints.search(self.storage_root(), self.name, ids)
+        grouped = self.tracking.cell_runs()
+        # only the checkpoints of unfinished cells are read: a finished study reads none
+        unfinished = [i for i in ids if self.tracking.finished_run(grouped.get(i, [])) is None]
+        found = ResumePoints.search(self.storage_root(), self.name, unfinished)
+        self.warn_refused(found)
         keep = found.run_ids()
-        done, to_run = self.tracking.prepare(ids, keep=keep)  # drops what it did not keep
+        done, to_run = self.tracking.prepare(ids, keep=keep, grouped=grouped)  # drops what it did not keep
         self.resume = found.only(keep)
         self.tune_dirs.extend(self.resume.experiment_dirs())
         message = self.resume.describe()
@@ -100,6 +113,7 @@ class StudySession:
         where = f"Ray at {self.options.address}" if self.options.address else "a local Ray"
         with activity(self.stream, f"starting {where}"):
             self.ray.start()
+        termination.trap()  # ray.init replaced the SIGTERM handler with one that aborts
         if self.ray.dashboard_url:
             self.say(f"Ray dashboard: {self.ray.dashboard_url}")
         self.concurrency = self.ray.trial_slots(self.study, self.stream)
@@ -153,6 +167,7 @@ class StudySession:
         # one scan of the storage for the checkpoints of every cell of the study; a
         # proposal (a replayed config) takes those of its cells
         self.checkpoints_left = ResumePoints.search(self.storage_root(), self.name, None)
+        self.warn_refused(self.checkpoints_left)
 
         def admit(cells: list) -> list[dict]:
             self.know(cells)

@@ -20,11 +20,14 @@ mistake does not cascade into many messages:
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from pydantic import ValidationError
 
+from studies.config_bounds import bound_problems
 from studies.configs import design_configs
 from studies.cross_checks import check_study
 from studies.overrides import apply_overrides, parse_overrides, resolved_text
@@ -45,6 +48,10 @@ def load_study(path: Union[str, Path], max_cells: Optional[int] = None, override
     """
     file = str(path)
     try:
+        kind = os.stat(path).st_mode
+        if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):  # a FIFO would hang the open
+            raise StudyError(file, [("(file)", None, "is not a regular file (a FIFO, device or socket); "
+                                                     "expected the path of a YAML study file")])
         with open(path, "rb") as handle:  # no more than the limit is read, however large the file
             text = handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except FileNotFoundError:
@@ -96,6 +103,9 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
         check_study(study)
         configs, problems = design_configs(study)
         if problems:
+            raise Problems(problems)
+        problems = bound_problems(configs, study.resources.cpus, study.resources.gpus, study.variants)
+        if problems:  # values in range that would exhaust the machine (studies.config_bounds)
             raise Problems(problems)
         study.set_designed_configs(configs)
     except Problems as problems:

@@ -20,6 +20,7 @@ from setvalued.paths import copy_config
 from studies.design import BLOCK_CLASSES, PRUNER_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
 from studies.expressions import Expression
 from studies.problems import Path_, Problem, StudyError, dedupe, did_you_mean, format_yaml_path, line_of
+from studies.readback import STUDY_NAME_MAX, STUDY_NAME_PATTERN
 from studies.schema import StrictModel, fields_of, pydantic_message
 
 __all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "SeedRacing", "RaceUntil", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Asha", "Scheduler", "Report",
@@ -173,7 +174,7 @@ class Study(StrictModel):
     """
 
     # names the output folder too: must start with a letter or digit (no "." or "..")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    name: str = Field(pattern=STUDY_NAME_PATTERN, max_length=STUDY_NAME_MAX)
     description: str = ""
     base: dict[str, Any]
     variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Optional[dict[str, Any]]] = {}

@@ -36,15 +36,17 @@ complete run.
 from __future__ import annotations
 
 import copy
-import json
+import errno
 import math
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from studies.checkpoints import META_FILE, read_checkpoint, read_tune_checkpoint, save_checkpoint
+from studies.checkpoints import read_checkpoint, read_meta, read_tune_checkpoint, save_checkpoint
+from studies.errors import RunnerError
 from studies.config_schedulers.coordinator import CoordinatorClient
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
@@ -156,11 +158,17 @@ def run_cell(
         result = _train(fit, cell, reporter)
         if cell.get("log_model") and result.get("model") is not None:
             _log_model(run, result)
-        run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending())
+        run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending(),
+                   clear_error=earlier_error is not None)
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except Exception as error:
         message = one_paragraph(error)
-        if not _will_repeat(error, message, earlier_error, reporter.epochs_done, state, deterministic):
+        folders = _written_folders(context)
+        disk_full = full_disk(error, folders)
+        if disk_full:  # the message says which disk: the folders written and their free space
+            message = full_disk_message(error, folders)
+        if not (disk_full or _will_repeat(error, message, earlier_error, reporter.epochs_done, state,
+                                          deterministic)):
             # the epochs after the last checkpoint are trained and logged again by the retry
             _record_failure(run, message)
             raise  # Tune retries the trial from its last checkpoint (FailureConfig)
@@ -187,6 +195,63 @@ def _will_repeat(error: Exception, message: str, earlier_error: str | None, epoc
     error as the attempt before."""
     return (isinstance(error, deterministic) or isinstance(error, OSError)
             or (epochs_done == 0 and state is None) or message == earlier_error)
+
+
+#: how a full disk reads through the libraries that write here: errno 28, torch.save's
+#: writer (a RuntimeError), SQLite, a quota
+_FULL_DISK_SIGNS = ("no space left on device", "file write failed", "database or disk is full",
+                    "disk quota exceeded")
+
+
+#: a folder with less free space than this is full (torch.save on a full disk says only
+#: "enforce fail at inline_container.cc ... unexpected pos", so the words are not enough)
+FULL_DISK_FREE_BYTES = 1 << 20
+
+
+def full_disk(error: BaseException, folders: Iterable[str | Path] = ()) -> bool:
+    """Whether `error` is a full disk (or quota): it says so, or one of the `folders` the
+    trial writes to has less than FULL_DISK_FREE_BYTES free. It will repeat: the cell fails."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error).lower()
+    if any(sign in text for sign in _FULL_DISK_SIGNS):
+        return True
+    for folder in folders:
+        try:
+            if shutil.disk_usage(folder).free < FULL_DISK_FREE_BYTES:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def full_disk_message(error: BaseException, folders: Iterable[str | Path]) -> str:
+    """The cell's error for a full disk: the library's words, and each folder the trial
+    writes to with its free space (the full one reads about 0 MiB)."""
+    places = []
+    for folder in dict.fromkeys(str(f) for f in folders):
+        try:
+            usage = shutil.disk_usage(folder)
+        except OSError:
+            continue
+        places.append(f"{folder} ({usage.free / 2**20:,.1f} MiB free of {usage.total / 2**30:,.1f} GiB)")
+    return (f"the disk is full: {one_paragraph(error, 500)}; this trial writes to "
+            f"{'; '.join(places) or 'no folder it can see'}; free space there (or pass --storage)")
+
+
+def _written_folders(context: TrackingContext) -> list[str]:
+    """Where a trial writes: checkpoints staged in the temporary folder, then Tune's trial
+    folder; a local SQLite store's folder."""
+    folders = [tempfile.gettempdir()]
+    try:
+        import ray.tune
+
+        folders.append(ray.tune.get_context().get_trial_dir())
+    except Exception:  # noqa: BLE001  (outside a trial, or an older Ray)
+        pass
+    if context.tracking_uri.startswith("sqlite:///"):
+        folders.append(str(Path(context.tracking_uri[len("sqlite:///"):]).parent))
+    return [f for f in folders if f]
 
 
 def _flush_for_the_record(reporter: "_EpochReporter") -> None:
@@ -234,8 +299,8 @@ def _read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
         print(f"[studies] cannot read the checkpoint {folder} safely ({one_paragraph(error)}); "
               f"the cell starts from scratch", flush=True)
         try:
-            earlier = json.loads((Path(folder) / META_FILE).read_text()).get("run_id")
-        except (OSError, ValueError):
+            earlier = read_meta(folder).get("run_id")
+        except (OSError, ValueError, RunnerError):
             earlier = None
         return None, {"discard_run_id": earlier} if earlier else {}
 

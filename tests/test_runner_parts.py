@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from studies.cell_queue import CellQueue
-from studies.checkpoints import META_FILE, ResumePoints, find_resume_checkpoints
+from studies.checkpoints import META_FILE, STATE_FILE, ResumePoints, find_resume_checkpoints
 from studies.progress import ProgressReporter, StudyProgress
 
 
@@ -28,6 +28,7 @@ def write_checkpoint(storage: Path, experiment: str, cell_id: str, epoch: int,
     if run_id is not None:
         meta["run_id"] = run_id
     (folder / META_FILE).write_text(json.dumps(meta))
+    (folder / STATE_FILE).write_bytes(b"")  # a checkpoint is announced only with its state beside
     return folder
 
 

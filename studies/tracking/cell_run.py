@@ -152,10 +152,13 @@ class CellRun:
         return max((m.step for m in history), default=None)
 
     def finish(self, result: Mapping[str, Any], final_step: int,
-               pending: Sequence[tuple[int, Mapping[str, Any]]] = ()) -> None:
+               pending: Sequence[tuple[int, Mapping[str, Any]]] = (), clear_error: bool = False) -> None:
         """Log the outcome of `fit`: the per-class Parquet artifact, then the epochs not yet
         logged (`pending`), the test metrics, best epoch/value and `studies.status=finished`
-        in one request (the status last, so a crash never marks it done)."""
+        in one request (the status last, so a crash never marks it done). `clear_error`: an
+        earlier attempt recorded a (transient) error; a finished run no longer carries it."""
+        if clear_error:
+            with_retry(lambda: self.client.delete_tag(self.run_id, TAG_ERROR))
         per_class = result.get("per_class")
         if per_class:
             self.log_table_artifact(per_class, PER_CLASS_ARTIFACT)

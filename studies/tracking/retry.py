@@ -43,6 +43,18 @@ def _warn_outage(error: BaseException) -> None:
               flush=True)
 
 
+_locked_warned = False
+
+
+def _warn_locked(error: BaseException) -> None:
+    """One line per process, the first time the store is found locked (details: --verbose)."""
+    global _locked_warned
+    if not _locked_warned:
+        _locked_warned = True
+        print("[studies] warning: the tracking store is locked by another process; waiting for it "
+              "(nothing is lost meanwhile)", file=sys.stderr, flush=True)
+
+
 def with_retry(
     action: Callable[[], T], *, attempts: int = 12, first_delay_s: float = 0.05,
     max_delay_s: float = 5.0, outage_patience_s: float | None = None,
@@ -76,5 +88,6 @@ def with_retry(
                 continue
             if not _is_locked_error(error) or attempt >= attempts:
                 raise
+            _warn_locked(error)
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2.0, max_delay_s)
