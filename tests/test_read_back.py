@@ -2,7 +2,7 @@
 
 Each refusal runs as a real `python -m studies.cli` process on real files and real SQLite
 stores; its exit code (2), its one-line message naming the file or name and what was
-expected, its wall time and its peak memory (the child's own `ru_maxrss`, from `os.wait4`)
+expected, its wall time and its peak memory (the child's own `ru_maxrss`, read by a wrapper)
 are asserted, and so is what it left on disk:
 
 - a NAME outside `--output` (`../../x`, an absolute path) is refused by resume, report and
@@ -46,27 +46,42 @@ class Measured:
     peak_mb: float
 
 
+#: Runs argv[2:] as its child and writes that child's wait status and peak RSS (KiB) to argv[1].
+#: On Linux a process inherits its parent's memory high-water mark through fork and exec, so
+#: the child of a large pytest process would report pytest's peak as its own; forked from this
+#: small wrapper, the command's `ru_maxrss` is its own.
+_MEASURING_WRAPPER = """
+import json, os, subprocess, sys, threading
+child = subprocess.Popen(sys.argv[3:], stdin=subprocess.DEVNULL)
+timer = threading.Timer(float(sys.argv[2]), child.kill)
+timer.start()
+_, status, usage = os.wait4(child.pid, 0)
+timer.cancel()
+with open(sys.argv[1], "w") as f:
+    json.dump({"status": status, "maxrss_kib": usage.ru_maxrss}, f)
+"""
+
+
 def run_measured(*args: str, timeout: float = 120, code: str | None = None) -> Measured:
     """`python -m studies.cli ARGS` (or `python -c CODE`) as a child process: its exit code,
-    output, wall time and peak resident memory (this child's alone, from os.wait4)."""
+    output, wall time and peak resident memory (its own `ru_maxrss`, read by a small wrapper
+    process that forks it: see _MEASURING_WRAPPER)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     command = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "studies.cli", *args]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "measured.json"
         started = time.monotonic()
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        timer = threading.Timer(timeout, process.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(process.pid, 0)
-        finally:
-            timer.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
+        subprocess.run([sys.executable, "-c", _MEASURING_WRAPPER, str(report), str(timeout), *command],
+                       cwd=REPO, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                       timeout=timeout + 60, check=True)
         seconds = time.monotonic() - started
+        measured = json.loads(report.read_text())
         out.seek(0)
         err.seek(0)
-        return Measured(process.returncode, out.read().decode(), err.read().decode(), seconds,
-                        usage.ru_maxrss / 1024)
+        return Measured(os.waitstatus_to_exitcode(measured["status"]), out.read().decode(),
+                        err.read().decode(), seconds, measured["maxrss_kib"] / 1024)
 
 
 def assert_refused(result: Measured, *fragments: str) -> None:
@@ -345,9 +360,14 @@ def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code)
             time.sleep(0.2)
         time.sleep(3)  # a trial is training
         assert process.poll() is None, "".join(lines + errors)[-3000:]
+        # the driver's own high-water mark so far (VmHWM: of its address space since exec; its
+        # ru_maxrss would include this pytest process's, inherited through fork)
+        status_text = Path(f"/proc/{process.pid}/status").read_text()
+        driver_peak_mb = int(next(line.split()[1] for line in status_text.splitlines()
+                                  if line.startswith("VmHWM:"))) / 1024
         os.kill(process.pid, getattr(signals, signame))
         stopped = time.monotonic()
-        _, status, usage = os.wait4(process.pid, 0)
+        _, status, _usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
         took = time.monotonic() - stopped
     finally:
@@ -360,7 +380,7 @@ def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code)
     assert f"terminated by {signame}; `studies resume {name}`" in out, out[-2000:]
     assert "Traceback" not in err and "core dumped" not in err.lower(), err[-3000:]
     assert took < 60, took
-    assert usage.ru_maxrss / 1024 < 1500  # the driver alone (torch and Ray loaded); its trials are not children
+    assert driver_peak_mb < 1500  # the driver alone (torch and Ray loaded); its trials are not children
     client = MlflowClient(f"sqlite:///{output / name / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(name)
     parents = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'parent'")
