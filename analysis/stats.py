@@ -59,7 +59,7 @@ _FRACTION_METRIC = re.compile(
 def is_fraction_metric(metric: str) -> bool:
     """Accuracies in [0, 1] (`test/top5`, `val/macro_avg3`, `test/few/top1`, `test/lac90`,
     `val/rprec`): shown in percent."""
-    # best_val is the selection metric's best value: always an accuracy (studies.spec
+    # best_val is the selection metric's best value: always an accuracy (studies.studyfile.spec
     # accepts only top-K / average-K metrics as eval.selection)
     return metric == "best_val" or bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))
 

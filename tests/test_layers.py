@@ -114,5 +114,5 @@ def test_no_module_imports_one_that_imports_it_back():
 
 
 def test_the_graph_sees_imports_inside_functions():
-    """The checker reads function-level imports: studies.trial_config imports timm inside one."""
-    assert "timm" in _imports(ROOT / "studies" / "trial_config.py")
+    """The checker reads function-level imports: studies.studyfile.trial_config imports timm inside one."""
+    assert "timm" in _imports(ROOT / "studies" / "studyfile" / "trial_config.py")
