@@ -1,5 +1,5 @@
 """Config-level scheduling: rules that stop a config, all its seeds together, on its seed
-mean (early stopping, ASHA, Optuna's pruners), and the Ray actor that applies them.
+mean (early stopping, ASHA, Optuna's pruners, racing), optuna rounds, and their Ray actor.
 
 `session_scheduling(study, tracking, session_id)` is the driver's side of the study's
 `scheduler` block (`none`, `early_stopping`, `asha`); an optuna block's `pruner` has its own
