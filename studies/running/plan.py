@@ -18,7 +18,7 @@ Compute. A cell costs  fixed + epochs x seconds per epoch:
 
 The cells are dealt config by config to the trial slots (the first free slot takes the next
 cell, as Ray Tune does); the wall time is that schedule's length plus the start-up
-(`START_UP_S`, measured: README "Performance of the runner"). Slots: `--gpus N` / the GPUs
+(`START_UP_S`, measured: docs/performance.md "Performance of the runner"). Slots: `--gpus N` / the GPUs
 per trial (`resources.gpus`), else this machine's CPUs / `resources.cpus`, at most
 `max_concurrent`. GPU-hours = sum over cells of its time x `resources.gpus`.
 """
@@ -37,7 +37,7 @@ from studies.scheduling.successive_halving import rungs
 
 #: a new study's fixed start-up through the CLI on a fresh local Ray (driver imports, SQLite
 #: store, Ray and its workers' imports, shutdown): 17.5-21.3 s measured on the 2-core
-#: development machine (README "Performance of the runner"); their middle
+#: development machine (docs/performance.md "Performance of the runner"); their middle
 START_UP_S = 19.0
 #: the runner's overhead per cell (benchmarks/orchestration.py: 0.088 s on that machine)
 CELL_OVERHEAD_S = 0.09
