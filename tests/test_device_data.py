@@ -208,7 +208,7 @@ def test_host_reads_per_epoch_do_not_grow_with_steps_or_evaluation_batches(monke
     assert reads_few > 0  # the counter sees the reads the trainer does make
     assert reads_many == reads_few
     # and it would see a read per step: folding the running metrics after every step does one
-    monkeypatch.setattr("setvalued.train._FOLD_EVERY_STEPS", 1)
+    monkeypatch.setattr("setvalued.train_metrics._FOLD_EVERY_STEPS", 1)
     assert _count_host_reads(monkeypatch, many) > reads_many + 2 * 30
 
 
