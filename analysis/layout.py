@@ -34,7 +34,7 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"
 ROLE_CELL = "cell"
-#: experiment tags ``studies.lease.<token>``: which driver runs the study (studies.lease)
+#: experiment tags ``studies.lease.<token>``: which driver runs the study (studies.running.lease)
 TAG_LEASE_PREFIX = "studies.lease."
 
 STATUS_RUNNING = "running"

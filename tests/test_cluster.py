@@ -1,4 +1,4 @@
-"""Running studies on a Ray cluster: `studies.submit` and the files in `cluster/`.
+"""Running studies on a Ray cluster: `studies.cluster.submit` and the files in `cluster/`.
 
 Fast tests: what is shipped (exclude patterns checked against Ray's own matcher), the
 entrypoint, the token lookup, the argument checks, the CLI wiring, and the cluster files:
