@@ -2,7 +2,7 @@
 
 A parameter is written with the papers' symbol (`SYMBOLS`, declared here once) wherever a
 person reads it: the report's tables, legends and axes, and the MLflow run names
-(`studies.run_names`)."""
+(`studies.cells.run_names`)."""
 
 from __future__ import annotations
 

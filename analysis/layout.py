@@ -13,7 +13,7 @@ TAG_CONFIG_ID = "studies.config_id"
 TAG_SEED = "studies.seed"
 TAG_CELL_ID = "studies.cell_id"
 TAG_VARIANT = "studies.variant"
-#: the config's readable name (`studies.run_names`: its run name without the seed); the MLflow
+#: the config's readable name (`studies.cells.run_names`: its run name without the seed); the MLflow
 #: UI groups a study's cell runs by it
 TAG_CONFIG_NAME = "studies.config_name"
 TAG_SWEPT = "studies.swept"
@@ -23,7 +23,7 @@ TAG_SESSION = "studies.session"
 TAG_RESUMED_FROM = "studies.resumed_from_epoch"
 TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
 #: a racing study's final decision about a config (JSON: state, seeds, max, reason, p_holm,
-#: best), on the run of the config's last finished seed (studies.race_driver)
+#: best), on the run of the config's last finished seed (studies.scheduling.race_driver)
 TAG_RACE = "studies.race"
 #: the epochs done when the cell's config was stopped by a config-level rule (all its seeds)
 TAG_STOPPED_EPOCH = "studies.stopped_epoch"
@@ -34,7 +34,7 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"
 ROLE_CELL = "cell"
-#: experiment tags ``studies.lease.<token>``: which driver runs the study (studies.lease)
+#: experiment tags ``studies.lease.<token>``: which driver runs the study (studies.running.lease)
 TAG_LEASE_PREFIX = "studies.lease."
 
 STATUS_RUNNING = "running"

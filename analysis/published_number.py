@@ -8,7 +8,7 @@ prints verbatim.
 
 `keep_reference_texts(root, data)` puts the texts into data constructed by any YAML loader,
 from the node tree it was constructed from (the node of a scalar holds its text), so both
-study validation (`studies.yaml_source`) and the report (`analysis.study_file`) read the
+study validation (`studies.studyfile.yaml_source`) and the report (`analysis.study_file`) read the
 same numbers the same way.
 """
 

@@ -1,6 +1,6 @@
 """The schema of a study file's `report:` and `reference:` blocks, in one place.
 
-Study validation (`studies.spec`) and the report (`analysis.study_file`) parse the two blocks
+Study validation (`studies.studyfile.spec`) and the report (`analysis.study_file`) parse the two blocks
 with these pydantic models, so a block that passes one passes the other. Every key is
 optional; the report's defaults are given beside each key:
 
@@ -57,7 +57,7 @@ kept (`analysis.published_number`), so write them with the paper's precision.
 
 What needs the study's trial configs (a variant name exists, a curve's `x` is swept, an
 average-K is computed, a learning curve's metric is logged per epoch) is checked by
-`studies.spec`, which has them; these models check each block on its own.
+`studies.studyfile.spec`, which has them; these models check each block on its own.
 """
 
 from __future__ import annotations

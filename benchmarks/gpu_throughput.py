@@ -3,7 +3,7 @@
 A study of the papers' CIFAR-100 protocol (DenseNet-BC 40-40, batch 64; CE, noised top-K and
 smooth top-K SVM x seeds, `--epochs` epochs a cell) on CIFAR-100-shaped data written in the
 official format (random class-coloured images: the throughput does not depend on the pixels) is
-run through the runner of `studies run` (`studies.runner.run_study`, on one local Ray instance
+run through the runner of `studies run` (`studies.running.runner.run_study`, on one local Ray instance
 started once, so that Ray's start-up is not counted) for every combination of
 
 - `resources.gpus`: 1, 0.5, 0.25, 0.125 (how many trials share the GPU),
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from mlflow import MlflowClient
 
-    from studies.runner import RunOptions, run_study
+    from studies.running.runner import RunOptions, run_study
 
     if args.device == "cuda":
         import torch

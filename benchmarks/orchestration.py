@@ -30,7 +30,7 @@
    end, at the start of each experiment part, and when every cell has ended, before the
    summary reads the ledger). The driver's memory must not grow with N beyond a small record per cell: Tune keeps
    every trial of an experiment, so the runner runs parts of at most
-   `studies.session.MAX_TRIALS_PER_EXPERIMENT` trials.
+   `studies.running.session.MAX_TRIALS_PER_EXPERIMENT` trials.
 
     python benchmarks/orchestration.py                      # issue's size: 100 cells of 1 s
     python benchmarks/orchestration.py --cells 20 --seconds 0.5 --start-server
@@ -114,7 +114,7 @@ def study_text(name: str, cells: int, seconds: float, epochs: int, design: str =
 
 def time_runner(folder: Path, name: str, cells: int, seconds: float, epochs: int,
                 tracking_uri: str | None, design: str = "grid") -> float:
-    from studies.runner import RunOptions, run_study
+    from studies.running.runner import RunOptions, run_study
 
     path = folder / f"{name}.yaml"
     path.write_text(study_text(name, cells, seconds, epochs, design))
@@ -158,7 +158,7 @@ def time_runner_at_scale(folder: Path, cells: int, concurrency: int) -> dict[str
     wall time per cell and the driver's memory (sampled every 0.5 s)."""
     import threading
 
-    from studies.runner import RunOptions, run_study
+    from studies.running.runner import RunOptions, run_study
 
     name = f"scale-{cells}"
     path = folder / f"{name}.yaml"
@@ -206,7 +206,7 @@ class PartMemoryStream(io.StringIO):
         self.cells_done_samples = 0
 
     def write(self, text: str) -> int:
-        from studies.session import PART_LINE
+        from studies.running.session import PART_LINE
 
         if text.startswith(f"[studies] {PART_LINE} "):
             self.part_mb.append(round(rss_mb(), 1))

@@ -5,7 +5,7 @@ Each simulated study has configs with known true means; a cell's value is
                                     the data order and initialisation), e_{c,s} ~ N(0, sigma^2).
 The fixed study runs every config on seeds 0..9 and calls a config significantly worse than the
 best (best mean over 10 seeds) when the paired t-test against it, Holm-corrected over the other
-configs, gives p < 0.05 (the report's comparison). The race (`studies.racing.SeedRace`,
+configs, gives p < 0.05 (the report's comparison). The race (`studies.scheduling.racing.SeedRace`,
 initial 3, max 10) runs the same values with 8 trials at a time, completing them in a random
 order (asynchronous rounds). Printed per scenario, over `--studies` simulated studies (seeded):
 the seeds used against the fixed study's, how often the race picks the fixed study's best
@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.stats import holm  # noqa: E402
-from studies.racing import WORSE, SeedRace  # noqa: E402
+from studies.scheduling.racing import WORSE, SeedRace  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
 MAX_SEEDS, INITIAL, WORKERS = 10, 3, 8

@@ -3,7 +3,7 @@ study of N finished cells, with the time and the peak memory of each.
 
 1. A synthesizer writes a study of N cells into an MLflow SQLite store in the layout the
    runner writes (docs/interfaces.md section 5). The study file is expanded by the project
-   itself (`studies.spec.parse_study`, `studies.space.expand`), so the configs, config ids,
+   itself (`studies.studyfile.spec.parse_study`, `studies.cells.space.expand`), so the configs, config ids,
    cell ids, variants and swept values are those a real run of the file would have; the tags
    and params of each child run are `studies.tracking.cell_tags` and `config_params`; the
    experiment (artifact root `<study>/mlartifacts`, tag `studies.study`) and the parent run
@@ -163,11 +163,11 @@ report:
 
 
 def expand_cells(text: str) -> list:
-    """The study's cells as the runner has them (`studies.space.expand`)."""
+    """The study's cells as the runner has them (`studies.cells.space.expand`)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from studies.space import expand
-    from studies.spec import parse_study
+    from studies.cells.space import expand
+    from studies.studyfile.spec import parse_study
 
     return expand(parse_study(text, "<report_scale>", max_cells=10**6))
 

@@ -1,6 +1,6 @@
 """Tracking load (issue 15), a benchmark, not a test: how many cells per second one MLflow
 tracking store takes when W trial workers write to it at once, each doing per cell what
-`studies.trial.run_cell` does, through the same code (`studies.tracking.CellRun`):
+`studies.running.trial.run_cell` does, through the same code (`studies.tracking.CellRun`):
 
 - open: the search for the session's run of the cell (a restarted trial reuses it), the
   run's creation with all its tags, the params in one `log_batch`;
@@ -202,7 +202,7 @@ def template_cells(count: int = TEMPLATE_CELLS, pattern: CellPattern = CellPatte
 
 def write_cell(context, template: Mapping[str, Any], cell_id: str, pattern: CellPattern,
                phase: Callable[[str, float], None]) -> str:
-    """One cell's requests, as `studies.trial.run_cell` makes them; returns its run id."""
+    """One cell's requests, as `studies.running.trial.run_cell` makes them; returns its run id."""
     from studies.tracking import TAG_NODE_ID, CellRun
 
     cell = dict(template["cell"], cell_id=cell_id)

@@ -2,7 +2,7 @@
 
 A trial config is a nested dict (docs/interfaces.md section 1, whose table is generated from
 these declarations and checked by a test). The trainer (``setvalued.train.resolve_config``),
-the data and model builders and the study-file validation (``studies.trial_config``) all read
+the data and model builders and the study-file validation (``studies.studyfile.trial_config``) all read
 the declarations below; none keeps a copy of a default. Pure Python: no torch.
 
 The ``data`` fields depend on the data set (``DATA_FIELDS[name]``); a section may also have

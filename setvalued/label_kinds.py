@@ -9,7 +9,7 @@ and conformal metrics are defined for one label per example only, so a single-la
 selects on them and a multi-label one cannot. The multi-label losses also take class indices
 (|Y| = 1: the sparsemax loss, eq. 6.12, and one-vs-all BCE), so they are not refused on
 single-label data. The trainer (``setvalued.train.resolve_config``) and the study validation
-(``studies.trial_config``) read the same rule. Pure Python.
+(``studies.studyfile.trial_config``) read the same rule. Pure Python.
 """
 
 from __future__ import annotations

@@ -28,16 +28,16 @@ PathLike = Union[str, Path]
 
 
 def load(path: PathLike, max_cells: Optional[int] = None, overrides: Sequence[str] = ()):
-    """The validated :class:`~studies.study.Study` of a study file (raises ``StudyError``);
+    """The validated :class:`~studies.studyfile.study.Study` of a study file (raises ``StudyError``);
     ``overrides``: ``key=value`` strings as on the command line (``["optim.lr=0.01"]``)."""
-    from studies.spec import load_study
+    from studies.studyfile.spec import load_study
 
     return load_study(path, max_cells=max_cells, overrides=overrides)
 
 
 def cells(study, smoke: bool = False) -> list:
-    """The study's cells (``studies.space.Cell``: config, seed, variant, swept values)."""
-    from studies.space import expand, smoke_cells
+    """The study's cells (``studies.cells.space.Cell``: config, seed, variant, swept values)."""
+    from studies.cells.space import expand, smoke_cells
 
     expanded = expand(study)
     return smoke_cells(expanded) if smoke else expanded
@@ -45,13 +45,13 @@ def cells(study, smoke: bool = False) -> list:
 
 def dry_run(study, smoke: bool = False) -> str:
     """The ``--dry-run`` table of the study's cells."""
-    from studies.space import format_cells_table
+    from studies.cells.space import format_cells_table
 
     return format_cells_table(cells(study, smoke), study)
 
 
 def _options(output: PathLike, tracking_uri: Optional[str], **given):
-    from studies.runner import RunOptions
+    from studies.running.runner import RunOptions
 
     return RunOptions(output=Path(output), tracking_uri=tracking_uri,
                       **{k: v for k, v in given.items() if v is not None})
@@ -64,7 +64,7 @@ def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Opti
     """Run (or complete) a study file, as ``studies run`` (``overrides``: its ``key=value``
     words); returns the ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``,
     ``report_path``...)."""
-    from studies.runner import run_study
+    from studies.running.runner import run_study
 
     return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke, report=report,
                                     num_cpus=num_cpus, storage=storage, stream=stream,
@@ -74,7 +74,7 @@ def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Opti
 def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
            address: Optional[str] = None, stream: Optional[IO[str]] = None):
     """Complete an interrupted study by name, as ``studies resume``."""
-    from studies.runner import resume_study
+    from studies.running.runner import resume_study
 
     return resume_study(name, _options(output, tracking_uri, address=address, stream=stream))
 
@@ -84,7 +84,7 @@ def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
     studies that exist, or the file and what was expected) otherwise. Creates nothing."""
     from studies.readback import check_sqlite_store, study_folder, unknown_study
-    from studies.runner import read_settings
+    from studies.running.runner import read_settings
     from studies.tracking import default_tracking_uri
 
     study_dir = study_folder(output, name)

@@ -96,7 +96,7 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace):
-    from studies.runner import RunOptions
+    from studies.running.runner import RunOptions
 
     return RunOptions(
         output=Path(args.output), tracking_uri=args.tracking_uri,
@@ -143,8 +143,8 @@ def _study_location(args: argparse.Namespace) -> tuple[Path, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from studies.runner import RunnerError, run_study
-    from studies.spec import StudyError
+    from studies.running.runner import RunnerError, run_study
+    from studies.studyfile.spec import StudyError
 
     try:
         outcome = run_study(args.file, _options(args))
@@ -168,8 +168,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from studies.runner import RunnerError, resume_study
-    from studies.spec import StudyError
+    from studies.running.runner import RunnerError, resume_study
+    from studies.studyfile.spec import StudyError
 
     try:
         outcome = resume_study(args.name, _options(args))
@@ -200,7 +200,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         study_dir, uri = _study_location(args)
         from studies.api import report
-        from studies.progress import activity
+        from studies.running.progress import activity
 
         with activity(sys.stderr, f"report of {args.name}: reading MLflow, drawing tables and figures"):
             path = report(args.name, output=args.output, tracking_uri=uri)
@@ -221,7 +221,7 @@ def _export(args: argparse.Namespace) -> int:
         study_dir, uri = _study_location(args)
         from analysis.collect import export_parquet
         from studies.api import collect
-        from studies.progress import activity
+        from studies.running.progress import activity
 
         with activity(sys.stderr, f"export of {args.name}: reading its runs from MLflow"):
             collected = collect(args.name, output=args.output, tracking_uri=uri)  # before any folder is made
@@ -244,8 +244,8 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from studies.overrides import dump_yaml, looks_like_override
-    from studies.spec import StudyError, load_study
+    from studies.studyfile.overrides import dump_yaml, looks_like_override
+    from studies.studyfile.spec import StudyError, load_study
 
     words = _overrides(args)
     variants = [word for word in words if not looks_like_override(word)]
@@ -255,7 +255,7 @@ def _show(args: argparse.Namespace) -> int:
         return _fail(str(error))
     unknown = [name for name in variants if not study.has_variant(name)]
     if unknown:
-        from studies.problems import did_you_mean
+        from studies.studyfile.problems import did_you_mean
 
         return _fail(f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
                      f"expected one of: {', '.join(study.variant_names)}")
@@ -272,8 +272,8 @@ def _add_show(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from studies.plan import PlanError, make_plan
-    from studies.spec import StudyError
+    from studies.running.plan import PlanError, make_plan
+    from studies.studyfile.spec import StudyError
 
     pilot_uri = None
     if args.pilot is not None:
@@ -419,14 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
                                description=command.description)
         command.add_arguments(child)
         child.set_defaults(handler=command.run)
-    from studies.submit import add_subcommands  # submit, jobs, logs, stop (a Ray cluster)
+    from studies.cluster.submit import add_subcommands  # submit, jobs, logs, stop (a Ray cluster)
 
     add_subcommands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from studies.overrides import looks_like_override
+    from studies.studyfile.overrides import looks_like_override
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -244,9 +244,9 @@ def _head(path: Path, n: int) -> bytes:
 def check_study_copy(path: str | Path) -> None:
     """Refuse a study file copy (`DIR/NAME/study.yaml`) that a report would read unbounded: not
     a regular file, larger than a study file may be, not UTF-8, or YAML that is invalid, an
-    alias bomb or nested too deep (`studies.yaml_source.read_yaml`, the study file's bounds)."""
-    from studies.problems import Problems
-    from studies.yaml_source import MAX_FILE_BYTES, read_yaml
+    alias bomb or nested too deep (`studies.studyfile.yaml_source.read_yaml`, the study file's bounds)."""
+    from studies.studyfile.problems import Problems
+    from studies.studyfile.yaml_source import MAX_FILE_BYTES, read_yaml
 
     what = "the copy of the study file that `studies run` wrote"
     data = read_bounded(path, MAX_FILE_BYTES, what)

@@ -23,8 +23,8 @@ import pytest
 from analysis.published import published_text
 from setvalued.metric_names import check_metric
 from setvalued.paths import get_path
-from studies.spec import load_study
-from studies.space import expand, smoke_cells
+from studies.studyfile.spec import load_study
+from studies.cells.space import expand, smoke_cells
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "studies" / "catalog"
@@ -328,7 +328,7 @@ def test_catalogue_shows_every_design_kind_derived_and_early_stopping():
 def test_asha_quickstart_has_rungs_before_its_last_epoch():
     """Pruning configs, not trials: its ASHA rungs come before the last epoch, and its seeds
     (which wait for each other at a rung) fit on a 2-core laptop at once."""
-    from studies.config_schedulers import rungs
+    from studies.scheduling import rungs
 
     study, cells = loaded(CATALOG / "asha_quickstart.yaml")
     epochs = {c.config["epochs"] for c in cells}

@@ -95,7 +95,7 @@ def test_overrides_change_the_study_and_are_checked_by_the_same_schema(tmp_path,
 
 
 def test_an_override_is_validated_where_the_file_wrote_the_value(tmp_path, capsys):
-    from studies.spec import load_study
+    from studies.studyfile.spec import load_study
 
     study = load_study(QUICKSTART, overrides=["variants.noised_topk.loss.epsilon=0.5", "optim.lr=0.05"])
     assert study.variant_value("noised_topk", "loss.epsilon") == 0.5

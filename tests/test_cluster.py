@@ -1,4 +1,4 @@
-"""Running studies on a Ray cluster: `studies.submit` and the files in `cluster/`.
+"""Running studies on a Ray cluster: `studies.cluster.submit` and the files in `cluster/`.
 
 Fast tests: what is shipped (exclude patterns checked against Ray's own matcher), the
 entrypoint, the token lookup, the argument checks, the CLI wiring, and the cluster files:
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies import submit as sub
+from studies.cluster import submit as sub
 
 try:  # the fixtures live in their own module (tests/conftest.py is shared)
     from tests.fixtures_cluster import (  # noqa: F401
@@ -232,7 +232,7 @@ def test_submit_refuses_bad_input_before_contacting_a_cluster(tmp_path):
         sub.submit_study(study, "http://127.0.0.1:9", "http://127.0.0.1:5000", "rel/x")
     bad = tmp_path / "bad.yaml"
     bad.write_text(study.read_text().replace("seeds: [0, 1]", "seeds: zero"))
-    from studies.spec import StudyError
+    from studies.studyfile.spec import StudyError
 
     with pytest.raises(StudyError, match="seeds"):
         sub.submit_study(bad, "http://127.0.0.1:9", "http://127.0.0.1:5000", "/shared")
@@ -434,7 +434,7 @@ def test_kuberay_rayjob_runs_a_study_file():
                       if v["name"] == mounts[str(Path(study_path).parent)])
         config_map = config_maps[volume["configMap"]["name"]]
         study_name = Path(study_path).name
-        from studies.spec import parse_study  # the mounted study file is a valid study
+        from studies.studyfile.spec import parse_study  # the mounted study file is a valid study
 
         assert study_name in config_map["data"]
         assert parse_study(config_map["data"][study_name], file=study_name).name

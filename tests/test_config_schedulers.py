@@ -1,4 +1,4 @@
-"""Pruning configs, not trials (`studies.config_schedulers`): ASHA and Optuna's pruners on
+"""Pruning configs, not trials (`studies.scheduling`): ASHA and Optuna's pruners on
 the seed means of configs, all seeds of a config stopping together.
 
 Fast tests: the ASHA rule against a brute-force simulation of config curves (configs in
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.config_schedulers import ConfigOptunaPruning, ConfigSuccessiveHalving, rungs
-from studies.problems import StudyError
-from studies.runner import RunOptions, run_study
-from studies.spec import parse_study
+from studies.scheduling import ConfigOptunaPruning, ConfigSuccessiveHalving, rungs
+from studies.studyfile.problems import StudyError
+from studies.running.runner import RunOptions, run_study
+from studies.studyfile.spec import parse_study
 
 # ----------------------------------------------------------------------------- brute force
 
@@ -172,8 +172,8 @@ def test_the_coordinator_answers_a_waiting_seed_when_its_config_is_decided(local
     import threading
     import time
 
-    from studies.config_schedulers.coordinator import CoordinatorClient, SchedulerActor
-    from studies.config_schedulers.early_stopping import ConfigEarlyStopper
+    from studies.scheduling.coordinator import CoordinatorClient, SchedulerActor
+    from studies.scheduling.early_stopping import ConfigEarlyStopper
 
     ray = local_ray
     actor = ray.remote(num_cpus=0)(SchedulerActor).remote(
@@ -279,7 +279,7 @@ def test_optuna_pruner_is_validated_with_clear_errors():
 def test_optuna_pruner_builds_the_named_optuna_pruner():
     import optuna
 
-    from studies.config_schedulers.optuna_pruning import optuna_pruner
+    from studies.scheduling.optuna_pruning import optuna_pruner
 
     study = parse_study(STUDY + OPTUNA + "  pruner: {kind: hyperband, min_resource: 2, "
                         "reduction_factor: 2}\n", "s.yaml")

@@ -213,7 +213,7 @@ def test_fit_coverage_is_at_least_the_level_within_a_binomial_tolerance(fitted):
 
 def test_conformal_settings_are_refused_with_the_field_named():
     from setvalued.train import resolve_config
-    from studies.trial_config import validate_config
+    from studies.studyfile.trial_config import validate_config
 
     base = {"loss": {"name": "ce"}, "model": {"name": "mlp"}}
     bad = [({"conformal_alphas": [1.0]}, "eval.conformal_alphas"),
@@ -230,8 +230,8 @@ def test_conformal_settings_are_refused_with_the_field_named():
 
 def test_a_config_without_conformal_settings_keeps_its_id():
     """The conformal fields are implicit: writing their defaults changes no config_id."""
-    from studies.config_ids import config_id
-    from studies.trial_config import validate_config
+    from studies.studyfile.config_ids import config_id
+    from studies.studyfile.trial_config import validate_config
 
     plain, _ = validate_config({"loss": {"name": "ce"}})
     explicit, _ = validate_config({"loss": {"name": "ce"}, "eval": {"conformal_alphas": [],

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from studies.progress import ProgressReporter, StudyProgress
+from studies.running.progress import ProgressReporter, StudyProgress
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_the_best_config_so_far_never_goes_backwards():
 def test_a_long_step_shows_its_elapsed_seconds_in_place_on_a_terminal_and_timed_lines_without():
     import time as clock
 
-    from studies.progress import activity
+    from studies.running.progress import activity
 
     plain = io.StringIO()
     with activity(plain, "reading the runs"):
@@ -156,7 +156,7 @@ def test_a_long_step_shows_its_elapsed_seconds_in_place_on_a_terminal_and_timed_
 
 
 def test_lines_on_a_terminal_fit_its_width(monkeypatch):
-    from studies import progress
+    from studies.running import progress
 
     monkeypatch.setattr(progress, "terminal_width", lambda stream: 40)
     stream = _Terminal()

@@ -38,7 +38,7 @@ def test_trainer_defaults_are_the_declared_ones():
 
 
 def test_study_validation_fills_the_declared_defaults():
-    from studies.trial_config import validate_config
+    from studies.studyfile.trial_config import validate_config
 
     for data_name, fields in DATA_FIELDS.items():
         config, problems = validate_config({"data": {"name": data_name}, "loss": {"name": "ce"},
@@ -56,7 +56,7 @@ def test_study_validation_fills_the_declared_defaults():
 def test_every_declared_range_is_enforced_by_build_loss_and_the_study(name):
     """For every declared bound, a value just outside it is refused by both, naming the parameter."""
     from setvalued.losses import build_loss
-    from studies.trial_config import validate_config
+    from studies.studyfile.trial_config import validate_config
 
     context = {"class_counts": [5] * 8, "num_classes": 8, "num_examples": 40}
     for key, param in LOSS_PARAMETERS[name].items():
@@ -76,8 +76,8 @@ def test_every_declared_range_is_enforced_by_build_loss_and_the_study(name):
 
 
 def test_an_implicit_parameter_is_in_a_config_only_when_it_differs_from_its_default():
-    from studies.config_ids import config_id
-    from studies.trial_config import validate_config
+    from studies.studyfile.config_ids import config_id
+    from studies.studyfile.trial_config import validate_config
 
     ids = []
     for loss in ({"name": "noised_topk"}, {"name": "noised_topk", "exact": False}, {"name": "noised_topk", "exact": True}):
@@ -110,7 +110,7 @@ def test_param_check_coerces_and_names_the_parameter():
 
 
 def test_validating_a_study_imports_neither_torch_nor_ray():
-    code = ("import sys; from studies.spec import load_study; from studies.space import expand, format_cells_table; "
+    code = ("import sys; from studies.studyfile.spec import load_study; from studies.cells.space import expand, format_cells_table; "
             "s = load_study('studies/catalog/quickstart.yaml'); format_cells_table(expand(s), s); "
             "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'optuna') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

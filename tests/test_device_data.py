@@ -208,7 +208,7 @@ def test_host_reads_per_epoch_do_not_grow_with_steps_or_evaluation_batches(monke
     assert reads_few > 0  # the counter sees the reads the trainer does make
     assert reads_many == reads_few
     # and it would see a read per step: folding the running metrics after every step does one
-    monkeypatch.setattr("setvalued.train._FOLD_EVERY_STEPS", 1)
+    monkeypatch.setattr("setvalued.train_metrics._FOLD_EVERY_STEPS", 1)
     assert _count_host_reads(monkeypatch, many) > reads_many + 2 * 30
 
 
@@ -232,7 +232,7 @@ def test_trials_per_gpu_is_the_most_trials_on_one_gpu_when_packed_evenly(gpus, c
     still has room for their fraction (exact fractions), as many as the slots."""
     from fractions import Fraction
 
-    from studies.ray_session import trials_per_gpu
+    from studies.running.ray_session import trials_per_gpu
 
     share = Fraction(gpus)
     capacity = int(1 / share)  # whole trials of that fraction on one GPU
@@ -251,8 +251,8 @@ def test_study_validation_reads_the_new_fields_from_their_declarations():
     """``compile``, ``eval.batch_size`` and ``data.placement`` are implicit: a config holds them
     only when they differ from their defaults (existing config ids unchanged); bad values are
     refused at their path, a device placement of a folder data set at its data section."""
-    from studies.config_ids import config_id
-    from studies.trial_config import validate_config
+    from studies.studyfile.config_ids import config_id
+    from studies.studyfile.trial_config import validate_config
 
     plain, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5]}})
     assert not problems

@@ -17,8 +17,8 @@ import io
 import pytest
 import yaml
 
-from studies.runner import RunOptions, run_study
-from studies.session import PART_LINE
+from studies.running.runner import RunOptions, run_study
+from studies.running.session import PART_LINE
 
 
 def instant_fit(config, seed, on_epoch=None, checkpoint=None):
@@ -59,7 +59,7 @@ def driver_holdings() -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_driver_holds_nothing_of_an_ended_part(local_ray, tmp_path, monkeypatch):
-    import studies.session as session
+    import studies.running.session as session
 
     monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
     study = {

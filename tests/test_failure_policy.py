@@ -60,6 +60,6 @@ def test_failure_policy(local_ray, mlflow_server, tmp_path, case, after_epochs, 
 
 
 def run_study_quietly(path: Path, opts):
-    from studies.runner import run_study
+    from studies.running.runner import run_study
 
     return run_study(path, opts)

@@ -90,7 +90,7 @@ def test_hostile_study_is_refused_quickly_and_cleanly(case, tmp_path):
 
 
 def test_the_cell_limit_can_be_raised_by_the_file(tmp_path):
-    from studies.spec import StudyError, load_study
+    from studies.studyfile.spec import StudyError, load_study
 
     text = ("name: big\nbase: {loss: {name: noised_topk}}\n"
             "design: {kind: random, n_configs: 60000, parameters: {loss.epsilon: {uniform: [0.0, 1.0]}}}\n"

@@ -114,5 +114,57 @@ def test_no_module_imports_one_that_imports_it_back():
 
 
 def test_the_graph_sees_imports_inside_functions():
-    """The checker reads function-level imports: studies.trial_config imports timm inside one."""
-    assert "timm" in _imports(ROOT / "studies" / "trial_config.py")
+    """The checker reads function-level imports: studies.studyfile.trial_config imports timm inside one."""
+    assert "timm" in _imports(ROOT / "studies" / "studyfile" / "trial_config.py")
+
+
+#: the stage packages of `studies` (docs/architecture.md); the modules on top (cli, api,
+#: errors, readback, landscape) are not a package
+STAGES = ("studies.studyfile", "studies.cells", "studies.running", "studies.scheduling",
+          "studies.tracking", "studies.cluster")
+
+
+def _stage(module: str) -> str | None:
+    return next((s for s in STAGES if _matches(module, (s,))), None)
+
+
+def test_the_stage_packages_import_each_other_without_a_circle():
+    """Between the stage packages the imports run one way: no package imports one that
+    imports it back, directly or through others."""
+    edges: dict[str, set[str]] = {s: set() for s in STAGES}
+    for name, deps in _graph().items():
+        here = _stage(name)
+        for dep in deps:
+            there = _stage(dep)
+            if here and there and here != there:
+                edges[here].add(there)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
+                   for nxt in edges[start])
+
+    circles = sorted(s for s in STAGES if reaches(s, s, {s}))
+    assert not circles, f"stage packages in a circle: {circles}; edges: {edges}"
+
+
+def test_the_study_file_package_imports_neither_torch_nor_ray():
+    """Validation (`studies run --dry-run`) stays lean: no module of studies.studyfile, nor
+    any project module it imports at any depth, imports torch or Ray at module level or
+    inside a function, except `trial_config`'s one timm look-up of a model name."""
+    graph = _graph()
+    heavy = ("torch", "torchvision", "ray")
+    todo = [m for m in graph if _matches(m, ("studies.studyfile",))]
+    assert "studies.studyfile.spec" in todo
+    seen: set[str] = set()
+    bad = []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = ROOT / (name.replace(".", "/") + ".py")
+        if not path.is_file():
+            path = ROOT / name.replace(".", "/") / "__init__.py"
+        bad += [f"{name} imports {m}" for m in _imports(path) if _matches(m, heavy)]
+        todo += [d for d in graph[name] if d not in seen]
+    assert not bad, "\n".join(bad)

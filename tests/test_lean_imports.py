@@ -16,9 +16,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
-RUNNER_SIDE = ("studies.runner", "studies.progress", "studies.trial", "studies.tracking",
-               "studies.cli", "studies.cell_queue", "studies.checkpoints",
-               "studies.config_schedulers", "studies.ray_session", "studies.optuna_rounds")
+RUNNER_SIDE = ("studies.running.runner", "studies.running.progress", "studies.running.trial", "studies.tracking",
+               "studies.cli", "studies.cells.cell_queue", "studies.running.checkpoints",
+               "studies.scheduling", "studies.running.ray_session", "studies.scheduling.optuna_rounds")
 
 
 def loaded_after(code: str) -> set[str]:

@@ -28,7 +28,7 @@ def _contend(uri: str, experiment_id: str, start_at: float, hold_s: float, resul
     """One driver: wait for the common start, try to take the lease, hold it a while."""
     from mlflow.tracking import MlflowClient
 
-    from studies.lease import LeaseHeld, StudyLease
+    from studies.running.lease import LeaseHeld, StudyLease
 
     lease = StudyLease(MlflowClient(uri), experiment_id, "race", heartbeat_s=0.5, stale_s=30)
     time.sleep(max(0.0, start_at - time.time()))
@@ -64,7 +64,7 @@ def test_of_drivers_started_together_exactly_one_holds_the_lease(mlflow_server):
 def _hold_forever(uri: str, experiment_id: str, ready) -> None:
     from mlflow.tracking import MlflowClient
 
-    from studies.lease import StudyLease
+    from studies.running.lease import StudyLease
 
     lease = StudyLease(MlflowClient(uri), experiment_id, "killed", heartbeat_s=0.5, stale_s=4)
     lease.acquire()
@@ -75,7 +75,7 @@ def _hold_forever(uri: str, experiment_id: str, ready) -> None:
 def test_a_killed_drivers_lease_is_taken_over_and_a_live_one_refuses(mlflow_server):
     from mlflow.tracking import MlflowClient
 
-    from studies.lease import LeaseHeld, StudyLease
+    from studies.running.lease import LeaseHeld, StudyLease
 
     experiment_id = _experiment(mlflow_server)
     client = MlflowClient(mlflow_server)
@@ -100,7 +100,7 @@ def test_a_killed_drivers_lease_is_taken_over_and_a_live_one_refuses(mlflow_serv
 def test_waiting_driver_starts_when_the_holder_releases(mlflow_server):
     from mlflow.tracking import MlflowClient
 
-    from studies.lease import StudyLease
+    from studies.running.lease import StudyLease
 
     experiment_id = _experiment(mlflow_server)
     client = MlflowClient(mlflow_server)
@@ -121,7 +121,7 @@ def test_a_lease_whose_heartbeat_stopped_is_stale_even_on_another_host(mlflow_se
 
     import json
 
-    from studies.lease import LeaseHeld, StudyLease
+    from studies.running.lease import LeaseHeld, StudyLease
 
     experiment_id = _experiment(mlflow_server)
     client = MlflowClient(mlflow_server)

@@ -427,7 +427,7 @@ def test_group_and_class_compaction_keep_the_same_classes(monkeypatch, scale):
     scores = scores.detach()
     kept = []
     for share in (0.0, 1.1):  # never / always group by group
-        monkeypatch.setattr("setvalued.losses.topk._GROUP_COMPACTION_SHARE", share)
+        monkeypatch.setattr("setvalued.losses.topk_operator._GROUP_COMPACTION_SHARE", share)
         values, classes = _pruned_candidates(scores, 4, 0.2, 3)
         real = classes < 1000
         rows = real.nonzero(as_tuple=True)[0]
@@ -594,7 +594,7 @@ def test_fixed_shape_path_equals_the_exact_path_draw_by_draw(k, monkeypatch):
     """The path of fixed shapes (GPU, torch.compile: setvalued.losses.base.fixed_shapes), forced
     here on CPU: on the same noise, the exact path's value and gradient, for both noised losses
     and the smoothed k-th largest."""
-    import setvalued.losses.topk as topk
+    import setvalued.losses.topk_operator as topk_operator
 
     batch, classes, samples, eps = 64, 1000, 3, 0.2
     scores, targets = _spread_scores(batch, classes, seed=k, spread=4.0, dtype=torch.float32)
@@ -614,7 +614,7 @@ def test_fixed_shape_path_equals_the_exact_path_draw_by_draw(k, monkeypatch):
         return out + [smoothed, torch.autograd.grad(smoothed.sum(), scores)[0]]
 
     exact = run(True)
-    monkeypatch.setattr(topk, "fixed_shapes", lambda values: True)
+    monkeypatch.setattr(topk_operator, "fixed_shapes", lambda values: True)
     fixed = run(False)
     for a, b in zip(fixed, exact):
         assert torch.equal(a, b)

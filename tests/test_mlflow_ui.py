@@ -47,12 +47,12 @@ def quickstart_runs(mlflow_server):
     model logged on the first; (study name, run names by config name, model's run)."""
     import torch
 
-    from studies.run_names import config_name, run_names
-    from studies.space import expand
-    from studies.spec import load_study
+    from studies.cells.run_names import config_name, run_names
+    from studies.cells.space import expand
+    from studies.studyfile.spec import load_study
     from studies.tracking.cell_run import CellRun
     from studies.tracking.ledger import StudyTracking, new_session_id
-    from studies.tune_experiment import cell_payload
+    from studies.running.tune_experiment import cell_payload
 
     name = f"quickstart-ui-{uuid.uuid4().hex[:6]}"
     cells = expand(load_study(QUICKSTART))

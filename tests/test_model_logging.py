@@ -17,9 +17,9 @@ def test_the_selected_model_loads_from_mlflow_and_predicts_as_the_trainer(local_
     import torch
 
     from setvalued.train import fit
-    from studies.runner import run_study
-    from studies.space import expand
-    from studies.spec import load_study
+    from studies.running.runner import run_study
+    from studies.cells.space import expand
+    from studies.studyfile.spec import load_study
 
     path = write_study(tmp_path, "models-on", lrs=[0.1], seeds=[0], epochs=2, log_models=True)
     stream = io.StringIO()

@@ -168,7 +168,7 @@ MULTI = {"data": {"name": "synthetic", "max_labels": 3}, "model": {"name": "mlp"
 ])
 def test_label_kinds_are_checked_by_the_trainer_and_the_study(config, path, words):
     from setvalued.train import resolve_config
-    from studies.trial_config import validate_config
+    from studies.studyfile.trial_config import validate_config
 
     with pytest.raises(ValueError, match=rf"config {'.'.join(path)}: .*{words}"):
         resolve_config(config)
@@ -177,7 +177,7 @@ def test_label_kinds_are_checked_by_the_trainer_and_the_study(config, path, word
 
 
 def test_a_study_file_mixing_label_kinds_names_file_field_and_expectation(tmp_path):
-    from studies.spec import StudyError, load_study
+    from studies.studyfile.spec import StudyError, load_study
 
     path = tmp_path / "mixed.yaml"
     path.write_text(textwrap.dedent("""\

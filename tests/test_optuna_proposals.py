@@ -1,5 +1,5 @@
 """Optuna designs ask for a config when a trial slot frees up and tell its seed mean when its
-last seed ends (studies.optuna_rounds.OptunaProposals), without Ray: the proposal source is
+last seed ends (studies.scheduling.optuna_rounds.OptunaProposals), without Ray: the proposal source is
 driven as Tune's searcher drives it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from studies.optuna_rounds import OptunaProposals
+from studies.scheduling.optuna_rounds import OptunaProposals
 from studies.tracking import STATUS_FINISHED
 from tests.test_space import study_from
 

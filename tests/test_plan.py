@@ -1,4 +1,4 @@
-"""`studies plan` (studies.plan) and the report's "Power and cost" section.
+"""`studies plan` (studies.running.plan) and the report's "Power and cost" section.
 
 Fast: the plan's pieces (ASHA's expected budget against a simulation of successive halving,
 the slots, the schedule) and the CLI on a catalogue file and on bad flags. Slow: a real
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from analysis.power import seeds_for_power
-from studies.plan import asha_expected_epochs, schedule_length, trial_slots
-from studies.spec import load_study
+from studies.running.plan import asha_expected_epochs, schedule_length, trial_slots
+from studies.studyfile.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "studies" / "catalog"
@@ -110,7 +110,7 @@ def test_plan_with_a_pilot_uses_its_paired_differences(smoke_pilot):
     out, _ = smoke_pilot
     from analysis.collect import collect
 
-    from studies.plan import make_plan
+    from studies.running.plan import make_plan
 
     uri = f"sqlite:///{out}/quickstart-smoke/mlflow.db"
     # in this process (the CLI's exit codes are checked above): its imports are paid once
@@ -165,7 +165,7 @@ def test_racing_expected_seeds_from_a_pilot():
     """Configs far apart are decided after few seeds (a little over the initial 3: a config
     that finishes first is compared with the best *so far*, as the runner's race does);
     identical configs (noise only) mostly race to max (10)."""
-    from studies.plan import racing_expected_cells
+    from studies.running.plan import racing_expected_cells
 
     study = load_study(CATALOG / "racing_quickstart.yaml")
     metric = study.racing.until.metric or study.objective.metric

@@ -28,10 +28,10 @@ class _PlantedCode:
 def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
-    from studies.checkpoints import META_FILE, STATE_FILE
-    from studies.runner import run_study
-    from studies.space import expand
-    from studies.spec import load_study
+    from studies.running.checkpoints import META_FILE, STATE_FILE
+    from studies.running.runner import run_study
+    from studies.cells.space import expand
+    from studies.studyfile.spec import load_study
 
     name = f"planted-{uuid.uuid4().hex[:6]}"
     path = write_study(tmp_path, name, lrs=[0.1], seeds=[0], epochs=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from studies import preconditions
+from studies.running import preconditions
 
 
 def _free_port() -> int:

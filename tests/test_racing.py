@@ -1,4 +1,4 @@
-"""Racing (`seeds: {initial, max, until}`): the rule (`studies.racing.SeedRace`) on simulated
+"""Racing (`seeds: {initial, max, until}`): the rule (`studies.scheduling.racing.SeedRace`) on simulated
 results against a direct computation, the study schema, and (slow) a racing study on a real
 local Ray and MLflow server: fewer cells than configs x max, seeds paired, decisions recorded,
 and a resumed interrupted race ending in the same decisions.
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from scipy import stats as sps
 
-from studies.racing import BEST, FAILED, MAX, RACING, WORSE, RaceStatus, SeedRace
+from studies.scheduling.racing import BEST, FAILED, MAX, RACING, WORSE, RaceStatus, SeedRace
 
 
 def run_race(race: SeedRace, value) -> None:
@@ -162,8 +162,8 @@ def _quickstart_with(tmp_path, seeds: str):
     ("{initial: 3, max: 10, until: {metric: test/top77}}", "seeds.until.metric (line 72): racing needs"),
 ])
 def test_racing_block_errors_name_the_field(tmp_path, seeds, message):
-    from studies.problems import StudyError
-    from studies.spec import load_study
+    from studies.studyfile.problems import StudyError
+    from studies.studyfile.spec import load_study
 
     with pytest.raises(StudyError) as error:
         load_study(_quickstart_with(tmp_path, seeds))
@@ -171,8 +171,8 @@ def test_racing_block_errors_name_the_field(tmp_path, seeds, message):
 
 
 def test_racing_block_expands_to_every_seed_up_to_max(tmp_path):
-    from studies.space import expand, format_cells_table
-    from studies.spec import load_study
+    from studies.cells.space import expand, format_cells_table
+    from studies.studyfile.spec import load_study
 
     study = load_study(_quickstart_with(tmp_path, "{initial: 3, max: 6, sequence: [5, 4, 3, 2, 1, 0]}"))
     assert study.seed_list == [5, 4, 3, 2, 1, 0] and study.seeds_at_once == 3
@@ -184,7 +184,7 @@ def test_racing_block_expands_to_every_seed_up_to_max(tmp_path):
 
 
 def test_progress_line_with_a_race_shows_an_upper_bound():
-    from studies.progress import StudyProgress
+    from studies.running.progress import StudyProgress
 
     race = SeedRace(["a", "b"], list(range(5)), initial=2)
 
@@ -256,7 +256,7 @@ def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(
         local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
-    from studies.runner import RunOptions, run_study
+    from studies.running.runner import RunOptions, run_study
     from tests.test_runner import child_runs
 
     def options(**kw):
@@ -307,7 +307,7 @@ def test_racing_and_asha_compose(local_ray, mlflow_server, tmp_path):
     """ASHA prunes a config on the mean of its initial (racing) seeds, all of them at the same
     rung; the race then decides on the seeds each config has; later seeds of a config follow
     the epoch its initial seeds stopped at, and every config's seeds stay a paired prefix."""
-    from studies.runner import RunOptions, run_study
+    from studies.running.runner import RunOptions, run_study
     from tests.test_runner import child_runs, write_study
 
     # 0.03 (good) reaches the first rung first and sets its bar: 0.01 (worse) is pruned there

@@ -109,7 +109,7 @@ def sqlite_store(path: Path, *experiments: str) -> str:
     """A real MLflow SQLite store at `path` holding `experiments`; its URI."""
     from mlflow import MlflowClient
 
-    from studies.sqlite_store import seed_sqlite_store
+    from studies.tracking.sqlite_store import seed_sqlite_store
 
     path.parent.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{path}"
@@ -199,7 +199,7 @@ def test_a_broken_run_json_is_refused_by_name(tmp_path):
     (output / "typed").mkdir()
     (output / "typed" / "run.json").write_text('{"tracking_uri": 5}')
     from studies.readback import ReadBackError
-    from studies.runner import read_settings
+    from studies.running.runner import read_settings
 
     with pytest.raises(ReadBackError, match="field 'tracking_uri' is 5; expected str"):
         read_settings(output / "typed")
@@ -210,7 +210,7 @@ def test_a_broken_run_json_is_refused_by_name(tmp_path):
 _CHECKPOINT_SCAN = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
-    from studies.checkpoints import ResumePoints
+    from studies.running.checkpoints import ResumePoints
 
     storage = Path(sys.argv[1])
     good = {"run_id": "r1", "cell_id": "good", "study": "s", "epoch": 3, "history": []}
@@ -274,7 +274,7 @@ def test_a_deep_flow_nesting_is_refused_in_linear_time(tmp_path):
 
 
 def test_brackets_in_quotes_comments_and_plain_words_do_not_count_as_nesting():
-    from studies.spec import StudyError, parse_study
+    from studies.studyfile.spec import StudyError, parse_study
 
     text = ("name: fine\nbase: {loss: {name: ce}}\nseeds: [0]\n"
             "description: '" + "[{" * 100 + "'' and \"[[\"'  # " + "[" * 100 + "\n")
@@ -546,8 +546,8 @@ def full_disk_folder(tmp_path):
 def test_a_full_disk_fails_the_cell_at_once_naming_the_folder(full_disk_folder, tmp_path):
     import torch
 
-    from studies.checkpoints import save_checkpoint
-    from studies.trial import full_disk, full_disk_message
+    from studies.running.checkpoints import save_checkpoint
+    from studies.running.trial import full_disk, full_disk_message
 
     with pytest.raises(Exception) as info:  # what torch.save really raises on a full disk
         save_checkpoint(full_disk_folder, {"w": torch.zeros(1_000_000)}, {"epoch": 3})

@@ -12,7 +12,7 @@ import pytest
 
 from analysis.published_number import PublishedNumber
 from analysis.report import ReportError, build_report, load_study_info
-from studies.spec import StudyError, parse_study
+from studies.studyfile.spec import StudyError, parse_study
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
     from test_collect import BASE_CONFIG, CellRun, log_study_runs, set_path, unique_name
@@ -71,7 +71,7 @@ def test_published_numbers_keep_their_text_and_compare_as_floats(tmp_path):
     assert row.metrics["test/top5"] == 68.2 and row.metrics["test/top1"] == 65.0
     assert row.metrics["test/top5"] + row.ci["test/top5"] == pytest.approx(68.27)
     assert icml.rows[0].metrics["test/top5"].text == "94.24"
-    # study validation reads the same texts (studies.yaml_source)
+    # study validation reads the same texts (studies.studyfile.yaml_source)
     study = parse_study(STUDY.format(name="x"))
     assert study.reference[0].rows[0].metrics["test/top5"].text == "68.20"
     # a number keeps its text through a pickle (a Study travels to Ray workers)

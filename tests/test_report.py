@@ -726,7 +726,7 @@ def test_a_parameter_is_written_one_way_with_the_papers_symbol(report_study):
     `epsilon=`, `loss.epsilon=` or a bare path as a column head; the run names use the same
     function (`analysis.formatting.assignments`)."""
     from analysis.formatting import assignments
-    from studies.run_names import run_names
+    from studies.cells.run_names import run_names
 
     md, text = report_study["md"], report_study["html"]
     report = md.split("\n## Study file", 1)[0] + md.split("\n## Provenance", 1)[1]

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from analysis import plots
+from analysis import plot_curves, plots
 from analysis.collect import collect
 from analysis.report import build_report
 
@@ -233,18 +233,18 @@ def test_reference_line_labels_never_overlap(tmp_path):
     series = curve_series(summarize(rows, ["test/top5"]), "loss.epsilon", "test/top5")
     assert sum(s.flat for s in series) == 5  # plot_series draws MAX_REFERENCES = 4 of them
     fig_holder = {}
-    original = plots.save_figure
+    original = plot_curves.save_figure
 
     def keep(fig, out_base):
         fig_holder["fig"] = fig
         return original(fig, out_base)
 
-    plots.save_figure, saved = keep, plots.save_figure
+    plot_curves.save_figure, saved = keep, plot_curves.save_figure
     try:
         notes: list[str] = []
         plots.plot_series(series, "loss.epsilon", "test/top5", tmp_path / "refs", notes=notes)
     finally:
-        plots.save_figure = saved
+        plot_curves.save_figure = saved
     assert any("single-config variant" in n for n in notes)
     fig = fig_holder["fig"]
     renderer = fig.canvas.get_renderer()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from studies.run_names import run_names
-from studies.space import expand
-from studies.spec import load_study
+from studies.cells.run_names import run_names
+from studies.cells.space import expand
+from studies.studyfile.spec import load_study
 
 CATALOG = Path(__file__).resolve().parents[1] / "studies" / "catalog"
 
@@ -34,7 +34,7 @@ def test_every_catalogue_study_gets_distinct_names_per_config():
 def test_names_of_cells_added_a_config_at_a_time_equal_the_names_of_the_whole_set():
     """An optuna block names each config's cells when it is asked: against every config
     recorded so far, exactly as `run_names` over that set would (incremental, not O(n) each)."""
-    from studies.run_names import RunNamer
+    from studies.cells.run_names import RunNamer
 
     cells = expand(load_study(CATALOG / "quickstart.yaml"))
     by_config: dict[str, list] = {}

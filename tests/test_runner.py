@@ -1,4 +1,4 @@
-"""studies.runner and studies.trial on a real local Ray and a real MLflow server.
+"""studies.running.runner and studies.running.trial on a real local Ray and a real MLflow server.
 
 Fast tests: the per-config early-stopping rule (`ConfigEarlyStopper`) against a direct
 computation, the progress/ETA bookkeeping, and the finalisation of a stopped cell with the
@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.cell_queue import config_major
-from studies.config_schedulers import ConfigEarlyStopper
-from studies.runner import RunOptions, run_study
-from studies.progress import StudyProgress, format_duration
+from studies.cells.cell_queue import config_major
+from studies.scheduling import ConfigEarlyStopper
+from studies.running.runner import RunOptions, run_study
+from studies.running.progress import StudyProgress, format_duration
 
 # ----------------------------------------------------------------------------- study files
 
@@ -164,7 +164,7 @@ def test_progress_counts_and_eta():
 
 
 def test_config_major_order_keeps_seeds_together():
-    from studies.space import Cell
+    from studies.cells.space import Cell
 
     cells = [Cell("b", 1, "v", {}), Cell("a", 0, "v", {}), Cell("b", 0, "v", {}),
              Cell("a", 1, "v", {})]
@@ -178,7 +178,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     import torch
 
     from setvalued.train import fit
-    from studies.trial import _with_epochs
+    from studies.running.trial import _with_epochs
 
     torch.set_num_threads(1)
     config = tiny_base(epochs=3)
@@ -221,8 +221,8 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
                                                                 tmp_path):
     from mlflow import MlflowClient
 
-    from studies.space import expand
-    from studies.spec import load_study
+    from studies.cells.space import expand
+    from studies.studyfile.spec import load_study
 
     path = write_study(tmp_path, "runner-grid", lrs=[0.05, 0.1], epochs=2)
     cells = {c.cell_id: c for c in expand(load_study(path))}
@@ -307,8 +307,8 @@ def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_s
     from mlflow import MlflowClient
 
     from setvalued.train import fit
-    from studies.space import expand
-    from studies.spec import load_study
+    from studies.cells.space import expand
+    from studies.studyfile.spec import load_study
 
     name = f"runner-kill-{interval_s}"  # one study per case on the module's MLflow server
     path = write_study(tmp_path, name, lrs=[0.1], seeds=[3], epochs=4,
@@ -507,8 +507,8 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
                                                               tmp_path, monkeypatch):
     """Past MAX_TRIALS_PER_EXPERIMENT cells the runner starts one Tune experiment per part
     (whole configs), the progress counts going on across them."""
-    import studies.session as session
-    import studies.tune_experiment as tune_experiment
+    import studies.running.session as session
+    import studies.running.tune_experiment as tune_experiment
 
     monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
     started = []

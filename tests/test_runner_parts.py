@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from studies.cell_queue import CellQueue
-from studies.checkpoints import META_FILE, STATE_FILE, ResumePoints, find_resume_checkpoints
-from studies.progress import ProgressReporter, StudyProgress
+from studies.cells.cell_queue import CellQueue
+from studies.running.checkpoints import META_FILE, STATE_FILE, ResumePoints, find_resume_checkpoints
+from studies.running.progress import ProgressReporter, StudyProgress
 
 
 def test_cell_queue_hands_out_in_order_and_resumes_from_its_saved_state():
@@ -75,7 +75,7 @@ def test_progress_reporter_follows_tune_hooks():
 
 
 def test_long_cell_lists_run_as_experiments_of_whole_configs():
-    from studies.session import experiment_parts
+    from studies.running.session import experiment_parts
 
     cells = [SimpleNamespace(config_id=f"c{c}", seed=s) for c, seeds in enumerate([3, 3, 2, 5, 1])
              for s in range(seeds)]

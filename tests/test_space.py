@@ -1,4 +1,4 @@
-"""Expansion of studies into cells (studies.space): counts, pairing, derived values, ids."""
+"""Expansion of studies into cells (studies.cells.space): counts, pairing, derived values, ids."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from studies.space import (
+from studies.cells.space import (
     Cell,
     canonical_json,
     config_id,
@@ -22,7 +22,7 @@ from studies.space import (
     smoke_config,
 )
 from setvalued.paths import get_path
-from studies.spec import StudyError, load_study
+from studies.studyfile.spec import StudyError, load_study
 
 BASE = """\
     base:
@@ -259,7 +259,7 @@ def test_identical_variants_are_one_config_labelled_with_the_first(tmp_path: Pat
 def test_optuna_blocks_give_no_cells_and_suggest_valid_configs(tmp_path: Path):
     import optuna
 
-    from studies.space import optuna_sampler
+    from studies.cells.space import optuna_sampler
 
     study = study_from(tmp_path, """\
         variants:
@@ -394,7 +394,7 @@ def test_smoke_config_is_tiny_and_keeps_loss_metrics_and_swept_values(tmp_path: 
 
 
 def test_smoke_of_a_real_data_set_with_large_k():
-    from studies.trial_config import validate_config
+    from studies.studyfile.trial_config import validate_config
 
     config, problems = validate_config({
         "data": {"name": "plantnet300k", "root": "/data/plantnet"}, "model": {"name": "resnet18", "pretrained": "/w.pth"},

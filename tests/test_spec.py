@@ -1,4 +1,4 @@
-"""Study-file parsing and validation (studies.spec, studies.expressions).
+"""Study-file parsing and validation (studies.studyfile.spec, studies.studyfile.expressions).
 
 The malformed corpus (tests/malformed_studies/*.yaml) has, on the first line of each file,
 ``# what is wrong | path: <YAML path> | expect: <fragment of the message>``.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from studies.expressions import ExpressionError, parse_expression
+from studies.studyfile.expressions import ExpressionError, parse_expression
 from setvalued.paths import deep_merge
-from studies.spec import StudyError, load_study
-from studies.trial_config import validate_config
+from studies.studyfile.spec import StudyError, load_study
+from studies.studyfile.trial_config import validate_config
 
 CORPUS = sorted((Path(__file__).parent / "malformed_studies").glob("*.yaml"))
 HEADER = re.compile(r"^#\s*(?P<what>.+?)\s*\|\s*path:\s*(?P<path>.+?)\s*\|\s*expect:\s*(?P<expect>.+?)\s*$")

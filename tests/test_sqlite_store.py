@@ -1,5 +1,5 @@
 """A new study's embedded MLflow store is a copy of an empty store made once per MLflow
-version (studies.sqlite_store): MLflow opens it as its own, and nothing existing is replaced."""
+version (studies.tracking.sqlite_store): MLflow opens it as its own, and nothing existing is replaced."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import mlflow
 from mlflow import MlflowClient
 
-from studies.sqlite_store import cache_folder, seed_sqlite_store
+from studies.tracking.sqlite_store import cache_folder, seed_sqlite_store
 
 
 def test_a_new_store_is_a_working_copy_of_the_template_made_once(tmp_path, monkeypatch):

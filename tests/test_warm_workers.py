@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.runner import RunOptions, run_study
+from studies.running.runner import RunOptions, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def study_file(folder: Path) -> Path:
 
 _FRESH = """
 import json, sys, torch
-torch.set_num_threads(2)  # what the worker's trial got (studies.trial._set_torch_threads)
+torch.set_num_threads(2)  # what the worker's trial got (studies.running.trial._set_torch_threads)
 from setvalued.train import fit
 cell = json.loads(sys.argv[1])
 result = fit(cell["config"], cell["seed"])

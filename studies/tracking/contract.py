@@ -26,7 +26,7 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     cell_runs_view_tag,
 )
 from setvalued.config import effective_config
-from studies.run_names import config_name
+from studies.cells.run_names import config_name
 from studies.tracking.retry import with_retry
 
 # Key whose history tells which epochs a run already holds (fit always reports it; the

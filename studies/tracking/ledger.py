@@ -24,7 +24,7 @@ from analysis.layout import (
     TAG_STUDY,
     tag_filter,
 )
-from studies.sqlite_store import seed_sqlite_store
+from studies.tracking.sqlite_store import seed_sqlite_store
 from studies.tracking.cell_run import TrackingContext
 from studies.tracking.contract import _SEARCH_PAGE, _client, _search_all, experiment_tags, finished_runs
 from studies.tracking.retry import with_retry

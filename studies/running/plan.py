@@ -1,0 +1,335 @@
+"""Plan before spending GPUs: what a study will cost and how many seeds its comparisons need
+(`studies plan`, and the estimate that `studies run` prints first). docs/planning.md.
+
+Compute. A cell costs  fixed + epochs x seconds per epoch:
+
+- seconds per epoch (training and validation) of each variant, read from a pilot's runs
+  (the mean of `epoch_time_s` + `eval_time_s` over the epochs of the pilot's cells of that
+  variant; the per-cell rest of their `duration_s` is the fixed part), else measured by a
+  probe: a few training steps of the variant's first cell in this process
+  (`setvalued.train.probe`, with the study's data, model, loss, batch size and device and as
+  many torch threads as `resources.cpus`; no Ray);
+- epochs: the config's `epochs`, or under ASHA its expected epochs: rungs r_1 < ... < r_m
+  (`successive_halving.rungs`), a share eta^-i of the configs reaching rung i, so
+  E = sum_i eta^-i (r_{i+1} - r_i) with r_0 = 0 and r_{m+1} = epochs (synchronous successive
+  halving's budget; the asynchronous rule promotes a little more, so this is a lower bound);
+- racing runs `initial` to `max` seeds per config: counted at `max`, or with a pilot at the
+  expected seeds of races simulated on the pilot's values (`racing_expected_cells`).
+
+The cells are dealt config by config to the trial slots (the first free slot takes the next
+cell, as Ray Tune does); the wall time is that schedule's length plus the start-up
+(`START_UP_S`, measured: docs/performance.md "Performance of the runner"). Slots: `--gpus N` / the GPUs
+per trial (`resources.gpus`), else this machine's CPUs / `resources.cpus`, at most
+`max_concurrent`. GPU-hours = sum over cells of its time x `resources.gpus`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from studies.scheduling.successive_halving import rungs
+from studies.running.estimate import (  # noqa: F401 (re-exported)
+    CELL_OVERHEAD_S, ComputeEstimate, DEFAULT_PROBE_STEPS, START_UP_S, VariantCost,
+    VariantTime, asha_expected_epochs, estimate, pilot_times, probe_times,
+    racing_expected_cells, schedule_length, trial_slots,
+)
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def duration_text(seconds: float) -> str:
+    """`42 s`, `12.5 min`, `3.2 h`, `4.1 d`; `?` when unknown."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _number(value: float, digits: int = 2) -> str:
+    if value is None or not math.isfinite(value):
+        return "?"
+    return f"{value:.{digits}f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "~"
+
+
+def compute_table(est: ComputeEstimate) -> str:
+    """The compute estimate as text, at most 80 columns."""
+    lines = [f"{'variant':<22}{'configs':>8}{'cells':>7}{'epochs':>8}{'s/epoch':>10}"
+             f"{'s/cell':>9}  source"]
+    for r in est.rows:
+        per_cell = r.seconds / r.cells if r.cells else math.nan
+        lines.append(f"{_cut(r.variant, 21):<22}{r.configs:>8}{r.cells:>7}{r.epochs:>8.1f}"
+                     f"{_number(r.time.epoch_s, 3):>10}{_number(per_cell, 1):>9}  "
+                     f"{r.time.source}")
+    lines.append(f"{'total':<22}{sum(r.configs for r in est.rows):>8}"
+                 f"{sum(r.cells for r in est.rows):>7}")
+    lines.append(f"trial slots: {est.slots} ({est.slots_text})")
+    lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}   "
+                 f"wall time: {duration_text(est.wall_s)} (start-up {START_UP_S:.0f} s "
+                 f"included)")
+    lines = [_cut(line, 80) for line in lines]
+    for note in ([est.schedule_note] if est.schedule_note else []) + est.notes:
+        lines += textwrap.wrap(note, 80, subsequent_indent="  ")
+    return "\n".join(lines)
+
+
+def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
+    """The seeds needed per comparison (`analysis.power.SeedsNeeded`), at most 80 columns."""
+    from analysis.formatting import value_text
+
+    lines = [f"{'comparison':<31}{'metric':<10}{'n':>3}{'diff':>7}{'sd':>6}{'plan d':>7}"
+             f"{'power':>6}{'seeds':>6}{'+-w':>4}",
+             f"{'':<31}{'':<10}{'':>3}{'':>7}{'':>6}{'':>7}{'now':>6}"
+             f"{f'{power:.0%}':>6}{'':>4}"]
+    notes = []
+    for p in plans:
+        swept = json.loads(p.swept or "{}")
+        label = " ".join([p.variant] + [f"{k.rsplit('.', 1)[-1]}={value_text(v)}"
+                                        for k, v in sorted(swept.items())])
+        seeds = "?" if p.seeds_power is None else str(p.seeds_power)
+        width = "?" if p.seeds_half_width is None else str(p.seeds_half_width)
+        now = "?" if not math.isfinite(p.power_now) else f"{p.power_now:.2f}"
+        lines.append(f"{_cut(label, 30):<31}{_cut(p.metric, 9):<10}{p.n_pilot:>3}"
+                     f"{_number(p.observed):>7}{_number(p.sd):>6}{_number(p.difference):>7}"
+                     f"{now:>6}{seeds:>6}{width:>4}")
+        if p.note:
+            notes.append(f"{label}: {p.note}")
+    lines.append(f"Paired t-test, two-sided at {1 - level:.2g} (non-central t, df = n-1, ncp "
+                 f"= d*sqrt(n)/sd);")
+    lines.append("diff, sd, plan d in percentage points for accuracies; seeds: for the power; "
+                 "+-w:")
+    lines.append("for an interval half-width of w (default: plan d / 2).")
+    sources = sorted({p.source for p in plans})
+    lines += [f"source: {s}" for s in sources]
+    lines = [_cut(line, 80) for line in lines]
+    for note in notes:
+        lines += textwrap.wrap(note, 80, initial_indent="  ", subsequent_indent="    ")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
+               difference: float | None, half_width: float | None, power: float,
+               level: float) -> tuple[list[Any], str]:
+    """The seeds needed per comparison: from a pilot's rows when given, else from the
+    study file's published intervals; ([], reason) when there is neither."""
+    from analysis.power import published_seeds_needed, seeds_needed
+    from analysis.stats import paired_comparisons
+
+    compare = study.report.compare
+    variants = list(study.variants) or []
+    if rows:
+        found = list(dict.fromkeys(r["variant"] for r in rows))
+        reference = (compare.reference if compare else None) or next(
+            (v for v in variants if v in found), found[0])
+        if reference not in found:
+            return [], f"the pilot has no finished cell of the baseline {reference!r}"
+        metrics = _compared_metrics(study, rows)
+        if not metrics:
+            return [], "the pilot logged none of the compared metrics"
+        paths = set()
+        from analysis.layout import flatten_config
+
+        for overlay in (study.variants or {}).values():
+            paths |= set(flatten_config(overlay or {}))
+        compared = paired_comparisons(rows, metrics, reference, level,
+                                      variant_paths=paths).to_pylist()
+        if not compared:
+            return [], "no config of the pilot shares its context with a baseline config"
+        return seeds_needed(compared, difference=difference, half_width=half_width,
+                            power=power, level=level), ""
+    if study.reference:
+        reference = (compare.reference if compare else None) or (variants[0] if variants
+                                                                 else None)
+        plans = published_seeds_needed(study.reference, reference, study.seeds_at_once,
+                                       difference=difference, half_width=half_width,
+                                       power=power, level=level)
+        if plans:
+            return plans, ""
+        return [], (f"the reference block has no published interval (ci) of another variant "
+                    f"beside one of the baseline {reference!r}")
+    return [], "no pilot (--pilot NAME) and no reference block with intervals"
+
+
+def _compared_metrics(study: Any, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's compared metrics: `report.compare.metrics`, else its tables' metrics,
+    else the objective's metric on test; those the pilot logged."""
+    logged = {k for r in rows for k in r}
+    compare = study.report.compare
+    asked = list(compare.metrics or []) if compare else []
+    if not asked:
+        asked = [m for t in (study.report.tables or []) for m in t.metrics]
+    if not asked and study.objective is not None:
+        metric = study.objective.metric
+        asked = ["test/" + metric.split("/", 1)[1] if "/" in metric else metric]
+    return [m for m in dict.fromkeys(asked) if m in logged]
+
+
+def load_pilot(uri: str, name: str) -> list[dict]:
+    """The finished cells of a pilot study, with the mean epoch and evaluation times."""
+    from analysis.collect import collect
+
+    return collect(uri, name, histories=["epoch_time_s", "eval_time_s"]).table.to_pylist()
+
+
+@dataclass(frozen=True)
+class ProposedCell:
+    """A cell an optuna block will propose (its config is not known before it runs): timed
+    as its variant's config."""
+
+    config_id: str
+    seed: int
+    variant: str
+    config: dict
+
+
+def planned_cells(study: Any) -> list[Any]:
+    """The study's cells (`studies.cells.space.expand`) and its optuna proposals."""
+    from studies.cells.space import expand
+
+    return list(expand(study)) + proposed_cells(study)
+
+
+def proposed_cells(study: Any) -> list[ProposedCell]:
+    """For each optuna block, its `n_configs` proposals on every seed (as the runner counts
+    them), dealt to the block's variants in turn."""
+    cells: list[ProposedCell] = []
+    for index, block in study.optuna_blocks:
+        variants = study.block_variants(block)
+        for k in range(block.n_configs):
+            variant = variants[k % len(variants)]
+            config = study.variant_config(variant)
+            cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config)
+                      for seed in study.seed_list]
+    return cells
+
+
+class PlanError(ValueError):
+    """A flag or pilot that cannot give a plan (the CLI's exit code 2)."""
+
+
+def check_flags(*, difference: float | None, half_width: float | None, power: float,
+                gpus: int | None, probe_steps: int) -> None:
+    """Refuse values that give no plan, naming the flag and what it expects."""
+    if difference is not None and not (math.isfinite(difference) and difference > 0):
+        raise PlanError(f"--difference: expected a positive number (percentage points for "
+                        f"accuracies, e.g. 0.5), got {difference:g}")
+    if half_width is not None and not (math.isfinite(half_width) and half_width > 0):
+        raise PlanError(f"--half-width: expected a positive number, got {half_width:g}")
+    if not 0.0 < power < 1.0:
+        raise PlanError(f"--power: expected a number between 0 and 1 (e.g. 0.8), got {power:g}")
+    if gpus is not None and gpus < 1:
+        raise PlanError(f"--gpus: expected a whole number of GPUs of at least 1, got {gpus}")
+    if probe_steps < 1:
+        raise PlanError(f"--probe-steps: expected at least 1, got {probe_steps}")
+
+
+def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | None = None,
+              difference: float | None = None,
+              half_width: float | None = None, power: float = 0.8, gpus: int | None = None,
+              probe_steps: int = DEFAULT_PROBE_STEPS, probe: bool = True) -> str:
+    """The text of `studies plan`: the compute table, then the seeds table. `pilot`: the
+    name of a study tracked at `pilot_uri` (the CLI finds it under --output)."""
+    from analysis.collect import CollectError
+    from studies.studyfile.spec import load_study
+
+    check_flags(difference=difference, half_width=half_width, power=power, gpus=gpus,
+                probe_steps=probe_steps)
+    study = load_study(study_file)
+    cells = planned_cells(study)
+    rows: list[dict] = []
+    pilot_text = ""
+    if pilot is not None:
+        try:
+            rows = load_pilot(pilot_uri, pilot)
+        except CollectError as error:
+            raise PlanError(f"--pilot {pilot}: {error}") from None
+        pilot_text = f"pilot: study {pilot!r}, {len(rows)} finished cells"
+    times = pilot_times(rows)
+    missing = [c for c in cells if c.variant not in times]
+    if missing and probe:
+        times.update(probe_times(missing, float(study.resources.cpus), probe_steps))
+    est = estimate(study, cells, times, gpus=gpus)
+    raced = racing_expected_cells(study, rows, slots=est.slots)
+    if raced is not None:  # the cells of the expected seeds, the first of each config's
+        per_config, note = raced
+        keep = max(study.racing.initial, round(per_config))
+        order = {seed: i for i, seed in enumerate(study.seed_list)}
+        est = estimate(study, [c for c in cells if order[c.seed] < keep], times, gpus=gpus)
+        est.schedule_note = note
+    level = float(study.report.level)
+    plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
+                               power=power, level=level)
+    parts = [f"Plan of study {study.name} ({os.path.basename(str(study_file))})"]
+    if pilot_text:
+        parts.append(pilot_text)
+    parts += ["", "Compute", compute_table(est), "", "Seeds needed"]
+    parts += [seeds_table(plans, power, level)] if plans else textwrap.wrap(f"none: {reason}", 80)
+    return "\n".join(parts)
+
+
+def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping] = (),
+                 cpus: int | None = None, cluster: bool = False) -> str:
+    """The first line of `studies run`: cells, epochs, slots, and the time when a pilot
+    (an earlier session of the same study) logged its epoch times. No probe: it would
+    import torch in the driver (`studies plan FILE` probes)."""
+    epochs = sum(int(c.config.get("epochs", 1)) for c in cells)
+    times = pilot_times(pilot_rows)
+    slots, slots_text = trial_slots(study, None, cpus)
+    where = "per GPU" if study.resources.gpus > 0 else f"({slots_text})"
+    if study.scheduler.kind == "asha":
+        s = study.scheduler
+        expected = sum(asha_expected_epochs(int(c.config.get("epochs", 1)), s.grace_epochs,
+                                            s.reduction_factor) for c in cells)
+        epochs = f"{epochs} epochs ({expected:.0f} expected under ASHA)"
+    else:
+        epochs = f"{epochs} epochs"
+    text = f"estimate: {len(cells)} cells, {epochs}, {slots} trial slots {where}"
+    if cluster:
+        text = f"estimate: {len(cells)} cells, {epochs} (slots: the cluster's)"
+    if times and all(c.variant in times for c in cells) and not cluster:
+        est = estimate(study, cells, times, cpus=cpus)
+        text += (f"; ~{duration_text(est.wall_s)} wall, {_number(est.gpu_hours)} GPU-hours "
+                 f"(from this study's earlier runs)")
+    else:
+        text += f"; time: `studies plan {study.path}`"
+    return text
+
+
+def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name: str,
+                      options: Any) -> str:
+    """`run_estimate` of the run's cells (and optuna proposals, but in a smoke run) with the
+    run's options (`--num-cpus`, `--address`), this study's earlier runs as the pilot when
+    its SQLite store exists already (a re-run or a resume); a server or a new store is not
+    read."""
+    cpus, cluster = options.num_cpus, bool(options.address)
+    if not options.smoke:
+        cells = list(cells) + proposed_cells(study)
+    rows: list[dict] = []
+    if tracking_uri.startswith("sqlite:///"):
+        path = tracking_uri[len("sqlite:///"):]
+        if os.path.exists(path):
+            try:
+                rows = load_pilot(tracking_uri, name)
+            except Exception:  # noqa: BLE001  no estimate is no reason to stop a run
+                rows = []
+    return run_estimate(study, cells, rows, cpus, cluster)
+
+

@@ -1,0 +1,128 @@
+"""Ray for one run of the runner: connect or start it, count the trial slots, shut it down.
+
+A `RaySession` connects to the cluster at `address`, or starts a local Ray instance, and
+shuts down only a Ray that it started itself (a test or a notebook that initialised Ray
+keeps it). Before Ray starts it sets the environment that Tune reads: trials keep the
+driver's working directory, Ctrl-C reaches the runner as `KeyboardInterrupt`, no Tune
+loggers or tables (MLflow is the log).
+
+`ray` is imported only when the session starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import IO, Any
+
+from studies.errors import RunnerError
+
+
+def _set_tune_environment() -> None:
+    """What Tune reads from the environment, set before Ray starts."""
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # relative data paths stay valid
+    # Ctrl-C raises KeyboardInterrupt here (Tune's own handler would end the run
+    # quietly and advise Tuner.restore; the study is resumed with `studies resume`)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # MLflow is the log
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables
+    # Tune snapshots its experiment state whenever a trial's checkpoint replaces the
+    # previous one (num_to_keep=1); that is expected here, not worth a warning each time
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # the Tune result loggers are off (MLflow is the log), so ResultGrid finds no
+    # result.json; its warning about that is noise
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+
+
+class RaySession:
+    """Ray for one invocation of the runner (see the module docstring)."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None,
+                 num_gpus: int | None = None, object_store_mb: int | None = None,
+                 dashboard: bool = False):
+        self.address = address  # None: a local Ray instance
+        self.dashboard = dashboard  # local Ray only: start Ray's dashboard (ray[default])
+        self.dashboard_url: str | None = None
+        self.num_cpus = num_cpus  # local Ray only; default: the machine's CPUs
+        self.num_gpus = num_gpus  # local Ray only; default: detected
+        self.object_store_mb = object_store_mb  # local Ray only
+        self.started = False
+        self.cluster_gpus = 0.0  # the cluster's GPUs, counted by trial_slots
+
+    def start(self) -> None:
+        """Connect to Ray, or start it (nothing when this process already initialised it)."""
+        import ray
+
+        _set_tune_environment()
+        if ray.is_initialized():
+            return
+        level = int(os.environ.get("STUDIES_RAY_LOG_LEVEL", logging.ERROR))  # --verbose: INFO
+        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": level}
+        if self.address:
+            ray.init(address=self.address, include_dashboard=False, **kwargs)
+        else:
+            context = ray.init(
+                include_dashboard=self.dashboard,
+                dashboard_host="127.0.0.1",
+                address="local",
+                num_cpus=self.num_cpus or os.cpu_count() or 1,
+                num_gpus=self.num_gpus,
+                object_store_memory=(self.object_store_mb * 1024 ** 2
+                                     if self.object_store_mb else None),
+                **kwargs,
+            )
+            url = getattr(context, "dashboard_url", None) if self.dashboard else None
+            self.dashboard_url = f"http://{url}" if url and "://" not in url else url
+        self.started = True
+
+    def trial_slots(self, study, stream: IO[str]) -> int:
+        """How many trials of `study` run at once on this cluster (its resources per trial
+        and `max_concurrent`). A local Ray too small for one trial raises `RunnerError`; a
+        cluster may still scale up, so there it is a warning and one slot."""
+        import ray
+
+        resources = ray.cluster_resources()
+        cpus = float(study.resources.cpus)
+        gpus = float(study.resources.gpus)
+        slots = math.floor(resources.get("CPU", 0.0) / cpus + 1e-9)
+        if gpus > 0:
+            slots = min(slots, math.floor(resources.get("GPU", 0.0) / gpus + 1e-9))
+        if study.max_concurrent:
+            slots = min(slots, int(study.max_concurrent))
+        self.cluster_gpus = float(resources.get("GPU", 0.0))
+        if slots < 1:
+            message = (
+                f"{study.path}: resources per trial (cpus: {cpus:g}, gpus: {gpus:g}) "
+                f"do not fit on the Ray cluster (CPU: {resources.get('CPU', 0):g}, "
+                f"GPU: {resources.get('GPU', 0):g}); lower 'resources' or add nodes"
+            )
+            if not self.address:
+                raise RunnerError(message)
+            from studies.running.progress import say
+
+            say(stream, f"warning: {message}")
+            slots = 1
+        return slots
+
+    def gpu_sharing(self, gpus_per_trial: float, slots: int) -> int:
+        """How many trials share each GPU (0 without GPUs); see `trials_per_gpu`."""
+        return trials_per_gpu(gpus_per_trial, slots, self.cluster_gpus)
+
+    def stop(self) -> None:
+        """Shut Ray down if this session started it."""
+        if self.started:
+            import ray
+
+            ray.shutdown()
+            self.started = False
+
+
+def trials_per_gpu(gpus_per_trial: float, slots: int, cluster_gpus: float) -> int:
+    """How many of `slots` concurrent trials share each GPU when every trial asks for
+    `gpus_per_trial` of one (Ray packs fractions onto one GPU: 1 / 0.25 = 4 trials) on a
+    cluster of `cluster_gpus` GPUs, spread evenly; 0 when the trials ask for no GPU."""
+    if gpus_per_trial <= 0 or slots < 1:
+        return 0
+    fit = max(1, math.floor(1.0 / gpus_per_trial + 1e-9))
+    return min(fit, math.ceil(slots / max(1.0, math.floor(cluster_gpus + 1e-9))))

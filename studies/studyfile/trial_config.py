@@ -1,0 +1,307 @@
+"""Validation of one trial config of a study, against the declarations of ``setvalued.config``.
+
+The trial config's fields, defaults and ranges are declared once in ``setvalued.config`` (and a
+loss's parameters in ``setvalued.losses.parameters``); this module builds the pydantic schema of
+a study file's configs from those declarations, so that a study file gets the same checks as
+the trainer, with the YAML path and the study-file wording of every mistake. It imports
+neither torch nor the losses themselves (a timm architecture name is the one exception: it is
+looked up in timm, which imports torch).
+
+``validate_config(raw)`` returns the config with every default filled in (the data set's own
+fields, the loss's own parameters), so that a config written with or without a default value
+is the same config (same ``config_id``) and MLflow shows every parameter that was used.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
+
+from setvalued.config import (BUILTIN_MODELS, DATA_FIELDS, EVAL_FIELDS, KNOWN_NUM_CLASSES, MODEL_FIELDS,
+                              OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS)
+from setvalued.label_kinds import label_kind_problems
+from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
+from setvalued.metric_names import check_metric
+from setvalued.params import REQUIRED, Param, ParameterError
+from studies.studyfile.problems import Problem, did_you_mean
+from studies.studyfile.schema import StrictModel, fields_of, pydantic_problems, short_repr
+
+__all__ = ["validate_config", "declared_param", "DATA_SCHEMAS", "TrialConfigSchema"]
+
+
+# --------------------------------------------------------------------------------------------
+# pydantic models generated from the declarations
+# --------------------------------------------------------------------------------------------
+
+def _annotation(param: Param) -> Any:
+    """The pydantic type of a declared parameter (without its default)."""
+    bounds: dict[str, Any] = {}
+    if param.low is not None:
+        bounds["gt" if param.low_open else "ge"] = param.low
+    if param.high is not None:
+        bounds["lt" if param.high_open else "le"] = param.high
+    if param.options is not None:
+        kind: Any = Literal[param.options]
+    elif param.type == "list":
+        item = _annotation(param.item) if param.item else Any
+        kind = list[item]
+    else:
+        kind = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}[param.type]
+    if bounds:
+        kind = Annotated[kind, Field(**bounds)]
+    return Optional[kind] if param.nullable else kind
+
+
+def _field(param: Param) -> tuple[Any, Any]:
+    """``(annotation, FieldInfo)`` of a declared parameter for ``create_model``."""
+    length = {}
+    if param.length is not None:
+        length["min_length"] = param.length[0]
+        if param.length[1] is not None:
+            length["max_length"] = param.length[1]
+    if param.required:
+        return _annotation(param), Field(**length)
+    default = param.default
+    return _annotation(param), Field(default_factory=lambda: copy.deepcopy(default), **length)
+
+
+def _rule_validator(param: Param):
+    def check(cls, value: Any) -> Any:
+        try:
+            return param.rule(value)
+        except ValueError as err:
+            raise ValueError(f"expected {err}, got {value!r}") from None
+
+    return classmethod(check)
+
+
+def _section_validator(rules):
+    def check(self):
+        for rule in rules:
+            reason = rule(self.model_dump())
+            if reason:
+                raise ValueError(reason)
+        return self
+
+    return check
+
+
+def section_model(name: str, fields: Mapping[str, Param], rules=()) -> type[BaseModel]:
+    """A strict pydantic model of one config section from its declarations."""
+    validators = {f"_rule_{key}": field_validator(key)(_rule_validator(p))
+                  for key, p in fields.items() if p.rule is not None}
+    if rules:
+        validators["_section_rules"] = model_validator(mode="after")(_section_validator(rules))
+    return create_model(name, __base__=StrictModel, __validators__=validators,
+                        **{key: _field(p) for key, p in fields.items()})
+
+
+#: the ``data`` section of each data set
+DATA_SCHEMAS: dict[str, type[BaseModel]] = {
+    name: section_model(f"{name}_data", fields, SECTION_RULES["data"]) for name, fields in DATA_FIELDS.items()
+}
+ModelSection = section_model("model", MODEL_FIELDS, SECTION_RULES["model"])
+OptimSection = section_model("optim", OPTIM_FIELDS, SECTION_RULES["optim"])
+EvalSection = section_model("eval", EVAL_FIELDS, SECTION_RULES["eval"])
+_SECTIONS = {"model": ModelSection, "optim": OptimSection, "eval": EvalSection}
+
+
+class TrialConfigSchema(StrictModel):
+    """The top level of a trial config; ``data`` and ``loss`` are checked by their own schemas."""
+
+    data: dict[str, Any] = Field(default_factory=lambda: {"name": "synthetic"})
+    model: ModelSection = Field(default_factory=ModelSection)
+    loss: dict[str, Any]
+    optim: OptimSection = Field(default_factory=OptimSection)
+    epochs: _annotation(TOP_FIELDS["epochs"]) = TOP_FIELDS["epochs"].default
+    eval: EvalSection = Field(default_factory=EvalSection)
+    device: _annotation(TOP_FIELDS["device"]) = TOP_FIELDS["device"].default
+    amp: _annotation(TOP_FIELDS["amp"]) = TOP_FIELDS["amp"].default
+    compile: _annotation(TOP_FIELDS["compile"]) = TOP_FIELDS["compile"].default
+
+    _device = field_validator("device")(_rule_validator(TOP_FIELDS["device"]))
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------
+
+def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]) -> Optional[dict]:
+    """The loss section checked against its declaration, defaults filled in; None on problems."""
+    if not isinstance(raw, dict):
+        problems.append(Problem(("loss",), f"expected a mapping with the loss name and its parameters, "
+                                           f"got {short_repr(raw)}"))
+        return None
+    known = ", ".join(sorted(LOSS_PARAMETERS))
+    name = raw.get("name")
+    if name is None:
+        problems.append(Problem(("loss", "name"), f"missing required field: the loss name; expected one of: {known}"))
+        return None
+    if not isinstance(name, str) or name not in LOSS_PARAMETERS:
+        problems.append(Problem(("loss", "name"), f"unknown loss {name!r}; expected one of: {known}"))
+        return None
+    declared = LOSS_PARAMETERS[name]
+    out: dict[str, Any] = {"name": name}
+    bad = False
+    for key, value in raw.items():
+        if key == "name":
+            continue
+        if key in CONTEXT_KEYS or key == "reduction":
+            problems.append(Problem(("loss", key), f"'{key}' is set by the trainer, not by the study file"))
+            bad = True
+        elif key not in declared:
+            problems.append(Problem(("loss", key), f"loss '{name}' has no parameter '{key}'"
+                                    f"{did_you_mean(key, declared)}; accepted "
+                                    f"parameters: {', '.join(declared) or '(none)'}"))
+            bad = True
+        else:
+            try:
+                out[key] = declared[key].check(key, value)
+            except ParameterError as err:
+                problems.append(Problem(("loss", key), f"expected {err.requirement}, got {short_repr(value)}"
+                                        if err.wrong_type else err.text))
+                bad = True
+    for key, param in declared.items():
+        if param.implicit and out.get(key, param.default) == param.default:
+            out.pop(key, None)  # written only when it differs from the default (Param.implicit)
+            continue
+        if key in out:
+            continue
+        if param.default is REQUIRED:
+            problems.append(Problem(("loss", key), f"missing required parameter '{key}' of loss '{name}'"))
+            bad = True
+        else:
+            out[key] = copy.deepcopy(param.default)
+    if bad:
+        return None
+    k = out.get("k")
+    if num_classes is not None and isinstance(k, (int, float)) and not isinstance(k, bool) and k >= num_classes:
+        problems.append(Problem(("loss", "k"), f"k={k} must be smaller than the number of classes ({num_classes})"))
+        return None
+    return out
+
+
+def declared_param(config: Mapping[str, Any], dotted: str) -> Optional[Param]:
+    """The declaration of the field at ``dotted`` in a validated config (the data set's fields,
+    the loss's parameters), or None when the path is not a declared field."""
+    section, _, key = dotted.partition(".")
+    if not key:
+        return TOP_FIELDS.get(section)
+    if "." in key:
+        return None
+    if section == "loss":
+        return LOSS_PARAMETERS.get(config.get("loss", {}).get("name"), {}).get(key)
+    if section == "data":
+        return DATA_FIELDS.get(config.get("data", {}).get("name"), {}).get(key)
+    return {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS}.get(section, {}).get(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_exists(name: str) -> bool:
+    if name in BUILTIN_MODELS:
+        return True
+    try:
+        import timm  # noqa: WPS433  (slow import, torch included; only for non-builtin names)
+    except ImportError:  # pragma: no cover - timm is a dependency
+        return True
+    return bool(timm.is_model(name))
+
+
+def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
+    """Check one trial config (docs/interfaces.md section 1) and fill in its defaults.
+
+    Returns ``(config, [])`` or ``(None, problems)``; problem paths are relative to the config.
+    """
+    problems: list[Problem] = []
+    if not isinstance(raw, dict):
+        return None, [Problem((), f"expected a mapping (the trial config), got {short_repr(raw)}")]
+    if "seed" in raw:
+        return None, [Problem(("seed",), "the seed is not part of a config; list the seeds in the "
+                                         "study's top-level 'seeds'")]
+    try:
+        top = TrialConfigSchema.model_validate(raw)
+    except ValidationError as err:
+        return None, [_unknown_field_hint(p, TrialConfigSchema) for p in pydantic_problems(err)]
+    config = top.model_dump()
+
+    data_raw = top.data
+    data_name = data_raw.get("name", "synthetic")
+    if data_name not in DATA_SCHEMAS:
+        problems.append(Problem(("data", "name"), f"unknown data set {data_name!r}; expected one of: "
+                                + ", ".join(DATA_SCHEMAS)))
+        return None, problems
+    schema = DATA_SCHEMAS[data_name]
+    try:
+        data = schema.model_validate({"name": data_name, **data_raw}).model_dump()
+    except ValidationError as err:
+        return None, [_unknown_field_hint(p, schema, f"for data set '{data_name}'")
+                      for p in pydantic_problems(err, ("data",))]
+    config["data"] = data
+    num_classes = data.get("num_classes", KNOWN_NUM_CLASSES.get(data_name))
+
+    model = config["model"]
+    if not _model_exists(model["name"]):
+        problems.append(Problem(("model", "name"), f"unknown model {model['name']!r}; expected one of "
+                                f"{', '.join(BUILTIN_MODELS)} or a timm architecture name"))
+    elif data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp":
+        problems.append(Problem(("model", "name"), f"data.form is 'features' (vectors): only the 'mlp' "
+                                f"model takes them; use data.form: images for {model['name']!r}"))
+
+    loss = _validate_loss(top.loss, num_classes, problems)
+    if loss is not None:
+        config["loss"] = loss
+
+    ev = config["eval"]
+    if num_classes is not None:
+        for field in ("ks", "avgk"):
+            for i, k in enumerate(ev[field]):
+                if k > num_classes:
+                    problems.append(Problem(("eval", field, i), f"K={k} in eval.{field} exceeds the number "
+                                            f"of classes ({num_classes}); list only K <= {num_classes}"))
+    reason = check_metric(ev["selection"], ev)
+    if reason:
+        problems.append(Problem(("eval", "selection"), reason))
+    if not problems:
+        problems.extend(Problem(path, message) for path, message in label_kind_problems(config))
+    if problems:
+        return None, problems
+    return _without_implicit_defaults(config), []
+
+
+def _without_implicit_defaults(config: dict) -> dict:
+    """The config without the section fields declared ``implicit`` that hold their default
+    (``Param.implicit``: a config holds them only when they differ, so adding such a field
+    changed no config_id); the trainer fills them in again."""
+    sections = {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS,
+                "data": DATA_FIELDS.get(config["data"].get("name"), {})}
+    for section, fields in sections.items():
+        for key, param in fields.items():
+            if param.implicit and key in config[section] and config[section][key] == param.default:
+                del config[section][key]
+    for key, param in TOP_FIELDS.items():
+        if param.implicit and key in config and config[key] == param.default:
+            del config[key]
+    return config
+
+
+def _unknown_field_hint(problem: Problem, model: type[BaseModel], context: str = "") -> Problem:
+    """Add the accepted field names to an 'unknown field' problem of a trial-config section."""
+    if problem.message != "unknown field":
+        return problem
+    path: list = [p for p in problem.path if isinstance(p, str)]
+    target: Any = model
+    section = path[:-1]
+    if model is TrialConfigSchema and section:
+        target = _SECTIONS.get(section[0])
+    elif model is not TrialConfigSchema and len(section) > 1:
+        target = None
+    if target is None or not isinstance(target, type):
+        return Problem(problem.path, f"unknown field '{path[-1]}'")
+    ctx = f" {context}" if context else ""
+    fields = fields_of(target)
+    hint = did_you_mean(path[-1], fields.split(", "))
+    return Problem(problem.path, f"unknown field '{path[-1]}'{ctx}{hint}; expected one of: {fields}")
+
