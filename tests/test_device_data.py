@@ -5,7 +5,6 @@ read per batch, and ``compile: model`` against eager."""
 from __future__ import annotations
 
 import copy
-import pickle
 
 import numpy as np
 import pytest
@@ -13,8 +12,9 @@ import torch
 from scipy import stats
 
 from setvalued.data import cifar100
-from setvalued.data.device import BatchAugmentation, DeviceSplit
+from setvalued.data.device import DeviceSplit
 from setvalued.train import fit
+from tests.test_train import write_fake_cifar
 
 torch.set_num_threads(1)
 
@@ -101,22 +101,6 @@ def test_device_split_draws_the_same_stream_for_a_seed_whatever_the_batch_size()
 # -------------------------------------------------------------------------------------------
 # the trainer on device data
 # -------------------------------------------------------------------------------------------
-
-def write_fake_cifar(root, per_class):
-    """The official pickles (N x 3072 uint8, fine and coarse labels, meta), class-coloured images."""
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name, n in (("train", per_class), ("test", 1)):
-        fine = rng.permutation(np.repeat(np.arange(100), n))
-        data = np.clip(rng.normal(fine[:, None] * 2.5, 30, (len(fine), 3072)), 0, 255).astype(np.uint8)
-        with open(folder / name, "wb") as f:
-            pickle.dump({"data": data, "fine_labels": fine.tolist(), "coarse_labels": (fine // 5).tolist(),
-                         "filenames": [""] * len(fine), "batch_label": name}, f, protocol=2)
-    with open(folder / "meta", "wb") as f:
-        pickle.dump({"fine_label_names": [str(i) for i in range(100)],
-                     "coarse_label_names": [str(i) for i in range(20)]}, f, protocol=2)
-
 
 def cifar_cfg(root, **data):
     return {
