@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import setvalued.losses.avgk as avgk
-import setvalued.losses.topk as topk
+import setvalued.losses.single_positive as single_positive
 import setvalued.losses.topk_operator as topk_operator
 from setvalued.losses import LOSSES, TwoHeadOutput, build_loss
 from setvalued.losses.parameters import LOSS_PARAMETERS
@@ -179,7 +179,8 @@ def test_nan_in_nan_out(name, fixed, classes, monkeypatch):
     path runs: at the target and elsewhere; the other examples stay finite unless the loss
     couples the batch."""
     if fixed:
-        for module in (topk, avgk):
+        # where the losses look it up (the top-K operator, the two-head loss, ROLE)
+        for module in (topk_operator, avgk, single_positive):
             monkeypatch.setattr(module, "fixed_shapes", lambda values: True)
     for column in ("target", "other"):
         loss, inputs, targets, extra = _case(name, classes=classes, reduction="none")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, fixed_shapes, register_loss
+from setvalued.losses.base import SetValuedLoss, register_loss
 from setvalued.losses.topk_operator import (  # noqa: F401 (re-exported)
     PRUNING_FAILURE_PROBABILITY, _check_bool, _check_float, _check_int, _check_k_for_classes,
     _check_noise, _check_targets, _perturbed_kth_largest, _score_tensor, _select_kth_largest,
@@ -35,7 +35,6 @@ from setvalued.losses.topk_operator import (  # noqa: F401 (re-exported)
 
 __all__ = [
     "PRUNING_FAILURE_PROBABILITY",
-    "fixed_shapes",
     "smooth_kth_largest",
     "ldam_margins",
     "CrossEntropy",
