@@ -46,23 +46,17 @@ Both paths return the same values (tests/test_collect.py compares them).
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
-import math
-import os
-import sys
 import tempfile
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
-    PER_CLASS_ARTIFACT,
     ROLE_CELL,
     ROLE_PARENT,
     STATUS_FINISHED,
@@ -80,15 +74,18 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_SWEPT,
     TAG_VARIANT,
     cell_runs_view_tag,
-    tag_filter,
 )
 from analysis.collect_store import (  # noqa: F401 (re-exported)
-    CollectError, MAX_ARTIFACT_BYTES, MAX_ARTIFACT_ROWS, MAX_PAGE_SIZE, REST_BULK_ENDPOINT,
-    REST_BULK_POINTS, REST_BULK_RUNS, RunRecord, _client, _fetch_histories, _histories_per_run,
-    _histories_rest, _histories_sql, _history_points, _mean_histories, _quiet_downloads,
-    _raw_rows, _sql_store, _sql_study_runs, _tables, _value_key, collect_per_class,
-    read_artifact_table, search_all_runs, study_runs,
+    CollectError, MAX_PAGE_SIZE, REST_BULK_POINTS, RunRecord, _client, _fetch_histories,
+    _mean_histories, _quiet_downloads, collect_per_class, read_artifact_table, search_all_runs,
+    study_runs,
 )
+
+__all__ = ["CollectError", "MAX_PAGE_SIZE", "REST_BULK_POINTS", "RunRecord", "collect_per_class",
+           "read_artifact_table", "search_all_runs", "study_runs", "PARAM_PREFIX", "MEAN_PREFIX",
+           "ID_COLUMNS", "RACE_COLUMN", "SCHEDULE_COLUMNS", "Collected", "display_uri",
+           "parse_param_value", "typed_column", "canonical_json", "collect", "add_history_means",
+           "HISTORY_SCHEMA", "collect_histories", "export_parquet"]
 
 PARAM_PREFIX = "param:"
 MEAN_PREFIX = "mean:"

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -20,23 +20,6 @@ import pyarrow.parquet as pq
 
 from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
     PER_CLASS_ARTIFACT,
-    ROLE_CELL,
-    ROLE_PARENT,
-    STATUS_FINISHED,
-    STATUS_RUNNING,
-    STUDY_ARTIFACT,
-    TAG_CELL_ID,
-    TAG_CONFIG_ID,
-    TAG_ERROR,
-    TAG_RACE,
-    TAG_PRUNED,
-    TAG_ROLE,
-    TAG_SEED,
-    TAG_STATUS,
-    TAG_STOPPED_EPOCH,
-    TAG_SWEPT,
-    TAG_VARIANT,
-    cell_runs_view_tag,
     tag_filter,
 )
 

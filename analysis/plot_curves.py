@@ -15,8 +15,8 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from analysis.collect import PARAM_PREFIX
-from analysis.formatting import assignments, param_label
-from analysis.stats import CurveSeries, curve_series, is_fraction_metric, lower_is_better
+from analysis.formatting import param_label
+from analysis.stats import CurveSeries, curve_series, lower_is_better
 from analysis.plot_style import (
     FIGSIZE, MAX_LINES, MAX_PANELS, MAX_REFERENCES, PANEL_FIGSIZE, PANEL_LINES,
     _REFERENCE_PALETTE, _axis_label, _band, _config_colors, _fit_y, _is_number, _n_label,

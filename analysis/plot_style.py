@@ -14,8 +14,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 
-from analysis.formatting import assignments, param_label
-from analysis.stats import CurveSeries, curve_series, is_fraction_metric, lower_is_better
+from analysis.formatting import assignments
+from analysis.stats import CurveSeries, is_fraction_metric
 
 
 # A log axis is used when the positive values span at least this ratio (about 1.7 decades).

@@ -22,33 +22,29 @@ caller's chosen backend is touched.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_hex, to_rgb
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
-from matplotlib.ticker import MaxNLocator
 
-from analysis.collect import PARAM_PREFIX
-from analysis.formatting import assignments, param_label
-from analysis.stats import CurveSeries, curve_series, is_fraction_metric, lower_is_better
+from analysis.stats import is_fraction_metric
 from analysis.plot_style import (  # noqa: F401 (re-exported)
-    DPI, FIGSIZE, LOG_SPAN, MAX_BARS, MAX_LABEL, MAX_LINES, MAX_PANELS, MAX_REFERENCES,
-    PANEL_FIGSIZE, PANEL_LINES, SHOT_GROUPS, WIDE_FIGSIZE, Y_REACH, _PALETTE,
-    _REFERENCE_PALETTE, _SHADES, _axis_label, _band, _config_colors, _fit_y, _is_number,
-    _line_score, _n_label, _new_axes, _new_figure, _note, _panel_grid, _ranked, _rows, _scale,
-    _shade, _sort_value, _thin, _tick, choose_xscale, config_label, label_reference_lines,
-    save_figure, short, variant_colors,
+    DPI, FIGSIZE, MAX_BARS, MAX_LINES, PANEL_FIGSIZE, SHOT_GROUPS, WIDE_FIGSIZE, _PALETTE,
+    _axis_label, _band, _config_colors, _new_axes, _new_figure, _note, _panel_grid, _rows, _scale,
+    choose_xscale, config_label, save_figure, short, variant_colors,
 )
 from analysis.plot_curves import (  # noqa: F401 (re-exported)
     epoch_time_vs_k, heatmaps, learning_curves, metric_vs_label_noise, plot_series,
     sensitivity_curve,
 )
+
+__all__ = ["DPI", "FIGSIZE", "MAX_BARS", "MAX_LINES", "PANEL_FIGSIZE", "SHOT_GROUPS",
+           "WIDE_FIGSIZE", "choose_xscale", "config_label", "save_figure", "short",
+           "variant_colors", "epoch_time_vs_k", "heatmaps", "learning_curves",
+           "metric_vs_label_noise", "plot_series", "sensitivity_curve", "SET_SIZE_COVERAGE",
+           "set_size_histograms", "shot_group_bars", "CLASS_PANELS", "MAX_CLASS_POINTS",
+           "count_bin_accuracy", "per_class_accuracy"]
 
 
 #: The set-size axis stops at the size below which this share of every series lies; the

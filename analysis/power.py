@@ -155,7 +155,7 @@ def plan_comparison(metric: str, variant: str, observed: float, sd: float, n: in
     notes = [note] if note else []
     if n < min_seeds or not math.isfinite(sd_p):
         notes.append(NOTE_TOO_SMALL if source == "pilot" else
-                     f"fewer than 2 seeds behind the published interval")
+                     "fewer than 2 seeds behind the published interval")
         return SeedsNeeded(metric, variant, swept, reference_swept, n, obs, sd_p, planned, width,
                            None, None, math.nan, "; ".join(notes), source)
     if not planned:

@@ -31,28 +31,26 @@ p-values are Holm-corrected across the variants compared with the same reference
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
 import pyarrow as pa
-from scipy import stats as _sps
 
 from analysis.collect import PARAM_PREFIX
 from analysis.intervals import (  # noqa: F401 (re-exported)
-    CI_METHODS, DEFAULT_LEVEL, Interval, NOTE_EMPTY, NOTE_SINGLE, PairedResult,
-    _FRACTION_METRIC, _NON_NEGATIVE, _check_level, _check_method, _finite, _rows,
-    bootstrap_interval, clip_interval, difference_bounds, holm, is_fraction_metric,
-    lower_is_better, mean_ci, metric_bounds, paired_test, t_half_width, t_quantile,
+    CI_METHODS, DEFAULT_LEVEL, NOTE_SINGLE, _check_level, _check_method, _rows, difference_bounds,
+    holm, is_fraction_metric, lower_is_better, mean_ci, metric_bounds, paired_test, t_quantile,
 )
 from analysis.series import (  # noqa: F401 (re-exported)
-    CurveSeries, _fmt_value, _sort_key, _swept, curve_series, epoch_curves, per_class_means,
-    set_size_fractions,
+    CurveSeries, curve_series, epoch_curves, per_class_means, set_size_fractions,
 )
+
+__all__ = ["CI_METHODS", "DEFAULT_LEVEL", "NOTE_SINGLE", "difference_bounds", "holm",
+           "is_fraction_metric", "lower_is_better", "mean_ci", "metric_bounds", "paired_test",
+           "t_quantile", "CurveSeries", "curve_series", "epoch_curves", "per_class_means",
+           "set_size_fractions", "group_by_config", "SUMMARY_FIXED", "summarize",
+           "variant_defining_paths", "configs_match", "paired_comparisons"]
 
 
 # ----------------------------------------------------------------------------- tables

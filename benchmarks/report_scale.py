@@ -186,7 +186,7 @@ class _Values:
 
     def cell(self, cell, epochs: int) -> tuple[list[dict[str, float]], dict[str, float], float]:
         """(per-epoch metrics, test metrics without `test/`, best_val) of a cell."""
-        np, rng = self.np, self.rng
+        rng = self.rng
         config = cell.config
         lr = float(config["optim"]["lr"])
         quality = {"ce": 0.0, "noised_topk": 0.01, "smooth_topk_svm": -0.01,

@@ -39,12 +39,11 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from setvalued.metric_names import conformal_level_name, conformal_method_name
-from setvalued.metrics import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS, group_macro_accuracy, shot_groups
+from setvalued.metrics import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS
 from setvalued.conformal_sets import (  # noqa: F401 (re-exported)
-    MONDRIAN, SCORES, _GroupedScores, _check_alpha, _check_labels, _check_probs, _check_score,
-    _class_groups, _quantile_rank, _threshold_row, _uniforms, aps_scores, calibrate,
-    conformal_quantile, coverage_and_size, lac_scores, nonconformity, prediction_sets,
-    split_calibration,
+    MONDRIAN, SCORES, _GroupedScores, _check_labels, _check_probs, _check_score, _class_groups,
+    aps_scores, calibrate, conformal_quantile, coverage_and_size, lac_scores, nonconformity,
+    prediction_sets, split_calibration,
 )
 
 __all__ = [

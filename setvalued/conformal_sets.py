@@ -6,7 +6,7 @@ the calibration split.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import torch
 

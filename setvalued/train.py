@@ -48,37 +48,29 @@ import contextlib
 import copy
 import math
 import os
-import pickle
-import random
 import time
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from setvalued.config import (DATA_FIELDS, DEVICE_DATASETS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS,
-                              conformal_enabled, default_config, placement_problem, reject_unknown_keys)
+from setvalued.config import DEVICE_DATASETS, conformal_enabled
 from setvalued.conformal import ConformalMethod, conformal_metrics, set_metrics, split_calibration
-from setvalued.label_kinds import label_kind_problems
-from setvalued.metric_names import parse_metric
-from setvalued.params import ParameterError
 from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
 from setvalued.data.device import DeviceSplit
-from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
+from setvalued.losses import TwoHeadOutput, build_loss
 from setvalued.metrics import (activate, avgk_set_size, avgk_set_sizes, avgk_sets, calibrate_avgk_thresholds, evaluate,
-                               label_rank, per_class_avgk, per_class_topk, shot_groups)
+                               per_class_avgk, per_class_topk, shot_groups)
 from setvalued.multilabel_metrics import multilabel_evaluate, per_class_recall
 from setvalued.models import build_model
 from setvalued.train_setup import (  # noqa: F401 (re-exported)
-    CHECKPOINT_FORMAT, DEFAULT_CONFIG, RESUME_FREE_KEYS, _batches, _flat, _load_checkpoint,
-    _lr_at, _reseed_epoch, _resolve_device, _resolve_head, _seed_worker, resolve_config,
-    seed_everything,
+    CHECKPOINT_FORMAT, DEFAULT_CONFIG, RESUME_FREE_KEYS, _batches, _flat, _load_checkpoint, _lr_at,
+    _reseed_epoch, _resolve_device, _resolve_head, resolve_config, seed_everything,
 )
 from setvalued.train_metrics import (  # noqa: F401 (re-exported)
-    NonFiniteLossError, _FOLD_EVERY_ELEMENTS, _FOLD_EVERY_STEPS, _RunningTrainMetrics,
-    _count_set_sizes, _cpu_copy, _fmt_k, _improves, _to_float32, _watched_scores,
+    NonFiniteLossError, _RunningTrainMetrics, _count_set_sizes, _cpu_copy, _fmt_k, _improves,
+    _to_float32, _watched_scores,
 )
 
 __all__ = ["fit", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
-from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
-from setvalued.metrics import (activate, avgk_set_size, avgk_set_sizes, avgk_sets, calibrate_avgk_thresholds, evaluate,
-                               label_rank, per_class_avgk, per_class_topk, shot_groups)
+from setvalued.losses import SetValuedLoss, TwoHeadOutput
+from setvalued.metrics import label_rank
 
 
 class NonFiniteLossError(FloatingPointError):

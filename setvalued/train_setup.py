@@ -8,19 +8,19 @@ import copy
 import os
 import pickle
 import random
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from setvalued.config import (DATA_FIELDS, DEVICE_DATASETS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS,
-                              conformal_enabled, default_config, placement_problem, reject_unknown_keys)
+from setvalued.config import (DATA_FIELDS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, default_config,
+                              placement_problem, reject_unknown_keys)
 from setvalued.label_kinds import label_kind_problems
 from setvalued.metric_names import parse_metric
 from setvalued.params import ParameterError
-from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
-from setvalued.losses import SetValuedLoss, TwoHeadOutput, build_loss
+from setvalued.data.common import IndexedDataset
+from setvalued.losses import SetValuedLoss
 
 
 CHECKPOINT_FORMAT = 1

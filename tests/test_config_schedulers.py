@@ -477,7 +477,7 @@ def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlfl
 
     pruned = states.count(optuna.trial.TrialState.PRUNED)
     text = stream.getvalue()
-    assert f"optuna design[0]: 5 configs asked: " in text and f"{pruned} pruned" in text, text
+    assert "optuna design[0]: 5 configs asked: " in text and f"{pruned} pruned" in text, text
     assert "left out of the report unless report.show_pruned" in text
     assert check_progress_counts(text)[-1][:2] == (10, 10)
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import setvalued.losses.avgk as avgk
-import setvalued.losses.topk as topk
+import setvalued.losses.single_positive as single_positive
+import setvalued.losses.topk_operator as topk_operator
 from setvalued.losses import LOSSES, TwoHeadOutput, build_loss
 from setvalued.losses.parameters import LOSS_PARAMETERS
 
@@ -123,7 +124,7 @@ def test_compiled_noised_losses_equal_the_pruned_eager_path_in_expectation(name)
     output, _ = inputs()
     scores = output.detach().expand(replicates, -1).contiguous()
     targets = targets.expand(replicates)
-    assert topk._pruned_candidates(scores.float(), loss.k + 1, loss.epsilon, loss.n_samples) is not None
+    assert topk_operator._pruned_candidates(scores.float(), loss.k + 1, loss.epsilon, loss.n_samples) is not None
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
     runs = {}
     for label, fn in (("compiled", compiled), ("eager", loss)):
@@ -178,7 +179,8 @@ def test_nan_in_nan_out(name, fixed, classes, monkeypatch):
     path runs: at the target and elsewhere; the other examples stay finite unless the loss
     couples the batch."""
     if fixed:
-        for module in (topk, avgk):
+        # where the losses look it up (the top-K operator, the two-head loss, ROLE)
+        for module in (topk_operator, avgk, single_positive):
             monkeypatch.setattr(module, "fixed_shapes", lambda values: True)
     for column in ("target", "other"):
         loss, inputs, targets, extra = _case(name, classes=classes, reduction="none")

@@ -17,15 +17,17 @@ from scipy import integrate, optimize, stats
 from setvalued.losses import LOSSES, NormedLinear, build_loss
 from setvalued.losses.topk import (
     PRUNING_FAILURE_PROBABILITY,
+    _select_kth_largest,
+    ldam_margins,
+    smooth_kth_largest,
+)
+from setvalued.losses.topk_operator import (
     _compact,
     _group_members,
     _heap_selection_pays,
     _pruned_candidates,
     _repeated_max_pays,
     _pruning_window,
-    _select_kth_largest,
-    ldam_margins,
-    smooth_kth_largest,
 )
 
 torch.set_num_threads(1)

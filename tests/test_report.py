@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 from scipy import stats as sps
 
-from analysis import plots
+from analysis import plot_style, plots
 from analysis.report import ReportError, build_report, format_mean_ci
 from analysis.stats import summarize
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
@@ -745,7 +745,7 @@ def test_a_parameter_is_written_one_way_with_the_papers_symbol(report_study):
 def test_a_variant_has_one_colour_in_every_figure(report_study):
     """ce (the study's first variant) and noised keep their colours in the curves and the
     bars; a variant's other configs are shades of its colour, never another variant's."""
-    from analysis.plots import _PALETTE, _SHADES, _shade, variant_colors
+    from analysis.plot_style import _PALETTE, _SHADES, _shade, variant_colors
 
     colors = variant_colors(["ce", "noised"])
     shades = {v: {_shade(c, i) for i in range(len(_SHADES))} for v, c in colors.items()}
@@ -779,10 +779,10 @@ def test_one_wide_interval_does_not_stretch_the_curve(tmp_path):
     assert [p.suffix for p in paths] == [".png", ".svg"]
     assert any("cut by the axes" in note for note in notes), notes
     ax = Figure().add_subplot()
-    assert plots._fit_y(ax, [94.5, 95.0, 94.0], [94.0, 95.0, 30.0, 100.0, 93.5, 94.5])
+    assert plot_style._fit_y(ax, [94.5, 95.0, 94.0], [94.0, 95.0, 30.0, 100.0, 93.5, 94.5])
     bottom, top = ax.get_ylim()
     assert 92.0 < bottom < 93.5 and 95.0 < top < 97.0  # not 30 to 100
-    assert not plots._fit_y(ax, [94.5, 95.0], [94.0, 95.5])
+    assert not plot_style._fit_y(ax, [94.5, 95.0], [94.0, 95.5])
     assert ax.get_ylim()[0] < 94.0 and ax.get_ylim()[1] > 95.5
 
 

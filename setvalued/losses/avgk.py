@@ -13,7 +13,6 @@ whether softmax or sigmoid is put on them before the average-K threshold is an e
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import torch
@@ -22,8 +21,8 @@ from torch import nn
 
 from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
 from setvalued.losses.single_positive import (  # noqa: F401 (re-exported)
-    AssumeNegativeLoss, EPRLoss, ROLELoss, ROLE_INIT_POSITIVE, ROLE_INIT_UNOBSERVED,
-    _check_logits, _num_classes, _number, _single_head,
+    AssumeNegativeLoss, EPRLoss, ROLELoss, ROLE_INIT_POSITIVE, ROLE_INIT_UNOBSERVED, _check_logits,
+    _num_classes, _number,
 )
 
 __all__ = [
@@ -34,6 +33,8 @@ __all__ = [
     "AssumeNegativeLoss",
     "EPRLoss",
     "ROLELoss",
+    "ROLE_INIT_POSITIVE",
+    "ROLE_INIT_UNOBSERVED",
 ]
 
 

@@ -19,27 +19,22 @@ Public helpers:
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
+from setvalued.losses.base import SetValuedLoss, register_loss
 from setvalued.losses.topk_operator import (  # noqa: F401 (re-exported)
-    PRUNING_FAILURE_PROBABILITY, _GROUP_COMPACTION_SHARE, _PRUNING_MAX_FRACTION,
-    _PRUNING_MIN_DRAWS, _PerturbedKthLargest, _REPEATED_MAX_K, _check_bool, _check_float,
-    _check_int, _check_k_for_classes, _check_noise, _check_targets, _compact, _gather_kept,
-    _group_members, _heap_selection_pays, _perturbed_kth_largest, _pruned_candidates,
-    _pruning_window, _repeated_max_pays, _scatter_mean_one_hot, _score_tensor,
-    _select_kth_largest, _working_dtype, smooth_kth_largest,
+    PRUNING_FAILURE_PROBABILITY, _check_bool, _check_float, _check_int, _check_k_for_classes,
+    _check_noise, _check_targets, _perturbed_kth_largest, _score_tensor, _select_kth_largest,
+    _working_dtype, smooth_kth_largest,
 )
 
 __all__ = [
+    "PRUNING_FAILURE_PROBABILITY",
     "smooth_kth_largest",
     "ldam_margins",
     "CrossEntropy",

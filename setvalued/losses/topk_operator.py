@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
+from setvalued.losses.base import TwoHeadOutput, fixed_shapes
 
 
 # --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 
 #: where the Ray Jobs API listens when nothing else is said

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import warnings
-from typing import IO, Any, Callable, Iterable, Iterator, Sequence
+from typing import IO
 
 from studies.cluster.connection import SubmitError, _local_secrets, job_client, mask_secrets
 

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 
 #: never shipped to the cluster (gitignore-style patterns, relative to the project root)

@@ -35,36 +35,35 @@ log line printed here has it masked.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as _dt
 import json
 import os
 import re
 import secrets
 import shlex
-import shutil
 import socket
 import sys
 import tempfile
-import time
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator, Sequence
+from typing import IO, Any, Callable, Sequence
 from urllib.parse import urlparse
 from studies.cluster.connection import (  # noqa: F401 (re-exported)
-    DEFAULT_DASHBOARD_ADDRESS, DEFAULT_TOKEN_FILE, RayToken, SubmitError, TOKEN_ENV,
-    TOKEN_PATH_ENV, _ADDRESS_ENVS, _MASK, _explicit_address, _local_secrets, _read_token_file,
-    job_client, mask_secrets, normalize_address, resolve_ray_token,
+    DEFAULT_DASHBOARD_ADDRESS, DEFAULT_TOKEN_FILE, RayToken, SubmitError, TOKEN_ENV, TOKEN_PATH_ENV,
+    _local_secrets, job_client, mask_secrets, normalize_address, resolve_ray_token,
 )
 from studies.cluster.packaging import (  # noqa: F401 (re-exported)
-    DEFAULT_EXCLUDES, SUBMITTED_DIR, _pattern_regex, exclude_matcher, find_project_dir,
-    stage_working_dir,
+    DEFAULT_EXCLUDES, exclude_matcher, find_project_dir, stage_working_dir,
 )
 from studies.cluster.jobs import (  # noqa: F401 (re-exported)
-    TERMINAL_STATUSES, _follow, _status, job_logs, job_status, list_jobs, stop_job,
-    wait_for_job,
+    TERMINAL_STATUSES, _follow, job_logs, job_status, list_jobs, stop_job, wait_for_job,
 )
+
+__all__ = ["DEFAULT_DASHBOARD_ADDRESS", "DEFAULT_TOKEN_FILE", "RayToken", "SubmitError",
+           "TOKEN_ENV", "TOKEN_PATH_ENV", "job_client", "mask_secrets", "normalize_address",
+           "resolve_ray_token", "DEFAULT_EXCLUDES", "exclude_matcher", "find_project_dir",
+           "stage_working_dir", "TERMINAL_STATUSES", "job_logs", "job_status", "list_jobs",
+           "stop_job", "wait_for_job", "STORAGE_SCHEMES", "check_tracking_uri", "check_storage",
+           "build_entrypoint", "submit_study", "add_subcommands"]
 
 
 #: cloud storage schemes Ray Tune's storage_path accepts (pyarrow file systems)

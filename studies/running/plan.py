@@ -25,20 +25,23 @@ per trial (`resources.gpus`), else this machine's CPUs / `resources.cpus`, at mo
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
 import os
 import textwrap
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from studies.scheduling.successive_halving import rungs
 from studies.running.estimate import (  # noqa: F401 (re-exported)
-    CELL_OVERHEAD_S, ComputeEstimate, DEFAULT_PROBE_STEPS, START_UP_S, VariantCost,
-    VariantTime, asha_expected_epochs, estimate, pilot_times, probe_times,
-    racing_expected_cells, schedule_length, trial_slots,
+    ComputeEstimate, DEFAULT_PROBE_STEPS, START_UP_S, asha_expected_epochs, estimate, pilot_times,
+    probe_times, racing_expected_cells, schedule_length, trial_slots,
 )
+
+__all__ = ["ComputeEstimate", "DEFAULT_PROBE_STEPS", "START_UP_S", "asha_expected_epochs",
+           "estimate", "pilot_times", "probe_times", "racing_expected_cells", "schedule_length",
+           "trial_slots", "duration_text", "compute_table", "seeds_table", "plan_seeds",
+           "load_pilot", "ProposedCell", "planned_cells", "proposed_cells", "PlanError",
+           "check_flags", "make_plan", "run_estimate", "run_estimate_line"]
 
 
 # ----------------------------------------------------------------------------- text

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional, Union
+from typing import Iterable, Union
 
 __all__ = ["Path_", "Problem", "Problems", "StudyError", "format_yaml_path", "line_of", "dedupe",
            "MAX_PROBLEMS_SHOWN", "did_you_mean"]
