@@ -85,7 +85,8 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
         help="local Ray only: start Ray's dashboard on 127.0.0.1 and print its address")
     parser.add_argument(
         "--verbose", action="store_true",
-        help="show the INFO logs of MLflow, alembic and Ray (hidden by default)")
+        help="show the INFO logs of MLflow, alembic and Ray, and MLflow's traceback of each "
+             "request to a locked tracking store (hidden by default)")
     parser.add_argument(
         "--wait", action="store_true",
         help="when another driver is running this study, wait for it to finish instead of "

@@ -57,3 +57,49 @@ def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlfl
     assert client.get_run(earlier.info.run_id).info.lifecycle_stage == "deleted"
     history = client.get_metric_history(run.info.run_id, "val/top3")
     assert sorted(m.step for m in history) == [0, 1]  # trained from scratch, each epoch once
+    assert "its checkpoint could not be loaded (UnpicklingError" in stream.getvalue()  # the console knows
+
+
+def test_a_checkpoint_torch_cannot_load_is_told_on_the_console_by_the_cell_s_name(local_ray, mlflow_server,
+                                                                                   tmp_path):
+    """The session announces that the unfinished cell continues from its checkpoint; the trial
+    finds state.pt truncated (torch refuses it) and restarts from epoch 0: the driver's console
+    says so, on one line naming the cell as its run is named, and the cell still finishes."""
+    import torch
+    from mlflow import MlflowClient
+
+    from studies.cells.run_names import run_names
+    from studies.cells.space import expand
+    from studies.running.checkpoints import META_FILE, STATE_FILE
+    from studies.running.runner import run_study
+    from studies.studyfile.spec import load_study
+
+    name = f"truncated-{uuid.uuid4().hex[:6]}"
+    path = write_study(tmp_path, name, lrs=[0.1], seeds=[1], epochs=2)
+    (cell,) = expand(load_study(path))
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(name)
+    earlier = client.create_run(experiment, tags={"studies.role": "cell", "studies.study": name,
+                                                  "studies.cell_id": cell.cell_id, "studies.status": "running"})
+    folder = tmp_path / "out" / name / "ray" / "tune-old" / cell.cell_id / "checkpoint_000000"
+    folder.mkdir(parents=True)
+    torch.save({"model": {"w": torch.zeros(4096)}, "epoch": 0}, folder / STATE_FILE)
+    data = (folder / STATE_FILE).read_bytes()
+    (folder / STATE_FILE).write_bytes(data[: len(data) // 2])  # a write cut short by a kill
+    (folder / META_FILE).write_text(json.dumps({"study": name, "cell_id": cell.cell_id,
+                                                 "run_id": earlier.info.run_id, "epoch": 0,
+                                                 "history": [[0, {"val/top3": 0.5}]]}))
+    stream = io.StringIO()
+    outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
+    console = stream.getvalue()
+    assert outcome.exit_code == 0, console[-3000:]
+    assert "1 unfinished cells continue from the checkpoint" in console  # what was announced
+    lines = [line for line in console.splitlines() if "could not be loaded" in line]
+    assert len(lines) == 1, console[-3000:]
+    readable = run_names([cell])[cell.cell_id]
+    assert f"cell {readable}: its checkpoint could not be loaded (" in lines[0], lines[0]
+    reason = lines[0].split("could not be loaded (", 1)[1].rsplit("); restarted from epoch 0", 1)
+    assert reason[0] and reason[1] == "", lines[0]  # torch's words, then the end of the line
+    (run,) = child_runs(mlflow_server, name)
+    assert run.info.run_id != earlier.info.run_id and run.data.tags["studies.status"] == "finished"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/top3")) == [0, 1]

@@ -486,6 +486,53 @@ def test_export_waits_for_a_locked_store_with_one_warning_line(tmp_path):
     assert result.peak_mb < PEAK_MB, result.peak_mb
 
 
+def _hold_when_trials_run(study_dir: Path, seconds: float, holder: list) -> None:
+    """Once the run's first trial has started (its Tune folder exists), lock the study's store
+    for `seconds` from another process: a lock taken mid-run."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any(p.is_dir() for p in study_dir.glob("ray/tune-*/*")):
+        time.sleep(0.1)
+    process = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(study_dir / "mlflow.db"), str(seconds)],
+                               stdout=subprocess.PIPE, text=True)
+    holder.append((process, process.stdout.readline().strip()))
+    process.wait(seconds + 30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_store_locked_mid_run_is_one_warning_line_and_no_cell_fails(tmp_path, verbose):
+    """Another process holds the study's SQLite store for 35 s (past MLflow's 20 s busy timeout
+    and the driver's 10 s lease heartbeat: the driver meets the lock too)
+    while trials run: trials that start meanwhile wait for it (they failed, with Tune's
+    100-line dump of the worker's traceback), the driver's lease heartbeat waits without
+    MLflow's 60-line traceback of each locked request; one warning line says so. With
+    --verbose, MLflow's traceback is shown."""
+    from test_runner import write_study
+
+    path = write_study(tmp_path, "held-run", lrs=[0.05, 0.1, 0.2], seeds=[0, 1], epochs=3)
+    output = tmp_path / "out"
+    holder: list = []
+    thread = threading.Thread(target=_hold_when_trials_run, args=(output / "held-run", 35.0, holder))
+    thread.start()
+    try:
+        result = run_measured("run", str(path), "--output", str(output), "--no-report", "--num-cpus", "2",
+                              *(["--verbose"] if verbose else []), timeout=400)
+    finally:
+        thread.join(240)
+    assert holder and holder[0][1] == "locked", holder
+    console = result.out + result.err
+    assert result.code == 0, console[-4000:]
+    assert "6/6 cells finished" in console, console[-4000:]
+    warnings = [line for line in console.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "locked by another process" in warnings[0], console[-4000:]
+    assert "--verbose" in warnings[0]
+    assert "Trial task failed" not in console and " ERROR " not in console.replace("ERROR mlflow", ""), console[-4000:]
+    if verbose:  # the details: MLflow's own record of a locked request, traceback included
+        assert "ERROR mlflow.store.db.utils" in console and "database is locked" in console, console[-4000:]
+    else:
+        assert "Traceback" not in console and "database is locked" not in console, console[-4000:]
+
+
 def test_a_broken_study_yaml_copy_is_refused_by_name(tmp_path):
     output = tmp_path / "out"
     sqlite_store(output / "bomb" / "mlflow.db", "bomb")

@@ -366,8 +366,14 @@ class ProgressReporter:
         self._show(force=not self._last_print)  # the first line at once, then every interval
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        """Counts and the best value from an epoch's report; a line of its own for a failed
+        cell and for a cell whose checkpoint could not be loaded (its first report says so:
+        the session announced it would continue from that checkpoint)."""
         cell = self._cell(trial)
         status = result.get("cell_status")
+        if result.get("restarted"):  # trial.RESTARTED_KEY: the first report of a restarted cell
+            self._print(f"{PREFIX} cell {self.name(cell)}: its checkpoint could not be loaded "
+                        f"({result['restarted']}); restarted from epoch 0")
         if self.metric and isinstance(result.get(self.metric), (int, float)):
             self._record(cell, float(result[self.metric]))
         if status == "failed":

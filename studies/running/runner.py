@@ -182,8 +182,13 @@ def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
 
 def _set_log_levels(verbose: bool) -> None:
     """No third-party INFO lines (MLflow's and alembic's database set-up, Ray's notices)
-    unless --verbose: the study's own lines are what a user reads."""
+    unless --verbose: the study's own lines are what a user reads. MLflow's traceback of each
+    request to a locked store too: `with_retry` waits for the store and says so on one line."""
     import logging
+
+    from studies.tracking.retry import quiet_locked_store_logs
+
+    quiet_locked_store_logs(not verbose)
 
     level = logging.INFO if verbose else logging.WARNING
     # MLflow sets its logger's level from this variable when it is imported (later, lazily)

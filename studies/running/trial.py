@@ -142,6 +142,7 @@ def run_cell(
     _set_torch_threads()
 
     state, meta = _starting_point(cell)
+    start = _start_report(cell, state, meta)
     if meta.get("discard_run_id"):  # its checkpoint was unreadable: a new run replaces it
         _discard_run(context, meta["discard_run_id"])
     # the node tag shows in MLflow where this attempt runs (which node trained or retried it)
@@ -152,7 +153,7 @@ def run_cell(
     history: list[list] = meta.get("history", [])  # [[epoch, metrics], ...] in order
     logged_through = _log_missing_epochs(run, history, reused, resumed=state is not None)
     coordinator = CoordinatorClient.connect(early_stopping, cell)
-    reporter = _EpochReporter(run, cell, context, history, logged_through, coordinator, state)
+    reporter = _EpochReporter(run, cell, context, history, logged_through, coordinator, state, start)
     earlier_error = run.recorded_error() if reused else None
     try:
         result = _train(fit, cell, reporter)
@@ -296,13 +297,33 @@ def _read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
     try:
         return read_checkpoint(folder)
     except Exception as error:
-        print(f"[studies] cannot read the checkpoint {folder} safely ({one_paragraph(error)}); "
+        reason = one_paragraph(error, 300)
+        print(f"[studies] cannot read the checkpoint {folder} safely ({reason}); "
               f"the cell starts from scratch", flush=True)
         try:
             earlier = read_meta(folder).get("run_id")
         except (OSError, ValueError, RunnerError):
             earlier = None
-        return None, {"discard_run_id": earlier} if earlier else {}
+        return None, {"discard_run_id": earlier, "unloadable": reason} if earlier else {"unloadable": reason}
+
+
+#: the keys of a trial's first Tune report that say where it started (strings: Tune keeps
+#: statistics of every numeric key of every trial; the driver reads these once)
+RESUMED_FROM_KEY = "resumed_from"
+RESTARTED_KEY = "restarted"
+
+
+def _start_report(cell: Mapping[str, Any], state: Any, meta: Mapping[str, Any]) -> dict[str, str]:
+    """What the trial's first Tune report adds about its start, so that the driver's console
+    says what happened: {RESUMED_FROM_KEY: the epoch (0-indexed) training resumes at} after a
+    checkpoint loaded, {RESTARTED_KEY: why} when the checkpoint an earlier session left could
+    not be loaded (training restarts at epoch 0), {} for a fresh start."""
+    if state is not None:
+        epoch = meta.get("epoch")
+        return {RESUMED_FROM_KEY: str(epoch + 1 if isinstance(epoch, int) else len(meta.get("history") or []))}
+    if cell.get("resume_from"):
+        return {RESTARTED_KEY: str(meta.get("unloadable") or "its checkpoint could not be read")}
+    return {}
 
 
 def _discard_run(context: TrackingContext, run_id: str) -> None:
@@ -353,8 +374,9 @@ class _EpochReporter:
 
     def __init__(self, run: CellRun, cell: Mapping[str, Any], context: TrackingContext,
                  history: list[list], logged_through: int | None,
-                 coordinator: CoordinatorClient | None, state: Any):
+                 coordinator: CoordinatorClient | None, state: Any, start: Mapping[str, str] | None = None):
         self.run = run
+        self.start = dict(start or {})  # added to the first Tune report only (_start_report)
         self.cell = cell
         self.context = context
         self.history = history  # [[epoch, metrics], ...], the checkpoint's then this run's
@@ -424,6 +446,9 @@ class _EpochReporter:
         shown = values if keys is None else {k: values[k] for k in keys if k in values}
         report = {**shown, **_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
                   "cell_status": "running"}
+        if self.start:
+            report.update(self.start)
+            self.start = {}
         if state is None:
             ray.tune.report(report)
             return

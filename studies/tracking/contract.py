@@ -152,9 +152,12 @@ def _as_float(value: Any) -> float | None:
 
 
 def _client(tracking_uri: str):
+    """An MLflow client of `tracking_uri`, retried while the store is locked (`with_retry`): a
+    SQLite store's client reads its tables when it is made, and a trial starting while another
+    process holds the lock would fail the cell."""
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri)
+    return with_retry(lambda: MlflowClient(tracking_uri=tracking_uri))
 
 
 def _search_all(client, experiment_id: str, filter_string: str) -> list:

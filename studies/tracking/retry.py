@@ -47,12 +47,41 @@ _locked_warned = False
 
 
 def _warn_locked(error: BaseException) -> None:
-    """One line per process, the first time the store is found locked (details: --verbose)."""
+    """One line per process, the first time the store is found locked (MLflow's traceback of
+    each locked request: --verbose, `quiet_locked_store_logs`)."""
     global _locked_warned
     if not _locked_warned:
         _locked_warned = True
         print("[studies] warning: the tracking store is locked by another process; waiting for it "
-              "(nothing is lost meanwhile)", file=sys.stderr, flush=True)
+              "(nothing is lost meanwhile; MLflow's details with --verbose)", file=sys.stderr, flush=True)
+
+
+#: the logger MLflow's SQL store logs each failed request on, with its traceback, before the
+#: error reaches `with_retry`
+MLFLOW_DB_LOGGER = "mlflow.store.db.utils"
+
+
+class _LockedStoreRecords:
+    """A logging filter that drops the records of a locked SQLite store (`with_retry` waits for
+    it and says so on one line)."""
+
+    def filter(self, record) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not _is_locked_error(error if error is not None else record.getMessage())
+
+
+_QUIET = _LockedStoreRecords()
+
+
+def quiet_locked_store_logs(quiet: bool = True) -> None:
+    """Drop (quiet) or keep MLflow's log records of a locked store: without --verbose a lock
+    held by another process is one warning line, not a 60-line traceback per request."""
+    import logging
+
+    logger = logging.getLogger(MLFLOW_DB_LOGGER)
+    logger.removeFilter(_QUIET)
+    if quiet:
+        logger.addFilter(_QUIET)
 
 
 def with_retry(
