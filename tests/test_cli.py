@@ -137,7 +137,7 @@ def study_file(folder: Path, name: str) -> Path:
         "name": name, "description": "driver kill and resume",
         "base": {
             "data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2,
-                     "train_size": 3000, "val_size": 60, "test_size": 60,
+                     "train_size": 6000, "val_size": 60, "test_size": 60,
                      "form": "features", "feature_dim": 8},
             "model": {"name": "mlp", "hidden_dim": 32},
             "loss": {"name": "ce"},
@@ -192,8 +192,10 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
             runs = cell_runs(mlflow_server, name)
             finished = [r for r in runs if r.data.tags.get("studies.status") == "finished"]
             running = [r for r in runs if r.data.tags.get("studies.status") == "running"
-                       and client.get_metric_history(r.info.run_id, "val/top3")]
-            # killed while a cell is mid-way: it has checkpointed (and logged) an epoch
+                       and 1 <= len(client.get_metric_history(r.info.run_id, "val/top3")) <= 3]
+            # killed while a cell is mid-way: it has checkpointed (and logged) an epoch, and has
+            # at least two of its 5 left (a cell in its last epoch could finish between this
+            # look and the kill: seen once on a loaded machine)
             if len(finished) >= 2 and running:
                 break
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
