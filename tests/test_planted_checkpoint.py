@@ -25,29 +25,43 @@ class _PlantedCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlflow_server, tmp_path):
+def plant_unfinished_cell(tmp_path, mlflow_server, prefix, seed, write_state, history):
+    """A one-cell study whose cell a killed driver left mid-way: its running MLflow run and the
+    Tune checkpoint folder where a resumed study looks, with `write_state(path)` as its state
+    file. Returns (study file, study name, cell, earlier run, MlflowClient)."""
     from mlflow import MlflowClient
 
-    from studies.running.checkpoints import META_FILE, STATE_FILE
-    from studies.running.runner import run_study
     from studies.cells.space import expand
+    from studies.running.checkpoints import META_FILE, STATE_FILE
     from studies.studyfile.spec import load_study
 
-    name = f"planted-{uuid.uuid4().hex[:6]}"
-    path = write_study(tmp_path, name, lrs=[0.1], seeds=[0], epochs=2)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    path = write_study(tmp_path, name, lrs=[0.1], seeds=[seed], epochs=2)
     (cell,) = expand(load_study(path))
     client = MlflowClient(mlflow_server)
     experiment = client.create_experiment(name)
     earlier = client.create_run(experiment, tags={"studies.role": "cell", "studies.study": name,
                                                   "studies.cell_id": cell.cell_id, "studies.status": "running"})
-    # what a killed driver's Tune trial leaves, with a planted state file
     folder = tmp_path / "out" / name / "ray" / "tune-old" / cell.cell_id / "checkpoint_000000"
     folder.mkdir(parents=True)
-    marker = tmp_path / "code_ran"
-    with open(folder / STATE_FILE, "wb") as handle:
-        pickle.dump({"format": 1, "payload": _PlantedCode(marker)}, handle)
+    write_state(folder / STATE_FILE)
     (folder / META_FILE).write_text(json.dumps({"study": name, "cell_id": cell.cell_id,
-                                                 "run_id": earlier.info.run_id, "epoch": 0, "history": []}))
+                                                 "run_id": earlier.info.run_id, "epoch": 0,
+                                                 "history": history}))
+    return path, name, cell, earlier, client
+
+
+def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlflow_server, tmp_path):
+    from studies.running.runner import run_study
+
+    marker = tmp_path / "code_ran"
+
+    def planted(state_file):  # what a killed driver's Tune trial leaves, with a planted state file
+        with open(state_file, "wb") as handle:
+            pickle.dump({"format": 1, "payload": _PlantedCode(marker)}, handle)
+
+    path, name, _, earlier, client = plant_unfinished_cell(tmp_path, mlflow_server, "planted", 0,
+                                                           planted, [])
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
     assert not marker.exists(), "the planted checkpoint ran code"
@@ -66,29 +80,17 @@ def test_a_checkpoint_torch_cannot_load_is_told_on_the_console_by_the_cell_s_nam
     finds state.pt truncated (torch refuses it) and restarts from epoch 0: the driver's console
     says so, on one line naming the cell as its run is named, and the cell still finishes."""
     import torch
-    from mlflow import MlflowClient
 
     from studies.cells.run_names import run_names
-    from studies.cells.space import expand
-    from studies.running.checkpoints import META_FILE, STATE_FILE
     from studies.running.runner import run_study
-    from studies.studyfile.spec import load_study
 
-    name = f"truncated-{uuid.uuid4().hex[:6]}"
-    path = write_study(tmp_path, name, lrs=[0.1], seeds=[1], epochs=2)
-    (cell,) = expand(load_study(path))
-    client = MlflowClient(mlflow_server)
-    experiment = client.create_experiment(name)
-    earlier = client.create_run(experiment, tags={"studies.role": "cell", "studies.study": name,
-                                                  "studies.cell_id": cell.cell_id, "studies.status": "running"})
-    folder = tmp_path / "out" / name / "ray" / "tune-old" / cell.cell_id / "checkpoint_000000"
-    folder.mkdir(parents=True)
-    torch.save({"model": {"w": torch.zeros(4096)}, "epoch": 0}, folder / STATE_FILE)
-    data = (folder / STATE_FILE).read_bytes()
-    (folder / STATE_FILE).write_bytes(data[: len(data) // 2])  # a write cut short by a kill
-    (folder / META_FILE).write_text(json.dumps({"study": name, "cell_id": cell.cell_id,
-                                                 "run_id": earlier.info.run_id, "epoch": 0,
-                                                 "history": [[0, {"val/top3": 0.5}]]}))
+    def truncated(state_file):  # a write cut short by a kill
+        torch.save({"model": {"w": torch.zeros(4096)}, "epoch": 0}, state_file)
+        data = state_file.read_bytes()
+        state_file.write_bytes(data[: len(data) // 2])
+
+    path, name, cell, earlier, client = plant_unfinished_cell(
+        tmp_path, mlflow_server, "truncated", 1, truncated, [[0, {"val/top3": 0.5}]])
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
     console = stream.getvalue()
