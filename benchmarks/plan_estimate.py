@@ -36,7 +36,6 @@ def wall_estimate(plan_text: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--smoke", action="store_true", help="run (and plan) in smoke mode")
     args = parser.parse_args()
     print(f"{'study':<22}{'probe est.':>11}{'run wall':>10}{'pilot est.':>11}"
           f"{'probe err':>10}{'pilot err':>10}")
