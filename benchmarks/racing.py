@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.stats import holm  # noqa: E402
-from studies.scheduling.racing import WORSE, SeedRace  # noqa: E402
+from studies.scheduling.racing import WORSE, SeedRace, run_simulated_race  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
 MAX_SEEDS, INITIAL, WORKERS = 10, 3, 8
@@ -53,19 +53,7 @@ def race_study(x: np.ndarray, rng: np.random.Generator) -> tuple[int, set[int], 
     """(best config, configs stopped as worse, cells run) of a race over the same values."""
     ids = [str(c) for c in range(x.shape[0])]
     race = SeedRace(ids, list(range(MAX_SEEDS)), initial=INITIAL)
-    running: list[tuple[str, int]] = []
-    cells = 0
-    while True:
-        while len(running) < WORKERS:
-            taken = race.take()
-            if taken is None:
-                break
-            running.append(taken)
-        if not running:
-            break
-        config_id, seed = running.pop(int(rng.integers(len(running))))
-        race.record(config_id, seed, float(x[int(config_id), seed]))
-        cells += 1
+    cells = run_simulated_race(race, WORKERS, lambda config_id, seed: float(x[int(config_id), seed]), rng)
     assert race.is_over()
     standing = [c for c in range(x.shape[0]) if race.state(ids[c]) != WORSE]
     means = {c: x[c, :race.status(ids[c]).seeds].mean() for c in standing}

@@ -228,7 +228,7 @@ def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, race
     two common seeds."""
     import numpy as np
 
-    from studies.scheduling.racing import SeedRace
+    from studies.scheduling.racing import SeedRace, run_simulated_race
 
     race = study.racing
     if race is None or not rows:
@@ -261,18 +261,8 @@ def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, race
                 + rng.normal(0.0, sd_e, (len(means), len(seeds))))
         sim = SeedRace(ids, list(range(len(seeds))), race.initial, race.step, mode,
                        race.until.level)
-        running: list[tuple[str, int]] = []
-        while True:
-            while len(running) < slots:
-                taken = sim.take()
-                if taken is None:
-                    break
-                running.append(taken)
-            if not running:
-                break
-            config_id, index = running.pop(int(rng.integers(len(running))))
-            sim.record(config_id, index, float(draw[int(config_id), index]))
-            total += 1
+        total += run_simulated_race(sim, slots, lambda config_id, index: float(draw[int(config_id), index]),
+                                    rng)
     per_config = total / races / len(means)
     return per_config, (f"racing, simulated on the pilot's {metric} ({races} races): "
                         f"{per_config:.1f} of {race.max} seeds per config expected")

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -327,3 +327,24 @@ class SeedRace:
     def _signed(self, diff: float) -> float:
         """A difference of scores back in the metric's direction."""
         return diff if self.mode == "max" else -diff
+
+
+def run_simulated_race(race: SeedRace, slots: int, value: Callable[[str, int], float],
+                       rng: np.random.Generator) -> int:
+    """Run `race` to its end as the runner would with `slots` trial slots: each free slot takes
+    the race's next cell, and the running cells end in random order, `value(config_id, seed)`
+    being a cell's result. Returns the number of cells run (`studies plan`'s expected seeds,
+    benchmarks/racing.py)."""
+    running: list[tuple[str, int]] = []
+    cells = 0
+    while True:
+        while len(running) < slots:
+            taken = race.take()
+            if taken is None:
+                break
+            running.append(taken)
+        if not running:
+            return cells
+        config_id, seed = running.pop(int(rng.integers(len(running))))
+        race.record(config_id, seed, value(config_id, seed))
+        cells += 1
