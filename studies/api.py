@@ -35,19 +35,20 @@ def load(path: PathLike, max_cells: Optional[int] = None, overrides: Sequence[st
     return load_study(path, max_cells=max_cells, overrides=overrides)
 
 
-def cells(study, smoke: bool = False) -> list:
-    """The study's cells (``studies.cells.space.Cell``: config, seed, variant, swept values)."""
+def cells(study, smoke: bool = False, smoke_epochs: int = 1) -> list:
+    """The study's cells (``studies.cells.space.Cell``: config, seed, variant, swept values);
+    with ``smoke``, those of its smoke run of ``smoke_epochs`` epochs."""
     from studies.cells.space import expand, smoke_cells
 
     expanded = expand(study)
-    return smoke_cells(expanded) if smoke else expanded
+    return smoke_cells(expanded, smoke_epochs) if smoke else expanded
 
 
-def dry_run(study, smoke: bool = False) -> str:
+def dry_run(study, smoke: bool = False, smoke_epochs: int = 1) -> str:
     """The ``--dry-run`` table of the study's cells."""
     from studies.cells.space import format_cells_table
 
-    return format_cells_table(cells(study, smoke), study)
+    return format_cells_table(cells(study, smoke, smoke_epochs), study)
 
 
 def _options(output: PathLike, tracking_uri: Optional[str], **given):
@@ -58,16 +59,16 @@ def _options(output: PathLike, tracking_uri: Optional[str], **given):
 
 
 def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
-        address: Optional[str] = None, smoke: bool = False, report: bool = True,
-        num_cpus: Optional[int] = None, storage: Optional[str] = None, stream: Optional[IO[str]] = None,
-        overrides: Sequence[str] = ()):
+        address: Optional[str] = None, smoke: bool = False, smoke_epochs: int = 1,
+        report: bool = True, num_cpus: Optional[int] = None, storage: Optional[str] = None,
+        stream: Optional[IO[str]] = None, overrides: Sequence[str] = ()):
     """Run (or complete) a study file, as ``studies run`` (``overrides``: its ``key=value``
-    words); returns the ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``,
-    ``report_path``...)."""
+    words; ``smoke``, ``smoke_epochs``: ``--smoke``, ``--smoke-epochs``); returns the
+    ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``, ``report_path``...)."""
     from studies.running.runner import run_study
 
-    return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke, report=report,
-                                    num_cpus=num_cpus, storage=storage, stream=stream,
+    return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke,
+                                    smoke_epochs=smoke_epochs, report=report, num_cpus=num_cpus, storage=storage, stream=stream,
                                     overrides=tuple(overrides)))
 
 

@@ -23,6 +23,7 @@ EPILOG = """\
 examples:
   studies run studies/catalog/quickstart.yaml --dry-run   # the cells, nothing started
   studies run studies/catalog/quickstart.yaml --smoke     # seconds: synthetic data, 1 epoch
+  studies plan studies/catalog/quickstart.yaml --smoke --smoke-epochs 2   # its time
   studies run studies/catalog/quickstart.yaml optim.lr=0.05 seeds=[0,1]   # overrides
   studies show studies/catalog/quickstart.yaml ce         # the resolved config of a variant
   studies run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
@@ -101,7 +102,8 @@ def _options(args: argparse.Namespace):
 
     return RunOptions(
         output=Path(args.output), tracking_uri=args.tracking_uri,
-        address=getattr(args, "address", None), smoke=getattr(args, "smoke", False),
+        address=getattr(args, "address", None), smoke=_smoke_epochs(args) > 0,
+        smoke_epochs=max(_smoke_epochs(args), 1),
         dry_run=getattr(args, "dry_run", False), report=getattr(args, "report", True),
         num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
         progress_interval_s=getattr(args, "progress_every", 30.0),
@@ -128,6 +130,26 @@ def _add_overrides(parser: argparse.ArgumentParser, metavar: str = "KEY=VALUE",
                         help="the same as a KEY=VALUE word (repeatable)")
 
 
+def _add_smoke(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--smoke", action="store_true",
+                        help="same losses, metrics and design on a tiny synthetic set, tiny "
+                             f"MLP, one epoch, CPU; {what}")
+    parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
+                        help="epochs of each smoke cell (default: 1; implies --smoke)")
+
+
+def _smoke_epochs(args: argparse.Namespace) -> int:
+    """The epochs of the smoke run asked for (0: not a smoke run); ValueError for a count
+    below 1, naming the flag."""
+    epochs = getattr(args, "smoke_epochs", None)
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"--smoke-epochs: expected a whole number of epochs of at least 1, "
+                         f"got {epochs}")
+    if epochs is None:
+        return 1 if getattr(args, "smoke", False) else 0
+    return epochs
+
+
 def _fail(message: str) -> int:
     print(f"studies: error: {message}", file=sys.stderr, flush=True)
     return 2
@@ -148,7 +170,11 @@ def _run(args: argparse.Namespace) -> int:
     from studies.studyfile.spec import StudyError
 
     try:
-        outcome = run_study(args.file, _options(args))
+        options = _options(args)
+    except ValueError as error:  # --smoke-epochs 0
+        return _fail(str(error))
+    try:
+        outcome = run_study(args.file, options)
     except (StudyError, RunnerError) as error:
         return _fail(str(error))
     return outcome.exit_code
@@ -160,9 +186,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the table of cells (run name, swept values, config_id) "
                              "and their count; start nothing")
-    parser.add_argument("--smoke", action="store_true",
-                        help="same losses, metrics and design on a tiny synthetic set, tiny "
-                             "MLP, one epoch, CPU; runs as study NAME-smoke")
+    _add_smoke(parser, "runs as study NAME-smoke")
     _add_execution(parser)
     _add_tracking(parser, saved=False)
     _add_output(parser)
@@ -276,6 +300,10 @@ def _plan(args: argparse.Namespace) -> int:
     from studies.running.plan import PlanError, make_plan
     from studies.studyfile.spec import StudyError
 
+    try:
+        smoke_epochs = _smoke_epochs(args)
+    except ValueError as error:  # --smoke-epochs 0
+        return _fail(str(error))
     pilot_uri = None
     if args.pilot is not None:
         from studies.api import locate
@@ -288,7 +316,8 @@ def _plan(args: argparse.Namespace) -> int:
         print(make_plan(args.file, pilot=args.pilot, pilot_uri=pilot_uri,
                         difference=args.difference,
                         half_width=args.half_width, power=args.power, gpus=args.gpus,
-                        probe_steps=args.probe_steps, probe=args.probe))
+                        probe_steps=args.probe_steps, probe=args.probe,
+                        overrides=_overrides(args), smoke_epochs=smoke_epochs))
     except (StudyError, PlanError) as error:
         return _fail(str(error))
     return 0
@@ -296,6 +325,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
+    _add_overrides(parser, help="as on `studies run`")
+    _add_smoke(parser, "plan the study's smoke run (`studies run --smoke`)")
     parser.add_argument("--pilot", default=None, metavar="NAME",
                         help="a finished or partial study under --output whose runs give the "
                              "seconds per epoch and the sd of the paired differences "

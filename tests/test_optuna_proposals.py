@@ -43,7 +43,7 @@ def proposals_for(tmp_path: Path, n_configs: int, space: str = "{loguniform: [1.
         """)
     (index, block), = study.optuna_blocks
     ledger = LedgerOfValues()
-    return OptunaProposals(study, index, block, study_name="s", study_dir=tmp_path, smoke=False,
+    return OptunaProposals(study, index, block, study_name="s", study_dir=tmp_path, smoke_epochs=0,
                            tracking=ledger), ledger
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "canonical_json",
     "smoke_config",
     "smoke_cells",
+    "smoke_study",
     "format_cells_table",
     "optuna_block_suggest",
     "optuna_sampler",
@@ -161,8 +162,9 @@ _SMOKE_FIXED = ("data.name", "data.root", "data.download", "data.form", "data.nu
 _SMOKE_BATCH = 16
 
 
-def smoke_config(config: dict, keep: Iterable[str] = ()) -> dict:
-    """The config on a tiny synthetic set, MLP, one epoch, CPU: a run of seconds.
+def smoke_config(config: dict, keep: Iterable[str] = (), epochs: int = 1) -> dict:
+    """The config on a tiny synthetic set, MLP, ``epochs`` epochs (one by default), CPU: a run
+    of seconds.
 
     The loss, the metrics (eval), the optimiser settings and the kind of labels (multi-label data
     stay multi-label) stay; the synthetic set has
@@ -186,7 +188,7 @@ def smoke_config(config: dict, keep: Iterable[str] = ()) -> dict:
     head = config.get("model", {}).get("head", "auto")
     smoke["model"] = {"name": "mlp", "pretrained": False, "head": head, "hidden_dim": 16}
     smoke.setdefault("optim", {})["batch_size"] = _SMOKE_BATCH
-    smoke["epochs"] = 1
+    smoke["epochs"] = int(epochs)
     smoke["device"] = "cpu"
     result, problems = validate_config(smoke)
     if problems:
@@ -214,18 +216,36 @@ def smoke_config(config: dict, keep: Iterable[str] = ()) -> dict:
     return result
 
 
-def smoke_cells(cells: list[Cell]) -> list[Cell]:
-    """:func:`smoke_config` on every cell, keeping its swept values; ids recomputed.
+def smoke_cells(cells: list[Cell], epochs: int = 1) -> list[Cell]:
+    """:func:`smoke_config` of ``epochs`` epochs on every cell, keeping its swept values; ids
+    recomputed.
 
     Cells whose smoke configs coincide (e.g. a sweep over ``model.name``) collapse into one
     (first wins), so a smoke run may have fewer cells than the real study.
     """
     out: dict[tuple[str, int], Cell] = {}
     for cell in cells:
-        config = smoke_config(cell.config, keep=cell.swept)
+        config = smoke_config(cell.config, keep=cell.swept, epochs=epochs)
         cid = config_id(config)
         out.setdefault((cid, cell.seed), Cell(cid, cell.seed, cell.variant, config, dict(cell.swept)))
     return list(out.values())
+
+
+def smoke_study(study: Study) -> Study:
+    """The study as a smoke run executes it: one CPU per trial, no GPU, no early stopping or
+    pruning.
+
+    The smoke cells are tiny CPU jobs of a few epochs (:func:`smoke_config`), so the file's GPU
+    resources and its scheduler or pruners (which need every seed of a config at once, and
+    decide nothing at a config's last epoch) do not apply, and their models are not worth
+    logging.
+    """
+    from studies.studyfile.study import NoScheduler, Resources
+
+    design = [block.model_copy(update={"pruner": None}) if getattr(block, "pruner", None)
+              else block for block in study.design]
+    return study.model_copy(update={"resources": Resources(cpus=1, gpus=0), "design": design,
+                                    "scheduler": NoScheduler(kind="none"), "log_models": False})
 
 
 # --------------------------------------------------------------------------------------

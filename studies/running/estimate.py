@@ -8,29 +8,66 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from studies.scheduling.successive_halving import rungs
 
 
-#: a new study's fixed start-up through the CLI on a fresh local Ray (driver imports, SQLite
-#: store, Ray and its workers' imports, shutdown): 17.5-21.3 s measured on the 2-core
-#: development machine (docs/performance.md "Performance of the runner"); their middle
-START_UP_S = 19.0
-#: the runner's overhead per cell (benchmarks/orchestration.py: 0.088 s on that machine)
-CELL_OVERHEAD_S = 0.09
+#: a study's fixed start-up through the CLI on a fresh local Ray, without its report: its wall
+#: time minus the span of its cells (from the first cell's MLflow run start to the last one's
+#: end): driver imports, the SQLite store, Ray, a worker and its imports, Tune's set-up and
+#: teardown. 12.0-13.2 s measured with `benchmarks/plan_estimate.py` on the 2-core
+#: development machine (docs/planning.md, "Where the constants come from")
+START_UP_S = 12.8
+#: the runner's one-off work in the first cell of a fresh worker (its first MLflow run and
+#: artifacts, Tune's first report), over and above the training core's own one-offs that a
+#: probe measures; measured the same way as the first cells' extra rest of `duration_s`
+RUNNER_FIRST_CELL_S = 0.45
+#: the first MLflow model a worker logs (`log_models: true`) imports MLflow's model flavour
+MODEL_LOGGING_START_S = 0.8
+#: the runner's work per cell inside its MLflow run but outside `fit` (params, test metrics and
+#: artifacts written, the run closed): 1-epoch cells' `duration_s` minus fit's set-up, epoch and
+#: test evaluation
+RUNNER_CELL_S = 0.05
+#: logging a cell's selected model (`log_models: true`), measured as above
+MODEL_LOG_S = 0.09
+#: between two cells of a slot (Tune hands the slot to the next trial): 0.088 s measured by
+#: benchmarks/orchestration.py on a warm local Ray
+CELL_GAP_S = 0.09
+#: the runner's work per epoch (Tune's report, MLflow's batched metrics): the growth of the
+#: cells' rest of `duration_s` from 1 to 30 epochs, per epoch
+RUNNER_EPOCH_S = 0.007
 DEFAULT_PROBE_STEPS = 10
 
 
 @dataclass
 class VariantTime:
-    """Seconds per epoch and per cell (fixed part) of one variant, and where they come from."""
+    """Seconds per epoch (training, validation and the runner's report) and per cell (the
+    fixed part: set-up, test evaluation, the runner's work) of one variant, and where they
+    come from."""
 
     epoch_s: float
     fixed_s: float
     source: str  # "pilot", "probe" or "unknown"
     note: str = ""
+
+
+@dataclass
+class Timings:
+    """The times an estimate needs: per variant, and the warm-up of a fresh worker's first
+    cell (the training modules it imports once: the data sets', models' and losses')."""
+
+    variants: dict[str, VariantTime] = field(default_factory=dict)
+    warm_up_s: float = 0.0
+
+    def merged(self, other: "Timings") -> "Timings":
+        """These times, with `other`'s for the variants these lack (and its warm-up when
+        these have none)."""
+        return Timings({**other.variants, **self.variants},
+                       self.warm_up_s if self.variants else other.warm_up_s)
 
 
 @dataclass
@@ -52,6 +89,8 @@ class ComputeEstimate:
     cpus_per_trial: float
     wall_s: float  # start-up + schedule; NaN when a variant's time is unknown
     cell_seconds: float
+    start_up_s: float = START_UP_S  # in wall_s: the run's start-up
+    warm_up_s: float = 0.0  # in wall_s and cell_seconds: a fresh worker's first cell's one-offs
     schedule_note: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -99,27 +138,51 @@ def schedule_length(durations: Sequence[float], slots: int) -> float:
     return max(free)
 
 
-def pilot_times(rows: Sequence[Mapping[str, Any]]) -> dict[str, VariantTime]:
-    """Per variant, from a pilot's collected rows with `mean:epoch_time_s` (and
-    `mean:eval_time_s`): mean seconds per epoch, and the mean rest of `duration_s`."""
+def _finite(*values: Any) -> float | None:
+    """The first of `values` that is a finite number, else None."""
+    for value in values:
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def pilot_times(rows: Sequence[Mapping[str, Any]]) -> Timings:
+    """Per variant, from a pilot's finished cells: the mean of `epoch_time_s` + `eval_time_s`
+    (`collect`'s means over epochs, `mean:...`, else the last epoch's) plus the runner's
+    per-epoch work, and as fixed part the median over its cells of the rest of `duration_s`
+    (the median: the first cell of each worker also pays its one-off imports) plus the gap
+    between cells. The warm-up: what the pilot's earliest cell took over that median."""
     per: dict[str, list[tuple[float, float]]] = {}
+    first: tuple[float, str, float] | None = None  # (start, variant, rest) of the earliest cell
     for row in rows:
-        epoch = row.get("mean:epoch_time_s")
-        if epoch is None or not math.isfinite(epoch):
+        epoch = _finite(row.get("mean:epoch_time_s"), row.get("epoch_time_s"))
+        duration = _finite(row.get("duration_s"))
+        if epoch is None or duration is None:
             continue
-        epoch += row.get("mean:eval_time_s") or 0.0
-        done = row.get("stopped_epoch") or row.get("param:epochs") or 0
-        fixed = max(float(row.get("duration_s") or 0.0) - epoch * done, 0.0)
-        per.setdefault(str(row.get("variant")), []).append((epoch, fixed))
-    return {v: VariantTime(sum(e for e, _ in xs) / len(xs), sum(f for _, f in xs) / len(xs),
-                           "pilot", f"{len(xs)} pilot runs")
-            for v, xs in per.items()}
+        epoch += _finite(row.get("mean:eval_time_s"), row.get("eval_time_s")) or 0.0
+        done = _finite(row.get("stopped_epoch"), row.get("param:epochs")) or 0.0
+        rest = max(duration - (epoch + RUNNER_EPOCH_S) * done, 0.0)
+        variant = str(row.get("variant"))
+        per.setdefault(variant, []).append((epoch, rest))
+        start = _finite(row.get("start_time"))
+        if start is not None and (first is None or start < first[0]):
+            first = (start, variant, rest)
+    variants = {v: VariantTime(sum(e for e, _ in xs) / len(xs) + RUNNER_EPOCH_S,
+                               statistics.median(r for _, r in xs) + CELL_GAP_S, "pilot",
+                               f"{len(xs)} pilot runs")
+                for v, xs in per.items()}
+    warm_up = 0.0
+    if first is not None:
+        warm_up = max(first[2] + CELL_GAP_S - variants[first[1]].fixed_s, 0.0)
+    return Timings(variants, warm_up)
 
 
 def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAULT_PROBE_STEPS,
-                say: Callable[[str], None] | None = None) -> dict[str, VariantTime]:
+                log_models: bool = False) -> Timings:
     """Per variant, a probe of its first cell (module docstring); a probe that cannot run
-    (data not on this machine, no GPU) gives an unknown time with the reason."""
+    (data not on this machine, no GPU) gives an unknown time with the reason. The warm-up:
+    the first probe in this process (one untimed step of a smoke config) over the same probe
+    again, plus the runner's one-off work in a worker's first cell."""
     import torch
 
     from setvalued.train import probe
@@ -130,10 +193,14 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
     torch.set_num_threads(max(1, int(cpus_per_trial)))
     out: dict[str, VariantTime] = {}
     setups: list[float] = []
+    one_off = 0.0  # the training core's one-off imports, paid by the first probe
     try:
-        for cell in {c.variant: c for c in cells}.values():  # one-off imports, untimed
+        for index, cell in enumerate({c.variant: c for c in cells}.values()):  # untimed
             try:
-                probe(smoke_config(cell.config), cell.seed, 1)
+                first = _timed(probe, smoke_config(cell.config), cell.seed, 1)
+                if index == 0:
+                    one_off = max(first - _timed(probe, smoke_config(cell.config), cell.seed, 1),
+                                  0.0)
             except Exception:  # noqa: BLE001  the timed probe reports what fails
                 pass
         for cell in cells:
@@ -146,45 +213,56 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
                 out[cell.variant] = VariantTime(math.nan, math.nan, "unknown",
                                                 f"probe failed: {reason[:200]}")
                 continue
-            out[cell.variant] = VariantTime(result["epoch_s"], result["test_s"], "probe",
+            fixed = result["test_s"] + RUNNER_CELL_S + CELL_GAP_S + (MODEL_LOG_S if log_models
+                                                                     else 0.0)
+            out[cell.variant] = VariantTime(result["epoch_s"] + RUNNER_EPOCH_S, fixed, "probe",
                                             f"{steps} steps")
             setups.append(result["setup_s"])
     finally:
         torch.set_num_threads(threads)
     # a set-up may still include one-off work (the first data set of its kind): the
     # smallest is the set-up a cell pays
-    for time in out.values():
-        if time.source == "probe":
-            time.fixed_s += min(setups)
-    return out
+    for variant_time in out.values():
+        if variant_time.source == "probe":
+            variant_time.fixed_s += min(setups)
+    warm_up = one_off + RUNNER_FIRST_CELL_S + (MODEL_LOGGING_START_S if log_models else 0.0)
+    return Timings(out, warm_up)
 
 
-def estimate(study: Any, cells: Sequence[Any], times: Mapping[str, VariantTime], *,
+def _timed(function: Callable[..., Any], *args: Any) -> float:
+    """Seconds `function(*args)` took."""
+    began = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - began
+
+
+def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
              gpus: int | None = None, cpus: int | None = None) -> ComputeEstimate:
-    """Cells x epochs x seconds per epoch per variant, the slots, GPU-hours, wall time."""
+    """Cells x epochs x seconds per epoch per variant, the slots, GPU-hours, wall time: the
+    start-up, then the cells dealt to the slots in order, the first cell of each slot
+    longer by the warm-up of a fresh worker."""
     slots, slots_text = trial_slots(study, gpus, cpus)
     scheduler = study.scheduler
     notes = []
-    by_variant: dict[str, list[Any]] = {}
-    for cell in cells:
-        by_variant.setdefault(cell.variant, []).append(cell)
-    durations: list[float] = []
+    unknown = VariantTime(math.nan, math.nan, "unknown", "no pilot run of it, no probe")
+    times = {c.variant: timings.variants.get(c.variant) or unknown for c in cells}
+    epochs = [int(c.config.get("epochs", 1)) for c in cells]
+    if scheduler.kind == "asha":
+        epochs = [asha_expected_epochs(e, scheduler.grace_epochs, scheduler.reduction_factor)
+                  for e in epochs]
+    plain = [times[c.variant].fixed_s + e * times[c.variant].epoch_s
+             for c, e in zip(cells, epochs)]
+    # in the order the runner hands the cells out; a fresh worker's first cell warms up
+    durations = [d + (timings.warm_up_s if i < slots else 0.0) for i, d in enumerate(plain)]
+    positions: dict[str, list[int]] = {}
+    for i, cell in enumerate(cells):
+        positions.setdefault(cell.variant, []).append(i)
     rows = []
-    for variant, vcells in by_variant.items():
-        time = times.get(variant) or VariantTime(math.nan, math.nan, "unknown",
-                                                          "no pilot run of it, no probe")
-        epochs_of = []
-        for cell in vcells:
-            epochs = int(cell.config.get("epochs", 1))
-            if scheduler.kind == "asha":
-                epochs = asha_expected_epochs(epochs, scheduler.grace_epochs,
-                                              scheduler.reduction_factor)
-            epochs_of.append(epochs)
-            fixed = (time.fixed_s if math.isfinite(time.fixed_s) else 0.0) + CELL_OVERHEAD_S
-            durations.append(fixed + epochs * time.epoch_s)
-        seconds = sum(durations[-len(vcells):])
-        rows.append(VariantCost(variant, len({c.config_id for c in vcells}), len(vcells),
-                                sum(epochs_of) / len(epochs_of), time, seconds))
+    for variant, mine in positions.items():
+        variant_time = times[variant]
+        rows.append(VariantCost(variant, len({cells[i].config_id for i in mine}), len(mine),
+                                sum(epochs[i] for i in mine) / len(mine), variant_time,
+                                sum(plain[i] for i in mine)))
     cell_seconds = sum(durations)
     wall = START_UP_S + schedule_length(durations, slots) if math.isfinite(cell_seconds) \
         else math.nan
@@ -214,8 +292,8 @@ def estimate(study: Any, cells: Sequence[Any], times: Mapping[str, VariantTime],
             notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); "
                          f"give --pilot NAME")
     return ComputeEstimate(rows, slots, slots_text, float(study.resources.gpus),
-                           float(study.resources.cpus), wall, cell_seconds, schedule_note,
-                           notes)
+                           float(study.resources.cpus), wall, cell_seconds, START_UP_S,
+                           timings.warm_up_s, schedule_note, notes)
 
 
 def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, races: int = 200,

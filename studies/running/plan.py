@@ -3,12 +3,13 @@
 
 Compute. A cell costs  fixed + epochs x seconds per epoch:
 
-- seconds per epoch (training and validation) of each variant, read from a pilot's runs
-  (the mean of `epoch_time_s` + `eval_time_s` over the epochs of the pilot's cells of that
-  variant; the per-cell rest of their `duration_s` is the fixed part), else measured by a
-  probe: a few training steps of the variant's first cell in this process
+- seconds per epoch (training, validation and the runner's report) of each variant, read
+  from a pilot's runs (the mean of `epoch_time_s` + `eval_time_s` over the epochs of the
+  pilot's cells of that variant; the median rest of their `duration_s` is the fixed part),
+  else measured by a probe: a few training steps of the variant's first cell in this process
   (`setvalued.train.probe`, with the study's data, model, loss, batch size and device and as
-  many torch threads as `resources.cpus`; no Ray);
+  many torch threads as `resources.cpus`; no Ray) and the runner's measured work per cell
+  and per epoch (`studies.running.estimate`);
 - epochs: the config's `epochs`, or under ASHA its expected epochs: rungs r_1 < ... < r_m
   (`successive_halving.rungs`), a share eta^-i of the configs reaching rung i, so
   E = sum_i eta^-i (r_{i+1} - r_i) with r_0 = 0 and r_{m+1} = epochs (synchronous successive
@@ -16,11 +17,13 @@ Compute. A cell costs  fixed + epochs x seconds per epoch:
 - racing runs `initial` to `max` seeds per config: counted at `max`, or with a pilot at the
   expected seeds of races simulated on the pilot's values (`racing_expected_cells`).
 
-The cells are dealt config by config to the trial slots (the first free slot takes the next
-cell, as Ray Tune does); the wall time is that schedule's length plus the start-up
-(`START_UP_S`, measured: docs/performance.md "Performance of the runner"). Slots: `--gpus N` / the GPUs
-per trial (`resources.gpus`), else this machine's CPUs / `resources.cpus`, at most
-`max_concurrent`. GPU-hours = sum over cells of its time x `resources.gpus`.
+The cells are dealt in the runner's order to the trial slots (the first free slot takes the
+next cell, as Ray Tune does), the first cell of each slot longer by a fresh worker's warm-up
+(its one-off imports); the wall time is that schedule's length plus the start-up
+(`START_UP_S`, measured: docs/planning.md). Slots: `--gpus N` / the GPUs per trial
+(`resources.gpus`), else this machine's CPUs / `resources.cpus`, at most `max_concurrent`.
+GPU-hours = sum over cells of its time x `resources.gpus`. A smoke run (`--smoke`) is planned
+as `studies run --smoke` runs it: its tiny cells on the CPU.
 """
 
 from __future__ import annotations
@@ -28,20 +31,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from studies.running.estimate import (  # noqa: F401 (re-exported)
-    ComputeEstimate, DEFAULT_PROBE_STEPS, START_UP_S, asha_expected_epochs, estimate, pilot_times,
-    probe_times, racing_expected_cells, schedule_length, trial_slots,
+    ComputeEstimate, DEFAULT_PROBE_STEPS, START_UP_S, Timings, asha_expected_epochs, estimate,
+    pilot_times, probe_times, racing_expected_cells, schedule_length, trial_slots,
 )
 
-__all__ = ["ComputeEstimate", "DEFAULT_PROBE_STEPS", "START_UP_S", "asha_expected_epochs",
-           "estimate", "pilot_times", "probe_times", "racing_expected_cells", "schedule_length",
-           "trial_slots", "duration_text", "compute_table", "seeds_table", "plan_seeds",
+__all__ = ["ComputeEstimate", "DEFAULT_PROBE_STEPS", "START_UP_S", "Timings",
+           "asha_expected_epochs", "estimate", "pilot_times", "probe_times",
+           "racing_expected_cells", "schedule_length", "trial_slots", "duration_text", "compute_table", "seeds_table", "plan_seeds",
            "load_pilot", "ProposedCell", "planned_cells", "proposed_cells", "PlanError",
-           "check_flags", "make_plan", "run_estimate", "run_estimate_line"]
+           "check_flags", "make_plan", "plan_command", "run_estimate", "run_estimate_line",
+           "TIME_METRICS", "ledger_rows", "remaining_estimate_line"]
 
 
 # ----------------------------------------------------------------------------- text
@@ -82,9 +87,9 @@ def compute_table(est: ComputeEstimate) -> str:
     lines.append(f"{'total':<22}{sum(r.configs for r in est.rows):>8}"
                  f"{sum(r.cells for r in est.rows):>7}")
     lines.append(f"trial slots: {est.slots} ({est.slots_text})")
-    lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}   "
-                 f"wall time: {duration_text(est.wall_s)} (start-up {START_UP_S:.0f} s "
-                 f"included)")
+    lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}")
+    lines.append(f"wall time: {duration_text(est.wall_s)} (start-up {est.start_up_s:.0f} s and a "
+                 f"new worker's warm-up {est.warm_up_s:.1f} s included)")
     lines = [_cut(line, 80) for line in lines]
     for note in ([est.schedule_note] if est.schedule_note else []) + est.notes:
         lines += textwrap.wrap(note, 80, subsequent_indent="  ")
@@ -189,7 +194,11 @@ def load_pilot(uri: str, name: str) -> list[dict]:
     """The finished cells of a pilot study, with the mean epoch and evaluation times."""
     from analysis.collect import collect
 
-    return collect(uri, name, histories=["epoch_time_s", "eval_time_s"]).table.to_pylist()
+    return collect(uri, name, histories=list(TIME_METRICS)).table.to_pylist()
+
+
+#: the per-epoch metrics an estimate reads from earlier runs (`setvalued.train`'s times)
+TIME_METRICS = ("epoch_time_s", "eval_time_s")
 
 
 @dataclass(frozen=True)
@@ -203,22 +212,31 @@ class ProposedCell:
     config: dict
 
 
-def planned_cells(study: Any) -> list[Any]:
-    """The study's cells (`studies.cells.space.expand`) and its optuna proposals."""
-    from studies.cells.space import expand
+def planned_cells(study: Any, smoke_epochs: int = 0) -> list[Any]:
+    """The study's cells (`studies.cells.space.expand`) and its optuna proposals; those of
+    its smoke run of `smoke_epochs` epochs when not 0."""
+    from studies.cells.space import expand, smoke_cells
 
-    return list(expand(study)) + proposed_cells(study)
+    cells = expand(study)
+    if smoke_epochs:
+        cells = smoke_cells(cells, smoke_epochs)
+    return list(cells) + proposed_cells(study, smoke_epochs)
 
 
-def proposed_cells(study: Any) -> list[ProposedCell]:
+def proposed_cells(study: Any, smoke_epochs: int = 0) -> list[ProposedCell]:
     """For each optuna block, its `n_configs` proposals on every seed (as the runner counts
-    them), dealt to the block's variants in turn."""
+    them), dealt to the block's variants in turn; smoke configs of `smoke_epochs` epochs
+    when not 0."""
+    from studies.cells.space import smoke_config
+
     cells: list[ProposedCell] = []
     for index, block in study.optuna_blocks:
         variants = study.block_variants(block)
         for k in range(block.n_configs):
             variant = variants[k % len(variants)]
             config = study.variant_config(variant)
+            if smoke_epochs:
+                config = smoke_config(config, epochs=smoke_epochs)
             cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config)
                       for seed in study.seed_list]
     return cells
@@ -229,7 +247,7 @@ class PlanError(ValueError):
 
 
 def check_flags(*, difference: float | None, half_width: float | None, power: float,
-                gpus: int | None, probe_steps: int) -> None:
+                gpus: int | None, probe_steps: int, smoke_epochs: int = 0) -> None:
     """Refuse values that give no plan, naming the flag and what it expects."""
     if difference is not None and not (math.isfinite(difference) and difference > 0):
         raise PlanError(f"--difference: expected a positive number (percentage points for "
@@ -242,21 +260,30 @@ def check_flags(*, difference: float | None, half_width: float | None, power: fl
         raise PlanError(f"--gpus: expected a whole number of GPUs of at least 1, got {gpus}")
     if probe_steps < 1:
         raise PlanError(f"--probe-steps: expected at least 1, got {probe_steps}")
+    if smoke_epochs < 0:
+        raise PlanError(f"--smoke-epochs: expected a whole number of at least 1, got "
+                        f"{smoke_epochs}")
 
 
 def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | None = None,
               difference: float | None = None,
               half_width: float | None = None, power: float = 0.8, gpus: int | None = None,
-              probe_steps: int = DEFAULT_PROBE_STEPS, probe: bool = True) -> str:
+              probe_steps: int = DEFAULT_PROBE_STEPS, probe: bool = True,
+              overrides: Sequence[str] = (), smoke_epochs: int = 0) -> str:
     """The text of `studies plan`: the compute table, then the seeds table. `pilot`: the
-    name of a study tracked at `pilot_uri` (the CLI finds it under --output)."""
+    name of a study tracked at `pilot_uri` (the CLI finds it under --output); `overrides`:
+    `key=value` words as on `studies run`; `smoke_epochs`: plan the study's smoke run of that
+    many epochs (`studies run --smoke --smoke-epochs N`) instead of the study."""
     from analysis.collect import CollectError
+    from studies.cells.space import smoke_study
     from studies.studyfile.spec import load_study
 
     check_flags(difference=difference, half_width=half_width, power=power, gpus=gpus,
-                probe_steps=probe_steps)
-    study = load_study(study_file)
-    cells = planned_cells(study)
+                probe_steps=probe_steps, smoke_epochs=smoke_epochs)
+    study = load_study(study_file, overrides=overrides)
+    cells = planned_cells(study, smoke_epochs)
+    if smoke_epochs:
+        study = smoke_study(study)
     rows: list[dict] = []
     pilot_text = ""
     if pilot is not None:
@@ -265,22 +292,31 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
         except CollectError as error:
             raise PlanError(f"--pilot {pilot}: {error}") from None
         pilot_text = f"pilot: study {pilot!r}, {len(rows)} finished cells"
-    times = pilot_times(rows)
-    missing = [c for c in cells if c.variant not in times]
+    timings = pilot_times(rows)
+    missing = [c for c in cells if c.variant not in timings.variants]
     if missing and probe:
-        times.update(probe_times(missing, float(study.resources.cpus), probe_steps))
-    est = estimate(study, cells, times, gpus=gpus)
+        timings = timings.merged(probe_times(missing, float(study.resources.cpus), probe_steps,
+                                             bool(study.log_models)))
+    est = estimate(study, cells, timings, gpus=gpus)
     raced = racing_expected_cells(study, rows, slots=est.slots)
     if raced is not None:  # the cells of the expected seeds, the first of each config's
         per_config, note = raced
         keep = max(study.racing.initial, round(per_config))
         order = {seed: i for i, seed in enumerate(study.seed_list)}
-        est = estimate(study, [c for c in cells if order[c.seed] < keep], times, gpus=gpus)
+        est = estimate(study, [c for c in cells if order[c.seed] < keep], timings, gpus=gpus)
         est.schedule_note = note
     level = float(study.report.level)
-    plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
-                               power=power, level=level)
-    parts = [f"Plan of study {study.name} ({os.path.basename(str(study_file))})"]
+    if smoke_epochs and not rows:
+        plans, reason = [], ("not planned for a smoke run without a pilot: its data are "
+                             "synthetic, the study file's published intervals are not its")
+    else:
+        plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
+                                   power=power, level=level)
+    what = f" ({os.path.basename(str(study_file))})"
+    if smoke_epochs:
+        what = (f" ({os.path.basename(str(study_file))}), its smoke run of {smoke_epochs} "
+                f"epoch{'s' if smoke_epochs != 1 else ''}")
+    parts = [f"Plan of study {study.name}{what}"]
     if pilot_text:
         parts.append(pilot_text)
     parts += ["", "Compute", compute_table(est), "", "Seeds needed"]
@@ -288,13 +324,23 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     return "\n".join(parts)
 
 
-def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping] = (),
-                 cpus: int | None = None, cluster: bool = False) -> str:
-    """The first line of `studies run`: cells, epochs, slots, and the time when a pilot
-    (an earlier session of the same study) logged its epoch times. No probe: it would
-    import torch in the driver (`studies plan FILE` probes)."""
+def plan_command(study: Any, options: Any) -> str:
+    """The `studies plan` command that estimates the time of this run (its file, overrides
+    and smoke flags), quoted for a POSIX shell."""
+    words = ["studies", "plan", str(study.path)]
+    if options.smoke:
+        words += ["--smoke"] + (["--smoke-epochs", str(options.smoke_epochs)]
+                                if options.smoke_epochs != 1 else [])
+    words += list(options.overrides)
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def run_estimate(study: Any, cells: Sequence[Any], cpus: int | None = None,
+                 cluster: bool = False, plan: str = "") -> str:
+    """The first line of `studies run`: cells, epochs, slots, and the command that estimates
+    the time (`plan`). No store is read and no probe is made: a probe would import torch in
+    the driver (`studies plan FILE` probes)."""
     epochs = sum(int(c.config.get("epochs", 1)) for c in cells)
-    times = pilot_times(pilot_rows)
     slots, slots_text = trial_slots(study, None, cpus)
     where = "per GPU" if study.resources.gpus > 0 else f"({slots_text})"
     if study.scheduler.kind == "asha":
@@ -307,32 +353,48 @@ def run_estimate(study: Any, cells: Sequence[Any], pilot_rows: Sequence[Mapping]
     text = f"estimate: {len(cells)} cells, {epochs}, {slots} trial slots {where}"
     if cluster:
         text = f"estimate: {len(cells)} cells, {epochs} (slots: the cluster's)"
-    if times and all(c.variant in times for c in cells) and not cluster:
-        est = estimate(study, cells, times, cpus=cpus)
-        text += (f"; ~{duration_text(est.wall_s)} wall, {_number(est.gpu_hours)} GPU-hours "
-                 f"(from this study's earlier runs)")
-    else:
-        text += f"; time: `studies plan {study.path}`"
-    return text
+    return text + (f"; time: `{plan}`" if plan else "")
 
 
-def run_estimate_line(study: Any, cells: Sequence[Any], tracking_uri: str, name: str,
-                      options: Any) -> str:
-    """`run_estimate` of the run's cells (and optuna proposals, but in a smoke run) with the
-    run's options (`--num-cpus`, `--address`), this study's earlier runs as the pilot when
-    its SQLite store exists already (a re-run or a resume); a server or a new store is not
-    read."""
-    cpus, cluster = options.num_cpus, bool(options.address)
-    if not options.smoke:
-        cells = list(cells) + proposed_cells(study)
-    rows: list[dict] = []
-    if tracking_uri.startswith("sqlite:///"):
-        path = tracking_uri[len("sqlite:///"):]
-        if os.path.exists(path):
-            try:
-                rows = load_pilot(tracking_uri, name)
-            except Exception:  # noqa: BLE001  no estimate is no reason to stop a run
-                rows = []
-    return run_estimate(study, cells, rows, cpus, cluster)
+def run_estimate_line(study: Any, cells: Sequence[Any], options: Any) -> str:
+    """`run_estimate` of the run's cells and optuna proposals with the run's options
+    (`--num-cpus`, `--address`, `--smoke`, overrides)."""
+    cells = list(cells) + proposed_cells(study, options.smoke_epochs if options.smoke else 0)
+    return run_estimate(study, cells, options.num_cpus, bool(options.address),
+                        plan_command(study, options))
 
 
+def ledger_rows(finished: Sequence[Any], epochs_of: Mapping[str, int]) -> list[dict]:
+    """The finished runs of the ledger (`analysis.collect.RunRecord`s read with the latest
+    `TIME_METRICS`) as the rows `pilot_times` reads: variant, duration, the last epoch's
+    times, the epochs done (`epochs_of`: cell id -> the config's epochs)."""
+    from analysis.layout import TAG_CELL_ID, TAG_STOPPED_EPOCH, TAG_VARIANT
+
+    rows = []
+    for run in finished:
+        if run.start_time is None or run.end_time is None:
+            continue
+        stopped = run.tags.get(TAG_STOPPED_EPOCH)
+        epochs = int(stopped) if stopped and stopped.isdigit() else \
+            epochs_of.get(run.tags.get(TAG_CELL_ID, ""))
+        if epochs is None:
+            continue
+        rows.append({"variant": run.tags.get(TAG_VARIANT), "start_time": run.start_time,
+                     "duration_s": (run.end_time - run.start_time) / 1000.0,
+                     "param:epochs": epochs, **{k: run.metrics.get(k) for k in TIME_METRICS}})
+    return rows
+
+
+def remaining_estimate_line(study: Any, pending: Sequence[Any], finished: Sequence[Any],
+                            epochs_of: Mapping[str, int], options: Any) -> str | None:
+    """On a re-run or a resume: the time of the cells left, from the study's own finished
+    runs as read by the ledger (`ledger_rows`: no history request); None when some variant
+    left has no finished run to time it by, or on a cluster (its slots are not known)."""
+    timings = pilot_times(ledger_rows(finished, epochs_of))
+    if not pending or options.address or any(c.variant not in timings.variants
+                                             for c in pending):
+        return None
+    est = estimate(study, pending, timings, cpus=options.num_cpus)
+    return (f"{len(pending)} cells left: ~{duration_text(est.wall_s)} wall, "
+            f"{_number(est.gpu_hours)} GPU-hours, on {est.slots} trial slots (from the epoch "
+            f"times of this study's {len(finished)} finished runs)")

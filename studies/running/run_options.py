@@ -16,6 +16,7 @@ class RunOptions:
     tracking_uri: str | None = None  # default: sqlite:///<output>/<name>/mlflow.db
     address: str | None = None  # Ray cluster address; None: a local Ray instance
     smoke: bool = False
+    smoke_epochs: int = 1  # the epochs of a smoke run's cells (`--smoke-epochs`)
     dry_run: bool = False
     report: bool = True
     num_cpus: int | None = None  # local Ray only; default: the machine's CPUs

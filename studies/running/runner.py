@@ -56,7 +56,7 @@ from studies.tracking import (
 )
 
 __all__ = ["RunOptions", "RunOutcome", "RunnerError", "run_study", "resume_study",
-           "read_settings", "study_dir_of", "smoke_study"]
+           "read_settings", "study_dir_of"]
 
 SETTINGS_FILE = "run.json"
 STUDY_FILE = "study.yaml"
@@ -93,7 +93,8 @@ def _settings_path(study_dir: Path) -> Path:
 
 
 #: run.json's fields and their types (checked when read back: ReadBackError naming the file)
-SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool, "address": str}
+SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool, "smoke_epochs": int,
+                   "address": str}
 
 
 def read_settings(study_dir: Path) -> dict:
@@ -105,29 +106,12 @@ def read_settings(study_dir: Path) -> dict:
     if not os.path.lexists(path):
         return {}
     return read_json(path, MAX_SETTINGS_BYTES, "the study's run settings written by `studies run` "
-                     "(a JSON object: name, source, tracking_uri, smoke, address)", SETTINGS_FIELDS)
-
-
-def smoke_study(study):
-    """The study as a smoke run executes it: one CPU per trial, no GPU, no early stopping or
-    pruning.
-
-    The smoke cells are tiny CPU jobs of one epoch (studies.cells.space.smoke_config), so the
-    file's GPU resources and its scheduler or pruners (which need every seed of a config at
-    once, and decide nothing at a config's last epoch) do not apply, and their models are
-    not worth logging.
-    """
-    from studies.studyfile.study import NoScheduler, Resources
-
-    design = [block.model_copy(update={"pruner": None}) if getattr(block, "pruner", None)
-              else block for block in study.design]
-    return study.model_copy(update={"resources": Resources(cpus=1, gpus=0), "design": design,
-                                    "scheduler": NoScheduler(kind="none"), "log_models": False})
+                     "(a JSON object: name, source, tracking_uri, smoke, smoke_epochs, address)", SETTINGS_FIELDS)
 
 
 def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     """(study, cells, run name), validated; a smoke run's tiny version when asked."""
-    from studies.cells.space import expand, smoke_cells
+    from studies.cells.space import expand, smoke_cells, smoke_study
     from studies.studyfile.spec import load_study
 
     study = load_study(study_file, max_cells=options.max_cells, overrides=options.overrides)
@@ -140,7 +124,7 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
                                             f"expected a name without that ending")])
     cells = expand(study)
     if options.smoke:
-        cells = smoke_cells(cells)
+        cells = smoke_cells(cells, options.smoke_epochs)
         study = smoke_study(study)
     return study, cells, study.name + (SMOKE_SUFFIX if options.smoke else "")
 
@@ -169,6 +153,8 @@ def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
         settings = {"name": name, "source": str(saved.get("source") or source),
                     "tracking_uri": tracking_uri, "smoke": bool(options.smoke),
                     "address": options.address}
+        if options.smoke:
+            settings["smoke_epochs"] = int(options.smoke_epochs)
         if options.overrides:
             settings["overrides"] = list(options.overrides)
         elif source == study_copy.resolve() and saved.get("overrides"):  # a resume: the copy has them
@@ -252,6 +238,14 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
                   f"parent run {parent_run})")
     if done:
         session.say(f"{len(done)} cells already finished (skipped)")
+    if done and pending:
+        from studies.running.plan import remaining_estimate_line
+
+        epochs_of = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
+        left = remaining_estimate_line(study, pending, session.finished_runs, epochs_of,
+                                       session.options)
+        if left:
+            session.say("estimate: " + left)
     if not (pending or study.optuna_blocks):
         return
     total_hint = len(cells) + proposals * len(study.seed_list)
@@ -292,7 +286,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
     from studies.running.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
-    _print(stream, "[studies] " + run_estimate_line(study, cells, tracking_uri, name, options))
+    _print(stream, "[studies] " + run_estimate_line(study, cells, options))
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
@@ -340,6 +334,7 @@ def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     if options.tracking_uri:  # a mistyped path must not become a new, empty store
         check_sqlite_store(options.tracking_uri)
     options.smoke = bool(saved.get("smoke", False))
+    options.smoke_epochs = int(saved.get("smoke_epochs") or 1)
     options.tracking_uri = options.tracking_uri or saved.get("tracking_uri")
     options.address = options.address or saved.get("address")
     return run_study(study_copy, options)

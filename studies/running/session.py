@@ -22,7 +22,7 @@ from studies.running.progress import StudyProgress, activity, say
 from studies.running.ray_session import RaySession
 from studies.cells.run_names import RunNamer
 from studies.running.run_options import RunOptions
-from studies.tracking import StudyTracking, new_session_id
+from studies.tracking import StudyTracking, finished_runs, new_session_id
 
 
 class StudySession:
@@ -59,6 +59,7 @@ class StudySession:
         self.parameters = None  # what its Tune experiments pass to their trials, put once
         self.callback = None  # the progress line's callback: its counts go on from one experiment to the next
         self.proposals: list = []  # the optuna blocks run (studies.scheduling.optuna_rounds.OptunaProposals)
+        self.finished_runs: list = []  # the finished run of each done cell, by `plan` (with its times)
 
     def say(self, text: str) -> None:
         say(self.stream, text)
@@ -85,8 +86,12 @@ class StudySession:
     def plan(self, cells: Sequence) -> tuple[list[str], list]:
         """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
         earlier trial left a checkpoint continue from it (in the run the ledger keeps)."""
+        from studies.running.plan import TIME_METRICS
+
         ids = [c.cell_id for c in cells]
-        grouped = self.tracking.cell_runs()
+        grouped = self.tracking.cell_runs(metrics=TIME_METRICS)  # the times: the time left
+        self.finished_runs = [found[-1] for found in (finished_runs(grouped.get(i, []))
+                                                      for i in ids) if found]
         # only the checkpoints of unfinished cells are read: a finished study reads none
         unfinished = [i for i in ids if self.tracking.finished_run(grouped.get(i, [])) is None]
         found = ResumePoints.search(self.storage_root(), self.name, unfinished)
@@ -313,7 +318,8 @@ class StudySession:
         for index, block in self.study.optuna_blocks:
             run_optuna_block(
                 self.study, index, block, study_name=self.name, study_dir=self.study_dir,
-                smoke=self.options.smoke, tracking=self.tracking,
+                smoke_epochs=self.options.smoke_epochs if self.options.smoke else 0,
+                tracking=self.tracking,
                 run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before))
 
 

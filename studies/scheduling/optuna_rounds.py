@@ -53,7 +53,7 @@ class OptunaProposals:
     """
 
     def __init__(self, study, index: int, block, *, study_name: str, study_dir: Path,
-                 smoke: bool, tracking: StudyTracking):
+                 smoke_epochs: int, tracking: StudyTracking):
         import optuna
         from optuna.trial import TrialState
 
@@ -64,7 +64,7 @@ class OptunaProposals:
         # Tune's searcher (ask, tell) and the pruner's thread (report) share the study
         self.lock = threading.RLock()
         self.study, self.index, self.block = study, index, block
-        self.smoke, self.tracking = smoke, tracking
+        self.smoke_epochs, self.tracking = smoke_epochs, tracking  # 0: not a smoke run
         self.metric = study.objective.metric
         self.seeds = study.seed_list  # racing is refused with optuna blocks: the list
         self.ostudy = optuna.create_study(
@@ -100,7 +100,7 @@ class OptunaProposals:
 
         variant, config, swept = optuna_block_suggest(self.study, self.index, trial_like)
         cells = [Cell(config_id(config), seed, variant, config, dict(swept)) for seed in self.seeds]
-        return smoke_cells(cells) if self.smoke else cells
+        return smoke_cells(cells, self.smoke_epochs) if self.smoke_epochs else cells
 
     def propose(self) -> list | None:
         """The cells of the next config (every seed) that are not already under way for an
@@ -202,11 +202,11 @@ class OptunaProposals:
 
 
 def run_optuna_block(study, index: int, block, *, study_name: str, study_dir: Path,
-                     smoke: bool, tracking: StudyTracking,
+                     smoke_epochs: int, tracking: StudyTracking,
                      run_proposals: Callable[[OptunaProposals], None]) -> list:
     """Ask, run and tell the configs of the optuna block `index` of `study`;
     `run_proposals(proposals)` runs them (one Tune experiment). Returns every cell used."""
     proposals = OptunaProposals(study, index, block, study_name=study_name,
-                                study_dir=study_dir, smoke=smoke, tracking=tracking)
+                                study_dir=study_dir, smoke_epochs=smoke_epochs, tracking=tracking)
     run_proposals(proposals)
     return proposals.cells_used
