@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 import os
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -226,18 +227,31 @@ class _Trial:
         """Train one epoch: its running training metrics, learning rate and time."""
         lr = self._set_learning_rate(epoch)
         batches = self._epoch_batches(epoch)
+        running = self._start_training(epoch)
+        start = time.perf_counter()
+        self._train_on(batches, running)
+        metrics = running.summary(len(self.data.train))
+        metrics.update({"lr": lr, "epoch_time_s": time.perf_counter() - start})
+        return metrics
+
+    def _start_training(self, epoch: int) -> _RunningTrainMetrics:
+        """Model and loss in training mode; the epoch's running metrics."""
         self.model.train()
         self.loss.train()
         ks = [] if self.multi_label else [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
-        running = _RunningTrainMetrics(epoch, ks, self.device)
-        start = time.perf_counter()
+        return _RunningTrainMetrics(epoch, ks, self.device)
+
+    def _train_on(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                  running: _RunningTrainMetrics) -> int:
+        """Train on ``batches`` as an epoch does (fetch, copy to the device, step, running
+        metrics); returns the number of steps. ``probe`` times the same loop."""
+        steps = 0
         for batch in batches:
             x, y, idx = (t.to(self.device, non_blocking=True) for t in batch)
             loss, scores = self._train_step(x, y, idx)
             running.add(loss, scores, y)
-        metrics = running.summary(len(self.data.train))
-        metrics.update({"lr": lr, "epoch_time_s": time.perf_counter() - start})
-        return metrics
+            steps += 1
+        return steps
 
     def _set_learning_rate(self, epoch: int) -> float:
         """Set the epoch's step-decayed rate on every parameter group (times the group's
@@ -456,10 +470,11 @@ def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str,
     """Time a few training steps of one trial, for a cost estimate without training it.
 
     Builds the trial (data, model, loss: ``setup_s``), runs one untimed warm-up step and then
-    ``steps`` timed ones (``step_s``: their mean; a loss whose cost varies from batch to batch,
-such as the smooth top-k SVM's switch between its smooth and hard paths, is averaged), and times the evaluation on a prefix of
-    the validation set (about ``steps`` evaluation batches), scaled to the whole validation
-    (``val_s``) and test set (``test_s``). ``epoch_s`` = steps per epoch x ``step_s`` +
+    ``steps`` timed ones through the epoch's own loop (``step_s``: their mean, with the batches'
+    loading and the running metrics; a loss whose cost varies from batch to batch, such as
+    the smooth top-k SVM's switch between its smooth and hard paths, is averaged), and times
+    the evaluation on a prefix of the validation set (about ``steps`` evaluation batches),
+    scaled to the whole validation (``val_s``) and test set (``test_s``). ``epoch_s`` = steps per epoch x ``step_s`` +
     ``val_s``: what ``fit`` logs as ``epoch_time_s`` plus its validation (``eval_time_s``).
     """
     if steps < 1:
@@ -472,18 +487,16 @@ such as the smooth top-k SVM's switch between its smooth and hard paths, is aver
         if trial.device.type == "cuda":
             torch.cuda.synchronize(trial.device)
 
-    trial.model.train()
-    trial.loss.train()
-    times = []
-    for i, batch in enumerate(trial._epoch_batches(0)):
-        if i > steps:
-            break
-        began = time.perf_counter()
-        x, y, idx = (t.to(trial.device, non_blocking=True) for t in batch)
-        trial._train_step(x, y, idx)
-        sync()
-        times.append(time.perf_counter() - began)
-    step_s = float(np.mean(times[1:] if len(times) > 1 else times))
+    running = trial._start_training(0)
+    batches = iter(trial._epoch_batches(0))
+    began = time.perf_counter()
+    trial._train_on(itertools.islice(batches, 1), running)  # warm-up, untimed
+    sync()
+    warm_up_s = time.perf_counter() - began
+    began = time.perf_counter()
+    timed = trial._train_on(itertools.islice(batches, steps), running)
+    sync()
+    step_s = (time.perf_counter() - began) / timed if timed else warm_up_s
     batch_size = int(trial.cfg["optim"]["batch_size"])
     steps_per_epoch = math.ceil(len(trial.data.train) / batch_size)
 

@@ -388,3 +388,30 @@ def test_a_checkpoint_file_that_would_run_code_is_refused(tmp_path):
         fit(small_cfg({"name": "ce"}, epochs=1), seed=0, checkpoint=path)
     assert str(path) in str(err.value)
     assert not marker.exists(), "loading the checkpoint ran code"
+
+
+def test_probe_times_the_epoch_loop_with_its_data_loading(monkeypatch):
+    """`probe` times the steps as an epoch runs them: fetching each batch included (a loader
+    that sleeps 20 ms per batch makes every timed step at least that long) and the running
+    metrics fed (one `add` per step, the untimed warm-up step included)."""
+    import time
+
+    from setvalued import train
+
+    batches_of = train._Trial._epoch_batches
+
+    def slow_batches(self, epoch):
+        for batch in batches_of(self, epoch):
+            time.sleep(0.02)
+            yield batch
+
+    adds = []
+    add = train._RunningTrainMetrics.add
+    monkeypatch.setattr(train._Trial, "_epoch_batches", slow_batches)
+    monkeypatch.setattr(train._RunningTrainMetrics, "add",
+                        lambda self, *args: adds.append(1) or add(self, *args))
+    result = train.probe(small_cfg({"name": "ce"}), seed=0, steps=4)
+    assert result["step_s"] >= 0.02
+    assert len(adds) == 1 + 4
+    assert result["steps_per_epoch"] == 19  # ceil(600 / 32)
+    assert result["epoch_s"] == pytest.approx(19 * result["step_s"] + result["val_s"])
