@@ -1,9 +1,11 @@
 """`studies plan` (studies.running.plan) and the report's "Power and cost" section.
 
 Fast: the plan's pieces (ASHA's expected budget against a simulation of successive halving,
-the slots, the schedule) and the CLI on a catalogue file and on bad flags. Slow: a real
+the slots, the schedule with a fresh worker's warm-up, a pilot's times, the ledger's rows)
+and the CLI on a catalogue file, its smoke run, overrides and bad flags. Slow: a real 2-epoch
 smoke run of the quickstart (Ray, SQLite MLflow) is the pilot of `studies plan --pilot` and
-the store of a report whose GPU-hours are checked against the runs' durations.
+the store of a report whose GPU-hours are checked against the runs' durations; a study run
+again with more seeds prints the time of the cells left without reading a metric history.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.collect import RunRecord
 from analysis.power import seeds_for_power
-from studies.running.plan import asha_expected_epochs, schedule_length, trial_slots
+from studies.running.estimate import (
+    CELL_GAP_S, RUNNER_EPOCH_S, START_UP_S, Timings, VariantTime, estimate, pilot_times,
+)
+from studies.running.plan import (
+    asha_expected_epochs, ledger_rows, run_estimate_line, schedule_length, trial_slots,
+)
+from studies.running.run_options import RunOptions
 from studies.studyfile.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +66,94 @@ def test_slots_and_schedule():
     assert schedule_length([3, 1, 1, 2], 2) == 4  # 3 | 1+1, then 2 on the second slot (free at 2)
 
 
+def test_wall_time_is_the_start_up_and_the_schedule_with_each_slots_first_cell_warming_up():
+    """4 cells of 1 + 2 x 0.5 s on 2 slots, a warm-up of 0.25 s: the first cell of each
+    slot takes 2.25 s, then one more cell each: 4.25 s after the start-up."""
+    from types import SimpleNamespace
+
+    study = load_study(CATALOG / "quickstart.yaml")  # 1 CPU per trial, no scheduler
+    cells = [SimpleNamespace(config_id=f"c{i}", seed=0, variant="ab"[i % 2],
+                             config={"epochs": 2}) for i in range(4)]
+    timings = Timings({v: VariantTime(0.5, 1.0, "probe") for v in "ab"}, 0.25)
+    est = estimate(study, cells, timings, cpus=2)
+    assert est.slots == 2
+    assert est.wall_s == pytest.approx(START_UP_S + 2 * 2.0 + 0.25)
+    assert est.cell_seconds == pytest.approx(4 * 2.0 + 2 * 0.25)
+    assert [r.seconds for r in est.rows] == pytest.approx([2 * 2.0, 2 * 2.0])  # no warm-up
+
+
+def test_pilot_times_take_the_median_rest_and_the_earliest_cells_warm_up():
+    """Per-epoch times: the mean (collect's `mean:` columns, else the last epoch's as the
+    ledger reads them) plus the runner's per epoch; the fixed part: the median of the rests
+    (the earliest cell paid its worker's one-off imports); the warm-up: its excess."""
+    rows = [  # variant, start, duration, epochs, epoch time, eval time
+        {"variant": "a", "start_time": 0, "duration_s": 10 * 0.3 + 2.5, "param:epochs": 10,
+         "mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05},
+        {"variant": "a", "start_time": 5, "duration_s": 10 * 0.3 + 0.5, "param:epochs": 10,
+         "mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05},
+        {"variant": "a", "start_time": 9, "duration_s": 4 * 0.3 + 0.6, "param:epochs": 10,
+         "stopped_epoch": 4, "mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05},
+        {"variant": "b", "start_time": 3, "duration_s": 5 * 1.0 + 0.4, "param:epochs": 5,
+         "epoch_time_s": 0.9, "eval_time_s": 0.1},  # the ledger's last-epoch values
+        {"variant": "b", "start_time": 4, "duration_s": None, "param:epochs": 5,
+         "epoch_time_s": 0.9},  # no duration: not counted
+    ]
+    timings = pilot_times(rows)
+    a, b = timings.variants["a"], timings.variants["b"]
+    assert a.epoch_s == pytest.approx(0.3 + RUNNER_EPOCH_S)
+    rests = [2.5 - 10 * RUNNER_EPOCH_S, 0.5 - 10 * RUNNER_EPOCH_S, 0.6 - 4 * RUNNER_EPOCH_S]
+    assert a.fixed_s == pytest.approx(sorted(rests)[1] + CELL_GAP_S)
+    assert b.epoch_s == pytest.approx(1.0 + RUNNER_EPOCH_S)
+    assert b.fixed_s == pytest.approx(0.4 - 5 * RUNNER_EPOCH_S + CELL_GAP_S)
+    assert b.note == "1 pilot runs" and a.source == "pilot"
+    assert timings.warm_up_s == pytest.approx(rests[0] - sorted(rests)[1])
+
+
+def test_ledger_rows_time_the_finished_runs_by_their_config_or_where_they_stopped():
+    def record(cell, start, end, **tags):
+        return RunRecord(cell, "FINISHED", start, end,
+                         {"studies.cell_id": cell, "studies.variant": "ce", **tags}, {},
+                         {"epoch_time_s": 0.2, "eval_time_s": 0.05})
+
+    rows = ledger_rows([record("c1", 1000, 4500), record("c2", 0, 2000,
+                                                          **{"studies.stopped_epoch": "3"}),
+                        record("c3", 0, None), record("unknown", 0, 100)],
+                       {"c1": 12, "c2": 12, "c3": 12})
+    assert [(r["duration_s"], r["param:epochs"]) for r in rows] == [(3.5, 12), (2.0, 3)]
+    assert rows[0]["epoch_time_s"] == 0.2 and rows[0]["variant"] == "ce"
+
+
+def test_run_line_names_the_plan_command_of_the_same_run():
+    study = load_study(CATALOG / "quickstart.yaml", overrides=["seeds=[0, 1]"])
+    from studies.cells.space import expand, smoke_cells, smoke_study
+
+    cells = smoke_cells(expand(study), 2)
+    options = RunOptions(smoke=True, smoke_epochs=2, overrides=("seeds=[0, 1]",), num_cpus=2)
+    line = run_estimate_line(smoke_study(study), cells, options)
+    assert line.startswith("estimate: 10 cells, 20 epochs, 2 trial slots (2 CPUs / 1 per trial)")
+    assert line.endswith(f"time: `studies plan {study.path} --smoke --smoke-epochs 2 "
+                         f"'seeds=[0, 1]'`")
+
+
+def test_plan_of_a_smoke_run_and_of_overrides():
+    """`studies plan FILE --smoke --smoke-epochs 2` plans the cells `studies run` would run
+    with the same flags; KEY=VALUE words change the study as they do there."""
+    result = studies_cli("plan", str(CATALOG / "topk_cifar100_label_noise.yaml"), "--smoke",
+                         "--smoke-epochs", "2", "--no-probe")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "its smoke run of 2 epochs" in out.splitlines()[0]
+    assert f"trial slots: {os.cpu_count()} ({os.cpu_count()} CPUs / 1 per trial)" in out
+    ce = next(line for line in out.splitlines() if line.startswith("ce "))
+    assert ce.split()[1:4] == ["1", "4", "2.0"]  # 1 config (label noise is not kept), 4 seeds
+    assert "not planned for a smoke run" in out
+    result = studies_cli("plan", str(CATALOG / "quickstart.yaml"), "--no-probe",
+                         "seeds=[0,1]", "--set", "epochs=4")
+    assert result.returncode == 0, result.stderr
+    ce = next(line for line in result.stdout.splitlines() if line.startswith("ce "))
+    assert ce.split()[1:4] == ["1", "2", "4.0"]
+
+
 def test_plan_of_a_catalogue_file_prints_both_tables_in_80_columns():
     result = studies_cli("plan", str(CATALOG / "topk_cifar100_label_noise.yaml"), "--gpus", "8",
                          "--no-probe", "--difference", "0.5")
@@ -75,7 +172,8 @@ def test_plan_of_a_catalogue_file_prints_both_tables_in_80_columns():
 @pytest.mark.parametrize("flags,named", [
     (["--power", "1.5"], "--power"), (["--gpus", "0"], "--gpus"),
     (["--difference", "-1"], "--difference"), (["--pilot", "no_such_study"], "--pilot"),
-    (["--difference", "half"], "--difference"),
+    (["--difference", "half"], "--difference"), (["--smoke-epochs", "0"], "--smoke-epochs"),
+    (["optim.lr=fast"], "optim.lr"),
 ])
 def test_bad_flags_exit_2_with_a_clear_error(flags, named, tmp_path):
     result = studies_cli("plan", str(CATALOG / "quickstart.yaml"), "--no-probe",
@@ -86,10 +184,10 @@ def test_bad_flags_exit_2_with_a_clear_error(flags, named, tmp_path):
 
 @pytest.fixture(scope="module")
 def smoke_pilot(tmp_path_factory):
-    """A real smoke run of the quickstart (3 seeds, 5 configs, 1 epoch): the pilot."""
+    """A real smoke run of the quickstart (3 seeds, 5 configs, 2 epochs): the pilot."""
     out = tmp_path_factory.mktemp("plan")
-    result = studies_cli("run", str(CATALOG / "quickstart.yaml"), "--smoke", "--output",
-                         str(out), "--num-cpus", "2", timeout=900)
+    result = studies_cli("run", str(CATALOG / "quickstart.yaml"), "--smoke-epochs", "2",
+                         "--output", str(out), "--num-cpus", "2", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     return out, result.stdout
 
@@ -101,8 +199,29 @@ def test_run_prints_the_estimate_first(smoke_pilot):
     # after the checks of the study folder and before Ray starts (lines without a TTY are
     # headed by the time)
     estimate = next(i for i, line in enumerate(lines) if "[studies] estimate:" in line)
-    assert "[studies] estimate: 15 cells, 15 epochs" in lines[estimate], stdout
+    assert "[studies] estimate: 15 cells, 30 epochs" in lines[estimate], stdout
+    assert "time: `studies plan " in lines[estimate]
+    assert lines[estimate].endswith("quickstart.yaml --smoke --smoke-epochs 2`"), stdout
     assert all("checking the study folder" in line for line in lines[:estimate]), stdout
+
+
+@pytest.mark.slow
+def test_a_smoke_run_of_two_epochs_trains_each_cell_two_epochs(smoke_pilot):
+    out, _ = smoke_pilot
+    import json
+
+    from mlflow import MlflowClient
+
+    from analysis.collect import collect
+
+    uri = f"sqlite:///{out}/quickstart-smoke/mlflow.db"
+    rows = collect(uri, "quickstart-smoke").table.to_pylist()
+    assert len(rows) == 15 and {r["param:epochs"] for r in rows} == {2}
+    client = MlflowClient(uri)
+    steps = sorted(m.step for m in client.get_metric_history(rows[0]["run_id"], "val/top5"))
+    assert steps == [0, 1]
+    settings = json.loads((out / "quickstart-smoke" / "run.json").read_text())
+    assert settings["smoke"] is True and settings["smoke_epochs"] == 2  # `studies resume`
 
 
 @pytest.mark.slow
@@ -178,3 +297,39 @@ def test_racing_expected_seeds_from_a_pilot():
         found[gap], note = racing_expected_cells(study, rows, races=40)
         assert "racing, simulated" in note
     assert 3.0 <= found[50.0] < 4.5 and found[0.0] > 7.5
+
+
+@pytest.mark.slow
+def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histories(
+        local_ray, tmp_path, monkeypatch):
+    """2 configs x 2 seeds, then the same file with a third seed: the second run prints
+    the time of the 2 cells left from the 4 finished runs the ledger read, and no metric
+    history is requested from the store (at 10,000 cells that was 20,000 requests)."""
+    import io
+
+    import analysis.collect_store as store
+    from studies.running.runner import run_study
+    from tests.test_runner import write_study
+
+    path = write_study(tmp_path, "plan-left", lrs=[0.05, 0.1], epochs=2)
+
+    reads = []  # every history request of the driver (counted, not refused: a refusal
+    # could be swallowed by a caller that tolerates a failed read)
+    for name in ("_fetch_histories", "_histories_per_run"):
+        original = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda *a, _f=original, _n=name, **k:
+                            reads.append(_n) or _f(*a, **k))
+    first = io.StringIO()
+    options = dict(output=tmp_path / "out", report=False, progress_interval_s=5.0)
+    outcome = run_study(path, RunOptions(stream=first, **options))
+    assert outcome.exit_code == 0 and outcome.finished == 4, first.getvalue()
+    assert "cells left" not in first.getvalue()
+    again = io.StringIO()
+    outcome = run_study(path, RunOptions(stream=again, overrides=("seeds=[0,1,2]",), **options))
+    assert outcome.exit_code == 0 and outcome.finished == 6, again.getvalue()
+    text = again.getvalue()
+    assert "4 cells already finished" in text
+    line = next(line for line in text.splitlines() if "cells left" in line)
+    assert re.search(r"estimate: 2 cells left: ~\d+ s wall, 0\.00 GPU-hours, on \d+ trial "
+                     r"slots \(from the epoch times of this study's 4 finished runs\)", line), line
+    assert reads == []
