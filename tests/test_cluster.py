@@ -246,6 +246,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@pytest.mark.parametrize("flags, passed", [
+    ([], []), (["--smoke"], ["--smoke"]),
+    (["--smoke-epochs", "2"], ["--smoke", "--smoke-epochs", "2"]),
+    (["--smoke", "--smoke-epochs", "3", "--run-args=--progress-every 5"],
+     ["--smoke", "--smoke-epochs", "3", "--progress-every", "5"]),
+])
+def test_submit_passes_the_smoke_flags_to_studies_run(flags, passed, monkeypatch, capsys):
+    sent = {}
+    monkeypatch.setattr(sub, "submit_study", lambda *a, **k: sent.update(k) or "job-1")
+    args = _parser().parse_args(["submit", "s.yaml", "--address", "http://h:8265",
+                                 "--tracking-uri", "http://m:5000", "--storage", "/nfs/x",
+                                 *flags])
+    assert args.handler(args) == 0
+    assert sent["extra_args"] == passed
+
+
+def test_submit_refuses_a_smoke_of_no_epochs(monkeypatch, capsys):
+    monkeypatch.setattr(sub, "submit_study", lambda *a, **k: pytest.fail("submitted"))
+    args = _parser().parse_args(["submit", "s.yaml", "--address", "http://h:8265",
+                                 "--smoke-epochs", "0"])
+    assert args.handler(args) == 2
+    assert "--smoke-epochs: expected a whole number of epochs of at least 1, got 0" in \
+        capsys.readouterr().err
+
+
 def test_subcommands_parse():
     parser = _parser()
     args = parser.parse_args(["submit", "s.yaml", "--address", "http://h:8265",

@@ -282,8 +282,12 @@ def _submit(args: argparse.Namespace) -> int:
         extra = shlex.split(args.run_args or "")
     except ValueError as error:
         raise SubmitError(f"--run-args {args.run_args!r}: {error}") from None
-    if args.smoke:
-        extra.insert(0, "--smoke")
+    if args.smoke_epochs is not None and args.smoke_epochs < 1:
+        raise SubmitError(f"--smoke-epochs: expected a whole number of epochs of at least 1, "
+                          f"got {args.smoke_epochs}")
+    if args.smoke or args.smoke_epochs is not None:
+        extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None
+                                   else ["--smoke-epochs", str(args.smoke_epochs)])
     resources = None
     if args.entrypoint_resources:
         try:
@@ -330,6 +334,8 @@ def _add_submit(parser: argparse.ArgumentParser) -> None:
                         help="stream the job's log until it ends; exit 0 only if it succeeded")
     parser.add_argument("--smoke", action="store_true",
                         help="pass --smoke to `studies run` (tiny synthetic run)")
+    parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
+                        help="pass --smoke --smoke-epochs N to `studies run`")
     parser.add_argument("--submission-id", default=None, metavar="ID",
                         help="the job id to use (default: studies-NAME-DATE-TIME-XXXX)")
     parser.add_argument("--entrypoint-num-cpus", type=float, default=None, metavar="N",
