@@ -82,31 +82,33 @@ def test_wall_time_is_the_start_up_and_the_schedule_with_each_slots_first_cell_w
     assert [r.seconds for r in est.rows] == pytest.approx([2 * 2.0, 2 * 2.0])  # no warm-up
 
 
-def test_pilot_times_take_the_median_rest_and_the_earliest_cells_warm_up():
+def test_pilot_times_take_the_steady_rest_and_the_first_waves_warm_up():
     """Per-epoch times: the mean (collect's `mean:` columns, else the last epoch's as the
-    ledger reads them) plus the runner's per epoch; the fixed part: the median of the rests
-    (the earliest cell paid its worker's one-off imports); the warm-up: its excess."""
-    rows = [  # variant, start, duration, epochs, epoch time, eval time
-        {"variant": "a", "start_time": 0, "duration_s": 10 * 0.3 + 2.5, "param:epochs": 10,
-         "mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05},
-        {"variant": "a", "start_time": 5, "duration_s": 10 * 0.3 + 0.5, "param:epochs": 10,
-         "mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05},
-        {"variant": "a", "start_time": 9, "duration_s": 4 * 0.3 + 0.6, "param:epochs": 10,
-         "stopped_epoch": 4, "mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05},
-        {"variant": "b", "start_time": 3, "duration_s": 5 * 1.0 + 0.4, "param:epochs": 5,
-         "epoch_time_s": 0.9, "eval_time_s": 0.1},  # the ledger's last-epoch values
-        {"variant": "b", "start_time": 4, "duration_s": None, "param:epochs": 5,
-         "epoch_time_s": 0.9},  # no duration: not counted
-    ]
+    ledger reads them) plus the runner's per epoch; the fixed part: the median rest of the
+    cells after the first wave (those that started before any ended paid their worker's
+    one-off imports); the warm-up: the first wave's median excess over it."""
+    def row(variant, start, duration, epochs, **times):
+        return {"variant": variant, "start_time": start,
+                "end_time": None if duration is None else start + 1000 * duration,
+                "duration_s": duration, "param:epochs": epochs, **times}
+
+    a = {"mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05}
+    b = {"epoch_time_s": 0.9, "eval_time_s": 0.1}  # the ledger's last-epoch values
+    rows = [row("a", 0, 10 * 0.3 + 2.5, 10, **a),  # first wave
+            row("b", 100, 5 * 1.0 + 2.4, 5, **b),  # first wave
+            row("a", 5600, 10 * 0.3 + 0.5, 10, **a),
+            {**row("a", 9000, 4 * 0.3 + 0.6, 10, **a), "stopped_epoch": 4},
+            row("b", 9100, 5 * 1.0 + 0.4, 5, **b),
+            row("b", 9200, None, 5, **b)]  # no duration: not counted
     timings = pilot_times(rows)
-    a, b = timings.variants["a"], timings.variants["b"]
-    assert a.epoch_s == pytest.approx(0.3 + RUNNER_EPOCH_S)
-    rests = [2.5 - 10 * RUNNER_EPOCH_S, 0.5 - 10 * RUNNER_EPOCH_S, 0.6 - 4 * RUNNER_EPOCH_S]
-    assert a.fixed_s == pytest.approx(sorted(rests)[1] + CELL_GAP_S)
-    assert b.epoch_s == pytest.approx(1.0 + RUNNER_EPOCH_S)
-    assert b.fixed_s == pytest.approx(0.4 - 5 * RUNNER_EPOCH_S + CELL_GAP_S)
-    assert b.note == "1 pilot runs" and a.source == "pilot"
-    assert timings.warm_up_s == pytest.approx(rests[0] - sorted(rests)[1])
+    va, vb = timings.variants["a"], timings.variants["b"]
+    r = RUNNER_EPOCH_S
+    assert va.epoch_s == pytest.approx(0.3 + r) and vb.epoch_s == pytest.approx(1.0 + r)
+    assert va.fixed_s == pytest.approx((0.5 - 10 * r + 0.6 - 4 * r) / 2 + CELL_GAP_S)
+    assert vb.fixed_s == pytest.approx(0.4 - 5 * r + CELL_GAP_S)
+    assert va.note == "3 pilot runs" and vb.note == "2 pilot runs" and va.source == "pilot"
+    excess_a = (2.5 - 10 * r) - (0.5 - 10 * r + 0.6 - 4 * r) / 2
+    assert timings.warm_up_s == pytest.approx((excess_a + 2.0) / 2)
 
 
 def test_ledger_rows_time_the_finished_runs_by_their_config_or_where_they_stopped():

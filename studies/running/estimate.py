@@ -149,11 +149,11 @@ def _finite(*values: Any) -> float | None:
 def pilot_times(rows: Sequence[Mapping[str, Any]]) -> Timings:
     """Per variant, from a pilot's finished cells: the mean of `epoch_time_s` + `eval_time_s`
     (`collect`'s means over epochs, `mean:...`, else the last epoch's) plus the runner's
-    per-epoch work, and as fixed part the median over its cells of the rest of `duration_s`
-    (the median: the first cell of each worker also pays its one-off imports) plus the gap
-    between cells. The warm-up: what the pilot's earliest cell took over that median."""
-    per: dict[str, list[tuple[float, float]]] = {}
-    first: tuple[float, str, float] | None = None  # (start, variant, rest) of the earliest cell
+    per-epoch work; as fixed part the median rest of `duration_s` of its cells outside the
+    first wave, plus the gap between cells. The first wave: the cells that started before
+    any cell ended, each in a fresh worker that paid its one-off imports; the warm-up is
+    their median excess over the fixed part of their variant."""
+    cells = []  # (variant, epoch seconds, rest, start, end)
     for row in rows:
         epoch = _finite(row.get("mean:epoch_time_s"), row.get("epoch_time_s"))
         duration = _finite(row.get("duration_s"))
@@ -162,18 +162,23 @@ def pilot_times(rows: Sequence[Mapping[str, Any]]) -> Timings:
         epoch += _finite(row.get("mean:eval_time_s"), row.get("eval_time_s")) or 0.0
         done = _finite(row.get("stopped_epoch"), row.get("param:epochs")) or 0.0
         rest = max(duration - (epoch + RUNNER_EPOCH_S) * done, 0.0)
-        variant = str(row.get("variant"))
-        per.setdefault(variant, []).append((epoch, rest))
-        start = _finite(row.get("start_time"))
-        if start is not None and (first is None or start < first[0]):
-            first = (start, variant, rest)
-    variants = {v: VariantTime(sum(e for e, _ in xs) / len(xs) + RUNNER_EPOCH_S,
-                               statistics.median(r for _, r in xs) + CELL_GAP_S, "pilot",
-                               f"{len(xs)} pilot runs")
-                for v, xs in per.items()}
-    warm_up = 0.0
-    if first is not None:
-        warm_up = max(first[2] + CELL_GAP_S - variants[first[1]].fixed_s, 0.0)
+        start, end = _finite(row.get("start_time")), _finite(row.get("end_time"))
+        cells.append((str(row.get("variant")), epoch, rest, start, end))
+    first_end = min((c[4] for c in cells if c[4] is not None), default=None)
+    first_wave = [first_end is not None and c[3] is not None and c[3] < first_end
+                  for c in cells]
+    steady = [c for c, first in zip(cells, first_wave) if not first]
+    variants = {}
+    for variant in dict.fromkeys(c[0] for c in cells):
+        mine = [c for c in cells if c[0] == variant]
+        rests = [c[2] for c in steady if c[0] == variant] or [c[2] for c in steady] \
+            or [c[2] for c in mine]  # a variant only in the first wave: the others' rest
+        variants[variant] = VariantTime(
+            sum(c[1] for c in mine) / len(mine) + RUNNER_EPOCH_S,
+            statistics.median(rests) + CELL_GAP_S, "pilot", f"{len(mine)} pilot runs")
+    excess = [c[2] + CELL_GAP_S - variants[c[0]].fixed_s
+              for c, first in zip(cells, first_wave) if first]
+    warm_up = max(statistics.median(excess), 0.0) if excess and steady else 0.0
     return Timings(variants, warm_up)
 
 

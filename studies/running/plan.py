@@ -380,7 +380,7 @@ def ledger_rows(finished: Sequence[Any], epochs_of: Mapping[str, int]) -> list[d
         if epochs is None:
             continue
         rows.append({"variant": run.tags.get(TAG_VARIANT), "start_time": run.start_time,
-                     "duration_s": (run.end_time - run.start_time) / 1000.0,
+                     "end_time": run.end_time, "duration_s": (run.end_time - run.start_time) / 1000.0,
                      "param:epochs": epochs, **{k: run.metrics.get(k) for k in TIME_METRICS}})
     return rows
 
