@@ -40,6 +40,10 @@ CELL_GAP_S = 0.09
 #: the runner's work per epoch (Tune's report, MLflow's batched metrics): the growth of the
 #: cells' rest of `duration_s` from 1 to 30 epochs, per epoch
 RUNNER_EPOCH_S = 0.007
+#: between two Tune experiments of a run (an optuna block after the grid, the parts of a long
+#: grid: `studies.running.session`): the time no cell runs, from the last cell of one to the
+#: first of the next; the next one's cells start in fresh workers, which warm up again
+EXPERIMENT_START_S = 4.4
 DEFAULT_PROBE_STEPS = 10
 
 
@@ -91,6 +95,7 @@ class ComputeEstimate:
     cell_seconds: float
     start_up_s: float = START_UP_S  # in wall_s: the run's start-up
     warm_up_s: float = 0.0  # in wall_s and cell_seconds: a fresh worker's first cell's one-offs
+    experiments: int = 1  # Tune experiments run one after the other (EXPERIMENT_START_S apart)
     schedule_note: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -257,8 +262,6 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                   for e in epochs]
     plain = [times[c.variant].fixed_s + e * times[c.variant].epoch_s
              for c, e in zip(cells, epochs)]
-    # in the order the runner hands the cells out; a fresh worker's first cell warms up
-    durations = [d + (timings.warm_up_s if i < slots else 0.0) for i, d in enumerate(plain)]
     positions: dict[str, list[int]] = {}
     for i, cell in enumerate(cells):
         positions.setdefault(cell.variant, []).append(i)
@@ -268,9 +271,17 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
         rows.append(VariantCost(variant, len({cells[i].config_id for i in mine}), len(mine),
                                 sum(epochs[i] for i in mine) / len(mine), variant_time,
                                 sum(plain[i] for i in mine)))
-    cell_seconds = sum(durations)
-    wall = START_UP_S + schedule_length(durations, slots) if math.isfinite(cell_seconds) \
-        else math.nan
+    # each Tune experiment deals its cells in order to the slots, the first cell of each
+    # slot in a fresh worker that warms up
+    parts = experiments(cells)
+    schedules, cell_seconds = [], 0.0
+    for part in parts:
+        durations = [plain[i] + (timings.warm_up_s if n < slots else 0.0)
+                     for n, i in enumerate(part)]
+        schedules.append(schedule_length(durations, slots))
+        cell_seconds += sum(durations)
+    wall = START_UP_S + EXPERIMENT_START_S * (len(parts) - 1) + sum(schedules) \
+        if math.isfinite(cell_seconds) else math.nan
     schedule_note = ""
     if scheduler.kind == "asha":
         full = sum(int(c.config.get("epochs", 1)) for c in cells)
@@ -298,7 +309,34 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                          f"give --pilot NAME")
     return ComputeEstimate(rows, slots, slots_text, float(study.resources.gpus),
                            float(study.resources.cpus), wall, cell_seconds, START_UP_S,
-                           timings.warm_up_s, schedule_note, notes)
+                           timings.warm_up_s, len(parts), schedule_note, notes)
+
+
+def experiments(cells: Sequence[Any]) -> list[list[int]]:
+    """The positions of `cells` grouped as the runner runs them, one Tune experiment after the
+    other: the study's own cells in parts of whole configs
+    (`studies.running.session.experiment_parts`), then each optuna block's proposals
+    (`plan.ProposedCell`s, by their `block`)."""
+    from studies.running.session import MAX_TRIALS_PER_EXPERIMENT, experiment_parts
+
+    blocks: dict[int, list[int]] = {}
+    grid: list[Any] = []
+    for i, cell in enumerate(cells):
+        block = getattr(cell, "block", None)
+        if block is None:
+            grid.append((i, cell))
+        else:
+            blocks.setdefault(block, []).append(i)
+    indexed = [_Indexed(i, cell.config_id) for i, cell in grid]
+    parts = [[c.index for c in part]
+             for part in experiment_parts(indexed, MAX_TRIALS_PER_EXPERIMENT)]
+    return [part for part in parts + list(blocks.values()) if part]
+
+
+@dataclass(frozen=True)
+class _Indexed:
+    index: int
+    config_id: str
 
 
 def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, races: int = 200,
@@ -306,9 +344,12 @@ def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, race
     """The expected number of cells a racing study runs, by simulating `races` races
     (`studies.scheduling.racing.SeedRace`, the runner's rule) on values drawn from a pilot: config c,
     seed s gives m_c + u_s + e_cs, m_c the pilot's mean of the race metric per config, u_s
-    a shared seed effect and e_cs a config's own noise, normal, their sds from the pilot's
-    two-way (config + seed) decomposition. None without a pilot of at least two configs on
-    two common seeds."""
+    a shared seed effect and e_cs the config's own noise, normal, their sds from the pilot's
+    two-way (config + seed) decomposition on the seeds all configs have: u_s the median over
+    configs of x_cs - m_c (one very noisy config does not make the others' noise), sd_c from
+    config c's residuals (configs differ in noise: a loss that is unstable at some epsilon
+    races to the end, a stable one is decided in a few seeds). None without a pilot of at
+    least two configs on two common seeds."""
     import numpy as np
 
     from studies.scheduling.racing import SeedRace, run_simulated_race
@@ -329,19 +370,27 @@ def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, race
     if len(values) < 2 or len(common) < 2:
         return None
     x = np.array([[v[s] for s in common] for v in values.values()])
+    n, m = x.shape
     means = x.mean(axis=1)
-    seed_effect = x.mean(axis=0) - x.mean()
+    seed_effect = np.median(x - means[:, None], axis=0)
     residual = x - means[:, None] - seed_effect[None, :]
-    df = (x.shape[0] - 1) * (x.shape[1] - 1)
-    sd_e = math.sqrt(float((residual ** 2).sum()) / df) if df else 0.0
-    sd_u = float(seed_effect.std(ddof=1)) if x.shape[1] > 1 else 0.0
+    # E sum_s r_cs^2 = (m - 1)(n - 1) / n sd_c^2 for the mean seed effect of equal sds
+    sd_e = np.sqrt((residual ** 2).sum(axis=1) * n / ((m - 1) * (n - 1)))
+    sd_u = float(seed_effect.std(ddof=1))
+    # the pilot's means hold m seeds of noise: shrunk towards their mean by the share of their
+    # spread that noise explains (empirical Bayes), configs that only seem to differ race on
+    noise = sd_e ** 2 / m
+    between = max(float(means.var(ddof=1) - noise.mean()), 0.0)
+    shrink = np.divide(between, between + noise, out=np.ones_like(noise),
+                       where=between + noise > 0)
+    means = means.mean() + shrink * (means - means.mean())
     rng = np.random.default_rng(seed)
     ids = [str(i) for i in range(len(means))]
     seeds = race.seed_list
     total = 0
     for _ in range(races):
         draw = (means[:, None] + rng.normal(0.0, sd_u, len(seeds))[None, :]
-                + rng.normal(0.0, sd_e, (len(means), len(seeds))))
+                + rng.normal(0.0, 1.0, (len(means), len(seeds))) * sd_e[:, None])
         sim = SeedRace(ids, list(range(len(seeds))), race.initial, race.step, mode,
                        race.until.level)
         total += run_simulated_race(sim, slots, lambda config_id, index: float(draw[int(config_id), index]),

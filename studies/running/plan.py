@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from studies.running.estimate import (  # noqa: F401 (re-exported)
-    ComputeEstimate, DEFAULT_PROBE_STEPS, START_UP_S, Timings, asha_expected_epochs, estimate,
+    ComputeEstimate, DEFAULT_PROBE_STEPS, EXPERIMENT_START_S, START_UP_S, Timings, asha_expected_epochs, estimate,
     pilot_times, probe_times, racing_expected_cells, schedule_length, trial_slots,
 )
 
@@ -88,10 +88,15 @@ def compute_table(est: ComputeEstimate) -> str:
                  f"{sum(r.cells for r in est.rows):>7}")
     lines.append(f"trial slots: {est.slots} ({est.slots_text})")
     lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}")
-    lines.append(f"wall time: {duration_text(est.wall_s)} (start-up {est.start_up_s:.0f} s and a "
-                 f"new worker's warm-up {est.warm_up_s:.1f} s included)")
+    lines.append(f"wall time: {duration_text(est.wall_s)} (start-up {est.start_up_s:.0f} s, "
+                 f"warm-up {est.warm_up_s:.1f} s per new worker)")
     lines = [_cut(line, 80) for line in lines]
-    for note in ([est.schedule_note] if est.schedule_note else []) + est.notes:
+    notes = [est.schedule_note] if est.schedule_note else []
+    if est.experiments > 1:
+        notes.append(f"{est.experiments} Tune experiments, one after the other (the design's "
+                     f"cells, then each optuna block): {EXPERIMENT_START_S:.1f} s between two, "
+                     f"each in new workers")
+    for note in notes + est.notes:
         lines += textwrap.wrap(note, 80, subsequent_indent="  ")
     return "\n".join(lines)
 
@@ -210,6 +215,7 @@ class ProposedCell:
     seed: int
     variant: str
     config: dict
+    block: int  # the index of its optuna block in the design: one Tune experiment each
 
 
 def planned_cells(study: Any, smoke_epochs: int = 0) -> list[Any]:
@@ -237,7 +243,7 @@ def proposed_cells(study: Any, smoke_epochs: int = 0) -> list[ProposedCell]:
             config = study.variant_config(variant)
             if smoke_epochs:
                 config = smoke_config(config, epochs=smoke_epochs)
-            cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config)
+            cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config, index)
                       for seed in study.seed_list]
     return cells
 
