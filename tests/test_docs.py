@@ -132,3 +132,17 @@ def test_the_progress_interval_in_the_commands_page_is_the_codes():
     interval = inspect.signature(ProgressReporter.__init__).parameters["interval_s"].default
     text = " ".join((REPO / "docs" / "commands.md").read_text(encoding="utf-8").split())
     assert f"a line every {interval:.0f} s" in text
+
+
+def test_the_estimates_constants_in_the_planning_page_are_the_codes():
+    """docs/planning.md's table of the estimate's constants lists every one of them with the
+    value `studies.running.estimate` holds."""
+    from studies.running import estimate
+
+    text = (REPO / "docs" / "planning.md").read_text(encoding="utf-8")
+    table = dict(re.findall(r"^\| `([A-Z_]+_S)` \| ([\d.]+) s \|", text, re.M))
+    constants = {name: getattr(estimate, name) for name in dir(estimate)
+                 if name.endswith("_S") and name.isupper()}
+    assert set(table) == set(constants)
+    for name, value in constants.items():
+        assert float(table[name]) == value, name

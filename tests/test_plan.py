@@ -245,7 +245,11 @@ def test_a_smoke_run_of_two_epochs_trains_each_cell_two_epochs(smoke_pilot):
     steps = sorted(m.step for m in client.get_metric_history(rows[0]["run_id"], "val/top5"))
     assert steps == [0, 1]
     settings = json.loads((out / "quickstart-smoke" / "run.json").read_text())
-    assert settings["smoke"] is True and settings["smoke_epochs"] == 2  # `studies resume`
+    assert settings["smoke"] is True and settings["smoke_epochs"] == 2
+    # `studies resume` runs the same 2-epoch cells: every one is finished already
+    result = studies_cli("resume", "quickstart-smoke", "--output", str(out), "--no-report")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "15 cells already finished" in result.stdout
 
 
 @pytest.mark.slow

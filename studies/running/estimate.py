@@ -16,12 +16,14 @@ from typing import Any, Callable, Mapping, Sequence
 from studies.scheduling.successive_halving import rungs
 
 
-#: a study's fixed start-up through the CLI on a fresh local Ray, without its report: its wall
+#: a study's fixed start-up through the CLI on a fresh local Ray, without its report and
+#: without loading its study file (measured per study: `estimate(..., load_s=)`): its wall
 #: time minus the span of its cells (from the first cell's MLflow run start to the last one's
-#: end): driver imports, the SQLite store, Ray, a worker and its imports, Tune's set-up and
-#: teardown. 12.0-13.2 s measured with `benchmarks/plan_estimate.py` on the 2-core
-#: development machine (docs/planning.md, "Where the constants come from")
-START_UP_S = 12.8
+#: end) minus the load: driver imports, the SQLite store, Ray, a worker and its imports,
+#: Tune's set-up and teardown. Measured with `benchmarks/plan_estimate.py` on the 2-core
+#: development machine: 11.2-12.9 s, median 11.7 s, of which 0.16 s loading the file
+#: (docs/planning.md, "Where the constants come from")
+START_UP_S = 11.5
 #: the runner's one-off work in the first cell of a fresh worker (its first MLflow run and
 #: artifacts, Tune's first report), over and above the training core's own one-offs that a
 #: probe measures; measured the same way as the first cells' extra rest of `duration_s`
@@ -247,10 +249,13 @@ def _timed(function: Callable[..., Any], *args: Any) -> float:
 
 
 def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
-             gpus: int | None = None, cpus: int | None = None) -> ComputeEstimate:
+             gpus: int | None = None, cpus: int | None = None,
+             load_s: float = 0.0) -> ComputeEstimate:
     """Cells x epochs x seconds per epoch per variant, the slots, GPU-hours, wall time: the
-    start-up, then the cells dealt to the slots in order, the first cell of each slot
-    longer by the warm-up of a fresh worker."""
+    start-up (`START_UP_S` and `load_s`, the time the driver takes to load the study file:
+    a timm architecture name imports timm and torch, 2.6 s here), then the cells dealt to
+    the slots in order, the first cell of each slot longer by the warm-up of a fresh
+    worker."""
     slots, slots_text = trial_slots(study, gpus, cpus)
     scheduler = study.scheduler
     notes = []
@@ -280,7 +285,8 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                      for n, i in enumerate(part)]
         schedules.append(schedule_length(durations, slots))
         cell_seconds += sum(durations)
-    wall = START_UP_S + EXPERIMENT_START_S * (len(parts) - 1) + sum(schedules) \
+    start_up = START_UP_S + load_s
+    wall = start_up + EXPERIMENT_START_S * (len(parts) - 1) + sum(schedules) \
         if math.isfinite(cell_seconds) else math.nan
     schedule_note = ""
     if scheduler.kind == "asha":
@@ -308,7 +314,7 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
             notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); "
                          f"give --pilot NAME")
     return ComputeEstimate(rows, slots, slots_text, float(study.resources.gpus),
-                           float(study.resources.cpus), wall, cell_seconds, START_UP_S,
+                           float(study.resources.cpus), wall, cell_seconds, start_up,
                            timings.warm_up_s, len(parts), schedule_note, notes)
 
 

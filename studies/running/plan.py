@@ -33,6 +33,7 @@ import math
 import os
 import shlex
 import textwrap
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -286,8 +287,10 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
 
     check_flags(difference=difference, half_width=half_width, power=power, gpus=gpus,
                 probe_steps=probe_steps, smoke_epochs=smoke_epochs)
+    began = time.perf_counter()  # what the run's driver pays too, before its start-up
     study = load_study(study_file, overrides=overrides)
     cells = planned_cells(study, smoke_epochs)
+    load_s = time.perf_counter() - began
     if smoke_epochs:
         study = smoke_study(study)
     rows: list[dict] = []
@@ -303,13 +306,14 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     if missing and probe:
         timings = timings.merged(probe_times(missing, float(study.resources.cpus), probe_steps,
                                              bool(study.log_models)))
-    est = estimate(study, cells, timings, gpus=gpus)
+    est = estimate(study, cells, timings, gpus=gpus, load_s=load_s)
     raced = racing_expected_cells(study, rows, slots=est.slots)
     if raced is not None:  # the cells of the expected seeds, the first of each config's
         per_config, note = raced
         keep = max(study.racing.initial, round(per_config))
         order = {seed: i for i, seed in enumerate(study.seed_list)}
-        est = estimate(study, [c for c in cells if order[c.seed] < keep], timings, gpus=gpus)
+        est = estimate(study, [c for c in cells if order[c.seed] < keep], timings, gpus=gpus,
+                       load_s=load_s)
         est.schedule_note = note
     level = float(study.report.level)
     if smoke_epochs and not rows:
