@@ -38,15 +38,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from studies.running.estimate import (  # noqa: F401 (re-exported)
-    ComputeEstimate, DEFAULT_PROBE_STEPS, EXPERIMENT_START_S, START_UP_S, Timings, asha_expected_epochs, estimate,
-    pilot_times, probe_times, racing_expected_cells, schedule_length, trial_slots,
+    ComputeEstimate, DEFAULT_PROBE_STEPS, EXPERIMENT_START_S, START_UP_S, Timings,
+    asha_expected_epochs, estimate, pilot_times, probe_times, racing_expected_cells,
+    schedule_length, trial_slots,
 )
 
-__all__ = ["ComputeEstimate", "DEFAULT_PROBE_STEPS", "START_UP_S", "Timings",
-           "asha_expected_epochs", "estimate", "pilot_times", "probe_times",
-           "racing_expected_cells", "schedule_length", "trial_slots", "duration_text", "compute_table", "seeds_table", "plan_seeds",
-           "load_pilot", "ProposedCell", "planned_cells", "proposed_cells", "PlanError",
-           "check_flags", "make_plan", "plan_command", "run_estimate", "run_estimate_line",
+__all__ = ["ComputeEstimate", "DEFAULT_PROBE_STEPS", "EXPERIMENT_START_S", "START_UP_S",
+           "Timings", "asha_expected_epochs", "estimate", "pilot_times", "probe_times",
+           "racing_expected_cells", "schedule_length", "trial_slots", "duration_text",
+           "compute_table", "seeds_table", "plan_seeds", "load_pilot", "ProposedCell",
+           "planned_cells", "proposed_cells", "PlanError", "check_flags", "make_plan", "plan_command", "run_estimate", "run_estimate_line",
            "TIME_METRICS", "ledger_rows", "remaining_estimate_line"]
 
 
@@ -390,7 +391,8 @@ def ledger_rows(finished: Sequence[Any], epochs_of: Mapping[str, int]) -> list[d
         if epochs is None:
             continue
         rows.append({"variant": run.tags.get(TAG_VARIANT), "start_time": run.start_time,
-                     "end_time": run.end_time, "duration_s": (run.end_time - run.start_time) / 1000.0,
+                     "end_time": run.end_time,
+                     "duration_s": (run.end_time - run.start_time) / 1000.0,
                      "param:epochs": epochs, **{k: run.metrics.get(k) for k in TIME_METRICS}})
     return rows
 
