@@ -166,7 +166,8 @@ def test_plan_of_a_smoke_run_and_of_overrides():
                          "--smoke-epochs", "2", "--no-probe")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "its smoke run of 2 epochs" in out.splitlines()[0]
+    assert out.splitlines()[1].startswith("its smoke run: 2 epochs per cell")
+    assert all(len(line) <= 80 for line in out.splitlines())
     assert f"trial slots: {os.cpu_count()} ({os.cpu_count()} CPUs / 1 per trial)" in out
     ce = next(line for line in out.splitlines() if line.startswith("ce "))
     assert ce.split()[1:4] == ["1", "4", "2.0"]  # 1 config (label noise is not kept), 4 seeds

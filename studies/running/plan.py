@@ -323,13 +323,13 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     else:
         plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
                                    power=power, level=level)
-    what = f" ({os.path.basename(str(study_file))})"
+    parts = textwrap.wrap(f"Plan of study {study.name} ({os.path.basename(str(study_file))})",
+                          80)
     if smoke_epochs:
-        what = (f" ({os.path.basename(str(study_file))}), its smoke run of {smoke_epochs} "
-                f"epoch{'s' if smoke_epochs != 1 else ''}")
-    parts = [f"Plan of study {study.name}{what}"]
+        parts.append(f"its smoke run: {smoke_epochs} epoch{'s' if smoke_epochs != 1 else ''} "
+                     f"per cell, synthetic data, tiny MLP, CPU")
     if pilot_text:
-        parts.append(pilot_text)
+        parts += textwrap.wrap(pilot_text, 80)
     parts += ["", "Compute", compute_table(est), "", "Seeds needed"]
     parts += [seeds_table(plans, power, level)] if plans else textwrap.wrap(f"none: {reason}", 80)
     return "\n".join(parts)
