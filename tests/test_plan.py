@@ -389,3 +389,16 @@ def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histor
     assert re.search(r"estimate: 2 cells left: ~\d+ s wall, 0\.00 GPU-hours, on \d+ trial "
                      r"slots \(from the epoch times of this study's 4 finished runs\)", line), line
     assert reads == []
+
+
+def test_the_benchmark_reads_the_wall_time_the_plan_prints():
+    """benchmarks/plan_estimate.py compares the plan's printed wall time with runs: it reads
+    the line `studies plan` prints (a probe of the quickstart's smoke run, here)."""
+    from benchmarks.plan_estimate import wall_estimate
+    from studies.running.plan import make_plan
+
+    text = make_plan(str(CATALOG / "quickstart.yaml"), smoke_epochs=1, probe_steps=2)
+    line = next(line for line in text.splitlines() if line.startswith("wall time: "))
+    seconds = wall_estimate(text)
+    assert line.startswith(f"wall time: {seconds:.0f} s (start-up ")
+    assert START_UP_S < seconds < START_UP_S + 30
