@@ -18,7 +18,7 @@ import math
 import re
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["METRIC_FORMAT", "PER_EPOCH_EXTRA_METRICS", "FINAL_EXTRA_METRICS", "common_metrics", "check_metric", "parse_metric", "count_bins",
+__all__ = ["METRIC_FORMAT", "TIME_METRICS", "PER_EPOCH_EXTRA_METRICS", "FINAL_EXTRA_METRICS", "common_metrics", "check_metric", "parse_metric", "count_bins",
            "conformal_method_name", "conformal_level_name", "parse_conformal_metric", "check_conformal_metric",
            "parse_multilabel_metric", "is_multilabel_metric", "check_multilabel_metric"]
 
@@ -43,9 +43,13 @@ def count_bins(edges: Sequence[int]) -> list[tuple[str, int, float]]:
     out.append((f"count_{edges[-1]}_inf", edges[-1], math.inf))
     return out
 
+#: The seconds of an epoch's training and of its validation, logged every epoch: what a study's
+#: time is estimated from (`studies plan`).
+TIME_METRICS = ("epoch_time_s", "eval_time_s")
+
 #: Per-epoch metrics of the trainer besides the val/ and train/ accuracies (docs/interfaces.md
 #: section 4).
-PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", "epoch_time_s", "eval_time_s", "grad_nonzero",
+PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", *TIME_METRICS, "grad_nonzero",
                            "grad_nonzero_active")
 
 #: What a finished cell logs besides its test metrics: the selected epoch and its validation value.

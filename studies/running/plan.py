@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from setvalued.metric_names import TIME_METRICS
 from studies.running.estimate import (  # noqa: F401 (re-exported)
     ComputeEstimate, DEFAULT_PROBE_STEPS, EXPERIMENT_START_S, START_UP_S, Timings,
     asha_expected_epochs, estimate, pilot_times, probe_times, racing_expected_cells,
@@ -202,10 +203,6 @@ def load_pilot(uri: str, name: str) -> list[dict]:
     from analysis.collect import collect
 
     return collect(uri, name, histories=list(TIME_METRICS)).table.to_pylist()
-
-
-#: the per-epoch metrics an estimate reads from earlier runs (`setvalued.train`'s times)
-TIME_METRICS = ("epoch_time_s", "eval_time_s")
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class StudySession:
     def plan(self, cells: Sequence) -> tuple[list[str], list]:
         """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
         earlier trial left a checkpoint continue from it (in the run the ledger keeps)."""
-        from studies.running.plan import TIME_METRICS
+        from setvalued.metric_names import TIME_METRICS
 
         ids = [c.cell_id for c in cells]
         grouped = self.tracking.cell_runs(metrics=TIME_METRICS)  # the times: the time left
