@@ -474,8 +474,9 @@ def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str,
     loading and the running metrics; a loss whose cost varies from batch to batch, such as
     the smooth top-k SVM's switch between its smooth and hard paths, is averaged), and times
     the evaluation on a prefix of the validation set (about ``steps`` evaluation batches),
-    scaled to the whole validation (``val_s``) and test set (``test_s``). ``epoch_s`` = steps per epoch x ``step_s`` +
-    ``val_s``: what ``fit`` logs as ``epoch_time_s`` plus its validation (``eval_time_s``).
+    scaled to the whole validation (``val_s``) and test set (``test_s``). ``epoch_s`` = steps
+    per epoch x ``step_s`` + ``val_s``: what ``fit`` logs as ``epoch_time_s`` plus its
+    validation (``eval_time_s``).
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")

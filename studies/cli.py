@@ -100,10 +100,11 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace):
     from studies.running.runner import RunOptions
 
+    smoke_epochs = _smoke_epochs(args)
     return RunOptions(
         output=Path(args.output), tracking_uri=args.tracking_uri,
-        address=getattr(args, "address", None), smoke=_smoke_epochs(args) > 0,
-        smoke_epochs=max(_smoke_epochs(args), 1),
+        address=getattr(args, "address", None), smoke=smoke_epochs > 0,
+        smoke_epochs=max(smoke_epochs, 1),
         dry_run=getattr(args, "dry_run", False), report=getattr(args, "report", True),
         num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
         progress_interval_s=getattr(args, "progress_every", 30.0),
@@ -141,13 +142,9 @@ def _add_smoke(parser: argparse.ArgumentParser, what: str) -> None:
 def _smoke_epochs(args: argparse.Namespace) -> int:
     """The epochs of the smoke run asked for (0: not a smoke run); ValueError for a count
     below 1, naming the flag."""
-    epochs = getattr(args, "smoke_epochs", None)
-    if epochs is not None and epochs < 1:
-        raise ValueError(f"--smoke-epochs: expected a whole number of epochs of at least 1, "
-                         f"got {epochs}")
-    if epochs is None:
-        return 1 if getattr(args, "smoke", False) else 0
-    return epochs
+    from studies.running.run_options import smoke_epochs_of
+
+    return smoke_epochs_of(getattr(args, "smoke", False), getattr(args, "smoke_epochs", None))
 
 
 def _fail(message: str) -> int:

@@ -282,10 +282,13 @@ def _submit(args: argparse.Namespace) -> int:
         extra = shlex.split(args.run_args or "")
     except ValueError as error:
         raise SubmitError(f"--run-args {args.run_args!r}: {error}") from None
-    if args.smoke_epochs is not None and args.smoke_epochs < 1:
-        raise SubmitError(f"--smoke-epochs: expected a whole number of epochs of at least 1, "
-                          f"got {args.smoke_epochs}")
-    if args.smoke or args.smoke_epochs is not None:
+    from studies.running.run_options import smoke_epochs_of
+
+    try:
+        smoke = smoke_epochs_of(args.smoke, args.smoke_epochs) > 0
+    except ValueError as error:
+        raise SubmitError(str(error)) from None
+    if smoke:
         extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None
                                    else ["--smoke-epochs", str(args.smoke_epochs)])
     resources = None

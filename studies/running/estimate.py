@@ -174,18 +174,24 @@ def pilot_times(rows: Sequence[Mapping[str, Any]]) -> Timings:
     first_end = min((c[4] for c in cells if c[4] is not None), default=None)
     first_wave = [first_end is not None and c[3] is not None and c[3] < first_end
                   for c in cells]
-    steady = [c for c, first in zip(cells, first_wave) if not first]
+    epochs: dict[str, list[float]] = {}  # per variant, in one pass
+    steady: dict[str, list[float]] = {}  # the rests outside the first wave
+    for (variant, epoch, rest, _, _), first in zip(cells, first_wave):
+        epochs.setdefault(variant, []).append(epoch)
+        if not first:
+            steady.setdefault(variant, []).append(rest)
+    every_steady = [rest for rests in steady.values() for rest in rests]
     variants = {}
-    for variant in dict.fromkeys(c[0] for c in cells):
-        mine = [c for c in cells if c[0] == variant]
-        rests = [c[2] for c in steady if c[0] == variant] or [c[2] for c in steady] \
-            or [c[2] for c in mine]  # a variant only in the first wave: the others' rest
-        variants[variant] = VariantTime(
-            sum(c[1] for c in mine) / len(mine) + RUNNER_EPOCH_S,
-            statistics.median(rests) + CELL_GAP_S, "pilot", f"{len(mine)} pilot runs")
+    for variant, mine in epochs.items():
+        # a variant only in the first wave: the others' rest; no steady cell at all: its own
+        rests = steady.get(variant) or every_steady or \
+            [c[2] for c in cells if c[0] == variant]
+        variants[variant] = VariantTime(sum(mine) / len(mine) + RUNNER_EPOCH_S,
+                                        statistics.median(rests) + CELL_GAP_S, "pilot",
+                                        f"{len(mine)} pilot runs")
     excess = [c[2] + CELL_GAP_S - variants[c[0]].fixed_s
               for c, first in zip(cells, first_wave) if first]
-    warm_up = max(statistics.median(excess), 0.0) if excess and steady else 0.0
+    warm_up = max(statistics.median(excess), 0.0) if excess and every_steady else 0.0
     return Timings(variants, warm_up)
 
 

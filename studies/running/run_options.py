@@ -31,3 +31,14 @@ class RunOptions:
     verbose: bool = False  # show the INFO logs of MLflow, alembic and Ray
     overrides: tuple[str, ...] = ()  # `key=value` words applied to the study file (studies.studyfile.overrides)
     dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
+
+
+def smoke_epochs_of(smoke: bool, epochs: int | None) -> int:
+    """The epochs of the smoke run that `--smoke` and `--smoke-epochs N` ask for (N implies
+    --smoke; --smoke alone: 1), 0 for no smoke run; ValueError naming the flag below 1."""
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"--smoke-epochs: expected a whole number of epochs of at least 1, "
+                         f"got {epochs}")
+    if epochs is None:
+        return 1 if smoke else 0
+    return epochs

@@ -93,8 +93,8 @@ def _settings_path(study_dir: Path) -> Path:
 
 
 #: run.json's fields and their types (checked when read back: ReadBackError naming the file)
-SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool, "smoke_epochs": int,
-                   "address": str}
+SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool,
+                   "smoke_epochs": int, "address": str}
 
 
 def read_settings(study_dir: Path) -> dict:
@@ -106,7 +106,8 @@ def read_settings(study_dir: Path) -> dict:
     if not os.path.lexists(path):
         return {}
     return read_json(path, MAX_SETTINGS_BYTES, "the study's run settings written by `studies run` "
-                     "(a JSON object: name, source, tracking_uri, smoke, smoke_epochs, address)", SETTINGS_FIELDS)
+                     "(a JSON object: name, source, tracking_uri, smoke, smoke_epochs, address)",
+                     SETTINGS_FIELDS)
 
 
 def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
