@@ -174,11 +174,17 @@ def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
     if study.reference:
         reference = (compare.reference if compare else None) or (variants[0] if variants
                                                                  else None)
-        plans = published_seeds_needed(study.reference, reference, study.seeds_at_once,
+        plans = published_seeds_needed(study.reference, reference,
                                        difference=difference, half_width=half_width,
                                        power=power, level=level)
         if plans:
             return plans, ""
+        undeclared = [s.label for s in study.reference if any(r.ci for r in s.rows)
+                      and (s.seeds is None or s.level is None)]
+        if undeclared:
+            return [], (f"the reference source(s) {', '.join(undeclared)} print intervals (ci) "
+                        f"but do not declare the seeds and level behind them; declare "
+                        f"`seeds` and `level` as the source states them")
         return [], (f"the reference block has no published interval (ci) of another variant "
                     f"beside one of the baseline {reference!r}")
     return [], "no pilot (--pilot NAME) and no reference block with intervals"
