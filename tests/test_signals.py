@@ -167,3 +167,20 @@ def test_a_submitted_driver_gets_the_time_to_close_its_runs_after_studies_stop(t
     env = job_runtime_env(tmp_path)
     assert env["working_dir"] == str(tmp_path)
     assert int(env["env_vars"][JOB_STOP_WAIT_VARIABLE]) >= 2 * CLOSE_PATIENCE_S
+
+
+def test_the_report_says_why_a_stopped_cell_did_not_finish():
+    """A cell run closed by a stopped driver is listed among the unfinished cells with the
+    reason, not as a run KILLED 'without a studies.error tag'."""
+    from analysis.collect import _failed_table
+    from analysis.collect_store import RunRecord
+
+    tags = {"studies.cell_id": "c-s0", "studies.config_id": "c", "studies.seed": "0",
+            "studies.variant": "ce", "studies.status": "running"}
+    stopped = RunRecord("r1", "KILLED", 0, 1, {**tags, "studies.stop_reason": "terminated by SIGTERM"},
+                        {}, {})
+    vanished = RunRecord("r2", "KILLED", 0, 1, dict(tags), {}, {})
+    rows = _failed_table([stopped, vanished]).to_pylist()
+    assert [(r["status"], r["error"]) for r in rows] == [
+        ("unfinished", "terminated by SIGTERM"),
+        ("unfinished", "MLflow run status KILLED without a studies.error tag")]
