@@ -154,3 +154,15 @@ def test_a_source_with_intervals_but_no_seeds_or_level_is_not_planned_from():
     study = _published_study(4, 0.95)
     text = study.source_text.replace("  seeds: 4\n", "")
     assert published_seeds_needed(parse_study(text).reference, "ce") == []
+
+
+def test_the_plan_of_a_source_without_its_seed_count_says_what_is_missing():
+    """The thesis's Ch. 5 tables print 95 % intervals over "several runs": no plan from them,
+    and `studies plan` says which declaration is missing."""
+    from studies.running.plan import plan_seeds
+    from studies.studyfile.spec import parse_study
+
+    text = _published_study(4, 0.95).source_text.replace("  seeds: 4\n", "")
+    plans, reason = plan_seeds(parse_study(text), None, difference=None, half_width=None,
+                               power=0.8, level=0.95)
+    assert plans == [] and "source 'paper'" in reason and "does not declare the `seeds`" in reason

@@ -179,12 +179,14 @@ def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
                                        power=power, level=level)
         if plans:
             return plans, ""
-        undeclared = [s.label for s in study.reference if any(r.ci for r in s.rows)
-                      and (s.seeds is None or s.level is None)]
+        undeclared = {s.label: [f for f in ("seeds", "level") if getattr(s, f) is None]
+                      for s in study.reference if any(r.ci for r in s.rows)}
+        undeclared = {label: fields for label, fields in undeclared.items() if fields}
         if undeclared:
-            return [], (f"the reference source(s) {', '.join(undeclared)} print intervals (ci) "
-                        f"but do not declare the seeds and level behind them; declare "
-                        f"`seeds` and `level` as the source states them")
+            return [], "; ".join(
+                f"the published intervals of source {label!r} give no plan: its reference "
+                f"block does not declare the {' and '.join(f'`{f}`' for f in fields)} behind "
+                f"them (as the source states them)" for label, fields in undeclared.items())
         return [], (f"the reference block has no published interval (ci) of another variant "
                     f"beside one of the baseline {reference!r}")
     return [], "no pilot (--pilot NAME) and no reference block with intervals"
