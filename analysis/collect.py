@@ -70,6 +70,7 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_ROLE,
     TAG_SEED,
     TAG_STATUS,
+    TAG_STOP_REASON,
     TAG_STOPPED_EPOCH,
     TAG_SWEPT,
     TAG_VARIANT,
@@ -410,7 +411,7 @@ def _failed_table(runs: Sequence[RunRecord]) -> pa.Table:
             # a run still RUNNING in MLflow is in progress (or its worker vanished without
             # closing it); FAILED/KILLED means the worker died before tagging the cell.
             status = "unfinished"
-        error = tags.get(TAG_ERROR)
+        error = tags.get(TAG_ERROR) or tags.get(TAG_STOP_REASON)  # a signal stopped its driver
         if error is None and status == "unfinished" and mlflow_status in {"FAILED", "KILLED"}:
             error = f"MLflow run status {mlflow_status} without a studies.error tag"
         records.append({

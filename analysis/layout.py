@@ -30,6 +30,10 @@ TAG_STOPPED_EPOCH = "studies.stopped_epoch"
 #: the rule that pruned the cell's config (`asha`, `optuna`); absent for early stopping. The
 #: report leaves pruned configs out of its tables unless `report: {show_pruned: true}`
 TAG_PRUNED = "studies.pruned"
+#: why the driver closed a run that was still running when a signal stopped it
+#: ("terminated by SIGTERM", "interrupted"): its MLflow status is then KILLED
+#: (studies.running.runner); a resumed cell's run loses it when it continues
+TAG_STOP_REASON = "studies.stop_reason"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"

@@ -147,6 +147,20 @@ def build_entrypoint(study_path: str, tracking_uri: str, storage: str | None,
     return " ".join(shlex.quote(str(part)) for part in parts)
 
 
+#: the variable Ray's job supervisor reads: seconds between `ray job stop`'s SIGTERM and SIGKILL
+JOB_STOP_WAIT_VARIABLE = "RAY_JOB_STOP_WAIT_TIME_S"
+
+
+def job_runtime_env(working_dir: Path) -> dict[str, Any]:
+    """The job's runtime environment: the staged working folder, and the time its driver
+    gets to close the study's runs after `studies stop` (`JOB_STOP_GRACE_S`; Ray's default
+    of 3 s would SIGKILL it while it stops Tune, leaving runs RUNNING)."""
+    from studies.running.termination import JOB_STOP_GRACE_S
+
+    return {"working_dir": str(working_dir), "excludes": list(DEFAULT_EXCLUDES),
+            "env_vars": {JOB_STOP_WAIT_VARIABLE: str(JOB_STOP_GRACE_S)}}
+
+
 def _submission_id(name: str) -> str:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]
@@ -214,7 +228,7 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
         relative_study = stage_working_dir(study_path.resolve(), project, staging)
         entrypoint = build_entrypoint(relative_study, tracking_uri, storage, output,
                                       [str(a) for a in extra_args], python=python)
-        runtime_env = {"working_dir": str(staging), "excludes": list(DEFAULT_EXCLUDES)}
+        runtime_env = job_runtime_env(staging)
         metadata = {"studies.study": name, "studies.file": study_path.name,
                     "studies.submitted_from": socket.gethostname()}
         job_id = submission_id or _submission_id(name)

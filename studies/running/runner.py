@@ -310,7 +310,8 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
-        outcome = _summarise(session, started, stream, interrupted)
+        outcome = _summarise(session, started, stream,
+                             termination.describe(stop) if interrupted else None)
     if stop is not None:
         outcome.exit_code = termination.exit_code(stop)
     if not outcome.failed:
@@ -341,12 +342,18 @@ def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     return run_study(study_copy, options)
 
 
-def _summarise(session: StudySession, started: float, stream: IO[str], interrupted: bool = False) -> RunOutcome:
+def _summarise(session: StudySession, started: float, stream: IO[str],
+               stopped: str | None = None) -> RunOutcome:
     """Every cell seen (the file's and the optuna blocks'): finished or not; closes the
-    parent run. After a complete (not interrupted) run, a cell whose run is still `running`
-    ended without its trial recording why: it is marked failed, so no run stays running."""
+    parent run. After a complete run, a cell whose run is still `running` ended without its
+    trial recording why: it is marked failed. After a run stopped by a signal (`stopped`: the
+    reason), the runs its trials left RUNNING (Ray is stopped: their workers are gone) and the
+    parent end KILLED with the reason; the resume continues them. No run stays RUNNING."""
+    interrupted = stopped is not None
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
+    if interrupted:
+        _close_stopped(session, states, stopped, stream)
     not_needed: list[str] = []
     if session.race is not None:  # cells of configs the race decided: never started, not failures
         not_needed = session.race.not_needed(i for i in ids if states[i].status == "missing")
@@ -361,7 +368,8 @@ def _summarise(session: StudySession, started: float, stream: IO[str], interrupt
     failed = {i: (states[i].error or states[i].status) for i in ids
               if states[i].status != STATUS_FINISHED}
     all_done = not failed
-    session.tracking.close_parent(all_done)
+    if not interrupted:
+        session.tracking.close_parent(all_done)
     _print(stream, f"[studies] summary: {len(finished)}/{len(ids)} cells finished, "
                    f"{len(failed)} not finished, {format_duration(time.monotonic() - started)}"
                    f" wall time")
@@ -379,6 +387,20 @@ def _summarise(session: StudySession, started: float, stream: IO[str], interrupt
         exit_code=0 if all_done else 1, study_name=session.name, study_dir=session.study_dir,
         tracking_uri=session.tracking.tracking_uri, cells=len(ids), finished=len(finished),
         failed=failed)
+
+
+def _close_stopped(session: StudySession, states: dict, reason: str, stream: IO[str]) -> None:
+    """A stopped run's cell runs left RUNNING and its parent end KILLED with `reason`, within
+    `termination.CLOSE_PATIENCE_S` of an unanswering server; if the server does not answer
+    they stay RUNNING (one warning line), and the resume deals with them as before."""
+    patience = termination.CLOSE_PATIENCE_S
+    try:
+        session.tracking.close_stopped(states.values(), reason, patience_s=patience)
+        session.tracking.close_parent(False, reason, patience_s=patience)
+    except Exception as error:  # the driver still exits with its code and resume command
+        first = (str(error).splitlines() or [type(error).__name__])[0][:200]
+        _print(stream, f"[studies] warning: could not mark the runs left running as KILLED "
+                       f"({first}); `studies resume {session.name}` deals with them")
 
 
 def _optuna_summary(session: StudySession) -> list[str]:
