@@ -288,6 +288,8 @@ def _submit(args: argparse.Namespace) -> int:
         smoke = smoke_epochs_of(args.smoke, args.smoke_epochs) > 0
     except ValueError as error:
         raise SubmitError(str(error)) from None
+    if args.new_version:
+        extra[:0] = ["--new-version"]
     if smoke:
         extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None
                                    else ["--smoke-epochs", str(args.smoke_epochs)])
@@ -339,6 +341,9 @@ def _add_submit(parser: argparse.ArgumentParser) -> None:
                         help="pass --smoke to `studies run` (tiny synthetic run)")
     parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
                         help="pass --smoke --smoke-epochs N to `studies run`")
+    parser.add_argument("--new-version", action="store_true",
+                        help="pass --new-version to `studies run`: a changed file is kept as a "
+                             "new version of the study (default: the job refuses it, exit 2)")
     parser.add_argument("--submission-id", default=None, metavar="ID",
                         help="the job id to use (default: studies-NAME-DATE-TIME-XXXX)")
     parser.add_argument("--entrypoint-num-cpus", type=float, default=None, metavar="N",

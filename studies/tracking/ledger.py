@@ -22,6 +22,8 @@ from analysis.layout import (
     TAG_ROLE,
     TAG_STATUS,
     TAG_STUDY,
+    TAG_VERSION,
+    VERSIONS_ARTIFACT_DIR,
     tag_filter,
 )
 from studies.tracking.sqlite_store import seed_sqlite_store
@@ -58,6 +60,9 @@ class StudyTracking:
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
         self._parent_run_id: str | None = None
+        #: the version of the study this driver runs (`studies.running.versions`): tagged on
+        #: the parent run and on every cell run, its study file kept under `versions/`
+        self.version = ""
 
     # -- experiment and parent run
 
@@ -120,6 +125,11 @@ class StudyTracking:
             run_id = run.info.run_id
         if study_yaml is not None:
             with_retry(lambda: self.client.log_artifact(run_id, str(study_yaml)))
+        if self.version:
+            with_retry(lambda: self.client.set_tag(run_id, TAG_VERSION, self.version))
+            if study_yaml is not None:
+                with_retry(lambda: self.client.log_artifact(
+                    run_id, str(study_yaml), f"{VERSIONS_ARTIFACT_DIR}/{self.version}"))
         self._parent_run_id = run_id
         return run_id
 
@@ -134,6 +144,7 @@ class StudyTracking:
             tracking_uri=self.tracking_uri, experiment_id=self.experiment_id,
             parent_run_id=self.parent_run_id(), study_name=self.study_name,
             session_id=session_id, run_tags=tuple(sorted(self.run_tags.items())),
+            version=self.version,
         )
 
     # -- the cell ledger

@@ -1,0 +1,135 @@
+"""One study name, one study: the versions a study's output folder has run, and the check
+that refuses a changed study file under an existing name (docs/guarantees.md).
+
+The folder's ``versions.json`` holds every version of the study that ran there, oldest first:
+its version (`studies.studyfile.version.version_digest` of its definition when it first ran),
+its definition as last run and that study file's text. A file whose definition has no
+change against a version's (`studies.studyfile.version.changes`: same configs, perhaps more
+seeds or more configs) is that version, extended; its definition and text are updated. Any
+other file is refused with exit code 2 before Ray or MLflow is touched, naming each changed
+field with its old and new value, unless `--new-version` keeps it beside the others as a new
+version. The runs of every version after the first carry it in their config ids
+(``<config_id>-v<version>``), so a config that two versions share is run and reported once
+per version, and its seeds are never pooled across versions.
+
+A folder run before versions were recorded has no ``versions.json``: its ``study.yaml`` (what
+ran last) is read as the first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from studies.errors import RunnerError
+from studies.studyfile.version import changes, definition, format_changes, short_version, version_digest
+
+__all__ = ["VERSIONS_FILE", "MAX_VERSIONS_BYTES", "StudyVersion", "check_version", "save_versions",
+           "versioned_cells", "read_versions"]
+
+VERSIONS_FILE = "versions.json"
+#: largest versions.json read back (definitions and study files of many versions)
+MAX_VERSIONS_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class StudyVersion:
+    """The version a run of the study belongs to, and the folder's record with it."""
+
+    version: str
+    #: the cells' config ids carry the version (a version after the study's first)
+    qualified: bool
+    #: every version of the folder, oldest first (written by `save_versions`)
+    record: list[dict]
+    new: bool = False  # a version added by this run (--new-version or a first run)
+
+    @property
+    def several(self) -> bool:
+        return len(self.record) > 1
+
+
+def read_versions(study_dir: Path) -> list[dict]:
+    """The versions recorded in the study folder, oldest first ([] when none)."""
+    from studies.readback import read_json
+
+    path = Path(study_dir) / VERSIONS_FILE
+    if not os.path.lexists(path):
+        return []
+    data = read_json(path, MAX_VERSIONS_BYTES, "the versions of the study written by `studies run` "
+                     "(a JSON object: versions, a list of {version, definition, study_yaml})",
+                     {"versions": list})
+    versions = data.get("versions") or []
+    for entry in versions:
+        if not (isinstance(entry, dict) and isinstance(entry.get("version"), str)
+                and isinstance(entry.get("definition"), dict)):
+            from studies.readback import ReadBackError
+
+            raise ReadBackError(f"{path}: an entry of 'versions' is not {{version, definition, "
+                                f"study_yaml}}; expected what `studies run` writes")
+    return versions
+
+
+def _legacy_versions(study_dir: Path, smoke_epochs: Optional[int]) -> list[dict]:
+    """A folder run before versions were recorded: its study.yaml as the first version."""
+    from studies.studyfile.problems import StudyError
+    from studies.studyfile.spec import load_study
+
+    copy = Path(study_dir) / "study.yaml"
+    if not (copy.is_file() and (Path(study_dir) / "run.json").is_file()):
+        return []
+    try:
+        old = load_study(copy)
+    except (StudyError, OSError):  # unreadable with this code: nothing to compare with
+        return []
+    content = definition(old, smoke_epochs)
+    return [{"version": version_digest(content), "definition": content,
+             "study_yaml": old.source_text}]
+
+
+def check_version(study: Any, name: str, study_dir: Path, new_version: bool,
+                  smoke_epochs: Optional[int] = None) -> StudyVersion:
+    """The version of this run of `study` in `study_dir`; RunnerError (exit code 2) naming
+    each changed field and the ways forward when the file changed and `new_version` is off."""
+    content = definition(study, smoke_epochs)
+    record = read_versions(study_dir) or _legacy_versions(study_dir, smoke_epochs)
+    record = [dict(entry) for entry in record]
+    for index in range(len(record) - 1, -1, -1):  # the latest version that it extends
+        entry = record[index]
+        if not changes(entry["definition"], content):
+            entry.update(definition=content, study_yaml=study.source_text)
+            return StudyVersion(entry["version"], qualified=index > 0, record=record)
+    digest = version_digest(content)
+    if record and not new_version:
+        latest = record[-1]
+        found = changes(latest["definition"], content)
+        lines = [f"study {name!r} ({study_dir}) was run from another version of its study file "
+                 f"(version {short_version(latest['version'])}); these fields define its configs "
+                 f"and changed (old -> new):"] + format_changes(found)
+        lines += ["Nothing was started. Either give the changed study a new name (`name:` in the "
+                  f"file, or the override name={name}_2), or keep both versions in this study, "
+                  f"told apart by their version in its report and in MLflow, with --new-version. "
+                  f"(More seeds, variants, design blocks or grid values extend a study: no "
+                  f"change.)"]
+        raise RunnerError("\n".join(lines))
+    record.append({"version": digest, "definition": content, "study_yaml": study.source_text})
+    return StudyVersion(digest, qualified=len(record) > 1, record=record, new=True)
+
+
+def save_versions(study_dir: Path, version: StudyVersion) -> None:
+    """Write the folder's record (after the study folder is prepared)."""
+    path = Path(study_dir) / VERSIONS_FILE
+    data = {"current": version.version, "versions": version.record}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def versioned_cells(cells: Sequence[Any], version: StudyVersion) -> list:
+    """The cells with their version; a later version's config ids carry it."""
+    suffix = f"-v{short_version(version.version)}" if version.qualified else ""
+    return [dataclasses.replace(cell, config_id=cell.config_id + suffix, version=version.version)
+            for cell in cells]
