@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX
+from analysis.distinct import VERSION_PARAM
 from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text,
                                  value_text)
 from analysis.published import column_header, published_value, sources_caption
@@ -410,7 +411,10 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
                f"differences of accuracies in percentage points, their interval cut at ±100. "
                f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
                f"compared with the same reference config, per metric. Bold: Holm-adjusted "
-               f"p < {1 - results.level:.2g}.")
+               f"p < {1 - results.level:.2g}."
+               + (" The study holds several versions (`version`): a config is paired only with "
+                  "a baseline of its own version, so no family spans versions."
+                  if VERSION_PARAM in results.swept_paths else ""))
     baseline = "baseline config"
     table, facts = without_idle_columns(
         Table(f"Each variant against the baseline {reference!r}", header, rows, caption,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -106,14 +107,18 @@ def check_version(study: Any, name: str, study_dir: Path, new_version: bool,
     if record and not new_version:
         latest = record[-1]
         found = changes(latest["definition"], content)
-        lines = [f"study {name!r} ({study_dir}) was run from another version of its study file "
-                 f"(version {short_version(latest['version'])}); these fields define its configs "
-                 f"and changed (old -> new):"] + format_changes(found)
-        lines += ["Nothing was started. Either give the changed study a new name (`name:` in the "
-                  f"file, or the override name={name}_2), or keep both versions in this study, "
-                  f"told apart by their version in its report and in MLflow, with --new-version. "
-                  f"(More seeds, variants, design blocks or grid values extend a study: no "
-                  f"change.)"]
+        head = (f"study {name!r} ({study_dir}) was run from another version of its study "
+                f"file (version {short_version(latest['version'])}); these fields define its "
+                f"configs and changed (old -> new):")
+        # the first line follows the CLI's "studies: error: " (80 columns in all)
+        lines = textwrap.wrap(head, 78, initial_indent=" " * 16)
+        lines = [lines[0].lstrip()] + lines[1:] + format_changes(found) + [
+            "Nothing was started. Ways forward:",
+            "  - a new name for the changed study: `name:` in the file, or the override",
+            f"    name={name}_2",
+            "  - both versions in this study, told apart by their version in its report",
+            "    and in MLflow: the same command with --new-version",
+            "More seeds, variants, design blocks or grid values extend a study: no change."]
         raise RunnerError("\n".join(lines))
     record.append({"version": digest, "definition": content, "study_yaml": study.source_text})
     return StudyVersion(digest, qualified=len(record) > 1, record=record, new=True)
