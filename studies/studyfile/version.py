@@ -105,7 +105,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
         for key, item in value.items():
             out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
         return out
-    return {prefix: value}
+    return {prefix: value} if prefix else {}
 
 
 def _diff(old: Mapping, new: Mapping, prefix: str = "") -> list[Change]:
