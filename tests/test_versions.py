@@ -212,8 +212,8 @@ def test_collected_rows_of_two_versions_are_labelled_and_never_pooled():
     assert sorted(r["n"] for r in summary) == [2, 2, 2, 3, 3, 3]
     series = curve_series(summary, "loss.epsilon", "test/top1")
     assert sorted(s.label for s in series) == [
-        "ce, version=fffffff", "ce, version=bbbbbbb",
-        "noised, version=fffffff", "noised, version=bbbbbbb"]
+        "ce, version=bbbbbbb", "ce, version=fffffff",
+        "noised, version=bbbbbbb", "noised, version=fffffff"]
     compared = paired_comparisons(table, ["test/top1"], "ce").to_pylist()
     assert len(compared) == 4  # each noised config against the ce of its own version
     for r in compared:
