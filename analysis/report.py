@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.collect import Collected, collect, display_uri
-from analysis.distinct import short_version, versions_of
+from analysis.distinct import short_version, tell_apart, versions_of
 from analysis.document import Document
 from analysis.figures import build_figures
 from analysis.formatting import format_mean_ci
@@ -67,6 +67,7 @@ def build_report(
     if method not in CI_METHODS:
         raise ValueError(f"ci_method must be one of {CI_METHODS}, got {method!r}")
     collected, pruned_note = leave_out_pruned(collected, study.report.show_pruned)
+    collected.table = tell_apart(collected.table)  # done by collect; kept for tables given by hand
     results = StudyResults(collected, study, level, method, n_boot)
 
     doc = Document(f"Study report: {study_name}")

@@ -234,10 +234,7 @@ def test_the_report_of_two_versions_labels_table_curve_and_comparisons(tmp_path,
     import analysis.report as report
     from analysis.collect import Collected
 
-    table = two_versions_table()
-    from analysis.distinct import tell_apart
-
-    collected = Collected(table=tell_apart(table), failed=pa.table({}), study_name="small",
+    collected = Collected(table=two_versions_table(), failed=pa.table({}), study_name="small",
                           tracking_uri="sqlite:///nowhere.db", experiment_id="1")
     collected.failed = pa.Table.from_pylist([], schema=pa.schema([
         ("run_id", pa.string()), ("cell_id", pa.string()), ("config_id", pa.string()),
@@ -287,7 +284,7 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     def options(*overrides, new_version=False):
         return RunOptions(output=tmp_path / "out", report=False, fit_fn=fit_by_config,
                           stream=io.StringIO(), progress_interval_s=1e9,
-                          overrides=tuple(overrides), new_version=new_version)
+                          overrides=tuple(overrides), **({"new_version": True} if new_version else {}))
 
     first = options()
     outcome = run_study(path, first)
