@@ -314,6 +314,7 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     for version in versions:
         assert text.count(f"version={version}") >= 3, text  # table, comparisons, ...
         assert f"Version {version}" in text
+    assert "its file was not found" not in text  # each version's file, from the parent run
     table = text[text.index("## Results"):text.index("## Figures")]
     rows = [line for line in table.splitlines() if line.startswith("| ce |")]
     assert len(rows) == 2 and {version in rows[i] for i, version in enumerate(versions)} == {True}, rows
@@ -324,3 +325,11 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     series = curve_series(summarize(table, ["test/top1"]), "loss.epsilon", "test/top1")
     assert sorted(s.label for s in series) == sorted(
         f"{variant}, version={v}" for variant in ("ce", "noised") for v in versions)
+
+    # `studies submit` reads the versions from the tracking store (no output folder here)
+    from studies.running.versions import check_submission, versions_in_mlflow
+
+    assert [e["version"][:7] for e in versions_in_mlflow(uri, "versions-small")] == versions
+    with pytest.raises(RunnerError, match=r"epochs: 3 -> 5"):
+        check_submission(parse(path.read_text(), "epochs=5"), uri, [])
+    check_submission(parse(path.read_text(), "seeds=[0,1,2,3,4]"), uri, [])  # an extension

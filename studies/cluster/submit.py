@@ -208,6 +208,15 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
             raise SubmitError(f"project folder {project} does not exist")
 
     client, token = job_client(address, token_file)
+    if validate:  # a changed study refused before the job, from the server's versions
+        from studies.errors import RunnerError
+        from studies.running.versions import check_submission
+        from studies.studyfile.spec import load_study
+
+        try:
+            check_submission(load_study(study_path), tracking_uri, extra_args)
+        except RunnerError as error:
+            raise SubmitError(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="studies-submit-") as tmp:
         staging = Path(tmp) / "working_dir"
         staging.mkdir()

@@ -278,17 +278,20 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         print(format_cells_table(cells, study), file=stream, flush=True)
         return RunOutcome(0, name, cells=len(cells))
 
-    from studies.running.versions import check_version, save_versions, versioned_cells
+    from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow
 
-    # a changed file under this name is refused here: before Ray, MLflow or any file is touched
+    # a changed file under this name is refused here: before Ray or any file is touched, and
+    # before MLflow unless the folder is new and a tracking store is given (it may hold versions)
+    given = options.tracking_uri
     version = check_version(study, name, study_dir_of(options.output, name), options.new_version,
-                            options.smoke_epochs if options.smoke else None)
+                            options.smoke_epochs if options.smoke else None,
+                            elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None)
     cells = versioned_cells(cells, version)
     with activity(stream, f"study {name}: {len(cells)} cells; checking the study folder, "
                           f"the tracking server and the data"):
         study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text,
                                                                  version.version)
-        save_versions(study_dir, version)
+        definition_file = save_versions(study_dir, version)
         _check_preconditions(study_dir, tracking_uri, options, cells)
         tracking = StudyTracking(
             tracking_uri, name,
@@ -298,7 +301,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     from studies.running.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
-    tracking.version = version.version
+    tracking.version, tracking.version_definition = version.version, definition_file
     if version.several:
         _print(stream, f"[studies] version {version.version[:7]} of {len(version.record)} kept in "
                        f"this study" + (" (new: --new-version)" if version.new else "")

@@ -24,15 +24,18 @@ import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from studies.errors import RunnerError
 from studies.studyfile.version import changes, definition, format_changes, short_version, version_digest
 
-__all__ = ["VERSIONS_FILE", "MAX_VERSIONS_BYTES", "StudyVersion", "check_version", "save_versions",
-           "versioned_cells", "read_versions"]
+__all__ = ["VERSIONS_FILE", "DEFINITION_FILE", "MAX_VERSIONS_BYTES", "StudyVersion", "check_version",
+           "save_versions", "versioned_cells", "read_versions", "versions_in_mlflow", "check_submission"]
 
 VERSIONS_FILE = "versions.json"
+#: the current version's entry (version, index, definition), kept beside versions.json and
+#: logged on the parent run as ``versions/<version>/definition.json``
+DEFINITION_FILE = "definition.json"
 #: largest versions.json read back (definitions and study files of many versions)
 MAX_VERSIONS_BYTES = 32 * 1024 * 1024
 
@@ -91,12 +94,16 @@ def _legacy_versions(study_dir: Path, smoke_epochs: Optional[int]) -> list[dict]
              "study_yaml": old.source_text}]
 
 
-def check_version(study: Any, name: str, study_dir: Path, new_version: bool,
-                  smoke_epochs: Optional[int] = None) -> StudyVersion:
+def check_version(study: Any, name: str, study_dir: Optional[Path], new_version: bool,
+                  smoke_epochs: Optional[int] = None,
+                  elsewhere: Optional[Callable[[], list[dict]]] = None) -> StudyVersion:
     """The version of this run of `study` in `study_dir`; RunnerError (exit code 2) naming
-    each changed field and the ways forward when the file changed and `new_version` is off."""
+    each changed field and the ways forward when the file changed and `new_version` is off.
+    `elsewhere`: where to read the versions when the folder has none (the tracking server's,
+    `versions_in_mlflow`)."""
     content = definition(study, smoke_epochs)
-    record = read_versions(study_dir) or _legacy_versions(study_dir, smoke_epochs)
+    record = (read_versions(study_dir) or _legacy_versions(study_dir, smoke_epochs)
+              if study_dir is not None else []) or (elsewhere() if elsewhere is not None else [])
     record = [dict(entry) for entry in record]
     for index in range(len(record) - 1, -1, -1):  # the latest version that it extends
         entry = record[index]
@@ -107,7 +114,8 @@ def check_version(study: Any, name: str, study_dir: Path, new_version: bool,
     if record and not new_version:
         latest = record[-1]
         found = changes(latest["definition"], content)
-        head = (f"study {name!r} ({study_dir}) was run from another version of its study "
+        where = study_dir if study_dir is not None else "its tracking server"
+        head = (f"study {name!r} ({where}) was run from another version of its study "
                 f"file (version {short_version(latest['version'])}); these fields define its "
                 f"configs and changed (old -> new):")
         # the first line follows the CLI's "studies: error: " (80 columns in all)
@@ -124,13 +132,79 @@ def check_version(study: Any, name: str, study_dir: Path, new_version: bool,
     return StudyVersion(digest, qualified=len(record) > 1, record=record, new=True)
 
 
-def save_versions(study_dir: Path, version: StudyVersion) -> None:
-    """Write the folder's record (after the study folder is prepared)."""
-    path = Path(study_dir) / VERSIONS_FILE
-    data = {"current": version.version, "versions": version.record}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def save_versions(study_dir: Path, version: StudyVersion) -> Path:
+    """Write the folder's record (after the study folder is prepared) and the current
+    version's entry (`DEFINITION_FILE`, for the parent run); return the entry's path."""
+    index = next(i for i, e in enumerate(version.record) if e["version"] == version.version)
+    entry = {"version": version.version, "index": index,
+             "definition": version.record[index]["definition"]}
+    for name, data in ((VERSIONS_FILE, {"current": version.version, "versions": version.record}),
+                       (DEFINITION_FILE, entry)):
+        path = Path(study_dir) / name
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    return Path(study_dir) / DEFINITION_FILE
+
+
+def versions_in_mlflow(tracking_uri: str, name: str) -> list[dict]:
+    """The versions the study's parent run holds (``versions/<version>/definition.json``),
+    oldest first; [] when there is none or the store cannot be read (its preconditions then
+    say why). For a run whose output folder is new and for `studies submit`: one search and
+    a download per version, no Ray."""
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    from analysis.layout import ROLE_PARENT, TAG_ROLE, VERSIONS_ARTIFACT_DIR, tag_filter
+    from studies.readback import ReadBackError, read_json, sqlite_path
+
+    local = sqlite_path(tracking_uri)
+    if local is not None and not local.is_file():
+        return []  # a new local store: no version yet (and none is created by looking)
+    entries = []
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+    saved = {key: os.environ.get(key) for key in quick}
+    os.environ.update(quick)  # one try: a server that does not answer is said so later
+    try:
+        client = MlflowClient(tracking_uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            return []
+        runs = client.search_runs([experiment.experiment_id], tag_filter({TAG_ROLE: ROLE_PARENT}),
+                                  max_results=1)
+        if not runs:
+            return []
+        run_id = runs[0].info.run_id
+        with tempfile.TemporaryDirectory() as tmp:
+            for item in client.list_artifacts(run_id, VERSIONS_ARTIFACT_DIR):
+                if item.is_dir:
+                    path = client.download_artifacts(run_id, f"{item.path}/{DEFINITION_FILE}", tmp)
+                    entries.append(read_json(path, MAX_VERSIONS_BYTES, "a study version's entry",
+                                             {"version": str, "index": int, "definition": dict}))
+    except ReadBackError:
+        raise
+    except Exception:  # a server that does not answer: the run's preconditions say so
+        return []
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return sorted(entries, key=lambda e: e.get("index", 0))
+
+
+def check_submission(study: Any, tracking_uri: str, extra_args: Sequence[str]) -> None:
+    """`studies submit`: the changed study refused before the job is submitted, against the
+    versions its tracking server holds (the job's output folder is on the cluster); the job's
+    `studies run` checks its folder again."""
+    args = list(extra_args)
+    smoke = "--smoke" in args or "--smoke-epochs" in args
+    epochs = int(args[args.index("--smoke-epochs") + 1]) if "--smoke-epochs" in args[:-1] else 1
+    name = study.name + ("-smoke" if smoke else "")
+    check_version(study, name, None, "--new-version" in args, epochs if smoke else None,
+                  elsewhere=lambda: versions_in_mlflow(tracking_uri, name))
 
 
 def versioned_cells(cells: Sequence[Any], version: StudyVersion) -> list:

@@ -63,6 +63,7 @@ class StudyTracking:
         #: the version of the study this driver runs (`studies.running.versions`): tagged on
         #: the parent run and on every cell run, its study file kept under `versions/`
         self.version = ""
+        self.version_definition: Path | None = None  # its entry (studies.running.versions)
 
     # -- experiment and parent run
 
@@ -127,9 +128,10 @@ class StudyTracking:
             with_retry(lambda: self.client.log_artifact(run_id, str(study_yaml)))
         if self.version:
             with_retry(lambda: self.client.set_tag(run_id, TAG_VERSION, self.version))
-            if study_yaml is not None:
-                with_retry(lambda: self.client.log_artifact(
-                    run_id, str(study_yaml), f"{VERSIONS_ARTIFACT_DIR}/{self.version}"))
+            for path in (study_yaml, self.version_definition):
+                if path is not None:
+                    with_retry(lambda: self.client.log_artifact(
+                        run_id, str(path), f"{VERSIONS_ARTIFACT_DIR}/{self.version}"))
         self._parent_run_id = run_id
         return run_id
 
