@@ -7,7 +7,7 @@ no design sweeps. `tell_apart` completes the ``swept`` column of the collected t
 no two configs share a label:
 
 - a study of several versions: every row gets ``version`` (its version's first 7 hex
-  digits) in ``swept`` and as a ``param:version`` column, so that the version splits tables,
+  digits; a run made before versions were recorded belongs to the first) in ``swept`` and as a ``param:version`` column, so that the version splits tables,
   curves and the comparisons' contexts like any parameter (a comparison, and so Holm's
   family, never spans versions: `analysis.stats`); a config id that two versions share is
   qualified with the version (``<config_id>-v<version>``) so that their seeds are never pooled;
@@ -59,6 +59,10 @@ def tell_apart(table: pa.Table) -> pa.Table:
     if not several and not _labels_collide(table):
         return table  # the common case, read from three columns only
     rows = table.to_pylist()
+    if several:  # runs made before versions were recorded: the first version's
+        first = versions_of(table)[0]
+        for row in rows:
+            row[VERSION_COLUMN] = row.get(VERSION_COLUMN) or first
     swept = [json.loads(r.get("swept") or "{}") for r in rows]
     config_ids = [r["config_id"] for r in rows]
     if several:
@@ -66,7 +70,7 @@ def tell_apart(table: pa.Table) -> pa.Table:
         for row in rows:
             versions_per_config.setdefault(row["config_id"], set()).add(row.get(VERSION_COLUMN))
         for i, row in enumerate(rows):
-            label = short_version(row.get(VERSION_COLUMN) or "") or "none"
+            label = short_version(row[VERSION_COLUMN])
             swept[i][VERSION_PARAM] = label
             suffix = f"-v{label}"
             if len(versions_per_config[row["config_id"]]) > 1 and not config_ids[i].endswith(suffix):
@@ -99,9 +103,9 @@ def tell_apart(table: pa.Table) -> pa.Table:
                                                       default=str) for s in swept], pa.string()))
     out = _replace(out, "config_id", pa.array(config_ids, pa.string()))
     if several:
-        labels = pa.array([short_version(r.get(VERSION_COLUMN) or "") or "none" for r in rows],
-                          pa.string())
-        out = _replace(out, _PARAM + VERSION_PARAM, labels)
+        out = _replace(out, VERSION_COLUMN, pa.array([r[VERSION_COLUMN] for r in rows], pa.string()))
+        out = _replace(out, _PARAM + VERSION_PARAM,
+                       pa.array([short_version(r[VERSION_COLUMN]) for r in rows], pa.string()))
     return out
 
 

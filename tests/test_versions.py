@@ -333,3 +333,16 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     with pytest.raises(RunnerError, match=r"epochs: 3 -> 5"):
         check_submission(parse(path.read_text(), "epochs=5"), uri, [])
     check_submission(parse(path.read_text(), "seeds=[0,1,2,3,4]"), uri, [])  # an extension
+
+
+def test_runs_made_before_versions_were_recorded_belong_to_the_first_version():
+    from analysis.distinct import tell_apart
+    from analysis.stats import summarize
+
+    rows = two_versions_table().to_pylist()
+    for row in rows:
+        if row["version"] == VERSION_A and row["seed"] == 0:
+            row["version"] = None  # run by the code before versions
+    summary = summarize(tell_apart(pa.Table.from_pylist(rows)), ["test/top1"]).to_pylist()
+    assert sorted((json.loads(r["swept"])["version"], r["n"]) for r in summary) == [
+        ("bbbbbbb", 2)] * 3 + [("fffffff", 3)] * 3
