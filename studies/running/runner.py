@@ -303,9 +303,10 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
     tracking.version, tracking.version_definition = version.version, definition_file
     if version.several:
-        _print(stream, f"[studies] version {version.version[:7]} of {len(version.record)} kept in "
-                       f"this study" + (" (new: --new-version)" if version.new else "")
-                       + "; its configs are told apart by their version")
+        index = [v["version"] for v in version.record].index(version.version) + 1
+        _print(stream, f"[studies] version {version.version[:7]}, {index} of "
+                       f"{len(version.record)} kept in this study"
+                       + (" (new: --new-version)" if version.new else ""))
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
