@@ -123,7 +123,7 @@ def check_version(study: Any, name: str, study_dir: Optional[Path], new_version:
         lines = [lines[0].lstrip()] + lines[1:] + format_changes(found) + [
             "Nothing was started. Ways forward:",
             "  - a new name for the changed study: `name:` in the file, or the override",
-            f"    name={name}_2",
+            f"    name={name.removesuffix('-smoke') if smoke_epochs is not None else name}_2",
             "  - both versions in this study, told apart by their version in its report",
             "    and in MLflow: the same command with --new-version",
             "More seeds, variants, design blocks or grid values extend a study: no change."]
