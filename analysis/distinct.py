@@ -112,8 +112,12 @@ def tell_apart(table: pa.Table) -> pa.Table:
 def _labels_collide(table: pa.Table) -> bool:
     """Whether two configs share their variant and swept values."""
     seen: dict[tuple, str] = {}
+    done: set = set()
     columns = [table.column(c).to_pylist() for c in ("config_id", "variant", "swept")]
     for config, variant, swept in zip(*columns):
+        if config in done:  # a config's seeds share its labels: one look per config
+            continue
+        done.add(config)
         key = (variant, json.dumps(json.loads(swept or "{}"), sort_keys=True))
         if seen.setdefault(key, config) != config:
             return True
