@@ -234,9 +234,17 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
 
     digits = {m: _digits_for(m, spec, [_scaled(by_key[(c, m)], m)[0] for c in configs])
               for m in metrics}
-    bold = {m: _bold_flags([_scaled(by_key[(c, m)], m)[0] for c in configs], m, digits[m],
-                           [by_key[(c, m)]["n"] for c in configs])
-            for m in metrics}
+    # the best of each version of the study (analysis.distinct): versions are not compared
+    groups: dict = {}
+    for i, c in enumerate(configs):
+        groups.setdefault(swept_of(first[c]).get(VERSION_PARAM), []).append(i)
+    bold = {m: [False] * len(configs) for m in metrics}
+    for m in metrics:
+        for members in groups.values():
+            flags = _bold_flags([_scaled(by_key[(configs[i], m)], m)[0] for i in members], m,
+                                digits[m], [by_key[(configs[i], m)]["n"] for i in members])
+            for i, flag in zip(members, flags):
+                bold[m][i] = flag
     rows = []
     for i, config_id in enumerate(configs):
         row0 = first[config_id]

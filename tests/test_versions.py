@@ -150,7 +150,7 @@ def test_an_extension_keeps_the_version_and_a_new_version_qualifies_its_cells(tm
     cells = versioned_cells(expand(parse(text, "epochs=3")), second)
     short = second.version[:7]
     assert all(c.config_id.endswith(f"-v{short}") and c.version == second.version for c in cells)
-    assert all(name.endswith(f" v{short} s{c.seed}")
+    assert all(name.endswith(f" version={short} s{c.seed}")
                for c, name in zip(cells, run_names(cells).values()))
     # the first version's file again: its version, its plain ids
     again = check_version(parse(text), "small", tmp_path, new_version=False)
@@ -251,6 +251,9 @@ def test_the_report_of_two_versions_labels_table_curve_and_comparisons(tmp_path,
     assert "no family spans versions" in text
     ce_rows = [line for line in text.splitlines() if line.startswith("| ce |")]
     assert "fffffff" in ce_rows[0] and "bbbbbbb" in ce_rows[1], ce_rows  # the oldest version first
+    table = text[text.index("## Results"):text.index("## Figures")]
+    for version in ("fffffff", "bbbbbbb"):  # the best of each version in bold, not of both
+        assert any("**" in line and version in line for line in table.splitlines()), table
     assert "## Study files" in text
     assert text.index("Version fffffff") < text.index("Version bbbbbbb")  # oldest first
 
