@@ -265,6 +265,8 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
                 entries.append(TableEntry(published_value(source, row0, m) or "", muted=True))
         entries.append(TableEntry(_n_range_text(ns)))
         rows.append(entries)
+    if len(groups) > 1:
+        caption += " Bold is the best of each version of the study (versions are not compared)."
     caption += sources_caption(_shown(sources, published))
     if missing:
         caption += f" Not logged by any finished cell: {', '.join(missing)}."
