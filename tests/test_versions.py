@@ -152,6 +152,13 @@ def test_an_extension_keeps_the_version_and_a_new_version_qualifies_its_cells(tm
     assert all(c.config_id.endswith(f"-v{short}") and c.version == second.version for c in cells)
     assert all(name.endswith(f" version={short} s{c.seed}")
                for c, name in zip(cells, run_names(cells).values()))
+    optuna = text.replace("  - {kind: single, variants: [ce]}", "  - {kind: optuna, variants: [ce], "
+                          "n_configs: 2, parameters: {optim.lr: {loguniform: [0.01, 1.0]}}}")
+    first_optuna = check_version(parse(optuna), "small-optuna", tmp_path / "o", new_version=False)
+    (tmp_path / "o").mkdir()
+    save_versions(tmp_path / "o", first_optuna)
+    with pytest.raises(RunnerError, match="does not apply to a study with an optuna block"):
+        check_version(parse(optuna, "epochs=3"), "small-optuna", tmp_path / "o", new_version=True)
     # the first version's file again: its version, its plain ids
     again = check_version(parse(text), "small", tmp_path, new_version=False)
     assert (again.version, again.qualified) == (first.version, False)

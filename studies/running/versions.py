@@ -128,6 +128,12 @@ def check_version(study: Any, name: str, study_dir: Optional[Path], new_version:
             "    and in MLflow: the same command with --new-version",
             "More seeds, variants, design blocks or grid values extend a study: no change."]
         raise RunnerError("\n".join(lines))
+    if record and study.optuna_blocks:
+        raise RunnerError(f"study {name!r}: --new-version does not apply to a study with an optuna "
+                          f"block (its sampler's history, optuna.db, belongs to the version that "
+                          f"ran it); give the changed study a new name (the override "
+                          f"name={name.removesuffix('-smoke') if smoke_epochs is not None else name}_2). "
+                          f"Nothing was started.")
     record.append({"version": digest, "definition": content, "study_yaml": study.source_text})
     return StudyVersion(digest, qualified=len(record) > 1, record=record, new=True)
 
