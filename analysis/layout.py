@@ -17,6 +17,9 @@ TAG_VARIANT = "studies.variant"
 #: UI groups a study's cell runs by it
 TAG_CONFIG_NAME = "studies.config_name"
 TAG_SWEPT = "studies.swept"
+#: the version of the study that made the run (`studies.studyfile.version`: a digest of what
+#: defines its configs), on the parent run (the version run last) and on every cell run
+TAG_VERSION = "studies.version"
 TAG_STATUS = "studies.status"
 TAG_ERROR = "studies.error"
 TAG_SESSION = "studies.session"
@@ -60,6 +63,8 @@ UI_ORDER_BY = "tags.`mlflow.runName`"
 UI_NAME_COLUMN = "attributes.`Run Name`"
 
 STUDY_ARTIFACT = "study.yaml"
+#: the parent run's folder of every version's study file: ``versions/<version>/study.yaml``
+VERSIONS_ARTIFACT_DIR = "versions"
 PER_CLASS_ARTIFACT = "per_class_test.parquet"
 SET_SIZES_ARTIFACT = "set_sizes_test.parquet"
 

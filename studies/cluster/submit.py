@@ -222,6 +222,15 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
             raise SubmitError(f"project folder {project} does not exist")
 
     client, token = job_client(address, token_file)
+    if validate:  # a changed study refused before the job, from the server's versions
+        from studies.errors import RunnerError
+        from studies.running.versions import check_submission
+        from studies.studyfile.spec import load_study
+
+        try:
+            check_submission(load_study(study_path), tracking_uri, extra_args)
+        except RunnerError as error:
+            raise SubmitError(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="studies-submit-") as tmp:
         staging = Path(tmp) / "working_dir"
         staging.mkdir()
@@ -302,6 +311,8 @@ def _submit(args: argparse.Namespace) -> int:
         smoke = smoke_epochs_of(args.smoke, args.smoke_epochs) > 0
     except ValueError as error:
         raise SubmitError(str(error)) from None
+    if args.new_version:
+        extra[:0] = ["--new-version"]
     if smoke:
         extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None
                                    else ["--smoke-epochs", str(args.smoke_epochs)])
@@ -353,6 +364,9 @@ def _add_submit(parser: argparse.ArgumentParser) -> None:
                         help="pass --smoke to `studies run` (tiny synthetic run)")
     parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
                         help="pass --smoke --smoke-epochs N to `studies run`")
+    parser.add_argument("--new-version", action="store_true",
+                        help="pass --new-version to `studies run`: a changed file is kept as a "
+                             "new version of the study (default: the job refuses it, exit 2)")
     parser.add_argument("--submission-id", default=None, metavar="ID",
                         help="the job id to use (default: studies-NAME-DATE-TIME-XXXX)")
     parser.add_argument("--entrypoint-num-cpus", type=float, default=None, metavar="N",

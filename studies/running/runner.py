@@ -94,7 +94,7 @@ def _settings_path(study_dir: Path) -> Path:
 
 #: run.json's fields and their types (checked when read back: ReadBackError naming the file)
 SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool,
-                   "smoke_epochs": int, "address": str}
+                   "smoke_epochs": int, "address": str, "version": str}
 
 
 def read_settings(study_dir: Path) -> dict:
@@ -131,7 +131,7 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
 
 
 def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
-                       resolved: str = "") -> tuple[Path, Path, str]:
+                       resolved: str = "", version: str = "") -> tuple[Path, Path, str]:
     """(study folder, its copy of the study file, tracking URI): the folder made, the file
     copied (with command-line overrides: `resolved`, the file with them applied) and the
     run's settings saved (for `studies resume`), the overrides among them."""
@@ -156,6 +156,8 @@ def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
                     "address": options.address}
         if options.smoke:
             settings["smoke_epochs"] = int(options.smoke_epochs)
+        if version:  # the study's version run last (every version: versions.json)
+            settings["version"] = version
         if options.overrides:
             settings["overrides"] = list(options.overrides)
         elif source == study_copy.resolve() and saved.get("overrides"):  # a resume: the copy has them
@@ -276,9 +278,20 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         print(format_cells_table(cells, study), file=stream, flush=True)
         return RunOutcome(0, name, cells=len(cells))
 
+    from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow
+
+    # a changed file under this name is refused here: before Ray or any file is touched, and
+    # before MLflow unless the folder is new and a tracking store is given (it may hold versions)
+    given = options.tracking_uri
+    version = check_version(study, name, study_dir_of(options.output, name), options.new_version,
+                            options.smoke_epochs if options.smoke else None,
+                            elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None)
+    cells = versioned_cells(cells, version)
     with activity(stream, f"study {name}: {len(cells)} cells; checking the study folder, "
                           f"the tracking server and the data"):
-        study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text)
+        study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text,
+                                                                 version.version)
+        definition_file = save_versions(study_dir, version)
         _check_preconditions(study_dir, tracking_uri, options, cells)
         tracking = StudyTracking(
             tracking_uri, name,
@@ -288,6 +301,12 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     from studies.running.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
+    tracking.version, tracking.version_definition = version.version, definition_file
+    if version.several:
+        index = [v["version"] for v in version.record].index(version.version) + 1
+        _print(stream, f"[studies] version {version.version[:7]}, {index} of "
+                       f"{len(version.record)} kept in this study"
+                       + (" (new: --new-version)" if version.new else ""))
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):

@@ -23,6 +23,8 @@ from analysis.layout import (
     TAG_STATUS,
     TAG_STOP_REASON,
     TAG_STUDY,
+    TAG_VERSION,
+    VERSIONS_ARTIFACT_DIR,
     tag_filter,
 )
 from studies.tracking.sqlite_store import seed_sqlite_store
@@ -60,6 +62,10 @@ class StudyTracking:
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
         self._parent_run_id: str | None = None
+        #: the version of the study this driver runs (`studies.running.versions`): tagged on
+        #: the parent run and on every cell run, its study file kept under `versions/`
+        self.version = ""
+        self.version_definition: Path | None = None  # its entry (studies.running.versions)
 
     # -- experiment and parent run
 
@@ -124,6 +130,12 @@ class StudyTracking:
             run_id = run.info.run_id
         if study_yaml is not None:
             with_retry(lambda: self.client.log_artifact(run_id, str(study_yaml)))
+        if self.version:
+            with_retry(lambda: self.client.set_tag(run_id, TAG_VERSION, self.version))
+            for path in (study_yaml, self.version_definition):
+                if path is not None:
+                    with_retry(lambda: self.client.log_artifact(
+                        run_id, str(path), f"{VERSIONS_ARTIFACT_DIR}/{self.version}"))
         self._parent_run_id = run_id
         return run_id
 
@@ -146,6 +158,7 @@ class StudyTracking:
             tracking_uri=self.tracking_uri, experiment_id=self.experiment_id,
             parent_run_id=self.parent_run_id(), study_name=self.study_name,
             session_id=session_id, run_tags=tuple(sorted(self.run_tags.items())),
+            version=self.version,
         )
 
     # -- the cell ledger
