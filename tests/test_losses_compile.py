@@ -156,23 +156,29 @@ def test_every_loss_runs_on_cuda_without_host_synchronisation(name):
     targets = targets.cuda()
     extra = {key: value.cuda() for key, value in extra.items()}
 
-    def step(fn):
+    def on_device():
+        """Fresh leaves on the GPU: moved there BEFORE the checked region (a copy from the host
+        is itself a synchronisation, issue #34)."""
         output, leaves = inputs()
         leaves = [leaf.detach().float().cuda().requires_grad_(True) for leaf in leaves]
-        output = TwoHeadOutput(*leaves) if isinstance(output, TwoHeadOutput) else leaves[0]
+        return (TwoHeadOutput(*leaves) if isinstance(output, TwoHeadOutput) else leaves[0]), leaves
+
+    def step(fn, prepared):
+        output, leaves = prepared
         value = fn(output, targets, **extra)
         value.backward()
         return value, leaves
 
-    step(loss)
+    step(loss, on_device())
+    prepared = on_device()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        step(loss)
+        step(loss, prepared)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch._dynamo.reset()
-    value, leaves = step(torch.compile(loss, fullgraph=True))
+    value, leaves = step(torch.compile(loss, fullgraph=True), on_device())
     assert torch.isfinite(value) and all(torch.isfinite(leaf.grad).all() for leaf in leaves)
 
 
