@@ -234,3 +234,39 @@ def test_kernel_count_of_cross_entropy():
     """Cross-entropy's forward+backward: log_softmax, nll_loss, mean's backward ... (the counter
     counts launches, not views: 7 as in issue #34)."""
     assert loss_kernels("ce") == 7
+
+
+class _RegionDone(Exception):
+    """Raised when the checked region ends: the rest of the test needs a GPU."""
+
+
+def cuda_test_region_syncs(monkeypatch, name: str) -> list:
+    """tests/test_losses_compile.py's CUDA test, run on fake CUDA tensors up to the end of its
+    ``set_sync_debug_mode("error")`` region: the synchronisations inside that region, with the
+    line of the test or of the project that issued them (the backward pass is left out: the
+    autograd engine refuses fake CUDA tensors here; the losses' backward is audited above)."""
+    import tests.test_losses_compile as suite
+
+    audit = SyncAudit(root=os.path.dirname(HERE))
+
+    def debug_mode(setting):
+        if setting == "error":
+            audit.__enter__()
+        else:
+            audit.__exit__(None, None, None)
+            raise _RegionDone
+
+    with fake_cuda() as mode:
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+        monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", debug_mode)
+        monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *args: claim_cuda(self, mode))
+        monkeypatch.setattr(torch.Tensor, "backward", lambda self, *args, **kwargs: None)
+        with pytest.raises(_RegionDone):
+            suite.test_every_loss_runs_on_cuda_without_host_synchronisation(name)
+    return [str(s) for s in audit.syncs]
+
+
+def test_the_cuda_sync_test_checks_the_loss_alone(monkeypatch):
+    """Defect 1 of issue #34: the test moved its inputs to the GPU inside its checked region (a
+    blocking copy, so it could never pass on a GPU); now the region holds the loss alone."""
+    assert cuda_test_region_syncs(monkeypatch, "noised_topk") == []
