@@ -21,9 +21,18 @@ aten operator that would be dispatched to the GPU:
   but views, allocations without initialisation and metadata queries): the launches of an eager
   step, what a launch-bound GPU step pays per operator.
 
+**Fake CUDA and meta.** On a machine without a CUDA driver the autograd engine refuses fake CUDA
+tensors (it asks the driver for the device's streams), so backward passes are audited on "meta"
+tensors: no data and no device, every non-CPU branch of the project taken (``fixed_shapes``, the
+trainer's device data), the autograd engine on the calling thread. The two differ in one place
+that matters: ``x[i, j] = 2.0`` and ``x[rows, cols] = 1`` make their value on the CPU and copy it
+for a CUDA tensor, on the device for a meta one. Forward passes, where the project writes such
+values, are therefore also run on fake CUDA; autocast is CUDA-only (:func:`fake_cuda_autocast`).
+Both devices count as "the device" here.
+
 ``claim_cuda(module, mode)`` moves a module's parameters and buffers to fake CUDA tensors;
 :class:`CudaClaimGenerator` is a CPU generator that says it is on cuda (the fake mode never
-draws). Used by tests/test_gpu_path_syncs.py and benchmarks/losses.py.
+draws). Used by tests/test_gpu_path_syncs.py and benchmarks/loss_kernels.py.
 """
 
 from __future__ import annotations

@@ -270,3 +270,37 @@ def test_the_cuda_sync_test_checks_the_loss_alone(monkeypatch):
     """Defect 1 of issue #34: the test moved its inputs to the GPU inside its checked region (a
     blocking copy, so it could never pass on a GPU); now the region holds the loss alone."""
     assert cuda_test_region_syncs(monkeypatch, "noised_topk") == []
+
+
+def test_the_trainer_on_fake_cuda_forward_passes_do_not_synchronise(tmp_path, monkeypatch):
+    """The same trainer on FakeTensors on "cuda" (the CUDA branches of indexing, and the bf16
+    autocast region of the trainer), forward passes only: the batches with their augmentation
+    and the training forward with its loss (no synchronisation), and an evaluation pass (its
+    order to the device, its scores back once)."""
+    write_fake_cifar(tmp_path, per_class=1)
+    trial = train._Trial(train.resolve_config(_cifar_cfg(tmp_path, batch_size=6, loss="noised_topk")), 0)
+    monkeypatch.setattr(torch, "Generator", gpu_audit.CudaClaimGenerator)
+    steps, evaluation = SyncAudit(), SyncAudit()
+    with fake_cuda() as mode:
+        claim_cuda(trial.model, mode)
+        claim_cuda(trial.loss, mode)
+        trial.device = torch.device("cuda")
+        trial.amp_dtype = torch.bfloat16
+        trial.on_device = {ds.split: _device_split(ds, trial.device) for ds in trial.data}
+        monkeypatch.setattr(trial, "_autocast", lambda: fake_cuda_autocast(torch.bfloat16))
+        batches = iter(trial._epoch_batches(0))
+        next(batches)  # the epoch's order moved to the device once
+        with steps:
+            for x, y, idx in batches:
+                output = train._to_float32(trial._run_model(x))
+                trial.loss(output, y, idx)
+        with evaluation:
+            trial.predict(trial.data.val)
+    assert [str(s) for s in steps.syncs] == []
+    assert [s.kind for s in evaluation.syncs] == ["blocking host-to-device copy", "device-to-host copy"]
+
+
+def _device_split(ds, device):
+    from setvalued.data.device import DeviceSplit
+
+    return DeviceSplit(ds.inputs, ds.targets, device, getattr(ds, "batch_augmentation", None))
