@@ -11,6 +11,10 @@ the project line that issued it, and kernel launches, counted on tensors that cl
   forward, loss, backward, optimizer step, running metrics) and one evaluation pass: no
   synchronisation per step or per batch; the per-epoch reads of the running metrics and the
   per-pass copy of the scores counted and bounded;
+- the trainer's forward passes on fake CUDA tensors (the batches with their augmentation, the
+  training forward and loss under bf16 autocast, an evaluation pass): the same;
+- tests/test_losses_compile.py's CUDA test, run on fake CUDA tensors: its checked region
+  holds the loss alone (defect 1 of #34: it copied its inputs to the GPU inside);
 - the normed head's cosines are float32 under CUDA autocast (fake CUDA tensors);
 - the kernel launches per forward+backward of the noised losses are at most pytopk's (#34).
 
