@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from setvalued.config import DEVICE_DATASETS, conformal_enabled
+from setvalued.compiled_step import CompiledStep
 from setvalued.conformal import ConformalMethod, conformal_metrics, set_metrics, split_calibration
 from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, IndexedDataset, mix_seed
@@ -153,10 +154,13 @@ class _Trial:
     def _compiled_forward(self) -> tuple[torch.nn.Module, bool]:
         """The forward module of ``compile`` and whether it runs under CUDA graphs (whose
         outputs are reused buffers: the trainer copies what it keeps)."""
+        #: the compiled passes (``setvalued.compiled_step``): training runs model and loss as one function
+        self.compiled: CompiledStep | None = None
         if self.cfg["compile"] == "none":
             return self.model, False
         cudagraphs = self.device.type == "cuda"
-        return torch.compile(self.model, mode="reduce-overhead" if cudagraphs else None), cudagraphs
+        self.compiled = CompiledStep(self.model, self.loss, self.data.num_classes, self._autocast, cudagraphs)
+        return self.compiled.forward, cudagraphs
 
     def _run_model(self, x: torch.Tensor) -> Any:
         """One forward pass of the (compiled) model, its output owned by the caller."""
@@ -281,11 +285,14 @@ class _Trial:
                     idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, loss, backward and optimizer step on one batch. Returns the loss and the
         scores that the metrics rank, their ``.grad`` kept (None when the output has none)."""
-        output = _to_float32(self._run_model(x))  # the loss is computed in float32
-        scores = _watched_scores(output, self.loss)
-        if scores is not None and scores.requires_grad:
-            scores.retain_grad()
-        loss = self.loss(output, y, idx)
+        if self.compiled is not None:  # model, float32 cast and loss: one compiled function
+            scores, loss = self.compiled.forward_and_loss(x, y, idx)
+        else:
+            output = _to_float32(self._run_model(x))  # the loss is computed in float32
+            scores = _watched_scores(output, self.loss)
+            if scores is not None and scores.requires_grad:
+                scores.retain_grad()
+            loss = self.loss(output, y, idx)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -461,9 +468,13 @@ def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dic
         raise ValueError(f"seed must be an integer, got {seed!r}")
     cfg = resolve_config(config)
     trial = _Trial(cfg, int(seed))
-    if checkpoint is not None:
-        trial.restore(_load_checkpoint(checkpoint))
-    return trial.run(on_epoch)
+    try:
+        if checkpoint is not None:
+            trial.restore(_load_checkpoint(checkpoint))
+        return trial.run(on_epoch)
+    finally:  # a warm worker keeps no compiled graph of this trial (setvalued.compiled_step)
+        if trial.compiled is not None:
+            trial.compiled.release()
 
 
 def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str, float]:
@@ -513,6 +524,8 @@ def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str,
     sync()
     per_example = (time.perf_counter() - began) / max(prefix, 1)
     val_s = per_example * n_val
+    if trial.compiled is not None:
+        trial.compiled.release()
     return {"setup_s": setup_s, "step_s": step_s, "steps_per_epoch": float(steps_per_epoch),
             "val_s": val_s, "test_s": per_example * len(trial.data.test),
             "epoch_s": steps_per_epoch * step_s + val_s}
