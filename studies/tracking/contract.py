@@ -23,6 +23,9 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     TAG_STUDY,
     TAG_SWEPT,
     TAG_VARIANT,
+    UI_RUN_COLOR_TAG,
+    UI_VIEW_KEY,
+    UI_WORKFLOW,
     cell_runs_view_tag,
 )
 from setvalued.config import effective_config
@@ -43,8 +46,8 @@ T = TypeVar("T")
 
 #: the artifact folder of a cell's selected model (MLflow's pytorch flavour)
 MODEL_ARTIFACT = "model"
-#: MLflow 3 opens an experiment (its bare page) in its GenAI view unless this tag says
-#: otherwise; a link to its runs page says so itself (`analysis.layout.UI_WORKFLOW`)
+#: the experiment's kind for MLflow versions that read it (3.17 does not: it takes the UI from
+#: the URL or the browser, `analysis.layout.UI_WORKFLOW`); a link to its runs page says so itself
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 #: the experiment's (and a run's) description in the MLflow UI
@@ -82,15 +85,31 @@ def source_tags(study_file: str | Path) -> dict[str, str]:
     return tags
 
 
-def experiment_tags(description: str) -> dict[str, str]:
-    """A study's experiment opens in MLflow 3's model-training view, with the study's
-    description (``study_description``) as its note and the view of its cell runs that the
-    report links to (`analysis.layout.cell_runs_view`)."""
-    key, view = cell_runs_view_tag()
-    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, key: view}
-    if description:
-        tags[NOTE_TAG] = description
+def experiment_tags(description: str, view: Mapping[str, Any] | None = None,
+                    experiment_id: str | None = None) -> dict[str, str]:
+    """A study's experiment: its kind, the view of its cell runs that the report links to
+    (`view`, default `analysis.layout.cell_runs_view()`), and its note: the study's
+    description (``study_description``) followed, once the experiment has an id, by a link to
+    that view (MLflow 3.17 opens the bare experiment page in its GenAI UI in a fresh browser,
+    with the note shown: the link is how a person gets from there to the cell runs)."""
+    key, value = cell_runs_view_tag(view)
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, key: value}
+    link = runs_link_note(experiment_id) if experiment_id is not None else ""
+    note = "\n\n".join(part for part in (description, link) if part)
+    if note:
+        tags[NOTE_TAG] = note
     return tags
+
+
+#: the line of an experiment's note that links to its cell runs (`runs_link_note`)
+RUNS_LINK_TEXT = "The cell runs, grouped by config, with the study's columns and charts"
+
+
+def runs_link_note(experiment_id: str) -> str:
+    """A Markdown link, relative to the MLflow UI it is shown in, to the experiment's cell
+    runs in the model-training UI's runs page (table view; the charts are one click away)."""
+    return (f"[{RUNS_LINK_TEXT}](#/experiments/{experiment_id}/runs?{UI_WORKFLOW}"
+            f"&viewStateShareKey={UI_VIEW_KEY})")
 
 
 def study_description(description: str, source_text: str) -> str:
@@ -178,7 +197,8 @@ def finished_runs(runs: Iterable) -> list:
 def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
               session_id: str) -> dict[str, str]:
     """The contract tags of a cell's child run (docs/interfaces.md section 5), with its
-    config's readable name (from the cell's ``run_name``, else its variant)."""
+    config's readable name (from the cell's ``run_name``, else its variant) and its colour in
+    the MLflow UI's charts (the cell's ``color``, when it has one)."""
     run_name = cell.get("run_name")
     return {
         PARENT_RUN_TAG: parent_run_id,
@@ -193,4 +213,5 @@ def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
         TAG_SWEPT: canonical_json(cell.get("swept") or {}),
         TAG_STATUS: STATUS_RUNNING,
         TAG_SESSION: session_id,
+        **({UI_RUN_COLOR_TAG: cell["color"]} if cell.get("color") else {}),
     }
