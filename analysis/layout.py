@@ -84,16 +84,13 @@ def _charts(swept: Sequence[str], metrics: Sequence[str], curve_metric: str | No
     charts: list[dict[str, Any]] = []
     for metric in metrics:
         if swept:
-            charts += [{**common, "type": "SCATTER", "displayName": f"{metric} vs {path}",
-                        "xaxis": {"key": path, "type": "PARAM"},
+            charts += [{**common, "type": "SCATTER", "xaxis": {"key": path, "type": "PARAM"},
                         "yaxis": {"key": metric, "type": "METRIC"}} for path in swept]
         else:
-            charts.append({**common, "type": "BAR", "displayName": f"{metric} per cell run",
-                           "metricKey": metric})
+            charts.append({**common, "type": "BAR", "metricKey": metric})
     if curve_metric:
-        charts.append({**common, "type": "LINE", "displayName": f"{curve_metric} by epoch",
-                       "metricKey": curve_metric, "selectedMetricKeys": [curve_metric],
-                       "xAxisKey": "step", "scaleType": "linear", "xAxisScaleType": "linear",
+        charts.append({**common, "type": "LINE", "metricKey": curve_metric,
+                       "selectedMetricKeys": [curve_metric], "xAxisKey": "step", "scaleType": "linear", "xAxisScaleType": "linear",
                        "lineSmoothness": 0, "useGlobalXaxisKey": False,
                        "useGlobalLineSmoothing": False})
     charts = charts[:MAX_UI_CHARTS - 1] + charts[-1:] if len(charts) > MAX_UI_CHARTS else charts
