@@ -50,6 +50,8 @@ STATUS_FAILED = "failed"
 #: GenAI UI in a fresh browser, and the experiment's description carries the link instead
 UI_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 UI_VIEW_KEY = "studies-cells"
+#: the view's name in the runs page's "Views" menu
+UI_VIEW_NAME = "Cell runs by config (studies)"
 UI_WORKFLOW = "workflowType=machine_learning"
 #: the runs page's chart view (its table view is the default)
 UI_CHART_MODE = "compareRunsMode=CHART"
@@ -129,10 +131,18 @@ def cell_runs_view(swept: Sequence[str] = (), metrics: Sequence[str] = (),
     return view
 
 
-def cell_runs_view_tag(view: Mapping[str, Any] | None = None) -> tuple[str, str]:
-    """(key, value) of the experiment tag that holds `view` (default: `cell_runs_view()`)."""
+def cell_runs_view_tag(view: Mapping[str, Any] | None = None,
+                       created_ms: int | None = None) -> tuple[str, str]:
+    """(key, value) of the experiment tag that holds `view` (default: `cell_runs_view()`), as
+    a saved view of MLflow 3.17 (its "Views" menu on the runs page lists it by `UI_VIEW_NAME`;
+    the envelope ``{name, createdAt, state}`` with the view as JSON text in ``state``, which a
+    ``viewStateShareKey`` link reads too); `created_ms`: its time (default: now)."""
+    import time
+
+    state = json.dumps(cell_runs_view() if view is None else view, separators=(",", ":"))
+    created = int(time.time() * 1000) if created_ms is None else int(created_ms)
     return UI_VIEW_TAG_PREFIX + UI_VIEW_KEY, json.dumps(
-        cell_runs_view() if view is None else view, separators=(",", ":"))
+        {"name": UI_VIEW_NAME, "createdAt": created, "state": state}, separators=(",", ":"))
 
 
 STUDY_ARTIFACT = "study.yaml"

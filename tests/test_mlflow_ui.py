@@ -188,8 +188,9 @@ def _between(texts: list[str], first: str, last: str | None) -> list[str]:
 def test_the_reports_link_pins_the_sweep_and_the_report_metrics_with_group_means(
         quickstart_runs, mlflow_server, tmp_path):
     """Columns: the swept `loss.epsilon` and the report tables' `test/top1`, `test/top5`; each
-    group row holds its runs' mean of test/top1 before its first run."""
+    group row holds its runs' mean of test/top1 and of the swept parameter."""
     from analysis.collect import collect
+    from analysis.layout import UI_VIEW_NAME
     from analysis.provenance import mlflow_ui
 
     name, groups, _, logged = quickstart_runs
@@ -197,6 +198,7 @@ def test_the_reports_link_pins_the_sweep_and_the_report_metrics_with_group_means
     dom = page_dom(link, tmp_path / "profile")
     texts = [html.unescape(t).strip() for t in re.findall(r">([^<>]+)<", dom) if t.strip()]
     joined = " | ".join(texts)
+    assert UI_VIEW_NAME in texts, joined[:3000]  # the saved view, named in the Views menu
     header = _between(texts, "Run Name", f"Group: {sorted(groups)[0]}")
     for column in ("loss.epsilon", "test/top1", "test/top5"):
         assert column in header, f"no column {column}: {joined[:3000]}"

@@ -82,7 +82,18 @@ def test_the_view_tag_stays_inside_mlflows_limit():
     assert len(view["compareRunCharts"]) == MAX_UI_CHARTS
     assert view["compareRunCharts"][-1]["type"] == "LINE"
     _, value = cell_runs_view_tag(view)
-    assert len(value) < 20_000 and json.loads(value) == view
+    assert len(value) < 20_000 and json.loads(json.loads(value)["state"]) == view
+
+
+def test_the_view_is_a_saved_view_of_the_runs_pages_views_menu():
+    """MLflow 3.17's saved-view envelope: a name and a time as plain JSON, the state as text."""
+    from analysis.layout import UI_VIEW_NAME
+
+    key, value = cell_runs_view_tag(cell_runs_view(["loss.epsilon"], ["test/top1"]), created_ms=5)
+    envelope = json.loads(value)
+    assert key == f"mlflow.sharedViewState.{UI_VIEW_KEY}"
+    assert (envelope["name"], envelope["createdAt"]) == (UI_VIEW_NAME, 5)
+    assert json.loads(envelope["state"]) == cell_runs_view(["loss.epsilon"], ["test/top1"])
 
 
 def test_run_colours_are_the_reports_one_per_config():
