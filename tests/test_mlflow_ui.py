@@ -30,22 +30,23 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "studies" / "catalog" / "quic
 GENAI_ONLY = ("Training runs", "Overview", "Judges", "Prompts")
 
 
-def page_dom(url: str, profile: Path, height: int = 2400) -> str:
-    """The DOM of the page at `url` once the app has rendered, as a fresh browser (an empty
-    profile) shows it; tall, so that the runs grid renders every row."""
+def page_dom(url: str, profile: Path, height: int = 2400, budget_ms: int = 20000) -> str:
+    """The DOM of the page at `url` once the app has rendered (`budget_ms` of the browser's
+    virtual time), as a fresh browser (an empty profile) shows it; tall, so that the runs grid
+    renders every row."""
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed")
     done = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-         f"--window-size=1400,{height}", "--virtual-time-budget=20000", "--dump-dom", url],
+         f"--window-size=1400,{height}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return re.sub(r"<(script|style)\b.*?</\1>", "", done.stdout, flags=re.S)
 
 
-def page_texts(url: str, profile: Path, height: int = 2400) -> list[str]:
+def page_texts(url: str, profile: Path, height: int = 2400, budget_ms: int = 20000) -> list[str]:
     """The text nodes of the page at `url` (`page_dom`)."""
-    dom = page_dom(url, profile, height)
+    dom = page_dom(url, profile, height, budget_ms)
     return [html.unescape(t).strip() for t in re.findall(r">([^<>]+)<", dom) if t.strip()]
 
 
@@ -227,16 +228,19 @@ def test_the_chart_view_puts_the_report_metrics_against_the_sweep_in_the_reports
 
     name, groups, _, logged = quickstart_runs
     _, link, _ = mlflow_ui(collect(mlflow_server, name))
-    texts = page_texts(f"{link}&{UI_CHART_MODE}", tmp_path / "profile", height=1600)
-    joined = " | ".join(texts)
-    assert "study" in texts, joined[:4000]
+    wanted = ("loss.epsilon vs. test/top1", "loss.epsilon vs. test/top5", "val/top5")
+    for attempt, budget_ms in enumerate((20000, 60000)):  # the charts draw last: a busy machine
+        texts = page_texts(f"{link}&{UI_CHART_MODE}", tmp_path / f"profile{attempt}", height=1600,
+                           budget_ms=budget_ms)
+        joined = " | ".join(texts)
+        assert "study" in texts, joined[:4000]
+        charts = texts[texts.index("study"):]
+        titles = [t for t in charts if t in wanted]
+        if titles:
+            break
     section = _between(texts, "study", "Add chart")
     assert section[:2] == ["study", "(3)"], section
-    charts = texts[texts.index("study"):]
-    titles = [t for t in charts if t in ("loss.epsilon vs. test/top1", "loss.epsilon vs. test/top5",
-                                         "val/top5")]
-    assert titles[:3] == ["loss.epsilon vs. test/top1", "loss.epsilon vs. test/top5", "val/top5"], \
-        joined[-4000:]
+    assert titles[:3] == list(wanted), joined[-4000:]
 
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name(name)
