@@ -92,7 +92,8 @@ def _charts(swept: Sequence[str], metrics: Sequence[str], curve_metric: str | No
             charts.append({**common, "type": "BAR", "metricKey": metric})
     if curve_metric:
         charts.append({**common, "type": "LINE", "metricKey": curve_metric,
-                       "selectedMetricKeys": [curve_metric], "xAxisKey": "step", "scaleType": "linear", "xAxisScaleType": "linear",
+                       "selectedMetricKeys": [curve_metric], "xAxisKey": "step",
+                       "scaleType": "linear", "xAxisScaleType": "linear",
                        "lineSmoothness": 0, "useGlobalXaxisKey": False,
                        "useGlobalLineSmoothing": False})
     charts = charts[:MAX_UI_CHARTS - 1] + charts[-1:] if len(charts) > MAX_UI_CHARTS else charts

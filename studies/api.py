@@ -113,7 +113,8 @@ def resume(name: str, *, output: Optional[PathLike] = None, tracking_uri: Option
     return resume_study(name, _options(output, tracking_uri, address=address, stream=stream))
 
 
-def locate(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None) -> tuple[Path, str]:
+def locate(name: str, *, output: Optional[PathLike] = None,
+           tracking_uri: Optional[str] = None) -> tuple[Path, str]:
     """(study folder, tracking URI) of a study run under ``output``. The folder is confined to
     ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
     studies that exist, or the file and what was expected) otherwise. Creates nothing."""
@@ -143,7 +144,8 @@ def collect(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optio
     return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
-def report(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None) -> Path:
+def report(name: str, *, output: Optional[PathLike] = None,
+           tracking_uri: Optional[str] = None) -> Path:
     """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path."""
     from analysis.report import build_report
 

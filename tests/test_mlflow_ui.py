@@ -206,7 +206,8 @@ def test_the_reports_link_pins_the_sweep_and_the_report_metrics_with_group_means
     cells = grid_cells(dom)
     for group, runs in groups.items():
         mean = sum(logged["top1"][r] for r in runs) / len(runs)
-        assert cells.get((f"tag.studies.config_name.{group}", "metrics.`test/top1`")) == f"{mean:g} (average)", \
+        shown = cells.get((f"tag.studies.config_name.{group}", "metrics.`test/top1`"))
+        assert shown == f"{mean:g} (average)", \
             (group, mean, {k: v for k, v in cells.items() if k[0].endswith(group)})
     epsilons = {g: cells.get((f"tag.studies.config_name.{g}", "params.`loss.epsilon`")) for g in groups}
     for group, epsilon in epsilons.items():  # the mean of the runs' param (float sums)

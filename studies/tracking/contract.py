@@ -88,11 +88,11 @@ def source_tags(study_file: str | Path) -> dict[str, str]:
 def experiment_tags(description: str, view: Mapping[str, Any] | None = None,
                     experiment_id: str | None = None) -> dict[str, str]:
     """A study's experiment: its kind, the view of its cell runs that the report links to
-    (`view`, default `analysis.layout.cell_runs_view()`), and its note: the study's
-    description (``study_description``) after, once the experiment has an id, a link to that
-    view on the note's first line (MLflow 3.17 opens the bare experiment page in its GenAI UI
-    in a fresh browser, showing the note's first line: the link is how a person gets from there,
-    or from the experiment list's Description column, to the cell runs)."""
+    (`view`, default `analysis.layout.cell_runs_view()`), and its note: once the experiment
+    has an id, a link to that view on the first line (`runs_link_note`), then the study's
+    description (``study_description``). MLflow 3.17 opens the bare experiment page, where its
+    experiment list leads, in its GenAI UI in a fresh browser, showing the note's first line:
+    the link is how a person gets from there to the cell runs."""
     key, value = cell_runs_view_tag(view)
     tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, key: value}
     link = runs_link_note(experiment_id) if experiment_id is not None else ""
