@@ -20,7 +20,7 @@ __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
     "KNOWN_NUM_CLASSES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
-    "PLACEMENTS", "DEVICE_DATASETS", "COMPILE_MODES", "placement_problem",
+    "PLACEMENTS", "DEVICE_DATASETS", "DATA_COMMON", "COMPILE_MODES", "placement_problem",
 ]
 
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
@@ -55,6 +55,8 @@ _DATA_COMMON = {
                        "with per-image transforms in num_workers processes; auto: device when num_workers is 0, "
                        "else loader", options=PLACEMENTS, implicit=True),
 }
+#: the fields every data set has (a plugin data set gets num_workers and placement)
+DATA_COMMON = _DATA_COMMON
 #: the data sets that ``data.placement: device`` can hold on the training device (in memory)
 DEVICE_DATASETS = ("synthetic", "cifar100")
 _SPLIT_SEED = Param("int", 1234, "seeds the validation split (synthetic: the data), not the trial seed", low=0)
