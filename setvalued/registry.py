@@ -169,8 +169,11 @@ def _discover() -> tuple[dict[str, dict[str, Entry]], tuple[Refusal, ...]]:
     for kind, group in GROUPS.items():
         builtin = _builtins(kind)
         registered = dict(builtin)
-        plugin_names: dict[str, str] = {}
         points = sorted(importlib.metadata.entry_points(group=group), key=lambda p: (p.name, p.value))
+        owners: dict[str, list[str]] = {}  # a name two distributions register is refused in both
+        for point in points:
+            dist = getattr(point, "dist", None)
+            owners.setdefault(point.name, []).append(dist.metadata["Name"] if dist is not None else "?")
         for point in points:
             dist = getattr(point, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else "(unknown distribution)"
@@ -182,12 +185,13 @@ def _discover() -> tuple[dict[str, dict[str, Entry]], tuple[Refusal, ...]]:
                 reason = f"its declaration {point.value!r} failed to import: {type(err).__name__}: {err}"
             else:
                 reason = _check_declaration(kind, point.name, declared, builtin)
-            if reason is None and point.name in plugin_names:
-                reason = f"the name {point.name!r} is also registered by {plugin_names[point.name]}"
+            others = sorted(set(owners[point.name]) - {dist_name}) or (
+                [dist_name] if len(owners[point.name]) > 1 else [])
+            if reason is None and others:
+                reason = f"the name {point.name!r} is also registered by {', '.join(others)}; uninstall one"
             if reason is not None:
                 refused.append(Refusal(kind, point.name, dist_name, version, where, reason))
                 continue
-            plugin_names[point.name] = dist_name
             registered[point.name] = Entry(point.name, kind, dict(declared.parameters), declared.factory,
                                            declared.doc, declared.num_classes, dist_name, version, where)
         found[kind] = registered
@@ -313,13 +317,15 @@ class Source:
     path: Optional[str] = None
     editable: bool = False
     top_level: tuple[str, ...] = field(default=())
+    #: the URL it was installed from when that is neither a local folder nor an index (VCS, archive)
+    url: Optional[str] = None
 
 
 def distribution_source(name: str) -> Source:
     """The origin of an installed distribution, from its ``direct_url.json`` (PEP 610): a
     ``file://`` URL is a local folder; no such file is an installation from an index."""
     dist = importlib.metadata.distribution(name)
-    path, editable = None, False
+    path, editable, other = None, False, None
     text = dist.read_text("direct_url.json")
     if text:
         try:
@@ -332,8 +338,10 @@ def distribution_source(name: str) -> Source:
 
             path = unquote(urlsplit(url).path)
             editable = bool(info["dir_info"].get("editable"))
+        elif url:
+            other = url
     modules = set()
     for point in dist.entry_points:
         if point.group in GROUPS.values():
             modules.add(point.value.split(":")[0].split(".")[0])
-    return Source(dist.metadata["Name"], dist.version, path, editable, tuple(sorted(modules)))
+    return Source(dist.metadata["Name"], dist.version, path, editable, tuple(sorted(modules)), other)
