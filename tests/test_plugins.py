@@ -181,6 +181,23 @@ def test_plugin_names_get_did_you_mean_and_sweeps_check_their_parameters(example
     assert "design[0].parameters.loss.smoothing[1] (line 13): smoothing must be in [0.0, 1.0), got 1.5" in text
 
 
+def test_a_derived_plugin_parameter_is_checked_against_its_declaration(example, tmp_path):
+    text = _message(tmp_path, """\
+name: d
+base:
+  data: {name: toy_rings}
+  model: {name: residual_mlp}
+  loss: {name: ls_topk_hinge, k: 3}
+design:
+  - kind: grid
+    parameters: {loss.smoothing: [0.1, 0.2]}
+derived:
+  loss.margin: "-10 * loss.smoothing"
+seeds: [0]
+""")
+    assert "derived.loss.margin (line 10): margin must be >= 0.0, got -1.0 (with loss.smoothing=0.1)" in text
+
+
 def test_studies_show_fills_a_plugins_defaults_like_a_builtins(example, capsys):
     from studies.cli import main
 
