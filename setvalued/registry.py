@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 from setvalued.params import Param
 
 __all__ = ["Declaration", "Entry", "Refusal", "PluginError", "KINDS", "GROUPS", "entries", "entry",
-           "refusals", "section_fields", "load_factory", "plugins_of_config", "plugin_distributions", "SECTION_COMMON",
+           "refusals", "refusal_note", "section_fields", "load_factory", "plugins_of_config", "plugin_distributions", "SECTION_COMMON",
            "distribution_source", "clear_cache"]
 
 #: kind -> entry-point group
@@ -217,6 +217,13 @@ def entry(kind: str, name: Any) -> Optional[Entry]:
 def refusals() -> tuple[Refusal, ...]:
     """The plugin entry points that were refused, with why."""
     return _discover()[1]
+
+
+def refusal_note(kind: str, name: Any) -> str:
+    """``" (plugin ... refused: why)"`` when ``name`` is a refused plugin's name, else ``""``:
+    the end of an "unknown ..." message, so a study naming it says why it is not there."""
+    found = [r.message() for r in refusals() if r.kind == kind and r.name == name]
+    return f" ({'; '.join(found)})" if found else ""
 
 
 def section_fields(kind: str, name: Any) -> Optional[dict[str, Param]]:

@@ -218,7 +218,7 @@ def test_reference_tables_list_plugins_only_when_asked(example):
     assert "| `model.width` | `64` |" in table
 
 
-def test_broken_plugins_are_refused_by_distribution_and_entry_point(broken):
+def test_broken_plugins_are_refused_by_distribution_and_entry_point(broken, tmp_path):
     assert "broken_plugin.boom" not in sys.modules  # another group's module is never imported
     assert registry.entry("loss", "alpha_loss").distribution == "broken-plugin"
     assert registry.entry("loss", "ce").builtin
@@ -237,6 +237,9 @@ def test_broken_plugins_are_refused_by_distribution_and_entry_point(broken):
                        r"setvalued.losses:wrong_params\): declares parameter\(s\) alpha that "
                        r"broken_plugin.code:BetaLoss does not take \(it takes beta, reduction\)"):
         registry.load_factory("loss", "wrong_params")
+    message = _message(tmp_path, STUDY.format(section="loss", name="fails_import", key="alpha", value=1))
+    assert ("unknown loss 'fails_import' (plugin loss 'fails_import' of distribution broken-plugin 2.0 (entry "
+            "point setvalued.losses:fails_import) refused: its declaration") in message
     from studies.running.preconditions import plugin_code
 
     problems = plugin_code([{"loss": {"name": "wrong_params"}}, {"loss": {"name": "alpha_loss"}}])

@@ -155,8 +155,8 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
         problems.append(Problem(("loss", "name"), f"missing required field: the loss name; expected one of: {known}"))
         return None
     if not isinstance(name, str) or name not in losses:
-        problems.append(Problem(("loss", "name"), f"unknown loss {name!r}{did_you_mean(name, losses)}; "
-                                f"expected one of: {known}"))
+        problems.append(Problem(("loss", "name"), f"unknown loss {name!r}{did_you_mean(name, losses)}"
+                                f"{registry.refusal_note('loss', name)}; expected one of: {known}"))
         return None
     declared = losses[name].parameters
     out: dict[str, Any] = {"name": name}
@@ -213,10 +213,12 @@ def declared_param(config: Mapping[str, Any], dotted: str) -> Optional[Param]:
     return {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS}.get(section, {}).get(key)
 
 
-@functools.lru_cache(maxsize=None)
 def _model_exists(name: str) -> bool:
-    if registry.entry("model", name) is not None:
-        return True
+    return registry.entry("model", name) is not None or _timm_model(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _timm_model(name: str) -> bool:
     try:
         import timm  # noqa: WPS433  (slow import, torch included; only for non-builtin names)
     except ImportError:  # pragma: no cover - timm is a dependency
@@ -254,7 +256,8 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
     datasets = registry.entries("dataset")
     if not isinstance(data_name, str) or data_name not in datasets:
         problems.append(Problem(("data", "name"), f"unknown data set {data_name!r}"
-                                f"{did_you_mean(str(data_name), datasets)}; expected one of: " + ", ".join(datasets)))
+                                f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
+                                "expected one of: " + ", ".join(datasets)))
         return None, problems
     schema = data_schema(data_name)
     try:
@@ -267,7 +270,8 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
 
     model = config["model"]
     if not _model_exists(model["name"]):
-        problems.append(Problem(("model", "name"), f"unknown model {model['name']!r}; expected one of "
+        problems.append(Problem(("model", "name"), f"unknown model {model['name']!r}"
+                                f"{registry.refusal_note('model', model['name'])}; expected one of "
                                 f"{', '.join(registry.entries('model'))} or a timm architecture name"))
     elif (data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp"
           and not plugin_model):
