@@ -261,7 +261,8 @@ def _taken(obj: Callable) -> tuple[set[str], bool]:
 def _load(kind: str, name: str) -> Callable:
     item = entry(kind, name)
     if item is None or item.factory is None:
-        raise KeyError(name)
+        raise ValueError(f"{kind} {name!r} has no code to build it (a built-in data set's builder is a line "
+                         "of setvalued.registry.BUILTIN_DATASET_BUILDERS)")
     module, _, attribute = item.factory.partition(":")
     try:
         obj = importlib.import_module(module)

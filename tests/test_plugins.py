@@ -263,6 +263,15 @@ def test_studies_plugins_lists_entries_and_refusals_in_80_columns(broken, capsys
     assert "REFUSED fails_import" in flat and "REFUSED residual_mlp" in flat
 
 
+def test_every_builtin_data_set_has_its_builder():
+    """A built-in data set is its fields (setvalued.config.DATA_FIELDS) and one builder line."""
+    from setvalued.config import DATA_FIELDS
+
+    assert list(registry.BUILTIN_DATASET_BUILDERS) == list(DATA_FIELDS)
+    for name in DATA_FIELDS:
+        assert callable(registry.load_factory("dataset", name))
+
+
 def test_discovery_is_cached_per_process(example, monkeypatch):
     registry.entries("loss")
     calls = []
