@@ -47,7 +47,7 @@ def _pretrained(value: Any) -> Any:
 PLACEMENTS = ("auto", "device", "loader")
 
 _DATA_COMMON = {
-    "name": Param("str", "synthetic", "the data set", options=DATASET_NAMES),
+    "name": Param("str", "synthetic", "the data set (or a plugin's: docs/plugins.md)", options=DATASET_NAMES),
     "root": Param("str", None, "folder of a real data set (official layout)", nullable=True),
     "num_workers": Param("int", 0, "data-loading worker processes", low=0),
     "placement": Param("str", "auto", "device: the in-memory sets (cifar100, synthetic) held on the training "
@@ -115,7 +115,8 @@ DATA_DEFAULTS: dict[str, Any] = _union_defaults(DATA_FIELDS.values())
 # --------------------------------------------------------------------------------------------
 
 MODEL_FIELDS: dict[str, Param] = {
-    "name": Param("str", "mlp", f"{', '.join(BUILTIN_MODELS)} or a timm architecture name"),
+    "name": Param("str", "mlp", f"{', '.join(BUILTIN_MODELS)}, a plugin's model (docs/plugins.md) or a timm "
+                  "architecture name"),
     "pretrained": Param("any", False, "false or the path of a local weights file", rule=_pretrained),
     "head": Param("str", "auto", "auto (what the loss needs), linear, normed or two_head",
                   options=("auto",) + HEADS),
