@@ -315,6 +315,14 @@ def test_fit_trains_with_a_plugin_loss_data_set_and_model(example):
     assert problems == []
     result = fit(config, seed=0)
     assert 0.0 <= result["test"]["top3"] <= 1.0 and result["per_class"]["name"][5] == "ring1_sector1"
+    from setvalued.train_setup import resolve_config
+
+    resolved = resolve_config({"data": {"name": "toy_rings"}, "model": {"name": "residual_mlp"},
+                               "loss": {"name": "ce"}})  # a plugin's own defaults, not the built-ins'
+    assert resolved["data"] == {"name": "toy_rings", "num_workers": 0, "placement": "auto", "num_classes": 12,
+                                "train_size": 1200, "val_size": 300, "test_size": 600, "noise": 0.15,
+                                "split_seed": 7}
+    assert resolved["model"] == {"name": "residual_mlp", "head": "auto", "width": 64, "blocks": 2}
     with pytest.raises(ValueError, match="unknown key.*data.noize"):
         fit({**config, "data": {**config["data"], "noize": 0.1}}, seed=0)
 
