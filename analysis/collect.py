@@ -67,6 +67,8 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_ERROR,
     TAG_RACE,
     TAG_PRUNED,
+    TAG_PLUGINS,
+    read_plugins_tag,
     TAG_ROLE,
     TAG_SEED,
     TAG_STATUS,
@@ -119,6 +121,8 @@ class Collected:
     n_runs: int = 0
     #: the experiment holds the MLflow UI's view of the cell runs (`layout.cell_runs_view_tag`)
     ui_view: bool = False
+    #: the plugin distributions the finished cells used, ``name==version`` (`TAG_PLUGINS`), sorted
+    plugins: list[str] = field(default_factory=list)
 
     @property
     def metric_columns(self) -> list[str]:
@@ -332,6 +336,7 @@ def collect(
         duplicate_cells=duplicates,
         n_runs=len(cells),
         ui_view=cell_runs_view_tag()[0] in (experiment.tags or {}),
+        plugins=sorted({item for run in finished for item in read_plugins_tag(run.tags.get(TAG_PLUGINS))}),
     )
 
 

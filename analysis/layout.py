@@ -25,6 +25,10 @@ TAG_ERROR = "studies.error"
 TAG_SESSION = "studies.session"
 TAG_RESUMED_FROM = "studies.resumed_from_epoch"
 TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
+#: the plugin distributions whose loss, data set or model a cell run used, with the versions its
+#: worker imported (``setvalued.registry``): ``name==version`` joined by ``, `` (``plugins_tag``);
+#: absent on a run of built-ins only
+TAG_PLUGINS = "studies.plugins"
 #: a racing study's final decision about a config (JSON: state, seeds, max, reason, p_holm,
 #: best), on the run of the config's last finished seed (studies.scheduling.race_driver)
 TAG_RACE = "studies.race"
@@ -171,6 +175,18 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
         else:
             flat[path] = value
     return flat
+
+
+def plugins_tag(distributions: Mapping[str, str]) -> str:
+    """The `TAG_PLUGINS` value of ``{distribution: version}``, sorted by name."""
+    return ", ".join(f"{name}=={version}" for name, version in sorted(distributions.items()))
+
+
+def read_plugins_tag(value: Any) -> list[str]:
+    """The ``name==version`` items of a `TAG_PLUGINS` value (none for a missing or empty one)."""
+    if not isinstance(value, str):
+        return []
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def tag_filter(tags: Mapping[str, Any]) -> str:

@@ -78,6 +78,7 @@ def provenance(results: StudyResults) -> list[tuple[str, str]]:
         except importlib.metadata.PackageNotFoundError:
             continue
     collected = results.collected
+    plugins = [("plugins (losses, data sets, models)", ", ".join(collected.plugins))] if collected.plugins else []
     return [
         ("date (UTC)", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")),
         ("MLflow tracking URI", display_uri(collected.tracking_uri)),
@@ -89,6 +90,7 @@ def provenance(results: StudyResults) -> list[tuple[str, str]]:
         ("project git commit", _git_commit(PROJECT_ROOT)),
         ("python", platform.python_version()),
         ("packages", ", ".join(versions)),
+        *plugins,
         ("intervals", f"{results.level:.0%}, " + ("Student's t on n−1 df" if results.method == "t"
                                                    else f"percentile bootstrap ({results.n_boot})")),
     ]

@@ -20,7 +20,7 @@ __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
     "KNOWN_NUM_CLASSES", "FIELD_APPLIES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
-    "PLACEMENTS", "DEVICE_DATASETS", "COMPILE_MODES", "placement_problem",
+    "PLACEMENTS", "DEVICE_DATASETS", "DATA_COMMON", "COMPILE_MODES", "placement_problem",
 ]
 
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
@@ -47,7 +47,7 @@ def _pretrained(value: Any) -> Any:
 PLACEMENTS = ("auto", "device", "loader")
 
 _DATA_COMMON = {
-    "name": Param("str", "synthetic", "the data set", options=DATASET_NAMES),
+    "name": Param("str", "synthetic", "the data set (or a plugin's: docs/plugins.md)", options=DATASET_NAMES),
     "root": Param("str", None, "folder of a real data set (official layout)", nullable=True),
     "num_workers": Param("int", 0, "data-loading worker processes", low=0),
     "placement": Param("str", "auto", "device: the in-memory sets (cifar100, synthetic) held on the training "
@@ -55,6 +55,8 @@ _DATA_COMMON = {
                        "with per-image transforms in num_workers processes; auto: device when num_workers is 0, "
                        "else loader", options=PLACEMENTS, implicit=True),
 }
+#: the fields every data set has (a plugin data set gets num_workers and placement)
+DATA_COMMON = _DATA_COMMON
 #: the data sets that ``data.placement: device`` can hold on the training device (in memory)
 DEVICE_DATASETS = ("synthetic", "cifar100")
 _SPLIT_SEED = Param("int", 1234, "seeds the validation split (synthetic: the data), not the trial seed", low=0)
@@ -113,7 +115,8 @@ DATA_DEFAULTS: dict[str, Any] = _union_defaults(DATA_FIELDS.values())
 # --------------------------------------------------------------------------------------------
 
 MODEL_FIELDS: dict[str, Param] = {
-    "name": Param("str", "mlp", f"{', '.join(BUILTIN_MODELS)} or a timm architecture name"),
+    "name": Param("str", "mlp", f"{', '.join(BUILTIN_MODELS)}, a plugin's model (docs/plugins.md) or a timm "
+                  "architecture name"),
     "pretrained": Param("any", False, "false or the path of a local weights file", rule=_pretrained),
     "head": Param("str", "auto", "auto (what the loss needs), linear, normed or two_head",
                   options=("auto",) + HEADS),

@@ -41,6 +41,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from setvalued.config import BUILTIN_MODELS as OWN_MODELS  # the models built here, not by timm
+from setvalued import registry
 from setvalued.config import HEADS, MODEL_DEFAULTS, reject_unknown_keys
 
 #: the DenseNets built here, which read ``model.depth`` and ``model.growth_rate``
@@ -366,6 +367,9 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     ``head`` is the resolved head kind (``model.head``, or the loss's ``head`` when it is
     ``auto``); the trainer resolves it.
     """
+    item = registry.entry("model", model_config.get("name"))
+    if item is not None and not item.builtin:
+        return _build_plugin(item, model_config, num_classes, input_shape, head)
     reject_unknown_keys("model", model_config, MODEL_DEFAULTS)
     cfg = {**MODEL_DEFAULTS, **model_config}
     name = cfg["name"]
@@ -413,6 +417,31 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
         except RuntimeError as err:
             raise ValueError(f"model.pretrained: weights file {weights!r} does not fit model {name!r}: {err}") from err
     feature_dim = int(getattr(backbone, "out_features", None) or getattr(backbone, "num_features"))
+    if head not in HEADS:
+        raise ValueError(f"model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
+    return Classifier(backbone, build_head(head, feature_dim, num_classes), feature_dim, head)
+
+
+def _build_plugin(item: registry.Entry, model_config: dict[str, Any], num_classes: int,
+                  input_shape: Sequence[int], head: str) -> Classifier:
+    """A plugin model: its backbone from its builder (declared parameters checked), then the head.
+    The built-in fields a default config holds (at their defaults) are not passed."""
+    from setvalued.params import ParameterError, check_parameters
+
+    fields = registry.section_fields("model", item.name)
+    extra = {k: v for k, v in model_config.items() if k not in fields}
+    reject_unknown_keys("model", {k: v for k, v in extra.items()
+                                  if k not in MODEL_DEFAULTS or v != MODEL_DEFAULTS[k]}, fields)
+    try:
+        params = check_parameters(item.parameters, {k: v for k, v in model_config.items() if k in item.parameters},
+                                  owner=f"model {item.name!r}")
+    except ParameterError as err:
+        raise ValueError(str(err)) from None
+    backbone = registry.load_factory("model", item.name)(input_shape=tuple(int(s) for s in input_shape), **params)
+    feature_dim = getattr(backbone, "out_features", None)
+    if not isinstance(backbone, nn.Module) or not isinstance(feature_dim, int):
+        raise registry.PluginError(f"model {item.name!r} ({item.origin}): {item.factory} must return an "
+                                   "nn.Module with an integer out_features (its feature size)")
     if head not in HEADS:
         raise ValueError(f"model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
     return Classifier(backbone, build_head(head, feature_dim, num_classes), feature_dim, head)

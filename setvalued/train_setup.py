@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from setvalued.config import (DATA_FIELDS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, default_config,
                               placement_problem, reject_unknown_keys)
+from setvalued import registry
 from setvalued.label_kinds import label_kind_problems
 from setvalued.metric_names import parse_metric
 from setvalued.params import ParameterError
@@ -50,6 +51,11 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"config {section} must be a mapping, got {given!r}")
         if section in ("optim", "eval"):
             reject_unknown_keys(section, given, cfg[section])
+        if section in ("data", "model"):  # a plugin's section: its own fields' defaults
+            plugin = registry.entry("dataset" if section == "data" else "model", given.get("name"))
+            if plugin is not None and not plugin.builtin:
+                fields = registry.section_fields(plugin.kind, plugin.name)
+                cfg[section] = {key: copy.deepcopy(p.default) for key, p in fields.items() if not p.required}
         cfg[section].update(copy.deepcopy(dict(given)))
     if config.get("loss") is not None:
         if not isinstance(config["loss"], Mapping) or "name" not in config["loss"]:

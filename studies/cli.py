@@ -32,6 +32,7 @@ examples:
   studies export quickstart --to cells.parquet            # one row per finished cell
   studies plan studies/catalog/quickstart.yaml --pilot quickstart --difference 0.5
   studies landscape --figure fig1 --out fig1.png          # a loss-landscape figure of the papers
+  studies plugins                                         # losses, data sets, models installed
   studies landscape --loss noised_topk --param k=2 --param epsilon=0.1,1.0
 """
 
@@ -395,6 +396,18 @@ def _add_landscape(parser: argparse.ArgumentParser) -> None:
                         help="panels per row (default: the figure's, else 4)")
 
 
+def _add_plugins(parser: argparse.ArgumentParser) -> None:
+    from studies.plugins import add_arguments
+
+    add_arguments(parser)
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from studies.plugins import run
+
+    return run(args)
+
+
 COMMANDS: list[Command] = [
     Command("run", "run a study file (or complete it: finished cells are skipped)",
             "Validate the study file, expand it into (config, seed) cells and run every "
@@ -423,6 +436,12 @@ COMMANDS: list[Command] = [
             "probe of a few steps, no Ray) over the trial slots: GPU-hours and wall time. "
             "docs/planning.md.",
             _add_plan, _plan),
+    Command("plugins", "list the losses, data sets and models, with each plugin's parameters",
+            "The registries by kind: the built-in names, every installed plugin (a "
+            "distribution with entry points in setvalued.losses, setvalued.datasets or "
+            "setvalued.models) with its parameters, and every refused plugin with the reason. "
+            "Exit 1 when a plugin is refused. docs/plugins.md.",
+            _add_plugins, _plugins),
     Command("landscape", "draw a loss's level sets over three scores and print the path",
             "Level sets of s -> loss(s, y) over the scaled 2-simplex (L = 3, y at the top "
             "vertex), min-max rescaled per panel, computed from the registered losses (no "

@@ -124,10 +124,13 @@ FIGURES: dict[str, FigurePreset] = {
 def _declared(loss: str) -> dict[str, Param]:
     if loss == TOPK_ERROR:
         return TOPK_ERROR_PARAMETERS
-    if loss not in LOSS_PARAMETERS:
+    from setvalued.registry import entries  # the built-ins and the installed plugins
+
+    losses = entries("loss")
+    if loss not in losses:
         raise LandscapeError(f"--loss: unknown loss {loss!r}; expected one of: "
-                             f"{', '.join(sorted([*LOSS_PARAMETERS, TOPK_ERROR]))}")
-    return LOSS_PARAMETERS[loss]
+                             f"{', '.join(sorted([*losses, TOPK_ERROR]))}")
+    return dict(losses[loss].parameters)
 
 
 def _parse_value(param: Param, text: str) -> Any:
@@ -200,11 +203,16 @@ def _build(panel: Panel):
             raise LandscapeError(f"{TOPK_ERROR}: k must be <= {NUM_CLASSES - 1} on {NUM_CLASSES} classes, "
                                  f"got {params['k']}")
         return None
-    from setvalued.losses import LOSSES, build_loss
+    from setvalued.losses import LOSSES, build_loss, loss_parameters
+    from setvalued.registry import PluginError
 
+    _declared(panel.loss)  # raises, naming the losses
+    try:
+        loss_parameters(panel.loss)  # a plugin's class is registered on first use
+    except PluginError as error:
+        raise LandscapeError(f"--loss: {error}") from None
     cls = LOSSES.get(panel.loss)
     if cls is None:
-        _declared(panel.loss)  # raises, naming the losses
         raise LandscapeError(f"--loss: {panel.loss!r} is declared but not registered")
     if cls.head == "two_head" or cls.requires_indices:
         why = "two heads" if cls.head == "two_head" else "the training-set indices of the batch"

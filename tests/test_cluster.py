@@ -36,6 +36,7 @@ try:  # the fixtures live in their own module (tests/conftest.py is shared)
         postgres_server,
         ray_cluster,
     )
+    from tests import plugin_dists
 except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
     from fixtures_cluster import (  # noqa: F401
         REPO_ROOT,
@@ -43,11 +44,12 @@ except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys
         postgres_server,
         ray_cluster,
     )
+    import plugin_dists
 
 CLUSTER = REPO_ROOT / "cluster"
 
 
-def _study_text(name: str, epochs: int, train_size: int, batch_size: int) -> str:
+def _study_text(name: str, epochs: int, train_size: int, batch_size: int, loss: str = "{name: ce}") -> str:
     return f"""\
 name: {name}
 description: 2 configs x 2 seeds on synthetic features (cluster test)
@@ -55,7 +57,7 @@ base:
   data: {{name: synthetic, num_classes: 10, num_superclasses: 2, train_size: {train_size},
          val_size: 100, test_size: 100, form: features, feature_dim: 16}}
   model: {{name: mlp, hidden_dim: 16}}
-  loss: {{name: ce}}
+  loss: {loss}
   optim: {{lr: 0.1, batch_size: {batch_size}, milestones: []}}
   epochs: {epochs}
   eval: {{ks: [1, 5], selection: val/top5}}
@@ -71,9 +73,9 @@ checkpoint_interval_s: 0   # every epoch: the worker node dies after some, befor
 
 
 def _write_study(folder: Path, name: str, epochs: int = 2, train_size: int = 300,
-                 batch_size: int = 64) -> Path:
+                 batch_size: int = 64, loss: str = "{name: ce}") -> Path:
     path = folder / f"{name}.yaml"
-    path.write_text(_study_text(name, epochs, train_size, batch_size))
+    path.write_text(_study_text(name, epochs, train_size, batch_size, loss))
     return path
 
 
@@ -576,10 +578,17 @@ def test_stop_job(ray_cluster, capsys, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_submitted_study_runs_on_both_nodes(ray_cluster, mlflow_pg_server, tmp_path,
-                                            capsys):
+                                            capsys, monkeypatch):
+    """The study's loss is the example plugin's, registered on this (submitting) machine only:
+    `studies submit` ships it with the job, so both nodes train with it (issue #32)."""
+    from setvalued import registry
+
+    site = plugin_dists.write_example(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(site))  # not on PYTHONPATH: the cluster's nodes never see it
+    registry.clear_cache()
     ray_cluster.ensure_worker()
     name = f"cluster_e2e_{int(time.time())}"
-    study = _write_study(tmp_path, name, epochs=2)
+    study = _write_study(tmp_path, name, epochs=2, loss="{name: ls_topk_hinge, k: 3}")
     storage = ray_cluster.root / "shared"  # one machine: a local folder is shared
     cluster_args = ["--address", ray_cluster.dashboard_url,
                     "--token-file", str(ray_cluster.token_file)]
@@ -606,6 +615,8 @@ def test_submitted_study_runs_on_both_nodes(ray_cluster, mlflow_pg_server, tmp_p
                 for r in runs}) == 4
     assert all("test/top5" in r.data.metrics for r in runs)
     assert sorted(float(r.data.params["optim.lr"]) for r in runs) == [0.05, 0.05, 0.1, 0.1]
+    assert {r.data.params["loss.name"] for r in runs} == {"ls_topk_hinge"}
+    assert {r.data.tags["studies.plugins"] for r in runs} == {"setvalued-example-plugin==0.1.0"}
     connection = mlflow_pg_server.connect_db()
     try:
         with connection.cursor() as cursor:  # the rows are in PostgreSQL itself

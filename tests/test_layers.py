@@ -18,7 +18,8 @@ FORBIDDEN = {
 }
 #: modules of the libraries that must stay importable without torch (validation, --dry-run)
 TORCH_FREE = ("setvalued.params", "setvalued.config", "setvalued.paths", "setvalued.metric_names",
-              "setvalued.losses.parameters", "setvalued.reference_tables", "setvalued.label_kinds")
+              "setvalued.losses.parameters", "setvalued.reference_tables", "setvalued.label_kinds",
+              "setvalued.registry")
 
 
 def _module_name(path: Path) -> str:

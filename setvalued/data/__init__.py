@@ -7,8 +7,9 @@ Every split yields ``(input, label, index)`` and exposes ``num_classes`` and the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
+from setvalued import registry
 from setvalued.config import DATA_DEFAULTS, DATASET_NAMES, reject_unknown_keys
 from setvalued.data.common import (  # noqa: F401
     DataLayoutError,
@@ -17,17 +18,6 @@ from setvalued.data.common import (  # noqa: F401
     TensorSplit,
     counts_of,
 )
-
-
-def _builders() -> dict[str, Callable[[dict[str, Any], int], DataSplits]]:
-    from setvalued.data import cifar100, imagenet_lt, plantnet, synthetic
-
-    return {
-        "synthetic": synthetic.build,
-        "cifar100": cifar100.build,
-        "plantnet300k": plantnet.build,
-        "imagenet_lt": imagenet_lt.build,
-    }
 
 
 __all__ = ["check_layout", "DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
@@ -40,13 +30,36 @@ def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
     ``seed`` is the trial seed; only the CIFAR-100 label noise depends on it (validation
     splits and the synthetic data are fixed by ``split_seed``).
     """
+    name = data_config.get("name", DATA_DEFAULTS["name"])
+    item = registry.entry("dataset", name)
+    if item is None:
+        raise ValueError(f"data.name must be one of {', '.join(registry.entries('dataset'))}, got {name!r}")
+    if not item.builtin:
+        return _build_plugin(item, data_config, int(seed))
     reject_unknown_keys("data", data_config, DATA_DEFAULTS)
     cfg = {**DATA_DEFAULTS, **data_config}
-    name = cfg["name"]
-    builders = _builders()
-    if name not in builders:
-        raise ValueError(f"data.name must be one of {', '.join(DATASET_NAMES)}, got {name!r}")
-    return builders[name](cfg, int(seed))
+    return registry.load_factory("dataset", name)(cfg, int(seed))
+
+
+def _build_plugin(item: registry.Entry, data_config: dict[str, Any], seed: int) -> DataSplits:
+    """A plugin data set: its declared parameters checked, its builder called with them and the seed.
+    The built-ins' fields that a default config holds (at their defaults) are not passed."""
+    from setvalued.params import ParameterError, check_parameters
+
+    fields = registry.section_fields("dataset", item.name)
+    extra = {k: v for k, v in data_config.items() if k not in fields}
+    reject_unknown_keys("data", {k: v for k, v in extra.items()
+                                 if k not in DATA_DEFAULTS or v != DATA_DEFAULTS[k]}, fields)
+    try:
+        params = check_parameters(item.parameters, {k: v for k, v in data_config.items() if k in item.parameters},
+                                  owner=f"data set {item.name!r}")
+    except ParameterError as err:
+        raise ValueError(str(err)) from None
+    splits = registry.load_factory("dataset", item.name)(seed=seed, **params)
+    if not isinstance(splits, DataSplits):
+        raise registry.PluginError(f"dataset {item.name!r} ({item.origin}): {item.factory} returned a "
+                                   f"{type(splits).__name__}, expected setvalued.data.DataSplits")
+    return splits
 
 
 def check_layout(data_config: dict[str, Any]) -> None:

@@ -109,10 +109,22 @@ def loss_parameters(name: str) -> list[str]:
 
 
 def _lookup(name: str) -> type[SetValuedLoss]:
-    try:
+    if name in LOSSES:
         return LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; expected one of: {', '.join(sorted(LOSSES))}") from None
+    from setvalued import registry
+
+    item = registry.entry("loss", name)
+    if item is None or item.builtin:
+        known = sorted(set(LOSSES) | set(registry.entries("loss")))
+        raise ValueError(f"unknown loss {name!r}; expected one of: {', '.join(known)}") from None
+    cls = registry.load_factory("loss", name)
+    if not (isinstance(cls, type) and issubclass(cls, SetValuedLoss)):
+        raise registry.PluginError(f"loss {name!r} ({item.origin}): {item.factory} is not a subclass of "
+                                   "setvalued.losses.SetValuedLoss")
+    try:
+        return register_loss(name, item.parameters)(cls)
+    except ValueError as err:
+        raise registry.PluginError(f"loss {name!r} ({item.origin}): {err}") from None
 
 
 def build_loss(name: str, **params: Any) -> SetValuedLoss:

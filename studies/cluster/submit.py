@@ -119,18 +119,22 @@ def check_storage(storage: str | None) -> str:
     return storage
 
 
-def _study_name(study_file: Path, validate: bool) -> str:
+def _study_name(study_file: Path, validate: bool) -> tuple[str, list[str]]:
+    """The study's name and the plugin distributions its cells use (none when not validated)."""
     if validate:
+        from studies.cells.space import expand
+        from studies.cluster.plugin_shipping import study_plugin_distributions
         from studies.studyfile.spec import load_study  # StudyError names file, field and line
 
-        return load_study(study_file).name
+        study = load_study(study_file)
+        return study.name, study_plugin_distributions(cell.config for cell in expand(study))
     import yaml
 
     data = yaml.safe_load(study_file.read_text())
     name = data.get("name") if isinstance(data, dict) else None
     if not isinstance(name, str) or not name:
         raise SubmitError(f"{study_file}: no 'name' at the top of the study file")
-    return name
+    return name, []
 
 
 def build_entrypoint(study_path: str, tracking_uri: str, storage: str | None,
@@ -211,7 +215,7 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
         output = storage  # study.yaml, run.json, optuna.db beside Tune's folders
     if output is not None and not str(output).startswith("/"):
         raise SubmitError(f"--output {output!r}: must be an absolute folder on the head node")
-    name = _study_name(study_path, validate)
+    name, plugins = _study_name(study_path, validate)
     if project_dir is True:
         project = find_project_dir()
     elif project_dir in (False, None):
@@ -237,7 +241,9 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
         relative_study = stage_working_dir(study_path.resolve(), project, staging)
         entrypoint = build_entrypoint(relative_study, tracking_uri, storage, output,
                                       [str(a) for a in extra_args], python=python)
-        runtime_env = job_runtime_env(staging)
+        from studies.cluster.plugin_shipping import ship_plugins
+
+        runtime_env = {**job_runtime_env(staging), **ship_plugins(plugins, staging)}
         metadata = {"studies.study": name, "studies.file": study_path.name,
                     "studies.submitted_from": socket.gethostname()}
         job_id = submission_id or _submission_id(name)

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-__all__ = ["writable_folder", "tracking_reachable", "data_layouts", "check_all"]
+__all__ = ["writable_folder", "tracking_reachable", "data_layouts", "plugin_code", "check_all"]
 
 #: seconds the tracking server has to answer its health check
 TRACKING_TIMEOUT_S = 15.0
@@ -76,13 +76,39 @@ def data_layouts(data_configs: Iterable[Mapping]) -> list[str]:
     return problems
 
 
-def check_all(study_dir: Path, tracking_uri: str, storage: Optional[str], data_configs: Iterable[Mapping]
-              ) -> list[str]:
-    """Every precondition of a run, in the order a user would fix them."""
+def plugin_code(configs: Iterable[Mapping]) -> list[str]:
+    """The code of every plugin the study's configs name imports and takes the parameters its
+    declaration lists (``setvalued.registry``; a loss's class is registered as the trainer
+    would). Only plugins are imported, and only when a config names one."""
+    from setvalued import registry
+
+    problems, seen = [], set()
+    for config in configs:
+        for item in registry.plugins_of_config(config):
+            if (item.kind, item.name) in seen:
+                continue
+            seen.add((item.kind, item.name))
+            try:
+                if item.kind == "loss":
+                    from setvalued.losses import loss_parameters
+
+                    loss_parameters(item.name)
+                else:
+                    registry.load_factory(item.kind, item.name)
+            except registry.PluginError as error:
+                problems.append(f"plugin {error}")
+    return problems
+
+
+def check_all(study_dir: Path, tracking_uri: str, storage: Optional[str], data_configs: Iterable[Mapping],
+              configs: Iterable[Mapping] = ()) -> list[str]:
+    """Every precondition of a run, in the order a user would fix them (``configs``: the cells'
+    trial configs, whose plugins are checked)."""
     problems = writable_folder(study_dir, "the output folder")
     if storage and _is_local_path(storage):
         problems += writable_folder(Path(storage.removeprefix("file://")), "the trial storage (--storage)")
     problems += tracking_reachable(tracking_uri)
     problems += data_layouts(data_configs)
+    problems += plugin_code(configs)
     return problems
 

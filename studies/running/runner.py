@@ -194,7 +194,8 @@ def _check_preconditions(study_dir: Path, tracking_uri: str, options: RunOptions
 
     data_configs = {json.dumps(c.config.get("data", {}), sort_keys=True): c.config.get("data", {})
                     for c in cells}
-    problems = check_all(study_dir, tracking_uri, options.storage, data_configs.values())
+    problems = check_all(study_dir, tracking_uri, options.storage, data_configs.values(),
+                         configs=[c.config for c in cells])
     if problems:
         raise RunnerError("; ".join(problems) + ". Nothing was started.")
 

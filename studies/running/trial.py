@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from analysis.layout import TAG_PLUGINS, plugins_tag
 from studies.running.checkpoints import read_checkpoint, read_meta, read_tune_checkpoint, save_checkpoint
 from studies.errors import RunnerError
 from studies.scheduling.coordinator import CoordinatorClient
@@ -119,6 +120,15 @@ def _ids(cell: Mapping[str, Any], run: CellRun) -> dict[str, Any]:
     return {"cell_id": cell["cell_id"], "config_id": cell["config_id"], "run_id": run.run_id}
 
 
+def _plugin_tags(cell: Mapping[str, Any]) -> dict[str, str]:
+    """The `studies.plugins` tag of a cell whose config names a plugin: the distributions and
+    versions this worker registered (what trains the cell), none for built-ins only."""
+    from setvalued.registry import plugin_distributions
+
+    used = plugin_distributions([cell["config"]])
+    return {TAG_PLUGINS: plugins_tag(used)} if used else {}
+
+
 def run_cell(
     tune_config: Mapping[str, Any],
     *,
@@ -147,7 +157,8 @@ def run_cell(
         _discard_run(context, meta["discard_run_id"])
     # the node tag shows in MLflow where this attempt runs (which node trained or retried it)
     run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"),
-                               tags={TAG_NODE_ID: ray.get_runtime_context().get_node_id()})
+                               tags={TAG_NODE_ID: ray.get_runtime_context().get_node_id(),
+                                     **_plugin_tags(cell)})
     if reused and _already_finished(run):
         return  # finished before the worker died; Tune only missed the end
     history: list[list] = meta.get("history", [])  # [[epoch, metrics], ...] in order

@@ -20,16 +20,16 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
-from setvalued.config import (BUILTIN_MODELS, DATA_FIELDS, EVAL_FIELDS, KNOWN_NUM_CLASSES, MODEL_FIELDS,
-                              OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS)
+from setvalued import registry
+from setvalued.config import EVAL_FIELDS, MODEL_FIELDS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS
 from setvalued.label_kinds import label_kind_problems
-from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
+from setvalued.losses.parameters import CONTEXT_KEYS
 from setvalued.metric_names import check_metric
 from setvalued.params import REQUIRED, Param, ParameterError
 from studies.studyfile.problems import Problem, did_you_mean
 from studies.studyfile.schema import StrictModel, fields_of, pydantic_problems, short_repr
 
-__all__ = ["validate_config", "declared_param", "DATA_SCHEMAS", "TrialConfigSchema"]
+__all__ = ["validate_config", "declared_param", "data_schema", "TrialConfigSchema"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,10 +99,23 @@ def section_model(name: str, fields: Mapping[str, Param], rules=()) -> type[Base
                         **{key: _field(p) for key, p in fields.items()})
 
 
-#: the ``data`` section of each data set
-DATA_SCHEMAS: dict[str, type[BaseModel]] = {
-    name: section_model(f"{name}_data", fields, SECTION_RULES["data"]) for name, fields in DATA_FIELDS.items()
-}
+@functools.lru_cache(maxsize=None)
+def data_schema(name: str) -> type[BaseModel]:
+    """The ``data`` section of a registered data set (built-in or plugin)."""
+    return section_model(f"{name}_data", registry.section_fields("dataset", name), SECTION_RULES["data"])
+
+
+@functools.lru_cache(maxsize=None)
+def _plugin_model_schema(name: str) -> type[BaseModel]:
+    """The ``model`` section of a plugin model: name, head and its declared parameters."""
+    return section_model(f"{name}_model", registry.section_fields("model", name))
+
+
+def _plugin_model(name: Any) -> bool:
+    item = registry.entry("model", name)
+    return item is not None and not item.builtin
+
+
 ModelSection = section_model("model", MODEL_FIELDS, SECTION_RULES["model"])
 OptimSection = section_model("optim", OPTIM_FIELDS, SECTION_RULES["optim"])
 EvalSection = section_model("eval", EVAL_FIELDS, SECTION_RULES["eval"])
@@ -135,15 +148,17 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
         problems.append(Problem(("loss",), f"expected a mapping with the loss name and its parameters, "
                                            f"got {short_repr(raw)}"))
         return None
-    known = ", ".join(sorted(LOSS_PARAMETERS))
+    losses = registry.entries("loss")
+    known = ", ".join(sorted(losses))
     name = raw.get("name")
     if name is None:
         problems.append(Problem(("loss", "name"), f"missing required field: the loss name; expected one of: {known}"))
         return None
-    if not isinstance(name, str) or name not in LOSS_PARAMETERS:
-        problems.append(Problem(("loss", "name"), f"unknown loss {name!r}; expected one of: {known}"))
+    if not isinstance(name, str) or name not in losses:
+        problems.append(Problem(("loss", "name"), f"unknown loss {name!r}{did_you_mean(name, losses)}"
+                                f"{registry.refusal_note('loss', name)}; expected one of: {known}"))
         return None
-    declared = LOSS_PARAMETERS[name]
+    declared = losses[name].parameters
     out: dict[str, Any] = {"name": name}
     bad = False
     for key, value in raw.items():
@@ -192,17 +207,18 @@ def declared_param(config: Mapping[str, Any], dotted: str) -> Optional[Param]:
         return TOP_FIELDS.get(section)
     if "." in key:
         return None
-    if section == "loss":
-        return LOSS_PARAMETERS.get(config.get("loss", {}).get("name"), {}).get(key)
-    if section == "data":
-        return DATA_FIELDS.get(config.get("data", {}).get("name"), {}).get(key)
+    kind = {"loss": "loss", "data": "dataset", "model": "model"}.get(section)
+    if kind is not None and (section != "model" or _plugin_model(config.get("model", {}).get("name"))):
+        return (registry.section_fields(kind, config.get(section, {}).get("name")) or {}).get(key)
     return {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS}.get(section, {}).get(key)
 
 
-@functools.lru_cache(maxsize=None)
 def _model_exists(name: str) -> bool:
-    if name in BUILTIN_MODELS:
-        return True
+    return registry.entry("model", name) is not None or _timm_model(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _timm_model(name: str) -> bool:
     try:
         import timm  # noqa: WPS433  (slow import, torch included; only for non-builtin names)
     except ImportError:  # pragma: no cover - timm is a dependency
@@ -221,32 +237,44 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
     if "seed" in raw:
         return None, [Problem(("seed",), "the seed is not part of a config; list the seeds in the "
                                          "study's top-level 'seeds'")]
+    plugin_model = isinstance(raw.get("model"), dict) and _plugin_model(raw["model"].get("name"))
     try:
-        top = TrialConfigSchema.model_validate(raw)
+        top = TrialConfigSchema.model_validate({k: v for k, v in raw.items() if not (plugin_model and k == "model")})
     except ValidationError as err:
         return None, [_unknown_field_hint(p, TrialConfigSchema) for p in pydantic_problems(err)]
     config = top.model_dump()
+    if plugin_model:  # its own section: name, head and the plugin's parameters
+        name = raw["model"]["name"]
+        try:
+            config["model"] = _plugin_model_schema(name).model_validate(raw["model"]).model_dump()
+        except ValidationError as err:
+            return None, [_unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
+                          for p in pydantic_problems(err, ("model",))]
 
     data_raw = top.data
     data_name = data_raw.get("name", "synthetic")
-    if data_name not in DATA_SCHEMAS:
-        problems.append(Problem(("data", "name"), f"unknown data set {data_name!r}; expected one of: "
-                                + ", ".join(DATA_SCHEMAS)))
+    datasets = registry.entries("dataset")
+    if not isinstance(data_name, str) or data_name not in datasets:
+        problems.append(Problem(("data", "name"), f"unknown data set {data_name!r}"
+                                f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
+                                "expected one of: " + ", ".join(datasets)))
         return None, problems
-    schema = DATA_SCHEMAS[data_name]
+    schema = data_schema(data_name)
     try:
         data = schema.model_validate({"name": data_name, **data_raw}).model_dump()
     except ValidationError as err:
         return None, [_unknown_field_hint(p, schema, f"for data set '{data_name}'")
                       for p in pydantic_problems(err, ("data",))]
     config["data"] = data
-    num_classes = data.get("num_classes", KNOWN_NUM_CLASSES.get(data_name))
+    num_classes = data.get("num_classes", datasets[data_name].num_classes)
 
     model = config["model"]
     if not _model_exists(model["name"]):
-        problems.append(Problem(("model", "name"), f"unknown model {model['name']!r}; expected one of "
-                                f"{', '.join(BUILTIN_MODELS)} or a timm architecture name"))
-    elif data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp":
+        problems.append(Problem(("model", "name"), f"unknown model {model['name']!r}"
+                                f"{registry.refusal_note('model', model['name'])}; expected one of "
+                                f"{', '.join(registry.entries('model'))} or a timm architecture name"))
+    elif (data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp"
+          and not plugin_model):
         problems.append(Problem(("model", "name"), f"data.form is 'features' (vectors): only the 'mlp' "
                                 f"model takes them; use data.form: images for {model['name']!r}"))
 
@@ -275,8 +303,10 @@ def _without_implicit_defaults(config: dict) -> dict:
     """The config without the section fields declared ``implicit`` that hold their default
     (``Param.implicit``: a config holds them only when they differ, so adding such a field
     changed no config_id); the trainer fills them in again."""
-    sections = {"model": MODEL_FIELDS, "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS,
-                "data": DATA_FIELDS.get(config["data"].get("name"), {})}
+    model = config["model"].get("name")
+    sections = {"model": registry.section_fields("model", model) if _plugin_model(model) else MODEL_FIELDS,
+                "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS,
+                "data": registry.section_fields("dataset", config["data"].get("name")) or {}}
     for section, fields in sections.items():
         for key, param in fields.items():
             if param.implicit and key in config[section] and config[section][key] == param.default:
