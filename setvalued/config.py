@@ -48,7 +48,8 @@ PLACEMENTS = ("auto", "device", "loader")
 
 _DATA_COMMON = {
     "name": Param("str", "synthetic", "the data set", options=DATASET_NAMES),
-    "root": Param("str", None, "folder of a real data set (official layout)", nullable=True),
+    "root": Param("str", None, "folder of a real data set (official layout; arrays: a .npz file or a "
+                  "folder of them)", nullable=True),
     "num_workers": Param("int", 0, "data-loading worker processes", low=0),
     "placement": Param("str", "auto", "device: the in-memory sets (cifar100, synthetic, image_folder, "
                        "arrays) held on the training device and augmented there a batch at a time, no "

@@ -36,12 +36,12 @@ import torch
 from setvalued.config import DATA_FIELDS
 from setvalued.data.common import (
     DataLayoutError,
+    IMAGE_EXTENSIONS,
     DataSplits,
     TensorSplit,
     channel_statistics,
     counts_of,
     layout_error,
-    list_image_files,
     mix_seed,
     standardized,
     stratified_holdout,
@@ -106,7 +106,7 @@ def list_folder(root: Any) -> Listing:
             raise layout_error(folder, "no class folders", EXPECTED_LAYOUT)
         scanned[split] = {}
         for name in classes:
-            files = list_image_files(os.path.join(folder, name))
+            files = _image_files(os.path.join(folder, name))
             if not files:
                 raise layout_error(os.path.join(folder, name), "class folder without images (an empty class)",
                                    EXPECTED_LAYOUT)
@@ -129,6 +129,14 @@ def list_folder(root: Any) -> Listing:
             labels += [index[name]] * len(names)
         files[split] = (paths, labels)
     return Listing(root, classes, files)
+
+
+def _image_files(folder: str) -> list[str]:
+    """The names of the image files in ``folder``, sorted: every entry with an image ending that
+    is not a folder (a FIFO or device named *.png is listed, and refused when opened)."""
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries
+                      if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir())
 
 
 def _open(path: str):
