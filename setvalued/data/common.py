@@ -188,18 +188,28 @@ def stratified_holdout(labels: np.ndarray, fractions: dict[str, float], seed: in
 def channel_statistics(x: torch.Tensor, scale: float = 1.0, chunk: int = 1024
                        ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation of ``x / scale`` over images (n, C, H, W) or per
-    feature over vectors (n, D), summed in float64 a chunk of examples at a time (no float copy
-    of the whole split); a constant channel gets std 1 (it is only centred)."""
-    axes = (0, 2, 3) if x.dim() == 4 else (0,)
-    total = torch.zeros(x.shape[1], dtype=torch.float64)
-    squares = torch.zeros(x.shape[1], dtype=torch.float64)
-    for start in range(0, x.shape[0], chunk):
-        part = x[start:start + chunk].to(torch.float64) / scale
-        total += part.sum(dim=axes)
-        squares += (part * part).sum(dim=axes)
-    count = max(1, x.numel() // max(1, x.shape[1]))
-    mean = total / count
-    std = (squares / count - mean * mean).clamp_min(0).sqrt()
+    feature over vectors (n, D), in float64: uint8 images from each channel's histogram of the
+    256 values (exact), other inputs summed a chunk of examples at a time (no float64 copy of
+    the whole split); a constant channel gets std 1 (it is only centred)."""
+    channels = x.shape[1]
+    if x.dtype == torch.uint8 and x.dim() == 4:
+        values = torch.arange(256, dtype=torch.float64) / scale
+        hist = torch.stack([torch.bincount(x[:, c].reshape(-1), minlength=256) for c in range(channels)]).double()
+        count = hist.sum(dim=1).clamp_min(1)
+        mean = (hist * values).sum(dim=1) / count
+        var = (hist * (values[None, :] - mean[:, None]) ** 2).sum(dim=1) / count
+    else:
+        axes = (0, 2, 3) if x.dim() == 4 else (0,)
+        total = torch.zeros(channels, dtype=torch.float64)
+        squares = torch.zeros(channels, dtype=torch.float64)
+        for start in range(0, x.shape[0], chunk):
+            part = x[start:start + chunk].to(torch.float64) / scale
+            total += part.sum(dim=axes)
+            squares += (part * part).sum(dim=axes)
+        count = max(1, x.numel() // max(1, channels))
+        mean = total / count
+        var = (squares / count - mean * mean).clamp_min(0)
+    std = var.sqrt()
     std = torch.where(std > 1e-12, std, torch.ones_like(std))
     return tuple(mean.tolist()), tuple(std.tolist())
 

@@ -176,11 +176,17 @@ def image_size_of(path: str) -> tuple[int, int]:
     return size
 
 
-def decode(path: str, image_size: int | None) -> np.ndarray:
-    """The image as uint8 (3, H, W) RGB, resized and centre-cropped to ``image_size`` when set."""
+def decode(path: str, image_size: int | None, shape: tuple[int, int, int] | None = None) -> np.ndarray:
+    """The image as uint8 (3, H, W) RGB, resized and centre-cropped to ``image_size`` when set;
+    without it, an image whose size is not ``shape``'s (the first image's) is refused by name."""
     from PIL import Image
 
     img = _open(path)
+    if image_size is None and shape is not None and img.size != (shape[2], shape[1]):
+        img.close()
+        raise DataLayoutError(f"image file {path!r} is {img.size[0]} x {img.size[1]} pixels, but the first "
+                              f"image is {shape[2]} x {shape[1]}: images of several sizes need "
+                              "data.image_size")
     try:
         with img:
             img.load()
@@ -198,22 +204,15 @@ def decode(path: str, image_size: int | None) -> np.ndarray:
 
 
 def image_shape(listing: Listing, image_size: int | None, augmentation: str) -> tuple[int, int, int]:
-    """(3, H, W) of the decoded images. Without ``image_size`` every header is read: a file of
-    another size than the first is named. Raises when the images would not fit the memory bound."""
+    """(3, H, W) of the decoded images: ``image_size``, or the first image's own size from its
+    header (``decode`` then names any image of another size). Raises when the images would not
+    fit the memory bound, before any is decoded."""
     paths = [p for split in listing.files.values() for p in split[0]]
     if image_size is not None:
-        for path in paths:  # the file and header checks, before any decoding
-            image_size_of(path)
         shape = (3, image_size, image_size)
     else:
-        first = image_size_of(paths[0])
-        for path in paths[1:]:
-            size = image_size_of(path)
-            if size != first:
-                raise DataLayoutError(f"image file {path!r} is {size[0]} x {size[1]} pixels, but "
-                                      f"{paths[0]!r} is {first[0]} x {first[1]}: images of several sizes "
-                                      "need data.image_size")
-        shape = (3, first[1], first[0])
+        width, height = image_size_of(paths[0])
+        shape = (3, height, width)
     if augmentation != "none" and shape[1] != shape[2]:
         raise DataLayoutError(f"data.augmentation: {augmentation} crops square images, but the images of "
                               f"{listing.root!r} are {shape[2]} x {shape[1]}; set data.image_size")
@@ -247,17 +246,17 @@ def check_layout(cfg: dict[str, Any]) -> None:
     that a bad file is named before the first trial (each trial decodes again in ``build``)."""
     v = settings(cfg)
     listing = list_folder(v["root"])
-    image_shape(listing, v["image_size"], v["augmentation"])
+    shape = image_shape(listing, v["image_size"], v["augmentation"])
     held_out_splits(listing, v)
     for paths, _ in listing.files.values():
         for path in paths:
-            decode(path, v["image_size"])
+            decode(path, v["image_size"], shape)
 
 
 def _decode_all(paths: list[str], shape: tuple[int, int, int], image_size: int | None) -> torch.Tensor:
     out = np.empty((len(paths), *shape), dtype=np.uint8)
     for i, path in enumerate(paths):
-        out[i] = decode(path, image_size)
+        out[i] = decode(path, image_size, shape)
     return torch.from_numpy(out)
 
 
