@@ -85,7 +85,7 @@ ARRAYS_FIELDS = {
     "layout": Param("str", "auto", "axes of 4-d x: nchw, nhwc, or auto (the axis of size 1 or 3)",
                     options=("auto", "nchw", "nhwc")),
     "num_classes": Param("int", None, "number of classes L (labels 0..L-1); null: the largest training "
-                         "label + 1", low=2, nullable=True),
+                         "label + 1", low=2, high=1_000_000, nullable=True),
     "normalize": Param("bool", True, "standardise x per channel (images) or per feature (vectors) with "
                        "the training split's mean and std"),
     **_HELD_OUT,

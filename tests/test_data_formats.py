@@ -58,6 +58,7 @@ def write_folder(root, counts: dict[str, dict[str, int]], size=(8, 8)) -> dict[s
 def test_image_folder_keeps_the_images_size_and_normalises_with_the_training_statistics(tmp_path):
     counts = {"train": {"b_dog": 6, "a_cat": 4}, "val": {"a_cat": 2, "b_dog": 1}, "test": {"b_dog": 3}}
     written = write_folder(tmp_path, counts, size=(32, 32))
+    (tmp_path / "train" / "a_cat" / "._0000.png").write_bytes(b"\0\5\x16\7")  # macOS resource fork: left out
     data = build_datasets({"name": "image_folder", "root": str(tmp_path)})
     assert data.input_shape == (3, 32, 32)  # the images' own size: no resize to 224
     assert data.class_names == ["a_cat", "b_dog"] and data.num_classes == 2
@@ -272,6 +273,16 @@ def _declares_more_than_it_holds(path):
             np.lib.format.write_array(f, np.zeros(1, dtype=np.int64))
 
 
+def _zip64_claiming_many_members(path):
+    """A valid .npz whose added zip64 end record (which zipfile reads first) claims 10**7 members."""
+    np.savez(path, x=np.zeros((4, 2)), y=np.array([0, 1, 0, 1]))
+    data = path.read_bytes()
+    end = data.rfind(b"PK\x05\x06")
+    record = b"PK\x06\x06" + struct.pack("<QHHIIQQQQ", 44, 45, 45, 0, 0, 10**7, 10**7, 2**20, 0)
+    locator = b"PK\x06\x07" + struct.pack("<IQI", 0, end, 1)
+    path.write_bytes(data[:end] + record + locator + data[end:])
+
+
 def _many_members(path):
     with zipfile.ZipFile(path, "w") as z:
         for i in range(arrays_module.MAX_MEMBERS + 1):
@@ -290,6 +301,9 @@ HOSTILE_ARRAYS = {
     "no y": (lambda p: _write(p, x=np.zeros((4, 2))), "no array 'y'"),
     "huge declared shape": (_declares_more_than_it_holds, "declares shape (1000000000000,)"),
     "too many members": (_many_members, "lists 65 members"),
+    "zip64 record with many members": (_zip64_claiming_many_members, "lists 10000000 members"),
+    "a huge label": (lambda p: _write(p, x=np.zeros((2, 2)), y=np.array([0, 2**40], dtype=np.uint64)),
+                     "implies 1,099,511,627,777 classes"),
     "not a zip": (lambda p: p.write_bytes(b"\x80\x04\x95" + b"pickle" * 10), "not a .npz (zip) file"),
     "empty file": (lambda p: p.write_bytes(b""), "0 bytes"),
     "ambiguous layout": (lambda p: _write(p, x=np.zeros((4, 3, 5, 3)), y=np.array([0, 1, 0, 1])),

@@ -58,6 +58,9 @@ MAX_MEMBERS = 64
 MAX_DIRECTORY_BYTES = 2**20
 MAX_ARRAY_BYTES = 16 * 2**30
 _END_RECORD = b"PK\x05\x06"
+_ZIP64_LOCATOR, _ZIP64_END_RECORD = b"PK\x06\x07", b"PK\x06\x06"
+#: the most classes an arrays set may have (labels are counted per class)
+MAX_CLASSES = 1_000_000
 _SPLIT_STREAM = 0x4E505A  # "NPZ": the held-out splits' permutation stream
 
 
@@ -103,6 +106,15 @@ def _check_directory(path: str, size: int) -> None:
     if at < 0 or len(end) - at < 22:
         raise DataLayoutError(f"arrays file {path!r} is not a .npz (zip) file: no end record")
     count, directory = struct.unpack("<HI", end[at + 10:at + 16])
+    locator = end[at - 20:at] if at >= 20 else b""
+    if locator[:4] == _ZIP64_LOCATOR:  # zipfile then reads the counts of the zip64 end record
+        (offset,) = struct.unpack("<Q", locator[8:16])
+        with open(path, "rb") as f:
+            f.seek(min(offset, size))
+            record = f.read(56)
+        if len(record) < 56 or record[:4] != _ZIP64_END_RECORD:
+            raise DataLayoutError(f"arrays file {path!r} has a broken zip64 end record")
+        count, directory = struct.unpack("<QQ", record[32:48])
     if count > MAX_MEMBERS or directory > MAX_DIRECTORY_BYTES:
         raise DataLayoutError(f"arrays file {path!r} lists {count} members in {directory:,} bytes; at most "
                               f"{MAX_MEMBERS} in {MAX_DIRECTORY_BYTES:,} (docs/read-back.md)")
@@ -208,6 +220,9 @@ def example_shape(path: str, shape: tuple[int, ...], layout: str) -> tuple[int, 
 def _labels(files: dict[str, str], ys: dict[str, np.ndarray], num_classes: int | None) -> int:
     """L, after checking every split's labels against 0..L-1 (naming the file and example)."""
     L = num_classes if num_classes is not None else int(ys["train"].max()) + 1
+    if L > MAX_CLASSES:
+        raise DataLayoutError(f"array 'y' of {files['train']!r} implies {L:,} classes, more than the "
+                              f"{MAX_CLASSES:,} of docs/read-back.md")
     for split, y in ys.items():
         bad = np.flatnonzero((y < 0) | (y >= L))
         if len(bad):
@@ -274,9 +289,9 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     for split, path in files.items():
         x, ys[split] = read_npz(path)
         xs[split] = _as_inputs(path, x, v["layout"])
-        ys[split] = ys[split].astype(np.int64)
     shape = _same_example_shape(files, {s: tuple(x.shape[1:]) for s, x in xs.items()})
     num_classes = _labels(files, ys, v["num_classes"])
+    ys = {split: y.astype(np.int64) for split, y in ys.items()}
     parts = _held_out(files, ys["train"], v)
     for split, idx in list(parts.items())[::-1]:  # train last
         xs[split], ys[split] = xs["train"][idx], ys["train"][idx]

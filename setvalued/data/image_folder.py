@@ -133,10 +133,11 @@ def list_folder(root: Any) -> Listing:
 
 def _image_files(folder: str) -> list[str]:
     """The names of the image files in ``folder``, sorted: every entry with an image ending that
-    is not a folder (a FIFO or device named *.png is listed, and refused when opened)."""
+    is not a folder (a FIFO or device named *.png is listed, and refused when opened), hidden
+    files (``._x.png``, macOS's resource forks) left out."""
     with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries
-                      if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir())
+        return sorted(e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS)
+                      and not e.name.startswith(".") and not e.is_dir())
 
 
 def _open(path: str):
