@@ -380,3 +380,14 @@ def test_the_study_file_refuses_shares_that_leave_no_training_split(tmp_path, ca
     path.write_text(yaml.safe_dump(study))
     assert main(["run", str(path), "--dry-run"]) == 2
     assert "data.val_fraction (0.5) + data.test_fraction (0.5) must be < 1" in capsys.readouterr().err
+
+
+def test_the_preflight_checks_each_image_folder_config_that_reads_the_files_differently(tmp_path):
+    from studies.running.preconditions import data_layouts
+
+    write_folder(tmp_path, {"train": {"a": 4}, "val": {"a": 1}, "test": {"a": 1}})
+    write_folder(tmp_path / "more", {"train": {"b": 1}}, size=(9, 8))
+    (tmp_path / "more" / "train" / "b").rename(tmp_path / "train" / "b")
+    sized = {"name": "image_folder", "root": str(tmp_path), "image_size": 8}
+    problems = data_layouts([sized, dict(sized, num_workers=2), dict(sized, image_size=None)])
+    assert len(problems) == 1 and "train/b/0000.png' is 9 x 8 pixels" in problems[0]
