@@ -20,7 +20,7 @@ __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
     "KNOWN_NUM_CLASSES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
-    "PLACEMENTS", "DEVICE_DATASETS", "COMPILE_MODES", "placement_problem",
+    "PLACEMENTS", "DEVICE_DATASETS", "COMPILE_MODES", "placement_problem", "held_out_problem",
 ]
 
 DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt", "image_folder", "arrays")
@@ -271,7 +271,8 @@ def _densenet_shape(model: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def _held_out_shares(data: Mapping[str, Any]) -> Optional[str]:
+def held_out_problem(data: Mapping[str, Any]) -> Optional[str]:
+    """Why the held-out shares of image_folder / arrays leave no training split, or None."""
     if data.get("name") in ("image_folder", "arrays") and data["val_fraction"] + data["test_fraction"] >= 1:
         return (f"data.val_fraction ({data['val_fraction']}) + data.test_fraction ({data['test_fraction']}) "
                 "must be < 1: the rest is the training split")
@@ -317,7 +318,7 @@ def _increasing_count_bins(ev: Mapping[str, Any]) -> Optional[str]:
 
 #: section -> rules over its checked fields (each returns why the section is wrong, or None)
 SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...]] = {
-    "data": (_synthetic_superclasses, placement_problem, _held_out_shares),
+    "data": (_synthetic_superclasses, placement_problem, held_out_problem),
     "model": (_densenet_shape,),
     "optim": (_nesterov_needs_momentum,),
     "eval": (_increasing_shot_thresholds, _increasing_count_bins),

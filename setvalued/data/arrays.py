@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from setvalued.config import DATA_FIELDS
+from setvalued.config import DATA_FIELDS, held_out_problem
 from setvalued.data.common import (
     DataLayoutError,
     DataSplits,
@@ -72,9 +72,9 @@ def settings(cfg: dict[str, Any]) -> dict[str, Any]:
         if value is None and not param.nullable:
             value = param.default
         out[key] = param.check(f"data.{key}", value)
-    if out["val_fraction"] + out["test_fraction"] >= 1:
-        raise ValueError(f"data.val_fraction + data.test_fraction must be < 1, got "
-                         f"{out['val_fraction']} + {out['test_fraction']}")
+    problem = held_out_problem(out)
+    if problem:
+        raise ValueError(problem)
     return out
 
 

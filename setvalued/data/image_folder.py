@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from setvalued.config import DATA_FIELDS
+from setvalued.config import DATA_FIELDS, held_out_problem
 from setvalued.data.common import (
     DataLayoutError,
     IMAGE_EXTENSIONS,
@@ -79,9 +79,9 @@ def settings(cfg: dict[str, Any]) -> dict[str, Any]:
         if value is None and not param.nullable:
             value = param.default
         out[key] = param.check(f"data.{key}", value)
-    if out["val_fraction"] + out["test_fraction"] >= 1:
-        raise ValueError(f"data.val_fraction + data.test_fraction must be < 1, got "
-                         f"{out['val_fraction']} + {out['test_fraction']}")
+    problem = held_out_problem(out)
+    if problem:
+        raise ValueError(problem)
     return out
 
 
@@ -106,7 +106,7 @@ def list_folder(root: Any) -> Listing:
             raise layout_error(folder, "no class folders", EXPECTED_LAYOUT)
         scanned[split] = {}
         for name in classes:
-            files = _image_files(os.path.join(folder, name))
+            files = _image_files(os.path.join(folder, name), MAX_FILES - total)
             if not files:
                 raise layout_error(os.path.join(folder, name), "class folder without images (an empty class)",
                                    EXPECTED_LAYOUT)
@@ -131,13 +131,18 @@ def list_folder(root: Any) -> Listing:
     return Listing(root, classes, files)
 
 
-def _image_files(folder: str) -> list[str]:
+def _image_files(folder: str, limit: int) -> list[str]:
     """The names of the image files in ``folder``, sorted: every entry with an image ending that
     is not a folder (a FIFO or device named *.png is listed, and refused when opened), hidden
-    files (``._x.png``, macOS's resource forks) left out."""
+    files (``._x.png``, macOS's resource forks) left out; the listing stops past ``limit``."""
+    names = []
     with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS)
-                      and not e.name.startswith(".") and not e.is_dir())
+        for e in entries:
+            if e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.name.startswith(".") and not e.is_dir():
+                names.append(e.name)
+                if len(names) > limit:
+                    break
+    return sorted(names)
 
 
 def _open(path: str):
