@@ -20,10 +20,10 @@ __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
     "KNOWN_NUM_CLASSES", "FIELD_APPLIES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
-    "PLACEMENTS", "DEVICE_DATASETS", "DATA_COMMON", "COMPILE_MODES", "placement_problem",
+    "PLACEMENTS", "DEVICE_DATASETS", "DATA_COMMON", "COMPILE_MODES", "placement_problem", "held_out_problem",
 ]
 
-DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt")
+DATASET_NAMES = ("synthetic", "cifar100", "plantnet300k", "imagenet_lt", "image_folder", "arrays")
 #: number of classes of the real data sets (training split), to check K < L before training
 KNOWN_NUM_CLASSES = {"cifar100": 100, "plantnet300k": 1081, "imagenet_lt": 1000}
 BUILTIN_MODELS = ("mlp", "small_cnn", "densenet_bc_cifar", "densenet_cifar")
@@ -48,18 +48,50 @@ PLACEMENTS = ("auto", "device", "loader")
 
 _DATA_COMMON = {
     "name": Param("str", "synthetic", "the data set (or a plugin's: docs/plugins.md)", options=DATASET_NAMES),
-    "root": Param("str", None, "folder of a real data set (official layout)", nullable=True),
+    "root": Param("str", None, "folder of a real data set (official layout; arrays: a .npz file or a "
+                  "folder of them)", nullable=True),
     "num_workers": Param("int", 0, "data-loading worker processes", low=0),
-    "placement": Param("str", "auto", "device: the in-memory sets (cifar100, synthetic) held on the training "
-                       "device and augmented there a batch at a time, no loader workers; loader: a DataLoader "
-                       "with per-image transforms in num_workers processes; auto: device when num_workers is 0, "
-                       "else loader", options=PLACEMENTS, implicit=True),
+    "placement": Param("str", "auto", "device: the in-memory sets (cifar100, synthetic, image_folder, "
+                       "arrays) held on the training device and augmented there a batch at a time, no "
+                       "loader workers; loader: a DataLoader with per-image transforms in num_workers "
+                       "processes; auto: device when num_workers is 0, else loader", options=PLACEMENTS, implicit=True),
 }
 #: the fields every data set has (a plugin data set gets num_workers and placement)
 DATA_COMMON = _DATA_COMMON
 #: the data sets that ``data.placement: device`` can hold on the training device (in memory)
-DEVICE_DATASETS = ("synthetic", "cifar100")
+DEVICE_DATASETS = ("synthetic", "cifar100", "image_folder", "arrays")
 _SPLIT_SEED = Param("int", 1234, "seeds the validation split (synthetic: the data), not the trial seed", low=0)
+#: the shares of the training files held out when a data set has no val / test of its own
+_HELD_OUT = {
+    "val_fraction": Param("float", 0.1, "share of each training class held out for validation when there "
+                          "is no val split (seeded by split_seed, stratified)", low=0.0, high=1.0,
+                          low_open=True, high_open=True),
+    "test_fraction": Param("float", 0.1, "share of each training class held out for testing when there is "
+                           "no test split (seeded by split_seed, stratified)", low=0.0, high=1.0,
+                           low_open=True, high_open=True),
+    "split_seed": _SPLIT_SEED,
+}
+#: a folder of class subfolders (setvalued.data.image_folder; docs/study-file.md)
+IMAGE_FOLDER_FIELDS = {
+    **_DATA_COMMON,
+    "image_size": Param("int", None, "side of the square images trained on (resized, then centre-cropped); "
+                        "null: the images' own size (all of one size)", low=1, nullable=True),
+    "augmentation": Param("str", "none", "training augmentation: none, crop_flip (the CIFAR protocol: "
+                          "random crop after zero-padding by size/8, horizontal flip) or crop (no flip, as "
+                          "Pl@ntNet-300K)", options=("none", "crop_flip", "crop")),
+    **_HELD_OUT,
+}
+#: NumPy arrays x, y in .npz files (setvalued.data.arrays; docs/study-file.md)
+ARRAYS_FIELDS = {
+    **_DATA_COMMON,
+    "layout": Param("str", "auto", "axes of 4-d x: nchw, nhwc, or auto (the axis of size 1 or 3)",
+                    options=("auto", "nchw", "nhwc")),
+    "num_classes": Param("int", None, "number of classes L (labels 0..L-1); null: the largest training "
+                         "label + 1", low=2, high=1_000_000, nullable=True),
+    "normalize": Param("bool", True, "standardise x per channel (images) or per feature (vectors) with "
+                       "the training split's mean and std"),
+    **_HELD_OUT,
+}
 
 DATA_FIELDS: dict[str, dict[str, Param]] = {
     "synthetic": {
@@ -90,6 +122,8 @@ DATA_FIELDS: dict[str, dict[str, Param]] = {
     },
     "plantnet300k": dict(_DATA_COMMON),
     "imagenet_lt": dict(_DATA_COMMON),
+    "image_folder": IMAGE_FOLDER_FIELDS,
+    "arrays": ARRAYS_FIELDS,
 }
 
 
@@ -241,6 +275,14 @@ def _densenet_shape(model: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def held_out_problem(data: Mapping[str, Any]) -> Optional[str]:
+    """Why the held-out shares of image_folder / arrays leave no training split, or None."""
+    if data.get("name") in ("image_folder", "arrays") and data["val_fraction"] + data["test_fraction"] >= 1:
+        return (f"data.val_fraction ({data['val_fraction']}) + data.test_fraction ({data['test_fraction']}) "
+                "must be < 1: the rest is the training split")
+    return None
+
+
 def placement_problem(data: Mapping[str, Any]) -> Optional[str]:
     """Why a data section cannot have its ``placement`` (device: in-memory data sets only)."""
     if data.get("placement") == "device" and data.get("name") not in DEVICE_DATASETS:
@@ -280,7 +322,7 @@ def _increasing_count_bins(ev: Mapping[str, Any]) -> Optional[str]:
 
 #: section -> rules over its checked fields (each returns why the section is wrong, or None)
 SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...]] = {
-    "data": (_synthetic_superclasses, placement_problem),
+    "data": (_synthetic_superclasses, placement_problem, held_out_problem),
     "model": (_densenet_shape,),
     "optim": (_nesterov_needs_momentum,),
     "eval": (_increasing_shot_thresholds, _increasing_count_bins),

@@ -44,6 +44,8 @@ BUILTIN_DATASET_BUILDERS = {
     "cifar100": "setvalued.data.cifar100:build",
     "plantnet300k": "setvalued.data.plantnet:build",
     "imagenet_lt": "setvalued.data.imagenet_lt:build",
+    "image_folder": "setvalued.data.image_folder:build",
+    "arrays": "setvalued.data.arrays:build",
 }
 
 #: what the trainer passes a plugin's code besides its declared parameters (so a plugin may not

@@ -64,12 +64,18 @@ def _build_plugin(item: registry.Entry, data_config: dict[str, Any], seed: int) 
 
 def check_layout(data_config: dict[str, Any]) -> None:
     """Raise DataLayoutError (naming the path and the expected layout) when a real data set's
-    folder is missing or lacks its files; cheap (no image or pickle is read), so that the
-    driver checks every data root before the first trial starts. Synthetic data: nothing.
+    folder is missing or lacks its files, so that the driver checks every data root before the
+    first trial starts; cheap for the official sets (no image or pickle is read); image_folder
+    decodes every image and arrays reads the labels (their own files, bounded: docs/read-back.md).
+    Synthetic data: nothing.
     A data set that will be downloaded (``download: true``) is not checked."""
     cfg = {**DATA_DEFAULTS, **data_config}
     name, root = cfg["name"], cfg.get("root")
-    if name == "cifar100":
+    if name in ("image_folder", "arrays"):  # their files are read (bounded), then decoded or checked
+        import importlib
+
+        importlib.import_module(f"setvalued.data.{name}").check_layout(cfg)
+    elif name == "cifar100":
         from setvalued.data import cifar100
 
         if not cfg.get("download"):

@@ -161,3 +161,63 @@ def load_rgb(path: str):
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError) as err:
         raise DataLayoutError(f"cannot read image file {path!r}: {err}") from err
+
+
+def stratified_holdout(labels: np.ndarray, fractions: dict[str, float], seed: int) -> dict[str, np.ndarray]:
+    """Sorted indices of ``labels`` for ``"train"`` and for each held-out split of ``fractions``
+    (name -> share), drawn per class: of a class's n examples, ``floor(share * n + 1/2)`` go to
+    each held-out split (fewer, from the last split named, when they would leave the class no
+    training example), chosen by a permutation seeded by ``seed``, the same for every trial."""
+    labels = np.asarray(labels, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in ("train", *fractions)}
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        n = len(members)
+        quota = [int(np.floor(share * n + 0.5)) for share in fractions.values()]
+        for i in reversed(range(len(quota))):  # keep at least one training example
+            quota[i] -= max(0, min(quota[i], sum(quota) - (n - 1)))
+        start = 0
+        for name, q in zip(fractions, quota):
+            parts[name].append(members[start:start + q])
+            start += q
+        parts["train"].append(members[start:])
+    return {name: np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for name, p in parts.items()}
+
+
+def channel_statistics(x: torch.Tensor, scale: float = 1.0, chunk: int = 1024
+                       ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of ``x / scale`` over images (n, C, H, W) or per
+    feature over vectors (n, D), in float64: uint8 images from each channel's histogram of the
+    256 values (exact), other inputs summed a chunk of examples at a time (no float64 copy of
+    the whole split); a constant channel gets std 1 (it is only centred)."""
+    channels = x.shape[1]
+    if x.dtype == torch.uint8 and x.dim() == 4:
+        values = torch.arange(256, dtype=torch.float64) / scale
+        hist = torch.stack([torch.bincount(x[:, c].reshape(-1), minlength=256) for c in range(channels)]).double()
+        count = hist.sum(dim=1).clamp_min(1)
+        mean = (hist * values).sum(dim=1) / count
+        var = (hist * (values[None, :] - mean[:, None]) ** 2).sum(dim=1) / count
+    else:
+        axes = (0, 2, 3) if x.dim() == 4 else (0,)
+        total = torch.zeros(channels, dtype=torch.float64)
+        squares = torch.zeros(channels, dtype=torch.float64)
+        for start in range(0, x.shape[0], chunk):
+            part = x[start:start + chunk].to(torch.float64) / scale
+            total += part.sum(dim=axes)
+            squares += (part * part).sum(dim=axes)
+        count = max(1, x.numel() // max(1, channels))
+        mean = total / count
+        var = (squares / count - mean * mean).clamp_min(0)
+    std = var.sqrt()
+    std = torch.where(std > 1e-12, std, torch.ones_like(std))
+    return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def standardized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], scale: float = 1.0
+                 ) -> torch.Tensor:
+    """``(x / scale - mean) / std`` per channel (n, C, H, W) or per feature (n, D), as float32."""
+    shape = (1, -1, 1, 1) if x.dim() == 4 else (1, -1)
+    m = torch.tensor(mean, dtype=torch.float32).view(shape)
+    s = torch.tensor(std, dtype=torch.float32).view(shape)
+    return (x.to(torch.float32) / scale - m) / s

@@ -84,7 +84,9 @@ def allocate(total: int, weights: np.ndarray, minimum: int, what: str) -> np.nda
 
 def _check(cfg: dict[str, Any]) -> dict[str, Any]:
     values = {
-        "num_classes": int(cfg.get("num_classes", 40)),
+        # None: the key's union default, where another data set (arrays) declares another default
+        "num_classes": int(cfg.get("num_classes") if cfg.get("num_classes") is not None
+                           else DATA_FIELDS["synthetic"]["num_classes"].default),
         "num_superclasses": int(cfg.get("num_superclasses", 8)),
         "train_size": int(cfg.get("train_size", 2000)),
         "val_size": int(cfg.get("val_size") if cfg.get("val_size") is not None else DATA_FIELDS["synthetic"]["val_size"].default),

@@ -64,6 +64,8 @@ def data_layouts(data_configs: Iterable[Mapping]) -> list[str]:
     problems, seen = [], set()
     for data in data_configs:
         key = (data.get("name"), data.get("root"), bool(data.get("download")))
+        if data.get("name") in ("image_folder", "arrays"):  # what they check depends on more fields
+            key += tuple(sorted((k, repr(v)) for k, v in data.items() if k not in ("num_workers", "placement")))
         if key in seen or data.get("name") == "synthetic":
             continue
         seen.add(key)
