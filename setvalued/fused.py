@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from setvalued.train import Trial
-from setvalued.fused_step import FusedStep, RandomState, member_output
+from setvalued.fused_step import FusedStep, RandomState, member_output, own_storage
 from setvalued.train_checkpoint import load_checkpoint
-from setvalued.train_metrics import NonFiniteLossError
+from setvalued.train_metrics import NonFiniteLossError, RunningTrainMetrics
 from setvalued.train_setup import resolve_config, split_batches
 from setvalued.train_step import build_optimizer, model_inputs
 
@@ -96,18 +96,30 @@ class Array:
             m.restore_all_but_optimizer(dict(state))
         self.step.load_member_optimizer_states([s["optimizer"] for s in states])
 
-    def run(self, on_epoch: ArrayCallback | None = None) -> list[Any]:
+    def run(self, on_epoch: ArrayCallback | None = None,
+            after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
         """Train every member to the last epoch; returns, per member, its ``fit`` result or the
-        error that stopped it."""
+        error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``."""
         for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
             if not any(self.live):
                 break
             self.train_epoch(epoch, on_epoch)
+            if after_epoch is not None:
+                after_epoch(epoch)
         for i, m in enumerate(self.members):
+            if self.failed[i] is None:
+                own_storage(m.model)  # the model handed back (and logged) holds this member alone
             self.results[i] = self.failed[i] if self.failed[i] is not None else m.test()
         return self.results
 
     def train_epoch(self, epoch: int, on_epoch: ArrayCallback | None) -> None:
+        """One epoch of every live member: trained together, then validated one by one."""
+        lr, running, seconds = self.train_steps(epoch)
+        self.close_epoch(epoch, lr, running, seconds, on_epoch)
+
+    def train_steps(self, epoch: int, steps: int | None = None) -> tuple[float, list[RunningTrainMetrics], float]:
+        """Train the epoch's batches (the first ``steps`` of them when given) of every member at
+        once; returns the base learning rate, each member's running metrics and the seconds."""
         lr = self.step.set_learning_rate(epoch)
         batches, running = [], []
         for m, rng in zip(self.members, self.random_states):
@@ -117,7 +129,8 @@ class Array:
             running.append(m.start_training(epoch))
         self.step.start_training()
         start = time.perf_counter()
-        while True:
+        done = 0
+        while steps is None or done < steps:
             drawn = []
             for it, rng in zip(batches, self.random_states):
                 with rng.active():
@@ -128,7 +141,12 @@ class Array:
             for i, result in enumerate(self.step(x, y, idx, self.live, self.random_states)):
                 if result is not None:
                     self._guard(i, lambda: running[i].add(result[0], result[1], y[i]))
-        seconds = time.perf_counter() - start
+            done += 1
+        return lr, running, time.perf_counter() - start
+
+    def close_epoch(self, epoch: int, lr: float, running: list[RunningTrainMetrics], seconds: float,
+                    on_epoch: ArrayCallback | None) -> None:
+        """Every live member's training metrics, validation, best checkpoint and ``on_epoch``."""
         for i, m in enumerate(self.members):
             if self.failed[i] is not None:
                 continue
@@ -187,13 +205,15 @@ def _close(a: Any, b: Any) -> bool:
 
 
 def fit_array(config: Mapping[str, Any], seeds: Sequence[int], on_epoch: ArrayCallback | None = None,
-              checkpoints: Sequence[Mapping[str, Any] | str | None] | None = None) -> list[Any]:
+              checkpoints: Sequence[Mapping[str, Any] | str | None] | None = None,
+              after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
     """Train the trials of ``seeds`` (one config) as one fused array.
 
     ``on_epoch(member, epoch, metrics, state)`` is called after every epoch of every live
     member (``member``: the index of its seed); ``state`` is the state its separate trial
     would hand over (``fit(config, seed, checkpoint=state)`` resumes it), and
-    ``checkpoints`` (one per seed, all of the same epoch) resume the array. Returns per seed
+    ``checkpoints`` (one per seed, all of the same epoch) resume the array; ``after_epoch(epoch)``
+    is called once every member has closed the epoch. Returns per seed
     the result of ``fit`` or the ``NonFiniteLossError`` that stopped that member. Raises
     ``FusionError`` when the config cannot be fused, ``ValueError`` for a bad config.
     """
@@ -203,4 +223,4 @@ def fit_array(config: Mapping[str, Any], seeds: Sequence[int], on_epoch: ArrayCa
         if len(checkpoints) != len(seeds):
             raise ValueError(f"{len(checkpoints)} checkpoints for {len(seeds)} seeds")
         array.restore([None if c is None else load_checkpoint(c) for c in checkpoints])
-    return array.run(on_epoch)
+    return array.run(on_epoch, after_epoch)

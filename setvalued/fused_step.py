@@ -182,3 +182,15 @@ def _view_into(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         module._buffers[attr] = stacked[i]
+
+
+def own_storage(model: torch.nn.Module) -> None:
+    """Give ``model``'s parameters and buffers storage of their own (no longer views of the
+    array's): what is saved of it then holds this member alone."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = b.clone()

@@ -158,3 +158,18 @@ def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason():
 def test_fused_arrays_refuse_bad_seed_lists():
     with pytest.raises(ValueError, match="distinct seeds"):
         fit_array(tiny_cfg(), [1, 1])
+
+
+def test_a_members_model_is_its_own_after_training(tmp_path):
+    """The model a member hands back (the one MLflow logs) holds that member alone: saved, it
+    is the size of one model, not of the array."""
+    cfg = tiny_cfg(epochs=1)
+    results = fit_array(cfg, [0, 1, 2])
+    single = fit(cfg, 0)["model"]
+    sizes = []
+    for name, model in (("fused", results[0]["model"]), ("single", single)):
+        torch.save(model.state_dict(), tmp_path / name)
+        sizes.append((tmp_path / name).stat().st_size)
+    assert sizes[0] <= sizes[1] * 1.05
+    x = torch.randn(4, 32)
+    assert torch.allclose(results[0]["model"].eval()(x), single.eval()(x), atol=1e-9)
