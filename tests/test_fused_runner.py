@@ -1,0 +1,89 @@
+"""Fused arrays in the runner (issue 35, ``resources.seeds_per_trial``).
+
+Fast: a config's seeds grouped into arrays (the rest as a smaller array, resumed cells by their
+starting epoch), the plan dealing arrays to the slots, the study field's default and its
+refusals. Slow (one real local Ray and MLflow server): a study of 2 configs x 3 seeds at
+``seeds_per_trial: 2`` runs as 4 trials, every member a cell run of its own (epochs, test
+metrics equal to the separate trial of its seed, a Logged Model), the progress counting cells.
+"""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+
+from studies.cells.arrays import array_id, fused_arrays
+from studies.running.estimate import fused_trials
+from studies.studyfile.problems import StudyError
+from studies.studyfile.spec import load_study
+from tests.test_runner import child_runs, options, write_study
+
+
+def cell(config_id: str, seed: int) -> SimpleNamespace:
+    return SimpleNamespace(config_id=config_id, seed=seed, cell_id=f"{config_id}-s{seed}")
+
+
+def test_a_configs_seeds_are_cut_into_arrays_the_rest_a_smaller_one():
+    cells = [cell("b", s) for s in (2, 0, 1)] + [cell("a", s) for s in range(5)]
+    arrays = fused_arrays(cells, 2)
+    assert [[c.cell_id for c in a] for a in arrays] == [
+        ["b-s0", "b-s1"], ["b-s2"], ["a-s0", "a-s1"], ["a-s2", "a-s3"], ["a-s4"]]
+    assert [array_id(a) for a in arrays[:2]] == ["b-s0-x2", "b-s2"]
+    # cells resumed after different epochs never share an array
+    resumed = fused_arrays(cells[3:], 4, {"a-s1": 3, "a-s3": 3})
+    assert [[c.seed for c in a] for a in resumed] == [[0, 2, 4], [1, 3]]
+    assert [[c.seed for c in a] for a in fused_arrays(cells, 1)] == [[0], [1], [2], [0], [1], [2], [3], [4]]
+    # studies plan deals the same arrays to its slots
+    plan_cells = [cell("a", s) for s in range(5)] + [cell("b", s) for s in range(3)]
+    assert fused_trials(range(8), plan_cells, 2) == [[0, 1], [2, 3], [4], [5, 6], [7]]
+    assert fused_trials(range(3), plan_cells, 1) == [[0], [1], [2]]
+
+
+def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_path):
+    assert load_study(write_study(tmp_path, "plain", lrs=[0.1])).resources.seeds_per_trial == 1
+    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*scheduler: none"):
+        load_study(write_study(tmp_path, "sched", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
+                               scheduler={"kind": "early_stopping", "patience": 1}))
+    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
+        path = write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2})
+        load_study(path, overrides=("base.compile=model",))
+    with pytest.raises(StudyError, match=r"seeds_per_trial"):
+        load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
+
+
+@pytest.mark.slow
+def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    from setvalued.train import fit
+    from studies.cells.space import expand
+    from studies.running.runner import run_study
+
+    path = write_study(tmp_path, "fused-grid", lrs=[0.05, 0.1], seeds=(0, 1, 2), epochs=2,
+                       resources={"cpus": 1, "seeds_per_trial": 2}, log_models=True)
+    cells = {c.cell_id: c for c in expand(load_study(path))}
+    stream = io.StringIO()
+    outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
+    text = stream.getvalue()
+    assert outcome.exit_code == 0, text
+    assert (outcome.cells, outcome.finished) == (6, 6)
+    assert "6 cells as 4 fused arrays of up to 2 seeds" in text and "done 6/6" in text
+
+    client = MlflowClient(mlflow_server)
+    runs = child_runs(mlflow_server, "fused-grid")
+    assert sorted(r.data.tags["studies.cell_id"] for r in runs) == sorted(cells)
+    for run in runs:
+        c = cells[run.data.tags["studies.cell_id"]]
+        assert run.data.tags["studies.status"] == "finished" and run.info.status == "FINISHED"
+        assert run.data.tags["studies.seed"] == str(c.seed)
+        for key in ("train/loss", "val/top3", "lr", "epoch_time_s"):
+            assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [0, 1], key
+        # the member is the separate trial of its seed (float32: the fused kernels round apart)
+        alone = fit(c.config, c.seed)
+        for key, value in alone["test"].items():
+            assert run.data.metrics[f"test/{key}"] == pytest.approx(value, abs=1e-4), key
+        assert [o.model_id for o in client.get_run(run.info.run_id).outputs.model_outputs], "no Logged Model"
+    logged = client.search_logged_models([runs[0].info.experiment_id])
+    assert sorted(m.source_run_id for m in logged) == sorted(r.info.run_id for r in runs)
