@@ -66,6 +66,14 @@ def member_output(output: Any, i: int) -> Any:
     return output[i]
 
 
+def member_outputs(output: Any) -> list[Any]:
+    """Every member's slice of the stacked output, cut in one operation (``unbind``: its
+    backward is one ``stack``, where N slices would add N gradients into the stacked one)."""
+    if isinstance(output, TwoHeadOutput):
+        return [TwoHeadOutput(*parts) for parts in zip(*(t.unbind(0) for t in output))]
+    return list(output.unbind(0))
+
+
 class FusedStep:
     """The stacked model of N members and one training step for all of them."""
 
@@ -114,14 +122,14 @@ class FusedStep:
         """One forward, loss, backward and optimizer step of every member on its batch (slice
         ``i`` of ``x``, ``y``, ``idx``). Returns each live member's loss and watched scores
         (their ``.grad`` kept), None for a member that has failed (its loss is not computed)."""
-        output = self.run_model(x)
+        outputs = member_outputs(self.run_model(x))
         results: list[tuple[torch.Tensor, torch.Tensor | None] | None] = []
         total = None
         for i, loss_fn in enumerate(self.losses):
             if not live[i]:
                 results.append(None)
                 continue
-            mine = to_float32(member_output(output, i))
+            mine = to_float32(outputs[i])
             scores = watched_scores(mine, loss_fn)
             if scores is not None and scores.requires_grad:
                 scores.retain_grad()
