@@ -168,30 +168,54 @@ class Array:
 
 def fusion_problem(models: Sequence[torch.nn.Module], trial: Trial) -> str | None:
     """Why ``models`` cannot train as one fused model, from a one-batch probe on copies (None:
-    they can): one training-mode forward and backward of the stacked copies on a batch of
-    ``trial``'s training set, compared with each copy's own."""
-    copies = [copy.deepcopy(m) for m in models]
+    they can, or the model fails on its own, which its trial reports): one training-mode
+    forward and backward of each copy on a batch of ``trial``'s validation set, then of the
+    stacked copies, whose outputs and gradients must match (relative to their norm: 1e-3)."""
     separate = [copy.deepcopy(m) for m in models]
     n = min(4, len(trial.data.val))
     x = next(iter(split_batches(trial.data.val, torch.arange(n), n, 0, trial.device, 0)))[0].to(trial.device)
+    own = []
     try:
-        step = FusedStep(trial.cfg, trial.device, copies, [trial.loss] * len(copies), None)
+        for model in separate:
+            model.train()
+            out = model(model_inputs(x, trial.step.dtype))
+            _total(out).backward()
+            own.append(out)
+    except Exception:  # noqa: BLE001  (not a fusion problem: the separate trial fails the same way)
+        return None
+    try:
+        step = FusedStep(trial.cfg, trial.device, [copy.deepcopy(m) for m in models],
+                         [trial.loss] * len(models), None)
         step.start_training()
-        fused = step.run_model(torch.stack([x] * len(copies)))
-        total = sum(_total(member_output(fused, i)) for i in range(len(copies)))
-        total.backward()
-    except Exception as error:  # noqa: BLE001 (any failure of vmap is the reason to report)
+        fused = step.run_model(torch.stack([x] * len(models)))
+        sum(_total(member_output(fused, i)) for i in range(len(models))).backward()
+    except Exception as error:  # noqa: BLE001  (any failure of the fused form is the reason)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
     for i, model in enumerate(separate):
-        model.train()
-        own = model(model_inputs(x, step.dtype))
-        _total(own).backward()
-        if not _close(own, member_output(fused, i)):
+        if not _close(own[i], member_output(fused, i)):
             return "its fused output differs from the separate model's"
-        for name, p in model.named_parameters():
-            if p.grad is not None and not torch.allclose(p.grad, step.params[name].grad[i], rtol=1e-3, atol=1e-5):
-                return f"its fused gradient of {name} differs from the separate model's"
+        # the gradient as one vector: a coordinate that is zero in exact arithmetic (the bias
+        # before a BatchNorm) is rounding noise in both forms
+        pairs = [(name, step.params[name].grad[i], p.grad) for name, p in model.named_parameters()
+                 if p.grad is not None]
+        if pairs and not _near(torch.cat([g.flatten() for _, g, _ in pairs]),
+                               torch.cat([r.flatten() for _, _, r in pairs])):
+            worst = max(pairs, key=lambda t: float((t[1].double() - t[2].double()).norm()))[0]
+            return f"its fused gradient differs from the separate model's (most at {worst})"
     return None
+
+
+def probe_config(config: Mapping[str, Any]) -> str | None:
+    """Why the trials of ``config`` cannot be fused, naming the model (None: they can): the
+    config's own refusals, then the one-batch probe (``fusion_problem``) on two copies of its
+    model, built from seed 0 with its data."""
+    cfg = resolve_config(config)
+    name = cfg["model"]["name"]
+    reason = config_problem(cfg)
+    if reason is None:
+        trial = Trial(cfg, 0)
+        reason = fusion_problem([trial.model, copy.deepcopy(trial.model)], trial)
+    return None if reason is None else f"model {name!r} cannot be fused: {reason}"
 
 
 def _total(output: Any) -> torch.Tensor:
@@ -201,7 +225,14 @@ def _total(output: Any) -> torch.Tensor:
 
 def _close(a: Any, b: Any) -> bool:
     pairs = zip(a, b) if isinstance(a, tuple) else [(a, b)]
-    return all(torch.allclose(u.float(), v.float(), rtol=1e-3, atol=1e-5) for u, v in pairs)
+    return all(_near(v, u) for u, v in pairs)
+
+
+def _near(value: torch.Tensor, reference: torch.Tensor) -> bool:
+    """``value`` within 1e-3 of ``reference`` relative to its norm (float32 kernels of the fused
+    and separate forms round apart; a gradient's small coordinates carry no signal alone)."""
+    value, reference = value.double(), reference.double()
+    return bool(torch.linalg.vector_norm(value - reference) <= 1e-3 * torch.linalg.vector_norm(reference) + 1e-8)
 
 
 def fit_array(config: Mapping[str, Any], seeds: Sequence[int], on_epoch: ArrayCallback | None = None,

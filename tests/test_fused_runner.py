@@ -87,3 +87,23 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
         assert [o.model_id for o in client.get_run(run.info.run_id).outputs.model_outputs], "no Logged Model"
     logged = client.search_logged_models([runs[0].info.experiment_id])
     assert sorted(m.source_run_id for m in logged) == sorted(r.info.run_id for r in runs)
+
+
+def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(tmp_path, monkeypatch):
+    import setvalued.fused
+    from studies.running.runner import RunOptions, run_study
+
+    path = write_study(tmp_path, "probed", lrs=[0.1], seeds=(0, 1, 2), resources={"cpus": 1, "seeds_per_trial": 2})
+    stream = io.StringIO()
+    outcome = run_study(path, RunOptions(output=tmp_path / "out", dry_run=True, stream=stream))
+    assert outcome.exit_code == 0 and outcome.cells == 3 and "3 cells" in stream.getvalue()
+    # a model whose fused form fails the one-batch probe (as a forward pass with dropout does:
+    # tests/test_fused.py) is refused before anything runs, at the field, with the reason
+    monkeypatch.setattr(setvalued.fused, "fusion_problem",
+                        lambda models, trial: "RuntimeError: vmap: called random operation")
+    with pytest.raises(StudyError) as refused:
+        run_study(path, RunOptions(output=tmp_path / "out", dry_run=True, stream=io.StringIO()))
+    text = str(refused.value)
+    assert str(path) in text and "resources.seeds_per_trial (line" in text
+    assert "model 'mlp' cannot be fused: RuntimeError: vmap: called random operation" in text
+    assert "expected seeds_per_trial: 1" in text
