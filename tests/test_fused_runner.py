@@ -107,3 +107,25 @@ def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(t
     assert str(path) in text and "resources.seeds_per_trial (line" in text
     assert "model 'mlp' cannot be fused: RuntimeError: vmap: called random operation" in text
     assert "expected seeds_per_trial: 1" in text
+
+
+def test_a_members_folder_in_an_arrays_checkpoint_is_found_by_its_cell_id(tmp_path):
+    """A fused array's Tune checkpoint holds a folder per member named by its cell id
+    (studies.running.array_trial); the next session continues each member from it."""
+    import json
+
+    from studies.running.checkpoints import META_FILE, STATE_FILE, ResumePoints
+
+    storage = tmp_path / "ray"
+    folders = {}
+    for cell_id in ("a-s0", "a-s1"):
+        folder = storage / "tune-3-0" / "a-s0-x2" / "checkpoint_000002" / cell_id
+        folder.mkdir(parents=True)
+        (folder / META_FILE).write_text(json.dumps({"cell_id": cell_id, "study": "s", "epoch": 2,
+                                                    "run_id": f"run-{cell_id}", "history": []}))
+        (folder / STATE_FILE).write_bytes(b"")
+        folders[cell_id] = str(folder)
+    points = ResumePoints.search(storage, "s", ["a-s0", "a-s1", "a-s2"])
+    assert points.folders() == folders
+    assert points.run_ids() == {"a-s0": "run-a-s0", "a-s1": "run-a-s1"}
+    assert points.experiment_dirs() == [storage / "tune-3-0"]
