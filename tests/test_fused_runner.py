@@ -97,6 +97,7 @@ def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(t
     stream = io.StringIO()
     outcome = run_study(path, RunOptions(output=tmp_path / "out", dry_run=True, stream=stream))
     assert outcome.exit_code == 0 and outcome.cells == 3 and "3 cells" in stream.getvalue()
+    assert "as 2 fused arrays of up to 2 seeds (one trial each)" in stream.getvalue()
     # a model whose fused form fails the one-batch probe (as a forward pass with dropout does:
     # tests/test_fused.py) is refused before anything runs, at the field, with the reason
     monkeypatch.setattr(setvalued.fused, "fusion_problem",
