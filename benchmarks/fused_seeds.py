@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"fused seeds on the CPU ({args.threads} thread(s)); per member-step, fused / separate")
-    print(f"{'model':<12} {'N':>2} {'sep ms':>8} {'fused ms':>9} {'time':>6} {'sep ops':>8} {'fused ops':>9} {'ops':>6}")
+    print(f"{'model':<12} {'N':>2} {'sep ms':>8} {'fused ms':>9} {'time':>6} {'sep ops':>8} "
+          f"{'fused ops':>9} {'ops':>6}")
     for name in args.models:
         for n in args.members:
             row = measure(name, n, args.steps, args.rounds)

@@ -31,8 +31,8 @@ class Evaluation:
     forward pass (``run_model``, the step's, compiled or not)."""
 
     def __init__(self, cfg: dict[str, Any], data: DataSplits, device: torch.device,
-                 on_device: dict[str, DeviceSplit] | None, loss: SetValuedLoss, run_model: Callable[[torch.Tensor], Any],
-                 conformal_split: tuple[torch.Tensor, torch.Tensor] | None):
+                 on_device: dict[str, DeviceSplit] | None, loss: SetValuedLoss,
+                 run_model: Callable[[torch.Tensor], Any], conformal_split: tuple[torch.Tensor, torch.Tensor] | None):
         self.cfg, self.data, self.device, self.on_device = cfg, data, device, on_device
         self.loss, self.run_model, self.conformal_split = loss, run_model, conformal_split
         #: multi-hot targets (multi-label synthetic data): the multi-label metrics, no top-K
