@@ -31,6 +31,9 @@ from setvalued.train_metrics import NonFiniteLossError, RunningTrainMetrics
 from setvalued.train_setup import resolve_config, split_batches
 from setvalued.train_step import build_optimizer, model_inputs
 
+#: ``after_epoch``'s answer that stops the array after that epoch
+STOP = "stop"
+
 #: ``on_epoch(member, epoch, metrics, state)``: member is the index of the seed in ``seeds``
 ArrayCallback = Callable[[int, int, dict, dict], Any]
 
@@ -99,13 +102,14 @@ class Array:
     def run(self, on_epoch: ArrayCallback | None = None,
             after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
         """Train every member to the last epoch; returns, per member, its ``fit`` result or the
-        error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``."""
+        error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``; its
+        answer ``STOP`` ends the training there (early stopping of the array's config)."""
         for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
             if not any(self.live):
                 break
             self.train_epoch(epoch, on_epoch)
-            if after_epoch is not None:
-                after_epoch(epoch)
+            if after_epoch is not None and after_epoch(epoch) == STOP:
+                break  # stopped as a whole: every member tests the checkpoint it selected so far
         for i, m in enumerate(self.members):
             if self.failed[i] is None:
                 own_storage(m.model)  # the model handed back (and logged) holds this member alone
@@ -244,7 +248,9 @@ def fit_array(config: Mapping[str, Any], seeds: Sequence[int], on_epoch: ArrayCa
     member (``member``: the index of its seed); ``state`` is the state its separate trial
     would hand over (``fit(config, seed, checkpoint=state)`` resumes it), and
     ``checkpoints`` (one per seed, all of the same epoch) resume the array; ``after_epoch(epoch)``
-    is called once every member has closed the epoch. Returns per seed
+    is called once every member has closed the epoch, and ``STOP`` from it ends the training
+    there (each member then tests its selected checkpoint, as ``fit`` with ``epochs`` cut to
+    the epochs done). Returns per seed
     the result of ``fit`` or the ``NonFiniteLossError`` that stopped that member. Raises
     ``FusionError`` when the config cannot be fused, ``ValueError`` for a bad config.
     """

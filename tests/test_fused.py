@@ -173,3 +173,17 @@ def test_a_members_model_is_its_own_after_training(tmp_path):
     assert sizes[0] <= sizes[1] * 1.05
     x = torch.randn(4, 32)
     assert torch.allclose(results[0]["model"].eval()(x), single.eval()(x), atol=1e-9)
+
+
+def test_an_array_stopped_after_an_epoch_is_its_seeds_trials_with_the_epochs_cut():
+    """Early stopping stops an array as a whole (``after_epoch`` answers STOP): every member then
+    tests the checkpoint it selected so far, as ``fit`` with ``epochs`` cut to the epochs done."""
+    from setvalued.fused import STOP
+
+    cfg = tiny_cfg("noised_topk", epochs=4)
+    asked = []
+    stopped = fit_array(cfg, [0, 1], after_epoch=lambda epoch: asked.append(epoch) or (STOP if epoch == 1 else None))
+    assert asked == [0, 1]
+    for seed, member in zip((0, 1), stopped):
+        assert len(member["history"]) == 2
+        assert differences(fit({**cfg, "epochs": 2}, seed), member) <= 1e-9

@@ -2,9 +2,11 @@
 
 Fast: a config's seeds grouped into arrays (the rest as a smaller array, resumed cells by their
 starting epoch), the plan dealing arrays to the slots, the study field's default and its
-refusals. Slow (one real local Ray and MLflow server): a study of 2 configs x 3 seeds at
-``seeds_per_trial: 2`` runs as 4 trials, every member a cell run of its own (epochs, test
-metrics equal to the separate trial of its seed, a Logged Model), the progress counting cells.
+refusals, the dry run's probe, a member's checkpoint folder found on resume, an array under a
+config-level rule recording every member and stopping as a whole. Slow (one real local Ray and MLflow server): a study of 2 configs x 3 seeds at
+``seeds_per_trial: 2`` under early stopping runs as 4 trials, every member a cell run of its
+own (epochs, test metrics equal to the separate trial of its seed cut where its config
+stopped, a Logged Model), a config's arrays stopping together, the progress counting cells.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import io
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from studies.cells.arrays import array_id, fused_arrays
 from studies.running.estimate import fused_trials
@@ -43,9 +46,17 @@ def test_a_configs_seeds_are_cut_into_arrays_the_rest_a_smaller_one():
 
 def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_path):
     assert load_study(write_study(tmp_path, "plain", lrs=[0.1])).resources.seeds_per_trial == 1
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*scheduler: none"):
-        load_study(write_study(tmp_path, "sched", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
-                               scheduler={"kind": "early_stopping", "patience": 1}))
+    # early stopping stops an array as a whole; racing hands out seeds one by one: refused
+    assert load_study(write_study(tmp_path, "sched", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
+                                  scheduler={"kind": "early_stopping", "patience": 1},
+                                  objective={"metric": "val/top3"})).resources.seeds_per_trial == 2
+    raced = write_study(tmp_path, "raced", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
+                        objective={"metric": "val/top3"})
+    text = yaml.safe_load(raced.read_text())
+    text["seeds"] = {"initial": 2, "max": 4, "until": {"metric": "test/top3", "level": 0.95}}
+    raced.write_text(yaml.safe_dump(text, sort_keys=False))
+    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*racing"):
+        load_study(raced)
     with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
         path = write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2})
         load_study(path, overrides=("base.compile=model",))
@@ -61,8 +72,12 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
     from studies.cells.space import expand
     from studies.running.runner import run_study
 
-    path = write_study(tmp_path, "fused-grid", lrs=[0.05, 0.1], seeds=(0, 1, 2), epochs=2,
-                       resources={"cpus": 1, "seeds_per_trial": 2}, log_models=True)
+    # early stopping on the seed mean: a config's seeds 0 and 1 (one array) and seed 2 (another)
+    # wait for each other at every epoch, and a stop stops both arrays
+    path = write_study(tmp_path, "fused-grid", lrs=[0.05, 0.1], seeds=(0, 1, 2), epochs=3,
+                       resources={"cpus": 1, "seeds_per_trial": 2}, log_models=True,
+                       objective={"metric": "val/top3"},
+                       scheduler={"kind": "early_stopping", "grace_epochs": 0, "patience": 1})
     cells = {c.cell_id: c for c in expand(load_study(path))}
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
@@ -74,17 +89,23 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
     client = MlflowClient(mlflow_server)
     runs = child_runs(mlflow_server, "fused-grid")
     assert sorted(r.data.tags["studies.cell_id"] for r in runs) == sorted(cells)
+    stopped_at = {}
     for run in runs:
         c = cells[run.data.tags["studies.cell_id"]]
         assert run.data.tags["studies.status"] == "finished" and run.info.status == "FINISHED"
         assert run.data.tags["studies.seed"] == str(c.seed)
+        epochs = int(run.data.tags.get("studies.stopped_epoch", 3))
+        stopped_at.setdefault(c.config_id, set()).add(epochs)
         for key in ("train/loss", "val/top3", "lr", "epoch_time_s"):
-            assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [0, 1], key
-        # the member is the separate trial of its seed (float32: the fused kernels round apart)
-        alone = fit(c.config, c.seed)
+            assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == \
+                list(range(epochs)), key
+        # the member is the separate trial of its seed (float32: the fused kernels round apart),
+        # with the epochs cut where its config stopped
+        alone = fit({**c.config, "epochs": epochs}, c.seed)
         for key, value in alone["test"].items():
             assert run.data.metrics[f"test/{key}"] == pytest.approx(value, abs=1e-4), key
         assert [o.model_id for o in client.get_run(run.info.run_id).outputs.model_outputs], "no Logged Model"
+    assert all(len(epochs) == 1 for epochs in stopped_at.values()), stopped_at  # a config stops whole
     logged = client.search_logged_models([runs[0].info.experiment_id])
     assert sorted(m.source_run_id for m in logged) == sorted(r.info.run_id for r in runs)
 
@@ -130,3 +151,47 @@ def test_a_members_folder_in_an_arrays_checkpoint_is_found_by_its_cell_id(tmp_pa
     assert points.folders() == folders
     assert points.run_ids() == {"a-s0": "run-a-s0", "a-s1": "run-a-s1"}
     assert points.experiment_dirs() == [storage / "tune-3-0"]
+
+
+class FakeCoordinator:
+    """A coordinator client that records what the array tells it; the config's decision is
+    'wait' until its last seed records, then `decision`."""
+
+    def __init__(self, log: list, seed: int, seeds: int, decision: str, prunes: str | None = None):
+        self.log, self.seed, self.seeds, self.decision_value, self.prunes = log, seed, seeds, decision, prunes
+
+    def record(self, epochs_done, metrics):
+        self.log.append(("record", self.seed, epochs_done, metrics["val/top3"]))
+        return self.decision_value if sum(e[0] == "record" and e[2] == epochs_done for e in self.log) \
+            == self.seeds else "wait"
+
+    def wait(self, epochs_done, status):
+        self.log.append(("wait", self.seed, epochs_done, status))
+        return status if status != "wait" else self.decision_value
+
+    def tell_gone(self):
+        self.log.append(("gone", self.seed))
+
+
+def test_an_array_records_every_member_then_waits_once_and_stops_as_a_whole(monkeypatch):
+    import ray.tune
+
+    from studies.running.array_trial import ArrayEpochs, MemberReporter
+
+    reports = []
+    monkeypatch.setattr(ray.tune, "report", lambda report, checkpoint=None: reports.append(report))
+    log: list = []
+    reporters = []
+    for seed in (0, 1, 2):
+        c = {"cell_id": f"a-s{seed}", "config_id": "a", "seed": seed, "config": {"epochs": 5},
+             "tune_metrics": ["val/top3"], "checkpoint_interval_s": 3600}
+        run = SimpleNamespace(run_id=f"run-{seed}")
+        reporters.append(MemberReporter(run, c, None, [], None, FakeCoordinator(log, seed, 3, "stop", "asha"),
+                                        None))
+    epochs = ArrayEpochs(reporters, 3600, 4)
+    for i in (0, 2):  # member 1 failed in this epoch: it does not close it
+        epochs.on_member(i, 0, {"val/top3": 0.5 + i, "epoch": 0}, state={"epoch": 0})
+    assert epochs.after_epoch(0) == "stop" and epochs.stopped_at == 1
+    assert [r["cell_id"] for r in reports] == ["a-s0", "a-s2"]
+    assert all(r["epochs_done"] == 1 and r["cell_status"] == "running" for r in reports)
+    assert log == [("gone", 1), ("record", 0, 1, 0.5), ("record", 2, 1, 2.5), ("wait", 2, 1, "wait")]
