@@ -195,3 +195,43 @@ def test_an_array_records_every_member_then_waits_once_and_stops_as_a_whole(monk
     assert [r["cell_id"] for r in reports] == ["a-s0", "a-s2"]
     assert all(r["epochs_done"] == 1 and r["cell_status"] == "running" for r in reports)
     assert log == [("gone", 1), ("record", 0, 1, 0.5), ("record", 2, 1, 2.5), ("wait", 2, 1, "wait")]
+
+
+def test_an_arrays_checkpoint_holds_each_member_and_a_restarted_trial_reads_it_back(monkeypatch, tmp_path):
+    """When a checkpoint is due, the last member's Tune report carries one folder per member
+    (its state and meta); a restarted trial starts every member from its folder, and a
+    member missing there (it had failed) from its own resume folder or from scratch."""
+    import shutil
+
+    import ray.tune
+
+    from studies.running.array_trial import ArrayEpochs, MemberReporter, _starting_points
+
+    kept = tmp_path / "kept"
+    reports = []
+
+    def report(values, checkpoint=None):
+        reports.append(values)
+        if checkpoint is not None:
+            shutil.copytree(checkpoint.path, kept)
+
+    monkeypatch.setattr(ray.tune, "report", report)
+    cells, reporters = [], []
+    for seed in (0, 1, 2):
+        c = {"cell_id": f"a-s{seed}", "config_id": "a", "seed": seed, "config": {"epochs": 3},
+             "tune_metrics": [], "checkpoint_interval_s": 0}
+        run = SimpleNamespace(run_id=f"run-{seed}", log_epochs=lambda epochs: None)
+        cells.append(c)
+        reporters.append(MemberReporter(run, c, SimpleNamespace(study_name="s"), [], None, None, None))
+    epochs = ArrayEpochs(reporters, 0, 2)
+    for i in (0, 2):  # member 1 failed
+        epochs.on_member(i, 0, {"val/top3": 0.5, "epoch": 0}, state={"epoch": 0, "seed": i})
+    assert epochs.after_epoch(0) is None
+    assert sorted(p.name for p in kept.iterdir()) == ["a-s0", "a-s2"]
+    assert len(reports) == 2
+
+    monkeypatch.setattr(ray.tune, "get_checkpoint", lambda: ray.tune.Checkpoint.from_directory(str(kept)))
+    points = _starting_points(cells)
+    assert [state for state, _ in points] == [{"epoch": 0, "seed": 0}, None, {"epoch": 0, "seed": 2}]
+    assert [meta.get("run_id") for _, meta in points] == ["run-0", None, "run-2"]
+    assert points[0][1]["cell_id"] == "a-s0" and points[0][1]["epoch"] == 0
