@@ -70,11 +70,14 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_ROLE,
     TAG_SEED,
     TAG_STATUS,
+    TAG_STOP_REASON,
     TAG_STOPPED_EPOCH,
     TAG_SWEPT,
     TAG_VARIANT,
+    TAG_VERSION,
     cell_runs_view_tag,
 )
+from analysis.distinct import VERSION_COLUMN, tell_apart
 from analysis.collect_store import (  # noqa: F401 (re-exported)
     CollectError, MAX_PAGE_SIZE, REST_BULK_POINTS, RunRecord, _client, _fetch_histories,
     _mean_histories, _quiet_downloads, collect_per_class, read_artifact_table, search_all_runs,
@@ -120,7 +123,7 @@ class Collected:
     @property
     def metric_columns(self) -> list[str]:
         fixed = set(ID_COLUMNS) | set(SCHEDULE_COLUMNS) | {"start_time", "end_time", "duration_s",
-                                                           RACE_COLUMN}
+                                                           RACE_COLUMN, VERSION_COLUMN}
         return [
             c for c in self.table.column_names
             if c not in fixed and not c.startswith(PARAM_PREFIX)
@@ -311,7 +314,7 @@ def collect(
     histories = list(dict.fromkeys(histories))
     means = _mean_histories(client, [r.run_id for r in finished], histories, experiment_id,
                             bulk)
-    table = _finished_table(finished, histories, means)
+    table = tell_apart(_finished_table(finished, histories, means))  # analysis.distinct
 
     unfinished = [latest(runs) for cell, runs in other_by_cell.items()
                   if cell not in finished_by_cell]
@@ -367,6 +370,8 @@ def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: 
          if r.start_time is not None and r.end_time is not None else None for r in runs],
         type=pa.float64(),
     )
+    if any(TAG_VERSION in r.tags for r in runs):  # the study's version that made each run
+        columns[VERSION_COLUMN] = pa.array([r.tags.get(TAG_VERSION) for r in runs], pa.string())
     if any(TAG_RACE in r.tags for r in runs):
         columns[RACE_COLUMN] = pa.array([r.tags.get(TAG_RACE) for r in runs], type=pa.string())
     parsed: dict[str, Any] = {}  # params repeat across runs: parse each text once
@@ -410,7 +415,7 @@ def _failed_table(runs: Sequence[RunRecord]) -> pa.Table:
             # a run still RUNNING in MLflow is in progress (or its worker vanished without
             # closing it); FAILED/KILLED means the worker died before tagging the cell.
             status = "unfinished"
-        error = tags.get(TAG_ERROR)
+        error = tags.get(TAG_ERROR) or tags.get(TAG_STOP_REASON)  # a signal stopped its driver
         if error is None and status == "unfinished" and mlflow_status in {"FAILED", "KILLED"}:
             error = f"MLflow run status {mlflow_status} without a studies.error tag"
         records.append({

@@ -19,6 +19,7 @@ CI_METHODS = ("t", "bootstrap")
 DEFAULT_LEVEL = 0.95
 NOTE_SINGLE = "n=1: no interval (a single seed)"
 NOTE_EMPTY = "no value: no finished seed reported this metric"
+NOTE_DEGENERATE = "degenerate: all differences equal (no test)"
 
 _FRACTION_METRIC = re.compile(
     r"^(macro_)?(top|avg)\d+$"
@@ -126,12 +127,32 @@ def t_half_width(sd: float, n: int, level: float = DEFAULT_LEVEL) -> float:
     return t_quantile(float(level), int(n) - 1) * sd / math.sqrt(n)
 
 
-def clip_interval(low: float, high: float, bounds: tuple[float, float] | None
+def clip_interval(low: float, high: float, bounds: tuple[float, float] | None,
+                  values: np.ndarray | Sequence[float] | None = None
                   ) -> tuple[float, float, bool]:
-    """(low, high) intersected with `bounds`, and whether that cut it."""
-    if bounds is None or not (math.isfinite(low) and math.isfinite(high)):
+    """(low, high) intersected with `bounds`, and whether that cut it.
+
+    Values outside the bounds (`values`, those the interval is of), or an interval that does
+    not meet them, are refused with a ValueError: percent values against the bounds of a
+    fraction (94.2 against [0, 1]) would otherwise give an inverted interval (93.95, 1.0)."""
+    if bounds is None:
         return low, high, False
     lo, hi = bounds
+    slack = 1e-9 * max(1.0, abs(lo) if math.isfinite(lo) else 1.0,
+                       abs(hi) if math.isfinite(hi) else 1.0)
+    if values is not None and len(values):
+        found = np.asarray(values, dtype=float)
+        smallest, largest = float(np.min(found)), float(np.max(found))
+        if smallest < lo - slack or largest > hi + slack:
+            raise ValueError(f"values from {smallest:g} to {largest:g} lie outside the metric's "
+                             f"range [{lo:g}, {hi:g}]; expected values in that range (an accuracy "
+                             f"as a fraction, not in percent)")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return low, high, False
+    if low > hi + slack or high < lo - slack:
+        raise ValueError(f"the interval [{low:g}, {high:g}] lies outside the metric's range "
+                         f"[{lo:g}, {hi:g}]; expected values in that range (an accuracy as a "
+                         f"fraction, not in percent)")
     clipped = low < lo or high > hi
     return max(low, lo), min(high, hi), clipped
 
@@ -169,6 +190,7 @@ def mean_ci(
     if n == 0:
         return Interval(0, math.nan, math.nan, math.nan, math.nan, level, method,
                         "; ".join(filter(None, [NOTE_EMPTY, dropped_note])))
+    clip_interval(math.nan, math.nan, bounds, x)  # values outside the bounds: refused
     mean = float(x.mean())
     if n == 1:
         return Interval(1, mean, math.nan, math.nan, math.nan, level, method,
@@ -222,7 +244,9 @@ def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_L
     """Paired t-test of a against b (same order = same seed): scipy.stats.ttest_rel's statistic.
 
     d_i = a_i - b_i, t = mean(d) / (sd(d) / sqrt(n)) on n - 1 df, two-sided p; CI of mean(d)
-    with the Student-t quantile. n = 1 gives no interval and no test (NaN, note says so).
+    with the Student-t quantile. n = 1 gives no interval and no test (NaN, note says so); so
+    does a degenerate test, all differences equal (sd 0: `NOTE_DEGENERATE`, t and p NaN, so
+    never significant and outside Holm's family).
     """
     level = _check_level(level)
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
@@ -234,19 +258,22 @@ def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_L
     if n == 0:
         return PairedResult(0, math.nan, math.nan, math.nan, math.nan, math.nan, 0, math.nan,
                             level, "no common seed")
+    clip_interval(math.nan, math.nan, bounds, d)  # differences outside the bounds: refused
     mean = float(d.mean())
     if n == 1:
         return PairedResult(1, mean, math.nan, math.nan, math.nan, math.nan, 0, math.nan,
                             level, "n=1: one common seed, no interval and no test")
     sd = float(d.std(ddof=1))
-    se = sd / math.sqrt(n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = float(np.divide(mean, se))
-    p = float(2.0 * _sps.t.sf(abs(t), n - 1)) if not math.isnan(t) else math.nan
     half = t_half_width(sd, n, level)
-    note = "all paired differences are equal" if sd <= 1e-12 * max(1.0, abs(mean)) else ""
     low, high, clipped = clip_interval(mean - half, mean + half, bounds)
-    return PairedResult(n, mean, sd, low, high, t, n - 1, p, level, note, clipped)
+    if sd <= 1e-12 * max(1.0, abs(mean)):  # (float noise of equal differences included)
+        # t = mean / 0 has no distribution to read a p-value from: no test, said as such
+        # (never p = 0 and significant)
+        return PairedResult(n, mean, sd, low, high, math.nan, n - 1, math.nan, level,
+                            NOTE_DEGENERATE, clipped)
+    t = mean / (sd / math.sqrt(n))
+    p = float(2.0 * _sps.t.sf(abs(t), n - 1))
+    return PairedResult(n, mean, sd, low, high, t, n - 1, p, level, "", clipped)
 
 
 def _rows(table: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:

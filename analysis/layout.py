@@ -17,6 +17,9 @@ TAG_VARIANT = "studies.variant"
 #: UI groups a study's cell runs by it
 TAG_CONFIG_NAME = "studies.config_name"
 TAG_SWEPT = "studies.swept"
+#: the version of the study that made the run (`studies.studyfile.version`: a digest of what
+#: defines its configs), on the parent run (the version run last) and on every cell run
+TAG_VERSION = "studies.version"
 TAG_STATUS = "studies.status"
 TAG_ERROR = "studies.error"
 TAG_SESSION = "studies.session"
@@ -30,6 +33,10 @@ TAG_STOPPED_EPOCH = "studies.stopped_epoch"
 #: the rule that pruned the cell's config (`asha`, `optuna`); absent for early stopping. The
 #: report leaves pruned configs out of its tables unless `report: {show_pruned: true}`
 TAG_PRUNED = "studies.pruned"
+#: why the driver closed a run that was still running when a signal stopped it
+#: ("terminated by SIGTERM", "interrupted"): its MLflow status is then KILLED
+#: (studies.running.runner); a resumed cell's run loses it when it continues
+TAG_STOP_REASON = "studies.stop_reason"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 ROLE_PARENT = "parent"
@@ -56,6 +63,8 @@ UI_ORDER_BY = "tags.`mlflow.runName`"
 UI_NAME_COLUMN = "attributes.`Run Name`"
 
 STUDY_ARTIFACT = "study.yaml"
+#: the parent run's folder of every version's study file: ``versions/<version>/study.yaml``
+VERSIONS_ARTIFACT_DIR = "versions"
 PER_CLASS_ARTIFACT = "per_class_test.parquet"
 SET_SIZES_ARTIFACT = "set_sizes_test.parquet"
 

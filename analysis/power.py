@@ -21,7 +21,7 @@ half-width a study will get varies with its own sd).
 The pilot gives sigma: the sd of the per-seed paired differences of a finished or partial
 study (`paired_comparisons`), or, from the published intervals of a study file's
 `reference:` block, sigma_a and sigma_b of the two configs (sd = half-width · sqrt(n) /
-t_{(1+level)/2, n-1}) combined as sqrt(sigma_a² + sigma_b²): the published numbers are not
+t_{(1+level)/2, n-1}, n and level the source's own) combined as sqrt(sigma_a² + sigma_b²): the published numbers are not
 paired, so this assumes independent seeds (pairing helps when the seed effects of the two
 configs are positively correlated; then the real need is smaller). Fewer than
 `MIN_PILOT_SEEDS` paired seeds give an sd too unreliable to plan with: "pilot too small".
@@ -181,17 +181,41 @@ def seeds_needed(comparisons: Iterable[Mapping[str, Any]], *, difference: float 
             for r in comparisons]
 
 
-def published_seeds_needed(sources: Sequence[Any], baseline: str, n_seeds: int, *,
+def published_half_width(ci: Any) -> tuple[float, bool]:
+    """(half-width, is a bound) of a published interval as printed. A half-width printed as
+    zero (`0.0`) is a rounded one: the true half-width is below half a unit of its last printed
+    digit (0.05 for `0.0`, 0.5 for `0`), and that bound is used (an upper bound: the plan it
+    gives may ask for more seeds than needed), never zero spread."""
+    value = abs(float(ci))
+    if value > 0:
+        return value, False
+    text = _printed(ci)
+    decimals = len(text.split(".", 1)[1]) if "." in text else 0
+    return 0.5 * 10.0 ** -decimals, True
+
+
+def _printed(number: Any) -> str:
+    """A published number's text as written (`0.0`), else its float's."""
+    return getattr(number, "text", None) or repr(float(number))
+
+
+def published_seeds_needed(sources: Sequence[Any], baseline: str, *,
                            difference: float | None = None, half_width: float | None = None,
                            power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL
                            ) -> list[SeedsNeeded]:
     """Plans from the published intervals of a `reference:` block (`report_schema.Reference`
     sources): each row of another variant with a `ci` against the `baseline` row of the same
-    source and `match`, the intervals read as Student-t intervals of `n_seeds` seeds at
-    `level`, the two sds combined as independent (module docstring). Published numbers are
-    in percent: they are turned back into fractions for accuracies."""
+    source and `match`, the intervals read as Student-t intervals of the SOURCE's seeds at the
+    SOURCE's level (`seeds`, `level`: what the paper states, not the planned study's), a
+    half-width printed as zero as its rounding bound (`published_half_width`), the two sds
+    combined as independent (module docstring); the test planned is at `level`. A source that
+    does not declare its seeds and level gives no plan. Published numbers are in percent:
+    they are turned back into fractions for accuracies."""
     plans = []
     for source in sources:
+        n_source, level_source = getattr(source, "seeds", None), getattr(source, "level", None)
+        if n_source is None or level_source is None:
+            continue
         rows = list(source.rows)
         for row in rows:
             if row.variant in (None, baseline):
@@ -203,15 +227,21 @@ def published_seeds_needed(sources: Sequence[Any], baseline: str, n_seeds: int, 
                 if metric not in base.metrics or metric not in row.ci or metric not in base.ci:
                     continue
                 scale = unit_scale(metric)
-                sd_a = sd_of_interval(float(row.ci[metric]) / scale, n_seeds, level)
-                sd_b = sd_of_interval(float(base.ci[metric]) / scale, n_seeds, level)
+                (width_a, bound_a), (width_b, bound_b) = (published_half_width(row.ci[metric]),
+                                                          published_half_width(base.ci[metric]))
+                sd_a = sd_of_interval(width_a / scale, n_source, level_source)
+                sd_b = sd_of_interval(width_b / scale, n_source, level_source)
                 observed = (float(value) - float(base.metrics[metric])) / scale
                 swept = _match_text(row.match)
+                note = "; ".join(f"ci {_printed(ci)} read as < {width:g}" for ci, (width, bound)
+                                 in ((row.ci[metric], (width_a, bound_a)),
+                                     (base.ci[metric], (width_b, bound_b))) if bound)
                 plans.append(plan_comparison(
-                    metric, str(row.variant), observed, math.hypot(sd_a, sd_b), n_seeds,
+                    metric, str(row.variant), observed, math.hypot(sd_a, sd_b), n_source,
                     difference=difference, half_width=half_width, power=power, level=level,
-                    swept=swept, reference_swept=swept, min_seeds=2,
-                    source=f"{source.label}: published intervals, {n_seeds} seeds, unpaired"))
+                    swept=swept, reference_swept=swept, min_seeds=2, note=note,
+                    source=f"{source.label}: published {level_source:.0%} intervals, "
+                           f"{n_source} seeds, unpaired"))
     return plans
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.collect import Collected, collect, display_uri
+from analysis.distinct import short_version, tell_apart, versions_of
 from analysis.document import Document
 from analysis.figures import build_figures
 from analysis.formatting import format_mean_ci
@@ -32,7 +33,7 @@ from analysis.pruned import leave_out_pruned
 from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
-from analysis.study_file import ReportError, StudyInfo, load_study_info
+from analysis.study_file import ReportError, StudyInfo, load_study_info, version_files
 from analysis.tables import (NO_BASELINE, comparison_table, failed_cells_table, metrics_table, race_table,
                              table_specs, variant_table)
 
@@ -66,6 +67,7 @@ def build_report(
     if method not in CI_METHODS:
         raise ValueError(f"ci_method must be one of {CI_METHODS}, got {method!r}")
     collected, pruned_note = leave_out_pruned(collected, study.report.show_pruned)
+    collected.table = tell_apart(collected.table)  # done by collect; kept for tables given by hand
     results = StudyResults(collected, study, level, method, n_boot)
 
     doc = Document(f"Study report: {study_name}")
@@ -94,10 +96,7 @@ def build_report(
         doc.paragraph(note, note=True)
     _failed_cells(doc, collected)
 
-    doc.heading("Study file")
-    doc.paragraph(f"Source: {study.origin}")
-    if study.text is not None:
-        doc.code(study.text, "yaml")
+    _study_files(doc, study, collected)
     doc.heading("Provenance")
     doc.definitions(provenance(results))
 
@@ -164,6 +163,27 @@ def _figures(doc: Document, results: StudyResults, out_dir: Path, figures_dir: P
         doc.paragraph(f"Not drawn: {reason}", note=True)
     for error in figures.failed:
         doc.paragraph(f"Figure failed: {error}", note=True)
+
+
+def _study_files(doc: Document, study: StudyInfo, collected: Collected) -> None:
+    """The study file; a study of several versions shows each version's (as last run)."""
+    versions = versions_of(collected.table)
+    doc.heading("Study file" + ("s" if len(versions) > 1 else ""))
+    if len(versions) > 1:
+        doc.paragraph(f"The study holds {len(versions)} versions (each a study file that changed "
+                      f"what defines its configs, kept with `studies run --new-version`); its "
+                      f"tables, figures and comparisons tell them apart by `version`. Each "
+                      f"version's file, oldest first:")
+        for version, text in version_files(collected, versions).items():
+            doc.paragraph(f"Version {short_version(version)} ({version}):")
+            if text is None:
+                doc.paragraph("its file was not found in the parent run's artifacts.", note=True)
+            else:
+                doc.code(text, "yaml")
+        return
+    doc.paragraph(f"Source: {study.origin}")
+    if study.text is not None:
+        doc.code(study.text, "yaml")
 
 
 def _failed_cells(doc: Document, collected: Collected) -> None:

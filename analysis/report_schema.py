@@ -177,10 +177,16 @@ SINGLE_SOURCE_LABEL = "paper"
 
 
 class Reference(_Strict):
-    """One source of published numbers: where they come from, its column label, its rows."""
+    """One source of published numbers: where they come from, its column label, its rows, and
+    what its intervals (`ci`) are: over how many seeds (`seeds`) at which confidence level
+    (`level`), as the source states them. `studies plan` turns a published half-width into an
+    sd with these, not with the planned study's; a source with intervals that does not
+    declare them is not planned from (the report prints its numbers all the same)."""
 
     source: str
     label: Optional[str] = Field(None, min_length=1, max_length=40)  # heads the source's column
+    seeds: Optional[int] = Field(None, ge=1, le=1000)  # the runs behind each published number
+    level: Optional[float] = Field(None, gt=0.0, lt=1.0)  # of its intervals: 0.95 for a 95% CI
     rows: list[ReferenceRow] = Field(min_length=1)
 
 

@@ -11,6 +11,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX, Collected, add_history_means
+from analysis.distinct import VERSION_PARAM, short_version, versions_of
 from analysis.stats import lower_is_better, summarize
 from analysis.study_file import StudyInfo
 
@@ -37,6 +38,8 @@ class StudyResults:
         self.variants = [v for v in order if v in seen] + sorted(
             (v for v in seen if v not in order), key=str)
         self.swept_paths = list(dict.fromkeys(k for r in self.rows for k in swept_of(r)))
+        #: the study's versions (`analysis.distinct`) by age: 0 for the oldest
+        self.version_rank = {short_version(v): i for i, v in enumerate(versions_of(collected.table))}
         self._summaries: dict[tuple, list[dict]] = {}
         self.notes: list[str] = []
 
@@ -66,6 +69,8 @@ class StudyResults:
             values = []
             for path in self.swept_paths:
                 value = row.get(PARAM_PREFIX + path, swept.get(path))
+                if path == VERSION_PARAM:  # versions oldest first, not by their digits
+                    value = self.version_rank.get(value, len(self.version_rank))
                 values.append((0, float(value), "") if isinstance(value, (int, float))
                               and not isinstance(value, bool) else (1, 0.0, str(value)))
             return (variant_rank, values)

@@ -59,7 +59,10 @@ def curve_series(
     swept values of a line (the base cell of a one-at-a-time sensitivity design) joins that
     line at its own value of `x`. A variant with no config on `x` but exactly one config in
     the curve's context (the other swept params at the values shared by every config on
-    `x`) is kept as a flat reference line (a baseline such as CE).
+    `x`) is kept as a flat reference line (a baseline such as CE); with several such configs
+    (one per value of a param that varies among the configs on `x`, such as the study's
+    version) each is drawn, labelled by what sets it apart. Params that no design sweeps but
+    that differ between configs at one value of `x` split the lines too.
     """
     xcol = PARAM_PREFIX + x
     rows = [r for r in _rows(summary) if r["metric"] == metric]
@@ -79,20 +82,24 @@ def curve_series(
             if len(values) == 1:
                 context[key] = values.pop()
 
+    # the other params that vary among the configs on x: a baseline may sit at any of their values
+    varying = {k for r in all_on_x for k in _swept(r)} - {x} - set(context)
     out: list[CurveSeries] = []
     for variant, vrows in by_variant.items():
         on_x = [r for r in vrows if x in _swept(r)]
         if not on_x:
-            # a baseline: its one config in the curve's context becomes a flat line
+            # a baseline: each config in the curve's context becomes a flat line, labelled by
+            # what sets it apart from the others when there are several
             candidates = [
                 r for r in vrows
-                if all(k in context and json.dumps(r.get(PARAM_PREFIX + k)) == context[k]
-                       for k in _swept(r))
+                if all(k in varying or (k in context and json.dumps(r.get(PARAM_PREFIX + k))
+                                        == context[k]) for k in _swept(r))
             ]
-            if len(candidates) == 1:
-                out.append(CurveSeries(str(variant), variant, candidates, flat=True))
+            labels = _distinct_labels(candidates, str(variant))
+            out += [CurveSeries(label, variant, [r], flat=True) for r, label in zip(candidates, labels)]
             continue
         others = sorted({k for r in on_x for k in _swept(r)} - {x})
+        others += _hidden_splits(on_x, xcol, others)
 
         def other_key(row):
             return tuple(json.dumps(row.get(PARAM_PREFIX + k)) for k in others)
@@ -127,6 +134,37 @@ def curve_series(
             line.sort(key=lambda r: _sort_key(r.get(xcol)))
             out.append(CurveSeries(label, variant, line))
     return out
+
+
+def _differing(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[str]:
+    """The param paths among `keys` whose value is not the same in every row."""
+    return [k for k in keys
+            if len({json.dumps(r.get(PARAM_PREFIX + k), sort_keys=True) for r in rows}) > 1]
+
+
+def _hidden_splits(on_x: Sequence[Mapping[str, Any]], xcol: str, others: Sequence[str]) -> list[str]:
+    """Params that no design sweeps but that differ between configs at one value of x on one
+    line (two versions of a study, a changed base value): they split the line too, so that no
+    line joins configs that differ in anything but x."""
+    params = sorted({k[len(PARAM_PREFIX):] for r in on_x for k in r
+                     if k.startswith(PARAM_PREFIX) and k != xcol} - set(others))
+    points: dict[tuple, list] = {}
+    for r in on_x:
+        key = (json.dumps(r.get(xcol)),) + tuple(json.dumps(r.get(PARAM_PREFIX + k)) for k in others)
+        points.setdefault(key, []).append(r)
+    return [p for p in params if any(_differing(group, [p]) for group in points.values())]
+
+
+def _distinct_labels(rows: Sequence[Mapping[str, Any]], name: str) -> list[str]:
+    """A label per row: `name`, followed by the swept values (else the params) in which the
+    rows differ when there are several."""
+    if len(rows) < 2:
+        return [name] * len(rows)
+    swept_keys = sorted({k for r in rows for k in _swept(r)})
+    keys = _differing(rows, swept_keys) or _differing(
+        rows, sorted({k[len(PARAM_PREFIX):] for r in rows for k in r if k.startswith(PARAM_PREFIX)}))
+    return [name + (", " + ", ".join(f"{k}={_fmt_value(r.get(PARAM_PREFIX + k))}" for k in keys)
+                    if keys else "") for r in rows]
 
 
 def _sort_key(value: Any) -> tuple:

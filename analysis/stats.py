@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from analysis.collect import PARAM_PREFIX
+from analysis.distinct import VERSION_PARAM
 from analysis.intervals import (  # noqa: F401 (re-exported)
     CI_METHODS, DEFAULT_LEVEL, NOTE_SINGLE, _check_level, _check_method, _rows, difference_bounds,
     holm, is_fraction_metric, lower_is_better, mean_ci, metric_bounds, paired_test, t_quantile,
@@ -184,7 +185,7 @@ def variant_defining_paths(rows: Sequence[Mapping[str, Any]]) -> set[str]:
         return set()
     paths = set().union(*(v.keys() for v in per_variant.values()))
     defining = set()
-    for path in paths:
+    for path in paths - {VERSION_PARAM}:  # a comparison never spans versions (analysis.distinct)
         sets = [v.get(path, {json.dumps(None)}) for v in per_variant.values()]
         if all(len(s) == 1 for s in sets) and len(set().union(*sets)) > 1:
             defining.add(path)

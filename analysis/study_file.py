@@ -126,3 +126,34 @@ def _problem_text(key: str, error: dict, drop_index: bool = False) -> str:
         message += f", got {error['input']!r}"
     return f"`{path}`: {message}"
 
+
+
+#: the longest study file of a version shown in the report (a larger artifact is cut)
+MAX_VERSION_FILE_BYTES = 1024 * 1024
+
+
+def version_files(collected: Collected, versions: list[str]) -> dict[str, str | None]:
+    """The study file of each version, from the parent run's ``versions/<version>/study.yaml``
+    (`analysis.layout.VERSIONS_ARTIFACT_DIR`); None where it cannot be read."""
+    import tempfile
+
+    from analysis.collect_store import _client, _quiet_downloads
+    from analysis.layout import STUDY_ARTIFACT, VERSIONS_ARTIFACT_DIR
+
+    texts: dict[str, str | None] = {v: None for v in versions}
+    if collected.parent_run_id is None:
+        return texts
+    try:
+        client = _client(collected.tracking_uri)
+    except Exception:  # no store reachable: the report says the files are missing
+        return texts
+    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+        for version in versions:
+            try:
+                local = client.download_artifacts(
+                    collected.parent_run_id, f"{VERSIONS_ARTIFACT_DIR}/{version}/{STUDY_ARTIFACT}", tmp)
+                with open(local, "rb") as handle:
+                    texts[version] = handle.read(MAX_VERSION_FILE_BYTES).decode("utf-8", "replace")
+            except Exception:
+                continue
+    return texts

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX
+from analysis.distinct import VERSION_PARAM
 from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text,
                                  value_text)
 from analysis.published import column_header, published_value, sources_caption
@@ -233,9 +234,17 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
 
     digits = {m: _digits_for(m, spec, [_scaled(by_key[(c, m)], m)[0] for c in configs])
               for m in metrics}
-    bold = {m: _bold_flags([_scaled(by_key[(c, m)], m)[0] for c in configs], m, digits[m],
-                           [by_key[(c, m)]["n"] for c in configs])
-            for m in metrics}
+    # the best of each version of the study (analysis.distinct): versions are not compared
+    groups: dict = {}
+    for i, c in enumerate(configs):
+        groups.setdefault(swept_of(first[c]).get(VERSION_PARAM), []).append(i)
+    bold = {m: [False] * len(configs) for m in metrics}
+    for m in metrics:
+        for members in groups.values():
+            flags = _bold_flags([_scaled(by_key[(configs[i], m)], m)[0] for i in members], m,
+                                digits[m], [by_key[(configs[i], m)]["n"] for i in members])
+            for i, flag in zip(members, flags):
+                bold[m][i] = flag
     rows = []
     for i, config_id in enumerate(configs):
         row0 = first[config_id]
@@ -256,6 +265,8 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
                 entries.append(TableEntry(published_value(source, row0, m) or "", muted=True))
         entries.append(TableEntry(_n_range_text(ns)))
         rows.append(entries)
+    if len(groups) > 1:
+        caption += " Bold is the best of each version of the study (versions are not compared)."
     caption += sources_caption(_shown(sources, published))
     if missing:
         caption += f" Not logged by any finished cell: {', '.join(missing)}."
@@ -410,7 +421,10 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
                f"differences of accuracies in percentage points, their interval cut at ±100. "
                f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
                f"compared with the same reference config, per metric. Bold: Holm-adjusted "
-               f"p < {1 - results.level:.2g}.")
+               f"p < {1 - results.level:.2g}."
+               + (" The study holds several versions (`version`): a config is paired only with "
+                  "a baseline of its own version, so no family spans versions."
+                  if VERSION_PARAM in results.swept_paths else ""))
     baseline = "baseline config"
     table, facts = without_idle_columns(
         Table(f"Each variant against the baseline {reference!r}", header, rows, caption,

@@ -9,7 +9,8 @@ started once, so that Ray's start-up is not counted) for every combination of
 - `resources.gpus`: 1, 0.5, 0.25, 0.125 (how many trials share the GPU),
 - `compile`: none, model (the trial config field),
 - the data: `device` (`data.placement: device`, one CPU a trial) or `loader`
-  (`data.placement: loader`, `--loader-workers` DataLoader workers and as many CPUs a trial),
+  (`data.placement: loader`, `--loader-workers` DataLoader workers and as many CPUs a trial:
+  4, or the Ray's CPUs when it has fewer, so the defaults run on a 2-CPU machine),
 
 and prints one table with the device's name. Per row, from the study's MLflow runs:
 
@@ -69,6 +70,19 @@ LOSSES = {
     "noised_topk": {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 10},
     "smooth_svm": {"name": "smooth_topk_svm", "k": 5, "tau": 1.0, "alpha": 1.0},
 }
+
+
+#: DataLoader workers (and CPUs) of a `loader` trial, on a machine with that many CPUs
+DEFAULT_LOADER_WORKERS = 4
+
+
+def loader_workers(asked: int | None, cpus: int) -> int | None:
+    """The DataLoader workers of a loader trial on a Ray of `cpus` CPUs: `asked`, else
+    `DEFAULT_LOADER_WORKERS` cut to the CPUs (a trial asks for as many CPUs as workers, and a
+    trial that asks for more than the cluster has never starts); None when `asked` is more."""
+    if asked is None:
+        return max(1, min(DEFAULT_LOADER_WORKERS, int(cpus)))
+    return int(asked) if 0 <= int(asked) <= int(cpus) else None
 
 
 def write_cifar(root: Path, per_class_train: int, per_class_test: int) -> Path:
@@ -153,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.125])
     parser.add_argument("--compile", nargs="+", choices=("none", "model"), default=["none", "model"])
     parser.add_argument("--data", nargs="+", choices=("device", "loader"), default=["device", "loader"])
-    parser.add_argument("--loader-workers", type=int, default=4, help="DataLoader workers (and CPUs) of a "
-                        "loader trial (default: %(default)s)")
+    parser.add_argument("--loader-workers", type=int, default=None, help="DataLoader workers (and CPUs) "
+                        f"of a loader trial (default: {DEFAULT_LOADER_WORKERS}, at most the Ray's CPUs)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs a cell (default: 2; cpu: 1)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds of each loss (default: 2; cpu: 1)")
     parser.add_argument("--losses", nargs="+", choices=sorted(LOSSES), default=list(LOSSES),
@@ -187,11 +201,16 @@ def main(argv: list[str] | None = None) -> int:
                      include_dashboard=False, log_to_driver=False)
         rows = []
         try:
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            workers = loader_workers(args.loader_workers, cpus)
+            if workers is None:
+                parser.error(f"--loader-workers {args.loader_workers}: a loader trial asks for as many CPUs, "
+                             f"and the Ray has {cpus}; expected at most {cpus}")
             for gpus, compile_mode, data in itertools.product(args.gpus, args.compile, args.data):
                 name = f"throughput-g{gpus:g}-{compile_mode}-{data}".replace(".", "_")
                 path = work / f"{name}.yaml"
                 path.write_text(yaml.safe_dump(study(name, root, args.device, gpus, compile_mode, data,
-                                                     args.loader_workers, epochs, seeds, args.losses),
+                                                     workers, epochs, seeds, args.losses),
                                                sort_keys=False))
                 stream = io.StringIO()
                 start = time.perf_counter()

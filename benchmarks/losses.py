@@ -29,6 +29,8 @@ and prints the tables.
     python benchmarks/losses.py --quick               # K in {1, 10, 50}, fewer rounds
     python benchmarks/losses.py --only avgk --only floor   # a subset of the rows (ce always)
     SMOOTH_TOPK_REF=/path/to/smooth-topk python benchmarks/losses.py --baseline /work/main
+    python benchmarks/losses.py --kernels             # kernel launches per fwd+bwd, eager and
+                                                      # compiled, beside pytopk's (loss_kernels.py)
 
 Each configuration is timed once per round, rounds interleave all of them so that load changes
 on a shared machine hit them alike, and the best round is reported (other processes can only
@@ -410,7 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=None,
                         help="another checkout of this project (e.g. /work/main): its losses side by side")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
+    parser.add_argument("--kernels", nargs=argparse.REMAINDER, default=None,
+                        help="print the kernel launches per forward+backward instead (eager and compiled, "
+                             "beside pytopk's; options of benchmarks/loss_kernels.py follow)")
     args = parser.parse_args(argv)
+    if args.kernels is not None:
+        from benchmarks.loss_kernels import main as kernels_main
+
+        return kernels_main(args.kernels)
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

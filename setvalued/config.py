@@ -194,15 +194,16 @@ def _device(value: Any) -> Any:
     raise ValueError("auto, cpu, cuda or cuda:<index>")
 
 
-#: ``compile``: eager, or the model under ``torch.compile``
+#: ``compile``: eager, or the model and the loss under ``torch.compile`` (setvalued.compiled_step)
 COMPILE_MODES = ("none", "model")
 
 TOP_FIELDS: dict[str, Param] = {
     "epochs": Param("int", 300, "training epochs", low=1),
     "device": Param("str", "auto", "auto, cpu, cuda or cuda:<index>", rule=_device),
     "amp": Param("bool", True, "mixed precision on CUDA (the loss stays in float32)"),
-    "compile": Param("str", "none", "none (eager) or model: the model under torch.compile, on CUDA with CUDA "
-                     "graphs (mode reduce-overhead); the default and why: docs/interfaces.md",
+    "compile": Param("str", "none", "none (eager) or model: the model's forward and the loss under "
+                     "torch.compile as one training function, on CUDA with CUDA graphs (mode reduce-overhead); "
+                     "the default and why: docs/interfaces.md",
                      options=COMPILE_MODES, implicit=True),
 }
 

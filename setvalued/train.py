@@ -37,8 +37,9 @@ Sections 4.4 and 5.6):
   are held on the training device and CIFAR's augmentation is applied to whole batches there
   (``setvalued.data.device``), its draws from a generator seeded by (seed, epoch), so resume
   stays exact; validation and test run at ``eval.batch_size`` and copy their scores back once
-  per pass. ``compile: model`` runs the forward passes through ``torch.compile`` (CUDA graphs
-  on CUDA); checkpoints hold the uncompiled model.
+  per pass. ``compile: model`` compiles the training step's model forward, float32 cast and
+  loss as one function and the evaluation's forward (``setvalued.compiled_step``; CUDA graphs
+  on CUDA), released when the trial ends; checkpoints hold the uncompiled model.
 - A non-finite loss raises ``NonFiniteLossError`` with the epoch and the step.
 """
 
@@ -102,7 +103,7 @@ class Trial:
         self.loss.to(self.device)
         #: the splits held on the training device (``data.placement``), or None: DataLoader batches
         self.on_device = self._device_splits()
-        self.step = TrainingStep(cfg, self.device, self.model, self.loss)
+        self.step = TrainingStep(cfg, self.device, self.model, self.loss, self.data.num_classes)
         #: (calibration, validation) indices of the validation set when conformal sets are asked for
         self.conformal_split = self._conformal_split() if conformal_enabled(cfg["eval"]) else None
         self.evaluation = Evaluation(cfg, self.data, self.device, self.on_device, self.loss, self.step.run_model,
@@ -252,9 +253,12 @@ def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dic
         raise ValueError(f"seed must be an integer, got {seed!r}")
     cfg = resolve_config(config)
     trial = Trial(cfg, int(seed))
-    if checkpoint is not None:
-        trial.restore(load_checkpoint(checkpoint))
-    return trial.run(on_epoch)
+    try:
+        if checkpoint is not None:
+            trial.restore(load_checkpoint(checkpoint))
+        return trial.run(on_epoch)
+    finally:  # a warm worker keeps no compiled graph of this trial (setvalued.compiled_step)
+        trial.step.release()
 
 
 def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str, float]:
@@ -304,6 +308,7 @@ def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str,
     sync()
     per_example = (time.perf_counter() - began) / max(prefix, 1)
     val_s = per_example * n_val
+    trial.step.release()
     return {"setup_s": setup_s, "step_s": step_s, "steps_per_epoch": float(steps_per_epoch),
             "val_s": val_s, "test_s": per_example * len(trial.data.test),
             "epoch_s": steps_per_epoch * step_s + val_s}

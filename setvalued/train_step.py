@@ -3,7 +3,9 @@ does with them (forward, loss, backward, optimizer step), the learning rate of a
 the loop over an epoch's batches.
 
 The protocol (SGD with Nesterov momentum and weight decay, step decay of the learning rate,
-mixed precision on CUDA, ``compile: model``) is described in ``setvalued.train``.
+mixed precision on CUDA, ``compile: model``) is described in ``setvalued.train``; under
+``compile: model`` the step's model forward, float32 cast and loss are one compiled function
+(``setvalued.compiled_step``), which ``release`` drops when the trial ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from setvalued.compiled_step import CompiledStep
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
 from setvalued.train_metrics import RunningTrainMetrics, to_float32, watched_scores
 from setvalued.train_setup import lr_at
@@ -50,26 +53,38 @@ def model_inputs(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class TrainingStep:
     """The model, loss and optimizer of one trial, and one step on a batch."""
 
-    def __init__(self, cfg: dict[str, Any], device: torch.device, model: torch.nn.Module, loss: SetValuedLoss):
+    def __init__(self, cfg: dict[str, Any], device: torch.device, model: torch.nn.Module, loss: SetValuedLoss,
+                 num_classes: int):
         self.cfg, self.device, self.model, self.loss = cfg, device, model, loss
         #: the dtype of the model's floating-point parameters, that of its inputs
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        #: the module that runs the forward passes: the model, or the model under torch.compile
-        #: (``compile: model``); its parameters are the model's, so checkpoints hold the model
-        self.forward, self.cudagraphs = self._compiled_forward()
-        self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], loss, cfg["optim"])
         self.amp_dtype = None
         if device.type == "cuda" and cfg["amp"]:
             self.amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        #: the compiled passes under ``compile: model`` (training: model and loss as one function)
+        self.compiled: CompiledStep | None = None
+        #: the module that runs the forward passes: the model, or the model under torch.compile
+        #: (``compile: model``); its parameters are the model's, so checkpoints hold the model
+        self.forward, self.cudagraphs = self._compiled_forward(num_classes)
+        self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], loss, cfg["optim"])
 
-    def _compiled_forward(self) -> tuple[torch.nn.Module, bool]:
-        """The forward module of ``compile`` and whether it runs under CUDA graphs (whose
-        outputs are reused buffers: the trainer copies what it keeps)."""
+    def _compiled_forward(self, num_classes: int) -> tuple[Any, bool]:
+        """The forward of ``compile`` and whether it runs under CUDA graphs (whose outputs are
+        reused buffers: the trainer copies what it keeps)."""
         if self.cfg["compile"] == "none":
             return self.model, False
         cudagraphs = self.device.type == "cuda"
-        return torch.compile(self.model, mode="reduce-overhead" if cudagraphs else None), cudagraphs
+        scores_dtype = torch.promote_types(self.dtype, torch.float32)  # that of to_float32's output
+        self.compiled = CompiledStep(self.model, self.loss, num_classes, self.autocast, cudagraphs, scores_dtype)
+        return self.compiled.forward, cudagraphs
+
+    def release(self) -> None:
+        """End of the trial: a warm worker keeps no compiled graph of it (``compile: model``)."""
+        if self.compiled is not None:
+            self.compiled.release()
+            self.compiled = None
+            self.forward = self.model
 
     def autocast(self):
         """Mixed precision on CUDA; with it off, no autocast region at all (entering even a
@@ -100,11 +115,14 @@ class TrainingStep:
                  idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, loss, backward and optimizer step on one batch. Returns the loss and the
         scores that the metrics rank, their ``.grad`` kept (None when the output has none)."""
-        output = to_float32(self.run_model(x))  # the loss is computed in float32 (or wider)
-        scores = watched_scores(output, self.loss)
-        if scores is not None and scores.requires_grad:
-            scores.retain_grad()
-        loss = self.loss(output, y, idx)
+        if self.compiled is not None:  # model, float32 cast and loss: one compiled function
+            scores, loss = self.compiled.forward_and_loss(model_inputs(x, self.dtype), y, idx)
+        else:
+            output = to_float32(self.run_model(x))  # the loss is computed in float32 (or wider)
+            scores = watched_scores(output, self.loss)
+            if scores is not None and scores.requires_grad:
+                scores.retain_grad()
+            loss = self.loss(output, y, idx)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()

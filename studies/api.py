@@ -61,15 +61,16 @@ def _options(output: PathLike, tracking_uri: Optional[str], **given):
 def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
         address: Optional[str] = None, smoke: bool = False, smoke_epochs: int = 1,
         report: bool = True, num_cpus: Optional[int] = None, storage: Optional[str] = None,
-        stream: Optional[IO[str]] = None, overrides: Sequence[str] = ()):
+        stream: Optional[IO[str]] = None, overrides: Sequence[str] = (), new_version: bool = False):
     """Run (or complete) a study file, as ``studies run`` (``overrides``: its ``key=value``
-    words; ``smoke``, ``smoke_epochs``: ``--smoke``, ``--smoke-epochs``); returns the
+    words; ``smoke``, ``smoke_epochs``: ``--smoke``, ``--smoke-epochs``; ``new_version``:
+    ``--new-version``); returns the
     ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``, ``report_path``...)."""
     from studies.running.runner import run_study
 
     return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke,
                                     smoke_epochs=smoke_epochs, report=report, num_cpus=num_cpus, storage=storage, stream=stream,
-                                    overrides=tuple(overrides)))
+                                    overrides=tuple(overrides), new_version=new_version))
 
 
 def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,

@@ -110,7 +110,7 @@ def _options(args: argparse.Namespace):
         progress_interval_s=getattr(args, "progress_every", 30.0),
         wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
         verbose=getattr(args, "verbose", False), dashboard=getattr(args, "dashboard", False),
-        overrides=tuple(_overrides(args)),
+        overrides=tuple(_overrides(args)), new_version=getattr(args, "new_version", False),
     )
 
 
@@ -145,6 +145,14 @@ def _smoke_epochs(args: argparse.Namespace) -> int:
     from studies.running.run_options import smoke_epochs_of
 
     return smoke_epochs_of(getattr(args, "smoke", False), getattr(args, "smoke_epochs", None))
+
+
+def _add_new_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--new-version", action="store_true",
+                        help="the file changed what defines the configs of a study already "
+                             "run under its name: keep it as a new version of that study, "
+                             "told apart by its version in the report and MLflow (default: "
+                             "refuse, exit 2, naming each changed field)")
 
 
 def _fail(message: str) -> int:
@@ -184,6 +192,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                         help="print the table of cells (run name, swept values, config_id) "
                              "and their count; start nothing")
     _add_smoke(parser, "runs as study NAME-smoke")
+    _add_new_version(parser)
     _add_execution(parser)
     _add_tracking(parser, saved=False)
     _add_output(parser)

@@ -483,6 +483,13 @@ def test_reference_rows_match_one_config_and_a_logged_metric(path):
                     assert 0.0 <= value <= 100.0 or metric.endswith("_size"), (where, metric, value)
             assert set(row.ci) <= set(row.metrics), f"{where}: a CI without its value"
             assert all(ci >= 0 for ci in row.ci.values())
+        # intervals come with the level the source states (issue 33), and with its seed count
+        # whenever the source text says "N seeds" (the plan reads the interval with them)
+        if any(row.ci for row in source.rows):
+            assert source.level == 0.95 and "95% CI" in source.source, source.source
+        stated = re.search(r"(\d+) seeds", source.source)
+        if stated:
+            assert source.seeds == int(stated.group(1)), (source.label, source.source)
         # the numbers are percentages: most accuracies of a paper table are above 1 (not fractions)
         accuracies = [v for r in source.rows for m, v in r.metrics.items()
                       if re.search(r"/(macro_)?(top|avg)\d+$", m) or m == "best_val"]

@@ -540,9 +540,23 @@ def test_token_is_required_and_checked(ray_cluster, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_stop_job(ray_cluster, capsys):
+def test_stop_job(ray_cluster, capsys, tmp_path):
+    """`studies stop`: SIGTERM to the driver, which gets the grace of a submitted study's job
+    environment (issue 33: Ray's default 3 s would SIGKILL a driver closing its runs) before
+    SIGKILL: this driver takes 5 s to close after SIGTERM."""
     client, _ = sub.job_client(ray_cluster.dashboard_url, ray_cluster.token_file)
-    job_id = client.submit_job(entrypoint="sleep 120")
+    closed = tmp_path / "closed"
+    driver = ("import pathlib, signal, sys, time\n"
+              "def close(*_):\n"
+              "    time.sleep(5)\n"
+              f"    pathlib.Path({str(closed)!r}).write_text('runs closed')\n"
+              "    sys.exit(143)\n"
+              "signal.signal(signal.SIGTERM, close)\n"
+              "time.sleep(120)\n")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "driver.py").write_text(driver)
+    job_id = client.submit_job(entrypoint="python driver.py",
+                               runtime_env=sub.job_runtime_env(tmp_path / "job"))
     deadline = time.monotonic() + 60
     while sub.job_status(ray_cluster.dashboard_url, job_id,
                          token_file=ray_cluster.token_file) != "RUNNING":
@@ -554,6 +568,7 @@ def test_stop_job(ray_cluster, capsys):
     assert capsys.readouterr().out.strip() == f"job {job_id}: STOPPED"
     assert sub.job_status(ray_cluster.dashboard_url, job_id,
                           token_file=ray_cluster.token_file) == "STOPPED"
+    assert closed.read_text() == "runs closed"  # not killed before it had closed
     assert not sub.stop_job(ray_cluster.dashboard_url, job_id,
                             token_file=ray_cluster.token_file)  # not running any more
 

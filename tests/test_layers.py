@@ -168,3 +168,18 @@ def test_the_study_file_package_imports_neither_torch_nor_ray():
         bad += [f"{name} imports {m}" for m in _imports(path) if _matches(m, heavy)]
         todo += [d for d in graph[name] if d not in seen]
     assert not bad, "\n".join(bad)
+
+
+#: project modules that these setvalued modules may import (docs/architecture.md): the GPU
+#: audit is a tool beside the training core, the compiled step sits below ``train_step`` (it
+#: shares the trainer's float32 cast, ``train_metrics.to_float32``)
+NARROW = {
+    "setvalued.gpu_audit": (),
+    "setvalued.compiled_step": ("setvalued.losses", "setvalued.losses.base", "setvalued.train_metrics"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_narrow_setvalued_modules_import_only_what_they_declare(name):
+    deps = {d for d in _graph()[name] if d.startswith(("setvalued", "studies", "analysis"))}
+    assert deps <= set(NARROW[name]), f"{name} imports {sorted(deps - set(NARROW[name]))}"

@@ -91,3 +91,78 @@ def test_run_costs_sum_duration_times_requested_resources():
     assert costs["ce"].gpu_hours == pytest.approx(0.75)
     assert costs["svm"].cpu_hours == pytest.approx(1.0)
     assert costs["total"].runs == 3 and costs["total"].gpu_hours == pytest.approx(0.875)
+
+
+# ----------------------------------------------------------------------------- published intervals
+
+
+def _published_study(seeds: int, level: float, ci_a: str = "0.1", ci_b: str = "0.3"):
+    """A study file whose one source prints ce 94.2 +- ci_a and noised 94.0 +- ci_b over 4 seeds
+    at 95 %, planned with `seeds` seeds at `level`."""
+    from studies.studyfile.spec import parse_study
+
+    text = (f"name: pub\nbase: {{loss: {{name: ce}}, epochs: 2}}\n"
+            f"variants: {{ce: {{}}, noised: {{loss: {{name: noised_topk, k: 5, epsilon: 0.1}}}}}}\n"
+            f"seeds: {list(range(seeds))}\nreport: {{level: {level}}}\n"
+            f"reference:\n  source: paper, 4 seeds, 95% CI\n  seeds: 4\n  level: 0.95\n  rows:\n"
+            f"    - {{variant: ce, metrics: {{test/top5: 94.2}}, ci: {{test/top5: {ci_a}}}}}\n"
+            f"    - {{variant: noised, metrics: {{test/top5: 94.0}}, ci: {{test/top5: {ci_b}}}}}\n")
+    return parse_study(text)
+
+
+def test_the_plan_from_a_published_source_reads_its_intervals_with_the_sources_n_and_level():
+    """Issue 33: the half-widths are the source's (4 seeds, 95 %), whatever the planned study's
+    seed count and level; only the planned test's level changes the seeds for power."""
+    from analysis.power import published_seeds_needed
+
+    def plan(seeds, level):
+        study = _published_study(seeds, level)
+        plans = published_seeds_needed(study.reference, "ce", level=float(study.report.level))
+        assert len(plans) == 1
+        return plans[0]
+
+    t = sps.t.ppf(0.975, 3)
+    sd = math.hypot(0.1 * 2 / t, 0.3 * 2 / t)  # percentage points, closed form
+    for seeds in (2, 4, 8):
+        found = plan(seeds, 0.95)
+        assert found.sd == pytest.approx(sd)
+        assert found.n_pilot == 4
+        assert found.seeds_power == reference_seeds(0.2, sd, 0.8, 0.95)
+    at_90 = plan(4, 0.9)
+    assert at_90.sd == pytest.approx(sd)  # the source's intervals did not change
+    assert at_90.seeds_power == reference_seeds(0.2, sd, 0.8, 0.9)  # the planned test did
+    assert "4 seeds" in at_90.source and "95%" in at_90.source
+
+
+@pytest.mark.parametrize("printed, bound", [("0.0", 0.05), ("0", 0.5), ("0.00", 0.005)])
+def test_a_published_half_width_printed_as_zero_is_read_as_its_rounding_bound(printed, bound):
+    from analysis.power import published_half_width, published_seeds_needed
+
+    study = _published_study(4, 0.95, ci_a=printed)
+    assert published_half_width(study.reference[0].rows[0].ci["test/top5"]) == (bound, True)
+    assert published_half_width(study.reference[0].rows[1].ci["test/top5"]) == (0.3, False)
+    found = published_seeds_needed(study.reference, "ce")[0]
+    t = sps.t.ppf(0.975, 3)
+    assert found.sd == pytest.approx(math.hypot(bound * 2 / t, 0.3 * 2 / t))
+    assert f"ci {printed} read as < {bound:g}" in found.note
+
+
+def test_a_source_with_intervals_but_no_seeds_or_level_is_not_planned_from():
+    from analysis.power import published_seeds_needed
+    from studies.studyfile.spec import parse_study
+
+    study = _published_study(4, 0.95)
+    text = study.source_text.replace("  seeds: 4\n", "")
+    assert published_seeds_needed(parse_study(text).reference, "ce") == []
+
+
+def test_the_plan_of_a_source_without_its_seed_count_says_what_is_missing():
+    """The thesis's Ch. 5 tables print 95 % intervals over "several runs": no plan from them,
+    and `studies plan` says which declaration is missing."""
+    from studies.running.plan import plan_seeds
+    from studies.studyfile.spec import parse_study
+
+    text = _published_study(4, 0.95).source_text.replace("  seeds: 4\n", "")
+    plans, reason = plan_seeds(parse_study(text), None, difference=None, half_width=None,
+                               power=0.8, level=0.95)
+    assert plans == [] and "source 'paper'" in reason and "does not declare the `seeds`" in reason

@@ -385,6 +385,13 @@ def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code)
     experiment = client.get_experiment_by_name(name)
     parents = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'parent'")
     assert parents and all(run.info.status != "RUNNING" for run in parents), [r.info.status for r in parents]
+    # the cells in flight (if one had made its run yet) end KILLED with the signal as their
+    # reason, none stays RUNNING (issue 33; tests/test_signals.py stops a cell mid-way)
+    cells = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'")
+    assert all(run.info.status != "RUNNING" for run in cells), [r.info.status for r in cells]
+    for run in cells + parents:
+        if run.info.status == "KILLED":
+            assert run.data.tags["studies.stop_reason"] == f"terminated by {signame}"
 
 
 # ----------------------------------------------------------------------------- artifacts

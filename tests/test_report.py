@@ -808,3 +808,33 @@ def test_a_baseline_without_a_finished_cell_is_a_loud_note_not_swapped(mlflow_se
                "variant) has no finished cell (2 failed or unfinished)")
     assert message in md
     assert f'<p class="note">{message}' in html.unescape(page)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium not installed")
+def test_a_report_of_long_names_fits_a_400_px_screen(tmp_path):
+    """Issue 33: at 400 px the report was wider than the screen. A long study name in the
+    title, unbroken paths and JSON in paragraphs, headings and definitions, a wide table and a
+    long code line: the page stays within 400 px, the table and the code scroll in their own
+    box, and the numbers of a table never break."""
+    from analysis.document import Document
+    from analysis.tables import Table, TableEntry
+
+    long_name = "topk_cifar100_label_noise_reproduction_with_four_seeds_v2"
+    path = "/home/researcher/projects/setvalued/studies_out/" + long_name + "/report/report.html"
+    doc = Document(f"Study {long_name}")
+    doc.heading(f"Configs of {long_name}")
+    doc.paragraph(f"Swept: {{\"loss.epsilon\":0.01,\"data.label_noise\":0.1}}; written to {path}")
+    doc.paragraph(f"warning: {long_name}_{long_name} was stopped", note=True)
+    doc.definitions([("study file", path), (long_name, "value")])
+    doc.code("studies run " + path + " " + "x" * 120)
+    header = ["config"] + [f"test/top{k} ({long_name[:12]})" for k in range(1, 9)]
+    rows = [[TableEntry(f"noised ε=0.0{i} p=0.{i}")] + [TableEntry("94.20 ± 0.12 (n=4)")] * 8
+            for i in range(3)]
+    doc.table(Table(f"Results of {long_name}", header, rows, caption=path))
+    report = tmp_path / "report.html"
+    report.write_text(doc.render_html())
+    narrow = _measure(report, 400, tmp_path)
+    assert narrow["page"] <= 400, narrow
+    assert narrow["boxes"] and all(client <= 400 for client, _, _ in narrow["boxes"])
+    assert any(content > client for client, content, kind in narrow["boxes"] if kind == "table")
+    assert all(lines == 1 for _, lines in narrow["intervals"]), narrow["intervals"]

@@ -237,7 +237,12 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
     parents = [r for r in runs if r.data.tags.get("studies.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("studies.role") == "cell"]
     assert len(parents) == 1 and len(children) == 4
-    assert [a.path for a in client.list_artifacts(parents[0].info.run_id)] == ["study.yaml"]
+    parent = parents[0]
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["study.yaml", "versions"]
+    version = parent.data.tags["studies.version"]  # the study's version, on every run (#33)
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, f"versions/{version}")] == [
+        f"versions/{version}/definition.json", f"versions/{version}/study.yaml"]
+    assert {r.data.tags["studies.version"] for r in children} == {version}
     assert {r.data.tags["studies.cell_id"] for r in children} == set(cells)
     for run in children:
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from studies.cells.cell_queue import CellQueue
 from studies.running.checkpoints import META_FILE, STATE_FILE, ResumePoints, find_resume_checkpoints
 from studies.running.progress import ProgressReporter, StudyProgress
@@ -89,3 +91,40 @@ def test_long_cell_lists_run_as_experiments_of_whole_configs():
     (alone,) = experiment_parts(cells[:3], limit=2)  # a config larger than the limit
     assert len(alone) == 3
     assert experiment_parts([], limit=5) == []
+
+
+def test_a_rerun_progress_line_counts_the_cells_finished_before_it(tmp_path):
+    """Issue 33: the progress line's best config is over every finished cell of the study,
+    read from the ledger once at the start (an earlier invocation's `best_val`), not only over
+    this invocation's cells."""
+    from studies.cells.space import expand
+    from studies.running.run_options import RunOptions
+    from studies.running.session import StudySession
+    from studies.studyfile.spec import parse_study
+    from studies.tracking import StudyTracking
+
+    study = parse_study(
+        "name: best\nbase:\n  data: {name: synthetic}\n  model: {name: mlp}\n  loss: {name: ce}\n"
+        "  epochs: 3\n  eval: {ks: [1, 5], selection: val/top5}\n"
+        "variants: {ce: {}, noised: {loss: {name: noised_topk, k: 5, epsilon: 0.1}}}\n"
+        "seeds: [0, 1]\n")
+    cells = expand(study)
+    tracking = StudyTracking(f"sqlite:///{tmp_path / 'mlflow.db'}", "best")
+    finished = [c for c in cells if c.variant == "ce"]
+    for cell, (best, last) in zip(finished, ((0.86, 0.80), (0.84, 0.83))):
+        run = tracking.client.create_run(tracking.experiment_id, tags={
+            "studies.role": "cell", "studies.study": "best", "studies.cell_id": cell.cell_id,
+            "studies.config_id": cell.config_id, "studies.status": "finished"}).info.run_id
+        tracking.client.log_metric(run, "best_val", best)
+        tracking.client.log_metric(run, "val/top5", last, step=2)
+    session = StudySession(study, "best", tmp_path, tracking, RunOptions(), io.StringIO())
+    session.know(cells)
+    done, pending = session.plan(cells)
+    assert sorted(done) == sorted(c.cell_id for c in finished) and len(pending) == 2
+    callback = session.progress_callback(pending, total=len(cells), done_before=len(done))
+    label, value = callback.best()
+    assert label.startswith("ce") and value == pytest.approx(0.85)  # the mean of best_val
+    for cell in pending:  # this invocation's cells do worse: the best stays the earlier one
+        callback._record(cell.cell_id, 0.53)
+    assert callback.best() == (label, pytest.approx(0.85))
+    assert "best ce" in callback.status() and "val/top5=0.85" in callback.status()

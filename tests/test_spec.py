@@ -303,3 +303,27 @@ def test_multiple_yaml_documents_are_a_syntax_error(tmp_path: Path):
     path = write(tmp_path, "name: a\nseeds: [0]\n---\nname: b\n")
     with pytest.raises(StudyError, match=r"YAML syntax: .*line 3"):
         load_study(path)
+
+
+def test_a_misspelt_swept_parameter_is_reported_before_the_curve_that_names_it_right(tmp_path):
+    """Issue 33: `loss.epsilion` in the design and a curve on `loss.epsilon` gave only the
+    curve's error; the real mistake's message comes first, the curve's after it."""
+    path = write(tmp_path, """\
+        name: typo
+        base:
+          loss: {name: noised_topk, k: 5, epsilon: 0.1}
+        design:
+          kind: grid
+          parameters:
+            loss.epsilion: [0.01, 0.1]
+        seeds: [0, 1]
+        report:
+          curves:
+            - {x: loss.epsilon, metric: test/top5}
+        """)
+    with pytest.raises(StudyError) as info:
+        load_study(path)
+    message = str(info.value)
+    real = "loss 'noised_topk' has no parameter 'epsilion' (did you mean 'epsilon'?)"
+    assert real in message and "design.parameters.loss.epsilion (line 7)" in message
+    assert message.index(real) < message.index("report.curves[0].x (line 11)")

@@ -139,9 +139,11 @@ def test_paired_test_edge_cases():
     with warnings.catch_warnings():  # scipy warns about the zero variance
         warnings.simplefilter("ignore")
         ref = sps.ttest_rel([1.0, 2.0, 3.0], [0.5, 1.5, 2.5])
-    assert constant.t == ref.statistic == np.inf
-    assert constant.p_value == ref.pvalue == 0.0
-    assert "equal" in constant.note
+    # scipy's t = inf, p = 0 is a degenerate test, not evidence (issue 33): no t, no p
+    assert ref.statistic == np.inf and ref.pvalue == 0.0
+    assert math.isnan(constant.t) and math.isnan(constant.p_value)
+    assert constant.note == "degenerate: all differences equal (no test)"
+    assert constant.mean_diff == pytest.approx(0.5)
     zero = paired_test([1.0, 2.0], [1.0, 2.0])
     assert zero.mean_diff == 0.0 and math.isnan(zero.t) and math.isnan(zero.p_value)
     with pytest.raises(ValueError, match="equal length"):
@@ -403,3 +405,37 @@ def test_epoch_curves_are_cut_too():
                 "epoch": 0, "value": v} for v in NEAR_ONE]
     (row,) = epoch_curves(history, "val/top5")
     assert row["ci_high"] == 1.0 and row["clipped"]
+
+
+def test_two_seeds_with_identical_differences_are_a_degenerate_test_never_significant():
+    """Issue 33: differences equal up to float noise (0.9 - 0.8 and 0.7 - 0.6) gave p = 0.0e+00
+    in bold. The comparison table says the test is degenerate, prints no p, bolds nothing,
+    and Holm's family leaves it out."""
+    from analysis.formatting import p_text
+
+    rows = [{"config_id": c, "variant": v, "swept": "{}", "seed": s, "test/top5": x}
+            for c, v, values in (("a", "ce", (0.8, 0.6)), ("b", "noised", (0.9, 0.7)),
+                                 ("c", "other", (0.95, 0.6)))
+            for s, x in zip((0, 1), values)]
+    found = {r["variant"]: r for r in paired_comparisons(rows, ["test/top5"], "ce").to_pylist()}
+    degenerate = found["noised"]
+    assert degenerate["note"].startswith("degenerate: all differences equal")
+    assert math.isnan(degenerate["p_value"]) and math.isnan(degenerate["p_holm"])
+    assert p_text(degenerate["p_holm"]) == "–"
+    # the other comparison is Holm-adjusted in a family of one (m counts real tests only)
+    assert found["other"]["p_holm"] == pytest.approx(found["other"]["p_value"])
+
+
+def test_values_outside_the_metric_bounds_are_refused_not_turned_into_an_inverted_interval():
+    """Issue 33: percent values against a fraction's bounds gave (93.95, 1.0)."""
+    from analysis.intervals import clip_interval
+
+    with pytest.raises(ValueError, match=r"94.1 to 94.3 lie outside the metric's range \[0, 1\]"):
+        mean_ci([94.1, 94.3, 94.2], bounds=metric_bounds("test/top5"))
+    with pytest.raises(ValueError, match="outside the metric's range"):
+        paired_test([1.5, 0.5], [0.2, 0.1], bounds=(-1.0, 1.0))
+    with pytest.raises(ValueError, match=r"interval \[93.95, 94.45\] lies outside"):
+        clip_interval(93.95, 94.45, (0.0, 1.0))
+    inside = mean_ci([0.941, 0.943, 1.0], bounds=metric_bounds("test/top5"))
+    assert inside.clipped and inside.high == 1.0 and inside.low < inside.mean < inside.high
+    assert clip_interval(-0.1, 0.5, (0.0, 1.0)) == (0.0, 0.5, True)

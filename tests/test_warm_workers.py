@@ -115,12 +115,17 @@ def test_gpu_benchmark_runs_a_study_and_prints_its_table_on_the_cpu(ray_with_a_g
     spec = importlib.util.spec_from_file_location("gpu_throughput", REPO / "benchmarks" / "gpu_throughput.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
+    # the default loader workers fit the 2-CPU Ray (issue 33: 4 CPUs a trial never started)
     assert benchmark.main(["--device", "cpu", "--gpus", "0.5", "--compile", "none", "--data", "device",
-                           "--losses", "ce", "--workdir", str(tmp_path)]) == 0
+                           "loader", "--losses", "ce", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "GPU throughput on CPU" in out
     rows = [line for line in out.splitlines() if re.match(r"\| 0\.5 \|", line)]
-    assert len(rows) == 1, out
+    assert len(rows) == 2, out
+    loader = [c.strip() for c in rows[1].strip("|").split("|")]
+    assert loader[3] == "loader" and loader[4] == "1" and float(loader[-1]) > 0
+    assert benchmark.loader_workers(None, 2) == 2 and benchmark.loader_workers(None, 16) == 4
+    assert benchmark.loader_workers(3, 2) is None
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     gpus, share, compile_mode, data, count, per_hour, ratio, img_s, img_s_first, overhead, wall = cells
     # two trial slots of half a GPU each share the one GPU of a 2-CPU Ray; the cell was run

@@ -166,7 +166,10 @@ def _top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     """Bool mask (shape of ``values``) of the ``count`` largest entries of ``values``, ties at
     the threshold by flat position (lower first): :func:`_largest_entries` as a mask."""
     chosen = torch.zeros(values.numel(), dtype=torch.bool, device=values.device)
-    chosen[_largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count)] = True
+    # index_fill_ and scatter_ of a Python value here and below: an indexed write of one would
+    # copy a CPU value to the device, blocking (issue #34)
+    chosen.index_fill_(0, _largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count),
+                       True)
     return chosen.view(values.shape)
 
 
@@ -179,7 +182,7 @@ def _masked_log_probs(sccp_logits: torch.Tensor, targets: torch.Tensor,
             logits = logits.float()
         log_probs = torch.log_softmax(logits, dim=1)
     masked = log_probs.detach().clone()
-    masked[torch.arange(masked.shape[0], device=masked.device), targets] = -math.inf
+    masked.scatter_(1, targets.unsqueeze(1), -math.inf)
     return masked
 
 
@@ -214,10 +217,10 @@ def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
     """
     batch, num_classes = sccp_logits.shape
     device = sccp_logits.device
-    positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=device)
-    positive[torch.arange(batch, device=device), targets] = True
+    positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=device).scatter_(
+        1, targets.unsqueeze(1), True)
     candidate = torch.zeros(batch * num_classes, dtype=torch.bool, device=device)
-    candidate[candidate_indices(sccp_logits, targets, k, log_probs)] = True
+    candidate.index_fill_(0, candidate_indices(sccp_logits, targets, k, log_probs), True)
     candidate = candidate.view(batch, num_classes)
     return positive, candidate, ~(positive | candidate)
 

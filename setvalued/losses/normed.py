@@ -2,7 +2,8 @@
 
 Used by ``ldam`` and ``noised_topk_imbalanced`` ([Wan+18]; [Cao+19]; [Gar23] §4.4.5.1;
 docs/papers.md, note T-N4): features and class weights are both L2-normalised, so every
-score is a cosine in [-1, 1]; the losses apply their own ``scale``.
+score is a cosine in [-1, 1]; the losses apply their own ``scale``. The cosines are computed
+in float32 under mixed precision (autocast): the margins they are compared with are 0.01-0.2.
 """
 
 from __future__ import annotations
@@ -43,7 +44,16 @@ class NormedLinear(nn.Module):
                 f"NormedLinear expects features of shape (batch, {self.in_features}), "
                 f"got {tuple(features.shape)}"
             )
-        return F.normalize(features, dim=1) @ F.normalize(self.weight, dim=0)
+        device = features.device.type
+        if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+            # float32 under autocast (issue #34): in bfloat16 a cosine in [0.5, 1) has a spacing
+            # of 0.004, against the losses' margins of 0.01-0.2 and epsilon 0.01
+            with torch.autocast(device, enabled=False):
+                return self._cosines(features.float())
+        return self._cosines(features)
+
+    def _cosines(self, features: torch.Tensor) -> torch.Tensor:
+        return F.normalize(features, dim=1) @ F.normalize(self.weight.to(features.dtype), dim=0)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

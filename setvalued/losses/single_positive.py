@@ -94,8 +94,9 @@ class AssumeNegativeLoss(SetValuedLoss):
         batch, num_classes = logits.shape
         if targets.dim() == 1:
             _check_logits("assume_negative", logits, targets)
-            observed = torch.zeros_like(logits, dtype=torch.long)
-            observed[torch.arange(batch, device=logits.device), targets.to(logits.device).long()] = 1
+            # scatter of a Python number: no CPU value copied to the device (issue #34)
+            observed = torch.zeros_like(logits, dtype=torch.long).scatter_(
+                1, targets.to(logits.device).long().unsqueeze(1), 1)
         elif targets.shape == logits.shape:
             observed = targets.to(device=logits.device).round().long()
             if not fixed_shapes(observed) and bool(((observed < -1) | (observed > 1)).any()):

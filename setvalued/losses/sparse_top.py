@@ -257,8 +257,8 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
         # value checks read back on the host: eager CPU only (base.fixed_shapes)
         if batch and not fixed_shapes(targets) and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
             raise ValueError(f"{name}: class indices must lie in [0, {num_classes - 1}]")
-        labels = torch.zeros_like(scores)
-        labels[torch.arange(batch, device=scores.device), targets.long()] = 1
+        # scatter of a Python number: no CPU value copied to the device (issue #34)
+        labels = torch.zeros_like(scores).scatter_(1, targets.long().unsqueeze(1), 1.0)
         return labels
     if targets.shape != scores.shape:
         raise ValueError(f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "

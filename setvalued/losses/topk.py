@@ -74,7 +74,9 @@ class _NoisedHinge(torch.autograd.Function):
         picks = torch.cat([indices, targets.unsqueeze(1)], dim=1)  # (B, M + 1)
         shares = torch.full((1, picks.shape[1]), scale / indices.shape[1], dtype=hinge.dtype,
                             device=hinge.device)
-        shares[0, -1] = -scale
+        # fill_ of a slice: a 0-d setitem with a Python number copies a CPU scalar to the
+        # device, a blocking copy on CUDA (issue #34)
+        shares[:, -1:].fill_(-scale)
         active = (hinge > 0).to(hinge.dtype).unsqueeze(1)
         ctx.save_for_backward(picks, active * shares)
         ctx.num_classes = scores.shape[1]

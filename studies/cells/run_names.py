@@ -55,8 +55,17 @@ class RunNamer:
         cells = list(cells)
         self.add(cells)
         labels = {variant: self._labels(variant) for variant in {c.variant for c in cells}}
-        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 8]}{_seed_suffix(c.seed)}"
+        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 24]}{_version_suffix(c)}"
+                           f"{_seed_suffix(c.seed)}"
                 for c in cells}
+
+
+def _version_suffix(cell: Any) -> str:
+    """` version=<version>` for a cell of a study's later version (its config id carries the
+    version, `studies.running.versions`), as the report labels it, so the MLflow UI never
+    groups two versions' configs under one name."""
+    version = str(getattr(cell, "version", "") or "")[:7]
+    return f" version={version}" if version and str(cell.config_id).endswith(f"-v{version}") else ""
 
 
 def _seed_suffix(seed: Any) -> str:

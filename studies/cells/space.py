@@ -56,6 +56,8 @@ class Cell:
     variant: str
     config: dict = field(repr=False)
     swept: dict = field(default_factory=dict)
+    #: the version of the study that runs it (`studies.running.versions`; "" outside a run)
+    version: str = ""
 
     @property
     def cell_id(self) -> str:

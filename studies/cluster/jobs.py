@@ -12,6 +12,7 @@ import warnings
 from typing import IO
 
 from studies.cluster.connection import SubmitError, _local_secrets, job_client, mask_secrets
+from studies.running.termination import JOB_STOP_GRACE_S
 
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -99,11 +100,16 @@ def list_jobs(address: str | None = None, *,
     return sorted(jobs, key=lambda job: job.start_time or 0)
 
 
+#: how long `studies stop` waits for the job to end: the grace its driver gets to close its
+#: runs between SIGTERM and SIGKILL (studies.running.termination.JOB_STOP_GRACE_S), and a margin
+STOP_WAIT_S = JOB_STOP_GRACE_S + 10.0
+
+
 def stop_job(address: str | None, job_id: str, *,
              token_file: str | os.PathLike | None = None,
-             wait_s: float | None = 30.0) -> bool:
-    """Ask the job to stop (SIGTERM to the driver, then SIGKILL); with `wait_s`, wait that
-    long for it to end. Returns True when the job was running."""
+             wait_s: float | None = STOP_WAIT_S) -> bool:
+    """Ask the job to stop (SIGTERM to the driver, then SIGKILL once its grace is over); with
+    `wait_s`, wait that long for it to end. Returns True when the job was running."""
     client, _ = job_client(address, token_file)
     _status(client, job_id)
     stopped = bool(client.stop_job(job_id))

@@ -147,6 +147,20 @@ def build_entrypoint(study_path: str, tracking_uri: str, storage: str | None,
     return " ".join(shlex.quote(str(part)) for part in parts)
 
 
+#: the variable Ray's job supervisor reads: seconds between `ray job stop`'s SIGTERM and SIGKILL
+JOB_STOP_WAIT_VARIABLE = "RAY_JOB_STOP_WAIT_TIME_S"
+
+
+def job_runtime_env(working_dir: Path) -> dict[str, Any]:
+    """The job's runtime environment: the staged working folder, and the time its driver
+    gets to close the study's runs after `studies stop` (`JOB_STOP_GRACE_S`; Ray's default
+    of 3 s would SIGKILL it while it stops Tune, leaving runs RUNNING)."""
+    from studies.running.termination import JOB_STOP_GRACE_S
+
+    return {"working_dir": str(working_dir), "excludes": list(DEFAULT_EXCLUDES),
+            "env_vars": {JOB_STOP_WAIT_VARIABLE: str(JOB_STOP_GRACE_S)}}
+
+
 def _submission_id(name: str) -> str:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]
@@ -208,13 +222,22 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
             raise SubmitError(f"project folder {project} does not exist")
 
     client, token = job_client(address, token_file)
+    if validate:  # a changed study refused before the job, from the server's versions
+        from studies.errors import RunnerError
+        from studies.running.versions import check_submission
+        from studies.studyfile.spec import load_study
+
+        try:
+            check_submission(load_study(study_path), tracking_uri, extra_args)
+        except RunnerError as error:
+            raise SubmitError(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="studies-submit-") as tmp:
         staging = Path(tmp) / "working_dir"
         staging.mkdir()
         relative_study = stage_working_dir(study_path.resolve(), project, staging)
         entrypoint = build_entrypoint(relative_study, tracking_uri, storage, output,
                                       [str(a) for a in extra_args], python=python)
-        runtime_env = {"working_dir": str(staging), "excludes": list(DEFAULT_EXCLUDES)}
+        runtime_env = job_runtime_env(staging)
         metadata = {"studies.study": name, "studies.file": study_path.name,
                     "studies.submitted_from": socket.gethostname()}
         job_id = submission_id or _submission_id(name)
@@ -288,6 +311,8 @@ def _submit(args: argparse.Namespace) -> int:
         smoke = smoke_epochs_of(args.smoke, args.smoke_epochs) > 0
     except ValueError as error:
         raise SubmitError(str(error)) from None
+    if args.new_version:
+        extra[:0] = ["--new-version"]
     if smoke:
         extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None
                                    else ["--smoke-epochs", str(args.smoke_epochs)])
@@ -339,6 +364,9 @@ def _add_submit(parser: argparse.ArgumentParser) -> None:
                         help="pass --smoke to `studies run` (tiny synthetic run)")
     parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
                         help="pass --smoke --smoke-epochs N to `studies run`")
+    parser.add_argument("--new-version", action="store_true",
+                        help="pass --new-version to `studies run`: a changed file is kept as a "
+                             "new version of the study (default: the job refuses it, exit 2)")
     parser.add_argument("--submission-id", default=None, metavar="ID",
                         help="the job id to use (default: studies-NAME-DATE-TIME-XXXX)")
     parser.add_argument("--entrypoint-num-cpus", type=float, default=None, metavar="N",

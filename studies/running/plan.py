@@ -175,11 +175,19 @@ def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
     if study.reference:
         reference = (compare.reference if compare else None) or (variants[0] if variants
                                                                  else None)
-        plans = published_seeds_needed(study.reference, reference, study.seeds_at_once,
+        plans = published_seeds_needed(study.reference, reference,
                                        difference=difference, half_width=half_width,
                                        power=power, level=level)
         if plans:
             return plans, ""
+        undeclared = {s.label: [f for f in ("seeds", "level") if getattr(s, f) is None]
+                      for s in study.reference if any(r.ci for r in s.rows)}
+        undeclared = {label: fields for label, fields in undeclared.items() if fields}
+        if undeclared:
+            return [], "; ".join(
+                f"the published intervals of source {label!r} give no plan: its reference "
+                f"block does not declare the {' and '.join(f'`{f}`' for f in fields)} behind "
+                f"them (as the source states them)" for label, fields in undeclared.items())
         return [], (f"the reference block has no published interval (ci) of another variant "
                     f"beside one of the baseline {reference!r}")
     return [], "no pilot (--pilot NAME) and no reference block with intervals"

@@ -271,6 +271,14 @@ class ProgressReporter:
         self._best_of: dict[str, float] = {}  # cell_id -> best value of `metric` so far
         self._sums: dict[str, list] = {}  # config key -> [sum of its seeds' best values, seeds]
 
+    def add_finished(self, values: Mapping[str, float], labels: Mapping[str, str]) -> None:
+        """The cells an earlier invocation finished (cell_id -> its best value of `metric`, read
+        from the ledger once at the start, and its config's label): the best so far is over
+        every finished cell of the study, not only this invocation's."""
+        self.add_labels(labels)
+        for cell, value in values.items():
+            self._record(cell, float(value))
+
     def add_labels(self, labels: Mapping[str, str]) -> None:
         """Readable names of (more) cells' configs: cell_id -> label."""
         for cell, label in labels.items():

@@ -31,6 +31,7 @@ class RunOptions:
     verbose: bool = False  # show the INFO logs of MLflow, alembic and Ray
     overrides: tuple[str, ...] = ()  # `key=value` words applied to the study file (studies.studyfile.overrides)
     dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
+    new_version: bool = False  # a changed study file is kept as a new version of the study (studies.running.versions)
 
 
 def smoke_epochs_of(smoke: bool, epochs: int | None) -> int:

@@ -94,7 +94,7 @@ def _settings_path(study_dir: Path) -> Path:
 
 #: run.json's fields and their types (checked when read back: ReadBackError naming the file)
 SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool,
-                   "smoke_epochs": int, "address": str}
+                   "smoke_epochs": int, "address": str, "version": str}
 
 
 def read_settings(study_dir: Path) -> dict:
@@ -131,7 +131,7 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
 
 
 def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
-                       resolved: str = "") -> tuple[Path, Path, str]:
+                       resolved: str = "", version: str = "") -> tuple[Path, Path, str]:
     """(study folder, its copy of the study file, tracking URI): the folder made, the file
     copied (with command-line overrides: `resolved`, the file with them applied) and the
     run's settings saved (for `studies resume`), the overrides among them."""
@@ -156,6 +156,8 @@ def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
                     "address": options.address}
         if options.smoke:
             settings["smoke_epochs"] = int(options.smoke_epochs)
+        if version:  # the study's version run last (every version: versions.json)
+            settings["version"] = version
         if options.overrides:
             settings["overrides"] = list(options.overrides)
         elif source == study_copy.resolve() and saved.get("overrides"):  # a resume: the copy has them
@@ -311,9 +313,20 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                   f"(one trial each)", file=stream, flush=True)
         return RunOutcome(0, name, cells=len(cells))
 
+    from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow
+
+    # a changed file under this name is refused here: before Ray or any file is touched, and
+    # before MLflow unless the folder is new and a tracking store is given (it may hold versions)
+    given = options.tracking_uri
+    version = check_version(study, name, study_dir_of(options.output, name), options.new_version,
+                            options.smoke_epochs if options.smoke else None,
+                            elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None)
+    cells = versioned_cells(cells, version)
     with activity(stream, f"study {name}: {len(cells)} cells; checking the study folder, "
                           f"the tracking server and the data"):
-        study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text)
+        study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text,
+                                                                 version.version)
+        definition_file = save_versions(study_dir, version)
         _check_preconditions(study_dir, tracking_uri, options, cells)
         tracking = StudyTracking(
             tracking_uri, name,
@@ -323,6 +336,12 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     from studies.running.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
+    tracking.version, tracking.version_definition = version.version, definition_file
+    if version.several:
+        index = [v["version"] for v in version.record].index(version.version) + 1
+        _print(stream, f"[studies] version {version.version[:7]}, {index} of "
+                       f"{len(version.record)} kept in this study"
+                       + (" (new: --new-version)" if version.new else ""))
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
@@ -345,7 +364,8 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
-        outcome = _summarise(session, started, stream, interrupted)
+        outcome = _summarise(session, started, stream,
+                             termination.describe(stop) if interrupted else None)
     if stop is not None:
         outcome.exit_code = termination.exit_code(stop)
     if not outcome.failed:
@@ -376,12 +396,18 @@ def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     return run_study(study_copy, options)
 
 
-def _summarise(session: StudySession, started: float, stream: IO[str], interrupted: bool = False) -> RunOutcome:
+def _summarise(session: StudySession, started: float, stream: IO[str],
+               stopped: str | None = None) -> RunOutcome:
     """Every cell seen (the file's and the optuna blocks'): finished or not; closes the
-    parent run. After a complete (not interrupted) run, a cell whose run is still `running`
-    ended without its trial recording why: it is marked failed, so no run stays running."""
+    parent run. After a complete run, a cell whose run is still `running` ended without its
+    trial recording why: it is marked failed. After a run stopped by a signal (`stopped`: the
+    reason), the runs its trials left RUNNING (Ray is stopped: their workers are gone) and the
+    parent end KILLED with the reason; the resume continues them. No run stays RUNNING."""
+    interrupted = stopped is not None
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
+    if interrupted:
+        _close_stopped(session, states, stopped, stream)
     not_needed: list[str] = []
     if session.race is not None:  # cells of configs the race decided: never started, not failures
         not_needed = session.race.not_needed(i for i in ids if states[i].status == "missing")
@@ -396,7 +422,8 @@ def _summarise(session: StudySession, started: float, stream: IO[str], interrupt
     failed = {i: (states[i].error or states[i].status) for i in ids
               if states[i].status != STATUS_FINISHED}
     all_done = not failed
-    session.tracking.close_parent(all_done)
+    if not interrupted:
+        session.tracking.close_parent(all_done)
     _print(stream, f"[studies] summary: {len(finished)}/{len(ids)} cells finished, "
                    f"{len(failed)} not finished, {format_duration(time.monotonic() - started)}"
                    f" wall time")
@@ -414,6 +441,20 @@ def _summarise(session: StudySession, started: float, stream: IO[str], interrupt
         exit_code=0 if all_done else 1, study_name=session.name, study_dir=session.study_dir,
         tracking_uri=session.tracking.tracking_uri, cells=len(ids), finished=len(finished),
         failed=failed)
+
+
+def _close_stopped(session: StudySession, states: dict, reason: str, stream: IO[str]) -> None:
+    """A stopped run's cell runs left RUNNING and its parent end KILLED with `reason`, within
+    `termination.CLOSE_PATIENCE_S` of an unanswering server; if the server does not answer
+    they stay RUNNING (one warning line), and the resume deals with them as before."""
+    patience = termination.CLOSE_PATIENCE_S
+    try:
+        session.tracking.close_stopped(states.values(), reason, patience_s=patience)
+        session.tracking.close_parent(False, reason, patience_s=patience)
+    except Exception as error:  # the driver still exits with its code and resume command
+        first = (str(error).splitlines() or [type(error).__name__])[0][:200]
+        _print(stream, f"[studies] warning: could not mark the runs left running as KILLED "
+                       f"({first}); `studies resume {session.name}` deals with them")
 
 
 def _optuna_summary(session: StudySession) -> list[str]:

@@ -60,6 +60,7 @@ class StudySession:
         self.callback = None  # the progress line's callback: its counts go on from one experiment to the next
         self.proposals: list = []  # the optuna blocks run (studies.scheduling.optuna_rounds.OptunaProposals)
         self.finished_runs: list = []  # the finished run of each done cell, by `plan` (with its times)
+        self.finished_values: dict[str, float] = {}  # done cell -> its best progress metric, by `plan`
 
     def say(self, text: str) -> None:
         say(self.stream, text)
@@ -89,9 +90,12 @@ class StudySession:
         from setvalued.metric_names import TIME_METRICS
 
         ids = [c.cell_id for c in cells]
-        grouped = self.tracking.cell_runs(metrics=TIME_METRICS)  # the times: the time left
+        metric, _ = self.progress_metric  # and the progress line's best so far
+        extra = (metric, BEST_VALUE_METRIC) if metric else ()
+        grouped = self.tracking.cell_runs(metrics=(*TIME_METRICS, *extra))  # the times: the time left
         self.finished_runs = [found[-1] for found in (finished_runs(grouped.get(i, []))
                                                       for i in ids) if found]
+        self.finished_values = self.best_values(self.finished_runs)
         # only the checkpoints of unfinished cells are read: a finished study reads none
         unfinished = [i for i in ids if self.tracking.finished_run(grouped.get(i, [])) is None]
         found = ResumePoints.search(self.storage_root(), self.name, unfinished)
@@ -111,6 +115,24 @@ class StudySession:
                                            resumable=self.resume.folders())
             wanted = set(self.race.runnable(to_run))
         return done, [c for c in cells if c.cell_id in wanted]
+
+    def best_values(self, runs: Sequence) -> dict[str, float]:
+        """cell_id -> the progress metric's best value of each finished run: `best_val` when the
+        metric is its cell's checkpoint-selection metric (the best over its epochs), else the
+        metric's last value."""
+        from analysis.layout import TAG_CELL_ID
+
+        metric, _ = self.progress_metric
+        values = {}
+        for run in runs if metric else ():
+            cell = self.known_cells.get(run.tags.get(TAG_CELL_ID))
+            if cell is None:
+                continue
+            selection = (cell.config.get("eval") or {}).get("selection")
+            value = run.metrics.get(BEST_VALUE_METRIC if selection == metric else metric)
+            if value is not None:
+                values[cell.cell_id] = float(value)
+        return values
 
     def start(self) -> None:
         """Start Ray, count the trial slots, refuse a config-level scheduler that cannot work
@@ -309,10 +331,16 @@ class StudySession:
         if names is None:
             names = self.namer.names(self.known_cells.values())
         metric, mode = self.progress_metric
-        return ProgressCallback(
+        callback = ProgressCallback(
             progress, interval_s=self.options.progress_interval_s, stream=self.stream,
             metric=metric, mode=mode,
             labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
+        if self.finished_values:  # the cells finished before this invocation count too
+            done = [self.known_cells[i] for i in self.finished_values]
+            callback.add_finished(self.finished_values, {
+                cell_id: name.rsplit(" s", 1)[0]
+                for cell_id, name in self.namer.names(done).items()})
+        return callback
 
     @functools.cached_property
     def progress_metric(self) -> tuple[str | None, str]:
@@ -339,6 +367,8 @@ class StudySession:
                 run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before))
 
 
+#: the metric a finished run holds its selection metric's best value in (setvalued.train.fit)
+BEST_VALUE_METRIC = "best_val"
 #: most trials in one Tune experiment. Tune keeps every trial of an experiment in the driver's
 #: memory (about 0.15 MB each, measured) and rewrites its experiment state as trials end, so
 #: a longer list of cells runs as consecutive experiments of whole configs: the driver's

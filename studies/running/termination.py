@@ -5,7 +5,9 @@ While a run is under `trapped()`, each raises `Terminated` (a `KeyboardInterrupt
 thread, so the runner's Ctrl-C path runs: the trials stop, the runs are marked, the resume
 command is printed, and the exit code is 128 + the signal's number (143, 129). `ray.init`
 installs its own SIGTERM handler (an exit that aborts in Ray's C++ core, exit code 134), so
-`trap()` is called again once Ray has started.
+`trap()` is called again once Ray has started. After the runner has stopped Ray, the cell runs
+its trials left RUNNING and the parent run end KILLED in MLflow with the signal as their
+reason (`studies.running.runner`), within `CLOSE_PATIENCE_S` of an unanswering server.
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ __all__ = ["Terminated", "trap", "trapped", "exit_code", "TRAPPED_SIGNALS"]
 TRAPPED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 #: the exit code of a run stopped by Ctrl-C (SIGINT)
 INTERRUPTED_EXIT = 130
+#: how long a stopped driver waits for an unanswering tracking server while it closes the
+#: runs its trials left RUNNING (then it exits; those runs stay RUNNING until the resume)
+CLOSE_PATIENCE_S = 20.0
+#: the seconds a stopped driver gets between SIGTERM and SIGKILL from `ray job stop`
+#: (`studies stop`; Ray's default is 3 s): stopping Tune and Ray, closing the runs with
+#: `CLOSE_PATIENCE_S` to spare, releasing the lease. `studies submit` sets it in the job's
+#: environment (RAY_JOB_STOP_WAIT_TIME_S, read by the job's supervisor)
+JOB_STOP_GRACE_S = 60
 
 
 class Terminated(KeyboardInterrupt):

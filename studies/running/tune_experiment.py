@@ -223,7 +223,7 @@ def cell_payload(cell, resume_from: str | None = None, run_name: str | None = No
     return {
         "cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
         "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
-        "resume_from": resume_from, "run_name": run_name, "log_model": log_model,
+        "version": getattr(cell, "version", ""), "resume_from": resume_from, "run_name": run_name, "log_model": log_model,
         "checkpoint_interval_s": float(checkpoint_interval_s),
         "tune_metrics": None if tune_metrics is None else list(tune_metrics),
     }

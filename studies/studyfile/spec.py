@@ -100,7 +100,14 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
             raise Problems([schema_problem(e, raw) for e in err.errors()]) from None
         study.set_source(file, text, lines, design_is_list)
         _check_size(study, max_cells)
-        check_study(study)
+        try:
+            check_study(study)
+        except Problems as cross:
+            # a report or reference cross-check can fail because of a mistake in the design (a
+            # misspelt parameter that a curve names right): the design's own problems first
+            if not all(p.path and p.path[0] in ("report", "reference") for p in cross.problems):
+                raise
+            raise Problems(design_configs(study)[1] + cross.problems) from None
         configs, problems = design_configs(study)
         if problems:
             raise Problems(problems)

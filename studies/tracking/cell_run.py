@@ -47,6 +47,8 @@ class TrackingContext:
     session_id: str
     #: MLflow's system tags of every run (user, source, git), set by the driver
     run_tags: tuple[tuple[str, str], ...] = ()
+    #: the version of the study this session runs (`studies.running.versions`)
+    version: str = ""
 
 
 class CellRun:
@@ -80,7 +82,8 @@ class CellRun:
             run.set_tags({TAG_STATUS: STATUS_RUNNING, **dict(tags or {})})
             return run, True
         all_tags = {**dict(context.run_tags),
-                    **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id),
+                    **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id,
+                              context.version),
                     **dict(tags or {})}
         created = with_retry(lambda: client.create_run(
             context.experiment_id, tags=all_tags,

@@ -23,6 +23,7 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     TAG_STUDY,
     TAG_SWEPT,
     TAG_VARIANT,
+    TAG_VERSION,
     cell_runs_view_tag,
 )
 from setvalued.config import effective_config
@@ -176,11 +177,13 @@ def finished_runs(runs: Iterable) -> list:
 
 
 def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
-              session_id: str) -> dict[str, str]:
+              session_id: str, version: str = "") -> dict[str, str]:
     """The contract tags of a cell's child run (docs/interfaces.md section 5), with its
-    config's readable name (from the cell's ``run_name``, else its variant)."""
+    config's readable name (from the cell's ``run_name``, else its variant) and the study's
+    version (the cell's, else `version`: the session's)."""
     run_name = cell.get("run_name")
-    return {
+    version = str(cell.get("version") or version or "")
+    return {**({TAG_VERSION: version} if version else {}),
         PARENT_RUN_TAG: parent_run_id,
         TAG_ROLE: ROLE_CELL,
         TAG_STUDY: study_name,

@@ -21,7 +21,10 @@ from analysis.layout import (
     TAG_ERROR,
     TAG_ROLE,
     TAG_STATUS,
+    TAG_STOP_REASON,
     TAG_STUDY,
+    TAG_VERSION,
+    VERSIONS_ARTIFACT_DIR,
     tag_filter,
 )
 from studies.tracking.sqlite_store import seed_sqlite_store
@@ -41,6 +44,7 @@ class CellState:
     status: str  # finished | failed | running | missing
     run_id: str | None = None
     error: str | None = None
+    mlflow_status: str | None = None  # its run's MLflow status (RUNNING, KILLED, ...)
 
 
 class StudyTracking:
@@ -58,6 +62,10 @@ class StudyTracking:
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
         self._parent_run_id: str | None = None
+        #: the version of the study this driver runs (`studies.running.versions`): tagged on
+        #: the parent run and on every cell run, its study file kept under `versions/`
+        self.version = ""
+        self.version_definition: Path | None = None  # its entry (studies.running.versions)
 
     # -- experiment and parent run
 
@@ -112,6 +120,8 @@ class StudyTracking:
         if runs:
             run_id = runs[0].info.run_id
             with_retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+            if TAG_STOP_REASON in runs[0].data.tags:  # a stopped study goes on
+                with_retry(lambda: self.client.delete_tag(run_id, TAG_STOP_REASON))
         else:
             run = with_retry(lambda: self.client.create_run(
                 self.experiment_id, run_name=self.study_name,
@@ -120,20 +130,35 @@ class StudyTracking:
             run_id = run.info.run_id
         if study_yaml is not None:
             with_retry(lambda: self.client.log_artifact(run_id, str(study_yaml)))
+        if self.version:
+            with_retry(lambda: self.client.set_tag(run_id, TAG_VERSION, self.version))
+            for path in (study_yaml, self.version_definition):
+                if path is not None:
+                    with_retry(lambda: self.client.log_artifact(
+                        run_id, str(path), f"{VERSIONS_ARTIFACT_DIR}/{self.version}"))
         self._parent_run_id = run_id
         return run_id
 
-    def close_parent(self, all_done: bool) -> None:
+    def close_parent(self, all_done: bool, stopped: str | None = None,
+                     patience_s: float | None = None) -> None:
+        """End the parent run: FINISHED, FAILED, or KILLED with `stopped` (the reason) when
+        a signal stopped the driver."""
         if self._parent_run_id is None:
             return
-        status = "FINISHED" if all_done else "FAILED"
-        with_retry(lambda: self.client.set_terminated(self._parent_run_id, status=status))
+        run_id = self._parent_run_id
+        if stopped is not None:
+            with_retry(lambda: self.client.set_tag(run_id, TAG_STOP_REASON, stopped),
+                       outage_patience_s=patience_s)
+        status = "KILLED" if stopped is not None else "FINISHED" if all_done else "FAILED"
+        with_retry(lambda: self.client.set_terminated(run_id, status=status),
+                   outage_patience_s=patience_s)
 
     def context(self, session_id: str) -> TrackingContext:
         return TrackingContext(
             tracking_uri=self.tracking_uri, experiment_id=self.experiment_id,
             parent_run_id=self.parent_run_id(), study_name=self.study_name,
             session_id=session_id, run_tags=tuple(sorted(self.run_tags.items())),
+            version=self.version,
         )
 
     # -- the cell ledger
@@ -186,6 +211,24 @@ class StudyTracking:
             with_retry(lambda: self.client.set_terminated(state.run_id, status="FAILED"))
         return CellState(state.cell_id, STATUS_FAILED, state.run_id, message)
 
+    def close_stopped(self, states: Iterable[CellState], reason: str,
+                      patience_s: float | None = None) -> list[str]:
+        """End as KILLED, tagged with `reason`, the runs that a stopped driver's trials left
+        RUNNING in MLflow (their workers are gone: nothing else would close them). Their
+        `studies.status` stays `running`: the ledger deletes or continues them on resume.
+        `patience_s` bounds the wait for an unanswering server. The ids of the runs closed."""
+        closed = []
+        for state in states:
+            if state.run_id is None or state.mlflow_status != "RUNNING":
+                continue
+            run_id = state.run_id
+            with_retry(lambda: self.client.set_tag(run_id, TAG_STOP_REASON, reason),
+                       outage_patience_s=patience_s)
+            with_retry(lambda: self.client.set_terminated(run_id, status="KILLED"),
+                       outage_patience_s=patience_s)
+            closed.append(run_id)
+        return closed
+
     def cell_states(self, cell_ids: Iterable[str] | None = None) -> dict[str, CellState]:
         """Per cell: finished (a run tagged finished), else failed/running, else missing."""
         grouped = self.cell_runs()
@@ -199,7 +242,8 @@ class StudyTracking:
             elif runs:
                 run = runs[-1]
                 status = run.tags.get(TAG_STATUS) or STATUS_RUNNING
-                states[cell_id] = CellState(cell_id, status, run.run_id, run.tags.get(TAG_ERROR))
+                states[cell_id] = CellState(cell_id, status, run.run_id, run.tags.get(TAG_ERROR),
+                                            run.status)
             else:
                 states[cell_id] = CellState(cell_id, "missing")
         return states
@@ -229,6 +273,8 @@ class StudyTracking:
             for run in runs:
                 if run.tags.get(TAG_STATUS) != STATUS_FINISHED and run.run_id != kept:
                     with_retry(lambda: self.client.delete_run(run.run_id))
+                elif run.run_id == kept and TAG_STOP_REASON in run.tags:  # it continues now
+                    with_retry(lambda: self.client.delete_tag(kept, TAG_STOP_REASON))
             (done if finished else to_run).append(cell_id)
         return done, to_run
 

@@ -1,0 +1,186 @@
+"""A signal closes every run (issue 33): SIGTERM, SIGHUP and Ctrl-C stop the driver, and the
+cell runs its trials left RUNNING and the parent run end KILLED in MLflow with the reason;
+`studies resume` then continues them. `studies stop` (`ray job stop`) gives a submitted
+driver the time to do so.
+
+The study runs as a real `python -m studies.cli` process on a local Ray, its MLflow store a
+real SQLite file (one Ray run, shared with the resume).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RAY_ADDRESS"] = ""  # a local Ray of its own
+    return env
+
+
+def _runs(db: Path, role: str) -> list[dict]:
+    """The active runs of `role` in the store: run id, MLflow status, tags, epochs of val/top3."""
+    if not db.exists():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as con:
+        rows = con.execute(
+            "SELECT r.run_uuid, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+            "WHERE r.lifecycle_stage = 'active' AND t.key = 'studies.role' AND t.value = ?",
+            (role,)).fetchall()
+        runs = []
+        for run_id, status in rows:
+            tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)))
+            epochs = con.execute("SELECT COUNT(*) FROM metrics WHERE run_uuid = ? AND key = 'val/top3'",
+                                 (run_id,)).fetchone()[0]
+            runs.append({"id": run_id, "status": status, "tags": tags, "epochs": epochs})
+    return runs
+
+
+def _study(folder: Path, name: str) -> Path:
+    """Two cells, one at a time, a few seconds each, a checkpoint every epoch."""
+    path = folder / f"{name}.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        base:
+          data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 2000,
+                  val_size: 60, test_size: 60, form: features, feature_dim: 8}}
+          model: {{name: mlp, hidden_dim: 32}}
+          loss: {{name: ce}}
+          optim: {{lr: 0.1, batch_size: 8, milestones: []}}
+          epochs: 6
+          eval: {{ks: [1, 3], selection: val/top3}}
+          device: cpu
+        design: {{kind: grid, parameters: {{optim.lr: [0.02, 0.05]}}}}
+        seeds: [0]
+        resources: {{cpus: 1}}
+        max_concurrent: 1
+        checkpoint_interval_s: 0
+        log_models: false
+        """))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path):
+    name = f"sig-{os.getpid()}"
+    output = tmp_path / "out"
+    db = output / name / "mlflow.db"
+    log = tmp_path / "driver.log"
+    with open(log, "w") as sink:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "studies.cli", "run", str(_study(tmp_path, name)), "--output",
+             str(output), "--num-cpus", "1", "--no-report"],
+            cwd=REPO, env=_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            # stopped while a cell is mid-way: it has logged (and checkpointed) an epoch
+            while not any(run["epochs"] >= 1 and run["tags"].get("studies.status") == "running"
+                          for run in _runs(db, "cell")):
+                assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.3)
+            os.kill(driver.pid, signal.SIGTERM)
+            code = driver.wait(timeout=120)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+                driver.wait()
+    text = log.read_text()
+    assert code == 143, text[-3000:]
+    assert f"terminated by SIGTERM; `studies resume {name}`" in text
+    cells, parents = _runs(db, "cell"), _runs(db, "parent")
+    assert cells and parents
+    assert [run for run in cells + parents if run["status"] == "RUNNING"] == []
+    stopped = [run for run in cells if run["tags"].get("studies.status") != "finished"]
+    assert stopped, "the cell that was mid-way"
+    for run in stopped + parents:
+        assert run["status"] == "KILLED"
+        assert run["tags"]["studies.stop_reason"] == "terminated by SIGTERM"
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "resume", name, "--output", str(output),
+         "--num-cpus", "1", "--no-report"],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    cells, parents = _runs(db, "cell"), _runs(db, "parent")
+    assert len(cells) == 2 and all(run["status"] == "FINISHED" for run in cells + parents)
+    assert all(run["tags"]["studies.status"] == "finished" and run["epochs"] == 6 for run in cells)
+    # the mid-way cell continued in its own run, which no longer says it was stopped
+    continued = [run for run in cells if run["id"] in {s["id"] for s in stopped}]
+    assert continued and all("studies.stop_reason" not in run["tags"] for run in continued)
+    assert "studies.stop_reason" not in parents[0]["tags"]
+
+
+def test_close_stopped_ends_only_the_running_runs_killed_with_the_reason(tmp_path):
+    """The ledger's closing of a stopped driver's runs, on a real SQLite store: a RUNNING run
+    ends KILLED with the reason, a finished or already ended one is left as it was; the
+    parent ends KILLED with the reason."""
+    from analysis.layout import TAG_STOP_REASON
+    from studies.tracking.ledger import CellState, StudyTracking
+
+    tracking = StudyTracking(f"sqlite:///{tmp_path / 'mlflow.db'}", "closing")
+    client = tracking.client
+    parent = tracking.parent_run_id()
+    made = {}
+    for label in ("running", "finished", "failed"):
+        made[label] = client.create_run(tracking.experiment_id).info.run_id
+    client.set_terminated(made["finished"], status="FINISHED")
+    client.set_terminated(made["failed"], status="FAILED")
+    states = [CellState("a", "running", made["running"], None, "RUNNING"),
+              CellState("b", "finished", made["finished"], None, "FINISHED"),
+              CellState("c", "failed", made["failed"], "boom", "FAILED"),
+              CellState("d", "missing")]
+    assert tracking.close_stopped(states, "terminated by SIGHUP", patience_s=5) == [made["running"]]
+    tracking.close_parent(False, "terminated by SIGHUP", patience_s=5)
+    for run_id, status in ((made["running"], "KILLED"), (made["finished"], "FINISHED"),
+                           (made["failed"], "FAILED"), (parent, "KILLED")):
+        run = client.get_run(run_id)
+        assert run.info.status == status
+        assert (run.data.tags.get(TAG_STOP_REASON) == "terminated by SIGHUP") == (status == "KILLED")
+    # the state the summary reads carries the run's MLflow status
+    child = client.create_run(tracking.experiment_id, tags={
+        "studies.role": "cell", "studies.study": "closing", "studies.cell_id": "e",
+        "studies.status": "running"}).info.run_id
+    assert tracking.cell_states(["e"])["e"].mlflow_status == "RUNNING"
+    assert tracking.close_stopped(tracking.cell_states(["e"]).values(), "interrupted") == [child]
+    assert client.get_run(child).info.status == "KILLED"
+
+
+def test_a_submitted_driver_gets_the_time_to_close_its_runs_after_studies_stop(tmp_path):
+    """`ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by
+    default, read by the job's supervisor from the job's runtime environment)."""
+    from studies.cluster.submit import JOB_STOP_WAIT_VARIABLE, job_runtime_env
+    from studies.running.termination import CLOSE_PATIENCE_S
+
+    env = job_runtime_env(tmp_path)
+    assert env["working_dir"] == str(tmp_path)
+    assert int(env["env_vars"][JOB_STOP_WAIT_VARIABLE]) >= 2 * CLOSE_PATIENCE_S
+
+
+def test_the_report_says_why_a_stopped_cell_did_not_finish():
+    """A cell run closed by a stopped driver is listed among the unfinished cells with the
+    reason, not as a run KILLED 'without a studies.error tag'."""
+    from analysis.collect import _failed_table
+    from analysis.collect_store import RunRecord
+
+    tags = {"studies.cell_id": "c-s0", "studies.config_id": "c", "studies.seed": "0",
+            "studies.variant": "ce", "studies.status": "running"}
+    stopped = RunRecord("r1", "KILLED", 0, 1, {**tags, "studies.stop_reason": "terminated by SIGTERM"},
+                        {}, {})
+    vanished = RunRecord("r2", "KILLED", 0, 1, dict(tags), {}, {})
+    rows = _failed_table([stopped, vanished]).to_pylist()
+    assert [(r["status"], r["error"]) for r in rows] == [
+        ("unfinished", "terminated by SIGTERM"),
+        ("unfinished", "MLflow run status KILLED without a studies.error tag")]
