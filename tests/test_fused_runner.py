@@ -3,7 +3,8 @@
 Fast: a config's seeds grouped into arrays (the rest as a smaller array, resumed cells by their
 starting epoch), the plan dealing arrays to the slots, the study field's default and its
 refusals, the dry run's probe, a member's checkpoint folder found on resume, an array under a
-config-level rule recording every member and stopping as a whole. Slow (one real local Ray and MLflow server): a study of 2 configs x 3 seeds at
+config-level rule recording every member and stopping as a whole, a later study version's
+arrays (version-qualified config ids, issue 33). Slow (one real local Ray and MLflow server): a study of 2 configs x 3 seeds at
 ``seeds_per_trial: 2`` under early stopping runs as 4 trials, every member a cell run of its
 own (epochs, test metrics equal to the separate trial of its seed cut where its config
 stopped, a Logged Model), a config's arrays stopping together, the progress counting cells.
@@ -42,6 +43,28 @@ def test_a_configs_seeds_are_cut_into_arrays_the_rest_a_smaller_one():
     plan_cells = [cell("a", s) for s in range(5)] + [cell("b", s) for s in range(3)]
     assert fused_trials(range(8), plan_cells, 2) == [[0, 1], [2, 3], [4], [5, 6], [7]]
     assert fused_trials(range(3), plan_cells, 1) == [[0], [1], [2]]
+
+
+def test_a_later_versions_arrays_hold_its_version_qualified_cells(tmp_path):
+    """Study versions (issue 33) with arrays: a later version's cells carry the version in their
+    config ids, so its arrays never pool seeds with the first version's, and each payload of an
+    array's members names the version its cell run is tagged with."""
+    from studies.cells.space import expand
+    from studies.running.tune_experiment import array_payload, cell_payload
+    from studies.running.versions import StudyVersion, versioned_cells
+
+    cells = expand(load_study(write_study(tmp_path, "versioned", lrs=[0.1, 0.2], seeds=(0, 1, 2),
+                                          resources={"cpus": 1, "seeds_per_trial": 2})))
+    first = versioned_cells(cells, StudyVersion("0123456789", qualified=False, record=[]))
+    later = versioned_cells(cells, StudyVersion("abcdef0123", qualified=True, record=[]))
+    arrays = fused_arrays(first + later, 2)
+    assert sorted(len(a) for a in arrays) == [1, 1, 1, 1, 2, 2, 2, 2]
+    for a in arrays:
+        assert len({c.config_id for c in a}) == 1 and len({c.version for c in a}) == 1
+    qualified = [a for a in arrays if a[0].config_id.endswith("-vabcdef0")]
+    assert len(qualified) == 4 and all(array_id(a).startswith(a[0].config_id) for a in qualified)
+    payload = array_payload(array_id(qualified[0]), [cell_payload(c) for c in qualified[0]])
+    assert [m["version"] for m in payload["members"]] == ["abcdef0123"] * len(qualified[0])
 
 
 def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_path):
