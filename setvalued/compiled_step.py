@@ -54,8 +54,9 @@ class CompiledStep:
 
     ``num_classes``: the width of the ranked scores, ``scores_dtype`` their dtype (float32, or
     float64 for a float64 model). ``autocast()`` gives the trainer's mixed-precision region
-    (entered inside the training function); ``cudagraphs``: compiled with ``mode="reduce-overhead"`` (CUDA graphs), whose
-    outputs are buffers overwritten by the next replay, so what the trainer keeps is cloned.
+    (entered inside the training function); ``cudagraphs``: compiled with
+    ``mode="reduce-overhead"`` (CUDA graphs), whose outputs are buffers overwritten by the next
+    replay, so what the trainer keeps is cloned.
     """
 
     def __init__(self, model: torch.nn.Module, loss: SetValuedLoss, num_classes: int,

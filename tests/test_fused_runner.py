@@ -4,8 +4,9 @@ Fast: a config's seeds grouped into arrays (the rest as a smaller array, resumed
 starting epoch), the plan dealing arrays to the slots, the study field's default and its
 refusals, the dry run's probe, a member's checkpoint folder found on resume, an array under a
 config-level rule recording every member and stopping as a whole, a later study version's
-arrays (version-qualified config ids, issue 33). Slow (one real local Ray and MLflow server): a study of 2 configs x 3 seeds at
-``seeds_per_trial: 2`` under early stopping runs as 4 trials, every member a cell run of its
+arrays (version-qualified config ids, issue 33). Slow (one real local Ray and MLflow server):
+a study of 2 configs x 3 seeds at ``seeds_per_trial: 2`` under early stopping runs as 4
+trials, every member a cell run of its
 own (epochs, test metrics equal to the separate trial of its seed cut where its config
 stopped, a Logged Model), a config's arrays stopping together, the progress counting cells.
 """
