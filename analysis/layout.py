@@ -5,7 +5,7 @@ them back; both import the names from here so that the two sides cannot drift ap
 """
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 TAG_ROLE = "studies.role"
 TAG_STUDY = "studies.study"
@@ -51,16 +51,107 @@ STATUS_FAILED = "failed"
 #: the MLflow UI (3.x) of a study's cell runs: a view the experiment holds in the tag
 #: ``mlflow.sharedViewState.<key>`` and the runs page loads from ``viewStateShareKey=<key>``
 #: (the page ignores it when the URL holds a search facet such as ``searchFilter``);
-#: ``workflowType`` picks the model-training UI over the GenAI one, which a fresh browser
-#: shows otherwise (its choice lives in the browser's local storage, not in the experiment)
+#: ``workflowType`` picks the model-training UI over the GenAI one. MLflow 3.17 takes that
+#: choice from the URL, else from the browser's local storage (default: GenAI); it does not
+#: read the experiment's ``mlflow.experimentKind`` tag, so a bare experiment URL opens the
+#: GenAI UI in a fresh browser, and the experiment's description carries the link instead
 UI_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 UI_VIEW_KEY = "studies-cells"
+#: the view's name in the runs page's "Views" menu
+UI_VIEW_NAME = "Cell runs by config (studies)"
 UI_WORKFLOW = "workflowType=machine_learning"
+#: the runs page's chart view (its table view is the default)
+UI_CHART_MODE = "compareRunsMode=CHART"
 #: sorting by run name (any key but the start time) keeps the cell runs flat: on the start
 #: time, the UI fetches their parent run and folds them under it
 UI_ORDER_BY = "tags.`mlflow.runName`"
 #: the UI's id of its run-name column, widened so that a config's name reads whole
 UI_NAME_COLUMN = "attributes.`Run Name`"
+#: a run's colour in the UI's charts (``#rrggbb``): a cell run has its config's colour in the
+#: report (`analysis.colors.config_colors`)
+UI_RUN_COLOR_TAG = "mlflow.runColor"
+#: the chart section of the view's charts (the UI adds the other metrics' own sections)
+UI_CHART_SECTION = "studies-compare"
+#: most charts the view holds (the learning curve last), so that its tag stays well inside
+#: MLflow's 20,000 characters of an experiment tag's value
+MAX_UI_CHARTS = 24
+
+
+def ui_column(kind: str, key: str) -> str:
+    """The UI's id of the column of a run's `kind` (``params``, ``metrics``, ``tags``,
+    ``attributes``) `key`."""
+    return f"{kind}.`{key}`"
+
+
+def _charts(swept: Sequence[str], metrics: Sequence[str], curve_metric: str | None,
+            runs: int) -> list[dict[str, Any]]:
+    """The view's charts: per metric, one against each swept parameter (every cell run a
+    point), or a bar per cell run without a numeric sweep; the learning curve of
+    `curve_metric` by epoch (MLflow's step)."""
+    common = {"metricSectionId": UI_CHART_SECTION, "deleted": False, "isGenerated": False,
+              "runsCountToCompare": max(runs, 10)}
+    charts: list[dict[str, Any]] = []
+    for metric in metrics:
+        if swept:
+            charts += [{**common, "type": "SCATTER", "xaxis": {"key": path, "type": "PARAM"},
+                        "yaxis": {"key": metric, "type": "METRIC"}} for path in swept]
+        else:
+            charts.append({**common, "type": "BAR", "metricKey": metric})
+    if curve_metric:
+        charts.append({**common, "type": "LINE", "metricKey": curve_metric,
+                       "selectedMetricKeys": [curve_metric], "xAxisKey": "step",
+                       "scaleType": "linear", "xAxisScaleType": "linear",
+                       "lineSmoothness": 0, "useGlobalXaxisKey": False,
+                       "useGlobalLineSmoothing": False})
+    charts = charts[:MAX_UI_CHARTS - 1] + charts[-1:] if len(charts) > MAX_UI_CHARTS else charts
+    return [{**chart, "uuid": f"studies-chart-{i}"} for i, chart in enumerate(charts)]
+
+
+def cell_runs_view(swept: Sequence[str] = (), metrics: Sequence[str] = (),
+                   curve_metric: str | None = None, runs: int = 0) -> dict[str, Any]:
+    """The MLflow UI's view of the cell runs (the value of the experiment's view tag): the
+    cell runs flat, by name, grouped by their config's readable name (a group row shows the
+    mean of its runs); the `swept` parameters' and the `metrics`' columns; in the chart view
+    a section of `_charts` first, each cell run in its own (its config's) colour. `runs`: the
+    study's number of cells, how many runs a chart draws."""
+    columns = ([ui_column("params", p) for p in swept]
+               + [ui_column("metrics", m) for m in metrics])
+    view: dict[str, Any] = {
+        "searchFilter": cell_runs_filter(), "orderByKey": UI_ORDER_BY, "orderByAsc": True,
+        "groupBy": {"aggregateFunction": "average",
+                    "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_NAME}]},
+        "runsHiddenMode": "SHOW_ALL",
+        "selectedColumns": columns + [ui_column("attributes", "Models")],
+        "columnOrder": [UI_NAME_COLUMN] + columns, "columnWidths": {UI_NAME_COLUMN: 360},
+    }
+    charts = _charts(list(swept), list(metrics), curve_metric, runs)
+    if charts:
+        view.update({
+            "compareRunCharts": charts,
+            "compareRunSections": [{"uuid": UI_CHART_SECTION, "name": "study", "display": True,
+                                    "isReordered": True, "deleted": False,
+                                    "isGenerated": False}],
+            "isAccordionReordered": True, "hideEmptyCharts": True,
+            # the runs' own colours (the config's), not one colour per group hashed from its
+            # name, which can make two groups look alike
+            "useGroupedValuesInCharts": False,
+        })
+    return view
+
+
+def cell_runs_view_tag(view: Mapping[str, Any] | None = None,
+                       created_ms: int | None = None) -> tuple[str, str]:
+    """(key, value) of the experiment tag that holds `view` (default: `cell_runs_view()`), as
+    a saved view of MLflow 3.17 (its "Views" menu on the runs page lists it by `UI_VIEW_NAME`;
+    the envelope ``{name, createdAt, state}`` with the view as JSON text in ``state``, which a
+    ``viewStateShareKey`` link reads too); `created_ms`: its time (default: now)."""
+    import time
+
+    state = json.dumps(cell_runs_view() if view is None else view, separators=(",", ":"))
+    created = int(time.time() * 1000) if created_ms is None else int(created_ms)
+    return UI_VIEW_TAG_PREFIX + UI_VIEW_KEY, json.dumps(
+        {"name": UI_VIEW_NAME, "createdAt": created, "state": state}, separators=(",", ":"))
+
 
 STUDY_ARTIFACT = "study.yaml"
 #: the parent run's folder of every version's study file: ``versions/<version>/study.yaml``
@@ -95,21 +186,3 @@ def tag_filter(tags: Mapping[str, Any]) -> str:
 def cell_runs_filter() -> str:
     """The search filter that keeps a study's cell runs (its experiment holds the study)."""
     return tag_filter({TAG_ROLE: ROLE_CELL})
-
-
-def cell_runs_view() -> dict[str, Any]:
-    """The MLflow UI's view of the cell runs (the value of the experiment's view tag): the
-    cell runs flat, by name, grouped by their config's readable name, every run in the
-    charts."""
-    return {
-        "searchFilter": cell_runs_filter(), "orderByKey": UI_ORDER_BY, "orderByAsc": True,
-        "groupBy": {"aggregateFunction": "average",
-                    "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_NAME}]},
-        "runsHiddenMode": "SHOW_ALL",
-        "columnOrder": [UI_NAME_COLUMN], "columnWidths": {UI_NAME_COLUMN: 360},
-    }
-
-
-def cell_runs_view_tag() -> tuple[str, str]:
-    """(key, value) of the experiment tag that holds `cell_runs_view`."""
-    return UI_VIEW_TAG_PREFIX + UI_VIEW_KEY, json.dumps(cell_runs_view(), separators=(",", ":"))

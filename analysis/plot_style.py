@@ -11,9 +11,10 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 
+from analysis.colors import PALETTE as _PALETTE, SHADES as _SHADES, shade as _shade  # noqa: F401
+from analysis.colors import variant_colors  # noqa: F401 (the figures' colours, shared)
 from analysis.formatting import assignments
 from analysis.stats import CurveSeries, is_fraction_metric
 
@@ -30,28 +31,9 @@ MAX_BARS = 8
 MAX_REFERENCES = 4
 MAX_LABEL = 52
 SHOT_GROUPS = ("few", "medium", "many")
-_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-            "#7f7f7f", "#bcbd22", "#17becf"]
 _REFERENCE_PALETTE = ["#444444", "#8c564b", "#bcbd22", "#17becf"]
 #: Most lines one axes draws; more would be an unreadable tangle (and the palette repeats).
 MAX_LINES = len(_PALETTE)
-#: how far the configs of one variant are shaded away from its colour (towards white, then
-#: black, in turn): the first config keeps the colour itself
-_SHADES = (0.0, 0.45, -0.35, 0.65, -0.55, 0.25, -0.2, 0.8)
-
-
-def variant_colors(variants: Sequence[Any]) -> dict[Any, str]:
-    """One colour per variant, in the study's order: a report passes the same map to every
-    figure, so that a variant has one colour throughout."""
-    return {v: _PALETTE[i % len(_PALETTE)] for i, v in enumerate(variants)}
-
-
-def _shade(color: str, index: int) -> str:
-    """The `index`-th shade of `color` (`_SHADES`)."""
-    amount = _SHADES[index % len(_SHADES)]
-    rgb = to_rgb(color)
-    target = 1.0 if amount > 0 else 0.0
-    return to_hex(tuple(c + abs(amount) * (target - c) for c in rgb))
 
 
 def _config_colors(variants: Sequence[Any], colors: Mapping[Any, str] | None) -> list[str]:

@@ -19,7 +19,7 @@ from setvalued.params import Param
 __all__ = [
     "DATASET_NAMES", "DATA_FIELDS", "DATA_DEFAULTS", "MODEL_FIELDS", "MODEL_DEFAULTS", "BUILTIN_MODELS",
     "HEADS", "OPTIM_FIELDS", "EVAL_FIELDS", "TOP_FIELDS", "DEFAULT_LOSS", "SECTION_RULES",
-    "KNOWN_NUM_CLASSES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
+    "KNOWN_NUM_CLASSES", "FIELD_APPLIES", "CONFORMAL_SCORES", "CONFORMAL_MONDRIAN", "conformal_enabled", "default_config", "effective_config", "reject_unknown_keys",
     "PLACEMENTS", "DEVICE_DATASETS", "COMPILE_MODES", "placement_problem",
 ]
 
@@ -287,20 +287,32 @@ SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...
 SECTION_RULES["eval"] += (_conformal_settings,)
 
 
+#: (section, field) -> whether the field has an effect on a config, given its section (the
+#: whole config for a top-level field, section ""). `effective_config` leaves a field out where
+#: it has none: the DenseNet shape of another model, the width of a model that has none, the
+#: learning-rate decay without milestones, the average-K activation without average-K, the
+#: conformal settings without conformal sets, mixed precision on the CPU
+FIELD_APPLIES: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
+    ("model", "depth"): lambda model: model.get("name") in _DENSENET_DEPTH_STEP,
+    ("model", "growth_rate"): lambda model: model.get("name") in _DENSENET_DEPTH_STEP,
+    ("model", "hidden_dim"): lambda model: model.get("name") in ("mlp", "small_cnn"),
+    ("optim", "gamma"): lambda optim: bool(optim.get("milestones", True)),
+    ("eval", "avgk_activation"): lambda ev: bool(ev.get("avgk")),
+    **{("eval", field): conformal_enabled
+       for field in ("conformal_scores", "conformal_mondrian", "conformal_calibration_fraction")},
+    ("", "amp"): lambda config: config.get("device") != "cpu",
+}
+
+
 def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A validated config without the fields that have no effect on it: the DenseNet shape of
-    another model, the width of a model that has none, mixed precision on the CPU. What a run
-    is described by (its MLflow params); the config itself, and its id, keep every field."""
+    """A validated config without the fields that have no effect on it (`FIELD_APPLIES`). What
+    a run is described by (its MLflow params); the config itself, and its id, keep every
+    field."""
     out = {key: dict(value) if isinstance(value, Mapping) else value for key, value in config.items()}
-    model = out.get("model")
-    if isinstance(model, dict):
-        if model.get("name") not in _DENSENET_DEPTH_STEP:
-            model.pop("depth", None)
-            model.pop("growth_rate", None)
-        if model.get("name") not in ("mlp", "small_cnn"):
-            model.pop("hidden_dim", None)
-    if out.get("device") == "cpu":
-        out.pop("amp", None)
+    for (section, field), applies in FIELD_APPLIES.items():
+        holder = out if section == "" else out.get(section)
+        if isinstance(holder, dict) and field in holder and not applies(holder):
+            holder.pop(field)
     return out
 
 

@@ -1,18 +1,28 @@
-"""The Python API, for notebooks and scripts: what the ``studies`` command does, as functions.
+"""The Python API, for notebooks and scripts: what the ``studies`` command does, as functions,
+and a study's results as pandas tables (docs/notebook.md walks through it).
 
 ::
 
     from studies import api
 
+    api.set_output("studies_out")                          # once (or STUDIES_OUTPUT=...)
     study = api.load("studies/catalog/quickstart.yaml")   # validated; StudyError if not
     print(api.dry_run(study))                              # the cells, nothing started
     outcome = api.run("studies/catalog/quickstart.yaml", smoke=True)
-    runs = api.collect(outcome.study_name)                 # analysis.collect.Collected
-    runs.table.to_pandas()                                 # one row per finished cell
+    cells = api.table(outcome.study_name)                  # one row per finished cell
+    curves = api.histories(outcome.study_name, ["val/top5"])  # per epoch, tidy
     api.report(outcome.study_name)                         # path of report.html
 
-Every function takes the same ``output`` folder and ``tracking_uri`` as the command line
-(default: ``studies_out`` and the URI the study was run with, else its local SQLite file).
+Every function takes the same ``output`` folder and ``tracking_uri`` as the command line. The
+output folder is, in this order: the ``output`` argument, the folder given to `set_output`,
+the environment variable ``STUDIES_OUTPUT`` (which the command line's ``--output`` default
+reads too), ``studies_out``. The tracking URI defaults to the one the study was run with, else
+its local SQLite file.
+
+Units: `table` and `histories` give accuracies (the fraction metrics: top-K, average-K,
+coverage...) in percent, as the report does, and every other metric as logged; the unit of
+each metric is in ``DataFrame.attrs["units"]`` (``"%"`` or ``""``), and `histories` states it
+on every row (column ``unit``).
 """
 
 from __future__ import annotations
@@ -21,10 +31,33 @@ import os
 from pathlib import Path
 from typing import IO, Optional, Sequence, Union
 
-__all__ = ["load", "cells", "dry_run", "run", "resume", "locate", "collect", "report", "DEFAULT_OUTPUT"]
+__all__ = ["load", "cells", "dry_run", "run", "resume", "locate", "collect", "report", "table",
+           "histories", "set_output", "output_folder", "DEFAULT_OUTPUT", "OUTPUT_ENV"]
 
 DEFAULT_OUTPUT = "studies_out"
+#: the environment variable naming the output folder (the API's and the command line's)
+OUTPUT_ENV = "STUDIES_OUTPUT"
 PathLike = Union[str, Path]
+_output: Optional[Path] = None  # set_output's folder
+
+
+def set_output(path: Optional[PathLike]) -> Optional[Path]:
+    """Make `path` the output folder of every later call that names none (None: back to
+    ``STUDIES_OUTPUT``, else ``studies_out``); returns it."""
+    global _output
+    _output = None if path is None else Path(path)
+    return _output
+
+
+def default_output() -> Path:
+    """The output folder when a call names none: `set_output`'s, else ``$STUDIES_OUTPUT``, else
+    ``studies_out`` (relative to the working directory)."""
+    return _output or Path(os.environ.get(OUTPUT_ENV) or DEFAULT_OUTPUT)
+
+
+def output_folder(output: Optional[PathLike] = None) -> Path:
+    """`output` if given, else `default_output()`."""
+    return Path(output) if output is not None else default_output()
 
 
 def load(path: PathLike, max_cells: Optional[int] = None, overrides: Sequence[str] = ()):
@@ -54,11 +87,11 @@ def dry_run(study, smoke: bool = False, smoke_epochs: int = 1) -> str:
 def _options(output: PathLike, tracking_uri: Optional[str], **given):
     from studies.running.runner import RunOptions
 
-    return RunOptions(output=Path(output), tracking_uri=tracking_uri,
+    return RunOptions(output=output_folder(output), tracking_uri=tracking_uri,
                       **{k: v for k, v in given.items() if v is not None})
 
 
-def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
+def run(path: PathLike, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None,
         address: Optional[str] = None, smoke: bool = False, smoke_epochs: int = 1,
         report: bool = True, num_cpus: Optional[int] = None, storage: Optional[str] = None,
         stream: Optional[IO[str]] = None, overrides: Sequence[str] = (), new_version: bool = False):
@@ -73,7 +106,7 @@ def run(path: PathLike, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Opti
                                     overrides=tuple(overrides), new_version=new_version))
 
 
-def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None,
+def resume(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None,
            address: Optional[str] = None, stream: Optional[IO[str]] = None):
     """Complete an interrupted study by name, as ``studies resume``."""
     from studies.running.runner import resume_study
@@ -81,7 +114,8 @@ def resume(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     return resume_study(name, _options(output, tracking_uri, address=address, stream=stream))
 
 
-def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> tuple[Path, str]:
+def locate(name: str, *, output: Optional[PathLike] = None,
+           tracking_uri: Optional[str] = None) -> tuple[Path, str]:
     """(study folder, tracking URI) of a study run under ``output``. The folder is confined to
     ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
     studies that exist, or the file and what was expected) otherwise. Creates nothing."""
@@ -89,6 +123,7 @@ def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     from studies.running.runner import read_settings
     from studies.tracking import default_tracking_uri
 
+    output = output_folder(output)
     study_dir = study_folder(output, name)
     uri = tracking_uri or read_settings(study_dir).get("tracking_uri")
     if uri is None:
@@ -100,7 +135,7 @@ def locate(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
     return study_dir, uri
 
 
-def collect(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None):
+def collect(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None):
     """The study's runs from MLflow (``analysis.collect.Collected``: ``table`` holds one row
     per finished cell, ``failed`` the others; ``.table.to_pandas()`` for pandas)."""
     from analysis.collect import collect as collect_runs
@@ -110,7 +145,8 @@ def collect(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optio
     return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
-def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Optional[str] = None) -> Path:
+def report(name: str, *, output: Optional[PathLike] = None,
+           tracking_uri: Optional[str] = None) -> Path:
     """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path."""
     from analysis.report import build_report
 
@@ -123,3 +159,29 @@ def report(name: str, *, output: PathLike = DEFAULT_OUTPUT, tracking_uri: Option
         check_study_copy(study_file)  # read with the study file's bounds, or refused by name
     return with_retry(lambda: build_report(uri, name, study_dir / "report",  # waits on a locked store
                                            study_file=study_file if os.path.lexists(study_file) else None))
+
+
+def table(name: str, metrics: Optional[Sequence[str]] = None, *, output: Optional[PathLike] = None,
+          tracking_uri: Optional[str] = None):
+    """One row per finished cell as a pandas DataFrame: ``cell``, ``config`` (its id),
+    ``label`` (the report's name of the config), ``variant``, ``seed``, one column per swept
+    parameter (``loss.epsilon``; None where a config does not sweep it), then the `metrics`
+    (default: all; their last values), accuracies in percent (``attrs["units"]``)."""
+    from analysis.frames import cells_frame
+
+    return cells_frame(collect(name, output=output, tracking_uri=tracking_uri), metrics)
+
+
+def histories(name: str, metrics: Sequence[str], *, output: Optional[PathLike] = None,
+              tracking_uri: Optional[str] = None):
+    """Per-epoch values of any logged `metrics` (``val/top5``, ``train/loss``...) of every
+    finished cell, as a tidy pandas DataFrame: one row per (cell, metric, epoch) with the
+    columns of `table` before ``epoch``, ``metric``, ``value`` (accuracies in percent) and
+    ``unit``."""
+    from analysis.frames import histories_frame
+    from studies.tracking.retry import with_retry
+
+    collected = collect(name, output=output, tracking_uri=tracking_uri)
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    return with_retry(lambda: histories_frame(collected, metrics))

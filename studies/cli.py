@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from studies.api import DEFAULT_OUTPUT
+from studies.api import OUTPUT_ENV, default_output
 
 EPILOG = """\
 examples:
@@ -50,9 +50,10 @@ class Command:
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--output", default=DEFAULT_OUTPUT, metavar="DIR",
+        "--output", default=str(default_output()), metavar="DIR",
         help="folder holding one sub-folder per study: study.yaml, run.json, mlflow.db, "
-             "ray/, optuna.db, report/ (default: ./%(default)s)")
+             f"ray/, optuna.db, report/ (default: ${OUTPUT_ENV}, else ./studies_out; "
+             "now %(default)s)")
 
 
 def _add_tracking(parser: argparse.ArgumentParser, saved: bool) -> None:

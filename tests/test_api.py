@@ -50,7 +50,10 @@ def _check_what_the_mlflow_ui_shows(server: str, name: str, cells, commit: str) 
     client = MlflowClient(server)
     experiment = client.get_experiment_by_name(name)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert experiment.tags["mlflow.note.content"] == api.load(QUICKSTART).description.strip()
+    link, description = experiment.tags["mlflow.note.content"].split("\n\n", 1)
+    assert description == api.load(QUICKSTART).description.strip()
+    assert link.endswith(f"(#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+                         f"&viewStateShareKey=studies-cells)")
     runs = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'")
     assert len(runs) == len(cells)
     names = {}
@@ -62,5 +65,6 @@ def _check_what_the_mlflow_ui_shows(server: str, name: str, cells, commit: str) 
             assert tags["mlflow.source.git.commit"] == commit
         names.setdefault(run.info.run_name.rsplit(" s", 1)[0], set()).add(tags["studies.config_id"])
         assert "model.depth" not in run.data.params and "amp" not in run.data.params  # an MLP on the CPU
+        assert "eval.avgk_activation" not in run.data.params  # no average-K
     assert all(len(ids) == 1 for ids in names.values()), names  # one name, one config
     assert len(names) == len({c.config_id for c in cells})

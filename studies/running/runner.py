@@ -46,6 +46,7 @@ from studies.errors import RunnerError
 from studies.running.run_options import RunOptions
 from studies.running.progress import activity, format_duration, plain_line
 from studies.running.session import StudySession
+from studies.tracking.ui_view import study_view
 from studies.tracking import (
     STATUS_FINISHED,
     StudyTracking,
@@ -332,7 +333,8 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             tracking_uri, name,
             artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
             description=study_description(study.description, study.source_text),
-            run_tags=source_tags(read_settings(study_dir).get("source") or study_file))
+            run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
+            ui_view=study_view(study, cells))
     from studies.running.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))

@@ -54,6 +54,7 @@ class StudySession:
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.namer = RunNamer()  # their run names
+        self._colors: tuple[int, dict[str, str]] = (0, {})  # (configs named, their colours)
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.race = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
         self.parameters = None  # what its Tune experiments pass to their trials, put once
@@ -262,9 +263,14 @@ class StudySession:
     def payload(self, cell, names: Mapping[str, str], resume_from: str | None) -> dict:
         """What travels to the worker that trains `cell`."""
         from studies.running.tune_experiment import cell_payload
+        from studies.tracking.ui_view import run_colors
 
         metric, _ = self.progress_metric
+        known = sum(map(len, self.namer.configs.values()))
+        if self._colors[0] != known:  # the report's colours of the configs named so far
+            self._colors = (known, run_colors(self.namer.configs, list(self.study.variants)))
         return cell_payload(cell, resume_from, names.get(cell.cell_id),
+                            color=self._colors[1].get(cell.config_id),
                             log_model=self.study.log_models,
                             checkpoint_interval_s=self.study.checkpoint_interval_s,
                             tune_metrics=[metric] if metric else [])

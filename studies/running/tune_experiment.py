@@ -214,16 +214,18 @@ def released_parameters() -> Iterator[None]:
 
 
 def cell_payload(cell, resume_from: str | None = None, run_name: str | None = None,
-                 log_model: bool = False, checkpoint_interval_s: float = 0.0,
+                 log_model: bool = False, color: str | None = None,
+                 checkpoint_interval_s: float = 0.0,
                  tune_metrics: Sequence[str] | None = None) -> dict:
     """A cell as a plain dict (what travels to the workers), with the checkpoint folder an
-    earlier session left for it, if any, and the name of its MLflow run. `tune_metrics`: the
-    epoch metrics its Tune reports carry (the driver's progress line reads one; Tune keeps
-    statistics of every key reported, ~4 KB per key and trial); None: all of them."""
+    earlier session left for it, if any, and the name and colour of its MLflow run.
+    `tune_metrics`: the epoch metrics its Tune reports carry (the driver's progress line reads
+    one; Tune keeps statistics of every key reported, ~4 KB per key and trial); None: all."""
     return {
         "cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
         "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
-        "version": getattr(cell, "version", ""), "resume_from": resume_from, "run_name": run_name, "log_model": log_model,
+        "version": getattr(cell, "version", ""), "resume_from": resume_from, "run_name": run_name,
+        "color": color, "log_model": log_model,
         "checkpoint_interval_s": float(checkpoint_interval_s),
         "tune_metrics": None if tune_metrics is None else list(tune_metrics),
     }

@@ -24,6 +24,9 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     TAG_SWEPT,
     TAG_VARIANT,
     TAG_VERSION,
+    UI_RUN_COLOR_TAG,
+    UI_VIEW_KEY,
+    UI_WORKFLOW,
     cell_runs_view_tag,
 )
 from setvalued.config import effective_config
@@ -44,8 +47,8 @@ T = TypeVar("T")
 
 #: the artifact folder of a cell's selected model (MLflow's pytorch flavour)
 MODEL_ARTIFACT = "model"
-#: MLflow 3 opens an experiment (its bare page) in its GenAI view unless this tag says
-#: otherwise; a link to its runs page says so itself (`analysis.layout.UI_WORKFLOW`)
+#: the experiment's kind for MLflow versions that read it (3.17 does not: it takes the UI from
+#: the URL or the browser, `analysis.layout.UI_WORKFLOW`); a link to its runs page says so itself
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 #: the experiment's (and a run's) description in the MLflow UI
@@ -83,15 +86,32 @@ def source_tags(study_file: str | Path) -> dict[str, str]:
     return tags
 
 
-def experiment_tags(description: str) -> dict[str, str]:
-    """A study's experiment opens in MLflow 3's model-training view, with the study's
-    description (``study_description``) as its note and the view of its cell runs that the
-    report links to (`analysis.layout.cell_runs_view`)."""
-    key, view = cell_runs_view_tag()
-    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, key: view}
-    if description:
-        tags[NOTE_TAG] = description
+def experiment_tags(description: str, view: Mapping[str, Any] | None = None,
+                    experiment_id: str | None = None) -> dict[str, str]:
+    """A study's experiment: its kind, the view of its cell runs that the report links to
+    (`view`, default `analysis.layout.cell_runs_view()`), and its note: once the experiment
+    has an id, a link to that view on the first line (`runs_link_note`), then the study's
+    description (``study_description``). MLflow 3.17 opens the bare experiment page, where its
+    experiment list leads, in its GenAI UI in a fresh browser, showing the note's first line:
+    the link is how a person gets from there to the cell runs."""
+    key, value = cell_runs_view_tag(view)
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, key: value}
+    link = runs_link_note(experiment_id) if experiment_id is not None else ""
+    note = "\n\n".join(part for part in (link, description) if part)
+    if note:
+        tags[NOTE_TAG] = note
     return tags
+
+
+#: the line of an experiment's note that links to its cell runs (`runs_link_note`)
+RUNS_LINK_TEXT = "The cell runs, grouped by config, with the study's columns and charts"
+
+
+def runs_link_note(experiment_id: str) -> str:
+    """A Markdown link, relative to the MLflow UI it is shown in, to the experiment's cell
+    runs in the model-training UI's runs page (table view; the charts are one click away)."""
+    return (f"[{RUNS_LINK_TEXT}](#/experiments/{experiment_id}/runs?{UI_WORKFLOW}"
+            f"&viewStateShareKey={UI_VIEW_KEY})")
 
 
 def study_description(description: str, source_text: str) -> str:
@@ -179,8 +199,9 @@ def finished_runs(runs: Iterable) -> list:
 def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
               session_id: str, version: str = "") -> dict[str, str]:
     """The contract tags of a cell's child run (docs/interfaces.md section 5), with its
-    config's readable name (from the cell's ``run_name``, else its variant) and the study's
-    version (the cell's, else `version`: the session's)."""
+    config's readable name (from the cell's ``run_name``, else its variant), the study's version
+    (the cell's, else `version`: the session's) and its colour in the MLflow UI's charts (the
+    cell's ``color``, when it has one)."""
     run_name = cell.get("run_name")
     version = str(cell.get("version") or version or "")
     return {**({TAG_VERSION: version} if version else {}),
@@ -196,4 +217,5 @@ def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
         TAG_SWEPT: canonical_json(cell.get("swept") or {}),
         TAG_STATUS: STATUS_RUNNING,
         TAG_SESSION: session_id,
+        **({UI_RUN_COLOR_TAG: cell["color"]} if cell.get("color") else {}),
     }

@@ -8,7 +8,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from analysis.layout import (
     ROLE_CELL,
@@ -52,8 +52,10 @@ class StudyTracking:
 
     def __init__(self, tracking_uri: str, study_name: str,
                  artifact_root: str | Path | None = None, description: str = "",
-                 run_tags: Mapping[str, str] | None = None):
+                 run_tags: Mapping[str, str] | None = None,
+                 ui_view: Mapping[str, Any] | None = None):
         self.tracking_uri = tracking_uri
+        self.ui_view = ui_view  # the MLflow UI's view of the cell runs (studies.tracking.ui_view)
         self.study_name = study_name
         self.description = description
         self.run_tags = dict(run_tags or {})
@@ -93,7 +95,7 @@ class StudyTracking:
                 try:
                     found = with_retry(lambda: self.client.create_experiment(
                         self.study_name, artifact_location=location,
-                        tags={TAG_STUDY: self.study_name, **self._experiment_tags()},
+                        tags={TAG_STUDY: self.study_name, **self._experiment_tags(None)},
                     ))
                 except Exception:
                     # another driver created it in between
@@ -101,12 +103,12 @@ class StudyTracking:
                     if found is None:
                         raise
             self._experiment_id = found
-            for key, value in self._experiment_tags().items():  # the description may have changed
+            for key, value in self._experiment_tags(found).items():  # the description may have changed
                 with_retry(lambda: self.client.set_experiment_tag(found, key, value))
         return self._experiment_id
 
-    def _experiment_tags(self) -> dict[str, str]:
-        return experiment_tags(self.description)
+    def _experiment_tags(self, experiment_id: str | None) -> dict[str, str]:
+        return experiment_tags(self.description, self.ui_view, experiment_id)
 
     def parent_run_id(self, study_yaml: str | Path | None = None) -> str:
         """The study's parent run: found by its tags, else created once (with `study.yaml`).
