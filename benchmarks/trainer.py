@@ -32,7 +32,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from setvalued.data.common import mix_seed  # noqa: E402
-from setvalued.train import _batches, _Trial, resolve_config  # noqa: E402
+from setvalued.train import Trial, resolve_config  # noqa: E402
+from setvalued.train_setup import split_batches  # noqa: E402
 
 QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
 TARGET = 1.10  # issue 14: at most 10% over the bare loop
@@ -52,7 +53,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_epoch(trial: _Trial, epoch: int) -> float:
+def bare_epoch(trial: Trial, epoch: int) -> float:
     """Seconds of one epoch of shuffling, then forward, loss, backward and step per batch:
     nothing else."""
     device = trial.device
@@ -61,7 +62,7 @@ def bare_epoch(trial: _Trial, epoch: int) -> float:
     _synchronize(device)
     start = time.perf_counter()
     order = torch.randperm(len(trial.data.train))
-    batches = _batches(trial.data.train, order, trial.cfg["optim"]["batch_size"],
+    batches = split_batches(trial.data.train, order, trial.cfg["optim"]["batch_size"],
                        int(trial.cfg["data"]["num_workers"]), device,
                        mix_seed(trial.seed, epoch))
     for x, y, idx in batches:
@@ -69,14 +70,14 @@ def bare_epoch(trial: _Trial, epoch: int) -> float:
         y = y.to(device, non_blocking=True)
         idx = idx.to(device, non_blocking=True)
         loss = trial.loss(trial.model(x), y, idx)
-        trial.optimizer.zero_grad(set_to_none=True)
+        trial.step.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        trial.optimizer.step()
+        trial.step.optimizer.step()
     _synchronize(device)
     return time.perf_counter() - start
 
 
-def trainer_epoch(trial: _Trial, epoch: int) -> float:
+def trainer_epoch(trial: Trial, epoch: int) -> float:
     """Seconds of one call of the trainer's epoch (training only, no validation)."""
     _synchronize(trial.device)
     start = time.perf_counter()
@@ -86,7 +87,7 @@ def trainer_epoch(trial: _Trial, epoch: int) -> float:
 
 
 def measure(variant: str, device: str, rounds: int, warmup: int) -> dict:
-    trial = _Trial(resolve_config(quickstart_config(variant, device)), seed=0)
+    trial = Trial(resolve_config(quickstart_config(variant, device)), seed=0)
     bare, trainer = [], []
     for epoch in range(warmup + rounds):
         first, second = (bare_epoch, trainer_epoch) if epoch % 2 == 0 else \

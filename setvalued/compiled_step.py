@@ -29,6 +29,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
+from setvalued.train_metrics import to_float32
 
 __all__ = ["CompiledStep", "release_compiled", "backend"]
 
@@ -47,26 +48,23 @@ def release_compiled() -> None:
             cudagraph_trees.reset_cudagraph_trees()
 
 
-def _float32(output: Any) -> Any:
-    if isinstance(output, TwoHeadOutput):
-        return TwoHeadOutput(*(t.float() for t in output))
-    return output.float()
-
-
 class CompiledStep:
     """The compiled passes of one trial: ``forward(x)`` (the model) and ``forward_and_loss(x,
     targets, indices)`` (model, float32 cast and loss as one function).
 
-    ``num_classes``: the width of the ranked scores. ``autocast()`` gives the trainer's mixed-precision region (entered inside the training
-    function); ``cudagraphs``: compiled with ``mode="reduce-overhead"`` (CUDA graphs), whose
-    outputs are buffers overwritten by the next replay, so what the trainer keeps is cloned.
+    ``num_classes``: the width of the ranked scores, ``scores_dtype`` their dtype (float32, or
+    float64 for a float64 model). ``autocast()`` gives the trainer's mixed-precision region
+    (entered inside the training function); ``cudagraphs``: compiled with
+    ``mode="reduce-overhead"`` (CUDA graphs), whose outputs are buffers overwritten by the next
+    replay, so what the trainer keeps is cloned.
     """
 
     def __init__(self, model: torch.nn.Module, loss: SetValuedLoss, num_classes: int,
-                 autocast: Callable[[], ContextManager], cudagraphs: bool):
+                 autocast: Callable[[], ContextManager], cudagraphs: bool,
+                 scores_dtype: torch.dtype = torch.float32):
         release_compiled()  # nothing of an earlier cell in this worker
         self.model, self.loss, self.num_classes = model, loss, int(num_classes)
-        self.autocast, self.cudagraphs = autocast, cudagraphs
+        self.autocast, self.cudagraphs, self.scores_dtype = autocast, cudagraphs, scores_dtype
         options: dict[str, Any] = {"mode": "reduce-overhead" if cudagraphs else None}
         if backend is not None:
             options = {"backend": backend}
@@ -80,7 +78,7 @@ class CompiledStep:
                        probe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with self.autocast():
             output = self.model(x)
-        output = _float32(output)  # the loss is computed in float32
+        output = to_float32(output)  # the loss is computed in float32 (a float64 model's in float64)
         scores = self.loss.prediction_scores(output)
         watched = scores + probe
         if isinstance(output, TwoHeadOutput):
@@ -95,7 +93,8 @@ class CompiledStep:
         of the loss fills; the loss)."""
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        probe = torch.zeros(x.shape[0], self.num_classes, device=x.device, requires_grad=True)
+        probe = torch.zeros(x.shape[0], self.num_classes, dtype=self.scores_dtype, device=x.device,
+                            requires_grad=True)
         scores, loss = self._train(x, targets, indices, probe)
         scores = scores.detach()
         if self.cudagraphs:  # the graph's outputs are overwritten by its next replay

@@ -4,7 +4,6 @@ the device (folded every few steps), set sizes, a non-finite loss stopping the t
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -23,13 +22,19 @@ class NonFiniteLossError(FloatingPointError):
                          "the trial is stopped (lower optim.lr or check the loss parameters)")
 
 
-def _to_float32(output: Any) -> Any:
+def to_float32(output: Any) -> Any:
+    """The model's output with half-precision scores (mixed precision) widened to float32, the
+    precision the losses are computed in; float32 and float64 outputs are kept as they are."""
     if isinstance(output, TwoHeadOutput):
-        return TwoHeadOutput(*(t.float() for t in output))
-    return output.float()
+        return TwoHeadOutput(*(_widened(t) for t in output))
+    return _widened(output)
 
 
-def _count_set_sizes(out: dict[str, list], k: str, sizes: list[int], shots: list[str]) -> None:
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def count_set_sizes(out: dict[str, list], k: str, sizes: list[int], shots: list[str]) -> None:
     """Append to the columns of ``out`` the number of test inputs of each (shot group of the
     label, set size) for the average-``k`` sets: the thesis Figure 5.4 histograms."""
     counts: dict[tuple[str, int], int] = {}
@@ -48,7 +53,7 @@ _FOLD_EVERY_STEPS = 50
 _FOLD_EVERY_ELEMENTS = 1 << 22
 
 
-class _RunningTrainMetrics:
+class RunningTrainMetrics:
     """``train/loss``, ``train/top{k}`` and ``grad_nonzero(_active)`` of one epoch, with no
     device sync and no tensor operation per batch.
 
@@ -135,7 +140,7 @@ class _RunningTrainMetrics:
         }
 
 
-def _watched_scores(output: Any, loss: SetValuedLoss) -> torch.Tensor | None:
+def watched_scores(output: Any, loss: SetValuedLoss) -> torch.Tensor | None:
     """The score tensor whose gradient ``grad_nonzero`` counts: the one the metrics rank."""
     if isinstance(output, TwoHeadOutput):
         chosen = loss.prediction_scores(output)
@@ -143,28 +148,6 @@ def _watched_scores(output: Any, loss: SetValuedLoss) -> torch.Tensor | None:
     return output
 
 
-def _cpu_copy(obj: Any) -> Any:
-    """A deep copy with every tensor detached, cloned and moved to the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _improves(value: float, best: float | None, maximize: bool) -> bool:
-    """Whether ``value`` replaces the best so far (strictly better; the first epoch always
-    counts, and a finite value beats a NaN)."""
-    if best is None:
-        return True
-    if not math.isfinite(value):
-        return False
-    if not math.isfinite(best):
-        return True
-    return value > best if maximize else value < best
-
-
-def _fmt_k(k: float) -> str:
+def fmt_k(k: float) -> str:
+    """A K as metric names write it: 5, 1.5."""
     return str(int(k)) if float(k).is_integer() else repr(float(k))

@@ -1,12 +1,10 @@
 """What a trial of `setvalued.train` is set up from: the config with its defaults, the seeds,
-the device and head, the learning rate of an epoch, the batches, a checkpoint read back.
+the device and head, the learning rate of an epoch, the batches of a split.
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import pickle
 import random
 from typing import Any, Iterator, Mapping
 
@@ -24,15 +22,10 @@ from setvalued.data.common import IndexedDataset
 from setvalued.losses import SetValuedLoss
 
 
-CHECKPOINT_FORMAT = 1
-
 #: The trial config of docs/interfaces.md section 1 with its defaults (declared in
 #: ``setvalued.config``). ``loss`` is used as a whole only when the config has no ``loss``
 #: section (its keys are the loss's parameters).
 DEFAULT_CONFIG: dict[str, Any] = default_config()
-
-#: Config keys that may differ between a checkpoint and the run resuming from it.
-RESUME_FREE_KEYS = ("data.num_workers", "device", "epochs", "compile", "eval.batch_size")
 
 
 def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,11 +98,12 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_config(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"optim.lr": 0.1, ...}``."""
     out = {}
     for k, v in d.items():
         if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_config(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -122,7 +116,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _reseed_epoch(seed: int) -> None:
+def reseed_epoch(seed: int) -> None:
     """``seed_everything`` for the devices a trainer has in use: Python, NumPy, torch's CPU
     generator and, once CUDA is initialised, every CUDA generator.
 
@@ -138,7 +132,8 @@ def _reseed_epoch(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def _resolve_device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """The device of config ``device`` (``auto``: CUDA when available)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -146,7 +141,8 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _resolve_head(requested: str, loss: SetValuedLoss) -> str:
+def resolve_head(requested: str, loss: SetValuedLoss) -> str:
+    """The model head of config ``model.head`` for ``loss`` (``auto``: the one it needs)."""
     needed = getattr(loss, "head", "linear")
     if requested == "auto":
         return needed
@@ -156,7 +152,7 @@ def _resolve_head(requested: str, loss: SetValuedLoss) -> str:
     return requested
 
 
-def _lr_at(base_lr: float, gamma: float, milestones, epoch: int) -> float:
+def lr_at(base_lr: float, gamma: float, milestones, epoch: int) -> float:
     """Learning rate of a 0-indexed epoch: ``base * gamma ** #{m in milestones : m <= epoch}``."""
     return base_lr * gamma ** sum(1 for m in milestones if m <= epoch)
 
@@ -167,7 +163,7 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(worker_seed)
 
 
-def _batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_workers: int,
+def split_batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_workers: int,
              device: torch.device, loader_seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Batches ``(inputs, labels, indices)`` of ``ds`` in the given order.
 
@@ -184,19 +180,3 @@ def _batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_worke
                         pin_memory=device.type == "cuda", drop_last=False, generator=generator,
                         worker_init_fn=_seed_worker if num_workers > 0 else None)
     yield from loader
-
-
-def _load_checkpoint(checkpoint: Any) -> dict[str, Any]:
-    """A state handed to ``on_epoch``, or read from a file with ``weights_only=True``: tensors,
-    numbers, strings and containers only, so a crafted file cannot run code when loaded."""
-    if isinstance(checkpoint, (str, os.PathLike)):
-        path = os.fspath(checkpoint)
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as error:
-            raise ValueError(f"checkpoint {path} holds objects other than tensors, numbers, strings and "
-                             f"containers; refused (loading it could run code): {str(error).splitlines()[0]}") from None
-    if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint is not a setvalued.train state (format {CHECKPOINT_FORMAT}); got "
-                         f"{type(checkpoint).__name__} with format {getattr(checkpoint, 'get', lambda _: None)('format')!r}")
-    return dict(checkpoint)

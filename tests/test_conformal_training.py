@@ -184,10 +184,10 @@ def test_fit_calibrates_on_its_split_of_validation_and_selects_on_the_rest(fitte
     calibration labels play no part in choosing the checkpoint."""
     from setvalued.data import build_datasets
     from setvalued.data.common import mix_seed
-    from setvalued.train import _CONFORMAL_STREAM
+    from setvalued.train import CONFORMAL_STREAM
 
     data = build_datasets(CONFIG["data"], 0)
-    calibration, rest = split_calibration(len(data.val), 0.5, mix_seed(0, _CONFORMAL_STREAM))
+    calibration, rest = split_calibration(len(data.val), 0.5, mix_seed(0, CONFORMAL_STREAM))
     val, test = _scores(fitted["model"], data.val), _scores(fitted["model"], data.test)
     val_probs = activate(val, "softmax")
     threshold = calibrate_avgk_threshold(val_probs[rest], 2)

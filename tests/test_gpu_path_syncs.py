@@ -34,6 +34,7 @@ from setvalued import gpu_audit
 from setvalued.gpu_audit import KernelCount, SyncAudit, claim_cuda, fake_cuda, fake_cuda_autocast
 from setvalued.losses import TwoHeadOutput, build_loss
 from setvalued.losses.parameters import LOSS_PARAMETERS
+from setvalued.train_metrics import to_float32
 from tests.test_train import write_fake_cifar
 
 NAMES = sorted(LOSS_PARAMETERS)
@@ -136,26 +137,26 @@ def _cifar_cfg(root, batch_size: int, loss: str = "ce", model: str = "small_cnn"
             "eval": {"ks": [1, 5], "batch_size": 10}, "device": "cpu", "amp": True}
 
 
-def _device_trial(monkeypatch, cfg) -> train._Trial:
+def _device_trial(monkeypatch, cfg) -> train.Trial:
     """A trial whose device is "meta" (tensors with shapes and no data: every non-CPU branch of
     the trainer and the losses, and autograd works), its generator claiming that device."""
-    monkeypatch.setattr(train, "_resolve_device", lambda name: torch.device("meta"))
+    monkeypatch.setattr(train, "resolve_device", lambda name: torch.device("meta"))
     monkeypatch.setattr(torch, "Generator", gpu_audit.CudaClaimGenerator)
-    return train._Trial(train.resolve_config(cfg), 0)
+    return train.Trial(train.resolve_config(cfg), 0)
 
 
 def epoch_syncs(monkeypatch, cfg) -> tuple[list, list, list]:
     """Host synchronisations of (the training steps, the epoch's summary, one evaluation pass)."""
     trial = _device_trial(monkeypatch, cfg)
     steps, summary, evaluation = SyncAudit(), SyncAudit(), SyncAudit()
-    batches = trial._epoch_batches(0)  # the epoch's draws and its order moved to the device
-    running = trial._start_training(0)
+    batches = trial.epoch_batches(0)  # the epoch's draws and its order moved to the device
+    running = trial.start_training(0)
     with steps:
-        count = trial._train_on(batches, running)
+        count = trial.step.train_on(batches, running)
     with summary:
         running.summary(len(trial.data.train))
     with evaluation:
-        trial.predict(trial.data.val)
+        trial.evaluation.predict(trial.model, trial.data.val)
     assert count == -(-len(trial.data.train) // cfg["optim"]["batch_size"])
     return steps.syncs, summary.syncs, evaluation.syncs
 
@@ -177,7 +178,7 @@ def test_training_steps_and_evaluation_batches_do_not_synchronise(tmp_path, monk
         # per pass: the order of the examples to the device, the scores back
         assert [(s.kind, s.where.split(":")[0]) for s in evaluation] == [
             ("blocking host-to-device copy", "setvalued/data/device.py"),
-            ("device-to-host copy", "setvalued/train.py")], [str(s) for s in evaluation]
+            ("device-to-host copy", "setvalued/train_evaluation.py")], [str(s) for s in evaluation]
     assert few == many  # 2 or 10 steps, the same synchronisations: none per step
 
 
@@ -190,9 +191,9 @@ def test_epoch_preparation_copies_a_bounded_amount_once_per_epoch(tmp_path, monk
         trial = _device_trial(monkeypatch, _cifar_cfg(tmp_path, batch_size))
         audit = SyncAudit()
         with audit:
-            batches = iter(trial._epoch_batches(0))
+            batches = iter(trial.epoch_batches(0))
             next(batches)
-            trial._start_training(0)
+            trial.start_training(0)
         counts.append(len(audit.syncs))
     assert counts[0] == counts[1] <= 3
 
@@ -282,24 +283,25 @@ def test_the_trainer_on_fake_cuda_forward_passes_do_not_synchronise(tmp_path, mo
     and the training forward with its loss (no synchronisation), and an evaluation pass (its
     order to the device, its scores back once)."""
     write_fake_cifar(tmp_path, per_class=1)
-    trial = train._Trial(train.resolve_config(_cifar_cfg(tmp_path, batch_size=6, loss="noised_topk")), 0)
+    trial = train.Trial(train.resolve_config(_cifar_cfg(tmp_path, batch_size=6, loss="noised_topk")), 0)
     monkeypatch.setattr(torch, "Generator", gpu_audit.CudaClaimGenerator)
     steps, evaluation = SyncAudit(), SyncAudit()
     with fake_cuda() as mode:
         claim_cuda(trial.model, mode)
         claim_cuda(trial.loss, mode)
-        trial.device = torch.device("cuda")
-        trial.amp_dtype = torch.bfloat16
+        trial.device = trial.step.device = trial.evaluation.device = torch.device("cuda")
+        trial.step.amp_dtype = torch.bfloat16
         trial.on_device = {ds.split: _device_split(ds, trial.device) for ds in trial.data}
-        monkeypatch.setattr(trial, "_autocast", lambda: fake_cuda_autocast(torch.bfloat16))
-        batches = iter(trial._epoch_batches(0))
+        trial.evaluation.on_device = trial.on_device
+        monkeypatch.setattr(trial.step, "autocast", lambda: fake_cuda_autocast(torch.bfloat16))
+        batches = iter(trial.epoch_batches(0))
         next(batches)  # the epoch's order moved to the device once
         with steps:
             for x, y, idx in batches:
-                output = train._to_float32(trial._run_model(x))
+                output = to_float32(trial.step.run_model(x))
                 trial.loss(output, y, idx)
         with evaluation:
-            trial.predict(trial.data.val)
+            trial.evaluation.predict(trial.model, trial.data.val)
     assert [str(s) for s in steps.syncs] == []
     assert [s.kind for s in evaluation.syncs] == ["blocking host-to-device copy", "device-to-host copy"]
 

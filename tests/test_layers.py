@@ -172,10 +172,11 @@ def test_the_study_file_package_imports_neither_torch_nor_ray():
 
 
 #: project modules that these setvalued modules may import (docs/architecture.md): the GPU
-#: audit is a tool beside the training core, the compiled step sits below ``train``
+#: audit is a tool beside the training core, the compiled step sits below ``train_step`` (it
+#: shares the trainer's float32 cast, ``train_metrics.to_float32``)
 NARROW = {
     "setvalued.gpu_audit": (),
-    "setvalued.compiled_step": ("setvalued.losses", "setvalued.losses.base"),
+    "setvalued.compiled_step": ("setvalued.losses", "setvalued.losses.base", "setvalued.train_metrics"),
 }
 
 

@@ -1,6 +1,7 @@
 """A signal closes every run (issue 33): SIGTERM, SIGHUP and Ctrl-C stop the driver, and the
 cell runs its trials left RUNNING and the parent run end KILLED in MLflow with the reason;
-`studies resume` then continues them. `studies stop` (`ray job stop`) gives a submitted
+`studies resume` then continues them; the same for every member run of a fused array in
+flight (issue 35, ``resources.seeds_per_trial``). `studies stop` (`ray job stop`) gives a submitted
 driver the time to do so.
 
 The study runs as a real `python -m studies.cli` process on a local Ray, its MLflow store a
@@ -48,8 +49,10 @@ def _runs(db: Path, role: str) -> list[dict]:
     return runs
 
 
-def _study(folder: Path, name: str) -> Path:
-    """Two cells, one at a time, a few seconds each, a checkpoint every epoch."""
+def _study(folder: Path, name: str, per_trial: int = 1) -> Path:
+    """Two cells, one at a time, a few seconds each, a checkpoint every epoch; with
+    ``per_trial: 2`` the two seeds of one config, trained as one fused array (issue 35)."""
+    lrs, seeds = ("[0.02, 0.05]", "[0]") if per_trial == 1 else ("[0.05]", "[0, 1]")
     path = folder / f"{name}.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: {name}
@@ -62,9 +65,9 @@ def _study(folder: Path, name: str) -> Path:
           epochs: 6
           eval: {{ks: [1, 3], selection: val/top3}}
           device: cpu
-        design: {{kind: grid, parameters: {{optim.lr: [0.02, 0.05]}}}}
-        seeds: [0]
-        resources: {{cpus: 1}}
+        design: {{kind: grid, parameters: {{optim.lr: {lrs}}}}}
+        seeds: {seeds}
+        resources: {{cpus: 1, seeds_per_trial: {per_trial}}}
         max_concurrent: 1
         checkpoint_interval_s: 0
         log_models: false
@@ -74,14 +77,17 @@ def _study(folder: Path, name: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path):
-    name = f"sig-{os.getpid()}"
+@pytest.mark.parametrize("per_trial", [1, 2], ids=["one-seed-a-trial", "fused-array"])
+def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path, per_trial):
+    """Stopped mid-way, every cell run left RUNNING ends KILLED with the reason (every member
+    of a fused array in flight: ``per_trial`` 2), and the resume continues each in its run."""
+    name = f"sig-{os.getpid()}-{per_trial}"
     output = tmp_path / "out"
     db = output / name / "mlflow.db"
     log = tmp_path / "driver.log"
     with open(log, "w") as sink:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "studies.cli", "run", str(_study(tmp_path, name)), "--output",
+            [sys.executable, "-m", "studies.cli", "run", str(_study(tmp_path, name, per_trial)), "--output",
              str(output), "--num-cpus", "1", "--no-report"],
             cwd=REPO, env=_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -105,6 +111,8 @@ def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path):
     assert [run for run in cells + parents if run["status"] == "RUNNING"] == []
     stopped = [run for run in cells if run["tags"].get("studies.status") != "finished"]
     assert stopped, "the cell that was mid-way"
+    if per_trial == 2:  # the array in flight: both its members were mid-way
+        assert len(stopped) == 2, stopped
     for run in stopped + parents:
         assert run["status"] == "KILLED"
         assert run["tags"]["studies.stop_reason"] == "terminated by SIGTERM"
@@ -120,6 +128,7 @@ def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path):
     # the mid-way cell continued in its own run, which no longer says it was stopped
     continued = [run for run in cells if run["id"] in {s["id"] for s in stopped}]
     assert continued and all("studies.stop_reason" not in run["tags"] for run in continued)
+    assert len(continued) == len(stopped)
     assert "studies.stop_reason" not in parents[0]["tags"]
 
 

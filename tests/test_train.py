@@ -398,7 +398,7 @@ def test_probe_times_the_epoch_loop_with_its_data_loading(monkeypatch):
 
     from setvalued import train
 
-    batches_of = train._Trial._epoch_batches
+    batches_of = train.Trial.epoch_batches
 
     def slow_batches(self, epoch):
         for batch in batches_of(self, epoch):
@@ -406,9 +406,9 @@ def test_probe_times_the_epoch_loop_with_its_data_loading(monkeypatch):
             yield batch
 
     adds = []
-    add = train._RunningTrainMetrics.add
-    monkeypatch.setattr(train._Trial, "_epoch_batches", slow_batches)
-    monkeypatch.setattr(train._RunningTrainMetrics, "add",
+    add = train.RunningTrainMetrics.add
+    monkeypatch.setattr(train.Trial, "epoch_batches", slow_batches)
+    monkeypatch.setattr(train.RunningTrainMetrics, "add",
                         lambda self, *args: adds.append(1) or add(self, *args))
     result = train.probe(small_cfg({"name": "ce"}), seed=0, steps=4)
     assert result["step_s"] >= 0.02

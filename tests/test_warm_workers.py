@@ -78,7 +78,7 @@ def study_file(folder: Path) -> Path:
 
 _FRESH = """
 import json, sys, torch
-torch.set_num_threads(2)  # what the worker's trial got (studies.running.trial._set_torch_threads)
+torch.set_num_threads(2)  # what the worker's trial got (studies.running.trial.set_torch_threads)
 from setvalued.train import fit
 cell = json.loads(sys.argv[1])
 result = fit(cell["config"], cell["seed"])

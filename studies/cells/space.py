@@ -235,7 +235,7 @@ def smoke_cells(cells: list[Cell], epochs: int = 1) -> list[Cell]:
 
 def smoke_study(study: Study) -> Study:
     """The study as a smoke run executes it: one CPU per trial, no GPU, no early stopping or
-    pruning.
+    pruning (fused arrays kept: ``resources.seeds_per_trial``).
 
     The smoke cells are tiny CPU jobs of a few epochs (:func:`smoke_config`), so the file's GPU
     resources and its scheduler or pruners (which need every seed of a config at once, and
@@ -246,7 +246,8 @@ def smoke_study(study: Study) -> Study:
 
     design = [block.model_copy(update={"pruner": None}) if getattr(block, "pruner", None)
               else block for block in study.design]
-    return study.model_copy(update={"resources": Resources(cpus=1, gpus=0), "design": design,
+    resources = Resources(cpus=1, gpus=0, seeds_per_trial=study.resources.seeds_per_trial)
+    return study.model_copy(update={"resources": resources, "design": design,
                                     "scheduler": NoScheduler(kind="none"), "log_models": False})
 
 

@@ -89,8 +89,13 @@ def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Ite
     if wanted is not None and not wanted:
         return {}
     found: dict[str, tuple[Path, dict]] = {}
-    for meta_file in storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"):
-        if wanted is not None and meta_file.parent.parent.name not in wanted:
+    # a cell's own trial: <trial named by the cell>/checkpoint_*/; a fused array's member:
+    # <trial of the array>/checkpoint_*/<folder named by the cell>/ (studies.running.array_trial)
+    for meta_file in [*storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"),
+                      *storage.glob(f"tune-*/*/checkpoint_*/*/{META_FILE}")]:
+        folder = meta_file.parent
+        named = folder.parent.name if folder.name.startswith("checkpoint_") else folder.name
+        if wanted is not None and named not in wanted:
             continue
         try:
             meta = read_meta(meta_file.parent)
@@ -113,6 +118,12 @@ def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Ite
         if best is None or _epoch(meta) > _epoch(best[1]):
             found[cell_id] = (meta_file.parent, meta)
     return found
+
+
+def _experiment_dir(folder: Path) -> Path:
+    """The Tune experiment folder (``tune-*``) above a checkpoint folder (a member's is one
+    level deeper than a cell's)."""
+    return folder.parent.parent.parent if not folder.name.startswith("checkpoint_") else folder.parent.parent
 
 
 def _epoch(meta: dict) -> int:
@@ -153,7 +164,7 @@ class ResumePoints:
 
     def experiment_dirs(self) -> list[Path]:
         """The Tune experiment folders that hold these checkpoints (removed at the end)."""
-        return list(dict.fromkeys(folder.parent.parent for folder, _ in self.found.values()))
+        return list(dict.fromkeys(_experiment_dir(folder) for folder, _ in self.found.values()))
 
     def describe(self) -> str | None:
         """One line for the user; None when no cell continues from a checkpoint."""

@@ -100,6 +100,7 @@ class ComputeEstimate:
     experiments: int = 1  # Tune experiments run one after the other (EXPERIMENT_START_S apart)
     schedule_note: str = ""
     notes: list[str] = field(default_factory=list)
+    seeds_per_trial: int = 1  # cells a trial slot trains as one fused array
 
     @property
     def gpu_hours(self) -> float:
@@ -285,10 +286,12 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
     # each Tune experiment deals its cells in order to the slots, the first cell of each
     # slot in a fresh worker that warms up
     parts = experiments(cells)
+    per_trial = int(getattr(study.resources, "seeds_per_trial", 1))
     schedules, cell_seconds = [], 0.0
     for part in parts:
-        durations = [plain[i] + (timings.warm_up_s if n < slots else 0.0)
-                     for n, i in enumerate(part)]
+        trials = fused_trials(part, cells, per_trial)
+        durations = [sum(plain[i] for i in trial) + (timings.warm_up_s if n < slots else 0.0)
+                     for n, trial in enumerate(trials)]
         schedules.append(schedule_length(durations, slots))
         cell_seconds += sum(durations)
     start_up = START_UP_S + load_s
@@ -309,6 +312,10 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
         schedule_note = (f"racing: {race.initial}-{race.max} seeds per config, counted at "
                          f"{race.max} ({1 - race.initial / race.max:.0%} less if all are "
                          f"decided at {race.initial})")
+    if per_trial > 1:
+        notes.append(f"fused arrays: each trial slot trains up to {per_trial} seeds of a config as one "
+                     f"model; an array is timed as its cells one after the other (an upper bound: "
+                     f"benchmarks/fused_seeds.py measures what fusing saves)")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     cpus_here = os.cpu_count() or 1
     if load > cpus_here and gpus is None and float(study.resources.gpus) == 0:
@@ -321,7 +328,21 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                          f"give --pilot NAME")
     return ComputeEstimate(rows, slots, slots_text, float(study.resources.gpus),
                            float(study.resources.cpus), wall, cell_seconds, start_up,
-                           timings.warm_up_s, len(parts), schedule_note, notes)
+                           timings.warm_up_s, len(parts), schedule_note, notes, per_trial)
+
+
+def fused_trials(part: Sequence[int], cells: Sequence[Any], per_trial: int) -> list[list[int]]:
+    """The positions of a part's cells grouped into trials: one cell each, or with
+    ``resources.seeds_per_trial`` > 1 the consecutive cells of a config in arrays of up to
+    ``per_trial`` (`studies.cells.arrays`: a config's rest runs as a smaller array)."""
+    trials: list[list[int]] = []
+    for i in part:
+        if trials and per_trial > 1 and len(trials[-1]) < per_trial \
+                and cells[trials[-1][0]].config_id == cells[i].config_id:
+            trials[-1].append(i)
+        else:
+            trials.append([i])
+    return trials
 
 
 def experiments(cells: Sequence[Any]) -> list[list[int]]:

@@ -89,7 +89,8 @@ def compute_table(est: ComputeEstimate) -> str:
                      f"{r.time.source}")
     lines.append(f"{'total':<22}{sum(r.configs for r in est.rows):>8}"
                  f"{sum(r.cells for r in est.rows):>7}")
-    lines.append(f"trial slots: {est.slots} ({est.slots_text})")
+    lines.append(f"trial slots: {est.slots} ({est.slots_text})" + (
+        f", {est.seeds_per_trial} cells a trial" if est.seeds_per_trial > 1 else ""))
     lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}")
     lines.append(f"wall time: {duration_text(est.wall_s)} (start-up {est.start_up_s:.0f} s, "
                  f"warm-up {est.warm_up_s:.1f} s per new worker)")

@@ -369,15 +369,23 @@ class ProgressReporter:
     def _cell(trial) -> str:
         return str(trial.config.get("cell_id"))
 
+    @staticmethod
+    def _cells(trial) -> list[str]:
+        """The cells a trial trains: its cell, or a fused array's members."""
+        members = (trial.config.get("cell") or {}).get("members")
+        return [str(m["cell_id"]) for m in members] if members else [str(trial.config.get("cell_id"))]
+
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.progress.start(self._cell(trial))
+        for cell in self._cells(trial):
+            self.progress.start(cell)
         self._show(force=not self._last_print)  # the first line at once, then every interval
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        """Counts and the best value from an epoch's report; a line of its own for a failed
-        cell and for a cell whose checkpoint could not be loaded (its first report says so:
-        the session announced it would continue from that checkpoint)."""
-        cell = self._cell(trial)
+        """Counts and the best value from an epoch's report (a fused array's name the member in
+        `cell_id`); a line of its own for a failed cell and for a cell whose checkpoint could not
+        be loaded (its first report says so: the session announced it would continue from that
+        checkpoint)."""
+        cell = str(result["cell_id"]) if result.get("cell_id") else self._cell(trial)
         status = result.get("cell_status")
         if result.get("restarted"):  # trial.RESTARTED_KEY: the first report of a restarted cell
             self._print(f"{PREFIX} cell {self.name(cell)}: its checkpoint could not be loaded "
@@ -394,13 +402,13 @@ class ProgressReporter:
         self._show()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        cell = self._cell(trial)
-        if cell not in self.progress.failed and cell not in self.progress.finished:
-            last = trial.last_result or {}
-            if last.get("cell_status") == "failed":
-                self.progress.fail(cell, str(last.get("error", "")))
-            else:
-                self.progress.finish(cell)
+        for cell in self._cells(trial):
+            if cell not in self.progress.failed and cell not in self.progress.finished:
+                last = trial.last_result or {}
+                if last.get("cell_status") == "failed" and str(last.get("cell_id", cell)) == cell:
+                    self.progress.fail(cell, str(last.get("error", "")))
+                else:
+                    self.progress.finish(cell)
         self._show()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
@@ -408,13 +416,15 @@ class ProgressReporter:
                     f"its last checkpoint ({trial_error(trial)})")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        cell = self._cell(trial)
         error = trial_error(trial)
-        self.progress.fail(cell, error)
-        self._print(f"{PREFIX} cell {self.name(cell)} FAILED: {error}")
+        for cell in self._cells(trial):
+            if cell in self.progress.finished or cell in self.progress.failed:
+                continue
+            self.progress.fail(cell, error)
+            self._print(f"{PREFIX} cell {self.name(cell)} FAILED: {error}")
+            if self._on_error is not None:
+                self._on_error(cell)
         self._show()
-        if self._on_error is not None:
-            self._on_error(cell)
 
     def on_step_end(self, iteration, trials, **info):
         if self.progress.running:

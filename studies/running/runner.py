@@ -258,6 +258,32 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
     session.run_optuna_blocks(total_hint, len(done))
 
 
+def _check_fusion(study_file: str | Path, study: Any, cells: Sequence) -> None:
+    """Refuse (`StudyError` at ``resources.seeds_per_trial``) a study whose configs cannot train
+    as fused arrays: a one-batch probe of each distinct model, data and loss
+    (``setvalued.fused.probe_config``; imports torch, as only a fused study's dry run does)."""
+    from setvalued.fused import probe_config
+    from studies.studyfile.problems import StudyError
+
+    probed: set[str] = set()
+    for cell in cells:
+        config = cell.config
+        key = json.dumps([config.get("model"), config.get("data"), config.get("loss"), config.get("compile")],
+                         sort_keys=True, default=str)
+        if key in probed:
+            continue
+        probed.add(key)
+        try:
+            reason = probe_config(config)
+        except (ValueError, OSError):  # the config or its data fail; the preconditions or the trial say so
+            continue
+        if reason:
+            where = ("resources", "seeds_per_trial")
+            raise StudyError(str(study_file), [(".".join(where), study.line_of(where),
+                                                f"{reason} (variant {cell.variant!r}); expected "
+                                                f"seeds_per_trial: 1 for this model")])
+
+
 def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunOutcome:
     """Run (or complete) the study in `study_file`; see the module docstring.
 
@@ -274,10 +300,19 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     _set_log_levels(options.verbose)
     study, cells, name = _load(study_file, options)
+    if int(study.resources.seeds_per_trial) > 1:
+        with activity(stream, "probing the fused form of every model (resources.seeds_per_trial)"):
+            _check_fusion(study_file, study, cells)
     if options.dry_run:
         from studies.cells.space import format_cells_table
 
         print(format_cells_table(cells, study), file=stream, flush=True)
+        if int(study.resources.seeds_per_trial) > 1:
+            from studies.cells.arrays import fused_arrays
+
+            arrays = fused_arrays(cells, int(study.resources.seeds_per_trial))
+            print(f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds "
+                  f"(one trial each)", file=stream, flush=True)
         return RunOutcome(0, name, cells=len(cells))
 
     from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow

@@ -168,14 +168,30 @@ class StudySession:
                             total=total, done_before=done_before, names=names)
             return
         callback = None
-        parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT)
+        per_trial = int(self.study.resources.seeds_per_trial)
+        parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT * per_trial)
         for number, part in enumerate(parts, start=1):
             if len(parts) > 1:
                 self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
-            callback = self.experiment(CellQueueSearcher({c.cell_id: payloads[c.cell_id] for c in part}),
-                                       cells, max_trials=len(part), total=total,
-                                       done_before=done_before, callback=callback, names=names)
+            trials = {c.cell_id: payloads[c.cell_id] for c in part}
+            if per_trial > 1:
+                trials = self.array_payloads(part, trials, per_trial)
+            callback = self.experiment(CellQueueSearcher(trials), cells, max_trials=len(trials), total=total,
+                                       done_before=done_before, callback=callback, names=names,
+                                       arrays=per_trial > 1)
         self.callback = callback
+
+    def array_payloads(self, cells: Sequence, payloads: Mapping[str, dict], per_trial: int) -> dict[str, dict]:
+        """The payloads of `cells` as fused arrays of up to `per_trial` seeds of a config
+        (`studies.cells.arrays`), keyed by the arrays' trial names."""
+        from studies.cells.arrays import array_id, fused_arrays
+        from studies.running.tune_experiment import array_payload
+
+        starts = {cell_id: int(meta.get("epoch", -1)) for cell_id, (_, meta) in self.resume.found.items()}
+        arrays = fused_arrays(cells, per_trial, starts)
+        self.say(f"{len(cells)} cells as {len(arrays)} fused arrays of up to {per_trial} seeds "
+                 f"(one trial each)")
+        return {array_id(a): array_payload(array_id(a), [payloads[c.cell_id] for c in a]) for a in arrays}
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
         """One Tune experiment over the configs of an optuna block, asked as slots free up
@@ -262,7 +278,7 @@ class StudySession:
     def experiment(self, searcher, cells: Sequence, *,
                    max_trials: int, total: int, done_before: int,
                    epochs: dict[str, int] | None = None, callback=None, scheduling=None,
-                   names: Mapping[str, str] | None = None):
+                   names: Mapping[str, str] | None = None, arrays: bool = False):
         """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
         the progress line (`callback`: the one of an earlier part of the same cells, whose
         counts go on; else a new one over `cells`), the config-level scheduler (`scheduling`,
@@ -299,7 +315,7 @@ class StudySession:
             resources={"cpu": float(self.study.resources.cpus),
                        "gpu": float(self.study.resources.gpus)},
             concurrency=self.concurrency,
-            max_failures=int(self.study.max_failures), callbacks=[callback])
+            max_failures=int(self.study.max_failures), callbacks=[callback], arrays=arrays)
         # Tune's trials of this experiment hold reference cycles: free them before the next
         # part starts, not whenever the collector next runs (a full collection of the
         # driver's heap takes about 0.3 s: not worth it after a few trials)

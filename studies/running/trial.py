@@ -75,7 +75,7 @@ def default_fit() -> FitFunction:
     return fit
 
 
-def _deterministic_errors() -> tuple[type[BaseException], ...]:
+def deterministic_errors() -> tuple[type[BaseException], ...]:
     try:
         from setvalued.train import NonFiniteLossError
     except ImportError:  # the training core is optional for custom fit functions
@@ -103,7 +103,7 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _set_torch_threads() -> None:
+def set_torch_threads() -> None:
     """One intra-op thread per CPU that Ray gave this trial (fractions round up to 1)."""
     try:
         import ray
@@ -115,12 +115,12 @@ def _set_torch_threads() -> None:
         pass
 
 
-def _ids(cell: Mapping[str, Any], run: CellRun) -> dict[str, Any]:
+def cell_ids(cell: Mapping[str, Any], run: CellRun) -> dict[str, Any]:
     """What every Tune report of the cell carries to the driver."""
     return {"cell_id": cell["cell_id"], "config_id": cell["config_id"], "run_id": run.run_id}
 
 
-def _plugin_tags(cell: Mapping[str, Any]) -> dict[str, str]:
+def plugin_tags(cell: Mapping[str, Any]) -> dict[str, str]:
     """The `studies.plugins` tag of a cell whose config names a plugin: the distributions and
     versions this worker registered (what trains the cell), none for built-ins only."""
     from setvalued.registry import plugin_distributions
@@ -148,50 +148,50 @@ def run_cell(
 
     cell = tune_config["cell"]
     fit = fit_fn or default_fit()
-    deterministic = _deterministic_errors()
-    _set_torch_threads()
+    deterministic = deterministic_errors()
+    set_torch_threads()
 
     state, meta = _starting_point(cell)
-    start = _start_report(cell, state, meta)
+    start = start_report(cell, state, meta)
     if meta.get("discard_run_id"):  # its checkpoint was unreadable: a new run replaces it
-        _discard_run(context, meta["discard_run_id"])
+        discard_run(context, meta["discard_run_id"])
     # the node tag shows in MLflow where this attempt runs (which node trained or retried it)
     run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"),
                                tags={TAG_NODE_ID: ray.get_runtime_context().get_node_id(),
-                                     **_plugin_tags(cell)})
-    if reused and _already_finished(run):
+                                     **plugin_tags(cell)})
+    if reused and already_finished(run):
         return  # finished before the worker died; Tune only missed the end
     history: list[list] = meta.get("history", [])  # [[epoch, metrics], ...] in order
-    logged_through = _log_missing_epochs(run, history, reused, resumed=state is not None)
+    logged_through = log_missing_epochs(run, history, reused, resumed=state is not None)
     coordinator = CoordinatorClient.connect(early_stopping, cell)
-    reporter = _EpochReporter(run, cell, context, history, logged_through, coordinator, state, start)
+    reporter = EpochReporter(run, cell, context, history, logged_through, coordinator, state, start)
     earlier_error = run.recorded_error() if reused else None
     try:
         result = _train(fit, cell, reporter)
         if cell.get("log_model") and result.get("model") is not None:
-            _log_model(run, result)
+            log_model_of(run, result)
         run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending(),
                    clear_error=earlier_error is not None)
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except Exception as error:
         message = one_paragraph(error)
-        folders = _written_folders(context)
+        folders = written_folders(context)
         disk_full = full_disk(error, folders)
         if disk_full:  # the message says which disk: the folders written and their free space
             message = full_disk_message(error, folders)
-        if not (disk_full or _will_repeat(error, message, earlier_error, reporter.epochs_done, state,
+        if not (disk_full or will_repeat(error, message, earlier_error, reporter.epochs_done, state,
                                           deterministic)):
             # the epochs after the last checkpoint are trained and logged again by the retry
-            _record_failure(run, message)
+            record_failure(run, message)
             raise  # Tune retries the trial from its last checkpoint (FailureConfig)
-        _flush_for_the_record(reporter)
-        _record_failure(run, message)
+        flush_for_the_record(reporter)
+        record_failure(run, message)
         if coordinator is not None:
             coordinator.tell_gone()
-        ray.tune.report({**_ids(cell, run), "cell_status": "failed", "error": message})
+        ray.tune.report({**cell_ids(cell, run), "cell_status": "failed", "error": message})
 
 
-def _log_model(run: CellRun, result: Mapping[str, Any]) -> None:
+def log_model_of(run: CellRun, result: Mapping[str, Any]) -> None:
     """The selected model in MLflow; a model that cannot be saved costs the cell nothing else."""
     try:
         run.log_model(result["model"], result["input_example"], step=int(result.get("best_epoch") or 0))
@@ -199,7 +199,7 @@ def _log_model(run: CellRun, result: Mapping[str, Any]) -> None:
         print(f"[studies] the model of run {run.run_id} was not logged ({one_paragraph(error)})", flush=True)
 
 
-def _will_repeat(error: Exception, message: str, earlier_error: str | None, epochs_done: int,
+def will_repeat(error: Exception, message: str, earlier_error: str | None, epochs_done: int,
                  state: Any, deterministic: tuple) -> bool:
     """Whether a retry would fail the same way, so the cell fails now instead: a known
     deterministic error (a non-finite loss), an OSError (a full disk, a missing file), an
@@ -251,7 +251,7 @@ def full_disk_message(error: BaseException, folders: Iterable[str | Path]) -> st
             f"{'; '.join(places) or 'no folder it can see'}; free space there (or pass --storage)")
 
 
-def _written_folders(context: TrackingContext) -> list[str]:
+def written_folders(context: TrackingContext) -> list[str]:
     """Where a trial writes: checkpoints staged in the temporary folder, then Tune's trial
     folder; a local SQLite store's folder."""
     folders = [tempfile.gettempdir()]
@@ -266,7 +266,7 @@ def _written_folders(context: TrackingContext) -> list[str]:
     return [f for f in folders if f]
 
 
-def _flush_for_the_record(reporter: "_EpochReporter") -> None:
+def flush_for_the_record(reporter: "EpochReporter") -> None:
     """The epochs of a cell that fails for good that are not logged yet: its curves up to the
     failure stay visible in MLflow (best effort: the failure itself matters more)."""
     try:
@@ -276,7 +276,7 @@ def _flush_for_the_record(reporter: "_EpochReporter") -> None:
               f"({one_paragraph(error)})", flush=True)
 
 
-def _record_failure(run: CellRun, message: str) -> None:
+def record_failure(run: CellRun, message: str) -> None:
     """The run ends FAILED with its error; if even that cannot be written (the store is full),
     the driver marks it when the study ends (StudyTracking.fail_unfinished)."""
     try:
@@ -296,11 +296,11 @@ def _starting_point(cell: Mapping[str, Any]) -> tuple[Any, dict]:
     if checkpoint is not None:
         return read_tune_checkpoint(checkpoint)
     if cell.get("resume_from"):
-        return _read_resume_checkpoint(cell["resume_from"])
+        return read_resume_checkpoint(cell["resume_from"])
     return None, {}
 
 
-def _read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
+def read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
     """(fit state, meta) of an earlier session's checkpoint. When it cannot be read (a driver
     killed while Tune was writing it, or a file that holds more than tensors and numbers and
     is refused unread), the cell starts from scratch in a new run: the meta then only names
@@ -324,7 +324,7 @@ RESUMED_FROM_KEY = "resumed_from"
 RESTARTED_KEY = "restarted"
 
 
-def _start_report(cell: Mapping[str, Any], state: Any, meta: Mapping[str, Any]) -> dict[str, str]:
+def start_report(cell: Mapping[str, Any], state: Any, meta: Mapping[str, Any]) -> dict[str, str]:
     """What the trial's first Tune report adds about its start, so that the driver's console
     says what happened: {RESUMED_FROM_KEY: the epoch (0-indexed) training resumes at} after a
     checkpoint loaded, {RESTARTED_KEY: why} when the checkpoint an earlier session left could
@@ -337,7 +337,7 @@ def _start_report(cell: Mapping[str, Any], state: Any, meta: Mapping[str, Any]) 
     return {}
 
 
-def _discard_run(context: TrackingContext, run_id: str) -> None:
+def discard_run(context: TrackingContext, run_id: str) -> None:
     """Delete (MLflow's soft delete) an earlier session's run of the cell."""
     from mlflow.tracking import MlflowClient
 
@@ -347,14 +347,14 @@ def _discard_run(context: TrackingContext, run_id: str) -> None:
         print(f"[studies] could not delete the earlier run {run_id} ({one_paragraph(error)})", flush=True)
 
 
-def _already_finished(run: CellRun) -> bool:
+def already_finished(run: CellRun) -> bool:
     """Whether the cell's run is tagged finished (a trial restarted after its worker died
     may have finished everything but the last Tune report)."""
     tags = with_retry(lambda: run.client.get_run(run.run_id)).data.tags
     return tags.get(TAG_STATUS) == STATUS_FINISHED
 
 
-def _log_missing_epochs(run: CellRun, history: list[list], reused: bool,
+def log_missing_epochs(run: CellRun, history: list[list], reused: bool,
                         resumed: bool) -> int | None:
     """Log the checkpoint's epochs that the run misses (a worker that died between its
     checkpoint and its MLflow log); returns the last epoch the run holds, if any."""
@@ -369,7 +369,7 @@ def _log_missing_epochs(run: CellRun, history: list[list], reused: bool,
     return logged_through
 
 
-class _EpochReporter:
+class EpochReporter:
     """`fit`'s `on_epoch` for one cell.
 
     After every epoch: a Tune report (progress and the driver's view), then early
@@ -387,7 +387,7 @@ class _EpochReporter:
                  history: list[list], logged_through: int | None,
                  coordinator: CoordinatorClient | None, state: Any, start: Mapping[str, str] | None = None):
         self.run = run
-        self.start = dict(start or {})  # added to the first Tune report only (_start_report)
+        self.start = dict(start or {})  # added to the first Tune report only (start_report)
         self.cell = cell
         self.context = context
         self.history = history  # [[epoch, metrics], ...], the checkpoint's then this run's
@@ -453,25 +453,33 @@ class _EpochReporter:
         """The epoch's Tune report; with a checkpoint of `state` unless it is None."""
         import ray.tune
 
+        report = self.tune_report(epoch, values)
+        if state is None:
+            ray.tune.report(report)
+            return
+        with tempfile.TemporaryDirectory(prefix="studies-ckpt-") as folder:
+            save_checkpoint(Path(folder), state, self.checkpoint_meta(epoch))
+            ray.tune.report(report, checkpoint=ray.tune.Checkpoint.from_directory(folder))
+        self.last_checkpoint = time.perf_counter()
+
+    def tune_report(self, epoch: int, values: dict[str, float]) -> dict[str, Any]:
+        """What the epoch's Tune report carries (the start's keys on the first one only)."""
         keys = self.cell.get("tune_metrics")  # MLflow has every metric; Tune, what the driver reads
         shown = values if keys is None else {k: values[k] for k in keys if k in values}
-        report = {**shown, **_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
+        report = {**shown, **cell_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
                   "cell_status": "running"}
         if self.start:
             report.update(self.start)
             self.start = {}
-        if state is None:
-            ray.tune.report(report)
-            return
-        meta = {"run_id": self.run.run_id, "cell_id": self.cell["cell_id"],
+        return report
+
+    def checkpoint_meta(self, epoch: int) -> dict[str, Any]:
+        """The meta.json of the cell's checkpoint after `epoch` (`studies.running.checkpoints`)."""
+        return {"run_id": self.run.run_id, "cell_id": self.cell["cell_id"],
                 "study": self.context.study_name, "epoch": epoch, "history": self.history}
-        with tempfile.TemporaryDirectory(prefix="studies-ckpt-") as folder:
-            save_checkpoint(Path(folder), state, meta)
-            ray.tune.report(report, checkpoint=ray.tune.Checkpoint.from_directory(folder))
-        self.last_checkpoint = time.perf_counter()
 
 
-def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: _EpochReporter) -> Mapping:
+def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -> Mapping:
     """`fit`'s result: trained to the end, or, when the config was early-stopped, finalised
     at the epoch of the stop (see the module docstring)."""
     config = copy.deepcopy(dict(cell["config"]))

@@ -30,6 +30,7 @@ from ray.tune.search import Searcher
 
 from studies.cells.cell_queue import CellQueue
 from studies.running.progress import ProgressReporter
+from studies.running.array_trial import run_array
 from studies.running.trial import run_cell
 from studies.tracking import TrackingContext
 
@@ -230,20 +231,27 @@ def cell_payload(cell, resume_from: str | None = None, run_name: str | None = No
     }
 
 
+def array_payload(array_id: str, members: Sequence[dict]) -> dict:
+    """A fused array's payload (``resources.seeds_per_trial``): its members' cell payloads,
+    trained by `studies.running.array_trial.run_array` in one trial named ``array_id``."""
+    return {"cell_id": array_id, "members": list(members)}
+
+
 def run_experiment(searcher: Searcher, *, max_trials: int, name: str, storage: str,
                    context: TrackingContext, fit_fn: Callable | None,
                    early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
                    concurrency: int, max_failures: int, callbacks: Sequence,
-                   parameters: ExperimentParameters | None = None) -> None:
+                   parameters: ExperimentParameters | None = None, arrays: bool = False) -> None:
     """Run one trial per cell that `searcher` hands out, each payload in its trial's config,
     in the Tune experiment `name` under `storage`, at most `concurrency` at a time and at most
     `max_trials` in all (a `CellQueueSearcher` hands out its cells in order, a race's
     `RaceSearcher` only the cells the race needs, an optuna block's `ProposalSearcher` the
     cells of the configs it proposes). `parameters`: the session's, so that consecutive
-    experiments share what they pass to their trials."""
+    experiments share what they pass to their trials. `arrays`: each payload is a fused array
+    (`array_payload`), trained by `run_array`."""
     parameters = parameters or ExperimentParameters()
     with released_parameters():
-        trainable = tune.with_parameters(run_cell, **parameters.references(
+        trainable = tune.with_parameters(run_array if arrays else run_cell, **parameters.references(
             context=context, fit_fn=fit_fn, early_stopping=early_stopping))
         tuner = tune.Tuner(
             tune.with_resources(trainable, dict(resources)),

@@ -129,6 +129,8 @@ class ConfigScheduling:
         if not self.enabled:
             return
         need = self.study.seeds_at_once  # a race's later seeds run after its initial round
+        per_trial = int(self.study.resources.seeds_per_trial)
+        need = -(-need // per_trial)  # fused arrays: a trial runs up to per_trial of them
         if concurrency < need:
             raise RunnerError(
                 f"{self.study.path}: {self.label} decides per config over its "
@@ -228,11 +230,20 @@ class CoordinatorClient:
         """Record this seed's value of the metric (NaN when absent) and block until its
         config's decision at this epoch: 'stop' or 'continue' (one call per `wait_s` of
         waiting: the actor answers as soon as the decision exists)."""
+        return self.wait(epochs_done, self.record(epochs_done, metrics), wait_s)
+
+    def record(self, epochs_done: int, metrics: Mapping[str, float]) -> str:
+        """Record this seed's value of the metric (NaN when absent) without waiting: 'stop',
+        'continue' or 'wait' (the members of a fused array record all, then wait once)."""
         import ray
 
         value = float(metrics.get(self.metric, math.nan))
-        status = ray.get(self.actor.record.remote(self.config_id, self.seed, epochs_done,
-                                                  value))
+        return ray.get(self.actor.record.remote(self.config_id, self.seed, epochs_done, value))
+
+    def wait(self, epochs_done: int, status: str, wait_s: float = 60.0) -> str:
+        """Block while `status` is 'wait' until the config's decision at this epoch."""
+        import ray
+
         while status == WAIT:
             status = ray.get(self.actor.wait_decision.remote(
                 self.config_id, self.seed, epochs_done, wait_s))

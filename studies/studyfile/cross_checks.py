@@ -142,6 +142,8 @@ def check_study(study: Study) -> None:
                                     "every seed; racing (seeds: {initial, max}) needs a fixed set of "
                                     "configs: expected a seed list, or no optuna block"))
 
+    problems.extend(_fused_array_problems(study, configs))
+
     # report and reference: variant names exist; curve x is a swept path
     swept = {p for b in study.design for p in b.parameter_paths}
     compare = study.report.compare
@@ -197,6 +199,25 @@ def check_study(study: Study) -> None:
                                         f"{row.variant!r}; expected one of: {', '.join(names)}"))
     if problems:
         raise Problems(problems)
+
+
+def _fused_array_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+    """What ``resources.seeds_per_trial`` > 1 (a config's seeds fused into one model) does not
+    support yet: racing and optuna blocks hand out seed trials one by one, and ``compile:
+    model`` is not fused (early stopping and ASHA stop an array as a whole)."""
+    if study.resources.seeds_per_trial == 1:
+        return []
+    where = ("resources", "seeds_per_trial")
+    problems = []
+    if study.racing is not None or study.optuna_blocks:
+        problems.append(Problem(where, "fused arrays (seeds_per_trial > 1) run a seed list and no optuna "
+                                       "block for now; expected 1 with racing or an optuna block"))
+    for name, config in configs.items():
+        if config.get("compile", "none") != "none":
+            problems.append(Problem(where, f"compile: {config['compile']} is not supported in a fused array "
+                                           f"(variant {name!r}); expected 1, or compile: none"))
+            break
+    return problems
 
 
 def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:

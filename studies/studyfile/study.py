@@ -50,6 +50,9 @@ class Resources(StrictModel):
 
     cpus: float = Field(1.0, gt=0)
     gpus: float = Field(0.0, ge=0)
+    #: seeds of one config trained as one fused array in one trial (``setvalued.fused``;
+    #: docs/throughput.md): the resources above are the array's
+    seeds_per_trial: int = Field(1, ge=1, le=64)
 
     @field_validator("cpus", "gpus")
     @classmethod

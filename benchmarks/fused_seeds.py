@@ -1,0 +1,162 @@
+"""Seeds fused into one model (issue 35), on the CPU: what one member-step costs fused.
+
+For the quickstart's MLP and a small DenseNet-BC (depth 10, growth 12, on 3 x 32 x 32 synthetic
+images), for N = 1, 2, 4, 8 seeds of one config: N separate trials (``setvalued.train.Trial``,
+each its own step) against one fused array of N members (``setvalued.fused.Array``), on the same
+batches. Per member-step (one member's forward, loss, backward and optimizer step, with its
+batch fetched and its running metrics):
+
+- wall time, the best of ``--rounds`` interleaved rounds of ``--steps`` steps;
+- aten operators dispatched per step (counted with a ``TorchDispatchMode``; on a GPU each is
+  about one kernel launch): forward, loss, backward, optimizer step and running metrics, the
+  epoch's set-up left out (3 steps' count less 1 step's, halved).
+
+Then the 8-seed MLP study: ``fit`` of 8 seeds one after the other against ``fit_array`` of the
+8 (``--epochs`` epochs, validation and test included). Every figure is printed beside its
+ratio to the separate trials, measured in the same run (the machine's load cancels out).
+
+    python benchmarks/fused_seeds.py                  # a few minutes on 2 cores
+    python benchmarks/fused_seeds.py --steps 3 --rounds 1 --members 1 2 --study-epochs 1   # plumbing
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from setvalued.fused import Array, fit_array  # noqa: E402
+from setvalued.train import Trial, fit, resolve_config  # noqa: E402
+
+#: the quickstart's MLP study (studies/catalog/quickstart.yaml) with the noised top-K loss
+MLP = {
+    "data": {"name": "synthetic", "num_classes": 40, "num_superclasses": 8, "train_size": 2000, "val_size": 500,
+             "test_size": 1000},
+    "model": {"name": "mlp", "hidden_dim": 128},
+    "loss": {"name": "noised_topk", "k": 5, "epsilon": 0.1, "n_samples": 5},
+    "optim": {"lr": 0.1, "batch_size": 64, "milestones": [10], "weight_decay": 1e-4},
+    "eval": {"ks": [1, 3, 5, 10], "selection": "val/top5"},
+    "device": "cpu",
+}
+DENSENET = {
+    **MLP,
+    "data": {"name": "synthetic", "num_classes": 40, "num_superclasses": 8, "train_size": 1024, "val_size": 128,
+             "test_size": 128, "form": "images"},
+    "model": {"name": "densenet_bc_cifar", "depth": 10, "growth_rate": 12},
+}
+MODELS = {"mlp": MLP, "densenet_bc": DENSENET}
+
+
+class OperatorCount(TorchDispatchMode):
+    """Counts the aten operators dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def separate_steps(trials: list[Trial], steps: int) -> float:
+    """Seconds of ``steps`` steps of every trial, one trial after the other."""
+    start = time.perf_counter()
+    for trial in trials:
+        trial.step.set_learning_rate(0)
+        running = trial.start_training(0)
+        trial.step.train_on(_first(trial.epoch_batches(0), steps), running)
+        running.fold()
+    return time.perf_counter() - start
+
+
+def fused_steps(array: Array, steps: int) -> float:
+    start = time.perf_counter()
+    _, running, _ = array.train_steps(0, steps)
+    for r in running:
+        r.fold()
+    return time.perf_counter() - start
+
+
+def _first(iterable, n):
+    for i, item in enumerate(iterable):
+        if i >= n:
+            return
+        yield item
+
+
+def operators(run) -> int:
+    with OperatorCount() as counter:
+        run()
+    return counter.count
+
+
+def measure(name: str, members: int, steps: int, rounds: int) -> dict:
+    cfg = resolve_config({**MODELS[name], "epochs": 1})
+    seeds = list(range(members))
+    trials = [Trial(cfg, seed) for seed in seeds]
+    array = Array(cfg, seeds)
+    separate_steps(trials, 1), fused_steps(array, 1)  # warm-up
+    separate, fused = [], []
+    for r in range(rounds):
+        order = [(separate, lambda: separate_steps(trials, steps)), (fused, lambda: fused_steps(array, steps))]
+        for times, run in (order if r % 2 == 0 else order[::-1]):
+            times.append(run())
+    per = members * steps
+    # a step's own operators: those of 3 steps less those of 1 (the epoch's set-up, its batch
+    # order and running metrics, counted once), per step and member
+    ops_separate = (operators(lambda: separate_steps(trials, 3)) - operators(lambda: separate_steps(trials, 1))) \
+        / (2 * members)
+    ops_fused = (operators(lambda: fused_steps(array, 3)) - operators(lambda: fused_steps(array, 1))) / (2 * members)
+    return {"model": name, "N": members, "separate_ms": 1e3 * min(separate) / per, "fused_ms": 1e3 * min(fused) / per,
+            "separate_ops": ops_separate, "fused_ops": ops_fused}
+
+
+def study(epochs: int, members: int = 8) -> tuple[float, float]:
+    """Seconds of an ``members``-seed MLP study, separate trials against one fused array."""
+    cfg = {**MLP, "epochs": epochs, "optim": {**MLP["optim"], "milestones": [epochs]}}
+    start = time.perf_counter()
+    for seed in range(members):
+        fit(cfg, seed)
+    separate = time.perf_counter() - start
+    start = time.perf_counter()
+    fit_array(cfg, list(range(members)))
+    return separate, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--members", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--steps", type=int, default=10, help="steps a round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--study-epochs", type=int, default=3, help="epochs of the 8-seed MLP study (0: skip)")
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (a Ray trial's CPU)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"fused seeds on the CPU ({args.threads} thread(s)); per member-step, fused / separate")
+    print(f"{'model':<12} {'N':>2} {'sep ms':>8} {'fused ms':>9} {'time':>6} {'sep ops':>8} "
+          f"{'fused ops':>9} {'ops':>6}")
+    for name in args.models:
+        for n in args.members:
+            row = measure(name, n, args.steps, args.rounds)
+            print(f"{name:<12} {n:>2} {row['separate_ms']:>8.2f} {row['fused_ms']:>9.2f} "
+                  f"{row['fused_ms'] / row['separate_ms']:>5.2f}x {row['separate_ops']:>8.0f} "
+                  f"{row['fused_ops']:>9.0f} {row['fused_ops'] / row['separate_ops']:>5.2f}x", flush=True)
+    if args.study_epochs > 0:
+        separate, fused = study(args.study_epochs)
+        print(f"8-seed MLP study, {args.study_epochs} epochs: separate {separate:.1f} s, fused {fused:.1f} s "
+              f"({fused / separate:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

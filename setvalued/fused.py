@@ -1,0 +1,263 @@
+"""A fused array: N seeds of one config trained as one model (``fit_array``), each member the
+trial of its seed.
+
+Each member is a ``setvalued.train.Trial`` (its data, loss, model, evaluation and checkpoint
+state, built from its seed exactly as its separate trial) and the array replaces only the step:
+one ``FusedStep`` (``setvalued.fused_step``) forwards, backpropagates and updates all members
+at once. Per epoch, every member sets its learning rate and draws its batches (its order and
+augmentation, from (seed, epoch)) under its own random state; the array steps on the members'
+batches stacked; then every member validates, keeps its best checkpoint with its thresholds,
+and is handed to ``on_epoch`` with its own state, in the format of its separate trial's (a
+member's state resumes its separate trial and the other way round). A member whose loss goes
+non-finite fails alone: its result is the ``NonFiniteLossError`` its trial would raise, and
+the others go on.
+
+Not fused: ``compile: model`` and float16 mixed precision (its gradient scaler would skip the
+step of every member when one overflows); ``fusion_problem`` names what stops a config.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from setvalued.train import Trial
+from setvalued.fused_step import FusedStep, RandomState, member_output, own_storage
+from setvalued.train_checkpoint import load_checkpoint
+from setvalued.train_metrics import NonFiniteLossError, RunningTrainMetrics
+from setvalued.train_setup import resolve_config, split_batches
+from setvalued.train_step import build_optimizer, model_inputs
+
+#: ``after_epoch``'s answer that stops the array after that epoch
+STOP = "stop"
+
+#: ``on_epoch(member, epoch, metrics, state)``: member is the index of the seed in ``seeds``
+ArrayCallback = Callable[[int, int, dict, dict], Any]
+
+
+class FusionError(ValueError):
+    """A config that cannot run as a fused array; the message names the model and the reason."""
+
+
+def config_problem(cfg: Mapping[str, Any]) -> str | None:
+    """Why a resolved config cannot be fused, read from the config alone (None: it can)."""
+    if cfg["compile"] != "none":
+        return f"compile: {cfg['compile']} is not supported in a fused array (set compile: none)"
+    return None
+
+
+class Array:
+    """N members of one config, one fused step."""
+
+    def __init__(self, cfg: dict[str, Any], seeds: Sequence[int]):
+        if len(seeds) < 1 or len(set(seeds)) != len(seeds):
+            raise ValueError(f"a fused array needs distinct seeds, got {list(seeds)}")
+        reason = config_problem(cfg)
+        if reason:
+            raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {reason}")
+        self.cfg = cfg
+        self.members = [Trial(cfg, int(seed)) for seed in seeds]
+        first = self.members[0]
+        sizes = {len(m.data.train) for m in self.members}
+        if len(sizes) > 1:
+            raise FusionError(f"the seeds' training sets differ in size ({sorted(sizes)}); a fused array "
+                              f"steps on batches of the same size")
+        if first.step.scaler is not None:
+            raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: float16 mixed precision (no "
+                              f"bfloat16 on this GPU) skips every member's step when one overflows (set amp: false)")
+        problem = fusion_problem([m.model for m in self.members], first)
+        if problem:
+            raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {problem} "
+                              f"(run it with seeds_per_trial: 1)")
+        self.device = first.device
+        self.step = FusedStep(cfg, self.device, [m.model for m in self.members], [m.loss for m in self.members],
+                              first.step.amp_dtype)
+        for m in self.members:  # each member's optimizer over its views: its state's format
+            m.step.optimizer = build_optimizer([p for p in m.model.parameters() if p.requires_grad], m.loss,
+                                               cfg["optim"])
+        self.random_states = [RandomState(self.device) for _ in self.members]
+        #: None while a member trains, else its result: the test pass, or the error that stopped it
+        self.results: list[Any] = [None] * len(self.members)
+        self.failed: list[BaseException | None] = [None] * len(self.members)
+
+    @property
+    def live(self) -> list[bool]:
+        return [error is None for error in self.failed]
+
+    def restore(self, states: Sequence[Mapping[str, Any] | None]) -> None:
+        """Continue every member after the epoch of its state (all at the same epoch)."""
+        epochs = {int(s["epoch"]) for s in states if s is not None}
+        if len(epochs) > 1 or (epochs and any(s is None for s in states)):
+            raise ValueError(f"the members' checkpoints are of different epochs "
+                             f"({[None if s is None else int(s['epoch']) for s in states]})")
+        if not epochs:
+            return
+        for m, state in zip(self.members, states):
+            m.restore_all_but_optimizer(dict(state))
+        self.step.load_member_optimizer_states([s["optimizer"] for s in states])
+
+    def run(self, on_epoch: ArrayCallback | None = None,
+            after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
+        """Train every member to the last epoch; returns, per member, its ``fit`` result or the
+        error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``; its
+        answer ``STOP`` ends the training there (early stopping of the array's config)."""
+        for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
+            if not any(self.live):
+                break
+            self.train_epoch(epoch, on_epoch)
+            if after_epoch is not None and after_epoch(epoch) == STOP:
+                break  # stopped as a whole: every member tests the checkpoint it selected so far
+        for i, m in enumerate(self.members):
+            if self.failed[i] is None:
+                own_storage(m.model)  # the model handed back (and logged) holds this member alone
+            self.results[i] = self.failed[i] if self.failed[i] is not None else m.test()
+        return self.results
+
+    def train_epoch(self, epoch: int, on_epoch: ArrayCallback | None) -> None:
+        """One epoch of every live member: trained together, then validated one by one."""
+        lr, running, seconds = self.train_steps(epoch)
+        self.close_epoch(epoch, lr, running, seconds, on_epoch)
+
+    def train_steps(self, epoch: int, steps: int | None = None) -> tuple[float, list[RunningTrainMetrics], float]:
+        """Train the epoch's batches (the first ``steps`` of them when given) of every member at
+        once; returns the base learning rate, each member's running metrics and the seconds."""
+        lr = self.step.set_learning_rate(epoch)
+        batches, running = [], []
+        for m, rng in zip(self.members, self.random_states):
+            with rng.active():
+                m.step.set_learning_rate(epoch)
+                batches.append(iter(m.epoch_batches(epoch)))
+            running.append(m.start_training(epoch))
+        self.step.start_training()
+        start = time.perf_counter()
+        done = 0
+        while steps is None or done < steps:
+            drawn = []
+            for it, rng in zip(batches, self.random_states):
+                with rng.active():
+                    drawn.append(next(it, None))
+            if drawn[0] is None:
+                break
+            x, y, idx = (torch.stack([b[part] for b in drawn]).to(self.device, non_blocking=True) for part in range(3))
+            for i, result in enumerate(self.step(x, y, idx, self.live, self.random_states)):
+                if result is not None:
+                    self._guard(i, lambda: running[i].add(result[0], result[1], y[i]))
+            done += 1
+        return lr, running, time.perf_counter() - start
+
+    def close_epoch(self, epoch: int, lr: float, running: list[RunningTrainMetrics], seconds: float,
+                    on_epoch: ArrayCallback | None) -> None:
+        """Every live member's training metrics, validation, best checkpoint and ``on_epoch``."""
+        for i, m in enumerate(self.members):
+            if self.failed[i] is not None:
+                continue
+            metrics = self._guard(i, lambda: m.training_metrics(running[i], lr, seconds))
+            if metrics is None:
+                continue
+            callback = None if on_epoch is None else (lambda e, mt, st, i=i: on_epoch(i, e, mt, st))
+            m.close_epoch(epoch, {"epoch": epoch, **metrics}, callback,
+                          optimizer_state=self.step.member_optimizer_state(i, m.step.optimizer))
+
+    def _guard(self, i: int, action: Callable[[], Any]) -> Any:
+        """``action`` for member ``i``; a non-finite loss fails that member alone."""
+        try:
+            return action()
+        except NonFiniteLossError as error:
+            self.failed[i] = error
+            return None
+
+
+def fusion_problem(models: Sequence[torch.nn.Module], trial: Trial) -> str | None:
+    """Why ``models`` cannot train as one fused model, from a one-batch probe on copies (None:
+    they can, or the model fails on its own, which its trial reports): one training-mode
+    forward and backward of each copy on a batch of ``trial``'s validation set, then of the
+    stacked copies, whose outputs and gradients must match (relative to their norm: 1e-3)."""
+    separate = [copy.deepcopy(m) for m in models]
+    n = min(4, len(trial.data.val))
+    x = next(iter(split_batches(trial.data.val, torch.arange(n), n, 0, trial.device, 0)))[0].to(trial.device)
+    own = []
+    try:
+        for model in separate:
+            model.train()
+            out = model(model_inputs(x, trial.step.dtype))
+            _total(out).backward()
+            own.append(out)
+    except Exception:  # noqa: BLE001  (not a fusion problem: the separate trial fails the same way)
+        return None
+    try:
+        step = FusedStep(trial.cfg, trial.device, [copy.deepcopy(m) for m in models],
+                         [trial.loss] * len(models), None)
+        step.start_training()
+        fused = step.run_model(torch.stack([x] * len(models)))
+        sum(_total(member_output(fused, i)) for i in range(len(models))).backward()
+    except Exception as error:  # noqa: BLE001  (any failure of the fused form is the reason)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+    for i, model in enumerate(separate):
+        if not _close(own[i], member_output(fused, i)):
+            return "its fused output differs from the separate model's"
+        # the gradient as one vector: a coordinate that is zero in exact arithmetic (the bias
+        # before a BatchNorm) is rounding noise in both forms
+        pairs = [(name, step.params[name].grad[i], p.grad) for name, p in model.named_parameters()
+                 if p.grad is not None]
+        if pairs and not _near(torch.cat([g.flatten() for _, g, _ in pairs]),
+                               torch.cat([r.flatten() for _, _, r in pairs])):
+            worst = max(pairs, key=lambda t: float((t[1].double() - t[2].double()).norm()))[0]
+            return f"its fused gradient differs from the separate model's (most at {worst})"
+    return None
+
+
+def probe_config(config: Mapping[str, Any]) -> str | None:
+    """Why the trials of ``config`` cannot be fused, naming the model (None: they can): the
+    config's own refusals, then the one-batch probe (``fusion_problem``) on two copies of its
+    model, built from seed 0 with its data."""
+    cfg = resolve_config(config)
+    name = cfg["model"]["name"]
+    reason = config_problem(cfg)
+    if reason is None:
+        trial = Trial(cfg, 0)
+        reason = fusion_problem([trial.model, copy.deepcopy(trial.model)], trial)
+    return None if reason is None else f"model {name!r} cannot be fused: {reason}"
+
+
+def _total(output: Any) -> torch.Tensor:
+    parts = output if isinstance(output, tuple) else (output,)
+    return sum(t.float().square().mean() for t in parts)
+
+
+def _close(a: Any, b: Any) -> bool:
+    pairs = zip(a, b) if isinstance(a, tuple) else [(a, b)]
+    return all(_near(v, u) for u, v in pairs)
+
+
+def _near(value: torch.Tensor, reference: torch.Tensor) -> bool:
+    """``value`` within 1e-3 of ``reference`` relative to its norm (float32 kernels of the fused
+    and separate forms round apart; a gradient's small coordinates carry no signal alone)."""
+    value, reference = value.double(), reference.double()
+    return bool(torch.linalg.vector_norm(value - reference) <= 1e-3 * torch.linalg.vector_norm(reference) + 1e-8)
+
+
+def fit_array(config: Mapping[str, Any], seeds: Sequence[int], on_epoch: ArrayCallback | None = None,
+              checkpoints: Sequence[Mapping[str, Any] | str | None] | None = None,
+              after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
+    """Train the trials of ``seeds`` (one config) as one fused array.
+
+    ``on_epoch(member, epoch, metrics, state)`` is called after every epoch of every live
+    member (``member``: the index of its seed); ``state`` is the state its separate trial
+    would hand over (``fit(config, seed, checkpoint=state)`` resumes it), and
+    ``checkpoints`` (one per seed, all of the same epoch) resume the array; ``after_epoch(epoch)``
+    is called once every member has closed the epoch, and ``STOP`` from it ends the training
+    there (each member then tests its selected checkpoint, as ``fit`` with ``epochs`` cut to
+    the epochs done). Returns per seed
+    the result of ``fit`` or the ``NonFiniteLossError`` that stopped that member. Raises
+    ``FusionError`` when the config cannot be fused, ``ValueError`` for a bad config.
+    """
+    cfg = resolve_config(config)
+    array = Array(cfg, [int(s) for s in seeds])
+    if checkpoints is not None:
+        if len(checkpoints) != len(seeds):
+            raise ValueError(f"{len(checkpoints)} checkpoints for {len(seeds)} seeds")
+        array.restore([None if c is None else load_checkpoint(c) for c in checkpoints])
+    return array.run(on_epoch, after_epoch)
