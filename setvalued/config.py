@@ -332,15 +332,24 @@ SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...
 SECTION_RULES["eval"] += (_conformal_settings,)
 
 
+def _plugin_model(model: Mapping[str, Any]) -> bool:
+    """Whether ``model`` names a plugin's model: its section holds its own declared fields only,
+    every one of which applies (a plugin may declare a ``hidden_dim`` or ``depth`` of its own)."""
+    from setvalued import registry
+
+    item = registry.entry("model", model.get("name"))
+    return item is not None and not item.builtin
+
+
 #: (section, field) -> whether the field has an effect on a config, given its section (the
 #: whole config for a top-level field, section ""). `effective_config` leaves a field out where
 #: it has none: the DenseNet shape of another model, the width of a model that has none, the
 #: learning-rate decay without milestones, the average-K activation without average-K, the
 #: conformal settings without conformal sets, mixed precision on the CPU
 FIELD_APPLIES: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
-    ("model", "depth"): lambda model: model.get("name") in _DENSENET_DEPTH_STEP,
-    ("model", "growth_rate"): lambda model: model.get("name") in _DENSENET_DEPTH_STEP,
-    ("model", "hidden_dim"): lambda model: model.get("name") in ("mlp", "small_cnn"),
+    ("model", "depth"): lambda model: _plugin_model(model) or model.get("name") in _DENSENET_DEPTH_STEP,
+    ("model", "growth_rate"): lambda model: _plugin_model(model) or model.get("name") in _DENSENET_DEPTH_STEP,
+    ("model", "hidden_dim"): lambda model: _plugin_model(model) or model.get("name") in ("mlp", "small_cnn"),
     ("optim", "gamma"): lambda optim: bool(optim.get("milestones", True)),
     ("eval", "avgk_activation"): lambda ev: bool(ev.get("avgk")),
     **{("eval", field): conformal_enabled
