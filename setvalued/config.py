@@ -332,24 +332,15 @@ SECTION_RULES: dict[str, tuple[Callable[[Mapping[str, Any]], Optional[str]], ...
 SECTION_RULES["eval"] += (_conformal_settings,)
 
 
-def _plugin_model(model: Mapping[str, Any]) -> bool:
-    """Whether ``model`` names a plugin's model: its section holds its own declared fields only,
-    every one of which applies (a plugin may declare a ``hidden_dim`` or ``depth`` of its own)."""
-    from setvalued import registry
-
-    item = registry.entry("model", model.get("name"))
-    return item is not None and not item.builtin
-
-
 #: (section, field) -> whether the field has an effect on a config, given its section (the
 #: whole config for a top-level field, section ""). `effective_config` leaves a field out where
 #: it has none: the DenseNet shape of another model, the width of a model that has none, the
 #: learning-rate decay without milestones, the average-K activation without average-K, the
 #: conformal settings without conformal sets, mixed precision on the CPU
 FIELD_APPLIES: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
-    ("model", "depth"): lambda model: _plugin_model(model) or model.get("name") in _DENSENET_DEPTH_STEP,
-    ("model", "growth_rate"): lambda model: _plugin_model(model) or model.get("name") in _DENSENET_DEPTH_STEP,
-    ("model", "hidden_dim"): lambda model: _plugin_model(model) or model.get("name") in ("mlp", "small_cnn"),
+    ("model", "depth"): lambda model: model.get("name") in _DENSENET_DEPTH_STEP,
+    ("model", "growth_rate"): lambda model: model.get("name") in _DENSENET_DEPTH_STEP,
+    ("model", "hidden_dim"): lambda model: model.get("name") in ("mlp", "small_cnn"),
     ("optim", "gamma"): lambda optim: bool(optim.get("milestones", True)),
     ("eval", "avgk_activation"): lambda ev: bool(ev.get("avgk")),
     **{("eval", field): conformal_enabled
@@ -358,12 +349,17 @@ FIELD_APPLIES: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
 }
 
 
-def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def effective_config(config: Mapping[str, Any], plugin_sections: Iterable[str] = ()) -> dict[str, Any]:
     """A validated config without the fields that have no effect on it (`FIELD_APPLIES`). What
     a run is described by (its MLflow params); the config itself, and its id, keep every
-    field."""
+    field. ``plugin_sections``: the sections that name a plugin (``registry.plugin_sections``),
+    whose fields are the plugin's own declaration and all apply (a plugin model may declare a
+    ``hidden_dim`` or a ``depth`` of its own)."""
     out = {key: dict(value) if isinstance(value, Mapping) else value for key, value in config.items()}
+    skip = set(plugin_sections)
     for (section, field), applies in FIELD_APPLIES.items():
+        if section in skip:
+            continue
         holder = out if section == "" else out.get(section)
         if isinstance(holder, dict) and field in holder and not applies(holder):
             holder.pop(field)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 from setvalued.params import Param
 
 __all__ = ["Declaration", "Entry", "Refusal", "PluginError", "KINDS", "GROUPS", "entries", "entry",
-           "refusals", "refusal_note", "section_fields", "load_factory", "plugins_of_config", "plugin_distributions", "SECTION_COMMON",
+           "refusals", "refusal_note", "section_fields", "load_factory", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
            "distribution_source", "clear_cache"]
 
 #: kind -> entry-point group
@@ -306,6 +306,11 @@ def plugins_of_config(config: Mapping[str, Any]) -> list[Entry]:
         if item is not None and not item.builtin:
             used.append(item)
     return used
+
+
+def plugin_sections(config: Mapping[str, Any]) -> list[str]:
+    """The sections of a (validated) trial config that name a plugin (``data``, ``model``, ``loss``)."""
+    return [SECTIONS[item.kind] for item in plugins_of_config(config)]
 
 
 def plugin_distributions(configs: Any) -> dict[str, str]:
