@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 from setvalued.params import Param
 
 __all__ = ["Declaration", "Entry", "Refusal", "PluginError", "KINDS", "GROUPS", "entries", "entry",
-           "refusals", "refusal_note", "section_fields", "load_factory", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
+           "refusals", "refusal_note", "section_fields", "plugin_parameters", "load_factory", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
            "distribution_source", "clear_cache"]
 
 #: kind -> entry-point group
@@ -285,6 +285,26 @@ def _load(kind: str, name: str) -> Callable:
         raise PluginError(f"{kind} {name!r} ({item.origin}): declares parameter(s) {', '.join(missing)} that "
                           f"{item.factory} does not take (it takes {', '.join(sorted(taken)) or 'none'})")
     return obj
+
+
+def plugin_parameters(item: Entry, section: Mapping[str, Any], builtin_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A plugin data set's or model's declared parameters from its config ``section``, checked
+    against its declaration; any other key is refused by its dotted path, except a built-in
+    field at its default (what a default config holds), which is not passed."""
+    from setvalued.config import reject_unknown_keys
+    from setvalued.params import ParameterError, check_parameters
+
+    name = SECTIONS[item.kind]
+    fields = section_fields(item.kind, item.name)
+    extra = {k: v for k, v in section.items() if k not in fields}
+    reject_unknown_keys(name, {k: v for k, v in extra.items()
+                               if k not in builtin_defaults or v != builtin_defaults[k]}, fields)
+    label = {"dataset": "data set", "model": "model"}[item.kind]
+    try:
+        return check_parameters(item.parameters, {k: v for k, v in section.items() if k in item.parameters},
+                                owner=f"{label} {item.name!r}")
+    except ParameterError as err:
+        raise ValueError(str(err)) from None
 
 
 def load_factory(kind: str, name: str) -> Callable:

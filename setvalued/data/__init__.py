@@ -44,17 +44,7 @@ def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
 def _build_plugin(item: registry.Entry, data_config: dict[str, Any], seed: int) -> DataSplits:
     """A plugin data set: its declared parameters checked, its builder called with them and the seed.
     The built-ins' fields that a default config holds (at their defaults) are not passed."""
-    from setvalued.params import ParameterError, check_parameters
-
-    fields = registry.section_fields("dataset", item.name)
-    extra = {k: v for k, v in data_config.items() if k not in fields}
-    reject_unknown_keys("data", {k: v for k, v in extra.items()
-                                 if k not in DATA_DEFAULTS or v != DATA_DEFAULTS[k]}, fields)
-    try:
-        params = check_parameters(item.parameters, {k: v for k, v in data_config.items() if k in item.parameters},
-                                  owner=f"data set {item.name!r}")
-    except ParameterError as err:
-        raise ValueError(str(err)) from None
+    params = registry.plugin_parameters(item, data_config, DATA_DEFAULTS)
     splits = registry.load_factory("dataset", item.name)(seed=seed, **params)
     if not isinstance(splits, DataSplits):
         raise registry.PluginError(f"dataset {item.name!r} ({item.origin}): {item.factory} returned a "
