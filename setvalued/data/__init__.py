@@ -21,7 +21,7 @@ from setvalued.data.common import (  # noqa: F401
 
 
 __all__ = ["check_layout", "DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
-           "build_datasets", "counts_of"]
+           "build_datasets", "counts_of", "seed_free"]
 
 
 def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
@@ -39,6 +39,16 @@ def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
     reject_unknown_keys("data", data_config, DATA_DEFAULTS)
     cfg = {**DATA_DEFAULTS, **data_config}
     return registry.load_factory("dataset", name)(cfg, int(seed))
+
+
+def seed_free(data_config: dict[str, Any]) -> bool:
+    """Whether the splits of ``data_config`` are the same for every trial seed (what
+    ``build_datasets`` documents), so that the members of a fused array may share one copy:
+    every built-in but CIFAR-100 with label noise; not a plugin (its builder takes the seed)."""
+    item = registry.entry("dataset", data_config.get("name", DATA_DEFAULTS["name"]))
+    if item is None or not item.builtin:
+        return False
+    return not (item.name == "cifar100" and float(data_config.get("label_noise") or 0.0) > 0.0)
 
 
 def _build_plugin(item: registry.Entry, data_config: dict[str, Any], seed: int) -> DataSplits:
