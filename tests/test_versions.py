@@ -336,6 +336,19 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     assert sorted(s.label for s in series) == sorted(
         f"{variant}, version={v}" for variant in ("ce", "noised") for v in versions)
 
+    # the MLflow view: one colour per config, the second version's apart from the first's
+    from mlflow import MlflowClient
+
+    from analysis.layout import ROLE_CELL, TAG_CONFIG_ID, TAG_ROLE, UI_RUN_COLOR_TAG
+
+    client = MlflowClient(uri)
+    colors: dict[str, set] = {}
+    for run in client.search_runs([collect(uri, "versions-small").experiment_id],
+                                  f"tags.`{TAG_ROLE}` = '{ROLE_CELL}'", max_results=1000):
+        colors.setdefault(run.data.tags[TAG_CONFIG_ID], set()).add(run.data.tags.get(UI_RUN_COLOR_TAG))
+    assert len(colors) == 6 and all(len(c) == 1 and None not in c for c in colors.values()), colors
+    assert len({next(iter(c)) for c in colors.values()}) == 6, colors
+
     # `studies submit` reads the versions from the tracking store (no output folder here)
     from studies.running.versions import check_submission, versions_in_mlflow
 
