@@ -76,7 +76,8 @@ def test_seeds_more_configs_and_how_it_runs_are_no_change():
     for overrides in (["seeds=[0,1,2,3]"], ["seeds=[5]"],
                       ["design.1.parameters.loss.epsilon=[0.1,1.0,2.0]"],
                       ["variants.ce2={loss: {name: ce}, optim: {lr: 0.05}}"],
-                      ["resources={cpus: 2}"], ["max_failures=3"], ["report={level: 0.9}"],
+                      ["resources={cpus: 2}"], ["resources={cpus: 1, seeds_per_trial: 2}"],
+                      ["max_failures=3"], ["report={level: 0.9}"],
                       ["description=other"], ["optim.lr=1e-1"]):  # 0.1 written another way
         assert changed(text, text, *overrides) == [], overrides
     more_blocks = text.replace("seeds:", "  - {kind: grid, variants: [ce], parameters: {optim.lr: [0.2]}}\nseeds:")
