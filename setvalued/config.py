@@ -349,12 +349,17 @@ FIELD_APPLIES: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
 }
 
 
-def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def effective_config(config: Mapping[str, Any], plugin_sections: Iterable[str] = ()) -> dict[str, Any]:
     """A validated config without the fields that have no effect on it (`FIELD_APPLIES`). What
     a run is described by (its MLflow params); the config itself, and its id, keep every
-    field."""
+    field. ``plugin_sections``: the sections that name a plugin (``registry.plugin_sections``),
+    whose fields are the plugin's own declaration and all apply (a plugin model may declare a
+    ``hidden_dim`` or a ``depth`` of its own)."""
     out = {key: dict(value) if isinstance(value, Mapping) else value for key, value in config.items()}
+    skip = set(plugin_sections)
     for (section, field), applies in FIELD_APPLIES.items():
+        if section in skip:
+            continue
         holder = out if section == "" else out.get(section)
         if isinstance(holder, dict) and field in holder and not applies(holder):
             holder.pop(field)

@@ -2,9 +2,10 @@
 trial of its seed.
 
 Each member is a ``setvalued.train.Trial`` (its data, loss, model, evaluation and checkpoint
-state, built from its seed exactly as its separate trial) and the array replaces only the step:
-one ``FusedStep`` (``setvalued.fused_step``) forwards, backpropagates and updates all members
-at once. Per epoch, every member sets its learning rate and draws its batches (its order and
+state, built from its seed exactly as its separate trial; splits that do not depend on the
+seed, ``data.seed_free``, are built and held on the device once for all) and the array
+replaces only the step: one ``FusedStep`` (``setvalued.fused_step``) forwards, backpropagates
+and updates all members at once. Per epoch, every member sets its learning rate and draws its batches (its order and
 augmentation, from (seed, epoch)) under its own random state; the array steps on the members'
 batches stacked; then every member validates, keeps its best checkpoint with its thresholds,
 and is handed to ``on_epoch`` with its own state, in the format of its separate trial's (a
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from setvalued.data import seed_free
 from setvalued.train import Trial
 from setvalued.fused_step import FusedStep, RandomState, member_output, own_storage
 from setvalued.train_checkpoint import load_checkpoint
@@ -59,8 +61,9 @@ class Array:
         if reason:
             raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {reason}")
         self.cfg = cfg
-        self.members = [Trial(cfg, int(seed)) for seed in seeds]
-        first = self.members[0]
+        first = Trial(cfg, int(seeds[0]))
+        shared = first if seed_free(cfg["data"]) else None  # one copy of the splits for all members
+        self.members = [first] + [Trial(cfg, int(seed), data_of=shared) for seed in seeds[1:]]
         sizes = {len(m.data.train) for m in self.members}
         if len(sizes) > 1:
             raise FusionError(f"the seeds' training sets differ in size ({sorted(sizes)}); a fused array "

@@ -426,17 +426,7 @@ def _build_plugin(item: registry.Entry, model_config: dict[str, Any], num_classe
                   input_shape: Sequence[int], head: str) -> Classifier:
     """A plugin model: its backbone from its builder (declared parameters checked), then the head.
     The built-in fields a default config holds (at their defaults) are not passed."""
-    from setvalued.params import ParameterError, check_parameters
-
-    fields = registry.section_fields("model", item.name)
-    extra = {k: v for k, v in model_config.items() if k not in fields}
-    reject_unknown_keys("model", {k: v for k, v in extra.items()
-                                  if k not in MODEL_DEFAULTS or v != MODEL_DEFAULTS[k]}, fields)
-    try:
-        params = check_parameters(item.parameters, {k: v for k, v in model_config.items() if k in item.parameters},
-                                  owner=f"model {item.name!r}")
-    except ParameterError as err:
-        raise ValueError(str(err)) from None
+    params = registry.plugin_parameters(item, model_config, MODEL_DEFAULTS)
     backbone = registry.load_factory("model", item.name)(input_shape=tuple(int(s) for s in input_shape), **params)
     feature_dim = getattr(backbone, "out_features", None)
     if not isinstance(backbone, nn.Module) or not isinstance(feature_dim, int):

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 from setvalued.params import Param
 
 __all__ = ["Declaration", "Entry", "Refusal", "PluginError", "KINDS", "GROUPS", "entries", "entry",
-           "refusals", "refusal_note", "section_fields", "load_factory", "plugins_of_config", "plugin_distributions", "SECTION_COMMON",
+           "refusals", "refusal_note", "section_fields", "plugin_parameters", "load_factory", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
            "distribution_source", "clear_cache"]
 
 #: kind -> entry-point group
@@ -287,6 +287,26 @@ def _load(kind: str, name: str) -> Callable:
     return obj
 
 
+def plugin_parameters(item: Entry, section: Mapping[str, Any], builtin_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A plugin data set's or model's declared parameters from its config ``section``, checked
+    against its declaration; any other key is refused by its dotted path, except a built-in
+    field at its default (what a default config holds), which is not passed."""
+    from setvalued.config import reject_unknown_keys
+    from setvalued.params import ParameterError, check_parameters
+
+    name = SECTIONS[item.kind]
+    fields = section_fields(item.kind, item.name)
+    extra = {k: v for k, v in section.items() if k not in fields}
+    reject_unknown_keys(name, {k: v for k, v in extra.items()
+                               if k not in builtin_defaults or v != builtin_defaults[k]}, fields)
+    label = {"dataset": "data set", "model": "model"}[item.kind]
+    try:
+        return check_parameters(item.parameters, {k: v for k, v in section.items() if k in item.parameters},
+                                owner=f"{label} {item.name!r}")
+    except ParameterError as err:
+        raise ValueError(str(err)) from None
+
+
 def load_factory(kind: str, name: str) -> Callable:
     """The code of a registered entry, imported on first use and checked against its declared
     parameters (:class:`PluginError` naming the distribution and entry point otherwise)."""
@@ -306,6 +326,11 @@ def plugins_of_config(config: Mapping[str, Any]) -> list[Entry]:
         if item is not None and not item.builtin:
             used.append(item)
     return used
+
+
+def plugin_sections(config: Mapping[str, Any]) -> list[str]:
+    """The sections of a (validated) trial config that name a plugin (``data``, ``model``, ``loss``)."""
+    return [SECTIONS[item.kind] for item in plugins_of_config(config)]
 
 
 def plugin_distributions(configs: Any) -> dict[str, str]:

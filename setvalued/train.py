@@ -86,13 +86,16 @@ class Trial:
     state (``train_checkpoint``). A fused array (``setvalued.fused``) runs N of these with one
     step for all."""
 
-    def __init__(self, cfg: dict[str, Any], seed: int):
+    def __init__(self, cfg: dict[str, Any], seed: int, data_of: Trial | None = None):
+        """``data_of``: a trial of the same config whose splits (and their device copies) this
+        one shares, for data that does not depend on the seed (``data.seed_free``; the members
+        of a fused array)."""
         self.cfg, self.seed = cfg, seed
         self.device = resolve_device(str(cfg["device"]))
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         seed_everything(seed)
-        self.data: DataSplits = build_datasets(cfg["data"], seed)
+        self.data: DataSplits = data_of.data if data_of is not None else build_datasets(cfg["data"], seed)
         params = {k: v for k, v in cfg["loss"].items() if k != "name"}
         self.loss = build_loss(cfg["loss"]["name"], **params, class_counts=list(self.data.class_counts),
                                num_classes=self.data.num_classes, num_examples=len(self.data.train))
@@ -102,7 +105,7 @@ class Trial:
         self.model.to(self.device)
         self.loss.to(self.device)
         #: the splits held on the training device (``data.placement``), or None: DataLoader batches
-        self.on_device = self._device_splits()
+        self.on_device = data_of.on_device if data_of is not None else self._device_splits()
         self.step = TrainingStep(cfg, self.device, self.model, self.loss, self.data.num_classes)
         #: (calibration, validation) indices of the validation set when conformal sets are asked for
         self.conformal_split = self._conformal_split() if conformal_enabled(cfg["eval"]) else None

@@ -142,8 +142,8 @@ def test_a_member_whose_loss_goes_non_finite_fails_alone(monkeypatch):
     monkeypatch.setattr(ce, "forward", poisoned)
     build = Trial.__init__
 
-    def mark(self, cfg, seed):
-        build(self, cfg, seed)
+    def mark(self, cfg, seed, **shared):
+        build(self, cfg, seed, **shared)
         self.loss.poisoned = seed == 1
 
     monkeypatch.setattr(Trial, "__init__", mark)
@@ -171,6 +171,23 @@ def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason():
 def test_fused_arrays_refuse_bad_seed_lists():
     with pytest.raises(ValueError, match="distinct seeds"):
         fit_array(tiny_cfg(), [1, 1])
+
+
+def test_members_share_one_copy_of_seed_free_splits():
+    """A data set that is the same for every seed is built, and held on the device, once per
+    array (an image folder is decoded once, not per member); CIFAR-100 with label noise and a
+    plugin's data (their builders take the seed) are not shared."""
+    from setvalued.data import seed_free
+    from setvalued.fused import Array
+    from setvalued.train_setup import resolve_config
+
+    cfg = resolve_config({**tiny_cfg(), "data": {**tiny_cfg()["data"], "placement": "device"}})
+    array = Array(cfg, [0, 1, 2])
+    first = array.members[0]
+    assert all(m.data is first.data and m.on_device is first.on_device for m in array.members[1:])
+    assert first.on_device is not None
+    assert seed_free({"name": "cifar100", "label_noise": 0.0}) and seed_free({"name": "arrays"})
+    assert not seed_free({"name": "cifar100", "label_noise": 0.2}) and not seed_free({"name": "no_such_set"})
 
 
 def test_a_members_model_is_its_own_after_training(tmp_path):

@@ -88,6 +88,19 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
         load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
 
 
+@pytest.mark.parametrize("values", [["none", "model"], {"choice": ["none", "model"]}])
+def test_a_design_block_sweeping_compile_is_refused_at_seeds_per_trial(tmp_path, values):
+    """compile set per config by a grid or a random block's choice, not only by a variant."""
+    kind = "grid" if isinstance(values, list) else "random"
+    block = {"kind": kind, "parameters": {"compile": values}, **({"n_configs": 2} if kind == "random" else {})}
+    path = write_study(tmp_path, "swept", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, design=[block])
+    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model \(swept by design\[0\]\)"):
+        load_study(path)
+    only_none = {"kind": "grid", "parameters": {"compile": ["none"]}}
+    fine = write_study(tmp_path, "fine", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, design=[only_none])
+    assert load_study(fine).resources.seeds_per_trial == 2
+
+
 @pytest.mark.slow
 def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient

@@ -327,6 +327,29 @@ def test_fit_trains_with_a_plugin_loss_data_set_and_model(example):
         fit({**config, "data": {**config["data"], "noize": 0.1}}, seed=0)
 
 
+def test_a_run_logs_every_field_a_plugin_model_declares(example, tmp_path, monkeypatch):
+    """A plugin model's own ``hidden_dim`` and ``depth`` are its parameters: its run logs them
+    (the built-in fields of those names apply to some built-in models only)."""
+    from studies.studyfile.trial_config import validate_config
+    from studies.tracking.contract import config_params
+
+    site = plugin_dists.write_dist(tmp_path / "deep", "deep-plugin", "1.0", {
+        "setvalued.models": {"deep_mlp": "deep_plugin.declarations:DEEP"}},
+        {"deep_plugin": {"__init__.py": "", "declarations.py": (
+            "from setvalued.params import Param\nfrom setvalued.registry import Declaration\n"
+            "DEEP = Declaration({'hidden_dim': Param('int', 16, low=1), 'depth': Param('int', 2, low=1)},"
+            " 'deep_plugin.code:build')\n")}})
+    plugin_dists.activate(site, monkeypatch)
+    base = {"data": {"name": "toy_rings"}, "loss": {"name": "ce"}, "device": "cpu"}
+    config, problems = validate_config({**base, "model": {"name": "deep_mlp", "hidden_dim": 32, "depth": 3}})
+    assert problems == []
+    params = config_params(config)
+    assert (params["model.hidden_dim"], params["model.depth"]) == ("32", "3")
+    builtin, problems = validate_config({**base, "model": {"name": "mlp"}})
+    assert problems == [] and "model.depth" not in config_params(builtin)
+    assert config_params(builtin)["model.hidden_dim"] == "128"
+
+
 # ============================================================================ submission
 
 

@@ -4,6 +4,8 @@ tests without a server (tests/test_mlflow_ui.py opens the view in a real browser
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -119,6 +121,37 @@ def test_run_colours_are_the_reports_one_per_config():
     assert by_variant["ce"] == [PALETTE[0]]
     assert by_variant["noised_topk"] == [PALETTE[1], shade(PALETTE[1], 1), shade(PALETTE[1], 2)]
     assert by_variant["smooth_topk_svm"] == [PALETTE[2]]
+
+
+def test_a_later_versions_configs_get_colours_apart_from_the_earlier_versions():
+    """Two versions kept in one study (--new-version): the later version's configs (ids
+    qualified with -v<version>) take the shades after the earlier's, so no two groups of the
+    MLflow view share a colour; the earlier version's colours stay as they were."""
+    from types import SimpleNamespace
+
+    from analysis.layout import TAG_CONFIG_ID, TAG_VARIANT, TAG_VERSION
+    from studies.cells.run_names import RunNamer
+    from studies.tracking.ui_view import other_version_configs, run_colors
+
+    study = load_study(QUICKSTART)
+    cells = expand(study)
+    old, new = "a" * 12, "b" * 12
+    namer_old, namer_new = RunNamer(), RunNamer()
+    namer_old.add(cells)
+    namer_new.add([dataclasses.replace(c, config_id=f"{c.config_id}-vbbbbbbb") for c in cells])
+    variants = list(study.variants)
+    before = run_colors(namer_old.configs, variants)
+
+    def runs(configs, version, start):
+        return [SimpleNamespace(tags={TAG_CONFIG_ID: c, TAG_VARIANT: v, TAG_VERSION: version}, start_time=start + i)
+                for i, (v, c) in enumerate((v, c) for v, ids in configs.items() for c in ids)]
+
+    recorded = runs(namer_old.configs, old, 0) + runs(namer_new.configs, new, 100)
+    later = run_colors(namer_new.configs, variants, other_version_configs(recorded, new))
+    mine = [later[c] for ids in namer_new.configs.values() for c in ids]
+    assert len(set(mine)) == 5 and not set(mine) & set(before.values())
+    assert run_colors(namer_old.configs, variants, other_version_configs(recorded, old)) == before
+    assert other_version_configs(recorded, "") == {}
 
 
 def test_the_experiments_note_starts_with_the_link_to_the_cell_runs():

@@ -76,7 +76,8 @@ def test_seeds_more_configs_and_how_it_runs_are_no_change():
     for overrides in (["seeds=[0,1,2,3]"], ["seeds=[5]"],
                       ["design.1.parameters.loss.epsilon=[0.1,1.0,2.0]"],
                       ["variants.ce2={loss: {name: ce}, optim: {lr: 0.05}}"],
-                      ["resources={cpus: 2}"], ["max_failures=3"], ["report={level: 0.9}"],
+                      ["resources={cpus: 2}"], ["resources={cpus: 1, seeds_per_trial: 2}"],
+                      ["max_failures=3"], ["report={level: 0.9}"],
                       ["description=other"], ["optim.lr=1e-1"]):  # 0.1 written another way
         assert changed(text, text, *overrides) == [], overrides
     more_blocks = text.replace("seeds:", "  - {kind: grid, variants: [ce], parameters: {optim.lr: [0.2]}}\nseeds:")
@@ -335,6 +336,19 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     series = curve_series(summarize(table, ["test/top1"]), "loss.epsilon", "test/top1")
     assert sorted(s.label for s in series) == sorted(
         f"{variant}, version={v}" for variant in ("ce", "noised") for v in versions)
+
+    # the MLflow view: one colour per config, the second version's apart from the first's
+    from mlflow import MlflowClient
+
+    from analysis.layout import ROLE_CELL, TAG_CONFIG_ID, TAG_ROLE, UI_RUN_COLOR_TAG
+
+    client = MlflowClient(uri)
+    colors: dict[str, set] = {}
+    for run in client.search_runs([collect(uri, "versions-small").experiment_id],
+                                  f"tags.`{TAG_ROLE}` = '{ROLE_CELL}'", max_results=1000):
+        colors.setdefault(run.data.tags[TAG_CONFIG_ID], set()).add(run.data.tags.get(UI_RUN_COLOR_TAG))
+    assert len(colors) == 6 and all(len(c) == 1 and None not in c for c in colors.values()), colors
+    assert len({next(iter(c)) for c in colors.values()}) == 6, colors
 
     # `studies submit` reads the versions from the tracking store (no output folder here)
     from studies.running.versions import check_submission, versions_in_mlflow

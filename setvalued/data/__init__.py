@@ -21,7 +21,7 @@ from setvalued.data.common import (  # noqa: F401
 
 
 __all__ = ["check_layout", "DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
-           "build_datasets", "counts_of"]
+           "build_datasets", "counts_of", "seed_free"]
 
 
 def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
@@ -41,20 +41,20 @@ def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
     return registry.load_factory("dataset", name)(cfg, int(seed))
 
 
+def seed_free(data_config: dict[str, Any]) -> bool:
+    """Whether the splits of ``data_config`` are the same for every trial seed (what
+    ``build_datasets`` documents), so that the members of a fused array may share one copy:
+    every built-in but CIFAR-100 with label noise; not a plugin (its builder takes the seed)."""
+    item = registry.entry("dataset", data_config.get("name", DATA_DEFAULTS["name"]))
+    if item is None or not item.builtin:
+        return False
+    return not (item.name == "cifar100" and float(data_config.get("label_noise") or 0.0) > 0.0)
+
+
 def _build_plugin(item: registry.Entry, data_config: dict[str, Any], seed: int) -> DataSplits:
     """A plugin data set: its declared parameters checked, its builder called with them and the seed.
     The built-ins' fields that a default config holds (at their defaults) are not passed."""
-    from setvalued.params import ParameterError, check_parameters
-
-    fields = registry.section_fields("dataset", item.name)
-    extra = {k: v for k, v in data_config.items() if k not in fields}
-    reject_unknown_keys("data", {k: v for k, v in extra.items()
-                                 if k not in DATA_DEFAULTS or v != DATA_DEFAULTS[k]}, fields)
-    try:
-        params = check_parameters(item.parameters, {k: v for k, v in data_config.items() if k in item.parameters},
-                                  owner=f"data set {item.name!r}")
-    except ParameterError as err:
-        raise ValueError(str(err)) from None
+    params = registry.plugin_parameters(item, data_config, DATA_DEFAULTS)
     splits = registry.load_factory("dataset", item.name)(seed=seed, **params)
     if not isinstance(splits, DataSplits):
         raise registry.PluginError(f"dataset {item.name!r} ({item.origin}): {item.factory} returned a "

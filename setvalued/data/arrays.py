@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from setvalued.config import DATA_FIELDS, held_out_problem
 from setvalued.data.common import (
     DataLayoutError,
     DataSplits,
     TensorSplit,
     channel_statistics,
     counts_of,
+    declared_settings,
     layout_error,
     mix_seed,
     standardized,
@@ -66,16 +66,7 @@ _SPLIT_STREAM = 0x4E505A  # "NPZ": the held-out splits' permutation stream
 
 def settings(cfg: dict[str, Any]) -> dict[str, Any]:
     """The arrays fields of a data config, checked against their declarations."""
-    out = {}
-    for key, param in DATA_FIELDS["arrays"].items():
-        value = cfg.get(key)
-        if value is None and not param.nullable:
-            value = param.default
-        out[key] = param.check(f"data.{key}", value)
-    problem = held_out_problem(out)
-    if problem:
-        raise ValueError(problem)
-    return out
+    return declared_settings("arrays", cfg)
 
 
 def find_files(root: Any) -> dict[str, str]:

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from setvalued.config import DATA_FIELDS, held_out_problem
+
 #: ImageNet channel statistics, used by every model pre-trained on ImageNet
 #: (Pl@ntNet-300K and ImageNet-LT transforms, docs/papers.md, note P-3).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -221,3 +223,19 @@ def standardized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], s
     m = torch.tensor(mean, dtype=torch.float32).view(shape)
     s = torch.tensor(std, dtype=torch.float32).view(shape)
     return (x.to(torch.float32) / scale - m) / s
+
+
+def declared_settings(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The fields of data set `name` in a data config, each checked against its declaration
+    (``setvalued.config.DATA_FIELDS``; an unset field takes its default), and the held-out
+    shares checked together (``held_out_problem``): a ValueError names the field."""
+    out = {}
+    for key, param in DATA_FIELDS[name].items():
+        value = cfg.get(key)
+        if value is None and not param.nullable:
+            value = param.default
+        out[key] = param.check(f"data.{key}", value)
+    problem = held_out_problem(out)
+    if problem:
+        raise ValueError(problem)
+    return out

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from setvalued.config import DATA_FIELDS, held_out_problem
 from setvalued.data.common import (
     DataLayoutError,
     IMAGE_EXTENSIONS,
@@ -41,6 +40,7 @@ from setvalued.data.common import (
     TensorSplit,
     channel_statistics,
     counts_of,
+    declared_settings,
     layout_error,
     mix_seed,
     standardized,
@@ -73,16 +73,7 @@ class Listing:
 
 def settings(cfg: dict[str, Any]) -> dict[str, Any]:
     """The image_folder fields of a data config, checked against their declarations."""
-    out = {}
-    for key, param in DATA_FIELDS["image_folder"].items():
-        value = cfg.get(key)
-        if value is None and not param.nullable:
-            value = param.default
-        out[key] = param.check(f"data.{key}", value)
-    problem = held_out_problem(out)
-    if problem:
-        raise ValueError(problem)
-    return out
+    return declared_settings("image_folder", cfg)
 
 
 def list_folder(root: Any) -> Listing:

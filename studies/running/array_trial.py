@@ -38,11 +38,7 @@ class MemberReporter(EpochReporter):
 
     def __call__(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> None:
         epoch = int(epoch)
-        values = self._epoch_values(metrics)
-        self.history.append([epoch, values])
-        self.state = state
-        if self.logged_through is None or epoch > self.logged_through:
-            self.pending.append((epoch, values))
+        values = self.record(epoch, metrics, state)
         self.last_time = time.perf_counter()
         self.closed = (epoch, values)
 

@@ -55,6 +55,7 @@ class StudySession:
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.namer = RunNamer()  # their run names
         self._colors: tuple[int, dict[str, str]] = (0, {})  # (configs named, their colours)
+        self.other_versions: dict[str, list[str]] = {}  # variant -> configs of the study's other versions
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.race = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
         self.parameters = None  # what its Tune experiments pass to their trials, put once
@@ -94,6 +95,12 @@ class StudySession:
         metric, _ = self.progress_metric  # and the progress line's best so far
         extra = (metric, BEST_VALUE_METRIC) if metric else ()
         grouped = self.tracking.cell_runs(metrics=(*TIME_METRICS, *extra))  # the times: the time left
+        if cells:  # their run colours come after those of the study's other versions
+            from studies.tracking.ui_view import other_version_configs
+
+            self.other_versions = other_version_configs((r for runs in grouped.values() for r in runs),
+                                                        cells[0].version)
+            self._colors = (-1, {})
         self.finished_runs = [found[-1] for found in (finished_runs(grouped.get(i, []))
                                                       for i in ids) if found]
         self.finished_values = self.best_values(self.finished_runs)
@@ -268,7 +275,8 @@ class StudySession:
         metric, _ = self.progress_metric
         known = sum(map(len, self.namer.configs.values()))
         if self._colors[0] != known:  # the report's colours of the configs named so far
-            self._colors = (known, run_colors(self.namer.configs, list(self.study.variants)))
+            self._colors = (known, run_colors(self.namer.configs, list(self.study.variants),
+                                              self.other_versions))
         return cell_payload(cell, resume_from, names.get(cell.cell_id),
                             color=self._colors[1].get(cell.config_id),
                             log_model=self.study.log_models,

@@ -407,13 +407,19 @@ class EpochReporter:
     def final_step(self) -> int:
         return int(self.history[-1][0]) if self.history else 0
 
-    def __call__(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> None:
-        epoch = int(epoch)
+    def record(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> dict[str, float]:
+        """The epoch in the history, its state kept, its metrics pending for MLflow unless an
+        earlier attempt logged them; its values returned."""
         values = self._epoch_values(metrics)
         self.history.append([epoch, values])
         self.state = state
         if self.logged_through is None or epoch > self.logged_through:
             self.pending.append((epoch, values))
+        return values
+
+    def __call__(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> None:
+        epoch = int(epoch)
+        values = self.record(epoch, metrics, state)
         if self._checkpoint_due(epoch):
             self._report(epoch, values, state)
             if epoch < self.last_epoch:  # after the last, the run's final request takes them

@@ -217,6 +217,14 @@ def _fused_array_problems(study: Study, configs: dict[str, dict]) -> list[Proble
             problems.append(Problem(where, f"compile: {config['compile']} is not supported in a fused array "
                                            f"(variant {name!r}); expected 1, or compile: none"))
             break
+    for i, block in enumerate(study.design):  # a design block may set compile per config
+        values = (getattr(block, "parameters", None) or {}).get("compile")
+        values = getattr(values, "bounds", values) or []  # a grid's list, or a choice's
+        swept = [v for v in values if v != "none"]
+        if swept:
+            problems.append(Problem(where, f"compile: {swept[0]} (swept by design[{i}]) is not supported in "
+                                           f"a fused array; expected 1, or compile: none"))
+            break
     return problems
 
 

@@ -29,6 +29,7 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     UI_WORKFLOW,
     cell_runs_view_tag,
 )
+from setvalued import registry
 from setvalued.config import effective_config
 from studies.cells.run_names import config_name
 from studies.tracking.retry import with_retry
@@ -151,8 +152,9 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
 
     Lists stay whole (JSON text); an empty mapping is kept as '{}' so that it is not lost.
     """
+    effective = effective_config(config, registry.plugin_sections(config))
     return {path: param_text(dict(value) if isinstance(value, Mapping) else value)
-            for path, value in flatten_config(effective_config(config)).items()}
+            for path, value in flatten_config(effective).items()}
 
 
 def canonical_json(value: Any) -> str:

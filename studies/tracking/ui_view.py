@@ -9,7 +9,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis.colors import config_colors
-from analysis.layout import cell_runs_view
+from analysis.layout import TAG_CONFIG_ID, TAG_VARIANT, TAG_VERSION, cell_runs_view
 
 
 def _is_number(value: Any) -> bool:
@@ -54,7 +54,38 @@ def study_view(study: Any, cells: Sequence[Any]) -> dict[str, Any]:
 
 
 def run_colors(configs_by_variant: Mapping[str, Iterable[str]],
-               variant_order: Sequence[str]) -> dict[str, str]:
+               variant_order: Sequence[str],
+               earlier: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
     """``{config_id: colour}`` of the configs known so far (`configs_by_variant`: variant ->
-    its config ids, in the order they came): the report's colours."""
-    return config_colors({v: list(ids) for v, ids in configs_by_variant.items()}, variant_order)
+    its config ids, in the order they came): the report's colours. `earlier`: the configs of
+    the study's other versions kept in its experiment (`other_version_configs`), which take
+    the first shades, so that no config of this version has the colour of one of theirs."""
+    merged = {v: list(ids) for v, ids in (earlier or {}).items()}
+    for variant, ids in configs_by_variant.items():
+        merged.setdefault(variant, []).extend(i for i in ids if i not in merged[variant])
+    return config_colors(merged, variant_order)
+
+
+def other_version_configs(runs: Iterable[Any], version: str) -> dict[str, list[str]]:
+    """variant -> the config ids of the cell `runs` (records with ``tags`` and ``start_time``)
+    of the study's versions that ran before `version` did, in the order they first ran (so a
+    version's colours never change once its first cell ran); none when `version` is empty (a
+    run outside a versioned study). A run without a version tag is of `version`."""
+    if not version:
+        return {}
+    first: dict[tuple[str, str], int] = {}
+    start = None  # when this version's first cell ran
+    for run in runs:
+        tags, when = run.tags, run.start_time or 0
+        if not tags.get(TAG_CONFIG_ID):
+            continue
+        if tags.get(TAG_VERSION, version) == version:
+            start = when if start is None else min(start, when)
+            continue
+        key = (tags.get(TAG_VARIANT, ""), tags[TAG_CONFIG_ID])
+        first[key] = min(first.get(key, when), when)
+    out: dict[str, list[str]] = {}
+    for variant, config_id in sorted(first, key=first.__getitem__):
+        if start is None or first[(variant, config_id)] < start:
+            out.setdefault(variant, []).append(config_id)
+    return out
