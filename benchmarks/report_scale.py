@@ -312,6 +312,8 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
     described = study_description(str((yaml.safe_load(text) or {}).get("description") or ""), text)
     experiment_id = client.create_experiment(name, artifact_location=artifact_root.as_uri(),
                                              tags={TAG_STUDY: name, **experiment_tags(described)})
+    for key, value in experiment_tags(described, None, experiment_id).items():  # the note's link
+        client.set_experiment_tag(experiment_id, key, value)
     t0 = int(time.time() * 1000)
     parent = client.create_run(experiment_id, run_name=name, start_time=t0,
                                tags={TAG_ROLE: ROLE_PARENT, TAG_STUDY: name})

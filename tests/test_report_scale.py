@@ -29,6 +29,18 @@ def _nan_safe(values):
     return ["NaN" if isinstance(v, float) and math.isnan(v) else v for v in values]
 
 
+def _without_creation_time(value: str) -> str:
+    """A saved view's envelope (`analysis.layout.cell_runs_view_tag`) without its `createdAt`,
+    the time it was written; any other tag value as it is."""
+    try:
+        envelope = json.loads(value)
+    except ValueError:
+        return value
+    if isinstance(envelope, dict) and "createdAt" in envelope:
+        return json.dumps({k: v for k, v in envelope.items() if k != "createdAt"}, sort_keys=True)
+    return value
+
+
 def _layout(uri: str, name: str) -> dict:
     """Everything a study's runs hold, keyed by cell, without ids, times and sessions."""
     from mlflow import MlflowClient
@@ -37,7 +49,7 @@ def _layout(uri: str, name: str) -> dict:
     experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     volatile = {"mlflow.parentRunId", "studies.session", "studies.node_id"}
-    out = {"experiment_tags": dict(experiment.tags),
+    out = {"experiment_tags": {k: _without_creation_time(v) for k, v in experiment.tags.items()},
            "artifact_location": Path(experiment.artifact_location).name}
     for run in runs:
         tags = run.data.tags
