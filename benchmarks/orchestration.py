@@ -12,8 +12,12 @@
 
        overhead per cell = (T_runner(N) - T_runner(1) - (N - 1) * seconds) / (N - 1)
 
-   and the plain loop gives T_loop(N) / N - seconds (about 0). Targets: at most 0.10 s per
-   cell and 5 s of fixed start-up. The same for an `optuna` design of N configs (asked as
+   and the plain loop gives T_loop(N) / N - seconds (about 0). On a loaded machine the
+   1-cell study's noise (seconds) divided by N - 1 swamps 0.1 s, so the overhead is also
+   taken from the N-cell study alone: the span of its cell runs in MLflow (first start to
+   last end) minus N * seconds, over N - 1 (`runner_overhead_per_cell_in_span_s`; an upper
+   bound by one run's own overhead over N - 1). Targets: at most 0.10 s per cell and 6 s of
+   fixed start-up (issue 34). The same for an `optuna` design of N configs (asked as
    slots free up): its per-cell overhead within 2x the grid's.
 
 2. Cost of tracking one epoch: one `MlflowClient.log_batch` with the metrics of a realistic
@@ -126,6 +130,21 @@ def time_runner(folder: Path, name: str, cells: int, seconds: float, epochs: int
     if outcome.exit_code != 0 or outcome.finished != cells:
         raise RuntimeError(f"benchmark study {name} did not finish: {outcome}")
     return elapsed
+
+
+def runs_span(folder: Path, name: str, tracking_uri: str | None) -> tuple[float, int]:
+    """(seconds from the first cell run's start to the last one's end, cell runs) of the study
+    `name`: its cells back to back, without the study's fixed start-up (the runs' own times,
+    in milliseconds, as MLflow recorded them)."""
+    from mlflow import MlflowClient
+
+    uri = tracking_uri or f"sqlite:///{(folder / 'out' / name / 'mlflow.db').resolve()}"
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'",
+                              max_results=10_000)
+    span_ms = max(r.info.end_time for r in runs) - min(r.info.start_time for r in runs)
+    return span_ms / 1000.0, len(runs)
 
 
 def rss_mb() -> float:
@@ -288,6 +307,8 @@ def main(argv=None) -> int:
                              "HTTP against it (the runner itself uses --tracking-uri or the "
                              "embedded SQLite store)")
     parser.add_argument("--num-cpus", type=int, default=2, help="local Ray CPUs (default 2)")
+    parser.add_argument("--no-optuna", dest="optuna", action="store_false",
+                        help="skip the optuna design's studies (a quicker side-by-side run)")
     parser.add_argument("--json", default=None, help="write the numbers to this file")
     parser.add_argument("--scale", type=int, nargs="+", default=None,
                         help="instead: dry run and the runner over N trivial cells, for each N")
@@ -318,10 +339,12 @@ def main(argv=None) -> int:
             one = time_runner(folder, "bench-one", 1, args.seconds, args.epochs, uri)
             many = time_runner(folder, "bench-many", args.cells, args.seconds, args.epochs,
                                uri)
-            optuna_one = time_runner(folder, "bench-optuna-one", 1, args.seconds, args.epochs,
-                                     uri, design="optuna")
-            optuna_many = time_runner(folder, "bench-optuna-many", args.cells, args.seconds,
-                                      args.epochs, uri, design="optuna")
+            optuna_one = optuna_many = float("nan")
+            if args.optuna:
+                optuna_one = time_runner(folder, "bench-optuna-one", 1, args.seconds, args.epochs,
+                                         uri, design="optuna")
+                optuna_many = time_runner(folder, "bench-optuna-many", args.cells, args.seconds,
+                                          args.epochs, uri, design="optuna")
             ray.shutdown()
             results["loop_s"] = loop
             results["loop_overhead_per_cell_s"] = loop / args.cells - args.seconds
@@ -330,6 +353,12 @@ def main(argv=None) -> int:
             denominator = max(1, args.cells - 1)
             results["runner_overhead_per_cell_s"] = (
                 many - one - (args.cells - 1) * args.seconds) / denominator
+            # the same from the N-cell study alone (no 1-cell study's start-up subtracted: on
+            # a loaded machine its noise, divided by N - 1, swamps a 0.1 s overhead)
+            span, runs = runs_span(folder, "bench-many", uri)
+            results["runner_cells_span_s"] = span
+            results["runner_overhead_per_cell_in_span_s"] = (
+                span - runs * args.seconds) / max(1, runs - 1)
             results["runner_fixed_startup_s"] = one - args.seconds
             results["optuna_overhead_per_cell_s"] = (
                 optuna_many - optuna_one - (args.cells - 1) * args.seconds) / denominator
@@ -348,9 +377,10 @@ def main(argv=None) -> int:
                 server.wait(timeout=30)
 
     print(json.dumps(results, indent=2))
-    print(f"\nrunner overhead per cell: {results['runner_overhead_per_cell_s']:.3f} s "
+    print(f"\nrunner overhead per cell: {results['runner_overhead_per_cell_s']:.3f} s, "
+          f"{results['runner_overhead_per_cell_in_span_s']:.3f} s within the cells' span "
           f"(target <= 0.10 s; plain loop {results['loop_overhead_per_cell_s']:.4f} s); "
-          f"fixed start-up {results['runner_fixed_startup_s']:.1f} s (target <= 5 s)")
+          f"fixed start-up {results['runner_fixed_startup_s']:.1f} s (target <= 6 s)")
     print(f"optuna design overhead per cell: {results['optuna_overhead_per_cell_s']:.3f} s "
           f"(target: within 2x the grid's, here x"
           f"{results['optuna_overhead_per_cell_s'] / max(1e-9, results['runner_overhead_per_cell_s']):.2f})")
