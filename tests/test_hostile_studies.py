@@ -5,19 +5,18 @@ make validation run for hours or take gigabytes).
 The files are written by the test (some are large or generated); each case gives the text, the
 YAML path expected in the message and a fragment of the message. ``studies run FILE --dry-run``
 runs in a subprocess under a wall-clock guard (60 s, far above the ~1 s they take: a guard
-against hangs, not a timing test) and its peak memory is read from the kernel's accounting.
+against hangs, not a timing test) and its own peak memory is read from the kernel's accounting
+(tests/measured_process.py: forked from a small wrapper, not from pytest, whose high-water mark
+a child would otherwise inherit).
 """
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.measured_process import run_measured
+
 PEAK_MEMORY_LIMIT_MB = 500
 
 
@@ -76,18 +75,12 @@ def test_hostile_study_is_refused_quickly_and_cleanly(case, tmp_path):
     text, path, fragment = CASES[case]
     file = tmp_path / f"{case}.yaml"
     file.write_text(text, encoding="utf-8")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.run([sys.executable, "-m", "studies.cli", "run", str(file), "--dry-run",
-                           "--output", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    message = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr and message.count("\n") == 0, proc.stderr
+    result = run_measured("run", str(file), "--dry-run", "--output", str(tmp_path / "out"), timeout=60)
+    assert result.code == 2, result.out + result.err
+    message = result.err.strip()
+    assert "Traceback" not in result.err and message.count("\n") == 0, result.err
     assert str(file) in message and path in message and fragment in message, message
-    if peak_mb > before / 1024:  # this child raised the high-water mark: it is its own peak
-        assert peak_mb < PEAK_MEMORY_LIMIT_MB, f"{case}: {peak_mb:.0f} MB"
-
+    assert result.peak_mb < PEAK_MEMORY_LIMIT_MB, f"{case}: {result.peak_mb:.0f} MB"
 
 def test_the_cell_limit_can_be_raised_by_the_file(tmp_path):
     from studies.studyfile.spec import StudyError, load_study
