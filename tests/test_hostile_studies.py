@@ -12,7 +12,6 @@ a child would otherwise inherit).
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.measured_process import run_measured
