@@ -317,7 +317,9 @@ def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Mod
     The weights file must hold the architecture's state dict in timm's key layout (the
     files of timm's Hugging Face and torch hub caches; torchvision's ResNet files share it).
     The classifier's entries are dropped; any other missing or unexpected entry is an error
-    (timm's own loader would only warn).
+    (timm's own loader would only warn). The width returned is that of the features the
+    backbone outputs: ``head_hidden_size`` where timm puts a pre-logits layer before the
+    classifier (MobileNetV3: 288 channels pooled, then 1024 features), else ``num_features``.
     """
     import timm
 
@@ -339,7 +341,7 @@ def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Mod
             raise ValueError(f"model.pretrained: weights file {weights!r} does not fit timm model {name!r}: "
                              f"{len(missing)} missing entries (e.g. {missing[:3]}), {len(unexpected)} unexpected "
                              f"entries (e.g. {unexpected[:3]})")
-    return model, int(model.num_features)
+    return model, int(getattr(model, "head_hidden_size", None) or model.num_features)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +410,7 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     elif name == "densenet_cifar":
         backbone = DenseNet(depth=cfg["depth"], growth_rate=cfg["growth_rate"], in_channels=input_shape[0])
     else:
-        backbone, _ = timm_backbone(name, input_shape[0], weights)
+        backbone, timm_width = timm_backbone(name, input_shape[0], weights)
         weights = None  # loaded by timm_backbone
     if weights is not None:
         state = read_state_dict(weights)
@@ -416,7 +418,7 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
             backbone.load_state_dict(state)
         except RuntimeError as err:
             raise ValueError(f"model.pretrained: weights file {weights!r} does not fit model {name!r}: {err}") from err
-    feature_dim = int(getattr(backbone, "out_features", None) or getattr(backbone, "num_features"))
+    feature_dim = timm_width if name not in OWN_MODELS else int(backbone.out_features)
     if head not in HEADS:
         raise ValueError(f"model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
     return Classifier(backbone, build_head(head, feature_dim, num_classes), feature_dim, head)

@@ -193,3 +193,16 @@ def test_own_model_weights_from_file(tmp_path):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="does not fit"):
         build_model({"name": "mlp", "hidden_dim": 9, "pretrained": str(path)}, 3, (12,))
+
+
+@pytest.mark.parametrize("name", ["mobilenetv3_small_050", "resnet18"])
+def test_timm_head_takes_the_width_the_backbone_outputs(name):
+    """The head's width is read from what the backbone outputs, not from timm's
+    ``num_features``: MobileNetV3 pools 288 channels and then applies a 1024-wide pre-logits
+    layer (``head_hidden_size``), so a head built on ``num_features`` fails in the first
+    forward pass."""
+    torch.manual_seed(0)
+    model = build_model({"name": name}, 10, (3, 32, 32))
+    x = torch.randn(2, 3, 32, 32)
+    assert model.backbone(x).shape == (2, model.feature_dim)
+    assert model(x).shape == (2, 10)
