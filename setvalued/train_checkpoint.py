@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
+from setvalued.config import DATA_FIELDS, default_config
 from setvalued.train_setup import flat_config
 
 CHECKPOINT_FORMAT = 1
@@ -73,15 +74,36 @@ def trial_state(cfg: Mapping[str, Any], seed: int, epoch: int, model: torch.nn.M
 
 def check_resumable(cfg: Mapping[str, Any], seed: int, state: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` unless ``state`` was taken with ``seed`` and the same config (up to
-    ``RESUME_FREE_KEYS``)."""
+    ``RESUME_FREE_KEYS``), compared as ``training_fields`` reads them: a checkpoint of an
+    earlier release, before a field was added, resumes when the field holds its default."""
     if int(state["seed"]) != seed:
         raise ValueError(f"checkpoint was taken with seed {state['seed']}, not {seed}")
-    mine, theirs = flat_config(cfg), flat_config(state["config"])
+    mine, theirs = training_fields(cfg), training_fields(state["config"])
     differing = sorted(k for k in set(mine) | set(theirs)
                        if k not in RESUME_FREE_KEYS and mine.get(k, "<missing>") != theirs.get(k, "<missing>"))
     if differing:
         raise ValueError("checkpoint config differs from this config at: " + ", ".join(
             f"{k} ({theirs.get(k, '<missing>')!r} vs {mine.get(k, '<missing>')!r})" for k in differing))
+
+
+def training_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat fields of a resolved config that decide its training: a built-in data set's
+    own fields only (the ``data`` section holds the union over the data sets, and a field of
+    another data set has no effect), a ``None`` there read as the data set's default, and a
+    field the config lacks (added to the library after it was saved) at its default."""
+    flat = flat_config(cfg)
+    data = cfg.get("data") or {}
+    fields = DATA_FIELDS.get(data.get("name"))  # None: a plugin's section, all its own
+    defaults = flat_config(default_config())
+    if fields is not None:
+        flat = {k: v for k, v in flat.items() if not k.startswith("data.") or k[5:] in fields}
+        for name, param in fields.items():
+            if flat.get(f"data.{name}") is None:
+                flat[f"data.{name}"] = param.default
+        defaults = {k: v for k, v in defaults.items() if not k.startswith("data.")}
+    for key, value in defaults.items():
+        flat.setdefault(key, value)
+    return flat
 
 
 def load_checkpoint(checkpoint: Any) -> dict[str, Any]:

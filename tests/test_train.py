@@ -13,11 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from setvalued.config import DATA_FIELDS
 from setvalued.data import build_datasets
 from setvalued.losses import LOSSES, SetValuedLoss, register_loss
 from setvalued.metrics import evaluate
 from setvalued.models import build_model
 from setvalued.train import NonFiniteLossError, fit
+from setvalued.train_checkpoint import training_fields
+from setvalued.train_setup import resolve_config
 
 torch.set_num_threads(1)
 
@@ -213,6 +216,29 @@ def test_resume_gives_the_same_final_weights(tmp_path):
         fit(changed, 5, checkpoint=final["state"])
     with pytest.raises(ValueError, match="seed"):
         fit(cfg, 4, checkpoint=final["state"])
+
+    # a checkpoint of an earlier release: its config lacks the fields added since (the data
+    # formats' image_size, layout, ...); it resumes to the same run
+    earlier = copy.deepcopy(mid[1])
+    for field in ("augmentation", "image_size", "layout", "normalize", "val_fraction", "test_fraction"):
+        earlier["config"]["data"].pop(field, None)
+    last = {}
+    result_d = fit(cfg, 5, on_epoch=lambda e, m, s: last.update(state=s), checkpoint=earlier)
+    _assert_same_run(result_a, final["state"], result_d, last["state"])
+    earlier["config"]["data"]["num_classes"] = 12  # a field of its data set that changed: refused
+    with pytest.raises(ValueError, match="data.num_classes"):
+        fit(cfg, 5, checkpoint=earlier)
+    # the union over the data sets holds None where the data sets' defaults differ; the
+    # earlier release held the synthetic set's own default there: the same training
+    fresh = resolve_config({"data": {"name": "synthetic"}})
+    assert fresh["data"]["num_classes"] is None
+    before = copy.deepcopy(fresh)
+    before["data"]["num_classes"] = DATA_FIELDS["synthetic"]["num_classes"].default
+    for field in ("layout", "normalize"):
+        before["data"].pop(field)
+    assert training_fields(before) == training_fields(fresh)
+    before["optim"]["lr"] *= 2
+    assert training_fields(before) != training_fields(fresh)
 
 
 def write_fake_cifar(root, per_class):
