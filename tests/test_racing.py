@@ -15,6 +15,7 @@ import pytest
 import yaml
 from scipy import stats as sps
 
+from analysis.intervals import NOTE_DEGENERATE, paired_test
 from studies.scheduling.racing import BEST, FAILED, MAX, RACING, WORSE, RaceStatus, SeedRace
 
 
@@ -66,6 +67,27 @@ def test_identical_configs_race_to_max():
     run_race(race, lambda c, s: 0.75 + seed_effect[s] + noise[(c, s)])
     assert {race.status(c).state for c in "abc"} == {MAX}
     assert all(race.status(c).seeds == 10 for c in "abc")
+
+
+def test_equal_differences_are_no_evidence_as_in_the_report():
+    """Two seeds whose differences from the best are equal (a discrete metric: both seeds one
+    validation example apart) have sd 0: t = mean / 0. The report calls this a degenerate
+    test, never significant (analysis.intervals.paired_test); the race does not stop the
+    config on it, and keeps it out of Holm's family (the other config's p is its raw p)."""
+    values = {("a", 0): 0.80, ("a", 1): 0.82, ("b", 0): 0.79, ("b", 1): 0.81,
+              ("c", 0): 0.60, ("c", 1): 0.64}
+    values.update({(c, s): values[(c, s % 2)] + 0.001 * s * (c != "a") for c in "abc" for s in range(2, 6)})
+    race = SeedRace(list("abc"), list(range(6)), initial=2)
+    for config_id, seed in [race.take() for _ in range(6)]:
+        race.record(config_id, seed, values[(config_id, seed)])
+    report = paired_test([values[("b", s)] for s in range(2)], [values[("a", s)] for s in range(2)])
+    assert math.isnan(report.p_value) and report.note == NOTE_DEGENERATE
+    assert race.status("b").state == RACING  # on the old rule: p = 0, stopped as worse
+    assert ("b", 2) in race.next_cells()  # it gets more seeds
+    # c's test is the only one in the family: its Holm p is its raw p (0.033; with b's p = 1
+    # in the family it would be doubled to 0.067 and c would race on)
+    raw = sps.ttest_rel([values[("c", s)] for s in range(2)], [values[("a", s)] for s in range(2)]).pvalue
+    assert race.status("c").state == WORSE and race.status("c").p_holm == pytest.approx(raw) and raw < 0.05
 
 
 def test_decisions_match_a_direct_paired_t_and_holm_computation():

@@ -11,7 +11,9 @@ best config:
 - for every other config c still racing, the paired differences d_i = x_{c,i} - x_{best,i}
   over the seeds both have finished (a prefix of the sequence) give a paired t-test
   (`analysis.stats.paired_test`'s statistic, computed for all configs at once: t = mean(d) /
-  (sd(d) / sqrt(n)), n - 1 degrees of freedom, two-sided p); a config with fewer than two common seeds counts with p = 1;
+  (sd(d) / sqrt(n)), n - 1 degrees of freedom, two-sided p); a config with fewer than two common
+  seeds, or whose differences are all equal (sd 0: the report's degenerate test), has no test:
+  it counts with p = 1 and stays outside Holm's family, as in the report;
 - Holm's step-down correction (`analysis.stats.holm`) is applied over those tests, one per
   config still racing (the family: the configs still in the race);
 - c *stops, worse than best* when its Holm-adjusted p < 1 - level and its mean difference
@@ -261,7 +263,9 @@ class SeedRace:
         others = np.flatnonzero(racing)
         others = others[others != best] if best is not None else others
         p_raw, diffs, common = self._paired_against(others, best, done, score)
-        p_adj = holm(p_raw) if others.size else np.array([])
+        # a config with no test (NaN: fewer than two common seeds, or all differences equal)
+        # is outside Holm's family, as in the report, and counts as no evidence (p = 1)
+        p_adj = np.nan_to_num(holm(p_raw), nan=1.0) if others.size else np.array([])
         best_id = self.config_ids[best] if best is not None else None
         alpha = 1.0 - self.level
         for c, p, diff, k in zip(others, p_adj, diffs, common):
@@ -305,10 +309,12 @@ class SeedRace:
                         score: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(two-sided p, mean difference, common seeds) of the paired t-test of each config of
         `others` against `best` over the seeds both finished: `analysis.stats.paired_test`'s
-        statistic for every config at once. Fewer than two common seeds: p = 1 (no evidence)."""
+        statistic for every config at once. No test (p NaN) with fewer than two common seeds or
+        with all differences equal (sd 0, the report's degenerate test: t = mean / 0 is no
+        evidence, never p = 0)."""
         if best is None or not others.size:
             n = others.size
-            return np.ones(n), np.full(n, np.nan), np.zeros(n, dtype=int)
+            return np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=int)
         k = np.minimum(done[others], done[best])
         mask = np.arange(score.shape[1])[None, :] < k[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -317,7 +323,8 @@ class SeedRace:
             var = (np.where(mask, d - mean[:, None], 0.0) ** 2).sum(axis=1) / (k - 1)
             t = mean / np.sqrt(var / k)
             p = 2.0 * _t_dist.sf(np.abs(t), np.maximum(k - 1, 1))
-        p = np.where((k >= 2) & np.isfinite(p), p, 1.0)
+            degenerate = np.sqrt(var) <= 1e-12 * np.maximum(1.0, np.abs(mean))  # as analysis.intervals
+        p = np.where((k >= 2) & np.isfinite(p) & ~degenerate, p, np.nan)
         return p, np.where(k >= 1, mean, np.nan), k
 
     def _round(self, index: int) -> int:
