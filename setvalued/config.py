@@ -284,8 +284,11 @@ def held_out_problem(data: Mapping[str, Any]) -> Optional[str]:
 
 
 def placement_problem(data: Mapping[str, Any]) -> Optional[str]:
-    """Why a data section cannot have its ``placement`` (device: in-memory data sets only)."""
-    if data.get("placement") == "device" and data.get("name") not in DEVICE_DATASETS:
+    """Why a data section cannot have its ``placement`` (device: in-memory data sets only). A
+    plugin's data set is held on the device when its splits are in memory (``TensorSplit``s
+    without a per-example transform), which only its built splits tell: the trainer checks it."""
+    if data.get("placement") == "device" and data.get("name") in DATASET_NAMES \
+            and data.get("name") not in DEVICE_DATASETS:
         return (f"data.placement: device holds in-memory data sets only ({', '.join(DEVICE_DATASETS)}), "
                 f"not {data.get('name')!r}; use auto or loader")
     return None

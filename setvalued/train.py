@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from setvalued.config import DEVICE_DATASETS, conformal_enabled
+from setvalued.config import DATASET_NAMES, DEVICE_DATASETS, conformal_enabled
 from setvalued.conformal import split_calibration
 from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, mix_seed
@@ -123,8 +123,10 @@ class Trial:
         augmented set is held as uint8 and augmented a batch at a time (``BatchAugmentation``)."""
         d = self.cfg["data"]
         placement = d["placement"]
-        if placement == "auto":
-            placement = "device" if d["name"] in DEVICE_DATASETS and int(d["num_workers"]) == 0 else "loader"
+        if placement == "auto":  # a plugin's data set: device when its splits are in memory
+            in_memory = d["name"] in DEVICE_DATASETS if d["name"] in DATASET_NAMES else all(
+                getattr(ds, "supports_batches", False) for ds in self.data)
+            placement = "device" if in_memory and int(d["num_workers"]) == 0 else "loader"
         if placement == "loader":
             return None
         splits = {}

@@ -327,6 +327,32 @@ def test_fit_trains_with_a_plugin_loss_data_set_and_model(example):
         fit({**config, "data": {**config["data"], "noize": 0.1}}, seed=0)
 
 
+def test_an_in_memory_plugin_data_set_is_held_on_the_device(example):
+    """toy_rings' splits are TensorSplits without a transform: auto (no loader workers) and
+    device hold them on the training device, like the built-in in-memory sets; loader, or a
+    split with a per-example transform, uses a DataLoader (device then refused, naming it)."""
+    from setvalued.data import TensorSplit
+    from setvalued.train import Trial
+    from setvalued.train_setup import resolve_config
+
+    def trial(**data):
+        return Trial(resolve_config({"data": {"name": "toy_rings", "train_size": 60, "val_size": 12,
+                                              "test_size": 12, **data}, "loss": {"name": "ce"},
+                                     "device": "cpu"}), 0)
+
+    held = trial().on_device
+    assert held is not None and set(held) == {"train", "val", "test"}
+    assert trial(placement="device").on_device is not None
+    assert trial(placement="loader").on_device is None and trial(num_workers=1).on_device is None
+    transformed = trial(placement="loader")
+    for ds in transformed.data:
+        assert isinstance(ds, TensorSplit)
+        ds.transform = lambda x: x
+    transformed.cfg = {**transformed.cfg, "data": {**transformed.cfg["data"], "placement": "device"}}
+    with pytest.raises(ValueError, match="data.placement: device needs in-memory splits.*toy_rings"):
+        transformed._device_splits()
+
+
 def test_a_run_logs_every_field_a_plugin_model_declares(example, tmp_path, monkeypatch):
     """A plugin model's own ``hidden_dim`` and ``depth`` are its parameters: its run logs them
     (the built-in fields of those names apply to some built-in models only)."""
