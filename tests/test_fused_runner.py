@@ -70,7 +70,8 @@ def test_a_later_versions_arrays_hold_its_version_qualified_cells(tmp_path):
 
 def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_path):
     assert load_study(write_study(tmp_path, "plain", lrs=[0.1])).resources.seeds_per_trial == 1
-    # early stopping stops an array as a whole; racing hands out seeds one by one: refused
+    # early stopping, ASHA and Optuna's pruners stop an array as a whole; racing runs its rounds
+    # as arrays: all accepted
     assert load_study(write_study(tmp_path, "sched", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
                                   scheduler={"kind": "early_stopping", "patience": 1},
                                   objective={"metric": "val/top3"})).resources.seeds_per_trial == 2
@@ -79,13 +80,24 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
     text = yaml.safe_load(raced.read_text())
     text["seeds"] = {"initial": 2, "max": 4, "until": {"metric": "test/top3", "level": 0.95}}
     raced.write_text(yaml.safe_dump(text, sort_keys=False))
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*racing"):
-        load_study(raced)
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
-        path = write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2})
-        load_study(path, overrides=("base.compile=model",))
+    assert load_study(raced).resources.seeds_per_trial == 2
+    tuned = write_study(tmp_path, "tuned", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
+                        objective={"metric": "val/top3"}, design=[OPTUNA_BLOCK])
+    assert load_study(tuned).optuna_blocks and load_study(tuned).resources.seeds_per_trial == 2
+    # compile: model is not fused, with or without a scheduler
+    for path in (write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}),
+                 raced, tuned):
+        with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
+            load_study(path, overrides=("base.compile=model",))
     with pytest.raises(StudyError, match=r"seeds_per_trial"):
         load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
+
+
+#: an optuna block with a median pruner over the learning rate (random sampler: the same configs
+#: in every run)
+OPTUNA_BLOCK = {"kind": "optuna", "n_configs": 3, "sampler": "random", "sampler_seed": 3,
+                "parameters": {"optim.lr": {"loguniform": [0.001, 0.5]}},
+                "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 1}}
 
 
 @pytest.mark.parametrize("values", [["none", "model"], {"choice": ["none", "model"]}])
@@ -272,3 +284,150 @@ def test_an_arrays_checkpoint_holds_each_member_and_a_restarted_trial_reads_it_b
     assert [state for state, _ in points] == [{"epoch": 0, "seed": 0}, None, {"epoch": 0, "seed": 2}]
     assert [meta.get("run_id") for _, meta in points] == ["run-0", None, "run-2"]
     assert points[0][1]["cell_id"] == "a-s0" and points[0][1]["epoch"] == 0
+
+
+# ----------------------------------------------------------------------------- racing and optuna
+
+
+def raced_study(tmp_path, name: str, lrs, per_trial: int, initial=3, max_seeds=6, step=2, epochs=2,
+                **extra):
+    """A racing study of the tiny MLP (test/top1 decides), seeds_per_trial `per_trial`."""
+    path = write_study(tmp_path, name, lrs=lrs, epochs=epochs, resources={"cpus": 1, "seeds_per_trial": per_trial},
+                       **extra)
+    study = yaml.safe_load(path.read_text())
+    study["seeds"] = {"initial": initial, "max": max_seeds, "step": step, "until": {"metric": "test/top1"}}
+    study["base"]["eval"] = {"ks": [1, 3], "selection": "val/top1"}
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def test_a_race_hands_out_each_round_of_a_config_as_arrays_the_rest_smaller(tmp_path):
+    """initial 3, step 2, max 6 at seeds_per_trial 2: a config's rounds {0,1,2}, {3,4}, {5} run
+    as arrays [0,1] [2], [3,4], [5]; the race's own order (round by round, config by config);
+    the dry run and `studies plan` cut the same arrays (`race_rounds`)."""
+    from studies.cells.space import expand
+    from studies.scheduling.racing import SeedRace, race_rounds
+
+    race = SeedRace(["a", "b"], list(range(6)), initial=3, step=2)
+    first = [race.take_array(2) for _ in range(4)]
+    assert first == [[("a", 0), ("a", 1)], [("a", 2)], [("b", 0), ("b", 1)], [("b", 2)]]
+    assert race.take_array(2) == [] and race.in_flight() == 6
+    for array in first:
+        for config_id, seed in array:  # identical configs: both race on, round by round
+            race.record(config_id, seed, 0.5 + 0.01 * seed)
+    rounds = [race.take_array(2) for _ in range(2)]
+    assert rounds == [[("a", 3), ("a", 4)], [("b", 3), ("b", 4)]]
+    race.record("a", 3, 0.53)
+    assert race.take_array(2) == []  # a's round is in flight until both its seeds end
+    race.record("a", 4, 0.54)
+    assert race.take_array(2) == [("a", 5)]  # the last round: one seed, a smaller array
+    assert race.take_array(3) == []  # b's round still in flight; a's seeds all taken
+
+    study = load_study(raced_study(tmp_path, "race-arrays", [0.1, 0.2], per_trial=2))
+    cells = expand(study)
+    arrays = fused_arrays(cells, 2, round_of=race_rounds(study))
+    assert [[c.seed for c in a] for a in arrays] == [[0, 1], [2], [3, 4], [5]] * 2
+    assert race_rounds(load_study(write_study(tmp_path, "no-race", lrs=[0.1]))) is None
+    assert fused_trials(range(12), cells, 2, race_rounds(study)) == \
+        [[0, 1], [2], [3, 4], [5], [6, 7], [8], [9, 10], [11]]
+    # three seeds a round at two a trial: each round's rest is a smaller array of its own
+    wide = load_study(raced_study(tmp_path, "race-wide", [0.1], per_trial=2, initial=3, max_seeds=9, step=3))
+    assert [len(a) for a in fused_arrays(expand(wide), 2, round_of=race_rounds(wide))] == [2, 1, 2, 1, 2, 1]
+
+
+class FakeRace:
+    """The race driver's side a `RaceSearcher` uses: arrays to hand out, the cells told."""
+
+    def __init__(self, arrays):
+        self.arrays, self.told = list(arrays), []
+        self.cells = {cell_id: cell(cell_id.rsplit("-s", 1)[0], int(cell_id.rsplit("-s", 1)[1]))
+                      for array in arrays for cell_id in array}
+
+    def next_cell_ids(self, limit):
+        from studies.scheduling.race_driver import RACE_OVER
+
+        return self.arrays.pop(0)[:limit] if self.arrays else RACE_OVER
+
+    def complete(self, cell_id, failed, error=""):
+        self.told.append((cell_id, failed, error))
+
+
+def test_the_race_searcher_hands_out_arrays_and_tells_the_race_each_member():
+    from studies.running.tune_experiment import RaceSearcher
+
+    race = FakeRace([["a-s0", "a-s1"], ["a-s2"]])
+    payloads = {cell_id: {"cell_id": cell_id, "seed": int(cell_id[-1])} for cell_id in race.cells}
+    searcher = RaceSearcher(race, payloads, per_trial=2)
+    first, second = searcher.suggest("t1"), searcher.suggest("t2")
+    assert first == {"cell_id": "a-s0-x2", "cell": {"cell_id": "a-s0-x2",
+                                                    "members": [payloads["a-s0"], payloads["a-s1"]]}}
+    assert second["cell_id"] == "a-s2" and second["cell"]["members"] == [payloads["a-s2"]]
+    assert searcher.suggest("t3") is searcher.FINISHED
+    # member a-s1 failed alone (its report says so); a-s0 finished; the other array's trial errored
+    searcher.on_trial_result("t1", {"cell_id": "a-s1", "cell_status": "failed", "error": "loss is nan"})
+    searcher.on_trial_complete("t1", {"cell_id": "a-s0", "cell_status": "running"})
+    searcher.on_trial_complete("t2", None, error=True)
+    assert race.told == [("a-s0", False, ""), ("a-s1", True, "loss is nan"), ("a-s2", True, "")]
+    # one cell a trial (seeds_per_trial 1): the payload of the cell itself
+    race = FakeRace([["b-s0"]])
+    assert RaceSearcher(race, {"b-s0": {"cell_id": "b-s0"}}).suggest("t") == \
+        {"cell_id": "b-s0", "cell": {"cell_id": "b-s0"}}
+
+
+def test_the_proposal_searcher_ends_each_member_of_an_array_with_its_own_run():
+    from studies.running.tune_experiment import ProposalSearcher, array_payload
+
+    class Proposals:
+        def __init__(self):
+            self.configs, self.ended = [["c-s0", "c-s1", "c-s2"]], []
+
+        def propose(self):
+            return self.configs.pop(0) if self.configs else None
+
+        def cell_ended(self, cell_id, run_id):
+            self.ended.append((cell_id, run_id))
+
+    def admit(cell_ids):  # a config's three seeds as arrays of two, the rest smaller
+        members = [{"cell_id": i} for i in cell_ids]
+        return [array_payload("c-s0-x2", members[:2]), array_payload("c-s2", members[2:])]
+
+    proposals = Proposals()
+    searcher = ProposalSearcher(proposals, admit)
+    assert searcher.suggest("t1")["cell_id"] == "c-s0-x2" and searcher.suggest("t2")["cell_id"] == "c-s2"
+    assert searcher.suggest("t3") is searcher.FINISHED
+    for member, run in (("c-s0", "r0"), ("c-s1", "r1"), ("c-s0", "r0")):
+        searcher.on_trial_result("t1", {"cell_id": member, "run_id": run})
+    searcher.on_trial_complete("t1", {"cell_id": "c-s0", "run_id": "r0"})
+    searcher.on_trial_complete("t2", None, error=True)  # no report reached the driver
+    assert proposals.ended == [("c-s0", "r0"), ("c-s1", "r1"), ("c-s2", None)]
+
+
+def test_the_plan_counts_a_race_round_or_an_optuna_configs_seeds_as_arrays(tmp_path):
+    """`studies plan`: an array is one trial slot training its cells (timed one after the other),
+    a race's arrays cut by round, an optuna proposal's seeds (3: the rest smaller) as arrays."""
+    from studies.running.estimate import Timings, VariantTime, estimate, fused_trials
+    from studies.running.plan import planned_cells
+    from studies.scheduling.racing import race_rounds
+
+    def planned(path, cpus):
+        study = load_study(path)
+        cells = planned_cells(study)
+        # 1 s an epoch, a fresh worker's first trial 0.5 s longer: the trials on the slots show
+        timings = Timings({c.variant: VariantTime(1.0, 0.0, "probe") for c in cells}, 0.5)
+        return study, cells, estimate(study, cells, timings, cpus=cpus)
+
+    # a race of initial 3, step 1, max 4 at two seeds a trial: arrays [0, 1] [2] [3] (three
+    # trials, three warm-ups on three slots), not [0, 1] [2, 3]
+    study, cells, est = planned(raced_study(tmp_path, "plan-race", [0.1], per_trial=2, max_seeds=4, step=1), 3)
+    assert len(cells) == 4 and est.seeds_per_trial == 2 and est.slots == 3
+    assert est.cell_seconds == pytest.approx(4 * 2 * 1.0 + 3 * 0.5)
+    assert fused_trials(range(4), cells, 2, race_rounds(study)) == [[0, 1], [2], [3]]
+    # an optuna block of 3 configs on 3 seeds: each config's seeds as [0, 1] [2]
+    tuned = write_study(tmp_path, "plan-optuna", lrs=[0.1], seeds=(0, 1, 2), epochs=2,
+                        resources={"cpus": 1, "seeds_per_trial": 2}, objective={"metric": "val/top3"},
+                        design=[OPTUNA_BLOCK])
+    _, cells, est = planned(tuned, 1)
+    assert len(cells) == 9 and est.experiments == 1 and est.slots == 1
+    assert est.cell_seconds == pytest.approx(9 * 2 * 1.0 + 0.5)
+    assert [len(t) for t in fused_trials(range(9), cells, 2)] == [2, 1] * 3
+    assert est.wall_s - est.start_up_s == pytest.approx(18.5)
