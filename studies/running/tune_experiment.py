@@ -7,7 +7,10 @@ fit function, the early-stopping settings) travels once through the object store
 (``{"cell_id", "cell"}``: a trial reads its cell alone, not the part's thousand), handed out
 by `CellQueueSearcher` in the order given (see `studies.cells.cell_queue`), by `RaceSearcher` as a
 race needs them (`studies.scheduling.racing`), or by `ProposalSearcher` as an optuna block proposes
-configs (`studies.scheduling.optuna_rounds`).
+configs (`studies.scheduling.optuna_rounds`). With ``resources.seeds_per_trial`` > 1 each trial is
+a fused array of a config's seeds (`array_payload`, trained by
+`studies.running.array_trial.run_array`): the grid's cut in order, a race's round by round, an
+optuna proposal's as its config is asked; every searcher tells its source of each member's end.
 `reuse_actors=True`, `max_concurrent_trials` = the trials that fit at once,
 `FailureConfig(max_failures)` and one kept checkpoint per trial (written by `run_cell` at
 most every `checkpoint_interval_s` and after the last epoch), so a trial whose worker dies
