@@ -26,7 +26,7 @@ from studies.tracking import (
     with_retry,
 )
 
-#: what `next_cell_id` returns once the race is over
+#: what `next_cell_ids` returns once the race is over
 RACE_OVER = "RACE_OVER"
 
 
@@ -94,13 +94,6 @@ class RaceDriver:
                 and i not in self.run_ids and i not in self.failed_cells]
 
     # ----- while Tune runs --------------------------------------------------------------------
-
-    def next_cell_id(self) -> str | None:
-        """The next cell to start; None: nothing now (a round is in flight); RACE_OVER."""
-        taken = self.next_cell_ids(1)
-        if taken == RACE_OVER:
-            return RACE_OVER
-        return taken[0] if taken else None
 
     def next_cell_ids(self, limit: int) -> list[str] | str:
         """The next cells to start, as one trial: the race's next cell and up to `limit` - 1

@@ -25,7 +25,9 @@ best config:
 There is no barrier between configs: a config's next seed is decided when its own round
 has finished and a slot asks for work (`next_cells`), on the data of that moment. Cells are
 offered round by round (the initial rounds of all configs first, config by config, so that
-early stopping finds a config's initial seeds running together), then the next round.
+early stopping finds a config's initial seeds running together), then the next round;
+`take_array` hands out up to N seeds of a config's round at once (a fused array,
+``resources.seeds_per_trial``).
 Decisions to stop are final (sticky); the driver records them in MLflow (`TAG_RACE` on the
 config's last finished run) so that a resumed study keeps them (`studies.scheduling.race_driver`).
 
