@@ -70,7 +70,8 @@ def test_a_later_versions_arrays_hold_its_version_qualified_cells(tmp_path):
 
 def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_path):
     assert load_study(write_study(tmp_path, "plain", lrs=[0.1])).resources.seeds_per_trial == 1
-    # early stopping stops an array as a whole; racing hands out seeds one by one: refused
+    # early stopping, ASHA and Optuna's pruners stop an array as a whole; racing runs its rounds
+    # as arrays: all accepted
     assert load_study(write_study(tmp_path, "sched", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
                                   scheduler={"kind": "early_stopping", "patience": 1},
                                   objective={"metric": "val/top3"})).resources.seeds_per_trial == 2
@@ -79,13 +80,24 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
     text = yaml.safe_load(raced.read_text())
     text["seeds"] = {"initial": 2, "max": 4, "until": {"metric": "test/top3", "level": 0.95}}
     raced.write_text(yaml.safe_dump(text, sort_keys=False))
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*racing"):
-        load_study(raced)
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
-        path = write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2})
-        load_study(path, overrides=("base.compile=model",))
+    assert load_study(raced).resources.seeds_per_trial == 2
+    tuned = write_study(tmp_path, "tuned", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
+                        objective={"metric": "val/top3"}, design=[OPTUNA_BLOCK])
+    assert load_study(tuned).optuna_blocks and load_study(tuned).resources.seeds_per_trial == 2
+    # compile: model is not fused, with or without a scheduler
+    for path in (write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}),
+                 raced, tuned):
+        with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
+            load_study(path, overrides=("base.compile=model",))
     with pytest.raises(StudyError, match=r"seeds_per_trial"):
         load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
+
+
+#: an optuna block with a median pruner over the learning rate (random sampler: the same configs
+#: in every run)
+OPTUNA_BLOCK = {"kind": "optuna", "n_configs": 3, "sampler": "random", "sampler_seed": 3,
+                "parameters": {"optim.lr": {"loguniform": [0.001, 0.5]}},
+                "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 1}}
 
 
 @pytest.mark.parametrize("values", [["none", "model"], {"choice": ["none", "model"]}])

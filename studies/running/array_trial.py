@@ -11,9 +11,11 @@ resumes every member from its folder; a new session finds a member's folder by i
 Members whose starting points differ (a checkpoint that could not be read) train as separate
 arrays, one after the other. A member whose loss goes non-finite fails alone (its run FAILED
 with the error); any other error fails the array's cells as `run_cell` fails a cell. Under
-early stopping or ASHA every member's value is recorded with the config's coordinator after
-each epoch and the decision awaited once: a stop stops the array as a whole (each member tagged
-as a stopped cell, its selected checkpoint tested).
+early stopping, ASHA or an optuna block's pruner every member's value is recorded with the
+config's coordinator after each epoch and the decision awaited once: a stop stops the array as
+a whole (each member tagged as a stopped cell, its selected checkpoint tested). A race's
+arrays and an optuna proposal's are trained the same way; their searchers tell the race or
+the proposal of each member's end (`studies.running.tune_experiment`).
 """
 
 from __future__ import annotations

@@ -287,9 +287,14 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
     # slot in a fresh worker that warms up
     parts = experiments(cells)
     per_trial = int(getattr(study.resources, "seeds_per_trial", 1))
+    round_of = None
+    if per_trial > 1 and getattr(study, "racing", None) is not None:
+        from studies.scheduling.racing import race_rounds
+
+        round_of = race_rounds(study)  # a race's arrays hold the seeds of one round
     schedules, cell_seconds = [], 0.0
     for part in parts:
-        trials = fused_trials(part, cells, per_trial)
+        trials = fused_trials(part, cells, per_trial, round_of)
         durations = [sum(plain[i] for i in trial) + (timings.warm_up_s if n < slots else 0.0)
                      for n, trial in enumerate(trials)]
         schedules.append(schedule_length(durations, slots))
@@ -331,14 +336,19 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                            timings.warm_up_s, len(parts), schedule_note, notes, per_trial)
 
 
-def fused_trials(part: Sequence[int], cells: Sequence[Any], per_trial: int) -> list[list[int]]:
+def fused_trials(part: Sequence[int], cells: Sequence[Any], per_trial: int,
+                 round_of: Callable[[Any], int] | None = None) -> list[list[int]]:
     """The positions of a part's cells grouped into trials: one cell each, or with
     ``resources.seeds_per_trial`` > 1 the consecutive cells of a config in arrays of up to
-    ``per_trial`` (`studies.cells.arrays`: a config's rest runs as a smaller array)."""
+    ``per_trial`` (`studies.cells.arrays`: a config's rest runs as a smaller array; under
+    racing, ``round_of`` gives a cell's round, and an array holds one round's seeds). An
+    optuna block's proposals (`plan.ProposedCell`, a config id each) are arrays the same way."""
     trials: list[list[int]] = []
     for i in part:
-        if trials and per_trial > 1 and len(trials[-1]) < per_trial \
-                and cells[trials[-1][0]].config_id == cells[i].config_id:
+        first = cells[trials[-1][0]] if trials else None
+        if first is not None and per_trial > 1 and len(trials[-1]) < per_trial \
+                and first.config_id == cells[i].config_id \
+                and (round_of is None or round_of(first) == round_of(cells[i])):
             trials[-1].append(i)
         else:
             trials.append([i])

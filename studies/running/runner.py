@@ -307,10 +307,11 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         from studies.cells.space import format_cells_table
 
         print(format_cells_table(cells, study), file=stream, flush=True)
-        if int(study.resources.seeds_per_trial) > 1:
+        if int(study.resources.seeds_per_trial) > 1 and cells:
             from studies.cells.arrays import fused_arrays
+            from studies.scheduling.racing import race_rounds
 
-            arrays = fused_arrays(cells, int(study.resources.seeds_per_trial))
+            arrays = fused_arrays(cells, int(study.resources.seeds_per_trial), round_of=race_rounds(study))
             print(f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds "
                   f"(one trial each)", file=stream, flush=True)
         return RunOutcome(0, name, cells=len(cells))

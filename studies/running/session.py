@@ -2,7 +2,8 @@
 (the Ray session, the config-level schedulers, the cells seen and their run names, the
 checkpoints to resume, Tune's folders), and how it runs cells as Tune experiments: the grid's
 cells in parts of at most `MAX_TRIALS_PER_EXPERIMENT` trials, a race's cells as the race
-decides, an optuna block's proposals as trial slots free up.
+decides, an optuna block's proposals as trial slots free up; with ``resources.seeds_per_trial``
+> 1 each trial a fused array of a config's seeds (a race's: of one round).
 
 `studies.running.runner` drives it (validation, the study folder, the ledger, the summary).
 """
@@ -170,12 +171,15 @@ class StudySession:
                  f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each"
                  + (f"; {sharing} trials share each GPU)" if sharing > 1 else
                     "; 1 trial per GPU)" if sharing == 1 else ")"))
+        per_trial = int(self.study.resources.seeds_per_trial)
         if self.race is not None:  # the race decides which cells start: one experiment
-            self.experiment(RaceSearcher(self.race, payloads), cells, max_trials=len(cells),
-                            total=total, done_before=done_before, names=names)
+            if per_trial > 1:
+                self.say(f"racing: each round of a config's seeds as fused arrays of up to "
+                         f"{per_trial} seeds (one trial each)")
+            self.experiment(RaceSearcher(self.race, payloads, per_trial), cells, max_trials=len(cells),
+                            total=total, done_before=done_before, names=names, arrays=per_trial > 1)
             return
         callback = None
-        per_trial = int(self.study.resources.seeds_per_trial)
         parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT * per_trial)
         for number, part in enumerate(parts, start=1):
             if len(parts) > 1:
@@ -183,6 +187,8 @@ class StudySession:
             trials = {c.cell_id: payloads[c.cell_id] for c in part}
             if per_trial > 1:
                 trials = self.array_payloads(part, trials, per_trial)
+                self.say(f"{len(part)} cells as {len(trials)} fused arrays of up to {per_trial} seeds "
+                         f"(one trial each)")
             callback = self.experiment(CellQueueSearcher(trials), cells, max_trials=len(trials), total=total,
                                        done_before=done_before, callback=callback, names=names,
                                        arrays=per_trial > 1)
@@ -196,8 +202,6 @@ class StudySession:
 
         starts = {cell_id: int(meta.get("epoch", -1)) for cell_id, (_, meta) in self.resume.found.items()}
         arrays = fused_arrays(cells, per_trial, starts)
-        self.say(f"{len(cells)} cells as {len(arrays)} fused arrays of up to {per_trial} seeds "
-                 f"(one trial each)")
         return {array_id(a): array_payload(array_id(a), [payloads[c.cell_id] for c in a]) for a in arrays}
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
@@ -234,14 +238,20 @@ class StudySession:
             resume_from = self.resume.folders()
             for cell in pending:
                 epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
-            return [self.payload(c, names, resume_from.get(c.cell_id)) for c in pending]
+            payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in pending}
+            if per_trial > 1:  # the config's seeds as fused arrays, each one trial
+                payloads = self.array_payloads(pending, payloads, per_trial)
+            return list(payloads.values())
 
+        per_trial = int(self.study.resources.seeds_per_trial)
         self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
-                 f"({self.concurrency} at a time)")
+                 f"({self.concurrency} at a time"
+                 + (f"; a config's seeds as fused arrays of up to {per_trial})" if per_trial > 1 else ")"))
         if proposals.index not in self.block_scheduling:
             self.callback = self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
                                             max_trials=proposals.max_cells, total=total,
-                                            done_before=done_before, callback=callback)
+                                            done_before=done_before, callback=callback,
+                                            arrays=per_trial > 1)
             return
         from studies.scheduling.optuna_pruning import PrunerBridge
 
@@ -250,7 +260,7 @@ class StudySession:
             self.callback = self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
                                             max_trials=proposals.max_cells, total=total,
                                             done_before=done_before, scheduling=scheduling,
-                                            callback=callback)
+                                            callback=callback, arrays=per_trial > 1)
 
     def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
         """({cell_id: run_id} of the proposal's cells already finished, cells to run), from

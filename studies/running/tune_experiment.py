@@ -7,7 +7,10 @@ fit function, the early-stopping settings) travels once through the object store
 (``{"cell_id", "cell"}``: a trial reads its cell alone, not the part's thousand), handed out
 by `CellQueueSearcher` in the order given (see `studies.cells.cell_queue`), by `RaceSearcher` as a
 race needs them (`studies.scheduling.racing`), or by `ProposalSearcher` as an optuna block proposes
-configs (`studies.scheduling.optuna_rounds`).
+configs (`studies.scheduling.optuna_rounds`). With ``resources.seeds_per_trial`` > 1 each trial is
+a fused array of a config's seeds (`array_payload`, trained by
+`studies.running.array_trial.run_array`): the grid's cut in order, a race's round by round, an
+optuna proposal's as its config is asked; every searcher tells its source of each member's end.
 `reuse_actors=True`, `max_concurrent_trials` = the trials that fit at once,
 `FailureConfig(max_failures)` and one kept checkpoint per trial (written by `run_cell` at
 most every `checkpoint_interval_s` and after the last epoch), so a trial whose worker dies
@@ -68,35 +71,50 @@ class CellQueueSearcher(Searcher):
 
 class RaceSearcher(Searcher):
     """Tune's searcher over a race (`studies.scheduling.race_driver.RaceDriver`): each suggestion is the
-    cell the race starts next; None ("ask again") while every racing config waits for its
-    round; FINISHED once the race is over. Every trial's end is told to the race."""
+    cell the race starts next, or with ``per_trial`` > 1 a fused array of up to that many seeds
+    of a config's round (`array_payload`); None ("ask again") while every racing config waits
+    for its round; FINISHED once the race is over. Every cell's end is told to the race."""
 
-    def __init__(self, race, payloads: Mapping[str, Mapping[str, Any]]):
+    def __init__(self, race, payloads: Mapping[str, Mapping[str, Any]], per_trial: int = 1):
         super().__init__(metric=None, mode=None)
         self.race = race
         self.payloads = payloads  # every cell the race may start
-        self.cell_of: dict[str, str] = {}  # trial_id -> cell_id
+        self.per_trial = int(per_trial)
+        self.cells_of: dict[str, list[str]] = {}  # trial_id -> its cell ids
+        self.failed: dict[str, dict[str, str]] = {}  # trial_id -> {cell_id: error} reported failed
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True
 
     def suggest(self, trial_id: str):
+        from studies.cells.arrays import array_id
         from studies.scheduling.race_driver import RACE_OVER
 
-        cell_id = self.race.next_cell_id()
-        if cell_id == RACE_OVER:
+        cell_ids = self.race.next_cell_ids(self.per_trial)
+        if cell_ids == RACE_OVER:
             return self.FINISHED
-        if cell_id is None:
+        if not cell_ids:
             return None
-        self.cell_of[trial_id] = cell_id
-        return {"cell_id": cell_id, "cell": self.payloads[cell_id]}
+        self.cells_of[trial_id] = list(cell_ids)
+        if self.per_trial == 1:
+            return {"cell_id": cell_ids[0], "cell": self.payloads[cell_ids[0]]}
+        members = [self.payloads[cell_id] for cell_id in cell_ids]
+        name = array_id([self.race.cells[cell_id] for cell_id in cell_ids])
+        return {"cell_id": name, "cell": array_payload(name, members)}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if result.get("cell_status") == "failed" and result.get("cell_id"):
+            self.failed.setdefault(trial_id, {})[str(result["cell_id"])] = str(result.get("error", ""))
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        cell_id = self.cell_of.pop(trial_id, None)
-        if cell_id is None:
-            return
-        failed = bool(error) or (result or {}).get("cell_status") == "failed"
-        self.race.complete(cell_id, failed, str((result or {}).get("error", "")) if failed else "")
+        failed = self.failed.pop(trial_id, {})
+        if (result or {}).get("cell_status") == "failed" and (result or {}).get("cell_id"):
+            failed[str(result["cell_id"])] = str(result.get("error", ""))
+        for cell_id in self.cells_of.pop(trial_id, []):
+            if error or cell_id in failed:
+                self.race.complete(cell_id, True, failed.get(cell_id, ""))
+            else:  # read back from its MLflow run (a member without a finished run failed)
+                self.race.complete(cell_id, False)
 
     def save(self, checkpoint_path: str) -> None:
         """Nothing to keep: the race is rebuilt from MLflow by the next session."""
@@ -109,11 +127,13 @@ class RaceSearcher(Searcher):
 class ProposalSearcher(Searcher):
     """Tune's searcher over configs proposed one at a time (an optuna block's
     `studies.scheduling.optuna_rounds.OptunaProposals`): when a slot is free it starts the next seed of
-    the latest config, or asks for a new config; when a trial ends, the source learns it.
+    the latest config (or the next fused array of its seeds), or asks for a new config; when a
+    trial ends, the source learns of each of its cells.
 
-    `admit(cells)` turns a proposal's cells into the payloads of those to run (the cells the
-    ledger has finished are reported ended by `admit` itself). A payload travels in its
-    trial's config (``{"cell_id", "cell"}``): the cells are not known when Tune starts.
+    `admit(cells)` turns a proposal's cells into the payloads of the trials to run (a cell's,
+    or a fused array's, `array_payload`; the cells the ledger has finished are reported ended
+    by `admit` itself). A payload travels in its trial's config (``{"cell_id", "cell"}``): the
+    cells are not known when Tune starts.
     """
 
     def __init__(self, proposals, admit: Callable[[list], list[dict]]):
@@ -121,8 +141,8 @@ class ProposalSearcher(Searcher):
         self.proposals = proposals
         self.admit = admit
         self.queue: list[dict] = []
-        self.cells: dict[str, str] = {}  # trial_id -> cell_id
-        self.runs: dict[str, str] = {}  # trial_id -> the MLflow run its reports named
+        self.cells: dict[str, list[str]] = {}  # trial_id -> its cell ids
+        self.runs: dict[str, dict[str, str]] = {}  # trial_id -> {cell_id: the MLflow run its reports named}
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True
@@ -134,18 +154,19 @@ class ProposalSearcher(Searcher):
                 return self.FINISHED
             self.queue.extend(self.admit(cells))
         payload = self.queue.pop(0)
-        self.cells[trial_id] = payload["cell_id"]
+        self.cells[trial_id] = payload_cell_ids(payload)
         return {"cell_id": payload["cell_id"], "cell": payload}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if result.get("run_id"):
-            self.runs[trial_id] = str(result["run_id"])
+        if result.get("run_id") and result.get("cell_id"):
+            self.runs.setdefault(trial_id, {})[str(result["cell_id"])] = str(result["run_id"])
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        run_id = (result or {}).get("run_id") or self.runs.pop(trial_id, None)
-        cell_id = self.cells.pop(trial_id, None)
-        if cell_id is not None:
-            self.proposals.cell_ended(cell_id, run_id)
+        runs = self.runs.pop(trial_id, {})
+        if (result or {}).get("run_id") and (result or {}).get("cell_id"):
+            runs[str(result["cell_id"])] = str(result["run_id"])
+        for cell_id in self.cells.pop(trial_id, []):
+            self.proposals.cell_ended(cell_id, runs.get(cell_id))
 
     def save(self, checkpoint_path: str) -> None:
         # `studies resume` restarts from MLflow and the Optuna storage, not from Tune's state
@@ -154,6 +175,12 @@ class ProposalSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         state = json.loads(Path(checkpoint_path).read_text())
         self.queue, self.cells = state["queue"], state["cells"]
+
+
+def payload_cell_ids(payload: Mapping[str, Any]) -> list[str]:
+    """The cells a trial's payload trains: its cell, or a fused array's members."""
+    members = payload.get("members")
+    return [str(m["cell_id"]) for m in members] if members else [str(payload["cell_id"])]
 
 
 class ProgressCallback(ProgressReporter, tune.Callback):

@@ -5,7 +5,8 @@ An Optuna study per block (the block's sampler, TPE by default; storage
 time (`OptunaProposals`). The runner runs a block as one Tune experiment whose searcher
 (`studies.running.tune_experiment.ProposalSearcher`) asks for the next config whenever a trial slot
 is free and no seed of an earlier config is left to start: each config runs on every seed of
-the study as Tune trials, and when the last of its seeds ends, the seed mean of the objective
+the study as Tune trials (with ``resources.seeds_per_trial: N``, fused arrays of up to N of its
+seeds, the rest a smaller array), and when the last of its seeds ends, the seed mean of the objective
 is told back (ask/tell), so the sampler learns from every config as soon as it is known and
 no slot waits for a round to end. A config with a failed cell is told FAIL and not retried
 (its cells stay failed in MLflow). With a `pruner` on the block, the config's seed mean

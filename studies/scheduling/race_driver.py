@@ -3,8 +3,9 @@
 The ledger stays MLflow's: the race is rebuilt from it at the start of every session (the
 finished cells' values of the race metric, and the final decisions recorded by earlier
 sessions in `TAG_RACE`), so no state file is needed and a resumed study keeps every decision
-taken before it was interrupted. While Tune runs, the searcher asks `next_cell_id` for work
-and reports every trial's end to `complete`, which reads the cell's value from its MLflow run
+taken before it was interrupted. While Tune runs, the searcher asks `next_cell_ids` for work
+(a cell, or with fused arrays up to ``resources.seeds_per_trial`` seeds of a config's round)
+and reports every cell's end to `complete`, which reads the cell's value from its MLflow run
 and records each new final decision on the run of the config's last finished seed.
 """
 
@@ -25,7 +26,7 @@ from studies.tracking import (
     with_retry,
 )
 
-#: what `next_cell_id` returns once the race is over
+#: what `next_cell_ids` returns once the race is over
 RACE_OVER = "RACE_OVER"
 
 
@@ -94,14 +95,16 @@ class RaceDriver:
 
     # ----- while Tune runs --------------------------------------------------------------------
 
-    def next_cell_id(self) -> str | None:
-        """The next cell to start; None: nothing now (a round is in flight); RACE_OVER."""
-        taken = self.race.take()
-        if taken is not None:
-            return f"{taken[0]}-s{taken[1]}"
+    def next_cell_ids(self, limit: int) -> list[str] | str:
+        """The next cells to start, as one trial: the race's next cell and up to `limit` - 1
+        more seeds of its config's round (a fused array, ``resources.seeds_per_trial``);
+        [] when nothing may start now (a round is in flight); RACE_OVER."""
+        taken = self.race.take_array(limit)
+        if taken:
+            return [f"{config_id}-s{seed}" for config_id, seed in taken]
         if self.race.is_over() or self.race.in_flight() == 0:
             return RACE_OVER
-        return None
+        return []
 
     def complete(self, cell_id: str, failed: bool, error: str = "") -> None:
         """A trial ended: its value (read from its MLflow run) or its failure goes to the race."""

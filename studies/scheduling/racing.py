@@ -27,7 +27,9 @@ best config:
 There is no barrier between configs: a config's next seed is decided when its own round
 has finished and a slot asks for work (`next_cells`), on the data of that moment. Cells are
 offered round by round (the initial rounds of all configs first, config by config, so that
-early stopping finds a config's initial seeds running together), then the next round.
+early stopping finds a config's initial seeds running together), then the next round;
+`take_array` hands out up to N seeds of a config's round at once (a fused array,
+``resources.seeds_per_trial``).
 Decisions to stop are final (sticky); the driver records them in MLflow (`TAG_RACE` on the
 config's last finished run) so that a resumed study keeps them (`studies.scheduling.race_driver`).
 
@@ -41,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -196,12 +198,31 @@ class SeedRace:
         offer = self.next_cells()
         if not offer:
             return None
-        config_id, seed = offer[0]
+        self._take(*offer[0])
+        return offer[0]
+
+    def take_array(self, limit: int) -> list[tuple[str, int]]:
+        """The first cell of `next_cells` and, after it, up to `limit` - 1 more cells of its
+        config that the race asks for now (the rest of its round), each marked started: the
+        members of one fused array (``resources.seeds_per_trial``); [] when none may start."""
+        first = self.take()
+        if first is None:
+            return []
+        taken = [first]
+        while len(taken) < limit:
+            more = next((cell for cell in self.next_cells() if cell[0] == first[0]), None)
+            if more is None:
+                break
+            self._take(*more)
+            taken.append(more)
+        return taken
+
+    def _take(self, config_id: str, seed: int) -> None:
+        """Mark an offered cell started; the first of a new round commits the round's seeds."""
         c, i = self._at(config_id, seed)
         if i >= self.allowed[c]:  # a new round: commit its `step` seeds
             self.allowed[c] = min(self._done(c) + self.step, self.max_seeds)
         self.mark_started(config_id, seed)
-        return config_id, seed
 
     def in_flight(self) -> int:
         """Cells started and neither finished nor failed yet."""
@@ -329,11 +350,27 @@ class SeedRace:
 
     def _round(self, index: int) -> int:
         """Round of the seed at `index` of the sequence: 0 for the initial seeds."""
-        return 0 if index < self.initial else 1 + (index - self.initial) // self.step
+        return seed_round(index, self.initial, self.step)
 
     def _signed(self, diff: float) -> float:
         """A difference of scores back in the metric's direction."""
         return diff if self.mode == "max" else -diff
+
+
+def seed_round(index: int, initial: int, step: int) -> int:
+    """The round of the seed at `index` of a race's sequence: 0 for the `initial` seeds, then
+    one round per `step` seeds (the seeds a config is given at once)."""
+    return 0 if index < initial else 1 + (index - initial) // step
+
+
+def race_rounds(study: Any) -> Callable[[Any], int] | None:
+    """A racing study's round of a cell (by its seed's place in the seed list), for cutting
+    fused arrays inside rounds (`studies.cells.arrays.fused_arrays`); None without racing."""
+    racing = getattr(study, "racing", None)
+    if racing is None:
+        return None
+    order = {int(seed): i for i, seed in enumerate(study.seed_list)}
+    return lambda cell: seed_round(order[int(cell.seed)], int(racing.initial), int(racing.step))
 
 
 def run_simulated_race(race: SeedRace, slots: int, value: Callable[[str, int], float],

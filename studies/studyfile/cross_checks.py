@@ -203,15 +203,12 @@ def check_study(study: Study) -> None:
 
 def _fused_array_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     """What ``resources.seeds_per_trial`` > 1 (a config's seeds fused into one model) does not
-    support yet: racing and optuna blocks hand out seed trials one by one, and ``compile:
-    model`` is not fused (early stopping and ASHA stop an array as a whole)."""
+    support: ``compile: model`` is not fused. (Early stopping, ASHA and Optuna's pruners stop an
+    array as a whole; racing runs each round of seeds as arrays.)"""
     if study.resources.seeds_per_trial == 1:
         return []
     where = ("resources", "seeds_per_trial")
     problems = []
-    if study.racing is not None or study.optuna_blocks:
-        problems.append(Problem(where, "fused arrays (seeds_per_trial > 1) run a seed list and no optuna "
-                                       "block for now; expected 1 with racing or an optuna block"))
     for name, config in configs.items():
         if config.get("compile", "none") != "none":
             problems.append(Problem(where, f"compile: {config['compile']} is not supported in a fused array "
