@@ -125,7 +125,7 @@ def sparse_top_threshold(scores: torch.Tensor, k: Any) -> torch.Tensor:
     with torch.no_grad():
         flat = flat.detach()
         k_rows = _as_k(k, flat)
-        batch, num_classes = flat.shape
+        num_classes = flat.shape[1]
         ascending = torch.sort(flat, dim=1).values
         upper_ascending = ascending - 1  # the same values as s_j - 1, in the same order
         breakpoints = torch.sort(torch.cat([flat, flat - 1], dim=1), dim=1).values  # (B, 2L)
