@@ -27,10 +27,23 @@ one trial's img/s 2.5x, overhead per cell <= 3 s):
     python benchmarks/gpu_throughput.py                            # the full grid, ~1 h on an H200
     python benchmarks/gpu_throughput.py --gpus 1 0.25 --compile none model --data device
 
+`--seeds-per-trial N ...` (issue #35) replaces the grid by, for each N, the N seeds of each loss
+trained three ways, compile none, each a study of its own: `separate` (one trial after another,
+`gpus: 1`), `packed` (N trials side by side, `gpus: 1/N`, the process packing above) and
+`fused` (one trial of `resources.seeds_per_trial: N`, an array of N models trained as one,
+`gpus: 1`); first the baseline, one eager trial (one seed, `gpus: 1`). Per row: the images
+trained (cells x epochs x training images: the same in the three rows of an N), the study's
+images/s from its first cell's start to its last cell's end (validation, start-up and logging
+included), that rate as a multiple of one eager trial's, cells per hour, and the training
+images/s of one trial (a fused trial trains N members).
+
+    python benchmarks/gpu_throughput.py --seeds-per-trial 1 4 8 --data device --losses ce
+
 On the CPU (`--device cpu`: tiny settings, a Ray GPU that is only a resource label, trials on
 the CPU), which exercises the plumbing only:
 
     python benchmarks/gpu_throughput.py --device cpu --gpus 0.5 --compile none --data device
+    python benchmarks/gpu_throughput.py --device cpu --seeds-per-trial 2 --data device --losses ce
 
 docs/throughput.md says how to run it on a lent GPU machine.
 """
@@ -106,10 +119,13 @@ def write_cifar(root: Path, per_class_train: int, per_class_test: int) -> Path:
 
 
 def study(name: str, root: Path, device: str, gpus: float, compile_mode: str, data: str,
-          loader_workers: int, epochs: int, seeds: int, losses: list[str]) -> dict:
+          loader_workers: int, epochs: int, seeds: int, losses: list[str], seeds_per_trial: int = 1) -> dict:
     """The paper-protocol study of one row of the table."""
     p = PROTOCOL[device]
     workers = loader_workers if data == "loader" else 0
+    resources = {"cpus": max(1, workers), "gpus": gpus}
+    if seeds_per_trial > 1:
+        resources["seeds_per_trial"] = seeds_per_trial
     return {
         "name": name, "description": "GPU throughput benchmark (issue #24)",
         "base": {
@@ -125,30 +141,62 @@ def study(name: str, root: Path, device: str, gpus: float, compile_mode: str, da
         },
         "variants": {key: {"loss": LOSSES[key]} for key in losses},
         "seeds": list(range(seeds)),
-        "resources": {"cpus": max(1, workers), "gpus": gpus},
+        "resources": resources,
         "max_failures": 0, "log_models": False,
     }
 
 
-def measure(client, name: str, train_images: int) -> dict:
-    """cells/h, one trial's img/s (all epochs; the first epoch), overhead per cell, from MLflow."""
+def cell_records(client, name: str) -> list[dict]:
+    """Per cell run of the study ``name`` in MLflow: its start and end (s) and its epochs'
+    ``epoch_time_s`` and ``eval_time_s`` by epoch."""
     experiment = client.get_experiment_by_name(name)
     runs = [r for r in client.search_runs([experiment.experiment_id], max_results=10000)
             if r.data.tags.get("studies.role") == "cell"]
-    rates, first, overheads, starts, ends = [], [], [], [], []
-    for run in runs:
-        epochs = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "epoch_time_s")}
-        evals = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval_time_s")}
-        rates += [train_images / t for t in epochs.values() if t > 0]
+    return [{"start": run.info.start_time / 1000.0, "end": run.info.end_time / 1000.0,
+             "epochs": {m.step: m.value for m in client.get_metric_history(run.info.run_id, "epoch_time_s")},
+             "evals": {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval_time_s")}}
+            for run in runs]
+
+
+def summarize(records: list[dict], train_images: int, members: int = 1) -> dict:
+    """A row's figures from its cells' records (``cell_records``): cells/h; one trial's training
+    img/s (all epochs; the first epoch), where a trial trains ``members`` cells at once (a
+    fused array: each member's ``epoch_time_s`` is the array's epoch); the overhead per cell;
+    the images trained (cells x epochs x training images) and the study's img/s, those images
+    over the span from the first cell's start to the last cell's end."""
+    rates, first, overheads = [], [], []
+    for r in records:
+        epochs, evals = r["epochs"], r["evals"]
+        rates += [members * train_images / t for t in epochs.values() if t > 0]
         if 0 in epochs:
-            first.append(train_images / epochs[0])
-        wall = (run.info.end_time - run.info.start_time) / 1000.0
-        overheads.append(wall - sum(epochs.values()) - sum(evals.values()))
-        starts.append(run.info.start_time / 1000.0)
-        ends.append(run.info.end_time / 1000.0)
-    span = max(ends) - min(starts)
-    return {"cells": len(runs), "cells_per_h": len(runs) / span * 3600.0, "img_s": statistics.median(rates),
-            "img_s_first": statistics.median(first), "overhead_s": statistics.mean(overheads)}
+            first.append(members * train_images / epochs[0])
+        overheads.append(r["end"] - r["start"] - sum(epochs.values()) - sum(evals.values()))
+    span = max(r["end"] for r in records) - min(r["start"] for r in records)
+    images = sum(len(r["epochs"]) for r in records) * train_images
+    return {"cells": len(records), "cells_per_h": len(records) / span * 3600.0, "img_s": statistics.median(rates),
+            "img_s_first": statistics.median(first), "overhead_s": statistics.mean(overheads),
+            "images": images, "span_s": span, "study_img_s": images / span}
+
+
+def measure(client, name: str, train_images: int, members: int = 1) -> dict:
+    """cells/h, one trial's img/s (all epochs; the first epoch), overhead per cell, from MLflow."""
+    return summarize(cell_records(client, name), train_images, members)
+
+
+#: the arms of the ``--seeds-per-trial`` axis: (arm, seeds_per_trial of N, gpus of N)
+SEED_ARMS = (("separate", lambda n: 1, lambda n: 1.0), ("packed", lambda n: 1, lambda n: 1.0 / n),
+             ("fused", lambda n: n, lambda n: 1.0))
+BASELINE = "one trial"
+
+
+def seed_rows(counts: list[int]) -> list[tuple[int, str, int, float]]:
+    """The studies of the ``--seeds-per-trial`` axis, (N, arm, seeds_per_trial, gpus) each: the
+    baseline (one eager trial: one seed, a whole GPU) first, then the three arms of every N > 1."""
+    rows = [(1, BASELINE, 1, 1.0)]
+    for n in dict.fromkeys(counts):
+        if n > 1:
+            rows += [(n, arm, per_trial(n), gpus(n)) for arm, per_trial, gpus in SEED_ARMS]
+    return rows
 
 
 def device_name(device: str) -> str:
@@ -164,19 +212,34 @@ def device_name(device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--gpus", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.125])
-    parser.add_argument("--compile", nargs="+", choices=("none", "model"), default=["none", "model"])
+    parser.add_argument("--gpus", type=float, nargs="+", default=None,
+                        help="GPU share of a trial (default: 1 0.5 0.25 0.125)")
+    parser.add_argument("--compile", nargs="+", choices=("none", "model"), default=None,
+                        help="the trials' compile (default: none model; with --seeds-per-trial: none)")
     parser.add_argument("--data", nargs="+", choices=("device", "loader"), default=["device", "loader"])
     parser.add_argument("--loader-workers", type=int, default=None, help="DataLoader workers (and CPUs) "
                         f"of a loader trial (default: {DEFAULT_LOADER_WORKERS}, at most the Ray's CPUs)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs a cell (default: 2; cpu: 1)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds of each loss (default: 2; cpu: 1)")
+    parser.add_argument("--seeds-per-trial", type=int, nargs="+", default=None, metavar="N",
+                        help="instead of the grid: N seeds of each loss separate, packed and fused, "
+                             "beside one eager trial (issue #35)")
     parser.add_argument("--losses", nargs="+", choices=sorted(LOSSES), default=list(LOSSES),
                         help="the losses of the study, one variant each (default: all three)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     parser.add_argument("--workdir", default=None, help="where the data and the studies go (default: a "
                         "temporary folder, removed)")
     args = parser.parse_args(argv)
+    fused_axis = args.seeds_per_trial is not None
+    if fused_axis:
+        if args.gpus is not None or args.seeds is not None:
+            parser.error("--seeds-per-trial sets the GPU share and the seeds of each row; "
+                         "expected no --gpus and no --seeds with it")
+        if args.compile not in (None, ["none"]):
+            parser.error("--seeds-per-trial: a fused array trains with compile none; expected "
+                         "--compile none or no --compile")
+        if min(args.seeds_per_trial) < 1:
+            parser.error(f"--seeds-per-trial {min(args.seeds_per_trial)}: expected numbers >= 1")
 
     import ray
     from mlflow import MlflowClient
@@ -206,12 +269,13 @@ def main(argv: list[str] | None = None) -> int:
             if workers is None:
                 parser.error(f"--loader-workers {args.loader_workers}: a loader trial asks for as many CPUs, "
                              f"and the Ray has {cpus}; expected at most {cpus}")
-            for gpus, compile_mode, data in itertools.product(args.gpus, args.compile, args.data):
-                name = f"throughput-g{gpus:g}-{compile_mode}-{data}".replace(".", "_")
+
+            def run_row(name: str, gpus: float, compile_mode: str, data: str, row_seeds: int,
+                        per_trial: int = 1) -> dict:
+                """One row: its study written, run through the runner and read back from MLflow."""
                 path = work / f"{name}.yaml"
-                path.write_text(yaml.safe_dump(study(name, root, args.device, gpus, compile_mode, data,
-                                                     workers, epochs, seeds, args.losses),
-                                               sort_keys=False))
+                path.write_text(yaml.safe_dump(study(name, root, args.device, gpus, compile_mode, data, workers,
+                                                     epochs, row_seeds, args.losses, per_trial), sort_keys=False))
                 stream = io.StringIO()
                 start = time.perf_counter()
                 outcome = run_study(path, RunOptions(output=work / "out", report=False, stream=stream,
@@ -221,15 +285,29 @@ def main(argv: list[str] | None = None) -> int:
                     print(stream.getvalue(), file=sys.stderr)
                     raise SystemExit(f"{name}: studies run ended with exit code {outcome.exit_code}")
                 shared = re.search(r"(\d+) trials? (?:share each|per) GPU", stream.getvalue())
-                row = measure(MlflowClient(outcome.tracking_uri), name, train_images)
+                row = measure(MlflowClient(outcome.tracking_uri), name, train_images, per_trial)
                 row.update(gpus=gpus, compile=compile_mode, data=data, wall_s=wall,
                            share=int(shared.group(1)) if shared else 0)
-                rows.append(row)
                 print(f"  {name}: {row['cells']} cells in {wall:.0f} s", file=sys.stderr, flush=True)
+                return row
+
+            if fused_axis:
+                for data in args.data:
+                    for n, arm, per_trial, gpus in seed_rows(args.seeds_per_trial):
+                        name = f"throughput-s{n}-{arm.replace(' ', '_')}-{data}"
+                        rows.append({**run_row(name, gpus, "none", data, n, per_trial), "n": n, "arm": arm})
+            else:
+                for gpus, compile_mode, data in itertools.product(args.gpus or [1.0, 0.5, 0.25, 0.125],
+                                                                  args.compile or ["none", "model"], args.data):
+                    name = f"throughput-g{gpus:g}-{compile_mode}-{data}".replace(".", "_")
+                    rows.append(run_row(name, gpus, compile_mode, data, seeds))
         finally:
             if started:
                 ray.shutdown()
-    print(table(rows, device_name(args.device), epochs, train_images))
+    if fused_axis:
+        print(seeds_table(rows, device_name(args.device), epochs, train_images))
+    else:
+        print(table(rows, device_name(args.device), epochs, train_images))
     return 0
 
 
@@ -244,6 +322,23 @@ def table(rows: list[dict], device: str, epochs: int, train_images: int) -> str:
         lines.append(f"| {r['gpus']:g} | {r['share']} | {r['compile']} | {r['data']} | {r['cells']} | "
                      f"{r['cells_per_h']:.0f} | {r['cells_per_h'] / base:.2f} | {r['img_s']:.0f} | "
                      f"{r['img_s_first']:.0f} | {r['overhead_s']:.1f} | {r['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+
+def seeds_table(rows: list[dict], device: str, epochs: int, train_images: int) -> str:
+    """The Markdown table of the ``--seeds-per-trial`` rows: per placement of the data, each row's
+    study img/s as a multiple of that placement's one eager trial (its first row)."""
+    lines = [f"Seeds per trial on {device}: {epochs}-epoch cells, {train_images} training images,",
+             "compile none; img/s: images trained / study span; x1: of one eager trial", "",
+             "| data | N | arm | gpus | share | cells | images | img/s | x1 | cells/h | trial img/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base: dict[str, float] = {}
+    for r in rows:
+        base.setdefault(r["data"], r["study_img_s"])
+        lines.append(f"| {r['data']} | {r['n']} | {r['arm']} | {r['gpus']:.3g} | {r['share']} | {r['cells']} | "
+                     f"{r['images']} | {r['study_img_s']:.0f} | {r['study_img_s'] / base[r['data']]:.2f} | "
+                     f"{r['cells_per_h']:.0f} | {r['img_s']:.0f} |")
     return "\n".join(lines)
 
 

@@ -372,6 +372,44 @@ def test_bad_targets_are_refused(bad, match):
         build_loss("sparse_top")(torch.zeros(2, 6), bad)
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_label_out_of_range_fails_on_the_fixed_shape_path(backend):
+    """Compiled, the loss takes its path of fixed shapes (``base.fixed_shapes``, as on a GPU) and
+    skips the host-read check of the labels: a label out of range, negative or too large, must
+    then fail in the lookup of the labels, never give a row of zeros and a finite loss (inductor
+    turned the former scatter of ones into zeros into a comparison with arange, issue #34).
+    Inductor's forward and backward launch at most 10 kernels (issue #34's goal; 11 with the
+    scatter and a concatenation with zeros), and a label in range gives eager's value and gradient."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from benchmarks.loss_kernels import COMPILED_GOAL, launches_in
+
+    torch._dynamo.reset()
+    loss = build_loss("sparse_top")
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(8, 40, generator=gen, dtype=F64, requires_grad=True)
+    targets = torch.randint(0, 40, (8,), generator=gen)
+    compiled = torch.compile(loss, backend=backend, fullgraph=True)
+
+    def value_and_grad(fn, y):
+        value = fn(scores, y)
+        return value, torch.autograd.grad(value, scores)[0]
+
+    with inductor_config.patch(fx_graph_cache=False):  # a cache hit would generate no code to count
+        (value, grad), codes = run_and_get_code(lambda: value_and_grad(compiled, targets))
+    want_value, want_grad = value_and_grad(loss, targets)
+    torch.testing.assert_close(value, want_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+    for bad in (-1, 40):
+        wrong = targets.clone()
+        wrong[5] = bad
+        with pytest.raises((IndexError, RuntimeError), match="out of (range|bounds)"):
+            compiled(scores, wrong)
+    if backend == "inductor":
+        assert len(codes) == 2 and sum(launches_in(code) for code in codes) <= COMPILED_GOAL
+
+
 def test_bad_outputs_are_refused():
     from setvalued.losses import TwoHeadOutput
 

@@ -125,13 +125,14 @@ def sparse_top_threshold(scores: torch.Tensor, k: Any) -> torch.Tensor:
     with torch.no_grad():
         flat = flat.detach()
         k_rows = _as_k(k, flat)
-        batch, num_classes = flat.shape
+        num_classes = flat.shape[1]
         ascending = torch.sort(flat, dim=1).values
         upper_ascending = ascending - 1  # the same values as s_j - 1, in the same order
         breakpoints = torch.sort(torch.cat([flat, flat - 1], dim=1), dim=1).values  # (B, 2L)
-        # prefix sums of the scores in decreasing order: top[c] = sum of the c largest
-        top = torch.cat([torch.zeros(batch, 1, dtype=flat.dtype, device=flat.device),
-                         torch.flip(ascending, dims=[1]).cumsum(dim=1)], dim=1)
+        # prefix sums of the scores in decreasing order: top[c] = sum of the c largest (the
+        # leading 0 a pad, which a compiled graph reads in place, where a concatenation with a
+        # column of zeros costs a kernel of its own)
+        top = torch.nn.functional.pad(torch.flip(ascending, dims=[1]).cumsum(dim=1), (1, 0))
         # at lambda = b: c = #{s_j > b} entries are positive, a = #{s_j - 1 >= b} of them are 1
         c = num_classes - torch.searchsorted(ascending, breakpoints, right=True)
         a = num_classes - torch.searchsorted(upper_ascending, breakpoints, right=False)
@@ -257,9 +258,14 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
         # value checks read back on the host: eager CPU only (base.fixed_shapes)
         if batch and not fixed_shapes(targets) and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
             raise ValueError(f"{name}: class indices must lie in [0, {num_classes - 1}]")
-        # scatter of a Python number: no CPU value copied to the device (issue #34)
-        labels = torch.zeros_like(scores).scatter_(1, targets.long().unsqueeze(1), 1.0)
-        return labels
+        # one-hot as a comparison with the class numbers (no CPU value copied to the device, issue
+        # #34), of the labels looked up in the table of class numbers: a label out of range,
+        # negative ones included, fails in that lookup on every path, eager and compiled
+        # (inductor checks a lookup's bounds; it turns a scatter of ones into zeros, the former
+        # form, into a bare comparison: a silent zero row). O(L) memory, no L x L identity.
+        classes = torch.arange(num_classes, device=scores.device)
+        looked_up = torch.nn.functional.embedding(targets.long(), classes[:, None])[:, 0]
+        return (classes == looked_up[:, None]).to(scores.dtype)
     if targets.shape != scores.shape:
         raise ValueError(f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
                          f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
