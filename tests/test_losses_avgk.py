@@ -370,6 +370,25 @@ def test_assume_negative_matches_eq_5_5_loop():
     assert build_loss("assume_negative")(z, y).item() == pytest.approx(expected / 4, rel=1e-10)
 
 
+def test_assume_negative_compiled_fails_on_a_label_out_of_range():
+    """Compiled (the path of fixed shapes, as on a GPU) the labels' host-read checks are
+    skipped: a label out of range must fail in the lookup of the one-hot rows
+    (``base.one_hot``), not become a row of zeros, which inductor made of the former scatter
+    of ones into zeros (a finite loss, no error). A label in range gives eager's value."""
+    torch._dynamo.reset()
+    loss = build_loss("assume_negative")
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(6, 20, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 20, (6,), generator=gen)
+    compiled = torch.compile(loss, backend="inductor", fullgraph=True)
+    torch.testing.assert_close(compiled(z, y), loss(z, y), rtol=1e-12, atol=1e-12)
+    for bad in (-1, 20):
+        wrong = y.clone()
+        wrong[2] = bad
+        with pytest.raises((IndexError, RuntimeError), match="out of (range|bounds)"):
+            compiled(z, wrong)
+
+
 def test_assume_negative_with_every_label_observed_is_plain_bce():
     g = torch.Generator().manual_seed(2)
     z = torch.randn(5, 7, generator=g, dtype=torch.float64, requires_grad=True)

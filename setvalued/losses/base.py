@@ -71,6 +71,20 @@ def fixed_shapes(values: torch.Tensor) -> bool:
     return values.device.type != "cpu" or torch.compiler.is_compiling()
 
 
+def one_hot(targets: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (B, L) one-hot rows of class indices ``targets``, with a label out of range failing
+    on every path, eager and compiled, negative ones included.
+
+    A comparison with the class numbers (no CPU value copied to the device, issue #34) of the
+    labels looked up in the table of class numbers: inductor checks a lookup's bounds, while it
+    turns a scatter of ones into zeros into a bare comparison that gives a silent zero row for
+    a label out of range. O(L) memory, no L x L identity.
+    """
+    classes = torch.arange(num_classes, device=targets.device)
+    looked_up = torch.nn.functional.embedding(targets.long(), classes[:, None])[:, 0]
+    return (classes == looked_up[:, None]).to(dtype)
+
+
 def register_loss(name: str, parameters: Mapping[str, Param] | None = None
                   ) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
     """Class decorator adding a loss to the registry under ``name``.

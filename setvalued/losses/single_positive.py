@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, one_hot, register_loss
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,9 +94,8 @@ class AssumeNegativeLoss(SetValuedLoss):
         batch, num_classes = logits.shape
         if targets.dim() == 1:
             _check_logits("assume_negative", logits, targets)
-            # scatter of a Python number: no CPU value copied to the device (issue #34)
-            observed = torch.zeros_like(logits, dtype=torch.long).scatter_(
-                1, targets.to(logits.device).long().unsqueeze(1), 1)
+            # no CPU value copied to the device (issue #34); a label out of range fails, compiled too
+            observed = one_hot(targets.to(logits.device), num_classes, torch.long)
         elif targets.shape == logits.shape:
             observed = targets.to(device=logits.device).round().long()
             if not fixed_shapes(observed) and bool(((observed < -1) | (observed > 1)).any()):

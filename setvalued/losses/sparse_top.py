@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
+from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, one_hot, register_loss
 
 __all__ = [
     "sparse_top",
@@ -258,14 +258,7 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
         # value checks read back on the host: eager CPU only (base.fixed_shapes)
         if batch and not fixed_shapes(targets) and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
             raise ValueError(f"{name}: class indices must lie in [0, {num_classes - 1}]")
-        # one-hot as a comparison with the class numbers (no CPU value copied to the device, issue
-        # #34), of the labels looked up in the table of class numbers: a label out of range,
-        # negative ones included, fails in that lookup on every path, eager and compiled
-        # (inductor checks a lookup's bounds; it turns a scatter of ones into zeros, the former
-        # form, into a bare comparison: a silent zero row). O(L) memory, no L x L identity.
-        classes = torch.arange(num_classes, device=scores.device)
-        looked_up = torch.nn.functional.embedding(targets.long(), classes[:, None])[:, 0]
-        return (classes == looked_up[:, None]).to(scores.dtype)
+        return one_hot(targets, num_classes, scores.dtype)  # a label out of range fails, compiled too
     if targets.shape != scores.shape:
         raise ValueError(f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
                          f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
