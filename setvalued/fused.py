@@ -76,7 +76,7 @@ class Array:
         if first.step.scaler is not None:
             raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: float16 mixed precision (no "
                               f"bfloat16 on this GPU) skips every member's step when one overflows (set amp: false)")
-        problem = fusion_problem([m.model for m in self.members], first)
+        problem = fusion_problem([m.model for m in self.members[:2]], first)  # two members show it
         if problem:
             raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {problem} "
                               f"(run it with seeds_per_trial: 1)")

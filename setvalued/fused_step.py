@@ -50,19 +50,27 @@ class RandomState:
         self.saved: tuple | None = None
 
     @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        if self.saved is not None:
-            python, numpy_state, cpu, cuda = self.saved
-            random.setstate(python)
-            np.random.set_state(numpy_state)
+    def active(self, torch_only: bool = False) -> Iterator[None]:
+        """The member's state in force while the block runs; ``torch_only``: its torch
+        generators only, for a block that draws from no other (a loss whose
+        ``draws_torch_only`` says so), leaving Python's and NumPy's states as they are."""
+        held = self.saved
+        if held is not None:
+            python, numpy_state, cpu, cuda = held
+            if not torch_only:
+                random.setstate(python)
+                np.random.set_state(numpy_state)
             torch.set_rng_state(cpu)
             if cuda is not None:
                 torch.cuda.set_rng_state(cuda)
         try:
             yield
         finally:
-            self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                          torch.cuda.get_rng_state() if self.cuda and torch.cuda.is_initialized() else None)
+            cuda_now = torch.cuda.get_rng_state() if self.cuda and torch.cuda.is_initialized() else None
+            if torch_only and held is not None:
+                self.saved = (held[0], held[1], torch.get_rng_state(), cuda_now)
+            else:
+                self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda_now)
 
 
 def member_output(output: Any, i: int) -> Any:
@@ -136,7 +144,8 @@ class FusedStep:
         scores = watched_scores(output, self.losses[0])
         if scores is not None and scores.requires_grad:
             scores.retain_grad()
-        draws = [rng.active() if alive else None for rng, alive in zip(random_states, live)]
+        torch_only = bool(getattr(self.losses[0], "draws_torch_only", False))
+        draws = [rng.active(torch_only) if alive else None for rng, alive in zip(random_states, live)]
         if self.shared_loss:
             losses = self.losses[0].member_losses(output, y, idx, draws)
         else:

@@ -53,6 +53,10 @@ class SetValuedLoss(nn.Module):
     #: ``member_losses`` computes the N members of a fused array in one call on N x B rows
     samplewise: bool = False
 
+    #: whether the loss's random draws (if any) come from torch's generators alone, not from
+    #: Python's ``random`` or NumPy's: a fused array then swaps in only its members' torch states
+    draws_torch_only: bool = False
+
     def member_losses(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None,
                       draws: Sequence[ContextManager]) -> torch.Tensor:
         """The losses (N,) of the N members of a fused array (``setvalued.fused_step``) from

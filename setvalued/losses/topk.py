@@ -391,6 +391,8 @@ class NoisedTopK(_TopKLoss):
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
 
+    draws_torch_only = True
+
     def member_losses(self, output, targets, indices, draws):
         return _noised_member_losses(self, output, targets, indices, draws, lambda scores, targets: (1.0, 1.0))
 
@@ -432,6 +434,8 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
 
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
+
+    draws_torch_only = True
 
     def member_losses(self, output, targets, indices, draws):
         return _noised_member_losses(self, output, targets, indices, draws,
