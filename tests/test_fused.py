@@ -217,3 +217,27 @@ def test_an_array_stopped_after_an_epoch_is_its_seeds_trials_with_the_epochs_cut
     for seed, member in zip((0, 1), stopped):
         assert len(member["history"]) == 2
         assert differences(separate_trial("noised_topk", "mlp", seed), member) <= 1e-9
+
+
+def test_members_that_select_different_epochs_test_their_own_checkpoints():
+    """The test pass scores every member at once, each with the checkpoint it selected: here
+    the members selected different epochs, and each still equals its separate trial."""
+    cfg = tiny_cfg("noised_topk", epochs=3)
+    seeds = [0, 1, 2]
+    fused = fit_array(cfg, seeds)
+    assert len({member["best_epoch"] for member in fused}) > 1
+    for seed, member in zip(seeds, fused):
+        assert differences(separate_trial("noised_topk", "mlp", seed, epochs=3), member) <= 1e-9
+
+
+def test_members_with_their_own_data_draw_and_evaluate_one_by_one(monkeypatch):
+    """Members that do not share their splits (data that depends on the seed) draw their
+    batches under their own random states and are evaluated one by one: still their trials."""
+    import setvalued.fused as fused_module
+
+    monkeypatch.setattr(fused_module, "seed_free", lambda data: False)
+    cfg = tiny_cfg("noised_topk", "densenet_bc")
+    array = fused_module.Array(resolve_config(cfg), [0, 1])
+    assert array.gather is None and array.predict("val") is None
+    for seed, member in zip((0, 1), fit_array(cfg, [0, 1])):
+        assert differences(separate_trial("noised_topk", "densenet_bc", seed), member) <= 1e-9
