@@ -111,3 +111,24 @@ def test_a_failed_member_is_not_computed_by_the_loop_and_losses_with_member_stat
     ldam = [build_loss("ldam", class_counts=counts, num_classes=3) for counts in ([5, 6, 7], [5, 6, 8])]
     assert not interchangeable(ldam)  # margins from seed-dependent class counts
     assert interchangeable([make_loss(CASES["noised_topk"][0], 10) for _ in range(3)])
+
+
+@pytest.mark.parametrize("case", ["ce", "smooth_topk_svm", "noised_topk", "noised_topk_pruned", "avgk_two_head"])
+def test_member_losses_add_no_host_synchronisation_on_the_gpu_path(case):
+    """On fake CUDA tensors (``setvalued.gpu_audit``) the members' losses in one call read
+    nothing back on the host (on the GPU the noised draw has a fixed shape: the fused path)."""
+    import contextlib
+
+    from setvalued.gpu_audit import SyncAudit, claim_cuda, fake_cuda
+
+    params, classes, _ = CASES[case]
+    loss = make_loss(params, classes)
+    audit = SyncAudit()
+    with fake_cuda() as mode:
+        claim_cuda(loss, mode)
+        parts = [torch.randn(MEMBERS, BATCH, classes, device="cuda") for _ in range(2)]
+        output = TwoHeadOutput(*parts) if loss.head == "two_head" else parts[0]
+        targets = torch.randint(0, classes, (MEMBERS, BATCH), device="cuda")
+        with audit:
+            loss.member_losses(output, targets, None, [contextlib.nullcontext() for _ in range(MEMBERS)])
+    assert [str(s) for s in audit.syncs] == []
