@@ -4,14 +4,19 @@ trial of its seed.
 Each member is a ``setvalued.train.Trial`` (its data, loss, model, evaluation and checkpoint
 state, built from its seed exactly as its separate trial; splits that do not depend on the
 seed, ``data.seed_free``, are built and held on the device once for all) and the array
-replaces only the step: one ``FusedStep`` (``setvalued.fused_step``) forwards, backpropagates
-and updates all members at once. Per epoch, every member sets its learning rate and draws its batches (its order and
-augmentation, from (seed, epoch)) under its own random state; the array steps on the members'
-batches stacked; then every member validates, keeps its best checkpoint with its thresholds,
-and is handed to ``on_epoch`` with its own state, in the format of its separate trial's (a
-member's state resumes its separate trial and the other way round). A member whose loss goes
-non-finite fails alone: its result is the ``NonFiniteLossError`` its trial would raise, and
-the others go on.
+replaces the step and the forward passes: one ``FusedStep`` (``setvalued.fused_step``)
+forwards, computes the losses, backpropagates and updates all members at once. Per epoch, every
+member sets its learning rate and draws its order (and, without shared splits, its batches
+and augmentation, from (seed, epoch)) under its own random state; where the members share a
+split held without a random transform, a step's batches are one gather of the members'
+orders. The members' running metrics are folded together (``setvalued.fused_metrics``). Then
+the members' validation scores come from one forward pass of all of them per batch (each
+member's slice is its own model's), and every member computes its metrics and thresholds,
+keeps its best checkpoint and is handed to ``on_epoch`` with its own state, in the format of
+its separate trial's (a member's state resumes its separate trial and the other way round).
+The test pass loads each member's selected checkpoint into its slice and scores all members
+at once; each then tests with its own thresholds. A member whose loss goes non-finite fails
+alone: its result is the ``NonFiniteLossError`` its trial would raise, and the others go on.
 
 Not fused: ``compile: model`` and float16 mixed precision (its gradient scaler would skip the
 step of every member when one overflows); ``fusion_problem`` names what stops a config.
