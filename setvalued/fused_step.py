@@ -36,7 +36,7 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
-from setvalued.losses.base import loop_member_losses
+from setvalued.losses.base import fusion_declared, loop_member_losses
 from setvalued.train_metrics import to_float32, watched_scores
 from setvalued.train_step import model_inputs, set_learning_rate
 
@@ -144,7 +144,7 @@ class FusedStep:
         scores = watched_scores(output, self.losses[0])
         if scores is not None and scores.requires_grad:
             scores.retain_grad()
-        torch_only = bool(getattr(self.losses[0], "draws_torch_only", False))
+        torch_only = fusion_declared(type(self.losses[0]), "draws_torch_only")
         draws = [rng.active(torch_only) if alive else None for rng, alive in zip(random_states, live)]
         if self.shared_loss:
             losses = self.losses[0].member_losses(output, y, idx, draws)

@@ -132,3 +132,26 @@ def test_member_losses_add_no_host_synchronisation_on_the_gpu_path(case):
         with audit:
             loss.member_losses(output, targets, None, [contextlib.nullcontext() for _ in range(MEMBERS)])
     assert [str(s) for s in audit.syncs] == []
+
+
+def test_a_subclass_that_overrides_the_computation_is_not_fused_on_its_parents_word():
+    """A plugin deriving from a fused loss but computing its own value (here a batch-level
+    term) runs once per member: each member's value stays its own call's."""
+    from setvalued.losses.topk import CrossEntropy, NoisedTopK
+
+    class BatchLevel(CrossEntropy):
+        def forward(self, output, targets, indices=None):
+            return super().forward(output, targets) + output.mean() ** 2
+
+    class Reweighted(NoisedTopK):
+        def per_sample(self, scores, targets, noise=None):
+            return 2 * super().per_sample(scores, targets, noise)
+
+    scores = torch.randn(MEMBERS, BATCH, 10)
+    targets = torch.randint(10, (MEMBERS, BATCH))
+    for loss in (BatchLevel(), Reweighted(k=3, epsilon=0.5, n_samples=4)):
+        states = member_states([1, 2, 3])
+        values = loss.member_losses(scores, targets, None, [s.active() for s in states])
+        for i, seed in enumerate([1, 2, 3]):
+            torch.manual_seed(seed)
+            assert abs(float(values[i]) - float(loss(scores[i], targets[i]))) <= 1e-12

@@ -69,7 +69,7 @@ class SetValuedLoss(nn.Module):
         averages each member's B values (the same terms; the mean rounds alike up to the last
         bit). A loss overrides this where its draws can be made per member and the rest fused
         (the noised top-K losses)."""
-        if not (self.samplewise and self.reduction == "mean"):
+        if not (fusion_declared(type(self), "samplewise") and self.reduction == "mean"):
             return loop_member_losses([self] * len(draws), output, targets, indices, draws)
         members, batch = targets.shape[:2]
         flat = TwoHeadOutput(*(t.flatten(0, 1) for t in output)) if isinstance(output, TwoHeadOutput) \
@@ -86,6 +86,20 @@ class SetValuedLoss(nn.Module):
         if isinstance(output, TwoHeadOutput):
             return output.sccp
         return output
+
+
+def fusion_declared(cls: type, name: str) -> bool:
+    """Whether ``cls``'s fusion attribute ``name`` (``samplewise``, ``draws_torch_only``,
+    ``member_losses``) holds for its loss: true where it is declared by the class that defines
+    the loss's ``forward`` (and ``per_sample``) or by a subclass of it, so that a subclass that
+    overrides the loss's computation (a plugin deriving from ``ce``) is not fused on its
+    parent's word."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return bool(vars(klass)[name])
+        if "forward" in vars(klass) or "per_sample" in vars(klass):
+            return False
+    return False
 
 
 def member_slices(output: Any) -> list[Any]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, loop_member_losses, register_loss
+from setvalued.losses.base import SetValuedLoss, fusion_declared, loop_member_losses, register_loss
 from setvalued.losses.topk_operator import (  # noqa: F401 (re-exported)
     PRUNING_FAILURE_PROBABILITY, _check_bool, _check_float, _check_int, _check_k_for_classes,
     _check_noise, _check_targets, _perturbed_kth_largest, _score_tensor, _select_kth_largest,
@@ -326,7 +326,8 @@ def _noised_member_losses(loss, output: Any, targets: torch.Tensor, indices: tor
     random state, exactly as its separate trial's call would, and one ``_NoisedHinge`` serves
     the N x B examples; elsewhere (the pruned CPU path, whose draw's shape depends on the scores
     of the batch) one call per member."""
-    if (loss.reduction != "mean" or not isinstance(output, torch.Tensor) or output.dim() != 3
+    if (loss.reduction != "mean" or not fusion_declared(type(loss), "member_losses")
+            or not isinstance(output, torch.Tensor) or output.dim() != 3
             or not draws_every_class(output, loss.k + 1, loss.epsilon, loss.n_samples, loss.exact)):
         return loop_member_losses([loss] * len(draws), output, targets, indices, draws)
     members, batch, num_classes = output.shape
