@@ -18,8 +18,9 @@ The test pass loads each member's selected checkpoint into its slice and scores 
 at once; each then tests with its own thresholds. A member whose loss goes non-finite fails
 alone: its result is the ``NonFiniteLossError`` its trial would raise, and the others go on.
 
-Not fused: ``compile: model`` and float16 mixed precision (its gradient scaler would skip the
-step of every member when one overflows); ``fusion_problem`` names what stops a config.
+``compile: model`` compiles the stacked model's forward passes (``FusedStep``; the losses stay
+eager). Not fused: float16 mixed precision (its gradient scaler would skip the step of every
+member when one overflows); ``fusion_problem`` names what stops a config.
 """
 
 from __future__ import annotations
@@ -52,9 +53,8 @@ class FusionError(ValueError):
 
 
 def config_problem(cfg: Mapping[str, Any]) -> str | None:
-    """Why a resolved config cannot be fused, read from the config alone (None: it can)."""
-    if cfg["compile"] != "none":
-        return f"compile: {cfg['compile']} is not supported in a fused array (set compile: none)"
+    """Why a resolved config cannot be fused, read from the config alone (None: it can; every
+    config can today: float16 mixed precision depends on the GPU and is refused by ``Array``)."""
     return None
 
 
@@ -86,6 +86,8 @@ class Array:
             raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {problem} "
                               f"(run it with seeds_per_trial: 1)")
         self.device = first.device
+        for m in self.members:  # compile: model compiles the array's stacked model, not each member's
+            m.step.release()
         self.step = FusedStep(cfg, self.device, [m.model for m in self.members], [m.loss for m in self.members],
                               first.step.amp_dtype)
         for m in self.members:  # each member's optimizer over its views: its state's format
@@ -119,27 +121,30 @@ class Array:
         """Train every member to the last epoch; returns, per member, its ``fit`` result or the
         error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``; its
         answer ``STOP`` ends the training there (early stopping of the array's config)."""
-        for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
-            if not any(self.live):
-                break
-            self.train_epoch(epoch, on_epoch)
-            if after_epoch is not None and after_epoch(epoch) == STOP:
-                break  # stopped as a whole: every member tests the checkpoint it selected so far
-        test_scores = None
-        if any(self.live) and all(m.best is not None for m, alive in zip(self.members, self.live) if alive):
-            for m, alive in zip(self.members, self.live):
-                if alive:  # each member's selected checkpoint into its slice: the test pass of all at once
-                    m.model.load_state_dict(m.best["model"])
-            test_scores = self.predict("test")
-        for i, m in enumerate(self.members):
-            if self.failed[i] is None:
-                own_storage(m.model)  # the model handed back (and logged) holds this member alone
-            self.results[i] = self.failed[i] if self.failed[i] is not None else \
-                m.test(None if test_scores is None else test_scores[i])
+        try:
+            for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
+                if not any(self.live):
+                    break
+                self.train_epoch(epoch, on_epoch)
+                if after_epoch is not None and after_epoch(epoch) == STOP:
+                    break  # stopped as a whole: every member tests the checkpoint it selected so far
+            test_scores = None
+            if any(self.live) and all(m.best is not None for m, alive in zip(self.members, self.live) if alive):
+                for m, alive in zip(self.members, self.live):
+                    if alive:  # each member's selected checkpoint into its slice: the test pass of all at once
+                        m.model.load_state_dict(m.best["model"])
+                test_scores = self.predict("test")
+            for i, m in enumerate(self.members):
+                if self.failed[i] is None:
+                    own_storage(m.model)  # the model handed back (and logged) holds this member alone
+                self.results[i] = self.failed[i] if self.failed[i] is not None else \
+                    m.test(None if test_scores is None else test_scores[i])
+        finally:
+            self.step.release()  # compile: model leaves no graph in a warm worker
         return self.results
 
     def train_epoch(self, epoch: int, on_epoch: ArrayCallback | None) -> None:
-        """One epoch of every live member: trained together, then validated one by one."""
+        """One epoch of every live member: trained together, then validated."""
         lr, running, seconds = self.train_steps(epoch)
         self.close_epoch(epoch, lr, running, seconds, on_epoch)
 
@@ -285,7 +290,7 @@ def fusion_problem(models: Sequence[torch.nn.Module], trial: Trial) -> str | Non
         return None
     try:
         step = FusedStep(trial.cfg, trial.device, [copy.deepcopy(m) for m in models],
-                         [trial.loss] * len(models), None)
+                         [trial.loss] * len(models), None, compiled=False)
         step.start_training()
         fused = step.run_model(torch.stack([x] * len(models)))
         sum(_total(member_output(fused, i)) for i in range(len(models))).backward()

@@ -84,7 +84,9 @@ class FusedStep:
     """The stacked model of N members and one training step for all of them."""
 
     def __init__(self, cfg: Mapping[str, Any], device: torch.device, models: Sequence[torch.nn.Module],
-                 losses: Sequence[SetValuedLoss], amp_dtype: torch.dtype | None):
+                 losses: Sequence[SetValuedLoss], amp_dtype: torch.dtype | None, compiled: bool | None = None):
+        """``compiled``: the stacked forward passes under ``torch.compile`` (default: the
+        config's ``compile: model``)."""
         self.cfg, self.device, self.losses, self.amp_dtype = cfg, device, list(losses), amp_dtype
         self.template = copy.deepcopy(models[0]).to("meta")
         params, buffers = stack_module_state(list(models))
@@ -110,6 +112,31 @@ class FusedStep:
         self.forward = vmap(self._forward_one, in_dims=(0, 0, 0))
         #: the members on one input batch (B, ...) that they share (evaluation)
         self.forward_shared = vmap(self._forward_one, in_dims=(0, 0, None))
+        self.eager = (self.forward, self.forward_shared)
+        self.compiled = (cfg["compile"] != "none") if compiled is None else compiled
+        if self.compiled:
+            self._compile()
+
+    def _compile(self) -> None:
+        """``compile: model`` on an array: the stacked model's forward passes (training and
+        evaluation) under ``torch.compile``, from an empty cache (``compiled_step``'s warm-worker
+        rule); the losses stay eager (their per-member draws swap random states on the host),
+        and no CUDA graphs (not measured on a GPU for arrays)."""
+        from setvalued import compiled_step
+
+        compiled_step.release_compiled()
+        options = {} if compiled_step.backend is None else {"backend": compiled_step.backend}
+        self.forward = torch.compile(self.eager[0], **options)
+        self.forward_shared = torch.compile(self.eager[1], **options)
+
+    def release(self) -> None:
+        """End of the array: a warm worker keeps no compiled graph of it."""
+        if self.compiled:
+            from setvalued import compiled_step
+
+            compiled_step.release_compiled()
+            self.forward, self.forward_shared = self.eager
+            self.compiled = False
 
     def _forward_one(self, params: dict, buffers: dict, x: torch.Tensor) -> Any:
         return functional_call(self.template, (params, buffers), (x,))

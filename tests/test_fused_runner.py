@@ -81,24 +81,21 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
     raced.write_text(yaml.safe_dump(text, sort_keys=False))
     with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*racing"):
         load_study(raced)
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
-        path = write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2})
-        load_study(path, overrides=("base.compile=model",))
+    # compile: model compiles an array's stacked model (tests/test_fused.py): accepted
+    path = write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2})
+    assert load_study(path, overrides=("base.compile=model",)).resources.seeds_per_trial == 2
     with pytest.raises(StudyError, match=r"seeds_per_trial"):
         load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
 
 
 @pytest.mark.parametrize("values", [["none", "model"], {"choice": ["none", "model"]}])
-def test_a_design_block_sweeping_compile_is_refused_at_seeds_per_trial(tmp_path, values):
-    """compile set per config by a grid or a random block's choice, not only by a variant."""
+def test_a_design_block_sweeping_compile_is_accepted_at_seeds_per_trial(tmp_path, values):
+    """compile set per config by a grid or a random block's choice, not only by a variant: an
+    array compiles its stacked model, so nothing is refused."""
     kind = "grid" if isinstance(values, list) else "random"
     block = {"kind": kind, "parameters": {"compile": values}, **({"n_configs": 2} if kind == "random" else {})}
     path = write_study(tmp_path, "swept", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, design=[block])
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model \(swept by design\[0\]\)"):
-        load_study(path)
-    only_none = {"kind": "grid", "parameters": {"compile": ["none"]}}
-    fine = write_study(tmp_path, "fine", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, design=[only_none])
-    assert load_study(fine).resources.seeds_per_trial == 2
+    assert load_study(path).resources.seeds_per_trial == 2
 
 
 @pytest.mark.slow

@@ -203,8 +203,8 @@ def check_study(study: Study) -> None:
 
 def _fused_array_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     """What ``resources.seeds_per_trial`` > 1 (a config's seeds fused into one model) does not
-    support yet: racing and optuna blocks hand out seed trials one by one, and ``compile:
-    model`` is not fused (early stopping and ASHA stop an array as a whole)."""
+    support yet: racing and optuna blocks hand out seed trials one by one (early stopping and
+    ASHA stop an array as a whole; ``compile: model`` compiles the array's stacked model)."""
     if study.resources.seeds_per_trial == 1:
         return []
     where = ("resources", "seeds_per_trial")
@@ -212,19 +212,6 @@ def _fused_array_problems(study: Study, configs: dict[str, dict]) -> list[Proble
     if study.racing is not None or study.optuna_blocks:
         problems.append(Problem(where, "fused arrays (seeds_per_trial > 1) run a seed list and no optuna "
                                        "block for now; expected 1 with racing or an optuna block"))
-    for name, config in configs.items():
-        if config.get("compile", "none") != "none":
-            problems.append(Problem(where, f"compile: {config['compile']} is not supported in a fused array "
-                                           f"(variant {name!r}); expected 1, or compile: none"))
-            break
-    for i, block in enumerate(study.design):  # a design block may set compile per config
-        values = (getattr(block, "parameters", None) or {}).get("compile")
-        values = getattr(values, "bounds", values) or []  # a grid's list, or a choice's
-        swept = [v for v in values if v != "none"]
-        if swept:
-            problems.append(Problem(where, f"compile: {swept[0]} (swept by design[{i}]) is not supported in "
-                                           f"a fused array; expected 1, or compile: none"))
-            break
     return problems
 
 
