@@ -160,7 +160,8 @@ def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason(monkeyp
     import setvalued.fused as fused_module
 
     monkeypatch.setattr(fused_module, "fusion_problem", lambda models, trial: "its reason")
-    with pytest.raises(FusionError, match=r"model 'mlp' cannot be fused: its reason \(run it with seeds_per_trial: 1\)"):
+    with pytest.raises(FusionError,
+                       match=r"model 'mlp' cannot be fused: its reason \(run it with seeds_per_trial: 1\)"):
         fit_array(tiny_cfg(), [0, 1])
     monkeypatch.undo()
     # a forward pass that draws random numbers (dropout) has no fused form that keeps each
