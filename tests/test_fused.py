@@ -273,3 +273,16 @@ def test_compile_model_on_an_array_equals_its_seeds_eager_trials(model, monkeypa
     assert graphs and not array.step.compiled  # compiled while it ran, released at its end
     for seed, member in zip((0, 1), results):
         assert differences(separate_trial("noised_topk", model, seed), member) <= 1e-9
+
+
+def test_members_sharing_an_in_memory_split_read_a_steps_batches_in_one_gather():
+    """Data held in memory (``placement: loader``, no workers, no transform): the members' batches
+    of a step are one gather of their orders, and each member is still its trial."""
+    from setvalued.fused import Array
+
+    cfg = tiny_cfg("noised_topk")
+    cfg["data"]["placement"] = "loader"
+    array = Array(resolve_config(cfg), [0, 1])
+    assert array.members[0].on_device is None and array.gather is not None
+    for seed, member in zip((0, 1), array.run()):
+        assert differences(fit(cfg, seed), member) <= 1e-9
