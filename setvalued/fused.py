@@ -4,32 +4,40 @@ trial of its seed.
 Each member is a ``setvalued.train.Trial`` (its data, loss, model, evaluation and checkpoint
 state, built from its seed exactly as its separate trial; splits that do not depend on the
 seed, ``data.seed_free``, are built and held on the device once for all) and the array
-replaces only the step: one ``FusedStep`` (``setvalued.fused_step``) forwards, backpropagates
-and updates all members at once. Per epoch, every member sets its learning rate and draws its batches (its order and
-augmentation, from (seed, epoch)) under its own random state; the array steps on the members'
-batches stacked; then every member validates, keeps its best checkpoint with its thresholds,
-and is handed to ``on_epoch`` with its own state, in the format of its separate trial's (a
-member's state resumes its separate trial and the other way round). A member whose loss goes
-non-finite fails alone: its result is the ``NonFiniteLossError`` its trial would raise, and
-the others go on.
+replaces the step and the forward passes: one ``FusedStep`` (``setvalued.fused_step``)
+forwards, computes the losses, backpropagates and updates all members at once. Per epoch, every
+member sets its learning rate and draws its order (and, without shared splits, its batches
+and augmentation, from (seed, epoch)) under its own random state; where the members share a
+split held without a random transform, a step's batches are one gather of the members'
+orders. The members' running metrics are folded together (``setvalued.fused_metrics``). Then
+the members' validation scores come from one forward pass of all of them per batch (each
+member's slice is its own model's), and every member computes its metrics and thresholds,
+keeps its best checkpoint and is handed to ``on_epoch`` with its own state, in the format of
+its separate trial's (a member's state resumes its separate trial and the other way round).
+The test pass loads each member's selected checkpoint into its slice and scores all members
+at once; each then tests with its own thresholds. A member whose loss goes non-finite fails
+alone: its result is the ``NonFiniteLossError`` its trial would raise, and the others go on.
 
-Not fused: ``compile: model`` and float16 mixed precision (its gradient scaler would skip the
-step of every member when one overflows); ``fusion_problem`` names what stops a config.
+``compile: model`` compiles the stacked model's forward passes (``FusedStep``; the losses stay
+eager). Not fused: float16 mixed precision (its gradient scaler would skip the step of every
+member when one overflows); ``fusion_problem`` names what stops a config.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from setvalued.data import seed_free
 from setvalued.train import Trial
+from setvalued.fused_metrics import FusedRunningMetrics
 from setvalued.fused_step import FusedStep, RandomState, member_output, own_storage
+from setvalued.losses.base import member_slices
 from setvalued.train_checkpoint import load_checkpoint
-from setvalued.train_metrics import NonFiniteLossError, RunningTrainMetrics
+from setvalued.train_metrics import NonFiniteLossError, to_float32
 from setvalued.train_setup import resolve_config, split_batches
 from setvalued.train_step import build_optimizer, model_inputs
 
@@ -45,9 +53,8 @@ class FusionError(ValueError):
 
 
 def config_problem(cfg: Mapping[str, Any]) -> str | None:
-    """Why a resolved config cannot be fused, read from the config alone (None: it can)."""
-    if cfg["compile"] != "none":
-        return f"compile: {cfg['compile']} is not supported in a fused array (set compile: none)"
+    """Why a resolved config cannot be fused, read from the config alone (None: it can; every
+    config can today: float16 mixed precision depends on the GPU and is refused by ``Array``)."""
     return None
 
 
@@ -64,6 +71,9 @@ class Array:
         first = Trial(cfg, int(seeds[0]))
         shared = first if seed_free(cfg["data"]) else None  # one copy of the splits for all members
         self.members = [first] + [Trial(cfg, int(seed), data_of=shared) for seed in seeds[1:]]
+        #: the members read one copy of the splits: a step's batches are one gather, and the
+        #: evaluation passes score all members on each batch at once
+        self.shared_data = shared is not None
         sizes = {len(m.data.train) for m in self.members}
         if len(sizes) > 1:
             raise FusionError(f"the seeds' training sets differ in size ({sorted(sizes)}); a fused array "
@@ -71,17 +81,21 @@ class Array:
         if first.step.scaler is not None:
             raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: float16 mixed precision (no "
                               f"bfloat16 on this GPU) skips every member's step when one overflows (set amp: false)")
-        problem = fusion_problem([m.model for m in self.members], first)
+        problem = fusion_problem([m.model for m in self.members[:2]], first)  # two members show it
         if problem:
             raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {problem} "
                               f"(run it with seeds_per_trial: 1)")
         self.device = first.device
+        for m in self.members:  # compile: model compiles the array's stacked model, not each member's
+            m.step.release()
         self.step = FusedStep(cfg, self.device, [m.model for m in self.members], [m.loss for m in self.members],
                               first.step.amp_dtype)
         for m in self.members:  # each member's optimizer over its views: its state's format
             m.step.optimizer = build_optimizer([p for p in m.model.parameters() if p.requires_grad], m.loss,
                                                cfg["optim"])
         self.random_states = [RandomState(self.device) for _ in self.members]
+        #: the shared training split read by one gather per step, or None (per-member batches)
+        self.gather = self._shared_train_split()
         #: None while a member trains, else its result: the test pass, or the error that stopped it
         self.results: list[Any] = [None] * len(self.members)
         self.failed: list[BaseException | None] = [None] * len(self.members)
@@ -107,62 +121,146 @@ class Array:
         """Train every member to the last epoch; returns, per member, its ``fit`` result or the
         error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``; its
         answer ``STOP`` ends the training there (early stopping of the array's config)."""
-        for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
-            if not any(self.live):
-                break
-            self.train_epoch(epoch, on_epoch)
-            if after_epoch is not None and after_epoch(epoch) == STOP:
-                break  # stopped as a whole: every member tests the checkpoint it selected so far
-        for i, m in enumerate(self.members):
-            if self.failed[i] is None:
-                own_storage(m.model)  # the model handed back (and logged) holds this member alone
-            self.results[i] = self.failed[i] if self.failed[i] is not None else m.test()
+        try:
+            for epoch in range(self.members[0].start_epoch, self.cfg["epochs"]):
+                if not any(self.live):
+                    break
+                self.train_epoch(epoch, on_epoch)
+                if after_epoch is not None and after_epoch(epoch) == STOP:
+                    break  # stopped as a whole: every member tests the checkpoint it selected so far
+            test_scores = None
+            if any(self.live) and all(m.best is not None for m, alive in zip(self.members, self.live) if alive):
+                for m, alive in zip(self.members, self.live):
+                    if alive:  # each member's selected checkpoint into its slice: the test pass of all at once
+                        m.model.load_state_dict(m.best["model"])
+                test_scores = self.predict("test")
+            for i, m in enumerate(self.members):
+                if self.failed[i] is None:
+                    own_storage(m.model)  # the model handed back (and logged) holds this member alone
+                self.results[i] = self.failed[i] if self.failed[i] is not None else \
+                    m.test(None if test_scores is None else test_scores[i])
+        finally:
+            self.step.release()  # compile: model leaves no graph in a warm worker
         return self.results
 
     def train_epoch(self, epoch: int, on_epoch: ArrayCallback | None) -> None:
-        """One epoch of every live member: trained together, then validated one by one."""
+        """One epoch of every live member: trained together, then validated."""
         lr, running, seconds = self.train_steps(epoch)
         self.close_epoch(epoch, lr, running, seconds, on_epoch)
 
-    def train_steps(self, epoch: int, steps: int | None = None) -> tuple[float, list[RunningTrainMetrics], float]:
+    def train_steps(self, epoch: int, steps: int | None = None) -> tuple[float, FusedRunningMetrics, float]:
         """Train the epoch's batches (the first ``steps`` of them when given) of every member at
-        once; returns the base learning rate, each member's running metrics and the seconds."""
+        once; returns the base learning rate, the members' running metrics and the seconds."""
         lr = self.step.set_learning_rate(epoch)
-        batches, running = [], []
+        orders, batches = [], []
         for m, rng in zip(self.members, self.random_states):
             with rng.active():
                 m.step.set_learning_rate(epoch)
-                batches.append(iter(m.epoch_batches(epoch)))
-            running.append(m.start_training(epoch))
+                if self.gather is not None:
+                    orders.append(m.epoch_order(epoch))
+                else:
+                    batches.append(iter(m.epoch_batches(epoch)))
+            m.start_training(epoch)
+        first = self.members[0]
+        running = FusedRunningMetrics(epoch, [] if first.multi_label else
+                                      [k for k in self.cfg["eval"]["ks"] if k <= first.data.num_classes],
+                                      self.device, len(self.members))
         self.step.start_training()
+        drawn = self._gathered(torch.stack(orders)) if self.gather is not None else self._drawn(batches)
         start = time.perf_counter()
         done = 0
         while steps is None or done < steps:
+            batch = next(drawn, None)
+            if batch is None:
+                break
+            x, y, idx = (t.to(self.device, non_blocking=True) for t in batch)
+            losses, scores = self.step(x, y, idx, self.live, self.random_states)
+            running.add(losses, scores, y)
+            self._fail(running)
+            done += 1
+        return lr, running, time.perf_counter() - start
+
+    def _gathered(self, orders: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The members' batches of one epoch, each step's read in one gather from the shared
+        split (``orders``: (N, n), each member's order)."""
+        size = self.cfg["optim"]["batch_size"]
+        orders = orders.to(self.gather[0].device)
+        inputs, targets = self.gather
+        for start in range(0, orders.shape[1], size):
+            idx = orders[:, start:start + size]
+            yield inputs[idx], targets[idx], idx
+
+    def _drawn(self, batches: list[Iterator]) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The members' batches of one epoch, each drawn under its member's random state
+        (its loader's order and augmentation), stacked."""
+        while True:
             drawn = []
             for it, rng in zip(batches, self.random_states):
                 with rng.active():
                     drawn.append(next(it, None))
             if drawn[0] is None:
-                break
-            x, y, idx = (torch.stack([b[part] for b in drawn]).to(self.device, non_blocking=True) for part in range(3))
-            for i, result in enumerate(self.step(x, y, idx, self.live, self.random_states)):
-                if result is not None:
-                    self._guard(i, lambda: running[i].add(result[0], result[1], y[i]))
-            done += 1
-        return lr, running, time.perf_counter() - start
+                return
+            yield tuple(torch.stack([b[part] for b in drawn]) for part in range(3))
 
-    def close_epoch(self, epoch: int, lr: float, running: list[RunningTrainMetrics], seconds: float,
+    def _shared_train_split(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (inputs, targets) tensors of the training split that every member reads without
+        a random draw (shared data, held on the device without augmentation, or in memory
+        without transform or workers), from which a step's batches are one gather; else None."""
+        if not self.shared_data:
+            return None
+        first = self.members[0]
+        if first.on_device is not None:
+            held = first.on_device["train"]
+            return None if held.augmentation is not None else (held.inputs, held.targets)
+        ds = first.data.train
+        if getattr(ds, "supports_batches", False) and int(self.cfg["data"]["num_workers"]) == 0 \
+                and getattr(ds, "transform", None) is None:
+            return ds.inputs, ds.targets
+        return None
+
+    def close_epoch(self, epoch: int, lr: float, running: FusedRunningMetrics, seconds: float,
                     on_epoch: ArrayCallback | None) -> None:
-        """Every live member's training metrics, validation, best checkpoint and ``on_epoch``."""
+        """Every live member's training metrics, validation (one forward pass of the members
+        together), best checkpoint and ``on_epoch``."""
+        running.fold()
+        self._fail(running)
+        start = time.perf_counter()
+        val_scores = self.predict("val")
+        shared_seconds = (time.perf_counter() - start) / max(1, sum(self.live)) if val_scores is not None else 0.0
         for i, m in enumerate(self.members):
             if self.failed[i] is not None:
                 continue
-            metrics = self._guard(i, lambda: m.training_metrics(running[i], lr, seconds))
+            metrics = self._guard(i, lambda: m.training_metrics(running.of(i), lr, seconds))
             if metrics is None:
                 continue
             callback = None if on_epoch is None else (lambda e, mt, st, i=i: on_epoch(i, e, mt, st))
+            # each member's eval_time_s: its share of the fused pass, and its own metrics
             m.close_epoch(epoch, {"epoch": epoch, **metrics}, callback,
-                          optimizer_state=self.step.member_optimizer_state(i, m.step.optimizer))
+                          optimizer_state=self.step.member_optimizer_state(i, m.step.optimizer),
+                          val_scores=None if val_scores is None else val_scores[i], val_seconds=shared_seconds)
+
+    @torch.no_grad()
+    def predict(self, split: str) -> list[torch.Tensor] | None:
+        """Every member's ``Evaluation.predict`` scores on ``split`` ("val" or "test") from one
+        forward pass of the members together per batch (the split is shared, and each member's
+        model is its slice of the stacked one: its scores are its own model's); None where the
+        members do not share their data (each then scores on its own)."""
+        if not self.shared_data:
+            return None
+        first = self.members[0]
+        self.step.start_evaluation()
+        out: list[list[torch.Tensor]] = [[] for _ in self.members]
+        for x in first.evaluation.inputs(getattr(first.data, split)):
+            output = to_float32(self.step.run_model(x, shared=True))
+            for i, (m, part) in enumerate(zip(self.members, member_slices(output))):
+                out[i].append(m.loss.prediction_scores(part).float())
+        return [torch.cat(parts).cpu() for parts in out]
+
+    def _fail(self, running: FusedRunningMetrics) -> None:
+        """Members whose loss went non-finite (found at the last fold) fail alone."""
+        for i, error in enumerate(running.errors):
+            if error is not None and self.failed[i] is None:
+                self.failed[i] = error
 
     def _guard(self, i: int, action: Callable[[], Any]) -> Any:
         """``action`` for member ``i``; a non-finite loss fails that member alone."""
@@ -192,7 +290,7 @@ def fusion_problem(models: Sequence[torch.nn.Module], trial: Trial) -> str | Non
         return None
     try:
         step = FusedStep(trial.cfg, trial.device, [copy.deepcopy(m) for m in models],
-                         [trial.loss] * len(models), None)
+                         [trial.loss] * len(models), None, compiled=False)
         step.start_training()
         fused = step.run_model(torch.stack([x] * len(models)))
         sum(_total(member_output(fused, i)) for i in range(len(models))).backward()

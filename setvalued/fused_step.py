@@ -9,14 +9,19 @@ buffers are views of its slice of the stacked tensors. What makes a member its s
 
 - BatchNorm's running statistics are stacked buffers handed to ``vmap`` with the parameters
   (``in_dims=0``), so each member's in-place update lands in its own slice;
-- each member's loss is computed on its slice of the output, under its own random state
-  (``RandomState``: the noised losses' draws as in its separate trial);
+- the members' losses come from one call on the stacked output
+  (``SetValuedLoss.member_losses``): a loss that is the mean of per-example terms is computed
+  once on the N x B examples, the noised top-K losses draw each member's noise under its own
+  random state (``RandomState``: the draws of its separate trial) and compute the rest at once,
+  and other losses run once per member; a loss whose state differs between the members (its
+  own parameters, such as ROLE's label estimates, or buffers from seed-dependent class counts)
+  runs once per member with its own object;
 - SGD with momentum, Nesterov and weight decay is elementwise, so one optimizer over the
-  stacked parameters gives every member the update of its own optimizer; a loss's own
-  parameters (ROLE) stay per member.
+  stacked parameters (its ``foreach`` form: a handful of operators for all parameters) gives
+  every member the update of its own optimizer; a loss's own parameters (ROLE) stay per member.
 
 A member's gradient is its own: the losses are summed, and the sum's gradient reaches each
-member's slice through its own loss only.
+member's slice through its own loss only (a member's NaN stays in its slice).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
+from setvalued.losses.base import fusion_declared, loop_member_losses
 from setvalued.train_metrics import to_float32, watched_scores
 from setvalued.train_step import model_inputs, set_learning_rate
 
@@ -44,19 +50,27 @@ class RandomState:
         self.saved: tuple | None = None
 
     @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        if self.saved is not None:
-            python, numpy_state, cpu, cuda = self.saved
-            random.setstate(python)
-            np.random.set_state(numpy_state)
+    def active(self, torch_only: bool = False) -> Iterator[None]:
+        """The member's state in force while the block runs; ``torch_only``: its torch
+        generators only, for a block that draws from no other (a loss whose
+        ``draws_torch_only`` says so), leaving Python's and NumPy's states as they are."""
+        held = self.saved
+        if held is not None:
+            python, numpy_state, cpu, cuda = held
+            if not torch_only:
+                random.setstate(python)
+                np.random.set_state(numpy_state)
             torch.set_rng_state(cpu)
             if cuda is not None:
                 torch.cuda.set_rng_state(cuda)
         try:
             yield
         finally:
-            self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                          torch.cuda.get_rng_state() if self.cuda and torch.cuda.is_initialized() else None)
+            cuda_now = torch.cuda.get_rng_state() if self.cuda and torch.cuda.is_initialized() else None
+            if torch_only and held is not None:
+                self.saved = (held[0], held[1], torch.get_rng_state(), cuda_now)
+            else:
+                self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda_now)
 
 
 def member_output(output: Any, i: int) -> Any:
@@ -66,19 +80,13 @@ def member_output(output: Any, i: int) -> Any:
     return output[i]
 
 
-def member_outputs(output: Any) -> list[Any]:
-    """Every member's slice of the stacked output, cut in one operation (``unbind``: its
-    backward is one ``stack``, where N slices would add N gradients into the stacked one)."""
-    if isinstance(output, TwoHeadOutput):
-        return [TwoHeadOutput(*parts) for parts in zip(*(t.unbind(0) for t in output))]
-    return list(output.unbind(0))
-
-
 class FusedStep:
     """The stacked model of N members and one training step for all of them."""
 
     def __init__(self, cfg: Mapping[str, Any], device: torch.device, models: Sequence[torch.nn.Module],
-                 losses: Sequence[SetValuedLoss], amp_dtype: torch.dtype | None):
+                 losses: Sequence[SetValuedLoss], amp_dtype: torch.dtype | None, compiled: bool | None = None):
+        """``compiled``: the stacked forward passes under ``torch.compile`` (default: the
+        config's ``compile: model``)."""
         self.cfg, self.device, self.losses, self.amp_dtype = cfg, device, list(losses), amp_dtype
         self.template = copy.deepcopy(models[0]).to("meta")
         params, buffers = stack_module_state(list(models))
@@ -97,8 +105,38 @@ class FusedStep:
             if loss_params:
                 groups.append({"params": loss_params, "weight_decay": 0.0,
                                "lr_multiplier": float(getattr(loss, "lr_multiplier", 1.0))})
-        self.optimizer = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"])
+        self.optimizer = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"],
+                                         foreach=True)
+        #: one loss object may compute every member's loss (``interchangeable``)
+        self.shared_loss = interchangeable(self.losses)
         self.forward = vmap(self._forward_one, in_dims=(0, 0, 0))
+        #: the members on one input batch (B, ...) that they share (evaluation)
+        self.forward_shared = vmap(self._forward_one, in_dims=(0, 0, None))
+        self.eager = (self.forward, self.forward_shared)
+        self.compiled = (cfg["compile"] != "none") if compiled is None else compiled
+        if self.compiled:
+            self._compile()
+
+    def _compile(self) -> None:
+        """``compile: model`` on an array: the stacked model's forward passes (training and
+        evaluation) under ``torch.compile``, from an empty cache (``compiled_step``'s warm-worker
+        rule); the losses stay eager (their per-member draws swap random states on the host),
+        and no CUDA graphs (not measured on a GPU for arrays)."""
+        from setvalued import compiled_step
+
+        compiled_step.release_compiled()
+        options = {} if compiled_step.backend is None else {"backend": compiled_step.backend}
+        self.forward = torch.compile(self.eager[0], **options)
+        self.forward_shared = torch.compile(self.eager[1], **options)
+
+    def release(self) -> None:
+        """End of the array: a warm worker keeps no compiled graph of it."""
+        if self.compiled:
+            from setvalued import compiled_step
+
+            compiled_step.release_compiled()
+            self.forward, self.forward_shared = self.eager
+            self.compiled = False
 
     def _forward_one(self, params: dict, buffers: dict, x: torch.Tensor) -> Any:
         return functional_call(self.template, (params, buffers), (x,))
@@ -109,39 +147,41 @@ class FusedStep:
     def start_training(self) -> None:
         self.template.train()
 
-    def run_model(self, x: torch.Tensor) -> Any:
-        """The stacked output (N, B, ...) of the members on their stacked inputs (N, B, ...)."""
+    def start_evaluation(self) -> None:
+        self.template.eval()
+
+    def run_model(self, x: torch.Tensor, shared: bool = False) -> Any:
+        """The stacked output (N, B, ...) of the members on their stacked inputs (N, B, ...),
+        or with ``shared`` on one batch (B, ...) that every member takes."""
         x = model_inputs(x, self.dtype)
+        forward = self.forward_shared if shared else self.forward
         if self.amp_dtype is None:
-            return self.forward(self.params, self.buffers, x)
+            return forward(self.params, self.buffers, x)
         with torch.autocast(self.device.type, dtype=self.amp_dtype):
-            return self.forward(self.params, self.buffers, x)
+            return forward(self.params, self.buffers, x)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, live: Sequence[bool],
-                 random_states: Sequence[RandomState]) -> list[tuple[torch.Tensor, torch.Tensor | None] | None]:
+                 random_states: Sequence[RandomState]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward, loss, backward and optimizer step of every member on its batch (slice
-        ``i`` of ``x``, ``y``, ``idx``). Returns each live member's loss and watched scores
-        (their ``.grad`` kept), None for a member that has failed (its loss is not computed)."""
-        outputs = member_outputs(self.run_model(x))
-        results: list[tuple[torch.Tensor, torch.Tensor | None] | None] = []
-        total = None
-        for i, loss_fn in enumerate(self.losses):
-            if not live[i]:
-                results.append(None)
-                continue
-            mine = to_float32(outputs[i])
-            scores = watched_scores(mine, loss_fn)
-            if scores is not None and scores.requires_grad:
-                scores.retain_grad()
-            with random_states[i].active():
-                loss = loss_fn(mine, y[i], idx[i])
-            total = loss if total is None else total + loss
-            results.append((loss, scores))
+        ``i`` of ``x``, ``y``, ``idx``). Returns the members' losses (N,) and the stacked scores
+        that the metrics rank (N, B, L), their ``.grad`` kept (None when the output has none).
+        A failed member's entry is not read: its draws are not made, and where its loss is
+        computed on its own it is not computed."""
+        output = to_float32(self.run_model(x))  # the losses are computed in float32 (or wider)
+        scores = watched_scores(output, self.losses[0])
+        if scores is not None and scores.requires_grad:
+            scores.retain_grad()
+        torch_only = fusion_declared(type(self.losses[0]), "draws_torch_only")
+        draws = [rng.active(torch_only) if alive else None for rng, alive in zip(random_states, live)]
+        if self.shared_loss:
+            losses = self.losses[0].member_losses(output, y, idx, draws)
+        else:
+            losses = loop_member_losses(self.losses, output, y, idx, draws)
         self.optimizer.zero_grad(set_to_none=True)
-        if total is not None:
-            total.backward()
+        if any(live):
+            losses.sum().backward()
             self.optimizer.step()
-        return results
+        return losses, scores
 
     # -- one member's optimizer state, in the format of its separate trial's ---------------------
     def member_optimizer_state(self, i: int, own: torch.optim.Optimizer) -> dict[str, Any]:
@@ -176,6 +216,39 @@ class FusedStep:
         optimizer: the model's trainable parameters, then its loss's."""
         stacked = [(p, True) for p in self.params.values() if p.requires_grad]
         return stacked + [(p, False) for p in self.losses[i].parameters() if p.requires_grad]
+
+
+def interchangeable(losses: Sequence[SetValuedLoss]) -> bool:
+    """Whether the first of ``losses`` (one per member) computes every member's loss as its own
+    would: the same class, no trainable parameters (ROLE's are each member's), equal buffers
+    (margins from the class counts, which may depend on the seed) and equal public attributes."""
+    first = losses[0]
+
+    def state(loss: SetValuedLoss) -> dict[str, Any]:
+        return {k: v for k, v in vars(loss).items() if not k.startswith("_") and k != "training"}
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+                and bool(torch.equal(a, b))
+        try:
+            return bool(a == b)
+        except Exception:  # noqa: BLE001  (values that do not compare: not known to be equal)
+            return False
+
+    if any(p.requires_grad for p in first.parameters()):
+        return False
+    buffers = dict(first.named_buffers())
+    for loss in losses[1:]:
+        other = dict(loss.named_buffers())
+        mine, theirs = state(loss), state(first)
+        if type(loss) is not type(first) or mine.keys() != theirs.keys() or other.keys() != buffers.keys():
+            return False
+        if not all(same(mine[k], theirs[k]) for k in mine):
+            return False
+        if any(not torch.equal(other[name], value) for name, value in buffers.items()):
+            return False
+    return True
 
 
 def _view_into(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],

@@ -174,10 +174,7 @@ class Trial:
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         """Re-seed every generator from (seed, epoch) and return the epoch's training batches,
         in an order drawn from (seed, epoch): an epoch depends only on the state at its start."""
-        reseed_epoch(mix_seed(self.seed, epoch, EPOCH_STREAM))
-        order_gen = torch.Generator()
-        order_gen.manual_seed(mix_seed(self.seed, epoch, ORDER_STREAM))
-        order = torch.randperm(len(self.data.train), generator=order_gen)
+        order = self.epoch_order(epoch)
         if self.on_device is not None:
             augment_gen = torch.Generator(device=self.device)
             augment_gen.manual_seed(mix_seed(self.seed, epoch, AUGMENT_STREAM))
@@ -186,14 +183,25 @@ class Trial:
                              int(self.cfg["data"]["num_workers"]), self.device,
                              mix_seed(self.seed, epoch, WORKER_STREAM))
 
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """Re-seed every generator from (seed, epoch) and draw the epoch's order of the training
+        examples from (seed, epoch) (``epoch_batches`` cuts it into batches)."""
+        reseed_epoch(mix_seed(self.seed, epoch, EPOCH_STREAM))
+        order_gen = torch.Generator()
+        order_gen.manual_seed(mix_seed(self.seed, epoch, ORDER_STREAM))
+        return torch.randperm(len(self.data.train), generator=order_gen)
+
     def close_epoch(self, epoch: int, metrics: dict[str, float],
                     on_epoch: Callable[[int, dict, dict], Any] | None,
-                    optimizer_state: Mapping[str, Any] | None = None) -> dict[str, float]:
+                    optimizer_state: Mapping[str, Any] | None = None,
+                    val_scores: torch.Tensor | None = None, val_seconds: float = 0.0) -> dict[str, float]:
         """Validate after an epoch's training (``metrics``), keep the best checkpoint, record the
-        epoch and hand it with the state to ``on_epoch``; returns the epoch's metrics."""
+        epoch and hand it with the state to ``on_epoch``; returns the epoch's metrics.
+        ``val_scores``: the model's validation scores when already computed (a fused array's
+        members, scored together, in ``val_seconds`` each)."""
         e = self.cfg["eval"]
         selection, maximize = e["selection"], e["selection_mode"] == "max"
-        val_metrics, thresholds = self.evaluation.validate(self.model)
+        val_metrics, thresholds = self.evaluation.validate(self.model, val_scores, val_seconds)
         metrics.update(val_metrics)
         if selection not in metrics:
             available = sorted(k for k in metrics if k.startswith("val/"))
@@ -238,9 +246,10 @@ class Trial:
             self.close_epoch(epoch, metrics, on_epoch)
         return self.test()
 
-    def test(self) -> dict[str, Any]:
-        """Evaluate the selected checkpoint once on the test set, with its thresholds."""
-        return self.evaluation.test(self.model, self.best, self.history)
+    def test(self, scores: torch.Tensor | None = None) -> dict[str, Any]:
+        """Evaluate the selected checkpoint once on the test set, with its thresholds
+        (``scores``: its test scores when already computed)."""
+        return self.evaluation.test(self.model, self.best, self.history, scores)
 
 
 def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dict], Any] | None = None,

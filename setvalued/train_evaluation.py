@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -44,6 +44,14 @@ class Evaluation:
         size ``eval.batch_size``; the scores stay on the device until the last batch (one copy
         back per pass, no host read per batch)."""
         model.eval()
+        out = []
+        for x in self.inputs(ds):
+            output = self.run_model(x)
+            out.append(self.loss.prediction_scores(to_float32(output)).float())
+        return torch.cat(out).cpu()
+
+    def inputs(self, ds: IndexedDataset) -> Iterator[torch.Tensor]:
+        """The inputs of ``ds`` on the device, in order, in batches of ``eval.batch_size``."""
         order = torch.arange(len(ds))
         bs = int(self.cfg["eval"]["batch_size"])
         held = self.on_device[ds.split] if self.on_device is not None and ds.split in self.on_device else None
@@ -51,11 +59,8 @@ class Evaluation:
             batches = held.batches(order, bs)
         else:
             batches = split_batches(ds, order, bs, int(self.cfg["data"]["num_workers"]), self.device, 0)
-        out = []
         for x, _, _ in batches:
-            output = self.run_model(x.to(self.device, non_blocking=True))
-            out.append(self.loss.prediction_scores(to_float32(output)).float())
-        return torch.cat(out).cpu()
+            yield x.to(self.device, non_blocking=True)
 
     def metrics_of(self, scores: torch.Tensor, targets: torch.Tensor,
                    thresholds: Mapping[float, float] | None) -> dict[str, float]:
@@ -73,11 +78,15 @@ class Evaluation:
                                 bins))
         return out
 
-    def validate(self, model: torch.nn.Module) -> tuple[dict[str, float], dict[float, float]]:
+    def validate(self, model: torch.nn.Module, scores: torch.Tensor | None = None, seconds: float = 0.0
+                 ) -> tuple[dict[str, float], dict[float, float]]:
         """The validation metrics (``val/...``, ``eval_time_s``) and the average-K thresholds
-        calibrated on the validation set (less its conformal calibration part)."""
+        calibrated on the validation set (less its conformal calibration part); ``scores``:
+        ``predict``'s validation scores of ``model`` when already computed, in ``seconds``."""
         start = time.perf_counter()
-        scores, targets = self.predict(model, self.data.val), self.data.val.targets
+        if scores is None:
+            scores = self.predict(model, self.data.val)
+        targets = self.data.val.targets
         if self.conformal_split is not None:  # the calibration part's labels are for conformal only
             scores, targets = scores[self.conformal_split[1]], targets[self.conformal_split[1]]
         e = self.cfg["eval"]
@@ -87,14 +96,17 @@ class Evaluation:
         metrics = {f"val/{k}": v for k, v in self.metrics_of(scores, targets, thresholds).items()}
         for k, t in thresholds.items():
             metrics[f"val/avg{fmt_k(k)}_threshold"] = float(t)
-        metrics["eval_time_s"] = time.perf_counter() - start
+        metrics["eval_time_s"] = seconds + time.perf_counter() - start
         return metrics, thresholds
 
-    def test(self, model: torch.nn.Module, best: Mapping[str, Any], history: list) -> dict[str, Any]:
+    def test(self, model: torch.nn.Module, best: Mapping[str, Any], history: list,
+             scores: torch.Tensor | None = None) -> dict[str, Any]:
         """Evaluate the selected checkpoint ``best`` (loaded into ``model``) once on the test
-        set, with its thresholds: the result of ``fit``."""
+        set, with its thresholds: the result of ``fit``. ``scores``: ``predict``'s test scores
+        of that checkpoint when already computed."""
         model.load_state_dict(best["model"])
-        scores = self.predict(model, self.data.test)
+        if scores is None:
+            scores = self.predict(model, self.data.test)
         targets = self.data.test.targets
         thresholds = best["thresholds"]
         test = self.metrics_of(scores, targets, thresholds)

@@ -26,3 +26,19 @@ def test_fused_seeds_benchmark_prints_ratios_per_member_step(capsys):
     ops_at = {int(row[1]): float(row[6]) for row in rows}
     assert ops_at[4] < 0.75 * ops_at[1]
     assert re.search(r"8-seed MLP study, 1 epochs: separate [0-9.]+ s, fused [0-9.]+ s", out)
+
+
+def test_operators_per_member_step_at_eight_members_are_at_most_a_quarter_of_a_trials():
+    """The issue's CPU-proxy goal, on the operator count (deterministic, unlike wall time): at
+    N = 8, a member-step dispatches at most a quarter of the aten operators of a separate
+    trial's step, on the MLP and on the DenseNet-BC (the old per-member losses, running
+    metrics and batch draws gave 0.50x and about 0.42x)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        for name in ("mlp", "densenet_bc"):
+            row = fused_seeds.measure(name, 8, 1, 1)
+            assert row["fused_ops"] <= 0.25 * row["separate_ops"], (name, row)
+    finally:
+        torch.set_num_threads(threads)

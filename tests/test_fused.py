@@ -156,9 +156,14 @@ def test_a_member_whose_loss_goes_non_finite_fails_alone(monkeypatch):
         assert differences(separate[seed], results[i]) <= 1e-9
 
 
-def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason():
-    with pytest.raises(FusionError, match=r"model 'mlp' cannot be fused: compile: model"):
-        fit_array({**tiny_cfg(), "compile": "model"}, [0, 1])
+def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason(monkeypatch):
+    import setvalued.fused as fused_module
+
+    monkeypatch.setattr(fused_module, "fusion_problem", lambda models, trial: "its reason")
+    with pytest.raises(FusionError,
+                       match=r"model 'mlp' cannot be fused: its reason \(run it with seeds_per_trial: 1\)"):
+        fit_array(tiny_cfg(), [0, 1])
+    monkeypatch.undo()
     # a forward pass that draws random numbers (dropout) has no fused form that keeps each
     # member's draws: the one-batch probe names it
     trial = Trial(resolve_config(tiny_cfg()), 0)
@@ -217,3 +222,67 @@ def test_an_array_stopped_after_an_epoch_is_its_seeds_trials_with_the_epochs_cut
     for seed, member in zip((0, 1), stopped):
         assert len(member["history"]) == 2
         assert differences(separate_trial("noised_topk", "mlp", seed), member) <= 1e-9
+
+
+def test_members_that_select_different_epochs_test_their_own_checkpoints():
+    """The test pass scores every member at once, each with the checkpoint it selected: here
+    the members selected different epochs, and each still equals its separate trial."""
+    cfg = tiny_cfg("noised_topk", epochs=3)
+    seeds = [0, 1, 2]
+    fused = fit_array(cfg, seeds)
+    assert len({member["best_epoch"] for member in fused}) > 1
+    for seed, member in zip(seeds, fused):
+        assert differences(separate_trial("noised_topk", "mlp", seed, epochs=3), member) <= 1e-9
+
+
+def test_members_with_their_own_data_draw_and_evaluate_one_by_one(monkeypatch):
+    """Members that do not share their splits (data that depends on the seed) draw their
+    batches under their own random states and are evaluated one by one: still their trials."""
+    import setvalued.fused as fused_module
+
+    monkeypatch.setattr(fused_module, "seed_free", lambda data: False)
+    cfg = tiny_cfg("noised_topk", "densenet_bc")
+    array = fused_module.Array(resolve_config(cfg), [0, 1])
+    assert array.gather is None and array.predict("val") is None
+    for seed, member in zip((0, 1), fit_array(cfg, [0, 1])):
+        assert differences(separate_trial("noised_topk", "densenet_bc", seed), member) <= 1e-9
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_compile_model_on_an_array_equals_its_seeds_eager_trials(model, monkeypatch):
+    """``compile: model`` on an array compiles the stacked model's forward passes (here with
+    dynamo's aot_eager backend on the CPU: capture, functionalisation of BatchNorm's in-place
+    statistics and the autograd graphs, without inductor's code generation): each member still
+    equals its separate eager trial, and the array leaves no compiled graph behind."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from setvalued import compiled_step
+    from setvalued.fused import Array
+
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return lookup_backend("aot_eager")(graph, example_inputs)
+
+    monkeypatch.setattr(compiled_step, "backend", counting)
+    cfg = {**tiny_cfg("noised_topk", model), "compile": "model"}
+    array = Array(resolve_config(cfg), [0, 1])
+    assert array.step.compiled
+    results = array.run()
+    assert graphs and not array.step.compiled  # compiled while it ran, released at its end
+    for seed, member in zip((0, 1), results):
+        assert differences(separate_trial("noised_topk", model, seed), member) <= 1e-9
+
+
+def test_members_sharing_an_in_memory_split_read_a_steps_batches_in_one_gather():
+    """Data held in memory (``placement: loader``, no workers, no transform): the members' batches
+    of a step are one gather of their orders, and each member is still its trial."""
+    from setvalued.fused import Array
+
+    cfg = tiny_cfg("noised_topk")
+    cfg["data"]["placement"] = "loader"
+    array = Array(resolve_config(cfg), [0, 1])
+    assert array.members[0].on_device is None and array.gather is not None
+    for seed, member in zip((0, 1), array.run()):
+        assert differences(fit(cfg, seed), member) <= 1e-9

@@ -84,11 +84,11 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
     tuned = write_study(tmp_path, "tuned", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
                         objective={"metric": "val/top3"}, design=[OPTUNA_BLOCK])
     assert load_study(tuned).optuna_blocks and load_study(tuned).resources.seeds_per_trial == 2
-    # compile: model is not fused, with or without a scheduler
+    # compile: model compiles an array's stacked model (tests/test_fused.py), with or without a
+    # scheduler: accepted
     for path in (write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}),
                  raced, tuned):
-        with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model"):
-            load_study(path, overrides=("base.compile=model",))
+        assert load_study(path, overrides=("base.compile=model",)).resources.seeds_per_trial == 2
     with pytest.raises(StudyError, match=r"seeds_per_trial"):
         load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
 
@@ -101,16 +101,13 @@ OPTUNA_BLOCK = {"kind": "optuna", "n_configs": 3, "sampler": "random", "sampler_
 
 
 @pytest.mark.parametrize("values", [["none", "model"], {"choice": ["none", "model"]}])
-def test_a_design_block_sweeping_compile_is_refused_at_seeds_per_trial(tmp_path, values):
-    """compile set per config by a grid or a random block's choice, not only by a variant."""
+def test_a_design_block_sweeping_compile_is_accepted_at_seeds_per_trial(tmp_path, values):
+    """compile set per config by a grid or a random block's choice, not only by a variant: an
+    array compiles its stacked model, so nothing is refused."""
     kind = "grid" if isinstance(values, list) else "random"
     block = {"kind": kind, "parameters": {"compile": values}, **({"n_configs": 2} if kind == "random" else {})}
     path = write_study(tmp_path, "swept", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, design=[block])
-    with pytest.raises(StudyError, match=r"resources\.seeds_per_trial.*compile: model \(swept by design\[0\]\)"):
-        load_study(path)
-    only_none = {"kind": "grid", "parameters": {"compile": ["none"]}}
-    fine = write_study(tmp_path, "fine", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, design=[only_none])
-    assert load_study(fine).resources.seeds_per_trial == 2
+    assert load_study(path).resources.seeds_per_trial == 2
 
 
 @pytest.mark.slow

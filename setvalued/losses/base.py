@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, ContextManager, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -47,11 +48,82 @@ class SetValuedLoss(nn.Module):
             return per_sample.sum()
         return per_sample
 
+    #: whether the loss is the batch mean of per-example terms, each a function of its own
+    #: example's row alone, with no random draw, no indices and no parameters of its own: then
+    #: ``member_losses`` computes the N members of a fused array in one call on N x B rows
+    samplewise: bool = False
+
+    #: whether the loss's random draws (if any) come from torch's generators alone, not from
+    #: Python's ``random`` or NumPy's: a fused array then swaps in only its members' torch states
+    draws_torch_only: bool = False
+
+    def member_losses(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None,
+                      draws: Sequence[ContextManager]) -> torch.Tensor:
+        """The losses (N,) of the N members of a fused array (``setvalued.fused_step``) from
+        their stacked outputs (N, B, ...), targets (N, B, ...) and indices (N, B): entry i is
+        what ``self(output[i], targets[i], indices[i])`` gives under ``draws[i]`` (the context
+        of member i's random state, its separate trial's).
+
+        By default one call per member (``loop_member_losses``). A ``samplewise`` loss with
+        ``reduction="mean"`` makes one call on the N x B examples with ``reduction="none"`` and
+        averages each member's B values (the same terms; the mean rounds alike up to the last
+        bit). A loss overrides this where its draws can be made per member and the rest fused
+        (the noised top-K losses)."""
+        if not (fusion_declared(type(self), "samplewise") and self.reduction == "mean"):
+            return loop_member_losses([self] * len(draws), output, targets, indices, draws)
+        members, batch = targets.shape[:2]
+        flat = TwoHeadOutput(*(t.flatten(0, 1) for t in output)) if isinstance(output, TwoHeadOutput) \
+            else output.flatten(0, 1)
+        self.reduction = "none"
+        try:
+            values = self(flat, targets.flatten(0, 1), None if indices is None else indices.flatten(0, 1))
+        finally:
+            self.reduction = "mean"
+        return values.view(members, batch).mean(dim=1)
+
     def prediction_scores(self, output: Any) -> torch.Tensor:
         """The (B, L) scores that metrics rank."""
         if isinstance(output, TwoHeadOutput):
             return output.sccp
         return output
+
+
+def fusion_declared(cls: type, name: str) -> bool:
+    """Whether ``cls``'s fusion attribute ``name`` (``samplewise``, ``draws_torch_only``,
+    ``member_losses``) holds for its loss: true where it is declared by the class that defines
+    the loss's ``forward`` (and ``per_sample``) or by a subclass of it, so that a subclass that
+    overrides the loss's computation (a plugin deriving from ``ce``) is not fused on its
+    parent's word."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return bool(vars(klass)[name])
+        if "forward" in vars(klass) or "per_sample" in vars(klass):
+            return False
+    return False
+
+
+def member_slices(output: Any) -> list[Any]:
+    """Every member's slice of a stacked output (N, B, ...), cut in one operation per tensor
+    (``unbind``: its backward is one ``stack``, where N slices would add N gradients)."""
+    if isinstance(output, TwoHeadOutput):
+        return [TwoHeadOutput(*parts) for parts in zip(*(t.unbind(0) for t in output))]
+    return list(output.unbind(0))
+
+
+def loop_member_losses(losses: Sequence["SetValuedLoss"], output: Any, targets: torch.Tensor,
+                       indices: torch.Tensor | None, draws: Sequence[ContextManager]) -> torch.Tensor:
+    """``SetValuedLoss.member_losses`` one member at a time: member i's loss ``losses[i]`` on
+    its slice, under ``draws[i]``; a member whose draw context is None (a member that has
+    failed) is not computed (its entry is 0, without gradient)."""
+    values = []
+    for i, (loss, mine) in enumerate(zip(losses, member_slices(output))):
+        if draws[i] is None:
+            values.append(torch.zeros((), device=targets.device))
+            continue
+        with draws[i]:
+            values.append(loss(mine, targets[i], None if indices is None else indices[i]))
+    dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
+    return torch.stack([v.to(dtype) for v in values])
 
 
 def fixed_shapes(values: torch.Tensor) -> bool:

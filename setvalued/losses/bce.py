@@ -54,6 +54,8 @@ def bce_loss(scores: torch.Tensor, targets: Any) -> torch.Tensor:
 class BCELoss(SetValuedLoss):
     """Binary cross-entropy over the classes, [Gar23] eq. 6.3 (module docstring)."""
 
+    samplewise = True
+
     def __init__(self, reduction: str = "mean"):
         super().__init__(reduction)
 

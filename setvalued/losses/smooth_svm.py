@@ -259,6 +259,8 @@ class SmoothTopKSVM(SetValuedLoss):
     note S-N1).
     """
 
+    samplewise = True
+
     def __init__(self, k: int = 5, tau: float = 1.0, alpha: float = 1.0, hard_switch: bool = False,
                  num_classes: int | None = None, reduction: str = "mean"):
         super().__init__(reduction)

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from setvalued.losses.base import SetValuedLoss, register_loss
+from setvalued.losses.base import SetValuedLoss, fusion_declared, loop_member_losses, register_loss
 from setvalued.losses.topk_operator import (  # noqa: F401 (re-exported)
     PRUNING_FAILURE_PROBABILITY, _check_bool, _check_float, _check_int, _check_k_for_classes,
     _check_noise, _check_targets, _perturbed_kth_largest, _score_tensor, _select_kth_largest,
-    _working_dtype, smooth_kth_largest,
+    _working_dtype, draws_every_class, smooth_kth_largest,
 )
 
 __all__ = [
@@ -157,6 +157,8 @@ class _MarginLoss(SetValuedLoss):
 class CrossEntropy(SetValuedLoss):
     """Cross-entropy ``-log softmax(s)_y`` ([Gar23] Table 4.1)."""
 
+    samplewise = True
+
     def __init__(self, reduction: str = "mean"):
         super().__init__(reduction)
 
@@ -173,6 +175,8 @@ class Focal(SetValuedLoss):
     docs/papers.md, erratum T-E2: [Gar23] Table 4.1 ([GSJS22] Table 1) prints
     ``(1 - log[CE])^gamma``; the standard form is implemented, without alpha-balancing.
     """
+
+    samplewise = True
 
     def __init__(self, gamma: float = 2.0, reduction: str = "mean"):
         super().__init__(reduction)
@@ -199,6 +203,8 @@ class LDAM(_MarginLoss):
     DRW re-weighting (docs/papers.md, erratum T-E16). Expects cosine scores (``NormedLinear``;
     docs/papers.md, note T-N4).
     """
+
+    samplewise = True
 
     head = "normed"
 
@@ -253,6 +259,8 @@ class _TopKLoss(SetValuedLoss):
 class HingeTopK(_TopKLoss):
     """Top-K hinge ``(1 + (s without y)_[k] - s_y)_+`` ([LHS15]; [Gar23] eq. 4.4)."""
 
+    samplewise = True
+
     k_reason = "the k-th largest of the L - 1 non-target scores must exist"
 
     def __init__(self, k: int = 5, num_classes: int | None = None, reduction: str = "mean"):
@@ -272,6 +280,8 @@ class ConvexHingeTopK(_TopKLoss):
 
     [Gar23] Table 4.1 (the "top-K SVM^alpha" of [LHS15] with margin 1).
     """
+
+    samplewise = True
 
     k_reason = "top-K with K = L is trivially correct"
 
@@ -294,6 +304,8 @@ class CalibratedHingeTopK(_TopKLoss):
     note T-N2).
     """
 
+    samplewise = True
+
     def __init__(self, k: int = 5, num_classes: int | None = None, reduction: str = "mean"):
         super().__init__(reduction)
         self._init_k(k, num_classes)
@@ -306,6 +318,36 @@ class CalibratedHingeTopK(_TopKLoss):
 # --------------------------------------------------------------------------------------
 # The noised top-K losses (thesis eq. 4.10 and 4.13)
 # --------------------------------------------------------------------------------------
+
+def _noised_member_losses(loss, output: Any, targets: torch.Tensor, indices: torch.Tensor | None,
+                          draws: Sequence[Any], margin_of) -> torch.Tensor:
+    """``member_losses`` of the noised top-K losses: where the draw is one ``randn(B, M, L)``
+    per call whatever the scores (:func:`draws_every_class`), each member draws it under its own
+    random state, exactly as its separate trial's call would, and one ``_NoisedHinge`` serves
+    the N x B examples; elsewhere (the pruned CPU path, whose draw's shape depends on the scores
+    of the batch) one call per member."""
+    if (loss.reduction != "mean" or not fusion_declared(type(loss), "member_losses")
+            or not isinstance(output, torch.Tensor) or output.dim() != 3
+            or not draws_every_class(output, loss.k + 1, loss.epsilon, loss.n_samples, loss.exact)):
+        return loop_member_losses([loss] * len(draws), output, targets, indices, draws)
+    members, batch, num_classes = output.shape
+    scores, flat_targets = loss._scores_and_targets(output.flatten(0, 1), targets.flatten(0, 1))
+    noise = None
+    if loss.epsilon != 0.0:
+        shape = (batch, loss.n_samples, num_classes)
+        parts = []
+        for draw in draws:  # a failed member (None) draws nothing: its rows get zeros
+            if draw is None:
+                parts.append(scores.new_zeros(shape))
+                continue
+            with draw:
+                parts.append(torch.randn(shape, dtype=scores.dtype, device=scores.device))
+        noise = torch.stack(parts).view(members * batch, loss.n_samples, num_classes)
+    margin, scale = margin_of(scores, flat_targets)
+    values = _NoisedHinge.apply(scores, flat_targets, margin, loss.k + 1, loss.epsilon, loss.n_samples, scale,
+                                noise, True)
+    return values.view(members, batch).mean(dim=1)
+
 
 @register_loss("noised_topk")
 class NoisedTopK(_TopKLoss):
@@ -350,6 +392,11 @@ class NoisedTopK(_TopKLoss):
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
 
+    draws_torch_only = True
+
+    def member_losses(self, output, targets, indices, draws):
+        return _noised_member_losses(self, output, targets, indices, draws, lambda scores, targets: (1.0, 1.0))
+
 
 @register_loss("noised_topk_imbalanced")
 class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
@@ -388,3 +435,9 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
 
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
+
+    draws_torch_only = True
+
+    def member_losses(self, output, targets, indices, draws):
+        return _noised_member_losses(self, output, targets, indices, draws,
+                                     lambda scores, targets: (self._target_margins(scores, targets), self.scale))

@@ -277,6 +277,21 @@ def _gather_kept(values: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor,
     return kept_values.scatter_(1, slot, values)[:, 1:], kept_labels.scatter_(1, slot, labels)[:, 1:]
 
 
+def _may_prune(k: int, num_classes: int, n_samples: int) -> bool:
+    """Whether :func:`_pruned_candidates` may prune at all: not when k > L / 8 (the candidates
+    would be a large share of few classes) nor when M L < 500 (the draw is cheap)."""
+    return 8 * k <= num_classes and n_samples * num_classes >= _PRUNING_MIN_DRAWS
+
+
+def draws_every_class(scores: torch.Tensor, k: int, epsilon: float, n_samples: int, exact: bool) -> bool:
+    """Whether :func:`_perturbed_kth_largest` on ``scores`` (B, L) draws its noise as one
+    ``randn(B, M, L)`` (or none, at epsilon 0), a shape that does not depend on the scores'
+    values: with ``exact``, off the CPU or under ``torch.compile``
+    (:func:`~setvalued.losses.base.fixed_shapes`), or where pruning cannot apply. A fused array
+    then draws each member's noise under its own random state and computes the rest at once."""
+    return epsilon == 0.0 or exact or fixed_shapes(scores) or not _may_prune(k, scores.shape[-1], n_samples)
+
+
 def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: int
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Scores (B, R) and class indices (B, R) of the classes that can reach the top k.
@@ -297,8 +312,8 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     the cut and compacted at once (no ``nonzero`` and no indexed writes over B x L).
     """
     batch, num_classes = flat.shape
-    if 8 * k > num_classes or n_samples * num_classes < _PRUNING_MIN_DRAWS:
-        return None  # the candidates would be a large share of few classes, or the draw is cheap
+    if not _may_prune(k, num_classes, n_samples):
+        return None
     reach = epsilon * _pruning_window(k, num_classes, n_samples)
     low = flat.amin(dim=1)  # (torch.aminmax is ten times slower than amin and amax on CPU)
     spread = flat.amax(dim=1).sub_(low)  # NaN on a row holding a NaN (amax and amin propagate it)

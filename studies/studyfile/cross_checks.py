@@ -142,7 +142,6 @@ def check_study(study: Study) -> None:
                                     "every seed; racing (seeds: {initial, max}) needs a fixed set of "
                                     "configs: expected a seed list, or no optuna block"))
 
-    problems.extend(_fused_array_problems(study, configs))
 
     # report and reference: variant names exist; curve x is a swept path
     swept = {p for b in study.design for p in b.parameter_paths}
@@ -199,30 +198,6 @@ def check_study(study: Study) -> None:
                                         f"{row.variant!r}; expected one of: {', '.join(names)}"))
     if problems:
         raise Problems(problems)
-
-
-def _fused_array_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
-    """What ``resources.seeds_per_trial`` > 1 (a config's seeds fused into one model) does not
-    support: ``compile: model`` is not fused. (Early stopping, ASHA and Optuna's pruners stop an
-    array as a whole; racing runs each round of seeds as arrays.)"""
-    if study.resources.seeds_per_trial == 1:
-        return []
-    where = ("resources", "seeds_per_trial")
-    problems = []
-    for name, config in configs.items():
-        if config.get("compile", "none") != "none":
-            problems.append(Problem(where, f"compile: {config['compile']} is not supported in a fused array "
-                                           f"(variant {name!r}); expected 1, or compile: none"))
-            break
-    for i, block in enumerate(study.design):  # a design block may set compile per config
-        values = (getattr(block, "parameters", None) or {}).get("compile")
-        values = getattr(values, "bounds", values) or []  # a grid's list, or a choice's
-        swept = [v for v in values if v != "none"]
-        if swept:
-            problems.append(Problem(where, f"compile: {swept[0]} (swept by design[{i}]) is not supported in "
-                                           f"a fused array; expected 1, or compile: none"))
-            break
-    return problems
 
 
 def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
