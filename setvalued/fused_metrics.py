@@ -17,44 +17,25 @@ import math
 import torch
 
 from setvalued.metrics import label_rank
-from setvalued.train_metrics import _FOLD_EVERY_ELEMENTS, _FOLD_EVERY_STEPS, NonFiniteLossError
+from setvalued.train_metrics import NonFiniteLossError, RunningTrainMetrics
 
 
-class FusedRunningMetrics:
-    """``RunningTrainMetrics`` of ``members`` members that train together."""
+class FusedRunningMetrics(RunningTrainMetrics):
+    """``RunningTrainMetrics`` of ``members`` members that train together: what a step adds
+    is stacked along a leading members axis (``add``: losses (N,), scores (N, B, L), labels
+    (N, B)), and every counter holds one entry per member."""
+
+    batch_dim = 1
 
     def __init__(self, epoch: int, ks: list[int], device: torch.device, members: int):
-        self.epoch, self.ks, self.members = epoch, ks, members
-        self.loss_values: list[list[float]] = [[] for _ in range(members)]
-        self.batch_sizes: list[int] = []
-        self.losses: list[torch.Tensor] = []  # the steps not folded yet, (N,) each
-        self.scores: list[torch.Tensor] = []
-        self.targets: list[torch.Tensor] = []
-        self.gradients: list[torch.Tensor] = []
-        self.pending_elements = 0
-        self.ks_tensor = torch.tensor(ks, dtype=torch.int64, device=device)
+        super().__init__(epoch, ks, device)
+        self.members = members
+        self.loss_values: list[list[float]] = [[] for _ in range(members)]  # type: ignore[assignment]
         self.hits = torch.zeros(members, len(ks), dtype=torch.int64, device=device)
         self.nonzero = torch.zeros(members, dtype=torch.int64, device=device)
         self.active = torch.zeros(members, dtype=torch.int64, device=device)
-        self.grad_examples = 0
         #: per member, the error that stopped it (its loss went non-finite), else None
         self.errors: list[NonFiniteLossError | None] = [None] * members
-
-    def add(self, losses: torch.Tensor, scores: torch.Tensor | None, targets: torch.Tensor) -> None:
-        """One fused step: the members' losses (N,), the stacked watched scores (N, B, L) (None
-        when there are none) with their ``.grad``, and the labels (N, B)."""
-        self.losses.append(losses.detach())
-        self.batch_sizes.append(targets.shape[1])
-        if scores is not None and self.ks:
-            self.scores.append(scores.detach())
-            self.targets.append(targets)
-            self.pending_elements += scores.numel()
-        if scores is not None and scores.grad is not None:
-            self.gradients.append(scores.grad)
-            self.grad_examples += scores.grad.shape[1]
-            self.pending_elements += scores.grad.numel()
-        if len(self.losses) >= _FOLD_EVERY_STEPS or self.pending_elements >= _FOLD_EVERY_ELEMENTS:
-            self.fold()
 
     def fold(self) -> None:
         """Check the pending losses of every member, then count the pending batches' hits and
@@ -88,7 +69,10 @@ class FusedRunningMetrics:
             else:
                 self.loss_values[i].extend(values)
 
-    def summary(self, member: int, num_examples: int) -> dict[str, float]:
+    def summary(self, num_examples: int) -> dict[str, float]:
+        raise TypeError("a fused array's running metrics are per member: use .of(member).summary(n)")
+
+    def member_summary(self, member: int, num_examples: int) -> dict[str, float]:
         """Member ``member``'s epoch metrics, per training example, as ``RunningTrainMetrics``
         gives them; raises its ``NonFiniteLossError`` if its loss went non-finite."""
         self.fold()
@@ -119,4 +103,4 @@ class MemberMetrics:
         self.fused, self.member = fused, member
 
     def summary(self, num_examples: int) -> dict[str, float]:
-        return self.fused.summary(self.member, num_examples)
+        return self.fused.member_summary(self.member, num_examples)

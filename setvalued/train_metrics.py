@@ -65,6 +65,9 @@ class RunningTrainMetrics:
     against the label), as ``metrics.topk_hits`` does.
     """
 
+    #: the axis of the examples in what a step adds (0; a fused array's stacked members: 1)
+    batch_dim = 0
+
     def __init__(self, epoch: int, ks: list[int], device: torch.device):
         self.epoch, self.ks = epoch, ks
         self.loss_values: list[float] = []  # the losses read back, checked finite
@@ -84,14 +87,14 @@ class RunningTrainMetrics:
         """One training step: its loss, the watched scores (None when there are none) with
         their ``.grad`` filled by the backward pass, and the labels."""
         self.losses.append(loss.detach())
-        self.batch_sizes.append(targets.shape[0])
+        self.batch_sizes.append(targets.shape[self.batch_dim])
         if scores is not None and self.ks:
             self.scores.append(scores.detach())
             self.targets.append(targets)
             self.pending_elements += scores.numel()
         if scores is not None and scores.grad is not None:
             self.gradients.append(scores.grad)
-            self.grad_examples += scores.grad.shape[0]
+            self.grad_examples += scores.grad.shape[self.batch_dim]
             self.pending_elements += scores.grad.numel()
         if len(self.losses) >= _FOLD_EVERY_STEPS or self.pending_elements >= _FOLD_EVERY_ELEMENTS:
             self.fold()
