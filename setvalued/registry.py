@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 from setvalued.params import Param
 
 __all__ = ["Declaration", "Entry", "Refusal", "PluginError", "KINDS", "GROUPS", "entries", "entry",
-           "refusals", "refusal_note", "section_fields", "plugin_parameters", "load_factory", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
+           "refusals", "refusal_note", "section_fields", "plugin_parameters", "load_factory", "run_check", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
            "distribution_source", "clear_cache"]
 
 #: kind -> entry-point group
@@ -72,12 +72,17 @@ class Declaration:
     a model: ``build(*, input_shape, **parameters) -> nn.Module`` (the backbone: it maps a batch
     to (B, D) features and has ``out_features = D``; the head the loss needs is added on top).
     ``num_classes``: a data set's number of classes when it is fixed (for the K < L checks).
+    ``check`` (data sets only, optional): ``"module:attribute"`` of ``check(**parameters)``, the
+    driver's preflight before the first trial starts (as the built-ins' data folders are
+    checked): it raises ``ValueError`` or ``OSError`` saying what is missing or wrong, cheaply
+    (it should not load the data).
     """
 
     parameters: Mapping[str, Param]
     factory: str
     doc: str = ""
     num_classes: Optional[int] = None
+    check: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class Entry:
     distribution: Optional[str] = None
     version: Optional[str] = None
     entry_point: str = ""
+    check: Optional[str] = None
 
     @property
     def builtin(self) -> bool:
@@ -154,6 +160,10 @@ def _check_declaration(kind: str, name: str, declared: Any, builtin: Mapping[str
         return f"the name {name!r} is not an identifier (letters, digits, _)"
     if not isinstance(declared.factory, str) or ":" not in declared.factory:
         return f"factory must be 'module:attribute', got {declared.factory!r}"
+    if declared.check is not None and (kind != "dataset" or not isinstance(declared.check, str)
+                                       or ":" not in declared.check):
+        return (f"check must be None or a data set's 'module:attribute', got {declared.check!r}" if kind == "dataset"
+                else f"check is a data set's preflight; a {kind} plugin may not declare one")
     for key, param in declared.parameters.items():
         if not isinstance(param, Param):
             return f"parameter {key!r} is declared by a {type(param).__name__}, expected a setvalued.params.Param"
@@ -195,7 +205,8 @@ def _discover() -> tuple[dict[str, dict[str, Entry]], tuple[Refusal, ...]]:
                 refused.append(Refusal(kind, point.name, dist_name, version, where, reason))
                 continue
             registered[point.name] = Entry(point.name, kind, dict(declared.parameters), declared.factory,
-                                           declared.doc, declared.num_classes, dist_name, version, where)
+                                           declared.doc, declared.num_classes, dist_name, version, where,
+                                           declared.check)
         found[kind] = registered
     return found, tuple(refused)
 
@@ -259,20 +270,26 @@ def _taken(obj: Callable) -> tuple[set[str], bool]:
     return names, any(v.kind is inspect.Parameter.VAR_KEYWORD for v in params.values())
 
 
+def _import(item: Entry, path: str) -> Any:
+    """The object at ``"module:attribute"`` ``path`` of ``item``'s code."""
+    module, _, attribute = path.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except Exception as err:  # noqa: BLE001
+        raise PluginError(f"{item.kind} {item.name!r} ({item.origin}): its code {path!r} failed to import: "
+                          f"{type(err).__name__}: {err}") from err
+    return obj
+
+
 @functools.lru_cache(maxsize=None)
 def _load(kind: str, name: str) -> Callable:
     item = entry(kind, name)
     if item is None or item.factory is None:
         raise ValueError(f"{kind} {name!r} has no code to build it (a built-in data set's builder is a line "
                          "of setvalued.registry.BUILTIN_DATASET_BUILDERS)")
-    module, _, attribute = item.factory.partition(":")
-    try:
-        obj = importlib.import_module(module)
-        for part in attribute.split("."):
-            obj = getattr(obj, part)
-    except Exception as err:  # noqa: BLE001
-        raise PluginError(f"{kind} {name!r} ({item.origin}): its code {item.factory!r} failed to import: "
-                          f"{type(err).__name__}: {err}") from err
+    obj = _import(item, item.factory)
     if item.builtin:
         return obj
     try:
@@ -311,6 +328,20 @@ def load_factory(kind: str, name: str) -> Callable:
     """The code of a registered entry, imported on first use and checked against its declared
     parameters (:class:`PluginError` naming the distribution and entry point otherwise)."""
     return _load(kind, name)
+
+
+def run_check(item: Entry, parameters: Mapping[str, Any]) -> Optional[str]:
+    """What a plugin data set's preflight (``Declaration.check``) finds wrong with its data for
+    ``parameters``, or None (also when it declares none); its code failing to import is a
+    :class:`PluginError`."""
+    if item.check is None:
+        return None
+    check = _import(item, item.check)
+    try:
+        check(**parameters)
+    except (ValueError, OSError) as err:
+        return str(err) or type(err).__name__
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -89,6 +89,95 @@ def broken(tmp_path, monkeypatch) -> Path:
     registry.clear_cache()
 
 
+FILE_DECLARATIONS = '''
+from setvalued.params import Param
+from setvalued.registry import Declaration
+
+POINTS = Declaration({"path": Param("str", "points.csv", "a CSV file of x0,x1,label rows")},
+                     "file_plugin.code:build", check="file_plugin.code:check")
+BAD_CHECK = Declaration({}, "file_plugin.code:build", check="file_plugin.missing:check")
+LOSS_WITH_CHECK = Declaration({}, "file_plugin.code:build", check="file_plugin.code:check")
+'''
+
+FILE_CODE = '''
+import os
+
+import torch
+
+from setvalued.data import DataSplits, TensorSplit, counts_of
+
+CHECKED = []
+
+
+def check(path):
+    CHECKED.append(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file {path!r}; expected a CSV of x0,x1,label rows")
+
+
+def build(*, seed, path="points.csv"):
+    rows = [line.split(",") for line in open(path).read().split()]
+    x = torch.tensor([[float(a), float(b)] for a, b, _ in rows])
+    y = torch.tensor([int(c) for _, _, c in rows])
+    counts = counts_of(y, 3)
+    splits = [TensorSplit(x, y, num_classes=3, class_counts=counts, class_names=["a", "b", "c"], split=s)
+              for s in ("train", "val", "test")]
+    return DataSplits(*splits, num_classes=3, class_counts=counts, class_names=["a", "b", "c"], input_shape=(2,))
+'''
+
+
+@pytest.fixture()
+def file_plugin(tmp_path, monkeypatch) -> Path:
+    """A data set plugin that reads a file and declares a preflight of it."""
+    site = tmp_path / "site"
+    plugin_dists.write_dist(site, "file-plugin", "0.3", {
+        "setvalued.datasets": {"points": "file_plugin.declarations:POINTS",
+                               "bad_check": "file_plugin.declarations:BAD_CHECK"},
+        "setvalued.losses": {"loss_with_check": "file_plugin.declarations:LOSS_WITH_CHECK"},
+    }, {"file_plugin": {"__init__.py": "", "declarations.py": FILE_DECLARATIONS, "code.py": FILE_CODE}})
+    plugin_dists.activate(site, monkeypatch)
+    yield site
+    registry.clear_cache()
+
+
+def test_a_plugin_data_sets_preflight_runs_before_the_first_trial(file_plugin, tmp_path):
+    """``Declaration.check`` is the driver's preflight of a plugin's data, as the built-ins'
+    folders are checked: a missing file is refused before Ray or MLflow starts (exit 2, one
+    line naming the data set, its distribution and the plugin's own message); a check that
+    does not import is refused by name; only data sets may declare one."""
+    from studies.running.preconditions import data_layouts
+
+    refused = {r.name: r.reason for r in registry.refusals()}
+    assert "data set's preflight" in refused["loss_with_check"]
+    missing = tmp_path / "nowhere.csv"
+    problems = data_layouts([{"name": "points", "path": str(missing), "num_workers": 0, "placement": "auto"},
+                             {"name": "bad_check", "num_workers": 0, "placement": "auto"}])
+    assert problems[0] == (f"data set 'points' (file-plugin 0.3, entry point setvalued.datasets:points): no file "
+                           f"{str(missing)!r}; expected a CSV of x0,x1,label rows")
+    assert problems[1].startswith("plugin dataset 'bad_check' (file-plugin 0.3") and "failed to import" in problems[1]
+    points = tmp_path / "points.csv"
+    points.write_text("\n".join(f"{i % 3},{i % 5},{i % 3}" for i in range(30)))
+    assert data_layouts([{"name": "points", "path": str(points), "num_workers": 0, "placement": "auto"}]) == []
+
+    study = tmp_path / "study.yaml"
+    study.write_text(f"name: pts\nbase: {{data: {{name: points, path: {missing}}}, model: {{name: mlp, hidden_dim: 4}}, "
+                     f"loss: {{name: ce}}, epochs: 1, device: cpu, eval: {{ks: [1, 2], selection: val/top2}}}}\n"
+                     f"seeds: [0]\n")
+    proc = subprocess.run([sys.executable, "-m", "studies.cli", "run", str(study), "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "data set 'points' (file-plugin 0.3" in proc.stderr and "no file" in proc.stderr
+    assert "starting a local Ray" not in proc.stderr + proc.stdout
+    # with the file there the study trains
+    study.write_text(study.read_text().replace(str(missing), str(points)))
+    from setvalued.train import fit
+    from studies.studyfile.spec import load_study
+    from studies.studyfile.configs import design_configs
+
+    (config,), _ = design_configs(load_study(study))
+    assert 0.0 <= fit(config.config, seed=0)["test"]["top1"] <= 1.0
+
+
 def _refusal(name: str) -> registry.Refusal:
     return next(r for r in registry.refusals() if r.name == name)
 

@@ -68,7 +68,14 @@ def check_layout(data_config: dict[str, Any]) -> None:
     first trial starts; cheap for the official sets (no image or pickle is read); image_folder
     decodes every image and arrays reads the labels (their own files, bounded: docs/read-back.md).
     Synthetic data: nothing.
-    A data set that will be downloaded (``download: true``) is not checked."""
+    A data set that will be downloaded (``download: true``) is not checked. A plugin's data set
+    runs the preflight its declaration names (``Declaration.check``), if any."""
+    item = registry.entry("dataset", data_config.get("name"))
+    if item is not None and not item.builtin:
+        problem = registry.run_check(item, registry.plugin_parameters(item, data_config, DATA_DEFAULTS))
+        if problem is not None:
+            raise DataLayoutError(f"data set {item.name!r} ({item.origin}): {problem}")
+        return
     cfg = {**DATA_DEFAULTS, **data_config}
     name, root = cfg["name"], cfg.get("root")
     if name in ("image_folder", "arrays"):  # their files are read (bounded), then decoded or checked
