@@ -149,23 +149,26 @@ def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path, per_tri
 
 
 def _raced_study(folder: Path, name: str) -> Path:
-    """A race of two configs that train alike (they differ in the evaluation batch size
-    alone: tied on every seed, both race to max) on seeds initial 2, step 2, max 4, two seeds
-    a trial: each config's rounds [0, 1] and [2, 3] as one fused array each."""
+    """A race of a clearly worse config (it learns nothing in 3 epochs) and two configs that
+    train alike (they differ in the evaluation batch size alone: tied on every seed, both race
+    to max) on seeds initial 3, step 2, max 5, two seeds a trial: a config's rounds as the
+    arrays [0, 1] [2] and [3, 4]."""
     path = folder / f"{name}.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: {name}
         base:
-          data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 1600,
+          data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 1200,
                   val_size: 60, test_size: 60, form: features, feature_dim: 8}}
           model: {{name: mlp, hidden_dim: 32}}
           loss: {{name: ce}}
           optim: {{lr: 0.05, batch_size: 8, milestones: []}}
-          epochs: 4
+          epochs: 3
           eval: {{ks: [1, 3], selection: val/top1}}
           device: cpu
-        design: {{kind: grid, parameters: {{eval.batch_size: [32, 64]}}}}
-        seeds: {{initial: 2, max: 4, step: 2, until: {{metric: test/top1}}}}
+        design:
+          - {{kind: grid, parameters: {{optim.lr: [0.001]}}}}
+          - {{kind: grid, parameters: {{eval.batch_size: [32, 64]}}}}
+        seeds: {{initial: 3, max: 5, step: 2, until: {{metric: test/top1}}}}
         resources: {{cpus: 1, seeds_per_trial: 2}}
         max_concurrent: 1
         checkpoint_interval_s: 0
@@ -199,25 +202,28 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
     output = tmp_path / "out"
     db = output / name / "mlflow.db"
     path = _raced_study(tmp_path, name)
-    # stopped while the first array of the second round ([2, 3] of a config) is mid-way: the
-    # resume rebuilds the race from the first round's values and continues that array
+    # stopped while the first array of a second round ([3, 4] of a twin) is mid-way, the worse
+    # config decided: the resume rebuilds the race from the first rounds' values and the
+    # recorded decision, and continues that array
     text = _run_and_stop(path, output, tmp_path / "driver.log",
-                         lambda run: int(run["tags"]["studies.seed"]) >= 2)
+                         lambda run: int(run["tags"]["studies.seed"]) >= 3)
     assert f"terminated by SIGTERM; `studies resume {name}`" in text
     cells = _runs(db, "cell")
     assert [run for run in cells + _runs(db, "parent") if run["status"] == "RUNNING"] == []
     stopped = {run["tags"]["studies.cell_id"]: run["id"] for run in cells
                if run["tags"].get("studies.status") != "finished"}
     assert len(stopped) == 2 and all(run["status"] == "KILLED" for run in cells if run["id"] in stopped.values())
+    decided = [run for run in cells if "studies.race" in run["tags"]]  # the worse config, before the stop
+    assert [json.loads(run["tags"]["studies.race"])["state"] for run in decided] == ["worse than best"]
 
     _resume(name, output)
     cells, parents = _runs(db, "cell"), _runs(db, "parent")
     assert all(run["status"] == "FINISHED" for run in cells + parents), cells + parents
     ids = [run["tags"]["studies.cell_id"] for run in cells]
-    assert len(ids) == len(set(ids)) == 8, sorted(ids)  # no cell run twice
+    assert len(ids) == len(set(ids)) == 13, sorted(ids)  # no cell run twice
     by_id = {run["tags"]["studies.cell_id"]: run for run in cells}
     assert {cell_id: by_id[cell_id]["id"] for cell_id in stopped} == stopped  # continued in their runs
-    assert all(run["tags"]["studies.status"] == "finished" and run["epochs"] == 4 for run in cells)
+    assert all(run["tags"]["studies.status"] == "finished" and run["epochs"] == 3 for run in cells)
     assert all("studies.stop_reason" not in run["tags"] for run in cells + parents)
 
     # the uninterrupted study: each member its seed's separate trial, the race's rule on them
@@ -225,14 +231,14 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
     expanded = {c.cell_id: c for c in expand(study)}
     alone = {cell_id: fit(c.config, c.seed)["test"] for cell_id, c in expanded.items()}
     configs = list(dict.fromkeys(c.config_id for c in expanded.values()))
-    race = SeedRace(configs, study.seed_list, 2, 2)
+    race = SeedRace(configs, study.seed_list, 3, 2)
     run_race(race, lambda config_id, seed: alone[f"{config_id}-s{seed}"]["top1"])
     expected = {c: (race.status(c).state, race.status(c).seeds) for c in configs}
-    assert sorted(expected.values()) == [("max seeds reached", 4)] * 2
+    assert sorted(expected.values()) == [("max seeds reached", 5)] * 2 + [("worse than best", 3)]
     decisions = {run["tags"]["studies.config_id"]: json.loads(run["tags"]["studies.race"])
                  for run in cells if "studies.race" in run["tags"]}
     assert {c: (d["state"], d["seeds"]) for c, d in decisions.items()} == expected
-    assert sorted(ids) == sorted(expanded)
+    assert sorted(ids) == sorted(f"{c}-s{seed}" for c, (_, n) in expected.items() for seed in study.seed_list[:n])
     for cell_id, run in by_id.items():
         found = _final_metrics(db, run["id"], "test/")
         for key, value in alone[cell_id].items():
