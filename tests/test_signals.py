@@ -2,8 +2,8 @@
 cell runs its trials left RUNNING and the parent run end KILLED in MLflow with the reason;
 `studies resume` then continues them; the same for every member run of a fused array in
 flight (issue 35, ``resources.seeds_per_trial``), and a fused race resumed mid-round ends with
-the decisions and cells of the uninterrupted one. `studies stop` (`ray job stop`) gives a submitted
-driver the time to do so.
+the decisions and cells of the uninterrupted one. `studies stop` (`ray job stop`) gives a
+submitted driver the time to do so.
 
 The study runs as a real `python -m studies.cli` process on a local Ray, its MLflow store a
 real SQLite file (one Ray run, shared with the resume).
@@ -149,10 +149,11 @@ def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path, per_tri
 
 
 def _raced_study(folder: Path, name: str) -> Path:
-    """A race of a clearly worse config (it learns next to nothing in 7 epochs) and two configs that
-    train alike (they differ in the evaluation batch size alone: tied on every seed, both race
-    to max) on seeds initial 3, step 2, max 5, two seeds a trial: a config's rounds as the
-    arrays [0, 1] [2] and [3, 4]."""
+    """A race of a clearly worse config (it learns next to nothing in 7 epochs) and two
+    configs that train alike (they differ in the evaluation batch size alone: tied on every
+    seed, both race to max) on seeds initial 3, step 2, max 5, two seeds a trial: a config's
+    rounds as the arrays [0, 1] [2] and [3, 4]; 7 epochs of 300 steps leave a stop ~1 s to
+    find a cell mid-way."""
     path = folder / f"{name}.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: {name}
@@ -232,21 +233,27 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
     # on one thread, as a trial of `cpus: 1` (float32 sums in another order pick other epochs)
     study = load_study(path)
     expanded = {c.cell_id: c for c in expand(study)}
+    alone: dict[str, dict] = {}  # the cells the rule asks for -> their separate trial's test
+
+    def value(config_id: str, seed: int) -> float:
+        cell = expanded[f"{config_id}-s{seed}"]
+        alone[cell.cell_id] = fit(cell.config, cell.seed)["test"]
+        return alone[cell.cell_id]["top1"]
+
+    configs = list(dict.fromkeys(c.config_id for c in expanded.values()))
+    race = SeedRace(configs, study.seed_list, 3, 2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        alone = {cell_id: fit(c.config, c.seed)["test"] for cell_id, c in expanded.items()}
+        run_race(race, value)
     finally:
         torch.set_num_threads(threads)
-    configs = list(dict.fromkeys(c.config_id for c in expanded.values()))
-    race = SeedRace(configs, study.seed_list, 3, 2)
-    run_race(race, lambda config_id, seed: alone[f"{config_id}-s{seed}"]["top1"])
     expected = {c: (race.status(c).state, race.status(c).seeds) for c in configs}
     assert sorted(expected.values()) == [("max seeds reached", 5)] * 2 + [("worse than best", 3)]
     decisions = {run["tags"]["studies.config_id"]: json.loads(run["tags"]["studies.race"])
                  for run in cells if "studies.race" in run["tags"]}
     assert {c: (d["state"], d["seeds"]) for c, d in decisions.items()} == expected
-    assert sorted(ids) == sorted(f"{c}-s{seed}" for c, (_, n) in expected.items() for seed in study.seed_list[:n])
+    assert sorted(ids) == sorted(alone)  # the cells raced: those of the uninterrupted race
     for cell_id, run in by_id.items():
         found = _final_metrics(db, run["id"], "test/")
         for key, value in alone[cell_id].items():
