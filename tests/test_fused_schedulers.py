@@ -11,6 +11,8 @@ separate trials' values; the median rule written out on the seed means Optuna wa
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 
 import numpy as np
@@ -22,6 +24,20 @@ from studies.running.estimate import fused_trials
 from studies.studyfile.spec import load_study
 from tests.test_fused_runner import OPTUNA_BLOCK, cell
 from tests.test_runner import child_runs, options, write_study
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one thread, as a trial of ``cpus: 1`` runs: a reference ``fit`` on more threads
+    sums in another order, and over a few epochs may select another epoch."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def raced_study(tmp_path, name: str, lrs, per_trial: int, initial=3, max_seeds=6, step=2, epochs=2,
@@ -204,7 +220,8 @@ def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(local_r
                        design=[{"kind": "grid", "parameters": {"optim.lr": [0.001, 0.1]}}, twin])
     study = load_study(path)
     cells = {c.cell_id: c for c in expand(study)}
-    alone = {cell_id: fit(c.config, c.seed)["test"] for cell_id, c in cells.items()}
+    with one_thread():
+        alone = {cell_id: fit(c.config, c.seed)["test"] for cell_id, c in cells.items()}
     # the unfused race: the rule on the separate trials' values
     configs = list(dict.fromkeys(c.config_id for c in cells.values()))
     race = SeedRace(configs, study.seed_list, 3, 2)
@@ -327,7 +344,8 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_
         for seed, run in ((int(r.data.tags["studies.seed"]), r) for r in runs):
             # each member equals its seed's separate trial, cut where its config stopped
             assert len(curves[seed]) == done
-            separate = fit({**config, "epochs": done}, seed)
+            with one_thread():
+                separate = fit({**config, "epochs": done}, seed)
             for key, value in separate["test"].items():
                 assert run.data.metrics[f"test/{key}"] == pytest.approx(value, abs=1e-6), (trial.number, seed, key)
     assert [t.state for t in trials].count(optuna.trial.TrialState.PRUNED) >= 1, [t.params for t in trials]

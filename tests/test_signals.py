@@ -193,8 +193,6 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
     own runs, one cell run per (config, seed) raced, each equal to its seed's separate trial
     (the uninterrupted array's member, issue 35), and the race's decisions those of the rule
     on the separate trials' values."""
-    import torch
-
     from setvalued.train import fit
     from studies.cells.space import expand
     from studies.scheduling.racing import SeedRace
@@ -242,12 +240,10 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
 
     configs = list(dict.fromkeys(c.config_id for c in expanded.values()))
     race = SeedRace(configs, study.seed_list, 3, 2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    from tests.test_fused_schedulers import one_thread
+
+    with one_thread():
         run_race(race, value)
-    finally:
-        torch.set_num_threads(threads)
     expected = {c: (race.status(c).state, race.status(c).seeds) for c in configs}
     assert sorted(expected.values()) == [("max seeds reached", 5)] * 2 + [("worse than best", 3)]
     decisions = {run["tags"]["studies.config_id"]: json.loads(run["tags"]["studies.race"])
