@@ -3,7 +3,7 @@
 ``data.root`` is one ``.npz`` file, or a folder holding ``train.npz`` and optionally ``val.npz``
 and ``test.npz``; a missing ``val`` or ``test`` is held out of the training arrays,
 ``val_fraction`` / ``test_fraction`` of every class, seeded by ``split_seed``
-(``common.stratified_holdout``, as image_folder).
+(``common.held_out_parts``, as image_folder).
 
 - ``x`` (N, D): vectors, for the MLP. ``x`` (N, H, W): one-channel images. ``x`` (N, C, H, W) or
   (N, H, W, C) (``layout``; auto: the axis of size 1 or 3): images, for the CNNs, served as
@@ -42,10 +42,9 @@ from setvalued.data.common import (
     channel_statistics,
     counts_of,
     declared_settings,
+    held_out_parts,
     layout_error,
-    mix_seed,
     standardized,
-    stratified_holdout,
 )
 
 SPLITS = ("train", "val", "test")
@@ -248,15 +247,9 @@ def _same_example_shape(files: dict[str, str], per_split: dict[str, tuple[int, .
 
 
 def _held_out(files: dict[str, str], y_train: np.ndarray, v: dict[str, Any]) -> dict[str, np.ndarray]:
-    missing = {s: v[f"{s}_fraction"] for s in ("val", "test") if s not in files}
-    if not missing:
-        return {}
-    parts = stratified_holdout(y_train, missing, mix_seed(v["split_seed"], _SPLIT_STREAM))
-    for split in missing:
-        if not len(parts[split]):
-            raise DataLayoutError(f"data.{split}_fraction={missing[split]} holds out no example of "
-                                  f"{files['train']!r} (too few per class); add {split}.npz or raise it")
-    return parts
+    return held_out_parts(y_train, files, v, _SPLIT_STREAM, lambda split, fraction: DataLayoutError(
+        f"data.{split}_fraction={fraction} holds out no example of {files['train']!r} (too few per "
+        f"class); add {split}.npz or raise it"))
 
 
 def _as_inputs(path: str, x: np.ndarray, layout: str) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -185,6 +185,23 @@ def stratified_holdout(labels: np.ndarray, fractions: dict[str, float], seed: in
             start += q
         parts["train"].append(members[start:])
     return {name: np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for name, p in parts.items()}
+
+
+def held_out_parts(labels: np.ndarray, present: Any, settings: dict[str, Any], stream: int,
+                   refuse: Callable[[str, float], Exception]) -> dict[str, np.ndarray]:
+    """The indices into the training labels of the splits held out of them, one for each of
+    ``val`` and ``test`` absent from ``present`` (its share ``settings["<split>_fraction"]``,
+    seeded by ``settings["split_seed"]`` and the data set's ``stream``), and of what stays in
+    ``train``; {} when both are present. ``refuse(split, fraction)`` is the error raised when a
+    held-out split would get no example."""
+    missing = {s: settings[f"{s}_fraction"] for s in ("val", "test") if s not in present}
+    if not missing:
+        return {}
+    parts = stratified_holdout(labels, missing, mix_seed(settings["split_seed"], stream))
+    for split, fraction in missing.items():
+        if not len(parts[split]):
+            raise refuse(split, fraction)
+    return parts
 
 
 def channel_statistics(x: torch.Tensor, scale: float = 1.0, chunk: int = 1024

@@ -5,7 +5,7 @@
   ``test`` may hold only classes of ``train``. Every class folder holds at least one image.
 - Splits: a missing ``val`` or ``test`` is held out of ``train``, ``val_fraction`` /
   ``test_fraction`` of every class, by a permutation seeded by ``split_seed`` (not the trial
-  seed: every trial sees the same split; ``common.stratified_holdout``).
+  seed: every trial sees the same split; ``common.held_out_parts``).
 - Size: ``image_size: S`` resizes every image's shorter side to S and crops its centre to S x S
   (torchvision's Resize(S) + CenterCrop(S)); ``image_size: null`` keeps the images' own size,
   which must then be one size for all (32 x 32 PNGs train at 32 x 32, not at ImageNet's 224).
@@ -41,10 +41,9 @@ from setvalued.data.common import (
     channel_statistics,
     counts_of,
     declared_settings,
+    held_out_parts,
     layout_error,
-    mix_seed,
     standardized,
-    stratified_holdout,
 )
 from setvalued.data.device import BatchAugmentation
 
@@ -225,17 +224,11 @@ def image_shape(listing: Listing, image_size: int | None, augmentation: str) -> 
 def held_out_splits(listing: Listing, v: dict[str, Any]) -> dict[str, np.ndarray]:
     """The indices into the train folder's images of the splits held out of it (``val``, ``test``
     when their folder is absent) and of what stays in ``train``; {} when both folders exist."""
-    missing = {s: v[f"{s}_fraction"] for s in ("val", "test") if s not in listing.files}
-    if not missing:
-        return {}
-    parts = stratified_holdout(np.asarray(listing.files["train"][1]), missing,
-                               mix_seed(v["split_seed"], _SPLIT_STREAM))
-    for split in missing:
-        if not len(parts[split]):
-            raise layout_error(os.path.join(listing.root, "train"), f"data.{split}_fraction="
-                               f"{missing[split]} holds out no image (too few per class); add a {split} "
-                               "folder or raise the fraction", EXPECTED_LAYOUT)
-    return parts
+    return held_out_parts(np.asarray(listing.files["train"][1]), listing.files, v, _SPLIT_STREAM,
+                          lambda split, fraction: layout_error(
+                              os.path.join(listing.root, "train"), f"data.{split}_fraction={fraction} holds "
+                              f"out no image (too few per class); add a {split} folder or raise the fraction",
+                              EXPECTED_LAYOUT))
 
 
 def check_layout(cfg: dict[str, Any]) -> None:
