@@ -170,17 +170,23 @@ def test_too_small_a_share_of_train_is_refused_before_the_first_trial(tmp_path):
         check_layout({"name": "image_folder", "root": str(tmp_path)})
 
 
-def test_image_folder_trains_a_cnn_on_the_device_as_through_the_loader(tmp_path):
-    write_folder(tmp_path, {"train": {"a": 8, "b": 8}, "val": {"a": 2, "b": 2}, "test": {"a": 2, "b": 2}})
-    cfg = {"data": {"name": "image_folder", "root": str(tmp_path)}, "model": {"name": "small_cnn", "hidden_dim": 4},
-           "loss": {"name": "ce"}, "optim": {"lr": 0.1, "batch_size": 8, "milestones": []}, "epochs": 2,
-           "eval": {"ks": [1], "selection": "val/top1"}, "device": "cpu"}
+def assert_device_as_loader(cfg):
+    """``fit`` with the data held on the device and through a DataLoader: the same history (but
+    its timings) and the same test metrics."""
     results = []
     for placement in ("device", "loader"):
         cfg["data"]["placement"] = placement
         results.append(fit(cfg, 0))
     strip = [[{k: v for k, v in h.items() if not k.endswith("time_s")} for h in r["history"]] for r in results]
     assert strip[0] == strip[1] and results[0]["test"] == results[1]["test"]
+
+
+def test_image_folder_trains_a_cnn_on_the_device_as_through_the_loader(tmp_path):
+    write_folder(tmp_path, {"train": {"a": 8, "b": 8}, "val": {"a": 2, "b": 2}, "test": {"a": 2, "b": 2}})
+    cfg = {"data": {"name": "image_folder", "root": str(tmp_path)}, "model": {"name": "small_cnn", "hidden_dim": 4},
+           "loss": {"name": "ce"}, "optim": {"lr": 0.1, "batch_size": 8, "milestones": []}, "epochs": 2,
+           "eval": {"ks": [1], "selection": "val/top1"}, "device": "cpu"}
+    assert_device_as_loader(cfg)
 
 
 # -------------------------------------------------------------------------------------------
@@ -241,12 +247,7 @@ def test_arrays_train_an_mlp_on_the_device_as_through_the_loader(tmp_path):
     cfg = {"data": {"name": "arrays", "root": str(tmp_path / "v.npz")}, "model": {"name": "mlp", "hidden_dim": 8},
            "loss": {"name": "ce"}, "optim": {"lr": 0.1, "batch_size": 16, "milestones": []}, "epochs": 2,
            "eval": {"ks": [1, 3], "selection": "val/top3"}, "device": "cpu"}
-    results = []
-    for placement in ("device", "loader"):
-        cfg["data"]["placement"] = placement
-        results.append(fit(cfg, 0))
-    strip = [[{k: v for k, v in h.items() if not k.endswith("time_s")} for h in r["history"]] for r in results]
-    assert strip[0] == strip[1] and results[0]["test"] == results[1]["test"]
+    assert_device_as_loader(cfg)
 
 
 def _write(path, **arrays):
