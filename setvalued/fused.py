@@ -52,21 +52,12 @@ class FusionError(ValueError):
     """A config that cannot run as a fused array; the message names the model and the reason."""
 
 
-def config_problem(cfg: Mapping[str, Any]) -> str | None:
-    """Why a resolved config cannot be fused, read from the config alone (None: it can; every
-    config can today: float16 mixed precision depends on the GPU and is refused by ``Array``)."""
-    return None
-
-
 class Array:
     """N members of one config, one fused step."""
 
     def __init__(self, cfg: dict[str, Any], seeds: Sequence[int]):
         if len(seeds) < 1 or len(set(seeds)) != len(seeds):
             raise ValueError(f"a fused array needs distinct seeds, got {list(seeds)}")
-        reason = config_problem(cfg)
-        if reason:
-            raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {reason}")
         self.cfg = cfg
         first = Trial(cfg, int(seeds[0]))
         shared = first if seed_free(cfg["data"]) else None  # one copy of the splits for all members
@@ -312,15 +303,13 @@ def fusion_problem(models: Sequence[torch.nn.Module], trial: Trial) -> str | Non
 
 def probe_config(config: Mapping[str, Any]) -> str | None:
     """Why the trials of ``config`` cannot be fused, naming the model (None: they can): the
-    config's own refusals, then the one-batch probe (``fusion_problem``) on two copies of its
-    model, built from seed 0 with its data."""
+    one-batch probe (``fusion_problem``) on two copies of its model, built from seed 0 with its
+    data. (Every config can be fused as far as the config alone tells; float16 mixed precision
+    depends on the GPU and is refused by ``Array``.)"""
     cfg = resolve_config(config)
-    name = cfg["model"]["name"]
-    reason = config_problem(cfg)
-    if reason is None:
-        trial = Trial(cfg, 0)
-        reason = fusion_problem([trial.model, copy.deepcopy(trial.model)], trial)
-    return None if reason is None else f"model {name!r} cannot be fused: {reason}"
+    trial = Trial(cfg, 0)
+    reason = fusion_problem([trial.model, copy.deepcopy(trial.model)], trial)
+    return None if reason is None else f"model {cfg['model']['name']!r} cannot be fused: {reason}"
 
 
 def _total(output: Any) -> torch.Tensor:
