@@ -109,6 +109,8 @@ class FusedStep:
                                          foreach=True)
         #: one loss object may compute every member's loss (``interchangeable``)
         self.shared_loss = interchangeable(self.losses)
+        #: the losses draw from torch's generators alone: a member's draws swap in its torch states only
+        self.torch_only_draws = fusion_declared(type(self.losses[0]), "draws_torch_only")
         self.forward = vmap(self._forward_one, in_dims=(0, 0, 0))
         #: the members on one input batch (B, ...) that they share (evaluation)
         self.forward_shared = vmap(self._forward_one, in_dims=(0, 0, None))
@@ -171,8 +173,7 @@ class FusedStep:
         scores = watched_scores(output, self.losses[0])
         if scores is not None and scores.requires_grad:
             scores.retain_grad()
-        torch_only = fusion_declared(type(self.losses[0]), "draws_torch_only")
-        draws = [rng.active(torch_only) if alive else None for rng, alive in zip(random_states, live)]
+        draws = [rng.active(self.torch_only_draws) if alive else None for rng, alive in zip(random_states, live)]
         if self.shared_loss:
             losses = self.losses[0].member_losses(output, y, idx, draws)
         else:
