@@ -25,6 +25,7 @@ member when one overflows); ``fusion_problem`` names what stops a config.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -266,7 +267,29 @@ def fusion_problem(models: Sequence[torch.nn.Module], trial: Trial) -> str | Non
     """Why ``models`` cannot train as one fused model, from a one-batch probe on copies (None:
     they can, or the model fails on its own, which its trial reports): one training-mode
     forward and backward of each copy on a batch of ``trial``'s validation set, then of the
-    stacked copies, whose outputs and gradients must match (relative to their norm: 1e-3)."""
+    stacked copies, whose outputs and gradients must match (relative to their norm: 1e-3).
+    The probe runs in full float32 (no TensorFloat-32): on a GPU the stacked model's convolutions
+    are grouped ones that cuDNN rounds to TF32 differently from the separate model's, and over a
+    DenseNet's 40 layers TF32's 10-bit mantissa alone exceeds the tolerance (measured on an
+    H200: every DenseNet-BC array was refused)."""
+    with full_float32():
+        return _probe(models, trial)
+
+
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """float32 matrix products and convolutions without TensorFloat-32 while the block runs
+    (the settings in force before are restored)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _probe(models: Sequence[torch.nn.Module], trial: Trial) -> str | None:
     separate = [copy.deepcopy(m) for m in models]
     n = min(4, len(trial.data.val))
     x = next(iter(split_batches(trial.data.val, torch.arange(n), n, 0, trial.device, 0)))[0].to(trial.device)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import random
+import types
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -89,6 +90,7 @@ class FusedStep:
         config's ``compile: model``)."""
         self.cfg, self.device, self.losses, self.amp_dtype = cfg, device, list(losses), amp_dtype
         self.template = copy.deepcopy(models[0]).to("meta")
+        _norms_in_their_statistics_dtype(self.template)
         params, buffers = stack_module_state(list(models))
         #: stacked parameters and buffers, (N, ...) each, in the order of ``named_parameters``
         self.params = {name: p.detach().requires_grad_(models[0].get_parameter(name).requires_grad)
@@ -217,6 +219,28 @@ class FusedStep:
         optimizer: the model's trainable parameters, then its loss's."""
         stacked = [(p, True) for p in self.params.values() if p.requires_grad]
         return stacked + [(p, False) for p in self.losses[i].parameters() if p.requires_grad]
+
+
+def _norms_in_their_statistics_dtype(template: torch.nn.Module) -> None:
+    """Make every BatchNorm of the stacked model's ``template`` normalise its input in the
+    dtype of its running statistics (float32), the result cast back to the input's dtype.
+
+    Under CUDA autocast a BatchNorm is not cast: a separate model hands cuDNN a bfloat16 input
+    with float32 weight and statistics, which it accepts. Under ``vmap`` with stacked weights,
+    the batching rule calls ``native_batch_norm`` with the weight in the input's dtype and the
+    statistics in float32, a mix the CUDA kernel refuses ("Expected running_mean to have type
+    BFloat16 but got Float", measured on an H200). Normalising in float32 is what the kernels
+    compute inside anyway; the output keeps the separate model's dtype."""
+    for module in template.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.forward = types.MethodType(_norm_in_statistics_dtype, module)
+
+
+def _norm_in_statistics_dtype(self: torch.nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    reference = self.running_mean if self.running_mean is not None else self.weight
+    if reference is None or x.dtype == reference.dtype:
+        return type(self).forward(self, x)
+    return type(self).forward(self, x.to(reference.dtype)).to(x.dtype)
 
 
 def interchangeable(losses: Sequence[SetValuedLoss]) -> bool:

@@ -286,3 +286,78 @@ def test_members_sharing_an_in_memory_split_read_a_steps_batches_in_one_gather()
     assert array.members[0].on_device is None and array.gather is not None
     for seed, member in zip((0, 1), array.run()):
         assert differences(fit(cfg, seed), member) <= 1e-9
+
+
+def _cuda_accepts_batch_norm(args) -> bool:
+    """The CUDA kernel's rule for ``native_batch_norm``/``cudnn_batch_norm`` (input, weight,
+    bias, running mean, running var): every tensor of the input's dtype, or a bfloat16/float16
+    input with every other tensor in float32 (the mixed form cuDNN and the native kernel take)."""
+    inputs, *others = args[:5]
+    others = [t for t in others if isinstance(t, torch.Tensor)]
+    if all(t.dtype == inputs.dtype for t in others):
+        return True
+    return inputs.dtype in (torch.bfloat16, torch.float16) and all(t.dtype == torch.float32 for t in others)
+
+
+def test_a_fused_densenet_under_cuda_autocast_hands_batch_norm_dtypes_the_cuda_kernel_takes():
+    """Measured on an H200: under bfloat16 autocast the stacked DenseNet's BatchNorm reached the
+    kernel with bfloat16 weights and float32 statistics ("Expected running_mean to have type
+    BFloat16 but got Float"), and every array of the GPU check failed. On fake CUDA tensors the
+    real step's every batch_norm call is seen and checked against the kernel's dtype rule."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from setvalued.fused_step import FusedStep
+    from setvalued.gpu_audit import fake_cuda, fake_cuda_autocast
+    from setvalued.losses.topk import CrossEntropy
+    from setvalued.models import build_model
+
+    torch.set_default_dtype(torch.float32)  # the GPU's training dtype
+    calls = []
+
+    class BatchNormCalls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "batch_norm" in func.__name__ and "backward" not in func.__name__:
+                calls.append((func.__name__, args))
+            return func(*args, **(kwargs or {}))
+
+    cfg = resolve_config(tiny_cfg(model="densenet_bc"))
+    models = [build_model(cfg["model"], 8, (3, 32, 32)) for _ in range(2)]
+    step = FusedStep(cfg, torch.device("cpu"), models, [CrossEntropy(), CrossEntropy()], torch.bfloat16,
+                     compiled=False)
+    step.start_training()
+    with fake_cuda():
+        params = {k: v.detach().to("cuda").requires_grad_() for k, v in step.params.items()}
+        buffers = {k: v.to("cuda") for k, v in step.buffers.items()}
+        x = torch.randn(2, 4, 3, 32, 32, device="cuda")
+        with fake_cuda_autocast(), BatchNormCalls():
+            output = step.forward(params, buffers, x)
+    assert output.shape == (2, 4, 8)
+    assert len(calls) >= 5  # every BatchNorm of the DenseNet
+    refused = [(name, [t.dtype for t in args[:5] if isinstance(t, torch.Tensor)])
+               for name, args in calls if not _cuda_accepts_batch_norm(args)]
+    assert refused == []
+
+
+def test_the_fusion_probe_runs_in_full_float32_and_restores_tensor_float_32(monkeypatch):
+    """Measured on an H200: the probe refused every DenseNet-BC array ("its fused gradient
+    differs ... backbone.conv1.weight"): TensorFloat-32, on by default for cuDNN's
+    convolutions, rounds the stacked (grouped) convolutions apart from the separate ones by more
+    than the probe's 1e-3. The probe now runs without TF32 and leaves the settings as they were."""
+    seen = []
+
+    class Recording(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+            return self.inner(x)
+
+    trial = Trial(resolve_config(tiny_cfg()), 0)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    models = [Recording(copy.deepcopy(trial.model)) for _ in range(2)]
+    assert fusion_problem(models, trial) is None
+    assert seen and set(seen) == {(False, False)}
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
