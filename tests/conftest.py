@@ -15,12 +15,21 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+# Inductor keys the C++ it compiles by the generated code, not by ATen's CPU kernels: code built
+# under AVX-512 and reused in a run with ATEN_CPU_CAPABILITY=default fails to compile (its vector
+# headers are absent there). A run with a chosen capability gets a cache of its own (Ray's
+# workers inherit it).
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 _SERVER_START_TIMEOUT_S = 180.0  # a cold start on a loaded 2-core machine takes ~15-40 s
 

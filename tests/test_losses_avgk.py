@@ -48,6 +48,16 @@ def loop_candidates(sccp, targets, k):
     return {(i, j) for _, _, i, j in entries[: (k - 1) * batch]}
 
 
+def ranked_candidates(values, targets, k):
+    """(k-1)|B| largest of the given ``values`` (B, L) by a Python sort, labels excluded, ties by
+    flat position: the selection rule alone, on values computed once."""
+    batch, num_classes = values.shape
+    rows = values.tolist()
+    entries = sorted((-rows[i][j], i * num_classes + j, i, j) for i in range(batch) for j in range(num_classes)
+                     if j != int(targets[i]))
+    return {(i, j) for _, _, i, j in entries[: (k - 1) * batch]}
+
+
 def loop_two_head(sccp, ml, targets, k, alpha):
     """Returns (CE term, BCE term) as scalars built from per-entry operations."""
     batch, num_classes = ml.shape
@@ -141,14 +151,23 @@ def test_two_head_module_head_gradients_are_separated():
 @pytest.mark.parametrize("seed,batch,num_classes,k", [(0, 1, 5, 2), (1, 6, 10, 3), (2, 7, 4, 3), (3, 16, 30, 10)])
 @pytest.mark.parametrize("tied", [False, True])
 def test_candidate_and_negative_counts_are_exact(seed, batch, num_classes, k, tied):
+    """The partition's sizes, and the candidates are the (k-1)|B| largest entries with ties by
+    flat position. With tied logits, rows equal up to the order of their entries have softmax
+    values equal in exact arithmetic but not in floating point (a sum's rounding depends on the
+    order of its terms, and on the CPU's kernels: on an AVX2 machine the Python reference and
+    torch broke such "ties" apart differently). So the reference ranks the very values the loss
+    ranks (its log-softmax, handed in), and the independent Python softmax is the reference
+    only where the values are distinct by far more than a rounding (untied logits)."""
     sccp, _, targets = random_two_head(seed, batch, num_classes, tied=tied)
-    positive, candidate, negative = candidate_masks(sccp, targets, k)
+    log_probs = torch.log_softmax(sccp.detach(), dim=1)
+    positive, candidate, negative = candidate_masks(sccp, targets, k, log_probs=log_probs if tied else None)
     assert int(positive.sum()) == batch
     assert int(candidate.sum()) == (k - 1) * batch
     assert int(negative.sum()) == (num_classes - k) * batch
     assert not bool((positive & candidate).any() | (positive & negative).any() | (candidate & negative).any())
     assert bool((positive | candidate | negative).all())
-    assert {(i, j) for i, j in candidate.nonzero().tolist()} == loop_candidates(sccp.detach(), targets, k)
+    expected = ranked_candidates(log_probs, targets, k) if tied else loop_candidates(sccp.detach(), targets, k)
+    assert {(i, j) for i, j in candidate.nonzero().tolist()} == expected
     # mean |S(x_i)| over the batch is k (eq. 5.13)
     assert (positive | candidate).sum(1).double().mean().item() == pytest.approx(k)
 
