@@ -40,7 +40,7 @@ from analysis.results import StudyResults, swept_of
 from analysis.stats import epoch_curves, per_class_means, set_size_fractions
 
 _AVGK_METRIC = re.compile(r"^test/avg(?P<k>[0-9]+(?:\.[0-9]+)?)$")
-#: a test metric of a bin of classes by training images (`setvalued.metric_names` grammar)
+#: a test metric of a bin of classes by training images (`setvalued.metrics.names` grammar)
 _COUNT_BIN_METRIC = re.compile(r"^test/count_(?P<low>[0-9]+)_(?P<high>[0-9]+|inf)/"
                                r"(?P<base>(?:top|avg)[0-9]+)$")
 #: Configs of a learning-curve figure: bands of more than this many lines are a tangle.

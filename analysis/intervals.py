@@ -24,7 +24,7 @@ NOTE_DEGENERATE = "degenerate: all differences equal (no test)"
 _FRACTION_METRIC = re.compile(
     r"^(macro_)?(top|avg)\d+$"
     # the coverage of conformal sets (lac90, aps_class_avg5) and the multi-label precisions and
-    # recalls (prec5, rec5, rprec): setvalued.metric_names
+    # recalls (prec5, rec5, rprec): setvalued.metrics.names
     r"|^(macro_)?(lac|aps)(_class|_shot)?(\d+(\.\d+)?|_avg\d+)$|^(macro_)?(prec|rec)\d+$|^rprec$")
 
 

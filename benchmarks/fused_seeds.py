@@ -1,7 +1,7 @@
 """Seeds fused into one model (issue 35), on the CPU: what one member-step costs fused.
 
 For the quickstart's MLP and a small DenseNet-BC (depth 10, growth 12, on 3 x 32 x 32 synthetic
-images), for N = 1, 2, 4, 8 seeds of one config: N separate trials (``setvalued.train.Trial``,
+images), for N = 1, 2, 4, 8 seeds of one config: N separate trials (``setvalued.training.Trial``,
 each its own step) against one fused array of N members (``setvalued.fused.Array``), on the same
 batches. Per member-step (one member's forward, loss, backward and optimizer step, with its
 batch fetched and its running metrics):
@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from setvalued.fused import Array, fit_array  # noqa: E402
-from setvalued.train import Trial, fit, resolve_config  # noqa: E402
+from setvalued.training import Trial, fit, resolve_config  # noqa: E402
 
 #: the quickstart's MLP study (studies/catalog/quickstart.yaml) with the noised top-K loss
 MLP = {

@@ -7,7 +7,7 @@ packing measured the same day. Each arrangement runs in fresh processes of this 
 (``--worker``: its own CUDA context and memory), on CIFAR-100-shaped data in the official format
 (``gpu_throughput.write_cifar``) held on the device (``data.placement: device``), compile none:
 
-- ``trial``: one eager trial (``setvalued.train.Trial`` and its own step), the baseline;
+- ``trial``: one eager trial (``setvalued.training.Trial`` and its own step), the baseline;
 - ``fused N``: one array of the seeds 0..N-1 (``setvalued.fused.Array.train_steps``);
 - ``packed P``: P trial processes at once, whose timed windows start together.
 
@@ -67,7 +67,7 @@ def worker(args) -> dict:
 
     sys.path.insert(0, str(REPO))
     from setvalued.fused import Array
-    from setvalued.train import Trial, resolve_config
+    from setvalued.training import Trial, resolve_config
 
     torch.set_num_threads(args.threads)
     cfg = resolve_config(json.loads(args.config))

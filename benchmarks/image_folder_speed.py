@@ -78,7 +78,7 @@ def cells(spec: dict) -> list[tuple[dict, int]]:
 
 
 def time_fits(spec: dict) -> float:
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     start = time.perf_counter()
     for config, seed in cells(spec):

@@ -5,7 +5,7 @@ On a launch-bound GPU step every operator is one kernel launch of a few microsec
 number of launches is what a small loss costs there. Counted on the CPU, without a GPU:
 
 - **eager**: the aten operators of one forward+backward that launch a GPU kernel (views, bare
-  allocations and metadata excluded), counted by ``setvalued.gpu_audit.KernelCount`` on "meta"
+  allocations and metadata excluded), counted by ``tests.gpu_audit.KernelCount`` on "meta"
   tensors, which take the losses' GPU path (``fixed_shapes``);
 - **compiled**: what inductor generates for the loss under ``torch.compile(fullgraph=True)``
   on the CPU: its fused C++ kernels plus the library calls it leaves (``extern_kernels.*``,
@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from setvalued.gpu_audit import KernelCount  # noqa: E402
+from tests.gpu_audit import KernelCount  # noqa: E402
 from setvalued.losses import TwoHeadOutput, build_loss  # noqa: E402
 from setvalued.losses.parameters import LOSS_PARAMETERS  # noqa: E402
 

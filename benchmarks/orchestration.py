@@ -82,7 +82,7 @@ def sleep_fit(config, seed, on_epoch=None, checkpoint=None, *, seconds: float):
 
 
 def epoch_metrics(epoch: int) -> dict[str, float]:
-    """A realistic epoch's metrics (keys as setvalued.train reports them)."""
+    """A realistic epoch's metrics (keys as setvalued.training reports them)."""
     metrics = {"train/loss": 1.0 / (epoch + 1), "lr": 0.1, "epoch_time_s": 30.0,
                "eval_time_s": 2.0, "grad_nonzero": 5.0, "grad_nonzero_active": 5.5}
     for k in (1, 3, 5, 10):

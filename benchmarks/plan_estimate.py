@@ -1,5 +1,5 @@
 """The compute estimate of `studies plan` against the measured wall time of `studies run`,
-and the measurements behind the estimate's constants (`studies.running.estimate`).
+and the measurements behind the estimate's constants (`studies.planning.estimate`).
 
 For each study file: the estimate from a probe (no pilot), the wall time of
 `studies run FILE --no-report` in a fresh output folder (the process, start to end), then the

@@ -1,7 +1,7 @@
 """The trainer's per-batch bookkeeping: one epoch of ``fit`` against a bare training loop.
 
 Issue 14: on the quickstart model (studies/catalog/quickstart.yaml: a small MLP on the
-synthetic features), an epoch of ``setvalued.train`` may cost at most 10% more than a bare
+synthetic features), an epoch of ``setvalued.training`` may cost at most 10% more than a bare
 loop of forward, loss, backward and step over the same batches. The difference is what the
 trainer adds per batch: the running ``train/loss`` and ``train/top<k>``, ``grad_nonzero``
 (the score tensor's gradient kept and counted), the non-finite-loss check, autocast.
@@ -32,8 +32,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from setvalued.data.common import mix_seed  # noqa: E402
-from setvalued.train import Trial, resolve_config  # noqa: E402
-from setvalued.train_setup import split_batches  # noqa: E402
+from setvalued.training import Trial, resolve_config  # noqa: E402
+from setvalued.training import split_batches  # noqa: E402
 
 QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
 TARGET = 1.10  # issue 14: at most 10% over the bare loop

@@ -1,7 +1,7 @@
 """The trial config: every section's fields, declared once with their defaults and ranges.
 
 A trial config is a nested dict (docs/interfaces.md section 1, whose table is generated from
-these declarations and checked by a test). The trainer (``setvalued.train.resolve_config``),
+these declarations and checked by a test). The trainer (``setvalued.training.resolve_config``),
 the data and model builders and the study-file validation (``studies.studyfile.trial_config``) all read
 the declarations below; none keeps a copy of a default. Pure Python: no torch.
 
@@ -191,7 +191,7 @@ EVAL_FIELDS: dict[str, Param] = {
 }
 
 
-# the split-conformal baselines ([Gar23] §2.2.2; setvalued.conformal), evaluated on the test set
+# the split-conformal baselines ([Gar23] §2.2.2; setvalued.metrics.conformal), evaluated on the test set
 # of the selected checkpoint; declared apart from the fields above, all implicit (a config holds
 # them only when they differ from their defaults, so adding them changed no config_id)
 
@@ -231,7 +231,7 @@ def _device(value: Any) -> Any:
     raise ValueError("auto, cpu, cuda or cuda:<index>")
 
 
-#: ``compile``: eager, or the model and the loss under ``torch.compile`` (setvalued.compiled_step)
+#: ``compile``: eager, or the model and the loss under ``torch.compile`` (setvalued.training.compiled_step)
 COMPILE_MODES = ("none", "model")
 
 TOP_FIELDS: dict[str, Param] = {

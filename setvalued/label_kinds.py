@@ -4,11 +4,11 @@ Synthetic data with ``data.max_labels > 1`` give every example a set of labels (
 targets, ``setvalued.data.synthetic``); every other data set has one class per example. A
 multi-label config needs a loss that takes multi-hot targets (``MULTI_LABEL_LOSSES``: the
 sparse-top loss, [Gar23] eq. 6.25, and binary cross-entropy, eq. 6.3) and the multi-label
-metrics (``setvalued.metric_names``: ``prec<K>``, ``rec<K>``, ``rprec``); the top-K, average-K
+metrics (``setvalued.metrics.names``: ``prec<K>``, ``rec<K>``, ``rprec``); the top-K, average-K
 and conformal metrics are defined for one label per example only, so a single-label config
 selects on them and a multi-label one cannot. The multi-label losses also take class indices
 (|Y| = 1: the sparsemax loss, eq. 6.12, and one-vs-all BCE), so they are not refused on
-single-label data. The trainer (``setvalued.train.resolve_config``) and the study validation
+single-label data. The trainer (``setvalued.training.resolve_config``) and the study validation
 (``studies.studyfile.trial_config``) read the same rule. Pure Python.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from setvalued.config import conformal_enabled
 from setvalued.losses.parameters import MULTI_LABEL_LOSSES
-from setvalued.metric_names import is_multilabel_metric
+from setvalued.metrics import is_multilabel_metric
 
 __all__ = ["max_labels", "is_multi_label", "label_kind_problems"]
 

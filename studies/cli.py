@@ -305,7 +305,7 @@ def _add_show(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from studies.running.plan import PlanError, make_plan
+    from studies.planning.plan import PlanError, make_plan
     from studies.studyfile.spec import StudyError
 
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from analysis.published import published_text
-from setvalued.metric_names import check_metric
+from setvalued.metrics import check_metric
 from setvalued.paths import get_path
 from studies.studyfile.spec import load_study
 from studies.cells.space import expand, smoke_cells
@@ -631,7 +631,7 @@ def test_every_variant_trains_in_smoke_mode(path):
     below."""
     import torch
 
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     torch.set_num_threads(1)
     study, cells = loaded(path)
@@ -789,7 +789,7 @@ def test_conformal_studies_compare_every_method_at_the_average_k_sizes(name):
     tables show overall and few-shot coverage of average-K beside the size-matched sets, and
     every metric they name is one the trainer logs."""
     from setvalued.config import EVAL_FIELDS
-    from setvalued.metric_names import check_conformal_metric
+    from setvalued.metrics import check_conformal_metric
 
     study, cells = loaded(CATALOG / f"{name}.yaml")
     for cell in cells:

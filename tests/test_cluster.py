@@ -109,7 +109,7 @@ def test_exclude_matcher_agrees_with_rays_matcher():
 
 def test_stage_working_dir_ships_the_project_and_the_study(tmp_path):
     project = tmp_path / "project"
-    for rel in ["studies/spec.py", "setvalued/train.py", "studies_out/q/mlflow.db",
+    for rel in ["studies/spec.py", "setvalued/training/trial.py", "studies_out/q/mlflow.db",
                 ".git/HEAD", "benchmarks/out/r.json", "benchmarks/bench.py",
                 "notes/private.txt", "cluster/README.md", "cluster/mlflow/.env",
                 "cluster/mlflow/start.sh", "cluster/secrets/key.pem", "mlflow/.env.keep"]:
@@ -127,7 +127,7 @@ def test_stage_working_dir_ships_the_project_and_the_study(tmp_path):
     shipped = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*")
                      if p.is_file())
     assert shipped == ["_submitted/staged.yaml", "benchmarks/bench.py", "cluster/README.md",
-                       "cluster/mlflow/start.sh", "mlflow/.env.keep", "setvalued/train.py",
+                       "cluster/mlflow/start.sh", "mlflow/.env.keep", "setvalued/training/trial.py",
                        "studies/spec.py"]
     # installed project (no source tree): only the study file travels
     only = tmp_path / "only"

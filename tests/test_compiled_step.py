@@ -1,5 +1,5 @@
 """``compile: model`` in a warm worker and with the loss inside the compiled step (issue #34;
-setvalued.compiled_step), on the CPU with dynamo's ``eager`` backend (dynamo's capture, guards and
+setvalued.training.compiled_step), on the CPU with dynamo's ``eager`` backend (dynamo's capture, guards and
 cache as on a GPU, without inductor's slow CPU code generation):
 
 - 12 cells of three heads (linear, normed, two-head) and four losses, one after another in one
@@ -21,9 +21,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import setvalued.compiled_step as compiled_step
+import setvalued.training.compiled_step as compiled_step
 from setvalued.models import Classifier
-from setvalued.train import fit
+from setvalued.training import fit
 
 torch.set_num_threads(1)
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from setvalued.conformal import (
+from setvalued.metrics import (
     MatchedLevel,
     aps_scores,
     calibrate,

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from setvalued.conformal import ConformalMethod, conformal_metrics, split_calibration
-from setvalued.metric_names import check_metric
+from setvalued.metrics import ConformalMethod, conformal_metrics, split_calibration
+from setvalued.metrics import check_metric
 from setvalued.metrics import activate, calibrate_avgk_threshold, shot_groups
 
 torch.set_num_threads(1)
@@ -154,7 +154,7 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def fitted():
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     return fit(CONFIG, 0)
 
@@ -184,7 +184,7 @@ def test_fit_calibrates_on_its_split_of_validation_and_selects_on_the_rest(fitte
     calibration labels play no part in choosing the checkpoint."""
     from setvalued.data import build_datasets
     from setvalued.data.common import mix_seed
-    from setvalued.train import CONFORMAL_STREAM
+    from setvalued.training import CONFORMAL_STREAM
 
     data = build_datasets(CONFIG["data"], 0)
     calibration, rest = split_calibration(len(data.val), 0.5, mix_seed(0, CONFORMAL_STREAM))
@@ -212,7 +212,7 @@ def test_fit_coverage_is_at_least_the_level_within_a_binomial_tolerance(fitted):
 
 
 def test_conformal_settings_are_refused_with_the_field_named():
-    from setvalued.train import resolve_config
+    from setvalued.training import resolve_config
     from studies.studyfile.trial_config import validate_config
 
     base = {"loss": {"name": "ce"}, "model": {"name": "mlp"}}

@@ -18,7 +18,7 @@ from setvalued.data import DataLayoutError, build_datasets, check_layout
 from setvalued.data import arrays as arrays_module
 from setvalued.data import image_folder
 from setvalued.metrics import shot_groups
-from setvalued.train import fit
+from setvalued.training import fit
 
 torch.set_num_threads(1)
 

@@ -27,7 +27,7 @@ def test_docs_tables_equal_the_declarations(marker):
 
 
 def test_trainer_defaults_are_the_declared_ones():
-    from setvalued.train import DEFAULT_CONFIG, resolve_config
+    from setvalued.training import DEFAULT_CONFIG, resolve_config
 
     resolved = resolve_config({"loss": {"name": "ce"}})
     for section, fields in (("optim", OPTIM_FIELDS), ("eval", EVAL_FIELDS), ("model", MODEL_FIELDS)):

@@ -13,7 +13,7 @@ from scipy import stats
 
 from setvalued.data import cifar100
 from setvalued.data.device import DeviceSplit
-from setvalued.train import fit
+from setvalued.training import fit
 from tests.test_train import write_fake_cifar
 
 torch.set_num_threads(1)
@@ -192,7 +192,7 @@ def test_host_reads_per_epoch_do_not_grow_with_steps_or_evaluation_batches(monke
     assert reads_few > 0  # the counter sees the reads the trainer does make
     assert reads_many == reads_few
     # and it would see a read per step: folding the running metrics after every step does one
-    monkeypatch.setattr("setvalued.train_metrics._FOLD_EVERY_STEPS", 1)
+    monkeypatch.setattr("setvalued.training.running_metrics._FOLD_EVERY_STEPS", 1)
     assert _count_host_reads(monkeypatch, many) > reads_many + 2 * 30
 
 

@@ -118,7 +118,7 @@ def test_the_guarantees_numbers_are_the_codes():
 
 
 def test_the_experiment_size_in_the_architecture_is_the_codes():
-    from studies.running.session import MAX_TRIALS_PER_EXPERIMENT
+    from studies.cells.arrays import MAX_TRIALS_PER_EXPERIMENT
 
     text = " ".join((REPO / "docs" / "architecture.md").read_text(encoding="utf-8").split())
     assert f"at most {MAX_TRIALS_PER_EXPERIMENT:,} trials" in text
@@ -136,8 +136,8 @@ def test_the_progress_interval_in_the_commands_page_is_the_codes():
 
 def test_the_estimates_constants_in_the_planning_page_are_the_codes():
     """docs/planning.md's table of the estimate's constants lists every one of them with the
-    value `studies.running.estimate` holds."""
-    from studies.running import estimate
+    value `studies.planning.estimate` holds."""
+    from studies.planning import estimate
 
     text = (REPO / "docs" / "planning.md").read_text(encoding="utf-8")
     table = dict(re.findall(r"^\| `([A-Z_]+_S)` \| ([\d.]+) s \|", text, re.M))

@@ -59,9 +59,9 @@ def driver_holdings() -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_driver_holds_nothing_of_an_ended_part(local_ray, tmp_path, monkeypatch):
-    import studies.running.session as session
+    import studies.cells.arrays as arrays
 
-    monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
+    monkeypatch.setattr(arrays, "MAX_TRIALS_PER_EXPERIMENT", 2)
     study = {
         "name": "driver-memory", "description": "parts of two cells",
         "base": {"data": {"name": "synthetic", "num_classes": 20},

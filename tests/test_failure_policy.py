@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def failing_fit(config, seed, on_epoch=None, checkpoint=None, *, record: str, error: str, after_epochs: int):
     """Trains `after_epochs` epochs through the real trainer's callback, then raises `error`;
     appends one line per attempt to `record` (so the test counts the attempts)."""
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     with open(record, "a") as handle:
         handle.write(json.dumps({"pid": os.getpid(), "resumed": checkpoint is not None}) + "\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from setvalued.fused import FusionError, fit_array, fusion_problem
-from setvalued.train import NonFiniteLossError, Trial, fit, resolve_config
+from setvalued.training import NonFiniteLossError, Trial, fit, resolve_config
 
 LOSSES = {
     "ce": {"name": "ce"},
@@ -157,7 +157,7 @@ def test_a_member_whose_loss_goes_non_finite_fails_alone(monkeypatch):
 
 
 def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason(monkeypatch):
-    import setvalued.fused as fused_module
+    import setvalued.fused.array as fused_module
 
     monkeypatch.setattr(fused_module, "fusion_problem", lambda models, trial: "its reason")
     with pytest.raises(FusionError,
@@ -184,7 +184,7 @@ def test_members_share_one_copy_of_seed_free_splits():
     plugin's data (their builders take the seed) are not shared."""
     from setvalued.data import seed_free
     from setvalued.fused import Array
-    from setvalued.train_setup import resolve_config
+    from setvalued.training import resolve_config
 
     cfg = resolve_config({**tiny_cfg(), "data": {**tiny_cfg()["data"], "placement": "device"}})
     array = Array(cfg, [0, 1, 2])
@@ -238,7 +238,7 @@ def test_members_that_select_different_epochs_test_their_own_checkpoints():
 def test_members_with_their_own_data_draw_and_evaluate_one_by_one(monkeypatch):
     """Members that do not share their splits (data that depends on the seed) draw their
     batches under their own random states and are evaluated one by one: still their trials."""
-    import setvalued.fused as fused_module
+    import setvalued.fused.array as fused_module
 
     monkeypatch.setattr(fused_module, "seed_free", lambda data: False)
     cfg = tiny_cfg("noised_topk", "densenet_bc")
@@ -256,7 +256,7 @@ def test_compile_model_on_an_array_equals_its_seeds_eager_trials(model, monkeypa
     equals its separate eager trial, and the array leaves no compiled graph behind."""
     from torch._dynamo.backends.registry import lookup_backend
 
-    from setvalued import compiled_step
+    from setvalued.training import compiled_step
     from setvalued.fused import Array
 
     graphs = []
@@ -306,8 +306,8 @@ def test_a_fused_densenet_under_cuda_autocast_hands_batch_norm_dtypes_the_cuda_k
     real step's every batch_norm call is seen and checked against the kernel's dtype rule."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from setvalued.fused_step import FusedStep
-    from setvalued.gpu_audit import fake_cuda, fake_cuda_autocast
+    from setvalued.fused import FusedStep
+    from tests.gpu_audit import fake_cuda, fake_cuda_autocast
     from setvalued.losses.topk import CrossEntropy
     from setvalued.models import build_model
 

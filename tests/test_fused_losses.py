@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from setvalued.fused_step import RandomState, interchangeable
+from setvalued.fused.step import RandomState, interchangeable
 from setvalued.losses import TwoHeadOutput, build_loss
 from setvalued.losses.base import SetValuedLoss, loop_member_losses
 
@@ -115,11 +115,11 @@ def test_a_failed_member_is_not_computed_by_the_loop_and_losses_with_member_stat
 
 @pytest.mark.parametrize("case", ["ce", "smooth_topk_svm", "noised_topk", "noised_topk_pruned", "avgk_two_head"])
 def test_member_losses_add_no_host_synchronisation_on_the_gpu_path(case):
-    """On fake CUDA tensors (``setvalued.gpu_audit``) the members' losses in one call read
+    """On fake CUDA tensors (``tests.gpu_audit``) the members' losses in one call read
     nothing back on the host (on the GPU the noised draw has a fixed shape: the fused path)."""
     import contextlib
 
-    from setvalued.gpu_audit import SyncAudit, claim_cuda, fake_cuda
+    from tests.gpu_audit import SyncAudit, claim_cuda, fake_cuda
 
     params, classes, _ = CASES[case]
     loss = make_loss(params, classes)

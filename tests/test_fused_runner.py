@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from studies.cells.arrays import array_id, fused_arrays
-from studies.running.estimate import fused_trials
 from studies.studyfile.problems import StudyError
 from studies.studyfile.spec import load_study
 from tests.test_runner import child_runs, options, write_study
@@ -40,10 +39,6 @@ def test_a_configs_seeds_are_cut_into_arrays_the_rest_a_smaller_one():
     resumed = fused_arrays(cells[3:], 4, {"a-s1": 3, "a-s3": 3})
     assert [[c.seed for c in a] for a in resumed] == [[0, 2, 4], [1, 3]]
     assert [[c.seed for c in a] for a in fused_arrays(cells, 1)] == [[0], [1], [2], [0], [1], [2], [3], [4]]
-    # studies plan deals the same arrays to its slots
-    plan_cells = [cell("a", s) for s in range(5)] + [cell("b", s) for s in range(3)]
-    assert fused_trials(range(8), plan_cells, 2) == [[0, 1], [2, 3], [4], [5, 6], [7]]
-    assert fused_trials(range(3), plan_cells, 1) == [[0], [1], [2]]
 
 
 def test_a_later_versions_arrays_hold_its_version_qualified_cells(tmp_path):
@@ -114,7 +109,7 @@ def test_a_design_block_sweeping_compile_is_accepted_at_seeds_per_trial(tmp_path
 def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.cells.space import expand
     from studies.running.runner import run_study
 
@@ -157,7 +152,7 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
 
 
 def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(tmp_path, monkeypatch):
-    import setvalued.fused
+    import setvalued.fused.array
     from studies.running.runner import RunOptions, run_study
 
     path = write_study(tmp_path, "probed", lrs=[0.1], seeds=(0, 1, 2), resources={"cpus": 1, "seeds_per_trial": 2})
@@ -167,7 +162,7 @@ def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(t
     assert "as 2 fused arrays of up to 2 seeds (one trial each)" in stream.getvalue()
     # a model whose fused form fails the one-batch probe (as a forward pass with dropout does:
     # tests/test_fused.py) is refused before anything runs, at the field, with the reason
-    monkeypatch.setattr(setvalued.fused, "fusion_problem",
+    monkeypatch.setattr(setvalued.fused.array, "fusion_problem",
                         lambda models, trial: "RuntimeError: vmap: called random operation")
     with pytest.raises(StudyError) as refused:
         run_study(path, RunOptions(output=tmp_path / "out", dry_run=True, stream=io.StringIO()))

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from studies.cells.arrays import fused_arrays
-from studies.running.estimate import fused_trials
+from studies.planning.estimate import experiments
 from studies.studyfile.spec import load_study
 from tests.test_fused_runner import OPTUNA_BLOCK, cell
 from tests.test_runner import child_runs, options, write_study
@@ -79,8 +79,8 @@ def test_a_race_hands_out_each_round_of_a_config_as_arrays_the_rest_smaller(tmp_
     arrays = fused_arrays(cells, 2, round_of=race_rounds(study))
     assert [[c.seed for c in a] for a in arrays] == [[0, 1], [2], [3, 4], [5]] * 2
     assert race_rounds(load_study(write_study(tmp_path, "no-race", lrs=[0.1]))) is None
-    assert fused_trials(range(12), cells, 2, race_rounds(study)) == \
-        [[0, 1], [2], [3, 4], [5], [6, 7], [8], [9, 10], [11]]
+    assert experiments(cells, 2, race_rounds(study)) == \
+        [[[0, 1], [2], [3, 4], [5], [6, 7], [8], [9, 10], [11]]]
     # three seeds a round at two a trial: each round's rest is a smaller array of its own
     wide = load_study(raced_study(tmp_path, "race-wide", [0.1], per_trial=2, initial=3, max_seeds=9, step=3))
     assert [len(a) for a in fused_arrays(expand(wide), 2, round_of=race_rounds(wide))] == [2, 1, 2, 1, 2, 1]
@@ -156,8 +156,8 @@ def test_the_proposal_searcher_ends_each_member_of_an_array_with_its_own_run():
 def test_the_plan_counts_a_race_round_or_an_optuna_configs_seeds_as_arrays(tmp_path):
     """`studies plan`: an array is one trial slot training its cells (timed one after the other),
     a race's arrays cut by round, an optuna proposal's seeds (3: the rest smaller) as arrays."""
-    from studies.running.estimate import Timings, VariantTime, estimate, fused_trials
-    from studies.running.plan import planned_cells
+    from studies.planning.estimate import Timings, VariantTime, estimate
+    from studies.planning.plan import planned_cells
     from studies.scheduling.racing import race_rounds
 
     def planned(path, cpus):
@@ -172,7 +172,7 @@ def test_the_plan_counts_a_race_round_or_an_optuna_configs_seeds_as_arrays(tmp_p
     study, cells, est = planned(raced_study(tmp_path, "plan-race", [0.1], per_trial=2, max_seeds=4, step=1), 3)
     assert len(cells) == 4 and est.seeds_per_trial == 2 and est.slots == 3
     assert est.cell_seconds == pytest.approx(4 * 2 * 1.0 + 3 * 0.5)
-    assert fused_trials(range(4), cells, 2, race_rounds(study)) == [[0, 1], [2], [3]]
+    assert experiments(cells, 2, race_rounds(study)) == [[[0, 1], [2], [3]]]
     # an optuna block of 3 configs on 3 seeds: each config's seeds as [0, 1] [2]
     tuned = write_study(tmp_path, "plan-optuna", lrs=[0.1], seeds=(0, 1, 2), epochs=2,
                         resources={"cpus": 1, "seeds_per_trial": 2}, objective={"metric": "val/top3"},
@@ -180,7 +180,7 @@ def test_the_plan_counts_a_race_round_or_an_optuna_configs_seeds_as_arrays(tmp_p
     _, cells, est = planned(tuned, 1)
     assert len(cells) == 9 and est.experiments == 1 and est.slots == 1
     assert est.cell_seconds == pytest.approx(9 * 2 * 1.0 + 0.5)
-    assert [len(t) for t in fused_trials(range(9), cells, 2)] == [2, 1] * 3
+    assert [len(t) for part in experiments(cells, 2) for t in part] == [2, 1] * 3
     assert est.wall_s - est.start_up_s == pytest.approx(18.5)
 
 
@@ -209,7 +209,7 @@ def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(local_r
     decisions and seeds those of the unfused race (the rule on the separate trials' values)."""
     from mlflow import MlflowClient
 
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.cells.space import expand
     from studies.running.runner import run_study
     from studies.scheduling.racing import SeedRace
@@ -280,7 +280,7 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_
     import optuna
     from mlflow import MlflowClient
 
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.running.runner import run_study
 
     epochs = 3

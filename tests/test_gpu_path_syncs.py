@@ -1,4 +1,4 @@
-"""The GPU path without a GPU (issue #34; setvalued.gpu_audit): host synchronisations, each with
+"""The GPU path without a GPU (issue #34; tests.gpu_audit): host synchronisations, each with
 the project line that issued it, and kernel launches, counted on tensors that claim a device.
 
 - every registered loss: forward on FakeTensors on "cuda" (the CUDA branches of setitem and
@@ -29,12 +29,12 @@ import os
 import pytest
 import torch
 
-import setvalued.train as train
-from setvalued import gpu_audit
-from setvalued.gpu_audit import KernelCount, SyncAudit, claim_cuda, fake_cuda, fake_cuda_autocast
+import setvalued.training.trial as train
+from tests import gpu_audit
+from tests.gpu_audit import KernelCount, SyncAudit, claim_cuda, fake_cuda, fake_cuda_autocast
 from setvalued.losses import TwoHeadOutput, build_loss
 from setvalued.losses.parameters import LOSS_PARAMETERS
-from setvalued.train_metrics import to_float32
+from setvalued.training import to_float32
 from tests.test_train import write_fake_cifar
 
 NAMES = sorted(LOSS_PARAMETERS)
@@ -178,7 +178,7 @@ def test_training_steps_and_evaluation_batches_do_not_synchronise(tmp_path, monk
         # per pass: the order of the examples to the device, the scores back
         assert [(s.kind, s.where.split(":")[0]) for s in evaluation] == [
             ("blocking host-to-device copy", "setvalued/data/device.py"),
-            ("device-to-host copy", "setvalued/train_evaluation.py")], [str(s) for s in evaluation]
+            ("device-to-host copy", "setvalued/training/evaluation.py")], [str(s) for s in evaluation]
     assert few == many  # 2 or 10 steps, the same synchronisations: none per step
 
 
@@ -201,9 +201,9 @@ def test_epoch_preparation_copies_a_bounded_amount_once_per_epoch(tmp_path, monk
 def test_the_trainer_audit_sees_a_read_per_step(tmp_path, monkeypatch):
     """The same audit with the running metrics folded every step: a read per step."""
     write_fake_cifar(tmp_path, per_class=1)
-    monkeypatch.setattr("setvalued.train_metrics._FOLD_EVERY_STEPS", 1)
+    monkeypatch.setattr("setvalued.training.running_metrics._FOLD_EVERY_STEPS", 1)
     steps, _, _ = epoch_syncs(monkeypatch, _cifar_cfg(tmp_path, batch_size=6))
-    reads = [s for s in steps if s.where.startswith("setvalued/train_metrics.py:")]
+    reads = [s for s in steps if s.where.startswith("setvalued/training/running_metrics.py:")]
     assert len(reads) >= 10, [str(s) for s in steps]
 
 

@@ -17,7 +17,7 @@ FORBIDDEN = {
     "analysis": ("torch", "torchvision", "timm", "ray", "setvalued", "studies"),
 }
 #: modules of the libraries that must stay importable without torch (validation, --dry-run)
-TORCH_FREE = ("setvalued.params", "setvalued.config", "setvalued.paths", "setvalued.metric_names",
+TORCH_FREE = ("setvalued.params", "setvalued.config", "setvalued.paths", "setvalued.metrics.names",
               "setvalued.losses.parameters", "setvalued.reference_tables", "setvalued.label_kinds",
               "setvalued.registry")
 
@@ -77,7 +77,60 @@ def test_torch_free_modules_import_no_torch():
         assert not direct, f"{name} imports {direct}"
         for dep in graph[name]:
             if dep.startswith("setvalued"):
-                assert dep in TORCH_FREE or dep in ("setvalued", "setvalued.losses"), f"{name} imports {dep}"
+                # setvalued.metrics loads its modules on first use of a name (its __init__)
+                assert dep in TORCH_FREE or dep in ("setvalued", "setvalued.losses", "setvalued.metrics"), \
+                    f"{name} imports {dep}"
+
+
+@pytest.mark.parametrize("name", TORCH_FREE + ("setvalued.metrics", "studies.studyfile", "studies.cli"))
+def test_torch_free_modules_leave_torch_unimported_when_run(name):
+    """The same, by running the import: a fresh interpreter imports the module and torch is not
+    among its modules (a package's lazy names, such as setvalued.metrics's, included)."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {name}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", name
+
+
+#: the packages of setvalued whose modules are read through the package's public names
+#: (its __init__) from everywhere outside it
+PUBLIC_THROUGH_PACKAGE = ("setvalued.training", "setvalued.fused", "setvalued.metrics")
+
+
+def test_setvalueds_packages_are_imported_through_their_public_names():
+    """Outside setvalued.training, .fused and .metrics, the project imports what their
+    __init__ exports, not their modules (the modules are the packages' own business)."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            module = _module_name(path)
+            for imported in _imports(path):
+                for package in PUBLIC_THROUGH_PACKAGE:
+                    inner = imported.startswith(package + ".") and imported.count(".") == package.count(".") + 1
+                    if inner and not _matches(module, (package,)) and imported.rsplit(".", 1)[1] not in \
+                            _exported(package):
+                        bad.append(f"{module} imports {imported}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def _exported(package: str) -> set[str]:
+    """The names of a package's ``__all__`` (read from its source) and its modules' names."""
+    init = ROOT / package.replace(".", "/") / "__init__.py"
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            try:
+                names |= set(ast.literal_eval(node.value))
+            except ValueError:  # __all__ computed (setvalued.metrics: sorted of its table)
+                pass
+        if isinstance(node, ast.Dict) or isinstance(node, ast.Call):
+            for const in ast.walk(node):
+                if isinstance(const, ast.Constant) and isinstance(const.value, str):
+                    names.add(const.value)
+    return names
 
 
 def test_no_module_imports_one_that_imports_it_back():
@@ -121,7 +174,7 @@ def test_the_graph_sees_imports_inside_functions():
 
 #: the stage packages of `studies` (docs/architecture.md); the modules on top (cli, api,
 #: errors, readback, landscape) are not a package
-STAGES = ("studies.studyfile", "studies.cells", "studies.running", "studies.scheduling",
+STAGES = ("studies.studyfile", "studies.cells", "studies.scheduling", "studies.planning", "studies.running",
           "studies.tracking", "studies.cluster")
 
 
@@ -171,12 +224,11 @@ def test_the_study_file_package_imports_neither_torch_nor_ray():
     assert not bad, "\n".join(bad)
 
 
-#: project modules that these setvalued modules may import (docs/architecture.md): the GPU
-#: audit is a tool beside the training core, the compiled step sits below ``train_step`` (it
-#: shares the trainer's float32 cast, ``train_metrics.to_float32``)
+#: project modules that these setvalued modules may import (docs/architecture.md): the compiled
+#: step sits below ``training.step`` (it shares the trainer's float32 cast,
+#: ``training.running_metrics.to_float32``)
 NARROW = {
-    "setvalued.gpu_audit": (),
-    "setvalued.compiled_step": ("setvalued.losses", "setvalued.losses.base", "setvalued.train_metrics"),
+    "setvalued.training.compiled_step": ("setvalued.losses", "setvalued.losses.base", "setvalued.training.running_metrics"),
 }
 
 

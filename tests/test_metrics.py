@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from setvalued import metrics as M
+from setvalued.metrics import accuracy as M
 
 torch.set_num_threads(1)
 
@@ -339,7 +339,7 @@ def test_count_bin_metrics_match_brute_force(tied):
 
 
 def test_count_bins_partition_the_classes_and_name_the_table_3_1_bins():
-    from setvalued.metric_names import count_bins
+    from setvalued.metrics import count_bins
 
     counts = [3, 10, 11, 50, 51, 500, 501, 2000, 2001, 40000]
     groups = M.count_bin_groups(counts, [10, 50, 500, 2000])
@@ -357,7 +357,7 @@ def test_count_bins_partition_the_classes_and_name_the_table_3_1_bins():
 
 
 def test_count_bin_metric_names_are_checked_against_the_eval_section():
-    from setvalued.metric_names import check_metric
+    from setvalued.metrics import check_metric
 
     ev = {"ks": [1, 5], "avgk": [5], "count_bins": [10, 50, 500, 2000]}
     for name in ("test/count_0_10/top1", "test/count_2000_inf/top5", "val/count_10_50/avg5"):

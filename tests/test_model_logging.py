@@ -16,7 +16,7 @@ def test_the_selected_model_loads_from_mlflow_and_predicts_as_the_trainer(local_
     import mlflow.pytorch
     import torch
 
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.running.runner import run_study
     from studies.cells.space import expand
     from studies.studyfile.spec import load_study

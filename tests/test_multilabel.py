@@ -13,7 +13,7 @@ import torch
 
 from setvalued.data.synthetic import build
 from setvalued.losses import build_loss
-from setvalued.multilabel_metrics import label_ranks, multilabel_evaluate
+from setvalued.metrics import label_ranks, multilabel_evaluate
 
 torch.set_num_threads(1)
 
@@ -133,7 +133,7 @@ def test_multilabel_metrics_equal_direct_loops_with_ties():
 def test_multilabel_losses_train_on_multi_hot_targets(loss):
     """Both losses learn the labels: precision at 1 well above a random ranking's (the mean
     number of labels over L, about 2/16), and R-precision likewise."""
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     config = {"data": DATA, "model": {"name": "mlp", "hidden_dim": 64}, "loss": {"name": loss},
               "optim": {"lr": 0.1, "milestones": []}, "epochs": 8, "device": "cpu",
@@ -167,7 +167,7 @@ MULTI = {"data": {"name": "synthetic", "max_labels": 3}, "model": {"name": "mlp"
      "is a multi-label metric but the data have one label per example"),
 ])
 def test_label_kinds_are_checked_by_the_trainer_and_the_study(config, path, words):
-    from setvalued.train import resolve_config
+    from setvalued.training import resolve_config
     from studies.studyfile.trial_config import validate_config
 
     with pytest.raises(ValueError, match=rf"config {'.'.join(path)}: .*{words}"):

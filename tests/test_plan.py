@@ -1,4 +1,4 @@
-"""`studies plan` (studies.running.plan) and the report's "Power and cost" section.
+"""`studies plan` (studies.planning.plan) and the report's "Power and cost" section.
 
 Fast: the plan's pieces (ASHA's expected budget against a simulation of successive halving,
 the slots, the schedule with a fresh worker's warm-up, a pilot's times, the ledger's rows)
@@ -22,10 +22,10 @@ import pytest
 
 from analysis.collect import RunRecord
 from analysis.power import seeds_for_power
-from studies.running.estimate import (
+from studies.planning.estimate import (
     CELL_GAP_S, RUNNER_EPOCH_S, START_UP_S, Timings, VariantTime, estimate, pilot_times,
 )
-from studies.running.plan import (
+from studies.planning.plan import (
     asha_expected_epochs, ledger_rows, run_estimate_line, schedule_length, trial_slots,
 )
 from studies.running.run_options import RunOptions
@@ -87,16 +87,16 @@ def test_each_tune_experiment_starts_apart_with_its_own_warm_up(monkeypatch):
     block's proposals: three experiments, two starts between them, a warm-up in each."""
     from types import SimpleNamespace
 
-    import studies.running.session as session
-    from studies.running.estimate import EXPERIMENT_START_S, experiments
-    from studies.running.plan import ProposedCell
+    import studies.cells.arrays as arrays
+    from studies.planning.estimate import EXPERIMENT_START_S, experiments
+    from studies.planning.plan import ProposedCell
 
-    monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
+    monkeypatch.setattr(arrays, "MAX_TRIALS_PER_EXPERIMENT", 2)
     study = load_study(CATALOG / "quickstart.yaml")
     grid = [SimpleNamespace(config_id=f"c{i // 2}", seed=i % 2, variant="a",
                             config={"epochs": 1}) for i in range(4)]
     proposed = [ProposedCell("optuna1-0", seed, "a", {"epochs": 1}, 1) for seed in (0, 1)]
-    assert experiments(grid + proposed) == [[0, 1], [2, 3], [4, 5]]
+    assert experiments(grid + proposed) == [[[0], [1]], [[2], [3]], [[4], [5]]]
     timings = Timings({"a": VariantTime(1.0, 0.5, "probe")}, 0.25)
     est = estimate(study, grid + proposed, timings, cpus=2)
     assert est.experiments == 3
@@ -260,7 +260,7 @@ def test_plan_with_a_pilot_uses_its_paired_differences(smoke_pilot):
     out, _ = smoke_pilot
     from analysis.collect import collect
 
-    from studies.running.plan import make_plan
+    from studies.planning.plan import make_plan
 
     uri = f"sqlite:///{out}/quickstart-smoke/mlflow.db"
     # in this process (the CLI's exit codes are checked above): its imports are paid once
@@ -339,7 +339,7 @@ def test_racing_expected_seeds_from_pilots_match_the_races_of_their_model(means,
     is within 15 % of what races on the model itself give. Measured over 100 pilots: -5 %
     (identical) and +9 % (the unstable config's mean is shrunk towards the others); with
     one pooled noise sd and the pilot's means taken as true, -10 % and +22 %."""
-    from studies.running.plan import racing_expected_cells
+    from studies.planning.plan import racing_expected_cells
 
     study = load_study(CATALOG / "racing_quickstart.yaml")
     metric = study.racing.until.metric or study.objective.metric
@@ -397,7 +397,7 @@ def test_the_benchmark_reads_the_wall_time_the_plan_prints():
     """benchmarks/plan_estimate.py compares the plan's printed wall time with runs: it reads
     the line `studies plan` prints (a probe of the quickstart's smoke run, here)."""
     from benchmarks.plan_estimate import wall_estimate
-    from studies.running.plan import make_plan
+    from studies.planning.plan import make_plan
 
     text = make_plan(str(CATALOG / "quickstart.yaml"), smoke_epochs=1, probe_steps=2)
     line = next(line for line in text.splitlines() if line.startswith("wall time: "))

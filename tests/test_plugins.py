@@ -170,7 +170,7 @@ def test_a_plugin_data_sets_preflight_runs_before_the_first_trial(file_plugin, t
     assert "starting a local Ray" not in proc.stderr + proc.stdout
     # with the file there the study trains
     study.write_text(study.read_text().replace(str(missing), str(points)))
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.studyfile.spec import load_study
     from studies.studyfile.configs import design_configs
 
@@ -393,7 +393,7 @@ def test_the_label_smoothed_hinge_matches_its_definition_by_brute_force(example)
 
 
 def test_fit_trains_with_a_plugin_loss_data_set_and_model(example):
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.studyfile.trial_config import validate_config
 
     config, problems = validate_config({
@@ -404,7 +404,7 @@ def test_fit_trains_with_a_plugin_loss_data_set_and_model(example):
     assert problems == []
     result = fit(config, seed=0)
     assert 0.0 <= result["test"]["top3"] <= 1.0 and result["per_class"]["name"][5] == "ring1_sector1"
-    from setvalued.train_setup import resolve_config
+    from setvalued.training import resolve_config
 
     resolved = resolve_config({"data": {"name": "toy_rings"}, "model": {"name": "residual_mlp"},
                                "loss": {"name": "ce"}})  # a plugin's own defaults, not the built-ins'
@@ -421,8 +421,8 @@ def test_an_in_memory_plugin_data_set_is_held_on_the_device(example):
     device hold them on the training device, like the built-in in-memory sets; loader, or a
     split with a per-example transform, uses a DataLoader (device then refused, naming it)."""
     from setvalued.data import TensorSplit
-    from setvalued.train import Trial
-    from setvalued.train_setup import resolve_config
+    from setvalued.training import Trial
+    from setvalued.training import resolve_config
 
     def trial(**data):
         return Trial(resolve_config({"data": {"name": "toy_rings", "train_size": 60, "val_size": 12,

@@ -159,7 +159,7 @@ def test_a_source_with_intervals_but_no_seeds_or_level_is_not_planned_from():
 def test_the_plan_of_a_source_without_its_seed_count_says_what_is_missing():
     """The thesis's Ch. 5 tables print 95 % intervals over "several runs": no plan from them,
     and `studies plan` says which declaration is missing."""
-    from studies.running.plan import plan_seeds
+    from studies.planning.plan import plan_seeds
     from studies.studyfile.spec import parse_study
 
     text = _published_study(4, 0.95).source_text.replace("  seeds: 4\n", "")

@@ -177,7 +177,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     over those epochs: the same result as a run of that many epochs."""
     import torch
 
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.running.trial import _with_epochs
 
     torch.set_num_threads(1)
@@ -284,7 +284,7 @@ def killing_fit(config, seed, on_epoch=None, checkpoint=None, *, marker: str, re
                 kill_after_epoch: int):
     """The real fit; on its first attempt the worker process kills itself (SIGKILL) right
     after epoch `kill_after_epoch` was reported. Every attempt appends what it saw."""
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     seen = {"checkpoint_epoch": None if checkpoint is None else int(checkpoint["epoch"]),
             "epochs": [], "pid": os.getpid()}
@@ -311,7 +311,7 @@ def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_s
     import torch
     from mlflow import MlflowClient
 
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.cells.space import expand
     from studies.studyfile.spec import load_study
 
@@ -365,7 +365,7 @@ def scripted_fit(config, seed, on_epoch=None, checkpoint=None):
     (raises the real NonFiniteLossError)."""
     import time
 
-    from setvalued.train import NonFiniteLossError
+    from setvalued.training import NonFiniteLossError
 
     lr = config["optim"]["lr"]
     start = 0 if checkpoint is None else checkpoint["epoch"] + 1
@@ -512,10 +512,10 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
                                                               tmp_path, monkeypatch):
     """Past MAX_TRIALS_PER_EXPERIMENT cells the runner starts one Tune experiment per part
     (whole configs), the progress counts going on across them."""
-    import studies.running.session as session
+    import studies.cells.arrays as arrays
     import studies.running.tune_experiment as tune_experiment
 
-    monkeypatch.setattr(session, "MAX_TRIALS_PER_EXPERIMENT", 2)
+    monkeypatch.setattr(arrays, "MAX_TRIALS_PER_EXPERIMENT", 2)
     started = []
     real = tune_experiment.run_experiment
 

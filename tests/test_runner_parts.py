@@ -77,20 +77,20 @@ def test_progress_reporter_follows_tune_hooks():
 
 
 def test_long_cell_lists_run_as_experiments_of_whole_configs():
-    from studies.running.session import experiment_parts
+    from studies.cells.arrays import experiment_parts
 
     cells = [SimpleNamespace(config_id=f"c{c}", seed=s) for c, seeds in enumerate([3, 3, 2, 5, 1])
              for s in range(seeds)]
-    parts = experiment_parts(cells, limit=6)
+    parts = [[c for trial in part for c in trial] for part in experiment_parts(cells, max_trials=6)]
     assert [[(c.config_id, c.seed) for c in part] for part in parts] == [
         [("c0", 0), ("c0", 1), ("c0", 2), ("c1", 0), ("c1", 1), ("c1", 2)],
         [("c2", 0), ("c2", 1)],
         [("c3", s) for s in range(5)] + [("c4", 0)],
     ]
     assert [c for part in parts for c in part] == cells  # nothing lost, order kept
-    (alone,) = experiment_parts(cells[:3], limit=2)  # a config larger than the limit
+    (alone,) = experiment_parts(cells[:3], max_trials=2)  # a config larger than the limit
     assert len(alone) == 3
-    assert experiment_parts([], limit=5) == []
+    assert experiment_parts([], max_trials=5) == []
 
 
 def test_a_rerun_progress_line_counts_the_cells_finished_before_it(tmp_path):

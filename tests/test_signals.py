@@ -193,7 +193,7 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
     own runs, one cell run per (config, seed) raced, each equal to its seed's separate trial
     (the uninterrupted array's member, issue 35), and the race's decisions those of the rule
     on the separate trials' values."""
-    from setvalued.train import fit
+    from setvalued.training import fit
     from studies.cells.space import expand
     from studies.scheduling.racing import SeedRace
     from studies.studyfile.spec import load_study

@@ -18,9 +18,9 @@ from setvalued.data import build_datasets
 from setvalued.losses import LOSSES, SetValuedLoss, register_loss
 from setvalued.metrics import evaluate
 from setvalued.models import build_model
-from setvalued.train import NonFiniteLossError, fit
-from setvalued.train_checkpoint import training_fields
-from setvalued.train_setup import resolve_config
+from setvalued.training import NonFiniteLossError, fit
+from setvalued.training.checkpoint import training_fields
+from setvalued.training import resolve_config
 
 torch.set_num_threads(1)
 
@@ -343,7 +343,7 @@ def test_bad_configs_name_the_key():
     ({"loss": {"name": "ce"}, "eval": {"k": [5]}}, "eval.k"),
 ])
 def test_unknown_config_keys_are_named_by_their_dotted_path(config, path):
-    from setvalued.train import resolve_config
+    from setvalued.training import resolve_config
 
     with pytest.raises(ValueError, match=rf"unknown key\(s\) in .*: {re.escape(path)};"):
         resolve_config(config)
@@ -422,7 +422,7 @@ def test_probe_times_the_epoch_loop_with_its_data_loading(monkeypatch):
     metrics fed (one `add` per step, the untimed warm-up step included)."""
     import time
 
-    from setvalued import train
+    from setvalued.training import trial as train
 
     batches_of = train.Trial.epoch_batches
 

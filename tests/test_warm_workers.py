@@ -47,7 +47,7 @@ def ray_with_a_gpu_label():
 
 def recording_fit(config, seed, on_epoch=None, checkpoint=None, *, record: str):
     """The real fit; appends the cell's config, seed, process id and test metrics to ``record``."""
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     result = fit(config, seed, on_epoch=on_epoch, checkpoint=checkpoint)
     with open(record, "a") as handle:
@@ -79,7 +79,7 @@ def study_file(folder: Path) -> Path:
 _FRESH = """
 import json, sys, torch
 torch.set_num_threads(2)  # what the worker's trial got (studies.running.trial.set_torch_threads)
-from setvalued.train import fit
+from setvalued.training.trial import fit
 cell = json.loads(sys.argv[1])
 result = fit(cell["config"], cell["seed"])
 print(json.dumps({"test": result["test"], "best_epoch": result["best_epoch"]}))

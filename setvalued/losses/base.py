@@ -59,7 +59,7 @@ class SetValuedLoss(nn.Module):
 
     def member_losses(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None,
                       draws: Sequence[ContextManager]) -> torch.Tensor:
-        """The losses (N,) of the N members of a fused array (``setvalued.fused_step``) from
+        """The losses (N,) of the N members of a fused array (``setvalued.fused.step``) from
         their stacked outputs (N, B, ...), targets (N, B, ...) and indices (N, B): entry i is
         what ``self(output[i], targets[i], indices[i])`` gives under ``draws[i]`` (the context
         of member i's random state, its separate trial's).

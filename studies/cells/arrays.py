@@ -1,11 +1,18 @@
-"""Cells grouped into fused arrays (``resources.seeds_per_trial``): the seeds of one config,
-``per_trial`` at a time, each array one Tune trial (`studies.running.array_trial`).
+"""How a study's cells become Tune trials and experiments: the one rule that the runner
+(`studies.running.session`) and the plan (`studies.planning.estimate`) both follow.
 
-A config's seeds are cut in order into arrays of ``per_trial``; a seed count that is not a
-multiple runs the rest as a smaller array. Under racing, each round of seeds (those the race
-asks for at once) is cut on its own. Cells that continue from an earlier session's checkpoints
-join the arrays of their starting epoch (a fused array starts all its members after the same
-epoch). Plain Python: no Ray here.
+- **Arrays** (``resources.seeds_per_trial``): a config's seeds are cut in order into arrays of
+  ``per_trial``; a seed count that is not a multiple runs the rest as a smaller array. Under
+  racing, each round of seeds (those the race asks for at once) is cut on its own. Cells that
+  continue from an earlier session's checkpoints join the arrays of their starting epoch (a
+  fused array starts all its members after the same epoch). With ``per_trial`` 1 every cell is
+  a trial of its own.
+- **Experiments**: the trials run as Tune experiments of at most `MAX_TRIALS_PER_EXPERIMENT`
+  trials each, never cutting a config (its seeds run together: early stopping compares them
+  epoch by epoch); a config of more trials than that is an experiment of its own.
+
+Cells are taken in config-major order (`studies.cells.cell_queue.config_major`), whatever order
+they come in. Plain Python: no Ray here.
 """
 
 from __future__ import annotations
@@ -14,21 +21,48 @@ from typing import Any, Callable, Mapping, Sequence
 
 from studies.cells.cell_queue import config_major
 
+#: most trials in one Tune experiment. Tune keeps every trial of an experiment in the driver's
+#: memory (about 0.15 MB each, measured) and rewrites its experiment state as trials end, so
+#: a longer list of cells runs as consecutive experiments of whole configs: the driver's
+#: memory stays bounded over a study of any size, for a few seconds of start per part.
+MAX_TRIALS_PER_EXPERIMENT = 1000
+
 
 def fused_arrays(cells: Sequence, per_trial: int, start_epochs: Mapping[str, int] | None = None,
                  round_of: Callable[[Any], int] | None = None) -> list[list]:
-    """The arrays of ``cells`` in config-major order, at most ``per_trial`` cells each, every
-    array of one config and one starting epoch (``start_epochs``: cell_id -> the epoch its
-    checkpoint holds; absent: a fresh start) and, under racing, one round of seeds
-    (``round_of``: a cell's round, `studies.scheduling.racing.race_rounds`)."""
+    """The trials of ``cells`` in config-major order: arrays of at most ``per_trial`` cells, each
+    of one config and one starting epoch (``start_epochs``: cell_id -> the epoch its checkpoint
+    holds; absent: a fresh start) and, under racing, one round of seeds (``round_of``: a cell's
+    round, `studies.scheduling.racing.race_rounds`)."""
     if per_trial < 1:
         raise ValueError(f"seeds_per_trial must be at least 1, got {per_trial}")
     start_epochs = start_epochs or {}
     groups: dict[tuple[str, int, int], list] = {}
     for cell in config_major(cells):
-        key = (cell.config_id, int(start_epochs.get(cell.cell_id, -1)), round_of(cell) if round_of else 0)
+        start = int(start_epochs.get(getattr(cell, "cell_id", None), -1))
+        key = (cell.config_id, start, round_of(cell) if round_of else 0)
         groups.setdefault(key, []).append(cell)
     return [group[i:i + per_trial] for group in groups.values() for i in range(0, len(group), per_trial)]
+
+
+def experiment_parts(cells: Sequence, per_trial: int = 1, start_epochs: Mapping[str, int] | None = None,
+                     round_of: Callable[[Any], int] | None = None,
+                     max_trials: int | None = None) -> list[list[list]]:
+    """The Tune experiments of ``cells``, one after the other, each a list of its trials (the
+    `fused_arrays` of ``per_trial``): at most ``max_trials`` trials a part (default
+    `MAX_TRIALS_PER_EXPERIMENT`, read when called), never inside a config."""
+    limit = MAX_TRIALS_PER_EXPERIMENT if max_trials is None else max_trials
+    configs: list[list[list]] = []
+    for trial in fused_arrays(cells, per_trial, start_epochs, round_of):
+        if not configs or configs[-1][0][0].config_id != trial[0].config_id:
+            configs.append([])
+        configs[-1].append(trial)
+    parts: list[list[list]] = []
+    for config in configs:
+        if not parts or len(parts[-1]) + len(config) > limit:
+            parts.append([])
+        parts[-1].extend(config)
+    return parts
 
 
 def array_id(members: Sequence) -> str:

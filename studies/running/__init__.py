@@ -1,2 +1,2 @@
 """Running a study on Ray: the runner and its session, Tune experiments, one trial per cell,
-checkpoints, the study's lease, preconditions, progress, termination, the estimate (`plan`)."""
+checkpoints, the study's lease, preconditions, progress, termination."""

@@ -158,6 +158,10 @@ class ResumePoints:
         """These resume points and `other`'s (other's win for a cell in both)."""
         return ResumePoints({**self.found, **other.found})
 
+    def start_epochs(self) -> dict[str, int]:
+        """cell_id -> the epoch its checkpoint holds (a fused array starts its members together)."""
+        return {cell_id: int(meta.get("epoch", -1)) for cell_id, (_, meta) in self.found.items()}
+
     def folders(self) -> dict[str, str]:
         """cell_id -> checkpoint folder (the `resume_from` of the cell's trial)."""
         return {cell_id: str(folder) for cell_id, (folder, _) in self.found.items()}

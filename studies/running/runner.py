@@ -13,7 +13,7 @@ How a study file becomes trials (`run_study`), and which module does each step:
    trial left, in its MLflow run (`studies.running.checkpoints`); Tune's folder is removed once every
    cell has finished;
 4. Ray is connected or started (`studies.running.ray_session`), and the cells to run are Tune
-   experiments of at most `MAX_TRIALS_PER_EXPERIMENT` trials (`studies.running.session`,
+   experiments of at most `MAX_TRIALS_PER_EXPERIMENT` trials (`studies.cells.arrays`, `studies.running.session`,
    `studies.running.tune_experiment`) whose trials run `studies.running.trial.run_cell`, checkpointed at
    most every `checkpoint_interval_s` and after the last epoch, so a trial whose worker dies
    restarts from its last checkpoint;
@@ -244,11 +244,11 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
     if done:
         session.say(f"{len(done)} cells already finished (skipped)")
     if done and pending:
-        from studies.running.plan import remaining_estimate_line
+        from studies.planning.plan import remaining_estimate_line
 
         epochs_of = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
         left = remaining_estimate_line(study, pending, session.finished_runs, epochs_of,
-                                       session.options)
+                                       session.options, session.resume.start_epochs())
         if left:
             session.say("estimate: " + left)
     if not (pending or study.optuna_blocks):
@@ -337,7 +337,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             description=study_description(study.description, study.source_text),
             run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
             ui_view=study_view(study, cells))
-    from studies.running.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
+    from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
     tracking.version, tracking.version_definition = version.version, definition_file

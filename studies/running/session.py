@@ -1,7 +1,7 @@
 """One invocation of the runner on one study (`StudySession`): what the runner's steps share
 (the Ray session, the config-level schedulers, the cells seen and their run names, the
 checkpoints to resume, Tune's folders), and how it runs cells as Tune experiments: the grid's
-cells in parts of at most `MAX_TRIALS_PER_EXPERIMENT` trials, a race's cells as the race
+cells in parts of at most `studies.cells.arrays.MAX_TRIALS_PER_EXPERIMENT` trials, a race's cells as the race
 decides, an optuna block's proposals as trial slots free up; with ``resources.seeds_per_trial``
 > 1 each trial a fused array of a config's seeds (a race's: of one round).
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Sequence
 
 from studies.running import termination
+from studies.cells.arrays import array_id, experiment_parts
 from studies.cells.cell_queue import config_major
 from studies.running.checkpoints import ResumePoints
 from studies.scheduling import session_scheduling
@@ -90,7 +91,7 @@ class StudySession:
     def plan(self, cells: Sequence) -> tuple[list[str], list]:
         """(ids of the cells done, cells to run) by the ledger; the unfinished cells whose
         earlier trial left a checkpoint continue from it (in the run the ledger keeps)."""
-        from setvalued.metric_names import TIME_METRICS
+        from setvalued.metrics import TIME_METRICS
 
         ids = [c.cell_id for c in cells]
         metric, _ = self.progress_metric  # and the progress line's best so far
@@ -180,28 +181,27 @@ class StudySession:
                             total=total, done_before=done_before, names=names, arrays=per_trial > 1)
             return
         callback = None
-        parts = experiment_parts(cells, MAX_TRIALS_PER_EXPERIMENT * per_trial)
+        parts = experiment_parts(cells, per_trial, self.resume.start_epochs())  # studies.cells.arrays
         for number, part in enumerate(parts, start=1):
+            part_cells = [c for trial in part for c in trial]
             if len(parts) > 1:
-                self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part)} cells")
-            trials = {c.cell_id: payloads[c.cell_id] for c in part}
+                self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part_cells)} cells")
             if per_trial > 1:
-                trials = self.array_payloads(part, trials, per_trial)
-                self.say(f"{len(part)} cells as {len(trials)} fused arrays of up to {per_trial} seeds "
+                trials = self.array_payloads(part, payloads)
+                self.say(f"{len(part_cells)} cells as {len(trials)} fused arrays of up to {per_trial} seeds "
                          f"(one trial each)")
+            else:
+                trials = {c.cell_id: payloads[c.cell_id] for c in part_cells}
             callback = self.experiment(CellQueueSearcher(trials), cells, max_trials=len(trials), total=total,
                                        done_before=done_before, callback=callback, names=names,
                                        arrays=per_trial > 1)
         self.callback = callback
 
-    def array_payloads(self, cells: Sequence, payloads: Mapping[str, dict], per_trial: int) -> dict[str, dict]:
-        """The payloads of `cells` as fused arrays of up to `per_trial` seeds of a config
-        (`studies.cells.arrays`), keyed by the arrays' trial names."""
-        from studies.cells.arrays import array_id, fused_arrays
+    @staticmethod
+    def array_payloads(arrays: Sequence[Sequence], payloads: Mapping[str, dict]) -> dict[str, dict]:
+        """The payloads of fused ``arrays`` (`studies.cells.arrays`), keyed by the arrays' trial names."""
         from studies.running.tune_experiment import array_payload
 
-        starts = {cell_id: int(meta.get("epoch", -1)) for cell_id, (_, meta) in self.resume.found.items()}
-        arrays = fused_arrays(cells, per_trial, starts)
         return {array_id(a): array_payload(array_id(a), [payloads[c.cell_id] for c in a]) for a in arrays}
 
     def run_proposals(self, proposals, total: int, done_before: int) -> None:
@@ -393,29 +393,9 @@ class StudySession:
 
 #: the metric a finished run holds its selection metric's best value in (setvalued.train.fit)
 BEST_VALUE_METRIC = "best_val"
-#: most trials in one Tune experiment. Tune keeps every trial of an experiment in the driver's
-#: memory (about 0.15 MB each, measured) and rewrites its experiment state as trials end, so
-#: a longer list of cells runs as consecutive experiments of whole configs: the driver's
-#: memory stays bounded over a study of any size, for a few seconds of start per part.
-MAX_TRIALS_PER_EXPERIMENT = 1000
 #: an experiment of at least this many trials ends with a full garbage collection
 COLLECT_AFTER_TRIALS = 100
 #: how the line that starts each of several parts begins (after "[studies] ")
 PART_LINE = "experiment part"
 
 
-def experiment_parts(cells: Sequence, limit: int) -> list[list]:
-    """`cells` (config-major) cut into parts of at most `limit` cells, never inside a config
-    (its seeds run together: early stopping compares them epoch by epoch); a config of more
-    than `limit` seeds is a part of its own."""
-    configs: list[list] = []
-    for cell in cells:
-        if not configs or configs[-1][0].config_id != cell.config_id:
-            configs.append([])
-        configs[-1].append(cell)
-    parts: list[list] = []
-    for config in configs:
-        if not parts or len(parts[-1]) + len(config) > limit:
-            parts.append([])
-        parts[-1].extend(config)
-    return parts

@@ -70,14 +70,14 @@ class StopTraining(Exception):
 
 
 def default_fit() -> FitFunction:
-    from setvalued.train import fit
+    from setvalued.training import fit
 
     return fit
 
 
 def deterministic_errors() -> tuple[type[BaseException], ...]:
     try:
-        from setvalued.train import NonFiniteLossError
+        from setvalued.training import NonFiniteLossError
     except ImportError:  # the training core is optional for custom fit functions
         return ()
     return (NonFiniteLossError,)

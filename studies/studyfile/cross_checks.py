@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from setvalued.metric_names import (FINAL_EXTRA_METRICS, METRIC_FORMAT, PER_EPOCH_EXTRA_METRICS, check_metric,
+from setvalued.metrics import (FINAL_EXTRA_METRICS, METRIC_FORMAT, PER_EPOCH_EXTRA_METRICS, check_metric,
                                     common_metrics, count_bins)
 from setvalued.paths import deep_merge
 from studies.studyfile.expressions import Expression, ExpressionError, parse_expression

@@ -24,7 +24,7 @@ from setvalued import registry
 from setvalued.config import EVAL_FIELDS, MODEL_FIELDS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS
 from setvalued.label_kinds import label_kind_problems
 from setvalued.losses.parameters import CONTEXT_KEYS
-from setvalued.metric_names import check_metric
+from setvalued.metrics import check_metric
 from setvalued.params import REQUIRED, Param, ParameterError
 from studies.studyfile.problems import Problem, did_you_mean
 from studies.studyfile.schema import StrictModel, fields_of, pydantic_problems, short_repr

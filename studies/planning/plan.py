@@ -7,9 +7,9 @@ Compute. A cell costs  fixed + epochs x seconds per epoch:
   from a pilot's runs (the mean of `epoch_time_s` + `eval_time_s` over the epochs of the
   pilot's cells of that variant; the median rest of their `duration_s` is the fixed part),
   else measured by a probe: a few training steps of the variant's first cell in this process
-  (`setvalued.train.probe`, with the study's data, model, loss, batch size and device and as
+  (`setvalued.training.probe`, with the study's data, model, loss, batch size and device and as
   many torch threads as `resources.cpus`; no Ray) and the runner's measured work per cell
-  and per epoch (`studies.running.estimate`);
+  and per epoch (`studies.planning.estimate`);
 - epochs: the config's `epochs`, or under ASHA its expected epochs: rungs r_1 < ... < r_m
   (`successive_halving.rungs`), a share eta^-i of the configs reaching rung i, so
   E = sum_i eta^-i (r_{i+1} - r_i) with r_0 = 0 and r_{m+1} = epochs (synchronous successive
@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from setvalued.metric_names import TIME_METRICS
-from studies.running.estimate import (  # noqa: F401 (re-exported)
+from setvalued.metrics import TIME_METRICS
+from studies.planning.estimate import (  # noqa: F401 (re-exported)
     ComputeEstimate, DEFAULT_PROBE_STEPS, EXPERIMENT_START_S, START_UP_S, Timings,
     asha_expected_epochs, estimate, pilot_times, probe_times, racing_expected_cells,
     schedule_length, trial_slots,
@@ -404,7 +404,8 @@ def ledger_rows(finished: Sequence[Any], epochs_of: Mapping[str, int]) -> list[d
 
 
 def remaining_estimate_line(study: Any, pending: Sequence[Any], finished: Sequence[Any],
-                            epochs_of: Mapping[str, int], options: Any) -> str | None:
+                            epochs_of: Mapping[str, int], options: Any,
+                            start_epochs: Mapping[str, int] | None = None) -> str | None:
     """On a re-run or a resume: the time of the cells left, from the study's own finished
     runs as read by the ledger (`ledger_rows`: no history request); None when some variant
     left has no finished run to time it by, or on a cluster (its slots are not known)."""
@@ -412,7 +413,7 @@ def remaining_estimate_line(study: Any, pending: Sequence[Any], finished: Sequen
     if not pending or options.address or any(c.variant not in timings.variants
                                              for c in pending):
         return None
-    est = estimate(study, pending, timings, cpus=options.num_cpus)
+    est = estimate(study, pending, timings, cpus=options.num_cpus, start_epochs=start_epochs)
     return (f"{len(pending)} cells left: ~{duration_text(est.wall_s)} wall, "
             f"{_number(est.gpu_hours)} GPU-hours, on {est.slots} trial slots (from the epoch "
             f"times of this study's {len(finished)} finished runs)")

@@ -204,7 +204,7 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
     again, plus the runner's one-off work in a worker's first cell."""
     import torch
 
-    from setvalued.train import probe
+    from setvalued.training import probe
 
     from studies.cells.space import smoke_config
 
@@ -257,12 +257,13 @@ def _timed(function: Callable[..., Any], *args: Any) -> float:
 
 def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
              gpus: int | None = None, cpus: int | None = None,
-             load_s: float = 0.0) -> ComputeEstimate:
+             load_s: float = 0.0, start_epochs: Mapping[str, int] | None = None) -> ComputeEstimate:
     """Cells x epochs x seconds per epoch per variant, the slots, GPU-hours, wall time: the
     start-up (`START_UP_S` and `load_s`, the time the driver takes to load the study file:
     a timm architecture name imports timm and torch, 2.6 s here), then the cells dealt to
     the slots in order, the first cell of each slot longer by the warm-up of a fresh
-    worker."""
+    worker. ``start_epochs`` (cell_id -> the epoch a resumed cell's checkpoint holds) cuts fused
+    arrays as the runner does."""
     slots, slots_text = trial_slots(study, gpus, cpus)
     scheduler = study.scheduler
     notes = []
@@ -285,16 +286,15 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                                 sum(plain[i] for i in mine)))
     # each Tune experiment deals its cells in order to the slots, the first cell of each
     # slot in a fresh worker that warms up
-    parts = experiments(cells)
     per_trial = int(getattr(study.resources, "seeds_per_trial", 1))
     round_of = None
     if per_trial > 1 and getattr(study, "racing", None) is not None:
         from studies.scheduling.racing import race_rounds
 
         round_of = race_rounds(study)  # a race's arrays hold the seeds of one round
+    parts = experiments(cells, per_trial, round_of, start_epochs)
     schedules, cell_seconds = [], 0.0
-    for part in parts:
-        trials = fused_trials(part, cells, per_trial, round_of)
+    for trials in parts:
         durations = [sum(plain[i] for i in trial) + (timings.warm_up_s if n < slots else 0.0)
                      for n, trial in enumerate(trials)]
         schedules.append(schedule_length(durations, slots))
@@ -336,50 +336,42 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
                            timings.warm_up_s, len(parts), schedule_note, notes, per_trial)
 
 
-def fused_trials(part: Sequence[int], cells: Sequence[Any], per_trial: int,
-                 round_of: Callable[[Any], int] | None = None) -> list[list[int]]:
-    """The positions of a part's cells grouped into trials: one cell each, or with
-    ``resources.seeds_per_trial`` > 1 the consecutive cells of a config in arrays of up to
-    ``per_trial`` (`studies.cells.arrays`: a config's rest runs as a smaller array; under
-    racing, ``round_of`` gives a cell's round, and an array holds one round's seeds). An
-    optuna block's proposals (`plan.ProposedCell`, a config id each) are arrays the same way."""
-    trials: list[list[int]] = []
-    for i in part:
-        first = cells[trials[-1][0]] if trials else None
-        if first is not None and per_trial > 1 and len(trials[-1]) < per_trial \
-                and first.config_id == cells[i].config_id \
-                and (round_of is None or round_of(first) == round_of(cells[i])):
-            trials[-1].append(i)
-        else:
-            trials.append([i])
-    return trials
+def experiments(cells: Sequence[Any], per_trial: int = 1, round_of: Callable[[Any], int] | None = None,
+                start_epochs: Mapping[str, int] | None = None) -> list[list[list[int]]]:
+    """The positions of `cells` grouped as the runner runs them: Tune experiments one after
+    the other, each a list of trials (a trial: the positions of its cells). The study's own
+    cells by the runner's rule (`studies.cells.arrays.experiment_parts`: arrays of up to
+    `per_trial` seeds of a config, of one starting epoch and one race round; experiments of at
+    most `MAX_TRIALS_PER_EXPERIMENT` trials), then each optuna block's proposals
+    (`plan.ProposedCell`s, by their `block`) as the arrays of one experiment."""
+    from studies.cells.arrays import experiment_parts, fused_arrays
 
-
-def experiments(cells: Sequence[Any]) -> list[list[int]]:
-    """The positions of `cells` grouped as the runner runs them, one Tune experiment after the
-    other: the study's own cells in parts of whole configs
-    (`studies.running.session.experiment_parts`), then each optuna block's proposals
-    (`plan.ProposedCell`s, by their `block`)."""
-    from studies.running.session import MAX_TRIALS_PER_EXPERIMENT, experiment_parts
-
-    blocks: dict[int, list[int]] = {}
-    grid: list[Any] = []
+    blocks: dict[int, list[_Indexed]] = {}
+    grid: list[_Indexed] = []
     for i, cell in enumerate(cells):
+        indexed = _Indexed(i, cell.config_id, int(getattr(cell, "seed", 0)), getattr(cell, "cell_id", None))
         block = getattr(cell, "block", None)
         if block is None:
-            grid.append((i, cell))
+            grid.append(indexed)
         else:
-            blocks.setdefault(block, []).append(i)
-    indexed = [_Indexed(i, cell.config_id) for i, cell in grid]
-    parts = [[c.index for c in part]
-             for part in experiment_parts(indexed, MAX_TRIALS_PER_EXPERIMENT)]
-    return [part for part in parts + list(blocks.values()) if part]
+            blocks.setdefault(block, []).append(indexed)
+
+    def positions(trials: list[list[_Indexed]]) -> list[list[int]]:
+        return [[c.index for c in trial] for trial in trials]
+
+    parts = [positions(part) for part in experiment_parts(grid, per_trial, start_epochs, round_of)]
+    parts += [positions(fused_arrays(block, per_trial)) for block in blocks.values()]
+    return [part for part in parts if part]
 
 
 @dataclass(frozen=True)
 class _Indexed:
+    """A cell by its position in the estimate's list, with what the runner's rule reads."""
+
     index: int
     config_id: str
+    seed: int
+    cell_id: str | None
 
 
 def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, races: int = 200,

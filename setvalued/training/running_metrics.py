@@ -1,4 +1,4 @@
-"""The training metrics of `setvalued.train`: the loss and scores of an epoch accumulated on
+"""The training metrics of `setvalued.training`: the loss and scores of an epoch accumulated on
 the device (folded every few steps), set sizes, a non-finite loss stopping the trial.
 """
 

@@ -3,9 +3,9 @@ does with them (forward, loss, backward, optimizer step), the learning rate of a
 the loop over an epoch's batches.
 
 The protocol (SGD with Nesterov momentum and weight decay, step decay of the learning rate,
-mixed precision on CUDA, ``compile: model``) is described in ``setvalued.train``; under
+mixed precision on CUDA, ``compile: model``) is described in ``setvalued.training``; under
 ``compile: model`` the step's model forward, float32 cast and loss are one compiled function
-(``setvalued.compiled_step``), which ``release`` drops when the trial ends.
+(``setvalued.training.compiled_step``), which ``release`` drops when the trial ends.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from setvalued.compiled_step import CompiledStep
+from setvalued.training.compiled_step import CompiledStep
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
-from setvalued.train_metrics import RunningTrainMetrics, to_float32, watched_scores
-from setvalued.train_setup import lr_at
+from setvalued.training.running_metrics import RunningTrainMetrics, to_float32, watched_scores
+from setvalued.training.setup import lr_at
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -38,8 +38,8 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
 from setvalued.losses.base import fusion_declared, loop_member_losses
-from setvalued.train_metrics import to_float32, watched_scores
-from setvalued.train_step import model_inputs, set_learning_rate
+from setvalued.training import to_float32, watched_scores
+from setvalued.training import model_inputs, set_learning_rate
 
 
 class RandomState:
@@ -126,7 +126,7 @@ class FusedStep:
         evaluation) under ``torch.compile``, from an empty cache (``compiled_step``'s warm-worker
         rule); the losses stay eager (their per-member draws swap random states on the host),
         and no CUDA graphs (not measured on a GPU for arrays)."""
-        from setvalued import compiled_step
+        from setvalued.training import compiled_step
 
         compiled_step.release_compiled()
         options = {} if compiled_step.backend is None else {"backend": compiled_step.backend}
@@ -136,7 +136,7 @@ class FusedStep:
     def release(self) -> None:
         """End of the array: a warm worker keeps no compiled graph of it."""
         if self.compiled:
-            from setvalued import compiled_step
+            from setvalued.training import compiled_step
 
             compiled_step.release_compiled()
             self.forward, self.forward_shared = self.eager

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from setvalued.config import DATA_FIELDS, default_config
-from setvalued.train_setup import flat_config
+from setvalued.training.setup import flat_config
 
 CHECKPOINT_FORMAT = 1
 
@@ -117,6 +117,6 @@ def load_checkpoint(checkpoint: Any) -> dict[str, Any]:
             raise ValueError(f"checkpoint {path} holds objects other than tensors, numbers, strings and "
                              f"containers; refused (loading it could run code): {str(error).splitlines()[0]}") from None
     if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint is not a setvalued.train state (format {CHECKPOINT_FORMAT}); got "
+        raise ValueError(f"checkpoint is not a setvalued.training state (format {CHECKPOINT_FORMAT}); got "
                          f"{type(checkpoint).__name__} with format {getattr(checkpoint, 'get', lambda _: None)('format')!r}")
     return dict(checkpoint)

@@ -38,9 +38,9 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from setvalued.metric_names import conformal_level_name, conformal_method_name
-from setvalued.metrics import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS
-from setvalued.conformal_sets import (  # noqa: F401 (re-exported)
+from setvalued.metrics.names import conformal_level_name, conformal_method_name
+from setvalued.metrics.accuracy import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS
+from setvalued.metrics.conformal_sets import (  # noqa: F401 (re-exported)
     MONDRIAN, SCORES, _GroupedScores, _check_labels, _check_probs, _check_score, _class_groups,
     aps_scores, calibrate, conformal_quantile, coverage_and_size, lac_scores, nonconformity,
     prediction_sets, split_calibration,
@@ -164,7 +164,7 @@ def match_average_size(probs_cal: Any, labels_cal: Any, target_size: float, scor
 
 
 # --------------------------------------------------------------------------------------------
-# the metrics the trainer logs (setvalued.metric_names, "the conformal baselines")
+# the metrics the trainer logs (setvalued.metrics.names, "the conformal baselines")
 # --------------------------------------------------------------------------------------------
 
 #: the ``mondrian`` argument of :func:`calibrate` for each calibration-group name of the config

@@ -1,15 +1,15 @@
 """A fused array: N seeds of one config trained as one model (``fit_array``), each member the
 trial of its seed.
 
-Each member is a ``setvalued.train.Trial`` (its data, loss, model, evaluation and checkpoint
+Each member is a ``setvalued.training.Trial`` (its data, loss, model, evaluation and checkpoint
 state, built from its seed exactly as its separate trial; splits that do not depend on the
 seed, ``data.seed_free``, are built and held on the device once for all) and the array
-replaces the step and the forward passes: one ``FusedStep`` (``setvalued.fused_step``)
+replaces the step and the forward passes: one ``FusedStep`` (``setvalued.fused.step``)
 forwards, computes the losses, backpropagates and updates all members at once. Per epoch, every
 member sets its learning rate and draws its order (and, without shared splits, its batches
 and augmentation, from (seed, epoch)) under its own random state; where the members share a
 split held without a random transform, a step's batches are one gather of the members'
-orders. The members' running metrics are folded together (``setvalued.fused_metrics``). Then
+orders. The members' running metrics are folded together (``setvalued.fused.running_metrics``). Then
 the members' validation scores come from one forward pass of all of them per batch (each
 member's slice is its own model's), and every member computes its metrics and thresholds,
 keeps its best checkpoint and is handed to ``on_epoch`` with its own state, in the format of
@@ -33,14 +33,14 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from setvalued.data import seed_free
-from setvalued.train import Trial
-from setvalued.fused_metrics import FusedRunningMetrics
-from setvalued.fused_step import FusedStep, RandomState, member_output, own_storage
+from setvalued.training import Trial
+from setvalued.fused.running_metrics import FusedRunningMetrics
+from setvalued.fused.step import FusedStep, RandomState, member_output, own_storage
 from setvalued.losses.base import member_slices
-from setvalued.train_checkpoint import load_checkpoint
-from setvalued.train_metrics import NonFiniteLossError, to_float32
-from setvalued.train_setup import resolve_config, split_batches
-from setvalued.train_step import build_optimizer, model_inputs
+from setvalued.training import load_checkpoint
+from setvalued.training import NonFiniteLossError, to_float32
+from setvalued.training import resolve_config, split_batches
+from setvalued.training import build_optimizer, model_inputs
 
 #: ``after_epoch``'s answer that stops the array after that epoch
 STOP = "stop"

@@ -1,4 +1,4 @@
-"""Split conformal prediction for `setvalued.conformal`: the non-conformity scores (LAC, APS),
+"""Split conformal prediction for `setvalued.metrics.conformal`: the non-conformity scores (LAC, APS),
 the calibrated quantile (marginal or Mondrian), prediction sets, their coverage and size,
 the calibration split.
 """
@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from setvalued.metrics import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS, group_macro_accuracy, shot_groups
+from setvalued.metrics.accuracy import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS, group_macro_accuracy, shot_groups
 
 
 #: the non-conformity scores

@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["Sync", "SyncAudit", "KernelCount", "claim_cuda", "CudaClaimGenerator", "fake_cuda", "fake_cuda_autocast"]
 
-_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setvalued") + os.sep
 _THIS = os.path.abspath(__file__)
 _aten = torch.ops.aten
 

@@ -23,7 +23,7 @@ Macro metrics average the per-class accuracy over the classes present in the eva
 (thesis section 3.3.1; docs/papers.md, note P-7); for average-K the threshold stays global.
 Shot groups (Table 5.2 caption): few < 20 <= medium <= 100 < many training images per class.
 Bins of classes by training images ([Gar23] Table 3.1, ``eval.count_bins``): ``low < n <= high``,
-named as in ``setvalued.metric_names.count_bins``; a bin's number is, like a shot group's, the
+named as in ``setvalued.metrics.names.count_bins``; a bin's number is, like a shot group's, the
 mean per-class accuracy over its classes present in the split.
 """
 
@@ -34,13 +34,14 @@ from typing import Mapping, Sequence
 
 import torch
 
-from setvalued.metric_names import count_bins as count_bin_bounds
+from setvalued.metrics.names import count_bins as count_bin_bounds
 
 #: Default shot-group limits: few < 20 <= medium <= 100 < many training images.
 DEFAULT_SHOT_THRESHOLDS = (20, 100)
 SHOT_GROUPS = ("few", "medium", "many")
 
 __all__ = [
+    "label_rank",
     "DEFAULT_SHOT_THRESHOLDS",
     "SHOT_GROUPS",
     "activate",
@@ -324,7 +325,7 @@ def avgk_set_sizes(scores: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def avgk_sets(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """Bool (n, L): the average-K sets ``{j : s_j >= lambda}`` themselves (for comparisons with
-    other set-valued predictors, ``setvalued.conformal``)."""
+    other set-valued predictors, ``setvalued.metrics.conformal``)."""
     scores = _check_scores(scores)
     return _at_least(scores, _check_threshold(threshold))
 

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from setvalued.metrics import DEFAULT_SHOT_THRESHOLDS, group_macro_accuracy, shot_groups
+from setvalued.metrics.accuracy import DEFAULT_SHOT_THRESHOLDS, group_macro_accuracy, shot_groups
 
 __all__ = ["label_ranks", "multilabel_evaluate", "per_class_recall"]
 

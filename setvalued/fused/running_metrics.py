@@ -17,7 +17,7 @@ import math
 import torch
 
 from setvalued.metrics import label_rank
-from setvalued.train_metrics import NonFiniteLossError, RunningTrainMetrics
+from setvalued.training import NonFiniteLossError, RunningTrainMetrics
 
 
 class FusedRunningMetrics(RunningTrainMetrics):

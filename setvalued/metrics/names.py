@@ -109,7 +109,7 @@ def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = (
 
 
 # --------------------------------------------------------------------------------------------
-# the conformal baselines (setvalued.conformal; eval.conformal_*)
+# the conformal baselines (setvalued.metrics.conformal; eval.conformal_*)
 # --------------------------------------------------------------------------------------------
 #
 # A conformal method is a score and its calibration groups: ``lac``, ``aps`` (marginal),
@@ -186,7 +186,7 @@ def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str
 
 
 # --------------------------------------------------------------------------------------------
-# multi-label data (data.max_labels > 1; setvalued.multilabel_metrics)
+# multi-label data (data.max_labels > 1; setvalued.metrics.multilabel)
 # --------------------------------------------------------------------------------------------
 #
 # ``prec<K>`` and ``rec<K>``: precision and recall of the K highest scores (for every K of

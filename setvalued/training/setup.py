@@ -1,4 +1,4 @@
-"""What a trial of `setvalued.train` is set up from: the config with its defaults, the seeds,
+"""What a trial of `setvalued.training` is set up from: the config with its defaults, the seeds,
 the device and head, the learning rate of an epoch, the batches of a split.
 """
 
@@ -16,7 +16,7 @@ from setvalued.config import (DATA_FIELDS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SEC
                               placement_problem, reject_unknown_keys)
 from setvalued import registry
 from setvalued.label_kinds import label_kind_problems
-from setvalued.metric_names import parse_metric
+from setvalued.metrics import parse_metric
 from setvalued.params import ParameterError
 from setvalued.data.common import IndexedDataset
 from setvalued.losses import SetValuedLoss

@@ -2,7 +2,7 @@
 calibrated average-K thresholds), and the test pass of the selected checkpoint (the test
 metrics, per-class rates, set sizes, the conformal baselines).
 
-The protocol is described in ``setvalued.train``: validation every epoch, average-K thresholds
+The protocol is described in ``setvalued.training``: validation every epoch, average-K thresholds
 calibrated on it (thesis Algorithm 1), the test set evaluated once on the best checkpoint with
 its thresholds (thesis Section 5.6).
 """
@@ -15,15 +15,15 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from setvalued.conformal import ConformalMethod, conformal_metrics, set_metrics
+from setvalued.metrics import ConformalMethod, conformal_metrics, set_metrics
 from setvalued.data.common import DataSplits, IndexedDataset
 from setvalued.data.device import DeviceSplit
 from setvalued.losses import SetValuedLoss
 from setvalued.metrics import (activate, avgk_set_size, avgk_set_sizes, avgk_sets, calibrate_avgk_thresholds, evaluate,
                                per_class_avgk, per_class_topk, shot_groups)
-from setvalued.multilabel_metrics import multilabel_evaluate, per_class_recall
-from setvalued.train_metrics import count_set_sizes, fmt_k, to_float32
-from setvalued.train_setup import split_batches
+from setvalued.metrics import multilabel_evaluate, per_class_recall
+from setvalued.training.running_metrics import count_set_sizes, fmt_k, to_float32
+from setvalued.training.setup import split_batches
 
 
 class Evaluation:
@@ -155,7 +155,7 @@ class Evaluation:
     def conformal_test(self, model: torch.nn.Module, scores: torch.Tensor, targets: torch.Tensor,
                        thresholds: Mapping[float, float]) -> dict[str, float]:
         """The conformal baselines on the test set of the selected checkpoint ([Gar23] §2.2.2;
-        ``setvalued.conformal.conformal_metrics``): calibrated on the labelled calibration part of
+        ``setvalued.metrics.conformal.conformal_metrics``): calibrated on the labelled calibration part of
         the validation set, at every level of ``eval.conformal_alphas`` and, with
         ``eval.conformal_match_avgk``, at the mean set size that each average-K threshold gives on the
         rest of the validation set (the data it was calibrated on, without labels), beside the

@@ -29,7 +29,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
-from setvalued.train_metrics import to_float32
+from setvalued.training.running_metrics import to_float32
 
 __all__ = ["CompiledStep", "release_compiled", "backend"]
 
