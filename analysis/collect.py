@@ -49,14 +49,30 @@ import ast
 import json
 import tempfile
 import urllib.parse
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
+from analysis.collect_store import (
+    MAX_PAGE_SIZE,
+    REST_BULK_POINTS,
+    CollectError,
+    RunRecord,
+    _client,
+    _fetch_histories,
+    _mean_histories,
+    _quiet_downloads,
+    collect_per_class,
+    read_artifact_table,
+    search_all_runs,
+    study_runs,
+)
+from analysis.distinct import VERSION_COLUMN, tell_apart
+from analysis.layout import (
     ROLE_CELL,
     ROLE_PARENT,
     STATUS_FINISHED,
@@ -65,10 +81,9 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_CELL_ID,
     TAG_CONFIG_ID,
     TAG_ERROR,
-    TAG_RACE,
-    TAG_PRUNED,
     TAG_PLUGINS,
-    read_plugins_tag,
+    TAG_PRUNED,
+    TAG_RACE,
     TAG_ROLE,
     TAG_SEED,
     TAG_STATUS,
@@ -78,19 +93,34 @@ from analysis.layout import (  # noqa: E402  the MLflow layout written by studie
     TAG_VARIANT,
     TAG_VERSION,
     cell_runs_view_tag,
-)
-from analysis.distinct import VERSION_COLUMN, tell_apart
-from analysis.collect_store import (  # noqa: F401 (re-exported)
-    CollectError, MAX_PAGE_SIZE, REST_BULK_POINTS, RunRecord, _client, _fetch_histories,
-    _mean_histories, _quiet_downloads, collect_per_class, read_artifact_table, search_all_runs,
-    study_runs,
+    read_plugins_tag,
 )
 
-__all__ = ["CollectError", "MAX_PAGE_SIZE", "REST_BULK_POINTS", "RunRecord", "collect_per_class",
-           "read_artifact_table", "search_all_runs", "study_runs", "PARAM_PREFIX", "MEAN_PREFIX",
-           "ID_COLUMNS", "RACE_COLUMN", "SCHEDULE_COLUMNS", "Collected", "display_uri",
-           "parse_param_value", "typed_column", "canonical_json", "collect", "add_history_means",
-           "HISTORY_SCHEMA", "collect_histories", "export_parquet"]
+__all__ = [
+    "CollectError",
+    "MAX_PAGE_SIZE",
+    "REST_BULK_POINTS",
+    "RunRecord",
+    "collect_per_class",
+    "read_artifact_table",
+    "search_all_runs",
+    "study_runs",
+    "PARAM_PREFIX",
+    "MEAN_PREFIX",
+    "ID_COLUMNS",
+    "RACE_COLUMN",
+    "SCHEDULE_COLUMNS",
+    "Collected",
+    "display_uri",
+    "parse_param_value",
+    "typed_column",
+    "canonical_json",
+    "collect",
+    "add_history_means",
+    "HISTORY_SCHEMA",
+    "collect_histories",
+    "export_parquet",
+]
 
 PARAM_PREFIX = "param:"
 MEAN_PREFIX = "mean:"
@@ -126,12 +156,12 @@ class Collected:
 
     @property
     def metric_columns(self) -> list[str]:
-        fixed = set(ID_COLUMNS) | set(SCHEDULE_COLUMNS) | {"start_time", "end_time", "duration_s",
-                                                           RACE_COLUMN, VERSION_COLUMN}
-        return [
-            c for c in self.table.column_names
-            if c not in fixed and not c.startswith(PARAM_PREFIX)
-        ]
+        fixed = (
+            set(ID_COLUMNS)
+            | set(SCHEDULE_COLUMNS)
+            | {"start_time", "end_time", "duration_s", RACE_COLUMN, VERSION_COLUMN}
+        )
+        return [c for c in self.table.column_names if c not in fixed and not c.startswith(PARAM_PREFIX)]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -202,7 +232,7 @@ def _experiment(client, tracking_uri: str, study_name: str):
     if experiment is None:
         try:
             names = sorted(e.name for e in client.search_experiments(max_results=200))
-        except Exception:  # listing is only for the message
+        except Exception:  # noqa: BLE001 (listing is only for the message)
             names = []
         listing = ", ".join(repr(n) for n in names[:30]) or "none"
         raise CollectError(
@@ -212,19 +242,17 @@ def _experiment(client, tracking_uri: str, study_name: str):
     return experiment
 
 
-def _seed_of(run: "RunRecord") -> int | None:
+def _seed_of(run: RunRecord) -> int | None:
     raw = run.tags.get(TAG_SEED, run.params.get("seed"))
     if raw is None:
         return None
     try:
         return int(str(raw).strip())
     except ValueError as exc:
-        raise CollectError(
-            f"run {run.run_id}: tag {TAG_SEED} must be an integer, got {raw!r}"
-        ) from exc
+        raise CollectError(f"run {run.run_id}: tag {TAG_SEED} must be an integer, got {raw!r}") from exc
 
 
-def _swept_of(run: "RunRecord") -> dict:
+def _swept_of(run: RunRecord) -> dict:
     raw = run.tags.get(TAG_SWEPT)
     if not raw:
         return {}
@@ -232,13 +260,10 @@ def _swept_of(run: "RunRecord") -> dict:
         swept = json.loads(raw)
     except ValueError as exc:
         raise CollectError(
-            f"run {run.run_id}: tag {TAG_SWEPT} must be a JSON object "
-            f"(dotted path -> value), got {raw!r}"
+            f"run {run.run_id}: tag {TAG_SWEPT} must be a JSON object (dotted path -> value), got {raw!r}"
         ) from exc
     if not isinstance(swept, dict):
-        raise CollectError(
-            f"run {run.run_id}: tag {TAG_SWEPT} must be a JSON object, got {raw!r}"
-        )
+        raise CollectError(f"run {run.run_id}: tag {TAG_SWEPT} must be a JSON object, got {raw!r}")
     return swept
 
 
@@ -246,7 +271,7 @@ def _study_yaml(client, parent_run_id: str) -> str | None:
     """The parent run's `study.yaml`; else its only top-level YAML artifact; else None."""
     try:
         names = [a.path for a in client.list_artifacts(parent_run_id) if not a.is_dir]
-    except Exception:  # no artifact store reachable: the report says the file is missing
+    except Exception:  # noqa: BLE001 (no artifact store reachable: the report says the file is missing)
         return None
     if STUDY_ARTIFACT not in names:
         yamls = [n for n in names if n.endswith((".yaml", ".yml"))]
@@ -259,7 +284,7 @@ def _study_yaml(client, parent_run_id: str) -> str | None:
         with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
             local = client.download_artifacts(parent_run_id, names[0], tmp)
             return Path(local).read_text(encoding="utf-8")
-    except Exception:
+    except Exception:  # noqa: BLE001 (no study file artifact: the report goes on without it)
         return None
 
 
@@ -289,11 +314,9 @@ def collect(
     experiment = _experiment(client, tracking_uri, study_name)
     experiment_id = experiment.experiment_id
 
-    parents = study_runs(client, experiment_id, {TAG_ROLE: ROLE_PARENT}, page_size=page_size,
-                         bulk=bulk)
+    parents = study_runs(client, experiment_id, {TAG_ROLE: ROLE_PARENT}, page_size=page_size, bulk=bulk)
     parent = max(parents, key=lambda r: r.start_time or 0) if parents else None
-    cells = study_runs(client, experiment_id, {TAG_ROLE: ROLE_CELL}, page_size=page_size,
-                       bulk=bulk)
+    cells = study_runs(client, experiment_id, {TAG_ROLE: ROLE_CELL}, page_size=page_size, bulk=bulk)
 
     finished_by_cell: dict[str, list] = {}
     other_by_cell: dict[str, list] = {}
@@ -316,12 +339,10 @@ def collect(
     duplicates = sorted(c for c, runs in finished_by_cell.items() if len(runs) > 1)
 
     histories = list(dict.fromkeys(histories))
-    means = _mean_histories(client, [r.run_id for r in finished], histories, experiment_id,
-                            bulk)
+    means = _mean_histories(client, [r.run_id for r in finished], histories, experiment_id, bulk)
     table = tell_apart(_finished_table(finished, histories, means))  # analysis.distinct
 
-    unfinished = [latest(runs) for cell, runs in other_by_cell.items()
-                  if cell not in finished_by_cell]
+    unfinished = [latest(runs) for cell, runs in other_by_cell.items() if cell not in finished_by_cell]
     unfinished.sort(key=lambda r: (r.tags.get(TAG_CONFIG_ID, ""), _seed_of(r) or 0))
     failed = _failed_table(unfinished)
 
@@ -352,8 +373,7 @@ def _identity(run: RunRecord) -> dict:
     }
 
 
-def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: dict
-                    ) -> pa.Table:
+def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: dict) -> pa.Table:
     param_keys: dict[str, None] = {}
     metric_keys: dict[str, None] = {}
     for run in runs:
@@ -365,14 +385,15 @@ def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: 
     for name in ID_COLUMNS:
         values = [ident[name] for ident in identities]
         columns[name] = pa.array(values, type=pa.int64() if name == "seed" else pa.string())
-    columns["stopped_epoch"] = pa.array([_int_or_none(r.tags.get(TAG_STOPPED_EPOCH)) for r in runs],
-                                        type=pa.int64())
+    columns["stopped_epoch"] = pa.array([_int_or_none(r.tags.get(TAG_STOPPED_EPOCH)) for r in runs], type=pa.int64())
     columns["pruned"] = pa.array([r.tags.get(TAG_PRUNED) or None for r in runs], type=pa.string())
     columns["start_time"] = pa.array([r.start_time for r in runs], type=pa.int64())
     columns["end_time"] = pa.array([r.end_time for r in runs], type=pa.int64())
     columns["duration_s"] = pa.array(
-        [(r.end_time - r.start_time) / 1000.0
-         if r.start_time is not None and r.end_time is not None else None for r in runs],
+        [
+            (r.end_time - r.start_time) / 1000.0 if r.start_time is not None and r.end_time is not None else None
+            for r in runs
+        ],
         type=pa.float64(),
     )
     if any(TAG_VERSION in r.tags for r in runs):  # the study's version that made each run
@@ -394,9 +415,7 @@ def _finished_table(runs: Sequence[RunRecord], histories: Sequence[str], means: 
     for key in sorted(metric_keys):
         columns[key] = pa.array([r.metrics.get(key) for r in runs], type=pa.float64())
     for key in histories:
-        columns[MEAN_PREFIX + key] = pa.array(
-            [means.get((r.run_id, key)) for r in runs], type=pa.float64()
-        )
+        columns[MEAN_PREFIX + key] = pa.array([means.get((r.run_id, key)) for r in runs], type=pa.float64())
     if not runs:
         return pa.table({name: pa.array([], type=arr.type) for name, arr in columns.items()})
     return pa.table(columns)
@@ -423,49 +442,63 @@ def _failed_table(runs: Sequence[RunRecord]) -> pa.Table:
         error = tags.get(TAG_ERROR) or tags.get(TAG_STOP_REASON)  # a signal stopped its driver
         if error is None and status == "unfinished" and mlflow_status in {"FAILED", "KILLED"}:
             error = f"MLflow run status {mlflow_status} without a studies.error tag"
-        records.append({
-            **ident,
-            "status": status,
-            "mlflow_status": mlflow_status,
-            "error": error,
-            "start_time": run.start_time,
-        })
-    schema = pa.schema([
-        ("run_id", pa.string()), ("cell_id", pa.string()), ("config_id", pa.string()),
-        ("seed", pa.int64()), ("variant", pa.string()), ("swept", pa.string()),
-        ("status", pa.string()), ("mlflow_status", pa.string()), ("error", pa.string()),
-        ("start_time", pa.int64()),
-    ])
+        records.append(
+            {
+                **ident,
+                "status": status,
+                "mlflow_status": mlflow_status,
+                "error": error,
+                "start_time": run.start_time,
+            }
+        )
+    schema = pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("cell_id", pa.string()),
+            ("config_id", pa.string()),
+            ("seed", pa.int64()),
+            ("variant", pa.string()),
+            ("swept", pa.string()),
+            ("status", pa.string()),
+            ("mlflow_status", pa.string()),
+            ("error", pa.string()),
+            ("start_time", pa.int64()),
+        ]
+    )
     return pa.Table.from_pylist(records, schema=schema)
 
 
-def add_history_means(collected: Collected, keys: Iterable[str], *, bulk: bool = True
-                      ) -> Collected:
+def add_history_means(collected: Collected, keys: Iterable[str], *, bulk: bool = True) -> Collected:
     """Append `mean:<key>` columns (mean over logged epochs) to `collected.table` in place."""
-    keys = [k for k in dict.fromkeys(keys)
-            if MEAN_PREFIX + k not in collected.table.column_names]
+    keys = [k for k in dict.fromkeys(keys) if MEAN_PREFIX + k not in collected.table.column_names]
     if not keys or collected.table.num_rows == 0:
         return collected
     run_ids = collected.table.column("run_id").to_pylist()
-    means = _mean_histories(_client(collected.tracking_uri), run_ids, keys,
-                            collected.experiment_id, bulk)
+    means = _mean_histories(_client(collected.tracking_uri), run_ids, keys, collected.experiment_id, bulk)
     table = collected.table
     for key in keys:
-        table = table.append_column(
-            MEAN_PREFIX + key, pa.array([means.get((r, key)) for r in run_ids], pa.float64())
-        )
+        table = table.append_column(MEAN_PREFIX + key, pa.array([means.get((r, key)) for r in run_ids], pa.float64()))
     collected.table = table
     return collected
 
 
-HISTORY_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("config_id", pa.string()), ("seed", pa.int64()),
-    ("variant", pa.string()), ("swept", pa.string()), ("metric", pa.string()),
-    ("epoch", pa.int64()), ("value", pa.float64())])
+HISTORY_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("config_id", pa.string()),
+        ("seed", pa.int64()),
+        ("variant", pa.string()),
+        ("swept", pa.string()),
+        ("metric", pa.string()),
+        ("epoch", pa.int64()),
+        ("value", pa.float64()),
+    ]
+)
 
 
-def collect_histories(collected: Collected, keys: Iterable[str], *, bulk: bool = True,
-                      run_ids: Iterable[str] | None = None) -> pa.Table:
+def collect_histories(
+    collected: Collected, keys: Iterable[str], *, bulk: bool = True, run_ids: Iterable[str] | None = None
+) -> pa.Table:
     """Per-epoch values of the metrics `keys` for every finished cell, as a long table.
 
     Columns: `run_id`, `config_id`, `seed`, `variant`, `swept`, `metric`, `epoch` (int64,
@@ -477,12 +510,11 @@ def collect_histories(collected: Collected, keys: Iterable[str], *, bulk: bool =
     if run_ids is not None and table.num_rows:
         import pyarrow.compute as pc
 
-        table = table.filter(pc.is_in(table.column("run_id"),
-                                      value_set=pa.array(list(run_ids), pa.string())))
-    rows = table.select(["run_id", "config_id", "seed", "variant", "swept"]).to_pylist() \
-        if table.num_rows else []
-    histories = _fetch_histories(_client(collected.tracking_uri), [r["run_id"] for r in rows],
-                                 keys, collected.experiment_id, bulk)
+        table = table.filter(pc.is_in(table.column("run_id"), value_set=pa.array(list(run_ids), pa.string())))
+    rows = table.select(["run_id", "config_id", "seed", "variant", "swept"]).to_pylist() if table.num_rows else []
+    histories = _fetch_histories(
+        _client(collected.tracking_uri), [r["run_id"] for r in rows], keys, collected.experiment_id, bulk
+    )
     columns: dict[str, list] = {name: [] for name in HISTORY_SCHEMA.names}
     for row in rows:
         for key in keys:
@@ -493,8 +525,10 @@ def collect_histories(collected: Collected, keys: Iterable[str], *, bulk: bool =
                 columns["metric"].append(key)
                 columns["epoch"].append(epoch)
                 columns["value"].append(value)
-    return pa.table({name: pa.array(values, type=HISTORY_SCHEMA.field(name).type)
-                     for name, values in columns.items()}, schema=HISTORY_SCHEMA)
+    return pa.table(
+        {name: pa.array(values, type=HISTORY_SCHEMA.field(name).type) for name, values in columns.items()},
+        schema=HISTORY_SCHEMA,
+    )
 
 
 # ----------------------------------------------------------------------------- export
@@ -515,12 +549,8 @@ def export_parquet(collected: Collected, path: str | Path) -> Path:
         b"studies.experiment_id": str(collected.experiment_id).encode(),
         b"studies.parent_run_id": (collected.parent_run_id or "").encode(),
     }
-    table = collected.table.replace_schema_metadata(
-        {**(collected.table.schema.metadata or {}), **metadata}
-    )
+    table = collected.table.replace_schema_metadata({**(collected.table.schema.metadata or {}), **metadata})
     pq.write_table(table, path)
     failed_path = path.with_name(path.stem + ".failed.parquet")
     pq.write_table(collected.failed.replace_schema_metadata(metadata), failed_path)
     return path
-
-

@@ -10,19 +10,19 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.layout import (  # noqa: E402  the MLflow layout written by studies.tracking
+from analysis.layout import (
     PER_CLASS_ARTIFACT,
     tag_filter,
 )
-
 
 # MLflow's largest page for search_runs (mlflow.store.tracking.SEARCH_MAX_RESULTS_THRESHOLD).
 MAX_PAGE_SIZE = 50_000
@@ -60,7 +60,10 @@ def _client(tracking_uri: str):
 
 
 def search_all_runs(
-    client, experiment_id: str, filter_string: str, page_size: int = MAX_PAGE_SIZE,
+    client,
+    experiment_id: str,
+    filter_string: str,
+    page_size: int = MAX_PAGE_SIZE,
     call: Callable[[Callable[[], Any]], Any] | None = None,
 ) -> Iterator[Any]:
     """Every active run of the experiment that matches, oldest first, page after page (page
@@ -71,11 +74,16 @@ def search_all_runs(
         raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}")
     token = None
     while True:
+
         def request(token=token):
             return client.search_runs(
-                [experiment_id], filter_string=filter_string,
-                run_view_type=ViewType.ACTIVE_ONLY, max_results=page_size,
-                order_by=["attributes.start_time ASC"], page_token=token)
+                [experiment_id],
+                filter_string=filter_string,
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=page_size,
+                order_by=["attributes.start_time ASC"],
+                page_token=token,
+            )
 
         page = call(request) if call is not None else request()
         yield from page
@@ -97,10 +105,17 @@ class RunRecord:
     metrics: dict[str, float]
 
     @classmethod
-    def of(cls, run) -> "RunRecord":
+    def of(cls, run) -> RunRecord:
         """From an `mlflow.entities.Run` (what `search_runs` returns)."""
-        return cls(run.info.run_id, run.info.status, run.info.start_time, run.info.end_time,
-                   dict(run.data.tags), dict(run.data.params), dict(run.data.metrics))
+        return cls(
+            run.info.run_id,
+            run.info.status,
+            run.info.start_time,
+            run.info.end_time,
+            dict(run.data.tags),
+            dict(run.data.params),
+            dict(run.data.metrics),
+        )
 
 
 def _sql_store(client):
@@ -110,22 +125,22 @@ def _sql_store(client):
     store's own engine (its connection pool and, for SQLite, its settings)."""
     try:
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
         store = client._tracking_client.store
-    except Exception:  # another MLflow layout, or a store that cannot be built
+    except Exception:  # noqa: BLE001 (another MLflow layout, or a store that cannot be built)
         return None
     return store if isinstance(store, SqlAlchemyStore) and hasattr(store, "engine") else None
 
 
 def _tables():
-    from mlflow.store.tracking.dbmodels.models import (SqlLatestMetric, SqlMetric, SqlParam,
-                                                       SqlRun, SqlTag)
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric, SqlParam, SqlRun, SqlTag
 
-    return (SqlRun.__table__, SqlTag.__table__, SqlParam.__table__,
-            SqlLatestMetric.__table__, SqlMetric.__table__)
+    return (SqlRun.__table__, SqlTag.__table__, SqlParam.__table__, SqlLatestMetric.__table__, SqlMetric.__table__)
 
 
-def _sql_study_runs(store, experiment_id: str, tags: Mapping[str, str], *, params: bool = True,
-                    metrics: Sequence[str] | None = None) -> list[RunRecord]:
+def _sql_study_runs(
+    store, experiment_id: str, tags: Mapping[str, str], *, params: bool = True, metrics: Sequence[str] | None = None
+) -> list[RunRecord]:
     """The active runs of the experiment with these tag values: one query per table (runs,
     then their tags, params and latest metrics), what `search_runs` returns for the same
     filter; `params=False` skips the params, `metrics` keeps only those latest metrics."""
@@ -134,8 +149,12 @@ def _sql_study_runs(store, experiment_id: str, tags: Mapping[str, str], *, param
     runs, tag_table, param_table, latest, _ = _tables()
     wanted = and_(runs.c.experiment_id == int(experiment_id), runs.c.lifecycle_stage == "active")
     for key, value in tags.items():
-        wanted = and_(wanted, runs.c.run_uuid.in_(select(tag_table.c.run_uuid).where(
-            and_(tag_table.c.key == key, tag_table.c.value == str(value)))))
+        wanted = and_(
+            wanted,
+            runs.c.run_uuid.in_(
+                select(tag_table.c.run_uuid).where(and_(tag_table.c.key == key, tag_table.c.value == str(value)))
+            ),
+        )
     ids = select(runs.c.run_uuid).where(wanted).scalar_subquery()
     intern = sys.intern  # one str object per distinct key: 10,000 runs share them
 
@@ -145,26 +164,32 @@ def _sql_study_runs(store, experiment_id: str, tags: Mapping[str, str], *, param
     with store.engine.connect() as conn:
         records = {
             run_id: RunRecord(run_id, status, start, end, {}, {}, {})
-            for run_id, status, start, end in rows(conn, select(
-                runs.c.run_uuid, runs.c.status, runs.c.start_time, runs.c.end_time)
-                .where(wanted).order_by(runs.c.start_time, runs.c.run_uuid))
+            for run_id, status, start, end in rows(
+                conn,
+                select(runs.c.run_uuid, runs.c.status, runs.c.start_time, runs.c.end_time)
+                .where(wanted)
+                .order_by(runs.c.start_time, runs.c.run_uuid),
+            )
         }
-        for run_id, key, value in rows(conn, select(
-                tag_table.c.run_uuid, tag_table.c.key, tag_table.c.value)
-                .where(tag_table.c.run_uuid.in_(ids))):
+        for run_id, key, value in rows(
+            conn, select(tag_table.c.run_uuid, tag_table.c.key, tag_table.c.value).where(tag_table.c.run_uuid.in_(ids))
+        ):
             records[run_id].tags[intern(key)] = value
         if params:
-            for run_id, key, value in rows(conn, select(
-                    param_table.c.run_uuid, param_table.c.key, param_table.c.value)
-                    .where(param_table.c.run_uuid.in_(ids))):
+            for run_id, key, value in rows(
+                conn,
+                select(param_table.c.run_uuid, param_table.c.key, param_table.c.value).where(
+                    param_table.c.run_uuid.in_(ids)
+                ),
+            ):
                 records[run_id].params[intern(key)] = value
         if metrics is None or metrics:
             which = latest.c.run_uuid.in_(ids)
             if metrics is not None:
                 which = and_(which, latest.c.key.in_(list(metrics)))
-            for run_id, key, value, is_nan in rows(conn, select(
-                    latest.c.run_uuid, latest.c.key, latest.c.value, latest.c.is_nan)
-                    .where(which)):
+            for run_id, key, value, is_nan in rows(
+                conn, select(latest.c.run_uuid, latest.c.key, latest.c.value, latest.c.is_nan).where(which)
+            ):
                 records[run_id].metrics[intern(key)] = math.nan if is_nan else float(value)
     return list(records.values())
 
@@ -190,9 +215,16 @@ def _raw_rows(conn, statement, block: int = 50_000) -> Iterator[tuple]:
         cursor.close()
 
 
-def study_runs(client, experiment_id: str, tags: Mapping[str, str], *, params: bool = True,
-               metrics: Sequence[str] | None = None, page_size: int = MAX_PAGE_SIZE,
-               bulk: bool = True) -> list[RunRecord]:
+def study_runs(
+    client,
+    experiment_id: str,
+    tags: Mapping[str, str],
+    *,
+    params: bool = True,
+    metrics: Sequence[str] | None = None,
+    page_size: int = MAX_PAGE_SIZE,
+    bulk: bool = True,
+) -> list[RunRecord]:
     """The active runs of the experiment with these tag values, oldest first, as `RunRecord`s;
     `params=False` leaves their params out and `metrics` keeps only those latest metrics (the
     cell ledger of `studies.tracking` needs tags alone: at 10,000 runs MLflow `Run` objects
@@ -233,8 +265,7 @@ def _histories_per_run(client, run_ids: Sequence[str], keys: Sequence[str]) -> d
 
     def one(job):
         run_id, key = job
-        return job, _history_points((m.step, m.timestamp, m.value)
-                                    for m in client.get_metric_history(run_id, key))
+        return job, _history_points((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
 
     jobs = [(r, k) for r in run_ids for k in keys]
     if not jobs:
@@ -243,27 +274,29 @@ def _histories_per_run(client, run_ids: Sequence[str], keys: Sequence[str]) -> d
         return dict(pool.map(one, jobs))
 
 
-def _histories_sql(store, experiment_id: str, run_ids: Sequence[str], keys: Sequence[str]
-                   ) -> dict:
+def _histories_sql(store, experiment_id: str, run_ids: Sequence[str], keys: Sequence[str]) -> dict:
     """One query per key for the whole study (the experiment's active runs)."""
     from sqlalchemy import and_, select
 
     runs, _, _, _, metrics = _tables()
     wanted = set(run_ids)
-    ids = select(runs.c.run_uuid).where(and_(
-        runs.c.experiment_id == int(experiment_id),
-        runs.c.lifecycle_stage == "active")).scalar_subquery()
+    ids = (
+        select(runs.c.run_uuid)
+        .where(and_(runs.c.experiment_id == int(experiment_id), runs.c.lifecycle_stage == "active"))
+        .scalar_subquery()
+    )
     out: dict = {}
     with store.engine.connect() as conn:
         for key in keys:
             points: dict[str, list] = {r: [] for r in run_ids}
-            for run_id, step, timestamp, value, is_nan in _raw_rows(conn, select(
-                    metrics.c.run_uuid, metrics.c.step, metrics.c.timestamp, metrics.c.value,
-                    metrics.c.is_nan).where(and_(metrics.c.key == key,
-                                                 metrics.c.run_uuid.in_(ids)))):
+            for run_id, step, timestamp, value, is_nan in _raw_rows(
+                conn,
+                select(
+                    metrics.c.run_uuid, metrics.c.step, metrics.c.timestamp, metrics.c.value, metrics.c.is_nan
+                ).where(and_(metrics.c.key == key, metrics.c.run_uuid.in_(ids))),
+            ):
                 if run_id in wanted:
-                    points[run_id].append((step, timestamp,
-                                           math.nan if is_nan else float(value)))
+                    points[run_id].append((step, timestamp, math.nan if is_nan else float(value)))
             for run_id, run_points in points.items():
                 out[(run_id, key)] = _history_points(run_points)
     return out
@@ -282,19 +315,22 @@ def _histories_rest(client, store, run_ids: Sequence[str], keys: Sequence[str]) 
 
     def one(job):
         chunk, key = job
-        response = http_request(store.get_host_creds(), REST_BULK_ENDPOINT, "GET", params={
-            "run_ids": list(chunk), "metric_key": key, "max_results": REST_BULK_POINTS})
+        response = http_request(
+            store.get_host_creds(),
+            REST_BULK_ENDPOINT,
+            "GET",
+            params={"run_ids": list(chunk), "metric_key": key, "max_results": REST_BULK_POINTS},
+        )
         verify_rest_response(response, REST_BULK_ENDPOINT)
         points: dict[str, list] = {r: [] for r in chunk}
         for m in response.json().get("metrics", []):
             value = m.get("value", 0.0)
             points.setdefault(m["run_id"], []).append(
-                (int(m.get("step", 0)), int(m.get("timestamp", 0)),
-                 float(value) if value is not None else None))
+                (int(m.get("step", 0)), int(m.get("timestamp", 0)), float(value) if value is not None else None)
+            )
         return key, points
 
-    jobs = [(run_ids[i:i + REST_BULK_RUNS], k)
-            for k in keys for i in range(0, len(run_ids), REST_BULK_RUNS)]
+    jobs = [(run_ids[i : i + REST_BULK_RUNS], k) for k in keys for i in range(0, len(run_ids), REST_BULK_RUNS)]
     out: dict = {}
     again = []
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -309,8 +345,9 @@ def _histories_rest(client, store, run_ids: Sequence[str], keys: Sequence[str]) 
     return out
 
 
-def _fetch_histories(client, run_ids: Sequence[str], keys: Sequence[str],
-                     experiment_id: str | None = None, bulk: bool = True) -> dict:
+def _fetch_histories(
+    client, run_ids: Sequence[str], keys: Sequence[str], experiment_id: str | None = None, bulk: bool = True
+) -> dict:
     """{(run_id, key): [(epoch, value), ...] sorted by epoch} for every run and key.
 
     Non-finite values are dropped; a step logged twice keeps its last value. `bulk`: one
@@ -329,17 +366,17 @@ def _fetch_histories(client, run_ids: Sequence[str], keys: Sequence[str],
         if isinstance(rest, RestStore):
             try:
                 return _histories_rest(client, rest, run_ids, keys)
-            except Exception:  # an older server without the endpoint: run by run
+            except Exception:  # noqa: BLE001 (an older server without the endpoint: run by run)
                 pass
     return _histories_per_run(client, run_ids, keys)
 
 
-def _mean_histories(client, run_ids: Sequence[str], keys: Sequence[str],
-                    experiment_id: str | None = None, bulk: bool = True) -> dict:
+def _mean_histories(
+    client, run_ids: Sequence[str], keys: Sequence[str], experiment_id: str | None = None, bulk: bool = True
+) -> dict:
     """{(run_id, key): mean over logged epochs (None when none)}."""
     histories = _fetch_histories(client, run_ids, keys, experiment_id, bulk)
-    return {job: (sum(v for _, v in points) / len(points) if points else None)
-            for job, points in histories.items()}
+    return {job: (sum(v for _, v in points) / len(points) if points else None) for job, points in histories.items()}
 
 
 def read_artifact_table(local: str | Path, what: str) -> pa.Table:
@@ -353,22 +390,19 @@ def read_artifact_table(local: str | Path, what: str) -> pa.Table:
         raise CollectError(f"{what} is {kind}; expected one Parquet file written by the trial")
     size = path.stat().st_size
     if size > MAX_ARTIFACT_BYTES:
-        raise CollectError(f"{what} is {size:,} bytes; expected a Parquet file of at most "
-                           f"{MAX_ARTIFACT_BYTES:,} bytes")
+        raise CollectError(f"{what} is {size:,} bytes; expected a Parquet file of at most {MAX_ARTIFACT_BYTES:,} bytes")
     try:
         rows = pq.ParquetFile(path).metadata.num_rows
     except (pa.ArrowException, OSError) as error:
-        raise CollectError(f"{what} is not a readable Parquet file ({error}); expected the "
-                           f"table the trial wrote") from None
+        raise CollectError(
+            f"{what} is not a readable Parquet file ({error}); expected the table the trial wrote"
+        ) from None
     if rows > MAX_ARTIFACT_ROWS:
-        raise CollectError(f"{what} has {rows:,} rows; expected at most {MAX_ARTIFACT_ROWS:,} "
-                           f"(one per class)")
+        raise CollectError(f"{what} has {rows:,} rows; expected at most {MAX_ARTIFACT_ROWS:,} (one per class)")
     return pq.read_table(path)
 
 
-def collect_per_class(
-    tracking_uri: str, run_ids: Iterable[str], artifact: str = PER_CLASS_ARTIFACT
-) -> pa.Table:
+def collect_per_class(tracking_uri: str, run_ids: Iterable[str], artifact: str = PER_CLASS_ARTIFACT) -> pa.Table:
     """The per-class test results of the given runs (or another Parquet artifact of theirs,
     such as `set_sizes_test.parquet`), concatenated, with a `run_id` column."""
     client = _client(tracking_uri)
@@ -378,9 +412,7 @@ def collect_per_class(
             index, run_id = job
             local = client.download_artifacts(run_id, artifact, str(Path(tmp) / str(index)))
             table = read_artifact_table(local, f"artifact {artifact} of run {run_id}")
-            return table.append_column(
-                "run_id", pa.array([run_id] * table.num_rows, type=pa.string())
-            )
+            return table.append_column("run_id", pa.array([run_id] * table.num_rows, type=pa.string()))
 
         with ThreadPoolExecutor(max_workers=8) as pool:  # one request per run: overlap them
             tables = list(pool.map(one, enumerate(run_ids)))

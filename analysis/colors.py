@@ -6,10 +6,10 @@ report and in MLflow; no matplotlib, so that a trial can colour its run without 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf"]
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 #: how far the configs of one variant are shaded away from its colour (towards white, then
 #: black, in turn): the first config keeps the colour itself
 SHADES = (0.0, 0.45, -0.35, 0.65, -0.55, 0.25, -0.2, 0.8)
@@ -27,16 +27,17 @@ def shade(color: str, index: int) -> str:
     ``to_hex`` rounds."""
     amount = SHADES[index % len(SHADES)]
     target = 1.0 if amount > 0 else 0.0
-    channels = [int(color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    channels = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
     return "#" + "".join(f"{round((c + abs(amount) * (target - c)) * 255):02x}" for c in channels)
 
 
-def config_colors(configs_by_variant: Mapping[Any, Sequence[Any]],
-                  variant_order: Sequence[Any]) -> dict[Any, str]:
+def config_colors(configs_by_variant: Mapping[Any, Sequence[Any]], variant_order: Sequence[Any]) -> dict[Any, str]:
     """``{config: colour}``: a config's variant colour (variants in `variant_order`, then any
     other in the order given), shaded by the config's place among its variant's configs."""
     order = list(variant_order) + [v for v in configs_by_variant if v not in variant_order]
     base = variant_colors(order)
-    return {config: shade(base[variant], index)
-            for variant, configs in configs_by_variant.items()
-            for index, config in enumerate(configs)}
+    return {
+        config: shade(base[variant], index)
+        for variant, configs in configs_by_variant.items()
+        for index, config in enumerate(configs)
+    }

@@ -7,7 +7,8 @@ no design sweeps. `tell_apart` completes the ``swept`` column of the collected t
 no two configs share a label:
 
 - a study of several versions: every row gets ``version`` (its version's first 7 hex
-  digits; a run made before versions were recorded belongs to the first) in ``swept`` and as a ``param:version`` column, so that the version splits tables,
+  digits; a run made before versions were recorded belongs to the first) in ``swept`` and as a
+  ``param:version`` column, so that the version splits tables,
   curves and the comparisons' contexts like any parameter (a comparison, and so Holm's
   family, never spans versions: `analysis.stats`); a config id that two versions share is
   qualified with the version (``<config_id>-v<version>``) so that their seeds are never pooled;
@@ -40,9 +41,10 @@ def versions_of(table: pa.Table) -> list[str]:
     """The versions of the study among the rows, in the order they first ran."""
     if VERSION_COLUMN not in table.column_names or table.num_rows == 0:
         return []
-    pairs = zip(table.column(VERSION_COLUMN).to_pylist(),
-                table.column("start_time").to_pylist() if "start_time" in table.column_names
-                else range(table.num_rows))
+    pairs = zip(
+        table.column(VERSION_COLUMN).to_pylist(),
+        table.column("start_time").to_pylist() if "start_time" in table.column_names else range(table.num_rows),
+    )
     first: dict[str, Any] = {}
     for version, start in pairs:
         if version and (version not in first or (start or 0) < (first[version] or 0)):
@@ -89,23 +91,26 @@ def tell_apart(table: pa.Table) -> pa.Table:
         if len(configs) < 2:
             continue
         firsts = [rows[first_row[c]] for c in configs]
-        differing = [p for p in params
-                     if len({json.dumps(r.get(p), sort_keys=True) for r in firsts}) > 1]
+        differing = [p for p in params if len({json.dumps(r.get(p), sort_keys=True) for r in firsts}) > 1]
         for config, row in zip(configs, firsts):
-            extra[config] = {p[len(_PARAM):]: row.get(p) for p in differing}
+            extra[config] = {p[len(_PARAM) :]: row.get(p) for p in differing}
     changed = several or bool(extra)
     if not changed:
         return table
     for i, config in enumerate(config_ids):
         swept[i].update(extra.get(config, {}))
     out = table
-    out = _replace(out, "swept", pa.array([json.dumps(s, sort_keys=True, separators=(",", ":"),
-                                                      default=str) for s in swept], pa.string()))
+    out = _replace(
+        out,
+        "swept",
+        pa.array([json.dumps(s, sort_keys=True, separators=(",", ":"), default=str) for s in swept], pa.string()),
+    )
     out = _replace(out, "config_id", pa.array(config_ids, pa.string()))
     if several:
         out = _replace(out, VERSION_COLUMN, pa.array([r[VERSION_COLUMN] for r in rows], pa.string()))
-        out = _replace(out, _PARAM + VERSION_PARAM,
-                       pa.array([short_version(r[VERSION_COLUMN]) for r in rows], pa.string()))
+        out = _replace(
+            out, _PARAM + VERSION_PARAM, pa.array([short_version(r[VERSION_COLUMN]) for r in rows], pa.string())
+        )
     return out
 
 

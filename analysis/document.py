@@ -10,9 +10,10 @@ SVG files) and `render_latex` the tables for a paper (`analysis.latex`).
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Sequence, Union
+from typing import TYPE_CHECKING, ClassVar
 
 import jinja2
 
@@ -22,7 +23,10 @@ if TYPE_CHECKING:  # the document needs their fields only, not their modules
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("analysis", "templates"),
-    autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+    autoescape=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    undefined=jinja2.StrictUndefined,
 )
 
 
@@ -100,7 +104,7 @@ class Definitions:
     items: tuple[tuple[str, str], ...]
 
 
-Block = Union[Heading, Paragraph, Link, TableBlock, Figure, Code, Details, Definitions]
+Block = Heading | Paragraph | Link | TableBlock | Figure | Code | Details | Definitions
 
 
 class Document:
@@ -123,8 +127,9 @@ class Document:
         self.blocks.append(TableBlock(table))
 
     def figure(self, figure: FigureFile, md_dir: Path) -> None:
-        self.blocks.append(Figure(figure, figure.png.relative_to(md_dir).as_posix(),
-                                  figure.svg.relative_to(md_dir).as_posix()))
+        self.blocks.append(
+            Figure(figure, figure.png.relative_to(md_dir).as_posix(), figure.svg.relative_to(md_dir).as_posix())
+        )
 
     def code(self, text: str, language: str = "") -> None:
         self.blocks.append(Code(text, language))
@@ -136,8 +141,7 @@ class Document:
         self.blocks.append(Definitions(tuple(items)))
 
     def render_html(self) -> str:
-        return _TEMPLATES.get_template("report.html.j2").render(title=self.title,
-                                                                 blocks=self.blocks)
+        return _TEMPLATES.get_template("report.html.j2").render(title=self.title, blocks=self.blocks)
 
     def render_latex(self) -> str:
         from analysis.latex import tables_tex
@@ -168,11 +172,12 @@ def _fence(text: str, language: str = "") -> str:
 
 
 def _md_table(table: Table) -> str:
-    lines = ["| " + " | ".join(_md_escape(h) for h in table.header) + " |",
-             "|" + "|".join("---" for _ in table.header) + "|"]
+    lines = [
+        "| " + " | ".join(_md_escape(h) for h in table.header) + " |",
+        "|" + "|".join("---" for _ in table.header) + "|",
+    ]
     for row in table.rows:
-        entries = [f"**{_md_escape(e.text)}**" if e.bold and e.text else _md_escape(e.text)
-                   for e in row]
+        entries = [f"**{_md_escape(e.text)}**" if e.bold and e.text else _md_escape(e.text) for e in row]
         lines.append("| " + " | ".join(entries) + " |")
     if table.caption:
         lines += ["", f"*{_md_escape(table.caption)}*"]
@@ -184,8 +189,12 @@ _MARKDOWN = {
     "paragraph": lambda b: [b.text, ""],
     "link": lambda b: [f"{b.text} <{b.url}>", ""],
     "table": lambda b: [f"### {b.table.title}", "", _md_table(b.table), ""],
-    "figure": lambda b: [f"![{b.figure.title}]({b.png_link})", "",
-                         f"*{b.figure.title}: {b.figure.caption}* ([SVG]({b.svg_link}))", ""],
+    "figure": lambda b: [
+        f"![{b.figure.title}]({b.png_link})",
+        "",
+        f"*{b.figure.title}: {b.figure.caption}* ([SVG]({b.svg_link}))",
+        "",
+    ],
     "code": lambda b: [_fence(b.text, b.language), ""],
     "details": lambda b: [f"**{b.summary}**", "", _fence(b.text), ""],
     "definitions": lambda b: [f"- **{k}**: {_md_escape(v)}" for k, v in b.items] + [""],

@@ -26,9 +26,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from analysis import plots
 from analysis.collect import MEAN_PREFIX, PARAM_PREFIX, collect_histories, collect_per_class
@@ -41,8 +41,10 @@ from analysis.stats import epoch_curves, per_class_means, set_size_fractions
 
 _AVGK_METRIC = re.compile(r"^test/avg(?P<k>[0-9]+(?:\.[0-9]+)?)$")
 #: a test metric of a bin of classes by training images (`setvalued.metrics.names` grammar)
-_COUNT_BIN_METRIC = re.compile(r"^test/count_(?P<low>[0-9]+)_(?P<high>[0-9]+|inf)/"
-                               r"(?P<base>(?:top|avg)[0-9]+)$")
+_COUNT_BIN_METRIC = re.compile(
+    r"^test/count_(?P<low>[0-9]+)_(?P<high>[0-9]+|inf)/"
+    r"(?P<base>(?:top|avg)[0-9]+)$"
+)
 #: Configs of a learning-curve figure: bands of more than this many lines are a tangle.
 LEARNING_LINES = 6
 MAX_ERROR_CHARS = 300
@@ -74,8 +76,7 @@ class Figures:
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
-    def add(self, what: str, title: str, caption: str,
-            draw: Callable[..., Sequence[Path]]) -> None:
+    def add(self, what: str, title: str, caption: str, draw: Callable[..., Sequence[Path]]) -> None:
         """Draw one figure: `draw(notes=[...])` writes the PNG and SVG and may add sentences
         on what it left out (appended to the caption). A ValueError (nothing to draw) is
         kept in `skipped`; any other exception in `failed`."""
@@ -85,7 +86,7 @@ class Figures:
         except ValueError as exc:
             self.skipped.append(f"{what}: {exc}")
             return
-        except Exception as exc:  # MemoryError included: one figure never ends the report
+        except Exception as exc:  # noqa: BLE001 (MemoryError included: one figure never ends the report)
             self.failed.append(f"{what}: {error_text(exc)}")
             return
         self.drawn.append(FigureFile(title, png, svg, " ".join([caption] + notes).strip()))
@@ -95,7 +96,7 @@ class Figures:
         preparation (reading histories or artifacts) fails that family only."""
         try:
             build()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (a failing figure family is reported, the report goes on)
             self.failed.append(f"{what}: {error_text(exc)}")
 
 
@@ -108,11 +109,16 @@ def build_figures(results: StudyResults, figures_dir: Path) -> Figures:
     """Draw the study's figures into `figures_dir`; return them, with the reasons for the
     ones not drawn and the errors of the ones that failed."""
     figures = Figures()
-    sections = [("sensitivity curves", _curves), ("heat maps", _heatmaps),
-                ("learning curves", _learning_curves), ("epoch time vs K", _epoch_time),
-                ("set-size histograms", _set_sizes), ("shot-group bars", _shot_groups),
-                ("accuracy by number of training images", _count_bins),
-                ("per-class accuracy", _per_class)]
+    sections = [
+        ("sensitivity curves", _curves),
+        ("heat maps", _heatmaps),
+        ("learning curves", _learning_curves),
+        ("epoch time vs K", _epoch_time),
+        ("set-size histograms", _set_sizes),
+        ("shot-group bars", _shot_groups),
+        ("accuracy by number of training images", _count_bins),
+        ("per-class accuracy", _per_class),
+    ]
     for what, section in sections:
         figures.section(what, functools.partial(section, results, figures_dir, figures))
     return figures
@@ -128,9 +134,13 @@ def _level_text(results: StudyResults) -> str:
 
 
 def _numeric_values(results: StudyResults, path: str, rows=None) -> set[str]:
-    return {json.dumps(swept_of(r)[path]) for r in (rows if rows is not None else results.rows)
-            if path in swept_of(r) and isinstance(swept_of(r)[path], (int, float))
-            and not isinstance(swept_of(r)[path], bool)}
+    return {
+        json.dumps(swept_of(r)[path])
+        for r in (rows if rows is not None else results.rows)
+        if path in swept_of(r)
+        and isinstance(swept_of(r)[path], (int, float))
+        and not isinstance(swept_of(r)[path], bool)
+    }
 
 
 def _numeric_swept_paths(results: StudyResults) -> list[str]:
@@ -139,8 +149,7 @@ def _numeric_swept_paths(results: StudyResults) -> list[str]:
     for path in results.swept_paths:
         values = {json.dumps(swept_of(r)[path]) for r in results.rows if path in swept_of(r)}
         parsed = [json.loads(v) for v in values]
-        if len(parsed) >= 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                    for v in parsed):
+        if len(parsed) >= 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in parsed):
             out.append(path)
     return out
 
@@ -150,8 +159,7 @@ def _curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
     specs = results.study.report.curves
     if specs is None:
         primary = results.primary_metric()
-        specs = [ReportCurve(x=p, metric=primary) for p in _numeric_swept_paths(results)] \
-            if primary else []
+        specs = [ReportCurve(x=p, metric=primary) for p in _numeric_swept_paths(results)] if primary else []
     colors = _colors(results)
     for i, spec in enumerate(specs):
         x, metric = spec.x, spec.metric
@@ -160,14 +168,20 @@ def _curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
             figures.skipped.append(f"curve {metric} vs {x}: {metric} was not logged by a finished cell")
             continue
         if x == "data.label_noise":
-            draw = functools.partial(plots.metric_vs_label_noise, results.summary([metric]),
-                                     metric, figures_dir / name, x=x, colors=colors)
+            draw = functools.partial(
+                plots.metric_vs_label_noise, results.summary([metric]), metric, figures_dir / name, x=x, colors=colors
+            )
         else:
-            draw = functools.partial(plots.sensitivity_curve, results.summary([metric]), x,
-                                     metric, figures_dir / name, colors=colors)
-        figures.add(f"curve {metric} vs {x}", f"{metric} vs {param_label(x)}",
-                    f"Mean over seeds; band: {_level_text(results)}; dashed, labelled at the "
-                    f"right: a variant with a single config (not swept on {symbol(x)}).", draw)
+            draw = functools.partial(
+                plots.sensitivity_curve, results.summary([metric]), x, metric, figures_dir / name, colors=colors
+            )
+        figures.add(
+            f"curve {metric} vs {x}",
+            f"{metric} vs {param_label(x)}",
+            f"Mean over seeds; band: {_level_text(results)}; dashed, labelled at the "
+            f"right: a variant with a single config (not swept on {symbol(x)}).",
+            draw,
+        )
 
 
 def heatmap_pairs(results: StudyResults) -> dict[str, tuple[str, str]]:
@@ -177,11 +191,15 @@ def heatmap_pairs(results: StudyResults) -> dict[str, tuple[str, str]]:
     for variant in results.variants:
         rows = [r for r in results.rows if r["variant"] == variant]
         counts = {p: len(_numeric_values(results, p, rows)) for p in results.swept_paths}
-        paths = sorted((p for p, n in counts.items() if n >= 2),
-                       key=lambda p: (-counts[p], results.swept_paths.index(p)))
+        paths = sorted(
+            (p for p, n in counts.items() if n >= 2), key=lambda p: (-counts[p], results.swept_paths.index(p))
+        )
         if len(paths) >= 2:
-            joint = {(json.dumps(swept_of(r).get(paths[0])), json.dumps(swept_of(r).get(paths[1])))
-                     for r in rows if paths[0] in swept_of(r) and paths[1] in swept_of(r)}
+            joint = {
+                (json.dumps(swept_of(r).get(paths[0])), json.dumps(swept_of(r).get(paths[1])))
+                for r in rows
+                if paths[0] in swept_of(r) and paths[1] in swept_of(r)
+            }
             if len(joint) >= 4:  # a grid, not two one-at-a-time sweeps
                 pairs[variant] = (paths[0], paths[1])
     return pairs
@@ -193,13 +211,22 @@ def _heatmaps(results: StudyResults, figures_dir: Path, figures: Figures) -> Non
     pairs = heatmap_pairs(results)
     if not metric or not pairs:
         return
-    figures.add(f"heat map of {metric}", f"{metric} over two swept parameters",
-                "Mean over seeds of each config, one panel per variant on its two swept "
-                "parameters with the most values (a cell with several configs, which differ "
-                "in a third parameter, shows the best of them); one colour scale for all "
-                "panels; outlined: the variant's best cell.",
-                functools.partial(plots.heatmaps, results.summary([metric]), metric, pairs,
-                                  figures_dir / f"heatmap_{slug(metric)}", level=results.level))
+    figures.add(
+        f"heat map of {metric}",
+        f"{metric} over two swept parameters",
+        "Mean over seeds of each config, one panel per variant on its two swept "
+        "parameters with the most values (a cell with several configs, which differ "
+        "in a third parameter, shows the best of them); one colour scale for all "
+        "panels; outlined: the variant's best cell.",
+        functools.partial(
+            plots.heatmaps,
+            results.summary([metric]),
+            metric,
+            pairs,
+            figures_dir / f"heatmap_{slug(metric)}",
+            level=results.level,
+        ),
+    )
 
 
 def _learning_curves(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
@@ -210,21 +237,31 @@ def _learning_curves(results: StudyResults, figures_dir: Path, figures: Figures)
         return
     shown, which = results.showcase(LEARNING_LINES)
     run_ids = [r["run_id"] for r in results.rows if r["config_id"] in set(shown)]
-    histories = collect_histories(results.collected, learning, run_ids=run_ids) \
-        if results.rows else None
+    histories = collect_histories(results.collected, learning, run_ids=run_ids) if results.rows else None
     for metric in learning:
-        curves = epoch_curves(histories, metric, results.level, results.method,
-                              n_boot=results.n_boot) if histories is not None else []
+        curves = (
+            epoch_curves(histories, metric, results.level, results.method, n_boot=results.n_boot)
+            if histories is not None
+            else []
+        )
         if not curves:
             figures.skipped.append(f"learning curve of {metric}: no finished cell logged it per epoch")
             continue
-        figures.add(f"learning curve of {metric}", f"{metric} over the epochs",
-                    f"Mean over seeds at each epoch, a line per config; band: "
-                    f"{_level_text(results)}.{(' ' + which) if which else ''}",
-                    functools.partial(plots.learning_curves, curves, metric,
-                                      figures_dir / f"learning_{slug(metric)}",
-                                      order=shown, level=results.level,
-                                      colors=_colors(results)))
+        figures.add(
+            f"learning curve of {metric}",
+            f"{metric} over the epochs",
+            f"Mean over seeds at each epoch, a line per config; band: "
+            f"{_level_text(results)}.{(' ' + which) if which else ''}",
+            functools.partial(
+                plots.learning_curves,
+                curves,
+                metric,
+                figures_dir / f"learning_{slug(metric)}",
+                order=shown,
+                level=results.level,
+                colors=_colors(results),
+            ),
+        )
 
 
 def _epoch_time(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
@@ -239,12 +276,14 @@ def _epoch_time(results: StudyResults, figures_dir: Path, figures: Figures) -> N
         figures.skipped.append("epoch time vs K: epoch_time_s was not logged")
         return
     results.add_history_means(["epoch_time_s"])
-    figures.add("epoch time vs K", "Epoch time vs K",
-                f"Mean epoch wall time over the epochs of each run, then mean over seeds; "
-                f"band: {_level_text(results)}.",
-                functools.partial(plots.epoch_time_vs_k,
-                                  results.summary([MEAN_PREFIX + "epoch_time_s"]),
-                                  figures_dir / "epoch_time_vs_k", x=x))
+    figures.add(
+        "epoch time vs K",
+        "Epoch time vs K",
+        f"Mean epoch wall time over the epochs of each run, then mean over seeds; band: {_level_text(results)}.",
+        functools.partial(
+            plots.epoch_time_vs_k, results.summary([MEAN_PREFIX + "epoch_time_s"]), figures_dir / "epoch_time_vs_k", x=x
+        ),
+    )
 
 
 def _set_sizes(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
@@ -260,8 +299,7 @@ def _set_sizes(results: StudyResults, figures_dir: Path, figures: Figures) -> No
     plans = []
     for k in ks:
         rows_k = [r for r in results.rows if r.get(f"test/avg{k}") is not None]
-        selected = [r for r in rows_k
-                    if str(r.get(PARAM_PREFIX + "eval.selection", "")).endswith(f"avg{k}")]
+        selected = [r for r in rows_k if str(r.get(PARAM_PREFIX + "eval.selection", "")).endswith(f"avg{k}")]
         rows_k = selected or rows_k
         configs = {r["config_id"] for r in rows_k}
         summary = [r for r in results.summary([f"test/avg{k}"]) if r["config_id"] in configs]
@@ -274,9 +312,8 @@ def _set_sizes(results: StudyResults, figures_dir: Path, figures: Figures) -> No
             for r in summary:
                 if r["variant"] not in best_of or r["mean"] > best_of[r["variant"]]["mean"]:
                     best_of[r["variant"]] = r
-            shown = sorted(best_of.values(), key=lambda r: -r["mean"])[:plots.MAX_LINES]
-            which = (f"the best config (mean test/avg{k}) of each variant, {len(shown)} of "
-                     f"{len(summary)} configs")
+            shown = sorted(best_of.values(), key=lambda r: -r["mean"])[: plots.MAX_LINES]
+            which = f"the best config (mean test/avg{k}) of each variant, {len(shown)} of {len(summary)} configs"
         candidates = [r for r in summary if spec.by_shot is None or r["variant"] == spec.by_shot]
         best = max(candidates, key=lambda r: r["mean"]) if candidates else None
         wanted = {r["config_id"] for r in shown} | ({best["config_id"]} if best else set())
@@ -287,33 +324,43 @@ def _set_sizes(results: StudyResults, figures_dir: Path, figures: Figures) -> No
     needed = list(dict.fromkeys(run for *_, runs in plans for run in runs))
     try:
         sizes = collect_per_class(results.collected.tracking_uri, needed, SET_SIZES_ARTIFACT)
-    except Exception as exc:  # runs from before the artifact existed, or a broken store
-        figures.skipped.append(f"set-size histograms: cannot read {SET_SIZES_ARTIFACT} "
-                               f"({error_text(exc)})")
+    except Exception as exc:  # noqa: BLE001 (runs from before the artifact existed, or a broken store)
+        figures.skipped.append(f"set-size histograms: cannot read {SET_SIZES_ARTIFACT} ({error_text(exc)})")
         return
     for k, summary, shown, which, best, runs in plans:
         fractions = set_size_fractions(sizes, runs, k)
         labels = {r["config_id"]: plots.config_label(r) for r in summary}
-        by_config = [(f"{labels[c]} (n={fractions[(c, 'all')]['n']})",
-                      fractions[(c, "all")]["fractions"])
-                     for c in results.config_order(shown) if (c, "all") in fractions]
+        by_config = [
+            (f"{labels[c]} (n={fractions[(c, 'all')]['n']})", fractions[(c, "all")]["fractions"])
+            for c in results.config_order(shown)
+            if (c, "all") in fractions
+        ]
         if not by_config:
             figures.skipped.append(f"set sizes of average-{k}: no run stored them")
             continue
         if spec.by_shot is not None and best is None:
-            figures.skipped.append(f"set sizes of average-{k} by shot group: no config of "
-                                   f"variant {spec.by_shot!r}")
-        by_shot = [(f"{g} (n={fractions[(best['config_id'], g)]['n']})",
-                    fractions[(best["config_id"], g)]["fractions"])
-                   for g in plots.SHOT_GROUPS if best and (best["config_id"], g) in fractions]
+            figures.skipped.append(f"set sizes of average-{k} by shot group: no config of variant {spec.by_shot!r}")
+        by_shot = [
+            (f"{g} (n={fractions[(best['config_id'], g)]['n']})", fractions[(best["config_id"], g)]["fractions"])
+            for g in plots.SHOT_GROUPS
+            if best and (best["config_id"], g) in fractions
+        ]
         chosen = "the variant asked for" if spec.by_shot else f"the best mean test/avg{k}"
-        figures.add(f"set sizes of average-{k}", f"Average-{k} set sizes on test",
-                    f"Share of test inputs per set size, mean over seeds, for {which}; the last "
-                    f"bin gathers the larger sets. (b) is the config with {chosen}, split by the "
-                    f"shot group of the label (few < 20 ≤ medium ≤ 100 < many training images).",
-                    functools.partial(plots.set_size_histograms, by_config, by_shot, k,
-                                      figures_dir / f"set_sizes_avg{slug(k)}",
-                                      shot_config=labels[best["config_id"]] if best else ""))
+        figures.add(
+            f"set sizes of average-{k}",
+            f"Average-{k} set sizes on test",
+            f"Share of test inputs per set size, mean over seeds, for {which}; the last "
+            f"bin gathers the larger sets. (b) is the config with {chosen}, split by the "
+            f"shot group of the label (few < 20 ≤ medium ≤ 100 < many training images).",
+            functools.partial(
+                plots.set_size_histograms,
+                by_config,
+                by_shot,
+                k,
+                figures_dir / f"set_sizes_avg{slug(k)}",
+                shot_config=labels[best["config_id"]] if best else "",
+            ),
+        )
 
 
 def _shot_groups(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
@@ -330,13 +377,21 @@ def _shot_groups(results: StudyResults, figures_dir: Path, figures: Figures) -> 
         split = spec.get("split", "test") if isinstance(spec, dict) else "test"
         metrics = [f"{split}/{g}/{base}" for g in plots.SHOT_GROUPS]
         summary = [r for r in results.summary(metrics) if r["config_id"] in set(shown)]
-        figures.add(f"shot-group bars of {base}", f"{split}/{base} per shot group",
-                    f"few < 20 ≤ medium ≤ 100 < many training images per class; error bars: "
-                    f"{_level_text(results)}, within 0–100 %.{(' ' + which) if which else ''}",
-                    functools.partial(plots.shot_group_bars, summary, base,
-                                      figures_dir / f"shot_groups_{slug(base)}",
-                                      split=split, order=shown,
-                                      colors=_colors(results)))
+        figures.add(
+            f"shot-group bars of {base}",
+            f"{split}/{base} per shot group",
+            f"few < 20 ≤ medium ≤ 100 < many training images per class; error bars: "
+            f"{_level_text(results)}, within 0–100 %.{(' ' + which) if which else ''}",
+            functools.partial(
+                plots.shot_group_bars,
+                summary,
+                base,
+                figures_dir / f"shot_groups_{slug(base)}",
+                split=split,
+                order=shown,
+                colors=_colors(results),
+            ),
+        )
 
 
 def _logged_bins(results: StudyResults) -> dict[str, dict[tuple[int, float], str]]:
@@ -360,8 +415,7 @@ def _reference_rows(results: StudyResults) -> list:
     return [row for source in results.study.reference or [] for row in source.rows]
 
 
-def _published_by_config(results: StudyResults, summary: list[dict], metrics: list[str]
-                         ) -> dict[str, dict[str, float]]:
+def _published_by_config(results: StudyResults, summary: list[dict], metrics: list[str]) -> dict[str, dict[str, float]]:
     """{config_id: {metric: published percent}} from the study's `reference` rows."""
     out: dict[str, dict[str, float]] = {}
     firsts: dict[str, dict] = {}
@@ -389,8 +443,10 @@ def _count_bins(results: StudyResults, figures_dir: Path, figures: Figures) -> N
     for base in specs:
         bins = logged.get(base)
         if not bins:
-            figures.skipped.append(f"accuracy by number of training images ({base}): no finished "
-                                   f"cell logged test/count_<low>_<high>/{base} (eval.count_bins)")
+            figures.skipped.append(
+                f"accuracy by number of training images ({base}): no finished "
+                f"cell logged test/count_<low>_<high>/{base} (eval.count_bins)"
+            )
             continue
         ordered = sorted(bins.items())
         metrics = [m for _, m in ordered]
@@ -398,21 +454,30 @@ def _count_bins(results: StudyResults, figures_dir: Path, figures: Figures) -> N
         published = _published_by_config(results, summary, metrics)
         shown, which = results.showcase(plots.MAX_LINES)
         with_reference = [c for c in results.config_order(summary) if c in published]
-        order = list(dict.fromkeys(with_reference + shown))[:plots.MAX_LINES]
+        order = list(dict.fromkeys(with_reference + shown))[: plots.MAX_LINES]
         if len(order) < len({r["config_id"] for r in summary}):
-            which = (f"Shown: {len(order)} of {len({r['config_id'] for r in summary})} configs, "
-                     f"those with published numbers first, then the best of each variant.")
+            which = (
+                f"Shown: {len(order)} of {len({r['config_id'] for r in summary})} configs, "
+                f"those with published numbers first, then the best of each variant."
+            )
         source = "; ".join(ref.source for ref in results.study.reference or [])
-        figures.add(f"accuracy by number of training images ({base})",
-                    f"test/{base} by number of training images",
-                    f"Mean over the classes of each bin of training images (low < n ≤ high) of "
-                    f"the per-class test {base}, mean over seeds; error bars: "
-                    f"{_level_text(results)}; crosses: the published numbers.{(' ' + which) if which else ''}",
-                    functools.partial(plots.count_bin_accuracy, summary,
-                                      [(_bin_label(low, high), m) for (low, high), m in ordered],
-                                      figures_dir / f"count_bins_{slug(base)}",
-                                      published=published, source=source, order=order,
-                                      colors=_colors(results)))
+        figures.add(
+            f"accuracy by number of training images ({base})",
+            f"test/{base} by number of training images",
+            f"Mean over the classes of each bin of training images (low < n ≤ high) of "
+            f"the per-class test {base}, mean over seeds; error bars: "
+            f"{_level_text(results)}; crosses: the published numbers.{(' ' + which) if which else ''}",
+            functools.partial(
+                plots.count_bin_accuracy,
+                summary,
+                [(_bin_label(low, high), m) for (low, high), m in ordered],
+                figures_dir / f"count_bins_{slug(base)}",
+                published=published,
+                source=source,
+                order=order,
+                colors=_colors(results),
+            ),
+        )
 
 
 def _per_class(results: StudyResults, figures_dir: Path, figures: Figures) -> None:
@@ -428,30 +493,38 @@ def _per_class(results: StudyResults, figures_dir: Path, figures: Figures) -> No
     published = [c for c in results.config_order(results.rows) if c in matched]
     if published:  # the configs of published numbers (Table 3.1's ResNet-50) come first
         total = len({r["config_id"] for r in results.rows})
-        shown = list(dict.fromkeys(published + shown))[:plots.CLASS_PANELS]
-        which = (f"Shown: {len(shown)} of {total} configs, those with published numbers first, "
-                 f"then the best of each variant." if len(shown) < total else "")
+        shown = list(dict.fromkeys(published + shown))[: plots.CLASS_PANELS]
+        which = (
+            f"Shown: {len(shown)} of {total} configs, those with published numbers first, "
+            f"then the best of each variant."
+            if len(shown) < total
+            else ""
+        )
     runs = {r["run_id"]: r["config_id"] for r in results.rows if r["config_id"] in set(shown)}
     try:
         table = collect_per_class(results.collected.tracking_uri, list(runs), PER_CLASS_ARTIFACT)
-    except Exception as exc:  # runs without the artifact, or a broken store
-        figures.skipped.append(f"per-class accuracy: cannot read {PER_CLASS_ARTIFACT} "
-                               f"({error_text(exc)})")
+    except Exception as exc:  # noqa: BLE001 (runs without the artifact, or a broken store)
+        figures.skipped.append(f"per-class accuracy: cannot read {PER_CLASS_ARTIFACT} ({error_text(exc)})")
         return
     labels = {r["config_id"]: plots.config_label(r) for r in results.rows}
     logged = _logged_bins(results)
     for base in specs:
         if base not in table.column_names:
-            figures.skipped.append(f"per-class {base}: the per-class artifacts have no {base} "
-                                   f"column (eval.ks / eval.avgk)")
+            figures.skipped.append(
+                f"per-class {base}: the per-class artifacts have no {base} column (eval.ks / eval.avgk)"
+            )
             continue
         means = per_class_means(table, runs, base)
         panels = [(labels[c], means[c]) for c in shown if c in means]
         edges = sorted({high for (_, high) in logged.get(base, {}) if high != float("inf")}) or None
-        figures.add(f"per-class {base}", f"Per-class test {base} against training images",
-                    f"One dot per class: its test {base}, mean over seeds, against its number of "
-                    f"training images (log scale); black: the mean over the classes of each bin "
-                    f"({'eval.count_bins' if edges else 'powers of ten'}). A panel per config."
-                    f"{(' ' + which) if which else ''}",
-                    functools.partial(plots.per_class_accuracy, panels, base,
-                                      figures_dir / f"per_class_{slug(base)}", edges=edges))
+        figures.add(
+            f"per-class {base}",
+            f"Per-class test {base} against training images",
+            f"One dot per class: its test {base}, mean over seeds, against its number of "
+            f"training images (log scale); black: the mean over the classes of each bin "
+            f"({'eval.count_bins' if edges else 'powers of ten'}). A panel per config."
+            f"{(' ' + which) if which else ''}",
+            functools.partial(
+                plots.per_class_accuracy, panels, base, figures_dir / f"per_class_{slug(base)}", edges=edges
+            ),
+        )

@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 #: the last part of a dotted path -> how the papers write it
 SYMBOLS = {
-    "epsilon": "ε", "tau": "τ", "alpha": "α", "beta": "β", "lambda_": "λ", "gamma": "γ",
-    "n_samples": "M", "k": "K", "max_margin": "m", "scale": "s", "batch_size": "bs",
-    "label_noise": "p", "lr": "lr", "weight_decay": "wd", "momentum": "mom",
+    "epsilon": "ε",
+    "tau": "τ",
+    "alpha": "α",
+    "beta": "β",
+    "lambda_": "λ",
+    "gamma": "γ",
+    "n_samples": "M",
+    "k": "K",
+    "max_margin": "m",
+    "scale": "s",
+    "batch_size": "bs",
+    "label_noise": "p",
+    "lr": "lr",
+    "weight_decay": "wd",
+    "momentum": "mom",
 }
 
 
@@ -76,8 +89,10 @@ def assignments(values: Mapping[str, Any]) -> list[str]:
     """`["p=0.1", "ε=0.2"]` for `{path: value}`, sorted by path; a symbol two paths share is
     replaced by the paths."""
     symbols = [symbol(path) for path in values]
-    return [f"{symbol(path) if symbols.count(symbol(path)) == 1 else path}={short_value(value)}"
-            for path, value in sorted(values.items())]
+    return [
+        f"{symbol(path) if symbols.count(symbol(path)) == 1 else path}={short_value(value)}"
+        for path, value in sorted(values.items())
+    ]
 
 
 def swept_text(swept_json: str) -> str:

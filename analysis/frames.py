@@ -11,7 +11,8 @@ unit; the long table of histories also has a ``unit`` column.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from analysis.collect import Collected, collect_histories
 from analysis.plot_style import config_label
@@ -40,9 +41,14 @@ def _ids(row: dict, swept_paths: Sequence[str]) -> dict[str, Any]:
     (the report's), variant, seed and swept values (None where the config sweeps no such
     path)."""
     swept = json.loads(row["swept"] or "{}")
-    return {"cell": row["cell_id"] if "cell_id" in row else f"{row['config_id']}-{row['seed']}",
-            "config": row["config_id"], "label": config_label(row), "variant": row["variant"],
-            "seed": row["seed"], **{path: swept.get(path) for path in swept_paths}}
+    return {
+        "cell": row["cell_id"] if "cell_id" in row else f"{row['config_id']}-{row['seed']}",
+        "config": row["config_id"],
+        "label": config_label(row),
+        "variant": row["variant"],
+        "seed": row["seed"],
+        **{path: swept.get(path) for path in swept_paths},
+    }
 
 
 def cells_frame(collected: Collected, metrics: Iterable[str] | None = None):
@@ -54,14 +60,18 @@ def cells_frame(collected: Collected, metrics: Iterable[str] | None = None):
     metrics = list(metrics) if metrics is not None else collected.metric_columns
     missing = [m for m in metrics if m not in collected.metric_columns]
     if missing:
-        raise KeyError(f"no metric {', '.join(missing)} in study {collected.study_name!r}; "
-                       f"logged: {', '.join(collected.metric_columns)}")
+        raise KeyError(
+            f"no metric {', '.join(missing)} in study {collected.study_name!r}; "
+            f"logged: {', '.join(collected.metric_columns)}"
+        )
     swept_paths = _swept_columns(rows)
-    records = [{**_ids(row, swept_paths),
-                **{m: None if row.get(m) is None else row[m] * _scale(m) for m in metrics}}
-               for row in rows]
+    records = [
+        {**_ids(row, swept_paths), **{m: None if row.get(m) is None else row[m] * _scale(m) for m in metrics}}
+        for row in rows
+    ]
     frame = pd.DataFrame.from_records(
-        records, columns=["cell", "config", "label", "variant", "seed", *swept_paths, *metrics])
+        records, columns=["cell", "config", "label", "variant", "seed", *swept_paths, *metrics]
+    )
     frame.attrs["units"] = {m: unit(m) for m in metrics}
     return frame
 
@@ -76,14 +86,22 @@ def histories_frame(collected: Collected, metrics: Iterable[str]):
     long = collect_histories(collected, metrics).to_pylist()
     swept_paths = _swept_columns(long)
     cell_ids = {(r["config_id"], r["seed"]): r["cell_id"] for r in collected.table.to_pylist()}
-    records = [{**_ids({**r, "cell_id": cell_ids.get((r["config_id"], r["seed"]),
-                                                      f"{r['config_id']}-{r['seed']}")},
-                       swept_paths),
-                "epoch": r["epoch"], "metric": r["metric"],
-                "value": r["value"] * _scale(r["metric"]), "unit": unit(r["metric"])}
-               for r in long]
+    records = [
+        {
+            **_ids(
+                {**r, "cell_id": cell_ids.get((r["config_id"], r["seed"]), f"{r['config_id']}-{r['seed']}")},
+                swept_paths,
+            ),
+            "epoch": r["epoch"],
+            "metric": r["metric"],
+            "value": r["value"] * _scale(r["metric"]),
+            "unit": unit(r["metric"]),
+        }
+        for r in long
+    ]
     frame = pd.DataFrame.from_records(
-        records, columns=["cell", "config", "label", "variant", "seed", *swept_paths, "epoch",
-                          "metric", "value", "unit"])
+        records,
+        columns=["cell", "config", "label", "variant", "seed", *swept_paths, "epoch", "metric", "value", "unit"],
+    )
     frame.attrs["units"] = {m: unit(m) for m in metrics}
     return frame

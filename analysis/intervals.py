@@ -7,13 +7,13 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from scipy import stats as _sps
-
 
 CI_METHODS = ("t", "bootstrap")
 DEFAULT_LEVEL = 0.95
@@ -25,7 +25,8 @@ _FRACTION_METRIC = re.compile(
     r"^(macro_)?(top|avg)\d+$"
     # the coverage of conformal sets (lac90, aps_class_avg5) and the multi-label precisions and
     # recalls (prec5, rec5, rprec): setvalued.metrics.names
-    r"|^(macro_)?(lac|aps)(_class|_shot)?(\d+(\.\d+)?|_avg\d+)$|^(macro_)?(prec|rec)\d+$|^rprec$")
+    r"|^(macro_)?(lac|aps)(_class|_shot)?(\d+(\.\d+)?|_avg\d+)$|^(macro_)?(prec|rec)\d+$|^rprec$"
+)
 
 
 def is_fraction_metric(metric: str) -> bool:
@@ -127,9 +128,9 @@ def t_half_width(sd: float, n: int, level: float = DEFAULT_LEVEL) -> float:
     return t_quantile(float(level), int(n) - 1) * sd / math.sqrt(n)
 
 
-def clip_interval(low: float, high: float, bounds: tuple[float, float] | None,
-                  values: np.ndarray | Sequence[float] | None = None
-                  ) -> tuple[float, float, bool]:
+def clip_interval(
+    low: float, high: float, bounds: tuple[float, float] | None, values: np.ndarray | Sequence[float] | None = None
+) -> tuple[float, float, bool]:
     """(low, high) intersected with `bounds`, and whether that cut it.
 
     Values outside the bounds (`values`, those the interval is of), or an interval that does
@@ -138,28 +139,29 @@ def clip_interval(low: float, high: float, bounds: tuple[float, float] | None,
     if bounds is None:
         return low, high, False
     lo, hi = bounds
-    slack = 1e-9 * max(1.0, abs(lo) if math.isfinite(lo) else 1.0,
-                       abs(hi) if math.isfinite(hi) else 1.0)
+    slack = 1e-9 * max(1.0, abs(lo) if math.isfinite(lo) else 1.0, abs(hi) if math.isfinite(hi) else 1.0)
     if values is not None and len(values):
         found = np.asarray(values, dtype=float)
         smallest, largest = float(np.min(found)), float(np.max(found))
         if smallest < lo - slack or largest > hi + slack:
-            raise ValueError(f"values from {smallest:g} to {largest:g} lie outside the metric's "
-                             f"range [{lo:g}, {hi:g}]; expected values in that range (an accuracy "
-                             f"as a fraction, not in percent)")
+            raise ValueError(
+                f"values from {smallest:g} to {largest:g} lie outside the metric's "
+                f"range [{lo:g}, {hi:g}]; expected values in that range (an accuracy "
+                f"as a fraction, not in percent)"
+            )
     if not (math.isfinite(low) and math.isfinite(high)):
         return low, high, False
     if low > hi + slack or high < lo - slack:
-        raise ValueError(f"the interval [{low:g}, {high:g}] lies outside the metric's range "
-                         f"[{lo:g}, {hi:g}]; expected values in that range (an accuracy as a "
-                         f"fraction, not in percent)")
+        raise ValueError(
+            f"the interval [{low:g}, {high:g}] lies outside the metric's range "
+            f"[{lo:g}, {hi:g}]; expected values in that range (an accuracy as a "
+            f"fraction, not in percent)"
+        )
     clipped = low < lo or high > hi
     return max(low, lo), min(high, hi), clipped
 
 
-def bootstrap_interval(
-    x: np.ndarray, level: float, n_boot: int, seed: int
-) -> tuple[float, float]:
+def bootstrap_interval(x: np.ndarray, level: float, n_boot: int, seed: int) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (resampling with replacement, seeded)."""
     if n_boot < 100:
         raise ValueError(f"n_boot must be at least 100, got {n_boot}")
@@ -188,13 +190,22 @@ def mean_ci(
     dropped_note = f"{dropped} non-finite value(s) ignored" if dropped else ""
     n = int(x.size)
     if n == 0:
-        return Interval(0, math.nan, math.nan, math.nan, math.nan, level, method,
-                        "; ".join(filter(None, [NOTE_EMPTY, dropped_note])))
+        return Interval(
+            0,
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+            level,
+            method,
+            "; ".join(filter(None, [NOTE_EMPTY, dropped_note])),
+        )
     clip_interval(math.nan, math.nan, bounds, x)  # values outside the bounds: refused
     mean = float(x.mean())
     if n == 1:
-        return Interval(1, mean, math.nan, math.nan, math.nan, level, method,
-                        "; ".join(filter(None, [NOTE_SINGLE, dropped_note])))
+        return Interval(
+            1, mean, math.nan, math.nan, math.nan, level, method, "; ".join(filter(None, [NOTE_SINGLE, dropped_note]))
+        )
     sd = float(x.std(ddof=1))
     if method == "t":
         half = t_half_width(sd, n, level)
@@ -239,8 +250,9 @@ class PairedResult:
     clipped: bool = False
 
 
-def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL,
-                bounds: tuple[float, float] | None = None) -> PairedResult:
+def paired_test(
+    a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL, bounds: tuple[float, float] | None = None
+) -> PairedResult:
     """Paired t-test of a against b (same order = same seed): scipy.stats.ttest_rel's statistic.
 
     d_i = a_i - b_i, t = mean(d) / (sd(d) / sqrt(n)) on n - 1 df, two-sided p; CI of mean(d)
@@ -251,26 +263,33 @@ def paired_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_L
     level = _check_level(level)
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a_arr.shape != b_arr.shape or a_arr.ndim != 1:
-        raise ValueError(f"paired samples must be 1-D of equal length, got {a_arr.shape} "
-                         f"and {b_arr.shape}")
+        raise ValueError(f"paired samples must be 1-D of equal length, got {a_arr.shape} and {b_arr.shape}")
     d = a_arr - b_arr
     n = int(d.size)
     if n == 0:
-        return PairedResult(0, math.nan, math.nan, math.nan, math.nan, math.nan, 0, math.nan,
-                            level, "no common seed")
+        return PairedResult(0, math.nan, math.nan, math.nan, math.nan, math.nan, 0, math.nan, level, "no common seed")
     clip_interval(math.nan, math.nan, bounds, d)  # differences outside the bounds: refused
     mean = float(d.mean())
     if n == 1:
-        return PairedResult(1, mean, math.nan, math.nan, math.nan, math.nan, 0, math.nan,
-                            level, "n=1: one common seed, no interval and no test")
+        return PairedResult(
+            1,
+            mean,
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+            0,
+            math.nan,
+            level,
+            "n=1: one common seed, no interval and no test",
+        )
     sd = float(d.std(ddof=1))
     half = t_half_width(sd, n, level)
     low, high, clipped = clip_interval(mean - half, mean + half, bounds)
     if sd <= 1e-12 * max(1.0, abs(mean)):  # (float noise of equal differences included)
         # t = mean / 0 has no distribution to read a p-value from: no test, said as such
         # (never p = 0 and significant)
-        return PairedResult(n, mean, sd, low, high, math.nan, n - 1, math.nan, level,
-                            NOTE_DEGENERATE, clipped)
+        return PairedResult(n, mean, sd, low, high, math.nan, n - 1, math.nan, level, NOTE_DEGENERATE, clipped)
     t = mean / (sd / math.sqrt(n))
     p = float(2.0 * _sps.t.sf(abs(t), n - 1))
     return PairedResult(n, mean, sd, low, high, t, n - 1, p, level, "", clipped)

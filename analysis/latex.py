@@ -5,7 +5,8 @@ Each `analysis.tables.Table` marked for the paper becomes a `table` float holdin
 `\\toprule`, `\\midrule` and `\\bottomrule`, its caption above and a label derived from its
 title. Published numbers keep their own columns, one per source ("... (paper)", "...
 ([GSJS22])"), as in the HTML. Text is
-escaped for LaTeX; the few non-ASCII signs the report writes (±, –, −, ≤, ≥, ≠, …, the Greek symbols of parameters) become
+escaped for LaTeX; the few non-ASCII signs the report writes (±, –, −, ≤, ≥, ≠, …, the Greek
+symbols of parameters) become
 their LaTeX forms, so the file compiles with pdflatex as it is.
 
 The preamble a paper needs is listed at the top of the file: `\\usepackage{booktabs}` (and
@@ -15,7 +16,8 @@ The preamble a paper needs is listed at the top of the file: `\\usepackage{bookt
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from analysis.tables import Table
@@ -24,15 +26,38 @@ if TYPE_CHECKING:
 LONG_ROWS = 40
 
 _SPECIAL = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
-    "±": r"$\pm$", "–": "--", "—": "---", "−": "$-$", "≤": r"$\leq$", "≥": r"$\geq$",
-    "≠": r"$\neq$", "…": r"\ldots{}", "×": r"$\times$", "\u2009": r"\,", "\u00a0": "~",
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    "±": r"$\pm$",
+    "–": "--",
+    "—": "---",
+    "−": "$-$",
+    "≤": r"$\leq$",
+    "≥": r"$\geq$",
+    "≠": r"$\neq$",
+    "…": r"\ldots{}",
+    "×": r"$\times$",
+    "\u2009": r"\,",
+    "\u00a0": "~",
     "`": r"\textasciigrave{}",
     # the papers' symbols of parameters (analysis.formatting.SYMBOLS)
-    "ε": r"$\varepsilon$", "τ": r"$\tau$", "α": r"$\alpha$", "β": r"$\beta$",
-    "λ": r"$\lambda$", "γ": r"$\gamma$",
+    "ε": r"$\varepsilon$",
+    "τ": r"$\tau$",
+    "α": r"$\alpha$",
+    "β": r"$\beta$",
+    "λ": r"$\lambda$",
+    "γ": r"$\gamma$",
 }
 _PATTERN = re.compile("|".join(re.escape(c) for c in sorted(_SPECIAL, key=len, reverse=True)))
 
@@ -61,32 +86,62 @@ def _entry(entry) -> str:
     return rf"\textbf{{{text}}}" if entry.bold and entry.text else text
 
 
-def table_tex(table: "Table", label: str) -> str:
+def table_tex(table: Table, label: str) -> str:
     """One table as a booktabs float (or longtable)."""
     columns = "".join("l" if i < table.label_columns else "r" for i in range(len(table.header)))
     header = _row([escape(h) for h in table.header])
     body = [_row([_entry(e) for e in row]) for row in table.rows]
     caption = rf"\caption{{{escape(table.title)}. {escape(table.caption)}}}\label{{{label}}}"
     if len(table.rows) > LONG_ROWS:
-        return "\n".join([
-            r"{\small", rf"\begin{{longtable}}{{{columns}}}", caption + r" \\", r"\toprule",
-            header, r"\midrule", r"\endfirsthead", r"\toprule", header, r"\midrule",
-            r"\endhead", r"\bottomrule", r"\endlastfoot", *body,
-            r"\end{longtable}", "}"])
-    return "\n".join([
-        r"\begin{table}[htbp]", r"\centering", r"\small", caption,
-        rf"\begin{{tabular}}{{{columns}}}", r"\toprule", header, r"\midrule", *body,
-        r"\bottomrule", r"\end{tabular}", r"\end{table}"])
+        return "\n".join(
+            [
+                r"{\small",
+                rf"\begin{{longtable}}{{{columns}}}",
+                caption + r" \\",
+                r"\toprule",
+                header,
+                r"\midrule",
+                r"\endfirsthead",
+                r"\toprule",
+                header,
+                r"\midrule",
+                r"\endhead",
+                r"\bottomrule",
+                r"\endlastfoot",
+                *body,
+                r"\end{longtable}",
+                "}",
+            ]
+        )
+    return "\n".join(
+        [
+            r"\begin{table}[htbp]",
+            r"\centering",
+            r"\small",
+            caption,
+            rf"\begin{{tabular}}{{{columns}}}",
+            r"\toprule",
+            header,
+            r"\midrule",
+            *body,
+            r"\bottomrule",
+            r"\end{tabular}",
+            r"\end{table}",
+        ]
+    )
 
 
-def tables_tex(tables: Sequence["Table"], title: str) -> str:
+def tables_tex(tables: Sequence[Table], title: str) -> str:
     """The file `tables.tex`: every table for the paper, with the packages they need."""
     tables = [t for t in tables if t.paper]
     used: set[str] = set()
     long = any(len(t.rows) > LONG_ROWS for t in tables)
     packages = r"\usepackage{booktabs}" + (r" \usepackage{longtable}" if long else "")
-    parts = [f"% {escape(title)}: the report's tables (written by analysis.report).",
-             f"% Needs in the preamble: {packages}", ""]
+    parts = [
+        f"% {escape(title)}: the report's tables (written by analysis.report).",
+        f"% Needs in the preamble: {packages}",
+        "",
+    ]
     if not tables:
         parts.append("% No table: the study has no finished cell.")
     for table in tables:

@@ -5,7 +5,8 @@ them back; both import the names from here so that the two sides cannot drift ap
 """
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 TAG_ROLE = "studies.role"
 TAG_STUDY = "studies.study"
@@ -87,64 +88,94 @@ def ui_column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"
 
 
-def _charts(swept: Sequence[str], metrics: Sequence[str], curve_metric: str | None,
-            runs: int) -> list[dict[str, Any]]:
+def _charts(swept: Sequence[str], metrics: Sequence[str], curve_metric: str | None, runs: int) -> list[dict[str, Any]]:
     """The view's charts: per metric, one against each swept parameter (every cell run a
     point), or a bar per cell run without a numeric sweep; the learning curve of
     `curve_metric` by epoch (MLflow's step)."""
-    common = {"metricSectionId": UI_CHART_SECTION, "deleted": False, "isGenerated": False,
-              "runsCountToCompare": max(runs, 10)}
+    common = {
+        "metricSectionId": UI_CHART_SECTION,
+        "deleted": False,
+        "isGenerated": False,
+        "runsCountToCompare": max(runs, 10),
+    }
     charts: list[dict[str, Any]] = []
     for metric in metrics:
         if swept:
-            charts += [{**common, "type": "SCATTER", "xaxis": {"key": path, "type": "PARAM"},
-                        "yaxis": {"key": metric, "type": "METRIC"}} for path in swept]
+            charts += [
+                {
+                    **common,
+                    "type": "SCATTER",
+                    "xaxis": {"key": path, "type": "PARAM"},
+                    "yaxis": {"key": metric, "type": "METRIC"},
+                }
+                for path in swept
+            ]
         else:
             charts.append({**common, "type": "BAR", "metricKey": metric})
     if curve_metric:
-        charts.append({**common, "type": "LINE", "metricKey": curve_metric,
-                       "selectedMetricKeys": [curve_metric], "xAxisKey": "step",
-                       "scaleType": "linear", "xAxisScaleType": "linear",
-                       "lineSmoothness": 0, "useGlobalXaxisKey": False,
-                       "useGlobalLineSmoothing": False})
-    charts = charts[:MAX_UI_CHARTS - 1] + charts[-1:] if len(charts) > MAX_UI_CHARTS else charts
+        charts.append(
+            {
+                **common,
+                "type": "LINE",
+                "metricKey": curve_metric,
+                "selectedMetricKeys": [curve_metric],
+                "xAxisKey": "step",
+                "scaleType": "linear",
+                "xAxisScaleType": "linear",
+                "lineSmoothness": 0,
+                "useGlobalXaxisKey": False,
+                "useGlobalLineSmoothing": False,
+            }
+        )
+    charts = charts[: MAX_UI_CHARTS - 1] + charts[-1:] if len(charts) > MAX_UI_CHARTS else charts
     return [{**chart, "uuid": f"studies-chart-{i}"} for i, chart in enumerate(charts)]
 
 
-def cell_runs_view(swept: Sequence[str] = (), metrics: Sequence[str] = (),
-                   curve_metric: str | None = None, runs: int = 0) -> dict[str, Any]:
+def cell_runs_view(
+    swept: Sequence[str] = (), metrics: Sequence[str] = (), curve_metric: str | None = None, runs: int = 0
+) -> dict[str, Any]:
     """The MLflow UI's view of the cell runs (the value of the experiment's view tag): the
     cell runs flat, by name, grouped by their config's readable name (a group row shows the
     mean of its runs); the `swept` parameters' and the `metrics`' columns; in the chart view
     a section of `_charts` first, each cell run in its own (its config's) colour. `runs`: the
     study's number of cells, how many runs a chart draws."""
-    columns = ([ui_column("params", p) for p in swept]
-               + [ui_column("metrics", m) for m in metrics])
+    columns = [ui_column("params", p) for p in swept] + [ui_column("metrics", m) for m in metrics]
     view: dict[str, Any] = {
-        "searchFilter": cell_runs_filter(), "orderByKey": UI_ORDER_BY, "orderByAsc": True,
-        "groupBy": {"aggregateFunction": "average",
-                    "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_NAME}]},
+        "searchFilter": cell_runs_filter(),
+        "orderByKey": UI_ORDER_BY,
+        "orderByAsc": True,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_NAME}]},
         "runsHiddenMode": "SHOW_ALL",
         "selectedColumns": columns + [ui_column("attributes", "Models")],
-        "columnOrder": [UI_NAME_COLUMN] + columns, "columnWidths": {UI_NAME_COLUMN: 360},
+        "columnOrder": [UI_NAME_COLUMN] + columns,
+        "columnWidths": {UI_NAME_COLUMN: 360},
     }
     charts = _charts(list(swept), list(metrics), curve_metric, runs)
     if charts:
-        view.update({
-            "compareRunCharts": charts,
-            "compareRunSections": [{"uuid": UI_CHART_SECTION, "name": "study", "display": True,
-                                    "isReordered": True, "deleted": False,
-                                    "isGenerated": False}],
-            "isAccordionReordered": True, "hideEmptyCharts": True,
-            # the runs' own colours (the config's), not one colour per group hashed from its
-            # name, which can make two groups look alike
-            "useGroupedValuesInCharts": False,
-        })
+        view.update(
+            {
+                "compareRunCharts": charts,
+                "compareRunSections": [
+                    {
+                        "uuid": UI_CHART_SECTION,
+                        "name": "study",
+                        "display": True,
+                        "isReordered": True,
+                        "deleted": False,
+                        "isGenerated": False,
+                    }
+                ],
+                "isAccordionReordered": True,
+                "hideEmptyCharts": True,
+                # the runs' own colours (the config's), not one colour per group hashed from its
+                # name, which can make two groups look alike
+                "useGroupedValuesInCharts": False,
+            }
+        )
     return view
 
 
-def cell_runs_view_tag(view: Mapping[str, Any] | None = None,
-                       created_ms: int | None = None) -> tuple[str, str]:
+def cell_runs_view_tag(view: Mapping[str, Any] | None = None, created_ms: int | None = None) -> tuple[str, str]:
     """(key, value) of the experiment tag that holds `view` (default: `cell_runs_view()`), as
     a saved view of MLflow 3.17 (its "Views" menu on the runs page lists it by `UI_VIEW_NAME`;
     the envelope ``{name, createdAt, state}`` with the view as JSON text in ``state``, which a
@@ -154,7 +185,8 @@ def cell_runs_view_tag(view: Mapping[str, Any] | None = None,
     state = json.dumps(cell_runs_view() if view is None else view, separators=(",", ":"))
     created = int(time.time() * 1000) if created_ms is None else int(created_ms)
     return UI_VIEW_TAG_PREFIX + UI_VIEW_KEY, json.dumps(
-        {"name": UI_VIEW_NAME, "createdAt": created, "state": state}, separators=(",", ":"))
+        {"name": UI_VIEW_NAME, "createdAt": created, "state": state}, separators=(",", ":")
+    )
 
 
 STUDY_ARTIFACT = "study.yaml"

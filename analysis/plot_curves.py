@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from matplotlib.patches import Rectangle
@@ -16,13 +17,37 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis.collect import PARAM_PREFIX
 from analysis.formatting import param_label
-from analysis.stats import CurveSeries, curve_series, lower_is_better
 from analysis.plot_style import (
-    FIGSIZE, MAX_LINES, MAX_PANELS, MAX_REFERENCES, PANEL_FIGSIZE, PANEL_LINES,
-    _REFERENCE_PALETTE, _axis_label, _band, _config_colors, _fit_y, _is_number, _n_label,
-    _new_axes, _new_figure, _note, _panel_grid, _ranked, _rows, _scale, _sort_value, _thin,
-    _tick, choose_xscale, config_label, label_reference_lines, save_figure, short,
+    _REFERENCE_PALETTE,
+    FIGSIZE,
+    MAX_LINES,
+    MAX_PANELS,
+    MAX_REFERENCES,
+    PANEL_FIGSIZE,
+    PANEL_LINES,
+    _axis_label,
+    _band,
+    _config_colors,
+    _fit_y,
+    _is_number,
+    _n_label,
+    _new_axes,
+    _new_figure,
+    _note,
+    _panel_grid,
+    _ranked,
+    _rows,
+    _scale,
+    _sort_value,
+    _thin,
+    _tick,
+    choose_xscale,
+    config_label,
+    label_reference_lines,
+    save_figure,
+    short,
 )
+from analysis.stats import CurveSeries, curve_series, lower_is_better
 
 
 def plot_series(
@@ -54,8 +79,11 @@ def plot_series(
     lines = _ranked([s for s in series if not s.flat], lower)
     flats = _ranked([s for s in series if s.flat], lower)
     if len(flats) > MAX_REFERENCES:
-        _note(notes, f"{len(flats) - MAX_REFERENCES} single-config variant(s) not drawn as "
-                     f"reference lines (the {MAX_REFERENCES} with the best mean are).")
+        _note(
+            notes,
+            f"{len(flats) - MAX_REFERENCES} single-config variant(s) not drawn as "
+            f"reference lines (the {MAX_REFERENCES} with the best mean are).",
+        )
         flats = flats[:MAX_REFERENCES]
     xs_all = [p.get(xcol) for s in lines for p in s.points]
     categorical = any(not _is_number(v) for v in xs_all if v is not None)
@@ -73,21 +101,28 @@ def plot_series(
             by_variant.setdefault(s.variant, []).append(s)
         groups = list(by_variant.items())
         if len(groups) > MAX_PANELS:
-            _note(notes, f"{len(groups) - MAX_PANELS} variant(s) not drawn (the "
-                         f"{MAX_PANELS} with the best mean {metric} are).")
+            _note(
+                notes,
+                f"{len(groups) - MAX_PANELS} variant(s) not drawn (the {MAX_PANELS} with the best mean {metric} are).",
+            )
             groups = groups[:MAX_PANELS]
-        _note(notes, f"More than {MAX_LINES} lines: one panel per variant with its "
-                     f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
-                     f"means of its other lines.")
+        _note(
+            notes,
+            f"More than {MAX_LINES} lines: one panel per variant with its "
+            f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
+            f"means of its other lines.",
+        )
         fig = _new_figure(PANEL_FIGSIZE)
         grid = _panel_grid(fig, len(groups), 3, sharey=True)
-        panels = [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:])
-                  for ax, (variant, group) in zip(grid, groups)]
+        panels = [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:]) for ax, (variant, group) in zip(grid, groups)]
 
     references: dict[Any, list[tuple[float, str, str]]] = {}
     cut_bands = False
-    flat_colors = _config_colors([f.variant for f in flats], colors) if colors is not None \
+    flat_colors = (
+        _config_colors([f.variant for f in flats], colors)
+        if colors is not None
         else [_REFERENCE_PALETTE[i % len(_REFERENCE_PALETTE)] for i in range(len(flats))]
+    )
     for ax, variant, drawn, rest in panels:
         ax.grid(True, which="major", alpha=0.3)
         means_drawn: list[float] = []
@@ -97,20 +132,34 @@ def plot_series(
             color = line_colors[index]
             label = s.label
             if variant is not None and label.startswith(f"{variant}, "):
-                label = label[len(f"{variant}, "):]
+                label = label[len(f"{variant}, ") :]
             points = [p for p in s.points if p.get(xcol) is not None]
             xv = [xpos(p[xcol]) for p in points]
             mean = [p["mean"] * factor for p in points]
             low, high = _band(points, metric, factor)
             means_drawn += [m for m in mean if math.isfinite(m)]
             bands_drawn += [b for b in low + high if math.isfinite(b)]
-            ax.plot(xv, mean, marker="o", markersize=3.5, color=color, linewidth=1.5,
-                    label=short(f"{label} ({_n_label(s)})"))
+            ax.plot(
+                xv,
+                mean,
+                marker="o",
+                markersize=3.5,
+                color=color,
+                linewidth=1.5,
+                label=short(f"{label} ({_n_label(s)})"),
+            )
             ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
             single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
             if single:  # points without an interval: hollow markers
-                ax.plot([a for a, _ in single], [b for _, b in single], linestyle="none",
-                        marker="o", markersize=6, markerfacecolor="white", color=color)
+                ax.plot(
+                    [a for a, _ in single],
+                    [b for _, b in single],
+                    linestyle="none",
+                    marker="o",
+                    markersize=6,
+                    markerfacecolor="white",
+                    color=color,
+                )
         if rest:
             envelope: dict[float, list[float]] = {}
             for s in rest:
@@ -118,9 +167,16 @@ def plot_series(
                     if p.get(xcol) is not None and _is_number(p.get("mean")):
                         envelope.setdefault(xpos(p[xcol]), []).append(p["mean"] * factor)
             xe = sorted(envelope)
-            ax.fill_between(xe, [min(envelope[v]) for v in xe], [max(envelope[v]) for v in xe],
-                            color="#999999", alpha=0.22, linewidth=0, zorder=0.5,
-                            label=f"range of {len(rest)} other line(s)")
+            ax.fill_between(
+                xe,
+                [min(envelope[v]) for v in xe],
+                [max(envelope[v]) for v in xe],
+                color="#999999",
+                alpha=0.22,
+                linewidth=0,
+                zorder=0.5,
+                label=f"range of {len(rest)} other line(s)",
+            )
         for index, s in enumerate(flats):
             color = flat_colors[index]
             p = s.points[0]
@@ -130,12 +186,10 @@ def plot_series(
                 low, high = _band([p], metric, factor)
                 ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
                 bands_drawn += [b for b in (low[0], high[0]) if math.isfinite(b)]
-            references.setdefault(ax, []).append(
-                (p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color))
+            references.setdefault(ax, []).append((p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color))
         if categorical:
             shown = _thin(categories)
-            ax.set_xticks([categories.index(c) for c in shown],
-                          [short(str(json.loads(c)), 12) for c in shown])
+            ax.set_xticks([categories.index(c) for c in shown], [short(str(json.loads(c)), 12) for c in shown])
         else:
             scale, kwargs = choose_xscale(xs_all)
             ax.set_xscale(scale, **kwargs)
@@ -149,14 +203,16 @@ def plot_series(
         ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
             total = len(drawn) + len(rest)
-            ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""),
-                         fontsize=9)
+            ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""), fontsize=9)
             ax.legend(fontsize=6.5, loc="best")
     band = f"band: {level:.0%} CI" if level else "band: CI"
     heading = title or f"{metric} vs {param_label(x)} ({band})"
     if cut_bands:
-        _note(notes, "Intervals far wider than the spread of the means (few seeds) are cut "
-                     "by the axes; the tables give them whole.")
+        _note(
+            notes,
+            "Intervals far wider than the spread of the means (few seeds) are cut "
+            "by the axes; the tables give them whole.",
+        )
     if panels[0][1] is None:
         panels[0][0].set_title(heading, fontsize=10)
         panels[0][0].set_ylabel(ylabel or _axis_label(metric, factor))
@@ -193,8 +249,9 @@ def sensitivity_curve(
     if not any(not s.flat for s in series):
         raise ValueError(f"no config sweeps {x!r} for metric {metric!r}: nothing to draw")
     level = next((r["level"] for r in rows if r.get("level")), None)
-    return plot_series(series, x, metric, out_base, title=title, percent=percent, level=level,
-                       notes=notes, colors=colors)
+    return plot_series(
+        series, x, metric, out_base, title=title, percent=percent, level=level, notes=notes, colors=colors
+    )
 
 
 def metric_vs_label_noise(
@@ -208,8 +265,12 @@ def metric_vs_label_noise(
 ) -> list[Path]:
     """`metric` against the label-noise probability p (thesis Table 4.4 as a figure)."""
     return sensitivity_curve(
-        summary, x, metric, out_base,
-        title=f"{metric} vs the label-noise probability {param_label(x)}", notes=notes,
+        summary,
+        x,
+        metric,
+        out_base,
+        title=f"{metric} vs the label-noise probability {param_label(x)}",
+        notes=notes,
         colors=colors,
     )
 
@@ -238,12 +299,24 @@ def epoch_time_vs_k(
         series = []
         for loss, points in by_loss.items():
             points.sort(key=lambda r: float(r[PARAM_PREFIX + x]))
-            series.append(CurveSeries(str(loss), None, points, flat=len(
-                {r[PARAM_PREFIX + x] for r in points}) == 1 and len(by_loss) > 1))
+            series.append(
+                CurveSeries(
+                    str(loss), None, points, flat=len({r[PARAM_PREFIX + x] for r in points}) == 1 and len(by_loss) > 1
+                )
+            )
     level = next((r["level"] for r in rows if r.get("level")), None)
-    return plot_series(series, x, metric, out_base, xlabel=param_label(x),
-                       ylabel="epoch time (s)", percent=False, level=level,
-                       title=f"Epoch time vs K per loss ({metric})", notes=notes)
+    return plot_series(
+        series,
+        x,
+        metric,
+        out_base,
+        xlabel=param_label(x),
+        ylabel="epoch time (s)",
+        percent=False,
+        level=level,
+        title=f"Epoch time vs K per loss ({metric})",
+        notes=notes,
+    )
 
 
 def learning_curves(
@@ -266,8 +339,7 @@ def learning_curves(
         by_config.setdefault(row["config_id"], []).append(row)
     if not by_config:
         raise ValueError(f"no config logged {metric} at any epoch")
-    ids = [c for c in (order or []) if c in by_config] + \
-        [c for c in by_config if c not in (order or [])]
+    ids = [c for c in (order or []) if c in by_config] + [c for c in by_config if c not in (order or [])]
     if len(ids) > MAX_LINES:
         _note(notes, f"{len(ids) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
         ids = ids[:MAX_LINES]
@@ -280,9 +352,15 @@ def learning_curves(
         ns = sorted({p["n"] for p in points})
         n_text = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}\u2013{ns[-1]}"
         epochs = [p["epoch"] for p in points]
-        ax.plot(epochs, [p["mean"] * factor for p in points], color=color, linewidth=1.4,
-                marker="o" if len(points) < 15 else None, markersize=3,
-                label=short(f"{config_label(points[0])} ({n_text})"))
+        ax.plot(
+            epochs,
+            [p["mean"] * factor for p in points],
+            color=color,
+            linewidth=1.4,
+            marker="o" if len(points) < 15 else None,
+            markersize=3,
+            label=short(f"{config_label(points[0])} ({n_text})"),
+        )
         low, high = _band(points, metric, factor)
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
@@ -336,8 +414,7 @@ def heatmaps(
     if not grids:
         raise ValueError(f"no variant has {metric} on a grid of two swept parameters")
     if len(grids) > MAX_PANELS:
-        _note(notes, f"{len(grids) - MAX_PANELS} variant(s) not drawn (at most {MAX_PANELS} "
-                     f"panels).")
+        _note(notes, f"{len(grids) - MAX_PANELS} variant(s) not drawn (at most {MAX_PANELS} panels).")
         grids = grids[:MAX_PANELS]
     every = [v for *_, cells, _, _ in grids for v in cells.values()]
     vmin, vmax = min(every), max(every)
@@ -351,29 +428,35 @@ def heatmaps(
         kxs = sorted(values_x, key=lambda k: _sort_value(values_x[k]))
         kys = sorted(values_y, key=lambda k: _sort_value(values_y[k]))
         data = [[cells.get((kx, ky), math.nan) for kx in kxs] for ky in kys]
-        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax,
-                          interpolation="nearest")
+        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         shown_x, shown_y = _thin(range(len(kxs)), 8), _thin(range(len(kys)), 8)
-        ax.set_xticks(shown_x, [_tick(values_x[kxs[i]]) for i in shown_x], fontsize=7,
-                      rotation=45 if len(shown_x) > 5 else 0)
+        ax.set_xticks(
+            shown_x, [_tick(values_x[kxs[i]]) for i in shown_x], fontsize=7, rotation=45 if len(shown_x) > 5 else 0
+        )
         ax.set_yticks(shown_y, [_tick(values_y[kys[i]]) for i in shown_y], fontsize=7)
         ax.set_xlabel(x, fontsize=8)
         ax.set_ylabel(y, fontsize=8)
         ax.set_title(f"{variant} ({len(cells)} configs)", fontsize=9)
         best = (min if lower else max)(cells, key=cells.get)
         bx, by = kxs.index(best[0]), kys.index(best[1])
-        ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, edgecolor="red",
-                               linewidth=1.6))
+        ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.6))
         if len(kxs) <= 8 and len(kys) <= 8:
             for j, ky in enumerate(kys):
                 for i, kx in enumerate(kxs):
                     if (kx, ky) in cells:
                         value = cells[(kx, ky)]
                         light = (value - vmin) / (vmax - vmin) < 0.5
-                        ax.text(i, j, f"{value:.1f}" if factor == 100.0 else f"{value:.3g}",
-                                ha="center", va="center", fontsize=6.5,
-                                color="white" if light != lower else "black")
-    fig.colorbar(image, ax=list(axes[:len(grids)]), shrink=0.9,
-                 label=_axis_label(metric, factor) + " (mean over seeds)")
+                        ax.text(
+                            i,
+                            j,
+                            f"{value:.1f}" if factor == 100.0 else f"{value:.3g}",
+                            ha="center",
+                            va="center",
+                            fontsize=6.5,
+                            color="white" if light != lower else "black",
+                        )
+    fig.colorbar(
+        image, ax=list(axes[: len(grids)]), shrink=0.9, label=_axis_label(metric, factor) + " (mean over seeds)"
+    )
     fig.suptitle(f"Mean {metric} over two swept parameters (outlined: best)", fontsize=10)
     return save_figure(fig, out_base)

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.colors import PALETTE as _PALETTE, SHADES as _SHADES, shade as _shade  # noqa: F401
+from analysis.colors import PALETTE as _PALETTE
+from analysis.colors import shade as _shade
 from analysis.colors import variant_colors  # noqa: F401 (the figures' colours, shared)
 from analysis.formatting import assignments
 from analysis.stats import CurveSeries, is_fraction_metric
-
 
 # A log axis is used when the positive values span at least this ratio (about 1.7 decades).
 LOG_SPAN = 50.0
@@ -56,8 +57,7 @@ def _rows(summary: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
-        value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def choose_xscale(values: Sequence[Any]) -> tuple[str, dict]:
@@ -96,8 +96,7 @@ def _axis_label(metric: str, factor: float) -> str:
     return f"{metric} (%)" if factor == 100.0 else metric
 
 
-def _band(points: Sequence[Mapping[str, Any]], metric: str, factor: float
-          ) -> tuple[list[float], list[float]]:
+def _band(points: Sequence[Mapping[str, Any]], metric: str, factor: float) -> tuple[list[float], list[float]]:
     """Lower and upper CI bounds to shade (NaN where there is no interval). An accuracy's
     t-interval over a few seeds can pass 0 or 100%; the band stops at the possible range."""
     lo, hi = (0.0, factor) if is_fraction_metric(metric) else (-math.inf, math.inf)
@@ -154,8 +153,9 @@ def _note(notes: list[str] | None, text: str) -> None:
         notes.append(text)
 
 
-def label_reference_lines(fig: Figure, labels: Mapping[Any, Sequence[tuple[float, str, str]]],
-                          *, fontsize: float = 7.0) -> list:
+def label_reference_lines(
+    fig: Figure, labels: Mapping[Any, Sequence[tuple[float, str, str]]], *, fontsize: float = 7.0
+) -> list:
     """Label horizontal reference lines at the right end of their axes, without overlaps.
 
     `labels` maps an axes to (y in data units, text, colour) items. The figure is laid out
@@ -171,11 +171,20 @@ def label_reference_lines(fig: Figure, labels: Mapping[Any, Sequence[tuple[float
     renderer = fig.canvas.get_renderer()
     texts = []
     for ax, entries in items.items():
-        placed = [ax.text(0.99, y, short(text, 44), transform=ax.get_yaxis_transform(),
-                          ha="right", va="bottom", fontsize=fontsize, color=color,
-                          bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
-                                "alpha": 0.85})
-                  for y, text, color in entries]
+        placed = [
+            ax.text(
+                0.99,
+                y,
+                short(text, 44),
+                transform=ax.get_yaxis_transform(),
+                ha="right",
+                va="bottom",
+                fontsize=fontsize,
+                color=color,
+                bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85},
+            )
+            for y, text, color in entries
+        ]
         boxes = [t.get_window_extent(renderer) for t in placed]
         bottoms = [b.y0 for b in boxes]
         heights = [b.height + 2.0 for b in boxes]  # 2 px apart (the white ground's pad)
@@ -206,6 +215,7 @@ def _line_score(series: CurveSeries, lower: bool) -> float:
 
 def _ranked(series: Sequence[CurveSeries], lower: bool) -> list[CurveSeries]:
     """Best line first (NaN last), ties kept in their order."""
+
     def key(s):
         score = _line_score(s, lower)
         return (math.isnan(score), score if lower else -score if not math.isnan(score) else 0.0)

@@ -23,28 +23,73 @@ caller's chosen backend is touched.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
-from analysis.stats import is_fraction_metric
-from analysis.plot_style import (  # noqa: F401 (re-exported)
-    DPI, FIGSIZE, MAX_BARS, MAX_LINES, PANEL_FIGSIZE, SHOT_GROUPS, WIDE_FIGSIZE, _PALETTE,
-    _axis_label, _band, _config_colors, _new_axes, _new_figure, _note, _panel_grid, _rows, _scale,
-    choose_xscale, config_label, save_figure, short, variant_colors,
-)
-from analysis.plot_curves import (  # noqa: F401 (re-exported)
-    epoch_time_vs_k, heatmaps, learning_curves, metric_vs_label_noise, plot_series,
+from analysis.plot_curves import (
+    epoch_time_vs_k,
+    heatmaps,
+    learning_curves,
+    metric_vs_label_noise,
+    plot_series,
     sensitivity_curve,
 )
+from analysis.plot_style import (
+    _PALETTE,
+    DPI,
+    FIGSIZE,
+    MAX_BARS,
+    MAX_LINES,
+    PANEL_FIGSIZE,
+    SHOT_GROUPS,
+    WIDE_FIGSIZE,
+    _axis_label,
+    _band,
+    _config_colors,
+    _new_axes,
+    _new_figure,
+    _note,
+    _panel_grid,
+    _rows,
+    _scale,
+    choose_xscale,
+    config_label,
+    save_figure,
+    short,
+    variant_colors,
+)
+from analysis.stats import is_fraction_metric
 
-__all__ = ["DPI", "FIGSIZE", "MAX_BARS", "MAX_LINES", "PANEL_FIGSIZE", "SHOT_GROUPS",
-           "WIDE_FIGSIZE", "choose_xscale", "config_label", "save_figure", "short",
-           "variant_colors", "epoch_time_vs_k", "heatmaps", "learning_curves",
-           "metric_vs_label_noise", "plot_series", "sensitivity_curve", "SET_SIZE_COVERAGE",
-           "set_size_histograms", "shot_group_bars", "CLASS_PANELS", "MAX_CLASS_POINTS",
-           "count_bin_accuracy", "per_class_accuracy"]
+__all__ = [
+    "DPI",
+    "FIGSIZE",
+    "MAX_BARS",
+    "MAX_LINES",
+    "PANEL_FIGSIZE",
+    "SHOT_GROUPS",
+    "WIDE_FIGSIZE",
+    "choose_xscale",
+    "config_label",
+    "save_figure",
+    "short",
+    "variant_colors",
+    "epoch_time_vs_k",
+    "heatmaps",
+    "learning_curves",
+    "metric_vs_label_noise",
+    "plot_series",
+    "sensitivity_curve",
+    "SET_SIZE_COVERAGE",
+    "set_size_histograms",
+    "shot_group_bars",
+    "CLASS_PANELS",
+    "MAX_CLASS_POINTS",
+    "count_bin_accuracy",
+    "per_class_accuracy",
+]
 
 
 #: The set-size axis stops at the size below which this share of every series lies; the
@@ -68,8 +113,9 @@ def _draw_set_sizes(ax, lines: Sequence[tuple[str, Mapping[int, float]]], end: i
     for index, (label, fractions) in enumerate(lines):
         ys = [100.0 * fractions.get(size, 0.0) for size in range(end)]
         ys.append(100.0 * sum(f for size, f in fractions.items() if size >= end))
-        ax.step(range(end + 1), ys, where="mid", color=_PALETTE[index % len(_PALETTE)],
-                linewidth=1.5, label=short(label))
+        ax.step(
+            range(end + 1), ys, where="mid", color=_PALETTE[index % len(_PALETTE)], linewidth=1.5, label=short(label)
+        )
     ticks = sorted({int(t) for t in ax.get_xticks() if 0 <= t < end} | {end})
     ax.set_xticks(ticks, [str(t) for t in ticks[:-1]] + [f"\u2265{end}"])
     ax.set_xlim(-0.6, end + 0.6)
@@ -94,8 +140,7 @@ def set_size_histograms(
     if not by_config:
         raise ValueError(f"no run stored its average-{k} set sizes")
     if len(by_config) > MAX_LINES:
-        _note(notes, f"{len(by_config) - MAX_LINES} config(s) not drawn in (a) (at most "
-                     f"{MAX_LINES} lines).")
+        _note(notes, f"{len(by_config) - MAX_LINES} config(s) not drawn in (a) (at most {MAX_LINES} lines).")
         by_config = list(by_config)[:MAX_LINES]
     end = _set_size_axis_end([f for _, f in by_config] + [f for _, f in by_shot])
     fig = _new_figure(WIDE_FIGSIZE)
@@ -139,13 +184,11 @@ def shot_group_bars(
         if r["metric"] in present:
             firsts.setdefault(r["config_id"], r)
     if order is None:
-        configs = sorted(firsts, key=lambda c: (str(firsts[c].get("variant")),
-                                                firsts[c].get("swept") or ""))
+        configs = sorted(firsts, key=lambda c: (str(firsts[c].get("variant")), firsts[c].get("swept") or ""))
     else:
         configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
     if len(configs) > MAX_BARS:
-        _note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} "
-                     f"bars per group).")
+        _note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
         configs = configs[:MAX_BARS]
     by_key = {(r["config_id"], r["metric"]): r for r in rows}
     factor = _scale(present[0], percent)
@@ -169,9 +212,16 @@ def shot_group_bars(
         positions = [g + (ci - (len(configs) - 1) / 2) * width for g in range(len(present))]
         n_text = "/".join(str(n) for n in sorted(n_values))
         seeds = "seed" if n_values == {1} else "seeds"
-        ax.bar(positions, heights, width=width * 0.95, color=bar_colors[ci], edgecolor="white",
-               yerr=[err_low, err_high], capsize=3,
-               label=short(f"{label} (n={n_text} {seeds})"))
+        ax.bar(
+            positions,
+            heights,
+            width=width * 0.95,
+            color=bar_colors[ci],
+            edgecolor="white",
+            yerr=[err_low, err_high],
+            capsize=3,
+            label=short(f"{label} (n={n_text} {seeds})"),
+        )
     ax.set_xticks(range(len(present)), [m.split("/")[1] + "-shot" for m in present])
     ax.set_ylabel(_axis_label(f"{split}/{base_metric}", factor))
     if is_fraction_metric(present[0]) and factor == 100.0:
@@ -240,14 +290,30 @@ def count_bin_accuracy(
         n_text = "/".join(str(n) for n in sorted(n_values))
         label = f"{config_label(firsts[config_id])} (n={n_text} seed{'' if n_values == {1} else 's'})"
         offset = (ci - (len(configs) - 1) / 2) * 0.06
-        ax.errorbar([x + offset for x in xs], means, yerr=[err_low, err_high], color=color,
-                    marker="o", markersize=4, capsize=3, linewidth=1.4, label=short(label))
+        ax.errorbar(
+            [x + offset for x in xs],
+            means,
+            yerr=[err_low, err_high],
+            color=color,
+            marker="o",
+            markersize=4,
+            capsize=3,
+            linewidth=1.4,
+            label=short(label),
+        )
         reference = (published or {}).get(config_id) or {}
         ref_values = [reference.get(metric, math.nan) for _, metric in present]
         if any(math.isfinite(v) for v in ref_values):
-            ax.plot(xs, ref_values, color="black", linestyle="--", marker="x", markersize=7,
-                    linewidth=1.0, label=None if drawn_published else short(
-                        f"published{': ' + source if source else ''}", 70))
+            ax.plot(
+                xs,
+                ref_values,
+                color="black",
+                linestyle="--",
+                marker="x",
+                markersize=7,
+                linewidth=1.0,
+                label=None if drawn_published else short(f"published{': ' + source if source else ''}", 70),
+            )
             drawn_published = True
     ax.set_xticks(xs, [label for label, _ in present])
     ax.set_xlabel("training images of the class")
@@ -255,14 +321,12 @@ def count_bin_accuracy(
     ax.set_ylabel(f"mean per-class {base} (%)" if factor == 100.0 else f"mean per-class {base}")
     if factor == 100.0:
         ax.set_ylim(0.0, 100.0)
-    ax.set_title(f"{present[0][1].split('/', 1)[0]}/{base} by number of training images "
-                 f"(error bars: CI)", fontsize=10)
+    ax.set_title(f"{present[0][1].split('/', 1)[0]}/{base} by number of training images (error bars: CI)", fontsize=10)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     return save_figure(fig, out_base)
 
 
-def _thin_points(counts: Sequence[float], values: Sequence[float], most: int
-                 ) -> tuple[list[float], list[float]]:
+def _thin_points(counts: Sequence[float], values: Sequence[float], most: int) -> tuple[list[float], list[float]]:
     """At most `most` points, spread over the classes sorted by training images (every
     class kept when there are fewer)."""
     order = sorted(range(len(counts)), key=lambda i: counts[i])
@@ -289,57 +353,63 @@ def per_class_accuracy(
     `eval.count_bins`) or, without them, powers of ten. At most CLASS_PANELS panels and
     MAX_CLASS_POINTS dots per panel: the figure's size does not grow with the classes or
     the configs."""
-    panels = [(label, data) for label, data in panels
-              if any(math.isfinite(v) for v in data["mean"])]
+    panels = [(label, data) for label, data in panels if any(math.isfinite(v) for v in data["mean"])]
     if not panels:
         raise ValueError("no run stored a per-class accuracy for a class with test images")
     if len(panels) > CLASS_PANELS:
-        _note(notes, f"{len(panels) - CLASS_PANELS} config(s) not drawn (at most "
-                     f"{CLASS_PANELS} panels).")
+        _note(notes, f"{len(panels) - CLASS_PANELS} config(s) not drawn (at most {CLASS_PANELS} panels).")
         panels = list(panels)[:CLASS_PANELS]
     factor = _scale(base_metric, None)
     fig = _new_figure(PANEL_FIGSIZE)
     axes = _panel_grid(fig, len(panels), 2, sharey=True)
     for index, (ax, (label, data)) in enumerate(zip(axes, panels)):
-        pairs = [(float(c), float(v) * factor) for c, v in zip(data["train_count"], data["mean"])
-                 if v is not None and math.isfinite(v)]
+        pairs = [
+            (float(c), float(v) * factor)
+            for c, v in zip(data["train_count"], data["mean"])
+            if v is not None and math.isfinite(v)
+        ]
         counts, values = [c for c, _ in pairs], [v for _, v in pairs]
         shown_counts, shown_values = _thin_points(counts, values, MAX_CLASS_POINTS)
         if len(shown_counts) < len(counts):
-            _note(notes, f"At most {MAX_CLASS_POINTS} classes drawn per panel, spread over the "
-                         f"class sizes; the bin means use every class.")
+            _note(
+                notes,
+                f"At most {MAX_CLASS_POINTS} classes drawn per panel, spread over the "
+                f"class sizes; the bin means use every class.",
+            )
         # a class with 0 training images sits at 0.5 on the log axis
-        ax.scatter([max(c, 0.5) for c in shown_counts], shown_values, s=6, alpha=0.35,
-                   color=_PALETTE[index % len(_PALETTE)], linewidths=0)
+        ax.scatter(
+            [max(c, 0.5) for c in shown_counts],
+            shown_values,
+            s=6,
+            alpha=0.35,
+            color=_PALETTE[index % len(_PALETTE)],
+            linewidths=0,
+        )
         bounds = _bin_bounds(counts, edges)
         centres, means = [], []
         for low, high in bounds:
-            inside = [v for c, v in zip(counts, values)
-                      if (c > low or (low == 0 and c >= 0)) and c <= high]
+            inside = [v for c, v in zip(counts, values) if (c > low or (low == 0 and c >= 0)) and c <= high]
             if inside:
                 top = high if math.isfinite(high) else max(counts)
                 centres.append(math.sqrt(max(low, 0.5) * max(top, 0.5)))
                 means.append(sum(inside) / len(inside))
-        ax.plot(centres, means, color="black", marker="s", markersize=4, linewidth=1.4,
-                label="mean per bin")
+        ax.plot(centres, means, color="black", marker="s", markersize=4, linewidth=1.4, label="mean per bin")
         ax.set_xscale("log")
         ax.grid(True, which="major", alpha=0.3)
-        ax.set_title(short(f"{label} (n={data['n']} seed{'' if data['n'] == 1 else 's'}, "
-                           f"{len(counts)} classes)", 70), fontsize=8)
+        ax.set_title(
+            short(f"{label} (n={data['n']} seed{'' if data['n'] == 1 else 's'}, {len(counts)} classes)", 70), fontsize=8
+        )
         ax.set_xlabel("training images of the class", fontsize=8)
         if factor == 100.0:
             ax.set_ylim(-2.0, 102.0)
         if ax.get_subplotspec().is_first_col():
-            ax.set_ylabel(f"test {base_metric} of the class" + (" (%)" if factor == 100.0 else ""),
-                          fontsize=8)
+            ax.set_ylabel(f"test {base_metric} of the class" + (" (%)" if factor == 100.0 else ""), fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Per-class test {base_metric} against the number of training images "
-                 f"(mean over seeds)", fontsize=10)
+    fig.suptitle(f"Per-class test {base_metric} against the number of training images (mean over seeds)", fontsize=10)
     return save_figure(fig, out_base)
 
 
-def _bin_bounds(counts: Sequence[float], edges: Sequence[float] | None
-                ) -> list[tuple[float, float]]:
+def _bin_bounds(counts: Sequence[float], edges: Sequence[float] | None) -> list[tuple[float, float]]:
     """(low, high] bins of training images: the given edges, else the powers of ten that
     cover the counts."""
     if not edges:

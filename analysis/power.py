@@ -33,8 +33,9 @@ study file requests per trial (`resources.gpus`); CPU-hours likewise with `resou
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats as _sps
@@ -57,8 +58,7 @@ def _check(level: float, power: float) -> None:
         raise ValueError(f"power must be in (0, 1), e.g. 0.8; got {power!r}")
 
 
-def paired_power(n: int | np.ndarray, difference: float, sd: float,
-                 level: float = DEFAULT_LEVEL) -> float | np.ndarray:
+def paired_power(n: int | np.ndarray, difference: float, sd: float, level: float = DEFAULT_LEVEL) -> float | np.ndarray:
     """Power of the two-sided paired t-test on n seeds (module docstring): df = n - 1,
     ncp = difference * sqrt(n) / sd."""
     n_arr = np.asarray(n, dtype=float)
@@ -74,8 +74,13 @@ def paired_power(n: int | np.ndarray, difference: float, sd: float,
     return float(power) if np.ndim(power) == 0 else power
 
 
-def seeds_for_power(difference: float, sd: float, power: float = DEFAULT_POWER,
-                    level: float = DEFAULT_LEVEL, max_seeds: int = MAX_PLAN_SEEDS) -> int | None:
+def seeds_for_power(
+    difference: float,
+    sd: float,
+    power: float = DEFAULT_POWER,
+    level: float = DEFAULT_LEVEL,
+    max_seeds: int = MAX_PLAN_SEEDS,
+) -> int | None:
     """The smallest n >= 2 whose paired t-test has `power` to detect `difference` given the
     sd of the paired differences; None when more than `max_seeds` would be needed (or the
     difference is 0)."""
@@ -89,8 +94,9 @@ def seeds_for_power(difference: float, sd: float, power: float = DEFAULT_POWER,
     return int(n[reached[0]]) if reached.size else None
 
 
-def seeds_for_half_width(sd: float, half_width: float, level: float = DEFAULT_LEVEL,
-                         max_seeds: int = MAX_PLAN_SEEDS) -> int | None:
+def seeds_for_half_width(
+    sd: float, half_width: float, level: float = DEFAULT_LEVEL, max_seeds: int = MAX_PLAN_SEEDS
+) -> int | None:
     """The smallest n >= 2 with t_{(1+level)/2, n-1} · sd / sqrt(n) <= half_width; None
     when more than `max_seeds` would be needed."""
     _check(level, DEFAULT_POWER)
@@ -139,11 +145,23 @@ class SeedsNeeded:
     source: str = "pilot"
 
 
-def plan_comparison(metric: str, variant: str, observed: float, sd: float, n: int, *,
-                    difference: float | None = None, half_width: float | None = None,
-                    power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL,
-                    swept: str = "{}", reference_swept: str = "{}", note: str = "",
-                    source: str = "pilot", min_seeds: int = MIN_PILOT_SEEDS) -> SeedsNeeded:
+def plan_comparison(
+    metric: str,
+    variant: str,
+    observed: float,
+    sd: float,
+    n: int,
+    *,
+    difference: float | None = None,
+    half_width: float | None = None,
+    power: float = DEFAULT_POWER,
+    level: float = DEFAULT_LEVEL,
+    swept: str = "{}",
+    reference_swept: str = "{}",
+    note: str = "",
+    source: str = "pilot",
+    min_seeds: int = MIN_PILOT_SEEDS,
+) -> SeedsNeeded:
     """Seeds for `power` and for the half-width of one comparison. `observed`, `sd` are in
     the metric's stored unit; `difference` and `half_width` in the printed one (default:
     |observed|, and half of the difference)."""
@@ -154,31 +172,72 @@ def plan_comparison(metric: str, variant: str, observed: float, sd: float, n: in
     width = half_width if half_width is not None else planned / 2.0
     notes = [note] if note else []
     if n < min_seeds or not math.isfinite(sd_p):
-        notes.append(NOTE_TOO_SMALL if source == "pilot" else
-                     "fewer than 2 seeds behind the published interval")
-        return SeedsNeeded(metric, variant, swept, reference_swept, n, obs, sd_p, planned, width,
-                           None, None, math.nan, "; ".join(notes), source)
+        notes.append(NOTE_TOO_SMALL if source == "pilot" else "fewer than 2 seeds behind the published interval")
+        return SeedsNeeded(
+            metric,
+            variant,
+            swept,
+            reference_swept,
+            n,
+            obs,
+            sd_p,
+            planned,
+            width,
+            None,
+            None,
+            math.nan,
+            "; ".join(notes),
+            source,
+        )
     if not planned:
         notes.append(NOTE_NO_DIFFERENCE)
     seeds = seeds_for_power(planned, sd_p, power, level) if planned else None
     if planned and seeds is None:
         notes.append(f"more than {MAX_PLAN_SEEDS} seeds")
-    now = float(paired_power(n, planned, sd_p, level)) if planned and sd_p > 0 else (
-        1.0 if planned else math.nan)
-    return SeedsNeeded(metric, variant, swept, reference_swept, n, obs, sd_p, planned, width,
-                       seeds, seeds_for_half_width(sd_p, width, level) if width else None, now,
-                       "; ".join(notes), source)
+    now = float(paired_power(n, planned, sd_p, level)) if planned and sd_p > 0 else (1.0 if planned else math.nan)
+    return SeedsNeeded(
+        metric,
+        variant,
+        swept,
+        reference_swept,
+        n,
+        obs,
+        sd_p,
+        planned,
+        width,
+        seeds,
+        seeds_for_half_width(sd_p, width, level) if width else None,
+        now,
+        "; ".join(notes),
+        source,
+    )
 
 
-def seeds_needed(comparisons: Iterable[Mapping[str, Any]], *, difference: float | None = None,
-                 half_width: float | None = None, power: float = DEFAULT_POWER,
-                 level: float = DEFAULT_LEVEL) -> list[SeedsNeeded]:
+def seeds_needed(
+    comparisons: Iterable[Mapping[str, Any]],
+    *,
+    difference: float | None = None,
+    half_width: float | None = None,
+    power: float = DEFAULT_POWER,
+    level: float = DEFAULT_LEVEL,
+) -> list[SeedsNeeded]:
     """A plan per row of `analysis.stats.paired_comparisons` (its n, mean_diff, sd_diff)."""
-    return [plan_comparison(r["metric"], r["variant"], r["mean_diff"], r["sd_diff"], int(r["n"]),
-                            difference=difference, half_width=half_width, power=power,
-                            level=level, swept=r.get("swept") or "{}",
-                            reference_swept=r.get("reference_swept") or "{}")
-            for r in comparisons]
+    return [
+        plan_comparison(
+            r["metric"],
+            r["variant"],
+            r["mean_diff"],
+            r["sd_diff"],
+            int(r["n"]),
+            difference=difference,
+            half_width=half_width,
+            power=power,
+            level=level,
+            swept=r.get("swept") or "{}",
+            reference_swept=r.get("reference_swept") or "{}",
+        )
+        for r in comparisons
+    ]
 
 
 def published_half_width(ci: Any) -> tuple[float, bool]:
@@ -191,7 +250,7 @@ def published_half_width(ci: Any) -> tuple[float, bool]:
         return value, False
     text = _printed(ci)
     decimals = len(text.split(".", 1)[1]) if "." in text else 0
-    return 0.5 * 10.0 ** -decimals, True
+    return 0.5 * 10.0**-decimals, True
 
 
 def _printed(number: Any) -> str:
@@ -199,10 +258,15 @@ def _printed(number: Any) -> str:
     return getattr(number, "text", None) or repr(float(number))
 
 
-def published_seeds_needed(sources: Sequence[Any], baseline: str, *,
-                           difference: float | None = None, half_width: float | None = None,
-                           power: float = DEFAULT_POWER, level: float = DEFAULT_LEVEL
-                           ) -> list[SeedsNeeded]:
+def published_seeds_needed(
+    sources: Sequence[Any],
+    baseline: str,
+    *,
+    difference: float | None = None,
+    half_width: float | None = None,
+    power: float = DEFAULT_POWER,
+    level: float = DEFAULT_LEVEL,
+) -> list[SeedsNeeded]:
     """Plans from the published intervals of a `reference:` block (`report_schema.Reference`
     sources): each row of another variant with a `ci` against the `baseline` row of the same
     source and `match`, the intervals read as Student-t intervals of the SOURCE's seeds at the
@@ -227,21 +291,40 @@ def published_seeds_needed(sources: Sequence[Any], baseline: str, *,
                 if metric not in base.metrics or metric not in row.ci or metric not in base.ci:
                     continue
                 scale = unit_scale(metric)
-                (width_a, bound_a), (width_b, bound_b) = (published_half_width(row.ci[metric]),
-                                                          published_half_width(base.ci[metric]))
+                (width_a, bound_a), (width_b, bound_b) = (
+                    published_half_width(row.ci[metric]),
+                    published_half_width(base.ci[metric]),
+                )
                 sd_a = sd_of_interval(width_a / scale, n_source, level_source)
                 sd_b = sd_of_interval(width_b / scale, n_source, level_source)
                 observed = (float(value) - float(base.metrics[metric])) / scale
                 swept = _match_text(row.match)
-                note = "; ".join(f"ci {_printed(ci)} read as < {width:g}" for ci, (width, bound)
-                                 in ((row.ci[metric], (width_a, bound_a)),
-                                     (base.ci[metric], (width_b, bound_b))) if bound)
-                plans.append(plan_comparison(
-                    metric, str(row.variant), observed, math.hypot(sd_a, sd_b), n_source,
-                    difference=difference, half_width=half_width, power=power, level=level,
-                    swept=swept, reference_swept=swept, min_seeds=2, note=note,
-                    source=f"{source.label}: published {level_source:.0%} intervals, "
-                           f"{n_source} seeds, unpaired"))
+                note = "; ".join(
+                    f"ci {_printed(ci)} read as < {width:g}"
+                    for ci, (width, bound) in (
+                        (row.ci[metric], (width_a, bound_a)),
+                        (base.ci[metric], (width_b, bound_b)),
+                    )
+                    if bound
+                )
+                plans.append(
+                    plan_comparison(
+                        metric,
+                        str(row.variant),
+                        observed,
+                        math.hypot(sd_a, sd_b),
+                        n_source,
+                        difference=difference,
+                        half_width=half_width,
+                        power=power,
+                        level=level,
+                        swept=swept,
+                        reference_swept=swept,
+                        min_seeds=2,
+                        note=note,
+                        source=f"{source.label}: published {level_source:.0%} intervals, {n_source} seeds, unpaired",
+                    )
+                )
     return plans
 
 
@@ -265,8 +348,7 @@ class Cost:
     cpu_hours: float
 
 
-def run_costs(rows: Iterable[Mapping[str, Any]], gpus: float, cpus: float,
-              group: str = "variant") -> list[Cost]:
+def run_costs(rows: Iterable[Mapping[str, Any]], gpus: float, cpus: float, group: str = "variant") -> list[Cost]:
     """GPU- and CPU-hours per `group` value and in total (last): sum over runs of
     duration_s / 3600 times the GPUs (CPUs) requested per trial."""
     totals: dict[str, list[float]] = {}
@@ -277,8 +359,7 @@ def run_costs(rows: Iterable[Mapping[str, Any]], gpus: float, cpus: float,
         entry = totals.setdefault(str(row.get(group)), [0, 0.0])
         entry[0] += 1
         entry[1] += float(seconds) / 3600.0
-    out = [Cost(label, int(n), hours, hours * gpus, hours * cpus)
-           for label, (n, hours) in totals.items()]
+    out = [Cost(label, int(n), hours, hours * gpus, hours * cpus) for label, (n, hours) in totals.items()]
     n_all, h_all = sum(c.runs for c in out), sum(c.hours for c in out)
     out.append(Cost("total", n_all, h_all, h_all * gpus, h_all * cpus))
     return out

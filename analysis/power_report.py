@@ -6,7 +6,7 @@ durations times the GPUs the study file requests per trial), per variant and in 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from analysis.document import Document
 from analysis.formatting import swept_text
@@ -25,47 +25,74 @@ def _resources(results: StudyResults) -> tuple[float, float]:
         return 0.0, 1.0
 
 
-def power_table(results: StudyResults, metrics: Sequence[str], reference: str
-                ) -> Table | None:
+def power_table(results: StudyResults, metrics: Sequence[str], reference: str) -> Table | None:
     """Seeds for DEFAULT_POWER to detect each comparison's observed difference."""
     if not metrics:
         return None
-    compared = paired_comparisons(results.rows, metrics, reference, results.level,
-                                  variant_paths=results.study.variant_paths()).to_pylist()
+    compared = paired_comparisons(
+        results.rows, metrics, reference, results.level, variant_paths=results.study.variant_paths()
+    ).to_pylist()
     plans = seeds_needed(compared, power=DEFAULT_POWER, level=results.level)
     if not plans:
         return None
     rows = []
     for plan in plans:
         seeds = "–" if plan.seeds_power is None else str(plan.seeds_power)
-        rows.append([TableEntry(plan.metric), TableEntry(plan.variant),
-                     TableEntry(swept_text(plan.swept)), TableEntry(str(plan.n_pilot)),
-                     TableEntry(f"{plan.observed:+.2f}" if math.isfinite(plan.observed) else "–"),
-                     TableEntry(f"{plan.sd:.2f}" if math.isfinite(plan.sd) else "–"),
-                     TableEntry(f"{plan.power_now:.2f}" if math.isfinite(plan.power_now) else "–"),
-                     TableEntry(seeds), TableEntry(plan.note)])
-    header = ["metric", "variant", "config (swept values)", "seeds (pairs)", "difference",
-              "sd of differences", "power now", f"seeds for {DEFAULT_POWER:.0%} power", "note"]
-    caption = (f"Seeds a paired t-test (two-sided at {1 - results.level:.2g}) needs for "
-               f"{DEFAULT_POWER:.0%} power to detect the observed difference, the sd of the "
-               f"per-seed paired differences taken as known: power(n) from the non-central t "
-               f"with df = n−1 and ncp = d·√n / sd. Differences and sds of accuracies in "
-               f"percentage points. `studies plan` gives them for a stated difference.")
-    return Table(f"Seeds to confirm each comparison against {reference!r}", header, rows,
-                 caption, label_columns=3, paper=False)
+        rows.append(
+            [
+                TableEntry(plan.metric),
+                TableEntry(plan.variant),
+                TableEntry(swept_text(plan.swept)),
+                TableEntry(str(plan.n_pilot)),
+                TableEntry(f"{plan.observed:+.2f}" if math.isfinite(plan.observed) else "–"),
+                TableEntry(f"{plan.sd:.2f}" if math.isfinite(plan.sd) else "–"),
+                TableEntry(f"{plan.power_now:.2f}" if math.isfinite(plan.power_now) else "–"),
+                TableEntry(seeds),
+                TableEntry(plan.note),
+            ]
+        )
+    header = [
+        "metric",
+        "variant",
+        "config (swept values)",
+        "seeds (pairs)",
+        "difference",
+        "sd of differences",
+        "power now",
+        f"seeds for {DEFAULT_POWER:.0%} power",
+        "note",
+    ]
+    caption = (
+        f"Seeds a paired t-test (two-sided at {1 - results.level:.2g}) needs for "
+        f"{DEFAULT_POWER:.0%} power to detect the observed difference, the sd of the "
+        f"per-seed paired differences taken as known: power(n) from the non-central t "
+        f"with df = n−1 and ncp = d·√n / sd. Differences and sds of accuracies in "
+        f"percentage points. `studies plan` gives them for a stated difference."
+    )
+    return Table(
+        f"Seeds to confirm each comparison against {reference!r}", header, rows, caption, label_columns=3, paper=False
+    )
 
 
 def cost_table(results: StudyResults) -> Table:
     """GPU- and CPU-hours per variant and in total."""
     gpus, cpus = _resources(results)
     costs = run_costs(results.rows, gpus, cpus)
-    rows = [[TableEntry(c.label), TableEntry(str(c.runs)), TableEntry(f"{c.hours:.4f}"),
-             TableEntry(f"{c.gpu_hours:.4f}"), TableEntry(f"{c.cpu_hours:.4f}")]
-            for c in costs]
-    caption = (f"Sum over the finished runs of their duration times the resources the study "
-               f"file requests per trial ({gpus:g} GPU, {cpus:g} CPU).")
-    return Table("Compute used", ["variant", "runs", "hours", "GPU-hours", "CPU-hours"], rows,
-                 caption, paper=False)
+    rows = [
+        [
+            TableEntry(c.label),
+            TableEntry(str(c.runs)),
+            TableEntry(f"{c.hours:.4f}"),
+            TableEntry(f"{c.gpu_hours:.4f}"),
+            TableEntry(f"{c.cpu_hours:.4f}"),
+        ]
+        for c in costs
+    ]
+    caption = (
+        f"Sum over the finished runs of their duration times the resources the study "
+        f"file requests per trial ({gpus:g} GPU, {cpus:g} CPU)."
+    )
+    return Table("Compute used", ["variant", "runs", "hours", "GPU-hours", "CPU-hours"], rows, caption, paper=False)
 
 
 def power_and_cost(doc: Document, results: StudyResults, metrics: Sequence[str]) -> None:
@@ -73,8 +100,11 @@ def power_and_cost(doc: Document, results: StudyResults, metrics: Sequence[str])
     doc.heading("Power and cost")
     reference = baseline_variant(results)
     metrics = compared_metrics(results, metrics)
-    table = power_table(results, metrics, reference) \
-        if len(results.variants) >= 2 and reference in results.variants else None
+    table = (
+        power_table(results, metrics, reference)
+        if len(results.variants) >= 2 and reference in results.variants
+        else None
+    )
     if table is not None:
         doc.table(table)
     else:

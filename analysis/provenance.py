@@ -19,8 +19,16 @@ from analysis.results import StudyResults
 LOCAL_UI = "http://127.0.0.1:5000"
 
 PROVENANCE_PACKAGES = (
-    "setvalued-studies", "mlflow", "numpy", "scipy", "pyarrow", "matplotlib", "pyyaml",
-    "torch", "ray", "optuna",
+    "setvalued-studies",
+    "mlflow",
+    "numpy",
+    "scipy",
+    "pyarrow",
+    "matplotlib",
+    "pyyaml",
+    "torch",
+    "ray",
+    "optuna",
 )
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,13 +36,17 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def _git_commit(root: Path) -> str:
     """The checkout's commit, marked when it has uncommitted changes."""
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
-                                capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if commit.returncode != 0:
             return "not available (not a git checkout)"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         suffix = " (with uncommitted changes)" if dirty.stdout.strip() else ""
         return commit.stdout.strip() + suffix
     except (OSError, subprocess.SubprocessError):
@@ -53,8 +65,9 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     search = cell_runs_filter()
     if uri.startswith(("http://", "https://")):
         parts = urllib.parse.urlsplit(uri)
-        base = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (
-            f":{parts.port}" if parts.port else ""), query="", fragment="")).rstrip("/")
+        base = urllib.parse.urlunsplit(
+            parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""), query="", fragment="")
+        ).rstrip("/")
         command = None
     else:
         base = LOCAL_UI
@@ -62,8 +75,9 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     if collected.ui_view:
         query = f"{UI_WORKFLOW}&viewStateShareKey={UI_VIEW_KEY}"
     else:
-        query = urllib.parse.urlencode({"searchFilter": search, "orderByKey": UI_ORDER_BY,
-                                        "orderByAsc": "true"}, quote_via=urllib.parse.quote)
+        query = urllib.parse.urlencode(
+            {"searchFilter": search, "orderByKey": UI_ORDER_BY, "orderByAsc": "true"}, quote_via=urllib.parse.quote
+        )
         query = f"{UI_WORKFLOW}&{query}"
     url = f"{base}/#/experiments/{collected.experiment_id}/runs?{query}"
     return command, url, search
@@ -84,13 +98,19 @@ def provenance(results: StudyResults) -> list[tuple[str, str]]:
         ("MLflow tracking URI", display_uri(collected.tracking_uri)),
         ("MLflow experiment", f"{collected.study_name} (id {collected.experiment_id})"),
         ("parent run", collected.parent_run_id or "none found"),
-        ("cell runs", f"{collected.n_runs} runs; {collected.table.num_rows} finished cells; "
-                      f"{collected.failed.num_rows} failed or unfinished cells"),
+        (
+            "cell runs",
+            f"{collected.n_runs} runs; {collected.table.num_rows} finished cells; "
+            f"{collected.failed.num_rows} failed or unfinished cells",
+        ),
         ("study file", results.study.origin),
         ("project git commit", _git_commit(PROJECT_ROOT)),
         ("python", platform.python_version()),
         ("packages", ", ".join(versions)),
         *plugins,
-        ("intervals", f"{results.level:.0%}, " + ("Student's t on n−1 df" if results.method == "t"
-                                                   else f"percentile bootstrap ({results.n_boot})")),
+        (
+            "intervals",
+            f"{results.level:.0%}, "
+            + ("Student's t on n−1 df" if results.method == "t" else f"percentile bootstrap ({results.n_boot})"),
+        ),
     ]

@@ -34,12 +34,15 @@ def pruned_note(pruned: dict[str, tuple[str, int | None]], shown: bool) -> str:
     """'2 configs pruned (asha): 1 at epoch 1, 1 at epoch 2; not shown ...'."""
     rules = ", ".join(sorted({rule for rule, _ in pruned.values()}))
     epochs = Counter(epoch for _, epoch in pruned.values())
-    at = ", ".join(f"{n} at epoch {epoch}" for epoch, n in
-                   sorted(epochs.items(), key=lambda item: (item[0] is None, item[0] or 0)))
+    at = ", ".join(
+        f"{n} at epoch {epoch}" for epoch, n in sorted(epochs.items(), key=lambda item: (item[0] is None, item[0] or 0))
+    )
     head = f"{len(pruned)} config{'s' if len(pruned) != 1 else ''} pruned ({rules}): {at}"
     if shown:
-        return (f"{head}; shown (`report: {{show_pruned: true}}`), though they trained fewer "
-                f"epochs: {', '.join(sorted(pruned))}.")
+        return (
+            f"{head}; shown (`report: {{show_pruned: true}}`), though they trained fewer "
+            f"epochs: {', '.join(sorted(pruned))}."
+        )
     return f"{head}; not shown (`report: {{show_pruned: true}}` shows them)."
 
 
@@ -51,7 +54,7 @@ def leave_out_pruned(collected: Collected, show: bool) -> tuple[Collected, str |
         return collected, None
     if show:
         return collected, pruned_note(pruned, shown=True)
-    keep = pc.invert(pc.is_in(collected.table.column("config_id"),
-                              value_set=pa.array(sorted(pruned), type=pa.string())))
-    return dataclasses.replace(collected, table=collected.table.filter(keep)), \
-        pruned_note(pruned, shown=False)
+    keep = pc.invert(
+        pc.is_in(collected.table.column("config_id"), value_set=pa.array(sorted(pruned), type=pa.string()))
+    )
+    return dataclasses.replace(collected, table=collected.table.filter(keep)), pruned_note(pruned, shown=False)

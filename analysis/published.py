@@ -10,7 +10,8 @@ file writes them (`68.20 ± 0.07`, `65`).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from analysis.collect import PARAM_PREFIX
 from analysis.published_number import PublishedNumber
@@ -24,8 +25,12 @@ def row_matches(ref: ReferenceRow, row: Mapping[str, Any]) -> bool:
         return False
     for path, expected in ref.match.items():
         actual = row.get(PARAM_PREFIX + path, swept_of(row).get(path))
-        if isinstance(expected, (int, float)) and not isinstance(expected, bool) \
-                and isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        if (
+            isinstance(expected, (int, float))
+            and not isinstance(expected, bool)
+            and isinstance(actual, (int, float))
+            and not isinstance(actual, bool)
+        ):
             if not math.isclose(float(actual), float(expected), rel_tol=1e-9, abs_tol=1e-12):
                 return False
         elif actual != expected:
@@ -65,6 +70,8 @@ def unmatched_rows(sources: Sequence[Reference], rows: Sequence[Mapping[str, Any
         named = "Reference row" if len(sources) == 1 else f"Reference {source.label}, row"
         for i, ref in enumerate(source.rows):
             if not any(row_matches(ref, row) for row in configs):
-                notes.append(f"{named} {i} ({ref.variant}, match {ref.match or {}}) matches "
-                             f"no finished config: its numbers are not shown.")
+                notes.append(
+                    f"{named} {i} ({ref.variant}, match {ref.match or {}}) matches "
+                    f"no finished config: its numbers are not shown."
+                )
     return notes

@@ -33,7 +33,7 @@ class PublishedNumber(float):
 
     text: str
 
-    def __new__(cls, value: float, text: str | None = None) -> "PublishedNumber":
+    def __new__(cls, value: float, text: str | None = None) -> PublishedNumber:
         number = super().__new__(cls, value)
         number.text = text if text is not None and _PLAIN_DECIMAL.match(text) else _default_text(value)
         return number
@@ -45,10 +45,10 @@ class PublishedNumber(float):
         return (PublishedNumber, (float(self), self.text))
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler
-                                     ) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_plain_validator_function(
-            _validate, serialization=core_schema.plain_serializer_function_ser_schema(float))
+            _validate, serialization=core_schema.plain_serializer_function_ser_schema(float)
+        )
 
 
 def _default_text(value: Any) -> str:
@@ -106,8 +106,11 @@ def keep_reference_texts(root: yaml.Node | None, data: Any) -> None:
         return
     for source_node, source in pairs:
         rows_node, rows = _child(source_node, "rows"), source.get("rows") if isinstance(source, dict) else None
-        if not isinstance(rows_node, yaml.SequenceNode) or not isinstance(rows, list) \
-                or len(rows_node.value) != len(rows):
+        if (
+            not isinstance(rows_node, yaml.SequenceNode)
+            or not isinstance(rows, list)
+            or len(rows_node.value) != len(rows)
+        ):
             continue
         for row_node, row in zip(rows_node.value, rows):
             if isinstance(row, dict):

@@ -34,8 +34,15 @@ from analysis.published import unmatched_rows
 from analysis.results import StudyResults
 from analysis.stats import CI_METHODS
 from analysis.study_file import ReportError, StudyInfo, load_study_info, version_files
-from analysis.tables import (NO_BASELINE, comparison_table, failed_cells_table, metrics_table, race_table,
-                             table_specs, variant_table)
+from analysis.tables import (
+    NO_BASELINE,
+    comparison_table,
+    failed_cells_table,
+    metrics_table,
+    race_table,
+    table_specs,
+    variant_table,
+)
 
 __all__ = ["build_report", "ReportError", "StudyInfo", "load_study_info", "format_mean_ci"]
 
@@ -107,8 +114,7 @@ def build_report(
     return html_path
 
 
-def _introduction(doc: Document, results: StudyResults, study_name: str,
-                  tracking_uri: str) -> None:
+def _introduction(doc: Document, results: StudyResults, study_name: str, tracking_uri: str) -> None:
     """The study's description and what was found, with a warning if the names differ."""
     study, collected = results.study, results.collected
     description = study.data.get("description")
@@ -121,17 +127,26 @@ def _introduction(doc: Document, results: StudyResults, study_name: str,
         f"{study_name!r} at {display_uri(tracking_uri)}."
     )
     if study.data.get("name") not in (None, study_name):
-        doc.paragraph(f"Warning: the study file names the study {study.data.get('name')!r}, "
-                      f"but the runs are those of experiment {study_name!r}.", note=True)
+        doc.paragraph(
+            f"Warning: the study file names the study {study.data.get('name')!r}, "
+            f"but the runs are those of experiment {study_name!r}.",
+            note=True,
+        )
     command, url, search = mlflow_ui(collected)
     if command is not None:
         doc.paragraph("The runs in the MLflow UI: start it on this store,")
         doc.code(command, "sh")
-        doc.link(f"then open experiment {collected.experiment_id} filtered to the study's cell "
-                 f"runs{_grouped(collected)} (search filter {search}):", url)
+        doc.link(
+            f"then open experiment {collected.experiment_id} filtered to the study's cell "
+            f"runs{_grouped(collected)} (search filter {search}):",
+            url,
+        )
     else:
-        doc.link(f"The runs in the MLflow UI: experiment {collected.experiment_id}, filtered to "
-                 f"the study's cell runs{_grouped(collected)} (search filter {search}):", url)
+        doc.link(
+            f"The runs in the MLflow UI: experiment {collected.experiment_id}, filtered to "
+            f"the study's cell runs{_grouped(collected)} (search filter {search}):",
+            url,
+        )
     doc.paragraph("The tables are also in tables.tex beside this report (LaTeX, booktabs).")
 
 
@@ -170,10 +185,12 @@ def _study_files(doc: Document, study: StudyInfo, collected: Collected) -> None:
     versions = versions_of(collected.table)
     doc.heading("Study file" + ("s" if len(versions) > 1 else ""))
     if len(versions) > 1:
-        doc.paragraph(f"The study holds {len(versions)} versions (each a study file that changed "
-                      f"what defines its configs, kept with `studies run --new-version`); its "
-                      f"tables, figures and comparisons tell them apart by `version`. Each "
-                      f"version's file, oldest first:")
+        doc.paragraph(
+            f"The study holds {len(versions)} versions (each a study file that changed "
+            f"what defines its configs, kept with `studies run --new-version`); its "
+            f"tables, figures and comparisons tell them apart by `version`. Each "
+            f"version's file, oldest first:"
+        )
         for version, text in version_files(collected, versions).items():
             doc.paragraph(f"Version {short_version(version)} ({version}):")
             if text is None:
@@ -199,9 +216,10 @@ def _failed_cells(doc: Document, collected: Collected) -> None:
             doc.details(f"{r['cell_id']} ({r['status']}): full error", r["error"])
         hidden = sum(1 for r in failed if r["error"]) - len(shown)
         if hidden > 0:
-            doc.paragraph(f"{hidden} more error message(s) not shown; `studies export` "
-                          f"writes them all to Parquet.")
+            doc.paragraph(f"{hidden} more error message(s) not shown; `studies export` writes them all to Parquet.")
     if collected.duplicate_cells:
-        doc.paragraph(f"{len(collected.duplicate_cells)} cell(s) have more than one finished "
-                      f"run; the latest is used: {', '.join(collected.duplicate_cells[:20])}",
-                      note=True)
+        doc.paragraph(
+            f"{len(collected.duplicate_cells)} cell(s) have more than one finished "
+            f"run; the latest is used: {', '.join(collected.duplicate_cells[:20])}",
+            note=True,
+        )

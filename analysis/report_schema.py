@@ -63,14 +63,23 @@ average-K is computed, a learning curve's metric is logged per epoch) is checked
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from analysis.published_number import PublishedNumber
 
-__all__ = ["Report", "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes",
-           "Reference", "ReferenceRow", "References", "SINGLE_SOURCE_LABEL"]
+__all__ = [
+    "Report",
+    "ReportTable",
+    "ReportCurve",
+    "ReportCompare",
+    "ReportSetSizes",
+    "Reference",
+    "ReferenceRow",
+    "References",
+    "SINGLE_SOURCE_LABEL",
+]
 
 
 class _Strict(BaseModel):
@@ -83,10 +92,10 @@ class ReportTable(_Strict):
     """A table of the report: one row per config, or one column per variant."""
 
     metrics: list[str] = Field(min_length=1)
-    title: Optional[str] = None
+    title: str | None = None
     columns: Literal["metrics", "variant"] = "metrics"
-    digits: Optional[int] = Field(None, ge=0, le=6)
-    swept: Optional[list[str]] = None  # only configs that sweep nothing but these paths
+    digits: int | None = Field(None, ge=0, le=6)
+    swept: list[str] | None = None  # only configs that sweep nothing but these paths
 
     @field_validator("swept", mode="before")
     @classmethod
@@ -105,16 +114,16 @@ class ReportCurve(_Strict):
 class ReportCompare(_Strict):
     """Paired comparison of every variant with ``reference`` (default: the first variant)."""
 
-    reference: Optional[str] = None
-    metrics: Optional[list[str]] = None
+    reference: str | None = None
+    metrics: list[str] | None = None
 
 
 class ReportSetSizes(_Strict):
     """Which average-K set-size histograms the report draws (thesis Figure 5.4)."""
 
     # strict: `true` is not K = 1
-    ks: Optional[list[Annotated[float, Field(gt=0, strict=True)]]] = None
-    by_shot: Optional[str] = None  # the variant split by shot group (default: best test/avg<K>)
+    ks: list[Annotated[float, Field(gt=0, strict=True)]] | None = None
+    by_shot: str | None = None  # the variant split by shot group (default: best test/avg<K>)
 
 
 class Report(_Strict):
@@ -122,20 +131,20 @@ class Report(_Strict):
 
     level: float = Field(0.95, gt=0, lt=1)
     ci: Literal["t", "bootstrap"] = "t"
-    tables: Optional[list[ReportTable]] = None
-    curves: Optional[list[ReportCurve]] = None
-    learning_curves: Optional[list[str]] = None  # per-epoch metrics drawn against the epoch
-    set_sizes: Union[bool, ReportSetSizes, None] = None  # average-K set-size histograms (Fig. 5.4)
+    tables: list[ReportTable] | None = None
+    curves: list[ReportCurve] | None = None
+    learning_curves: list[str] | None = None  # per-epoch metrics drawn against the epoch
+    set_sizes: bool | ReportSetSizes | None = None  # average-K set-size histograms (Fig. 5.4)
     epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
-    shot_groups: Optional[list[Any]] = None  # [top5, ...] or [{metric: top5, split: test}]
-    compare: Optional[ReportCompare] = None
-    count_bins: Optional[list[str]] = None  # base metrics (top1, avg5) per bin of training images
-    per_class: Optional[list[str]] = None  # base metrics per class against its training images
+    shot_groups: list[Any] | None = None  # [top5, ...] or [{metric: top5, split: test}]
+    compare: ReportCompare | None = None
+    count_bins: list[str] | None = None  # base metrics (top1, avg5) per bin of training images
+    per_class: list[str] | None = None  # base metrics per class against its training images
     show_pruned: bool = False  # pruned configs (studies.pruned) in the tables and figures
 
     @field_validator("count_bins", "per_class")
     @classmethod
-    def _base_metrics(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+    def _base_metrics(cls, value: list[str] | None) -> list[str] | None:
         for item in value or []:
             if not isinstance(item, str) or not re.fullmatch(r"(top|avg)[0-9]+", item):
                 raise ValueError(f"expected metrics such as top1 or avg5 (no split, no group), got {item!r}")
@@ -152,11 +161,14 @@ class Report(_Strict):
 
     @field_validator("shot_groups")
     @classmethod
-    def _shot_groups(cls, value: Optional[list[Any]]) -> Optional[list[Any]]:
+    def _shot_groups(cls, value: list[Any] | None) -> list[Any] | None:
         for item in value or []:
             ok = isinstance(item, str) or (
-                isinstance(item, dict) and isinstance(item.get("metric"), str)
-                and set(item) <= {"metric", "split"} and item.get("split", "test") in ("val", "test"))
+                isinstance(item, dict)
+                and isinstance(item.get("metric"), str)
+                and set(item) <= {"metric", "split"}
+                and item.get("split", "test") in ("val", "test")
+            )
             if not ok:
                 raise ValueError(f"expected a metric such as top5 or {{metric: top5, split: test}}, got {item!r}")
         return value
@@ -166,7 +178,7 @@ class ReferenceRow(_Strict):
     """Published numbers (percent) for the cells of ``variant`` whose config matches ``match``;
     each number keeps the text it was written with."""
 
-    variant: Optional[str] = None
+    variant: str | None = None
     match: dict[str, Any] = {}
     metrics: dict[str, PublishedNumber] = Field(min_length=1)
     ci: dict[str, PublishedNumber] = {}
@@ -184,9 +196,9 @@ class Reference(_Strict):
     declare them is not planned from (the report prints its numbers all the same)."""
 
     source: str
-    label: Optional[str] = Field(None, min_length=1, max_length=40)  # heads the source's column
-    seeds: Optional[int] = Field(None, ge=1, le=1000)  # the runs behind each published number
-    level: Optional[float] = Field(None, gt=0.0, lt=1.0)  # of its intervals: 0.95 for a 95% CI
+    label: str | None = Field(None, min_length=1, max_length=40)  # heads the source's column
+    seeds: int | None = Field(None, ge=1, le=1000)  # the runs behind each published number
+    level: float | None = Field(None, gt=0.0, lt=1.0)  # of its intervals: 0.95 for a 95% CI
     rows: list[ReferenceRow] = Field(min_length=1)
 
 
@@ -202,16 +214,18 @@ def _labelled(sources: list[Reference]) -> list[Reference]:
         sources[0].label = SINGLE_SOURCE_LABEL
     for i, source in enumerate(sources):
         if source.label is None:
-            raise ValueError(f"source {i} ({source.source!r}) has no `label`; expected a short name "
-                             f"for its column, distinct from the other sources' (such as [GSJS22])")
+            raise ValueError(
+                f"source {i} ({source.source!r}) has no `label`; expected a short name "
+                f"for its column, distinct from the other sources' (such as [GSJS22])"
+            )
     labels = [s.label for s in sources]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
-        raise ValueError(f"the label(s) {', '.join(map(repr, repeated))} name several sources; "
-                         f"expected a distinct label per source")
+        raise ValueError(
+            f"the label(s) {', '.join(map(repr, repeated))} name several sources; expected a distinct label per source"
+        )
     return sources
 
 
 #: the `reference` block: one source (a mapping) or several (a list of mappings)
-References = Annotated[list[Reference], BeforeValidator(_one_or_many), Field(min_length=1),
-                       AfterValidator(_labelled)]
+References = Annotated[list[Reference], BeforeValidator(_one_or_many), Field(min_length=1), AfterValidator(_labelled)]

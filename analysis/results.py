@@ -8,7 +8,8 @@ configs are shown, and the notes that the tables and figures leave for the reade
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from analysis.collect import PARAM_PREFIX, Collected, add_history_means
 from analysis.distinct import VERSION_PARAM, short_version, versions_of
@@ -24,8 +25,7 @@ def swept_of(row: Mapping[str, Any]) -> dict:
 class StudyResults:
     """Collected rows, study file and options shared by the tables and the figures."""
 
-    def __init__(self, collected: Collected, study: StudyInfo, level: float, method: str,
-                 n_boot: int):
+    def __init__(self, collected: Collected, study: StudyInfo, level: float, method: str, n_boot: int):
         self.collected = collected
         self.study = study
         self.level = level
@@ -35,8 +35,7 @@ class StudyResults:
         self.metric_names = collected.metric_columns
         order = study.variant_order
         seen = list(dict.fromkeys(r["variant"] for r in self.rows))
-        self.variants = [v for v in order if v in seen] + sorted(
-            (v for v in seen if v not in order), key=str)
+        self.variants = [v for v in order if v in seen] + sorted((v for v in seen if v not in order), key=str)
         self.swept_paths = list(dict.fromkeys(k for r in self.rows for k in swept_of(r)))
         #: the study's versions (`analysis.distinct`) by age: 0 for the oldest
         self.version_rank = {short_version(v): i for i, v in enumerate(versions_of(collected.table))}
@@ -48,9 +47,11 @@ class StudyResults:
         metrics = [m for m in metrics if m in self.metric_names]
         key = tuple(metrics)
         if key not in self._summaries:
-            self._summaries[key] = summarize(
-                self.rows, metrics, self.level, self.method, n_boot=self.n_boot
-            ).to_pylist() if metrics and self.rows else []
+            self._summaries[key] = (
+                summarize(self.rows, metrics, self.level, self.method, n_boot=self.n_boot).to_pylist()
+                if metrics and self.rows
+                else []
+            )
         return self._summaries[key]
 
     def add_history_means(self, keys: Sequence[str]) -> None:
@@ -62,17 +63,22 @@ class StudyResults:
 
     def config_order(self, summary_rows: Sequence[Mapping]) -> list[str]:
         """The config_ids of the rows: by variant (study file order), then swept values."""
+
         def key(row):
-            variant_rank = self.variants.index(row["variant"]) if row["variant"] in \
-                self.variants else len(self.variants)
+            variant_rank = (
+                self.variants.index(row["variant"]) if row["variant"] in self.variants else len(self.variants)
+            )
             swept = swept_of(row)
             values = []
             for path in self.swept_paths:
                 value = row.get(PARAM_PREFIX + path, swept.get(path))
                 if path == VERSION_PARAM:  # versions oldest first, not by their digits
                     value = self.version_rank.get(value, len(self.version_rank))
-                values.append((0, float(value), "") if isinstance(value, (int, float))
-                              and not isinstance(value, bool) else (1, 0.0, str(value)))
+                values.append(
+                    (0, float(value), "")
+                    if isinstance(value, (int, float)) and not isinstance(value, bool)
+                    else (1, 0.0, str(value))
+                )
             return (variant_rank, values)
 
         firsts: dict[str, Mapping] = {}
@@ -112,20 +118,23 @@ class StudyResults:
             if variant[config_id] not in seen and len(chosen) < limit:
                 chosen.append(config_id)
                 seen.add(variant[config_id])
-        chosen += [c for c in ranked if c not in set(chosen)][:limit - len(chosen)]
+        chosen += [c for c in ranked if c not in set(chosen)][: limit - len(chosen)]
         chosen.sort(key=ranked.index)
-        how = (f"mean {metric} (the best validation value of the selection metric)"
-               if metric == "best_val" else f"mean {metric}")
-        return chosen, (f"Shown: {len(chosen)} of {len(configs)} configs, the best of each "
-                        f"variant by {how}, then the next best.")
+        how = (
+            f"mean {metric} (the best validation value of the selection metric)"
+            if metric == "best_val"
+            else f"mean {metric}"
+        )
+        return chosen, (
+            f"Shown: {len(chosen)} of {len(configs)} configs, the best of each variant by {how}, then the next best."
+        )
 
     def primary_metric(self) -> str | None:
         """The test metric the default figures show: the objective's, else top-5, avg-5, top-1."""
         objective = (self.study.data.get("objective") or {}).get("metric")
         candidates = []
         if isinstance(objective, str):
-            candidates += ["test/" + objective.split("/", 1)[1] if "/" in objective
-                           else objective, objective]
+            candidates += ["test/" + objective.split("/", 1)[1] if "/" in objective else objective, objective]
         candidates += ["test/top5", "test/avg5", "test/top1"]
         for candidate in candidates:
             if candidate in self.metric_names:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -91,9 +92,12 @@ def curve_series(
             # a baseline: each config in the curve's context becomes a flat line, labelled by
             # what sets it apart from the others when there are several
             candidates = [
-                r for r in vrows
-                if all(k in varying or (k in context and json.dumps(r.get(PARAM_PREFIX + k))
-                                        == context[k]) for k in _swept(r))
+                r
+                for r in vrows
+                if all(
+                    k in varying or (k in context and json.dumps(r.get(PARAM_PREFIX + k)) == context[k])
+                    for k in _swept(r)
+                )
             ]
             labels = _distinct_labels(candidates, str(variant))
             out += [CurveSeries(label, variant, [r], flat=True) for r, label in zip(candidates, labels)]
@@ -118,9 +122,9 @@ def curve_series(
             # every other param it sweeps must sit at the line's (constant) value
             fits = all(
                 len({json.dumps(r.get(PARAM_PREFIX + k)) for r in line}) == 1
-                and json.dumps(row.get(PARAM_PREFIX + k)) == json.dumps(line[0].get(
-                    PARAM_PREFIX + k))
-                for k in _swept(row) if k != x
+                and json.dumps(row.get(PARAM_PREFIX + k)) == json.dumps(line[0].get(PARAM_PREFIX + k))
+                for k in _swept(row)
+                if k != x
             )
             xs = {json.dumps(r.get(xcol)) for r in line}
             if fits and row.get(xcol) is not None and json.dumps(row.get(xcol)) not in xs:
@@ -129,8 +133,7 @@ def curve_series(
         for key, line in lines.items():
             label = str(variant)
             if others:
-                label += ", " + ", ".join(
-                    f"{k}={_fmt_value(json.loads(v))}" for k, v in zip(others, key))
+                label += ", " + ", ".join(f"{k}={_fmt_value(json.loads(v))}" for k, v in zip(others, key))
             line.sort(key=lambda r: _sort_key(r.get(xcol)))
             out.append(CurveSeries(label, variant, line))
     return out
@@ -138,16 +141,16 @@ def curve_series(
 
 def _differing(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[str]:
     """The param paths among `keys` whose value is not the same in every row."""
-    return [k for k in keys
-            if len({json.dumps(r.get(PARAM_PREFIX + k), sort_keys=True) for r in rows}) > 1]
+    return [k for k in keys if len({json.dumps(r.get(PARAM_PREFIX + k), sort_keys=True) for r in rows}) > 1]
 
 
 def _hidden_splits(on_x: Sequence[Mapping[str, Any]], xcol: str, others: Sequence[str]) -> list[str]:
     """Params that no design sweeps but that differ between configs at one value of x on one
     line (two versions of a study, a changed base value): they split the line too, so that no
     line joins configs that differ in anything but x."""
-    params = sorted({k[len(PARAM_PREFIX):] for r in on_x for k in r
-                     if k.startswith(PARAM_PREFIX) and k != xcol} - set(others))
+    params = sorted(
+        {k[len(PARAM_PREFIX) :] for r in on_x for k in r if k.startswith(PARAM_PREFIX) and k != xcol} - set(others)
+    )
     points: dict[tuple, list] = {}
     for r in on_x:
         key = (json.dumps(r.get(xcol)),) + tuple(json.dumps(r.get(PARAM_PREFIX + k)) for k in others)
@@ -162,9 +165,12 @@ def _distinct_labels(rows: Sequence[Mapping[str, Any]], name: str) -> list[str]:
         return [name] * len(rows)
     swept_keys = sorted({k for r in rows for k in _swept(r)})
     keys = _differing(rows, swept_keys) or _differing(
-        rows, sorted({k[len(PARAM_PREFIX):] for r in rows for k in r if k.startswith(PARAM_PREFIX)}))
-    return [name + (", " + ", ".join(f"{k}={_fmt_value(r.get(PARAM_PREFIX + k))}" for k in keys)
-                    if keys else "") for r in rows]
+        rows, sorted({k[len(PARAM_PREFIX) :] for r in rows for k in r if k.startswith(PARAM_PREFIX)})
+    )
+    return [
+        name + (", " + ", ".join(f"{k}={_fmt_value(r.get(PARAM_PREFIX + k))}" for k in keys) if keys else "")
+        for r in rows
+    ]
 
 
 def _sort_key(value: Any) -> tuple:
@@ -197,12 +203,20 @@ def epoch_curves(
     out = []
     bounds = metric_bounds(metric)
     for (config_id, epoch), group in sorted(groups.items()):
-        interval = mean_ci([r["value"] for r in group], level, method, n_boot=n_boot, seed=seed,
-                           bounds=bounds)
-        out.append({"config_id": config_id, "variant": group[0]["variant"],
-                    "swept": group[0]["swept"], "epoch": epoch, "n": interval.n,
-                    "mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high,
-                    "clipped": interval.clipped})
+        interval = mean_ci([r["value"] for r in group], level, method, n_boot=n_boot, seed=seed, bounds=bounds)
+        out.append(
+            {
+                "config_id": config_id,
+                "variant": group[0]["variant"],
+                "swept": group[0]["swept"],
+                "epoch": epoch,
+                "n": interval.n,
+                "mean": interval.mean,
+                "ci_low": interval.low,
+                "ci_high": interval.high,
+                "clipped": interval.clipped,
+            }
+        )
     return out
 
 
@@ -264,8 +278,7 @@ def per_class_means(
             continue
         config_id = config_of_run[run_id]
         runs_of.setdefault(config_id, set()).add(run_id)
-        entry = sums.setdefault(config_id, {}).setdefault(int(row["class"]),
-                                                          [int(row["train_count"]), 0.0, 0])
+        entry = sums.setdefault(config_id, {}).setdefault(int(row["class"]), [int(row["train_count"]), 0.0, 0])
         value = float(row[metric])
         if math.isfinite(value):
             entry[1] += value

@@ -24,7 +24,8 @@ of exactly 0 or 1 (a shot group with no hit, a top-10 accuracy of 100 %) and has
 guaranteed coverage for the mean; the percentile bootstrap of the mean is within the
 range of the values already (it is intersected too, which never cuts it). A cut interval is
 not symmetric: the tables print its bounds instead of `± half-width` and say so.
-Paired differences of an accuracy are bounded by [-1, 1] in the same way. Paired comparisons pair a variant's config with the matching reference config
+Paired differences of an accuracy are bounded by [-1, 1] in the same way. Paired comparisons pair a
+variant's config with the matching reference config
 seed by seed (the same seed list is used for every config), and use the paired t-test;
 p-values are Holm-corrected across the variants compared with the same reference config.
 """
@@ -33,25 +34,61 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from analysis.collect import PARAM_PREFIX
 from analysis.distinct import VERSION_PARAM
-from analysis.intervals import (  # noqa: F401 (re-exported)
-    CI_METHODS, DEFAULT_LEVEL, NOTE_SINGLE, _check_level, _check_method, _rows, difference_bounds,
-    holm, is_fraction_metric, lower_is_better, mean_ci, metric_bounds, paired_test, t_quantile,
+from analysis.intervals import (
+    CI_METHODS,
+    DEFAULT_LEVEL,
+    NOTE_SINGLE,
+    _check_level,
+    _check_method,
+    _rows,
+    difference_bounds,
+    holm,
+    is_fraction_metric,
+    lower_is_better,
+    mean_ci,
+    metric_bounds,
+    paired_test,
+    t_quantile,
 )
-from analysis.series import (  # noqa: F401 (re-exported)
-    CurveSeries, curve_series, epoch_curves, per_class_means, set_size_fractions,
+from analysis.series import (
+    CurveSeries,
+    curve_series,
+    epoch_curves,
+    per_class_means,
+    set_size_fractions,
 )
 
-__all__ = ["CI_METHODS", "DEFAULT_LEVEL", "NOTE_SINGLE", "difference_bounds", "holm",
-           "is_fraction_metric", "lower_is_better", "mean_ci", "metric_bounds", "paired_test",
-           "t_quantile", "CurveSeries", "curve_series", "epoch_curves", "per_class_means",
-           "set_size_fractions", "group_by_config", "SUMMARY_FIXED", "summarize",
-           "variant_defining_paths", "configs_match", "paired_comparisons"]
+__all__ = [
+    "CI_METHODS",
+    "DEFAULT_LEVEL",
+    "NOTE_SINGLE",
+    "difference_bounds",
+    "holm",
+    "is_fraction_metric",
+    "lower_is_better",
+    "mean_ci",
+    "metric_bounds",
+    "paired_test",
+    "t_quantile",
+    "CurveSeries",
+    "curve_series",
+    "epoch_curves",
+    "per_class_means",
+    "set_size_fractions",
+    "group_by_config",
+    "SUMMARY_FIXED",
+    "summarize",
+    "variant_defining_paths",
+    "configs_match",
+    "paired_comparisons",
+]
 
 
 # ----------------------------------------------------------------------------- tables
@@ -75,8 +112,23 @@ def group_by_config(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
 
 
 SUMMARY_FIXED = (
-    "config_id", "variant", "swept", "metric", "n", "mean", "sd", "ci_low", "ci_high",
-    "half_width", "level", "method", "no_interval", "clipped", "note", "seeds", "values",
+    "config_id",
+    "variant",
+    "swept",
+    "metric",
+    "n",
+    "mean",
+    "sd",
+    "ci_low",
+    "ci_high",
+    "half_width",
+    "level",
+    "method",
+    "no_interval",
+    "clipped",
+    "note",
+    "seeds",
+    "values",
 )
 
 
@@ -101,10 +153,8 @@ def summarize(
     params = _param_columns(rows)
     missing = [m for m in metrics if rows and not any(m in r for r in rows)]
     if missing:
-        available = sorted({k for r in rows for k in r
-                            if not k.startswith(PARAM_PREFIX)})
-        raise ValueError(f"metric(s) {missing} not found among the collected columns "
-                         f"{available}")
+        available = sorted({k for r in rows for k in r if not k.startswith(PARAM_PREFIX)})
+        raise ValueError(f"metric(s) {missing} not found among the collected columns {available}")
     bounds = {m: metric_bounds(m) if bounded else None for m in metrics}
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
@@ -115,8 +165,7 @@ def summarize(
         first = group[0]
         for metric in metrics:
             pairs = [(r["seed"], r.get(metric)) for r in group]
-            ci = mean_ci([v for _, v in pairs], level, method, n_boot=n_boot, seed=seed,
-                         bounds=bounds[metric])
+            ci = mean_ci([v for _, v in pairs], level, method, n_boot=n_boot, seed=seed, bounds=bounds[metric])
             kept = [(s, float(v)) for s, v in pairs if v is not None and math.isfinite(v)]
             record = {
                 "config_id": config_id,
@@ -180,7 +229,7 @@ def variant_defining_paths(rows: Sequence[Mapping[str, Any]]) -> set[str]:
         values = per_variant.setdefault(row.get("variant"), {})
         for key, value in row.items():
             if key.startswith(PARAM_PREFIX):
-                values.setdefault(key[len(PARAM_PREFIX):], set()).add(json.dumps(value))
+                values.setdefault(key[len(PARAM_PREFIX) :], set()).add(json.dumps(value))
     if len(per_variant) < 2:
         return set()
     paths = set().union(*(v.keys() for v in per_variant.values()))
@@ -205,7 +254,7 @@ def configs_match(a: Mapping[str, Any], b: Mapping[str, Any], ignore: set[str]) 
     keys = {k for k in list(a) + list(b) if k.startswith(PARAM_PREFIX)}
     different_loss = a.get(PARAM_PREFIX + "loss.name") != b.get(PARAM_PREFIX + "loss.name")
     for key in keys:
-        path = key[len(PARAM_PREFIX):]
+        path = key[len(PARAM_PREFIX) :]
         if _ignored(path, ignore) or (different_loss and path.startswith("loss.")):
             continue
         if a.get(key) != b.get(key):
@@ -221,7 +270,7 @@ def _context_key(row: Mapping[str, Any], ignore: set[str]) -> tuple[tuple, Any, 
     for key, value in row.items():
         if not key.startswith(PARAM_PREFIX) or value is None:
             continue
-        path = key[len(PARAM_PREFIX):]
+        path = key[len(PARAM_PREFIX) :]
         if _ignored(path, ignore):
             continue
         (inner if path.startswith("loss.") else outer).append((key, value))
@@ -248,8 +297,7 @@ def paired_comparisons(
     rows = _rows(table)
     variants = list(dict.fromkeys(r.get("variant") for r in rows))
     if reference not in variants:
-        raise ValueError(f"reference variant {reference!r} not among the finished variants "
-                         f"{variants}")
+        raise ValueError(f"reference variant {reference!r} not among the finished variants {variants}")
     ignore = set(variant_paths) if variant_paths is not None else set()
     ignore |= variant_defining_paths(rows)
     groups = group_by_config(rows)
@@ -265,8 +313,11 @@ def paired_comparisons(
         if group[0].get("variant") == reference:
             continue
         outer, loss_name, inner = _context_key(group[0], ignore)
-        pairs += [(config_id, ref_id) for ref_id, ref_loss, ref_inner in by_context.get(outer, [])
-                  if ref_loss != loss_name or ref_inner == inner]
+        pairs += [
+            (config_id, ref_id)
+            for ref_id, ref_loss, ref_inner in by_context.get(outer, [])
+            if ref_loss != loss_name or ref_inner == inner
+        ]
     records = []
     for metric in metrics:
         bounds = difference_bounds(metric)
@@ -275,25 +326,39 @@ def paired_comparisons(
             variant = group[0].get("variant")
             a = {r["seed"]: r.get(metric) for r in group}
             b = {r["seed"]: r.get(metric) for r in ref_group}
-            common = sorted(s for s in a.keys() & b.keys()
-                            if a[s] is not None and b[s] is not None
-                            and math.isfinite(a[s]) and math.isfinite(b[s]))
-            result = paired_test([a[s] for s in common], [b[s] for s in common], level,
-                                 bounds)
+            common = sorted(
+                s
+                for s in a.keys() & b.keys()
+                if a[s] is not None and b[s] is not None and math.isfinite(a[s]) and math.isfinite(b[s])
+            )
+            result = paired_test([a[s] for s in common], [b[s] for s in common], level, bounds)
             unpaired = len((a.keys() | b.keys()) - set(common))
             note = result.note
             if unpaired:
                 note = "; ".join(filter(None, [note, f"{unpaired} seed(s) without a pair"]))
-            records.append({
-                "metric": metric, "variant": variant, "config_id": config_id,
-                "swept": group[0].get("swept", "{}"), "reference": reference,
-                "reference_config_id": ref_id,
-                "reference_swept": ref_group[0].get("swept", "{}"),
-                "n": result.n, "mean_diff": result.mean_diff, "sd_diff": result.sd_diff,
-                "ci_low": result.low, "ci_high": result.high, "t": result.t,
-                "df": result.df, "p_value": result.p_value, "level": level,
-                "seeds": common, "note": note, "clipped": result.clipped,
-            })
+            records.append(
+                {
+                    "metric": metric,
+                    "variant": variant,
+                    "config_id": config_id,
+                    "swept": group[0].get("swept", "{}"),
+                    "reference": reference,
+                    "reference_config_id": ref_id,
+                    "reference_swept": ref_group[0].get("swept", "{}"),
+                    "n": result.n,
+                    "mean_diff": result.mean_diff,
+                    "sd_diff": result.sd_diff,
+                    "ci_low": result.low,
+                    "ci_high": result.high,
+                    "t": result.t,
+                    "df": result.df,
+                    "p_value": result.p_value,
+                    "level": level,
+                    "seeds": common,
+                    "note": note,
+                    "clipped": result.clipped,
+                }
+            )
     families: dict[tuple, list[int]] = {}
     for index, record in enumerate(records):
         families.setdefault((record["metric"], record["reference_config_id"]), []).append(index)
@@ -304,14 +369,28 @@ def paired_comparisons(
             p_holm[i] = float(value)
     for record, value in zip(records, p_holm):
         record["p_holm"] = value
-    schema = pa.schema([
-        ("metric", pa.string()), ("variant", pa.string()), ("config_id", pa.string()),
-        ("swept", pa.string()), ("reference", pa.string()),
-        ("reference_config_id", pa.string()), ("reference_swept", pa.string()),
-        ("n", pa.int64()), ("mean_diff", pa.float64()), ("sd_diff", pa.float64()),
-        ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("t", pa.float64()),
-        ("df", pa.int64()), ("p_value", pa.float64()), ("p_holm", pa.float64()),
-        ("level", pa.float64()), ("seeds", pa.list_(pa.int64())), ("note", pa.string()),
-        ("clipped", pa.bool_()),
-    ])
+    schema = pa.schema(
+        [
+            ("metric", pa.string()),
+            ("variant", pa.string()),
+            ("config_id", pa.string()),
+            ("swept", pa.string()),
+            ("reference", pa.string()),
+            ("reference_config_id", pa.string()),
+            ("reference_swept", pa.string()),
+            ("n", pa.int64()),
+            ("mean_diff", pa.float64()),
+            ("sd_diff", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("t", pa.float64()),
+            ("df", pa.int64()),
+            ("p_value", pa.float64()),
+            ("p_holm", pa.float64()),
+            ("level", pa.float64()),
+            ("seeds", pa.list_(pa.int64())),
+            ("note", pa.string()),
+            ("clipped", pa.bool_()),
+        ]
+    )
     return pa.Table.from_pylist(records, schema=schema)

@@ -73,8 +73,7 @@ def load_study_info(study_file: str | Path | None, collected: Collected) -> Stud
     except yaml.YAMLError as exc:
         raise ReportError(f"study file {origin}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict):
-        raise ReportError(f"study file {origin}: the top level must be a mapping, "
-                          f"got {type(data).__name__}")
+        raise ReportError(f"study file {origin}: the top level must be a mapping, got {type(data).__name__}")
     report = _parse_block(Report.model_validate, data, "report", origin)
     reference = _parse_block(_REFERENCES.validate_python, data, "reference", origin)
     return StudyInfo(text, origin, data, report or Report(), reference or [])
@@ -127,7 +126,6 @@ def _problem_text(key: str, error: dict, drop_index: bool = False) -> str:
     return f"`{path}`: {message}"
 
 
-
 #: the longest study file of a version shown in the report (a larger artifact is cut)
 MAX_VERSION_FILE_BYTES = 1024 * 1024
 
@@ -145,15 +143,16 @@ def version_files(collected: Collected, versions: list[str]) -> dict[str, str | 
         return texts
     try:
         client = _client(collected.tracking_uri)
-    except Exception:  # no store reachable: the report says the files are missing
+    except Exception:  # noqa: BLE001 (no store reachable: the report says the files are missing)
         return texts
     with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
         for version in versions:
             try:
                 local = client.download_artifacts(
-                    collected.parent_run_id, f"{VERSIONS_ARTIFACT_DIR}/{version}/{STUDY_ARTIFACT}", tmp)
+                    collected.parent_run_id, f"{VERSIONS_ARTIFACT_DIR}/{version}/{STUDY_ARTIFACT}", tmp
+                )
                 with open(local, "rb") as handle:
                     texts[version] = handle.read(MAX_VERSION_FILE_BYTES).decode("utf-8", "replace")
-            except Exception:
+            except Exception:  # noqa: BLE001 (an unreadable earlier version is left out of the report)
                 continue
     return texts

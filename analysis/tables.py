@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from analysis.collect import PARAM_PREFIX
 from analysis.distinct import VERSION_PARAM
-from analysis.formatting import (NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text,
-                                 value_text)
+from analysis.formatting import NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text, value_text
 from analysis.published import column_header, published_value, sources_caption
 from analysis.report_schema import ReportTable
 from analysis.results import StudyResults, swept_of
@@ -67,9 +66,14 @@ def without_idle_columns(table: Table, droppable: Sequence[str]) -> tuple[Table,
             facts.append(f"{head}: {texts.pop()}")
     keep = [i for i in range(len(table.header)) if i not in drop]
     labels = sum(1 for i in keep if i < table.label_columns)
-    return Table(table.title, [table.header[i] for i in keep],
-                 [[row[i] for i in keep] for row in table.rows], table.caption,
-                 label_columns=max(1, labels), paper=table.paper), facts
+    return Table(
+        table.title,
+        [table.header[i] for i in keep],
+        [[row[i] for i in keep] for row in table.rows],
+        table.caption,
+        label_columns=max(1, labels),
+        paper=table.paper,
+    ), facts
 
 
 def table_specs(results: StudyResults) -> list[ReportTable]:
@@ -90,8 +94,7 @@ def _digits_for(metric: str, spec: ReportTable, values: Sequence[float]) -> int:
     return 1 if is_fraction_metric(metric) else auto_digits(values)
 
 
-def _bold_flags(means: Sequence[float], metric: str, digits: int,
-                ns: Sequence[int] | None = None) -> list[bool]:
+def _bold_flags(means: Sequence[float], metric: str, digits: int, ns: Sequence[int] | None = None) -> list[bool]:
     """Best mean (at the shown precision) per column. Cells with a single seed compete only
     when no cell has two or more seeds: a one-seed mean is not called the best."""
     finite = [(i, m) for i, m in enumerate(means) if m is not None and math.isfinite(m)]
@@ -105,36 +108,44 @@ def _bold_flags(means: Sequence[float], metric: str, digits: int,
     return [i in keep and round(m, digits) == best for i, m in enumerate(means)]
 
 
-def _seed_caption(results: StudyResults, summary_rows: Sequence[Mapping]
-                  ) -> tuple[str, int | None]:
+def _seed_caption(results: StudyResults, summary_rows: Sequence[Mapping]) -> tuple[str, int | None]:
     """The caption saying what the numbers are (interval, n, seeds) and the typical n."""
     ns = [r["n"] for r in summary_rows if r["n"] > 0]
     seeds = sorted({s for r in summary_rows for s in (r["seeds"] or [])})
     if not ns:
         return "no finished seed", None
     typical = max(set(ns), key=ns.count)
-    method = ("Student's t on n−1 degrees of freedom" if results.method == "t"
-              else f"percentile bootstrap, {results.n_boot} resamples")
+    method = (
+        "Student's t on n−1 degrees of freedom"
+        if results.method == "t"
+        else f"percentile bootstrap, {results.n_boot} resamples"
+    )
     if min(ns) == max(ns):
         n_text = f"n = {typical} seed{'s' if typical != 1 else ''} per cell"
     else:
-        n_text = (f"n = {min(ns)} to {max(ns)} seeds per cell (cells with n ≠ {typical} "
-                  f"show their n)")
-    shown = ("Mean ± half-width of the" if results.method == "t"
-             else "Mean [bounds] of the")
-    text = (f"{shown} {results.level:.0%} confidence interval over seeds "
-            f"({method}); {n_text}; seeds {', '.join(map(str, seeds))}. Accuracies in percent. "
-            f"n = 1 gives no interval (mean only). Bold: best mean of the column"
-            f"{' (among cells with n ≥ 2)' if min(ns) < 2 <= max(ns) else ''}.")
+        n_text = f"n = {min(ns)} to {max(ns)} seeds per cell (cells with n ≠ {typical} show their n)"
+    shown = "Mean ± half-width of the" if results.method == "t" else "Mean [bounds] of the"
+    text = (
+        f"{shown} {results.level:.0%} confidence interval over seeds "
+        f"({method}); {n_text}; seeds {', '.join(map(str, seeds))}. Accuracies in percent. "
+        f"n = 1 gives no interval (mean only). Bold: best mean of the column"
+        f"{' (among cells with n ≥ 2)' if min(ns) < 2 <= max(ns) else ''}."
+    )
     bounded = [r for r in summary_rows if metric_bounds(r["metric"]) is not None]
     if bounded and results.method == "t":
         cut = sum(1 for r in bounded if r.get("clipped"))
-        text += (" Intervals of bounded metrics (accuracies: 0 to 100 %) are the t interval "
-                 "intersected with the metric's range, which contains the mean exactly when "
-                 "the t interval does (same coverage); "
-                 + (f"{cut} entr{'y' if cut == 1 else 'ies'} cut at a bound "
-                    f"{'is' if cut == 1 else 'are'} shown by {'its' if cut == 1 else 'their'} "
-                    f"bounds [low, high]." if cut else "none is cut here."))
+        text += (
+            " Intervals of bounded metrics (accuracies: 0 to 100 %) are the t interval "
+            "intersected with the metric's range, which contains the mean exactly when "
+            "the t interval does (same coverage); "
+            + (
+                f"{cut} entr{'y' if cut == 1 else 'ies'} cut at a bound "
+                f"{'is' if cut == 1 else 'are'} shown by {'its' if cut == 1 else 'their'} "
+                f"bounds [low, high]."
+                if cut
+                else "none is cut here."
+            )
+        )
     return text, typical
 
 
@@ -146,8 +157,7 @@ def _scaled(row: Mapping, metric: str) -> tuple[float, float]:
     return mean, half
 
 
-def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int | None,
-                 bold: bool) -> TableEntry:
+def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int | None, bold: bool) -> TableEntry:
     """A summary row as `mean ± half-width` (bootstrap: `mean [low, high]`), with its n when
     it differs from the table's typical n."""
     if row is None or row["n"] == 0:
@@ -157,8 +167,7 @@ def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int |
         # a percentile-bootstrap interval, or one cut at a bound of the metric (an accuracy
         # cannot pass 100 %), is not symmetric: show its bounds
         factor = 100.0 if is_fraction_metric(metric) else 1.0
-        text = (f"{mean:.{digits}f} [{row['ci_low'] * factor:.{digits}f}, "
-                f"{row['ci_high'] * factor:.{digits}f}]")
+        text = f"{mean:.{digits}f} [{row['ci_low'] * factor:.{digits}f}, {row['ci_high'] * factor:.{digits}f}]"
     else:
         text = format_mean_ci(mean, half, digits)
     if typical_n is not None and row["n"] != typical_n:
@@ -186,8 +195,7 @@ def _n_range_text(ns: set[int]) -> str:
     return str(low) if low == high else f"{low}–{high}"
 
 
-def _table_summary(results: StudyResults, spec: ReportTable, title: str
-                   ) -> tuple[list[str], list] | None:
+def _table_summary(results: StudyResults, spec: ReportTable, title: str) -> tuple[list[str], list] | None:
     """The logged metrics of a table spec and their per-config summary (restricted to the
     spec's `swept` paths); None, with a note saying why, when the table would be empty."""
     wanted = list(spec.metrics)
@@ -218,22 +226,19 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     by_key = {(r["config_id"], r["metric"]): r for r in summary}
     configs = results.config_order(summary)
     first = {c: by_key[(c, metrics[0])] for c in configs}
-    swept_cols = [p for p in results.swept_paths
-                  if any(p in swept_of(first[c]) for c in configs)]
+    swept_cols = [p for p in results.swept_paths if any(p in swept_of(first[c]) for c in configs)]
     sweeping = {(first[c]["variant"], p) for c in configs for p in swept_of(first[c])}
     caption, typical = _seed_caption(results, summary)
 
     # per metric, the sources with a number for some config: one column each, after the metric's
-    published = {m: [s for s in sources if any(published_value(s, first[c], m) for c in configs)]
-                 for m in metrics}
+    published = {m: [s for s in sources if any(published_value(s, first[c], m) for c in configs)] for m in metrics}
     header = ["variant"] + [param_label(c) for c in swept_cols]
     for m in metrics:
         header.append(m)
         header += [column_header(m, s) for s in published[m]]
     header.append("seeds")
 
-    digits = {m: _digits_for(m, spec, [_scaled(by_key[(c, m)], m)[0] for c in configs])
-              for m in metrics}
+    digits = {m: _digits_for(m, spec, [_scaled(by_key[(c, m)], m)[0] for c in configs]) for m in metrics}
     # the best of each version of the study (analysis.distinct): versions are not compared
     groups: dict = {}
     for i, c in enumerate(configs):
@@ -241,8 +246,12 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     bold = {m: [False] * len(configs) for m in metrics}
     for m in metrics:
         for members in groups.values():
-            flags = _bold_flags([_scaled(by_key[(configs[i], m)], m)[0] for i in members], m,
-                                digits[m], [by_key[(configs[i], m)]["n"] for i in members])
+            flags = _bold_flags(
+                [_scaled(by_key[(configs[i], m)], m)[0] for i in members],
+                m,
+                digits[m],
+                [by_key[(configs[i], m)]["n"] for i in members],
+            )
             for i, flag in zip(members, flags):
                 bold[m][i] = flag
     rows = []
@@ -251,8 +260,7 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
         entries = [TableEntry(str(row0["variant"]))]
         for path in swept_cols:
             if path in swept_of(row0) or (row0["variant"], path) in sweeping:
-                entries.append(TableEntry(value_text(row0.get(PARAM_PREFIX + path,
-                                                              swept_of(row0).get(path)))))
+                entries.append(TableEntry(value_text(row0.get(PARAM_PREFIX + path, swept_of(row0).get(path)))))
             else:
                 entries.append(TableEntry("–", muted=True))
         ns = set()
@@ -299,15 +307,22 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
 
     def context_sort(item):
         swept = json.loads(item[0])
-        return [(0, float(swept[p]), "") if isinstance(swept.get(p), (int, float))
-                else (1, 0.0, str(swept.get(p))) for p in context_paths]
+        return [
+            (0, float(swept[p]), "") if isinstance(swept.get(p), (int, float)) else (1, 0.0, str(swept.get(p)))
+            for p in context_paths
+        ]
 
     ordered = sorted(contexts.items(), key=context_sort)
     columns = [(v, m) for m in metrics for v in variants]
     # per (variant, metric) column, the sources with a number in some row: a column each
-    published = {(v, m): [s for s in sources if any(
-        (v, m) in by_column and published_value(s, by_column[(v, m)], m)
-        for _, by_column in ordered)] for v, m in columns}
+    published = {
+        (v, m): [
+            s
+            for s in sources
+            if any((v, m) in by_column and published_value(s, by_column[(v, m)], m) for _, by_column in ordered)
+        ]
+        for v, m in columns
+    }
     header = [param_label(p) for p in context_paths] or ["config"]
     for v, m in columns:
         name = v if len(metrics) == 1 else f"{v}: {m}"
@@ -316,17 +331,17 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     rows = []
     for swept_json, by_column in ordered:
         swept = json.loads(swept_json)
-        row = [TableEntry(value_text(swept[p]) if p in swept else "–") for p in context_paths] \
-            or [TableEntry("(no swept parameter)")]
-        digits = {m: _digits_for(m, spec, [_scaled(r, m)[0] for (v, mm), r in by_column.items()
-                                           if mm == m]) for m in metrics}
+        row = [TableEntry(value_text(swept[p]) if p in swept else "–") for p in context_paths] or [
+            TableEntry("(no swept parameter)")
+        ]
+        digits = {
+            m: _digits_for(m, spec, [_scaled(r, m)[0] for (v, mm), r in by_column.items() if mm == m]) for m in metrics
+        }
         bold = {}
         for m in metrics:
-            means = [_scaled(by_column[(v, m)], m)[0] if (v, m) in by_column else math.nan
-                     for v in variants]
+            means = [_scaled(by_column[(v, m)], m)[0] if (v, m) in by_column else math.nan for v in variants]
             ns = [by_column[(v, m)]["n"] if (v, m) in by_column else 0 for v in variants]
-            bold.update({(v, m): flag for v, flag in zip(variants, _bold_flags(
-                means, m, digits[m], ns))})
+            bold.update({(v, m): flag for v, flag in zip(variants, _bold_flags(means, m, digits[m], ns))})
         for v, m in columns:
             r = by_column.get((v, m))
             row.append(_value_entry(r, m, digits[m], typical, bold[(v, m)]))
@@ -361,8 +376,7 @@ def compared_metrics(results: StudyResults, table_metrics: Sequence[str]) -> lis
     return [m for m in asked if m in results.metric_names]
 
 
-def comparison_table(results: StudyResults, table_metrics: Sequence[str]
-                     ) -> tuple[Table | None, str]:
+def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tuple[Table | None, str]:
     """Each variant against the baseline variant, paired by seed (`report.compare`); or None
     and the reason there is nothing to compare.
 
@@ -375,26 +389,39 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
     if reference not in results.variants:
         failed = results.collected.failed.column("variant").to_pylist().count(reference)
         how = "`report.compare.reference`" if named else "the study file's first variant"
-        return None, (f"{NO_BASELINE} {reference!r} ({how}) has "
-                      f"no finished cell ({failed} failed or unfinished); the other variants "
-                      f"are not compared with one another in its place. Finished variants: "
-                      f"{', '.join(map(str, results.variants))}.")
+        return None, (
+            f"{NO_BASELINE} {reference!r} ({how}) has "
+            f"no finished cell ({failed} failed or unfinished); the other variants "
+            f"are not compared with one another in its place. Finished variants: "
+            f"{', '.join(map(str, results.variants))}."
+        )
     if len(results.variants) < 2:
         return None, "Fewer than two variants finished: no paired comparison."
     metrics = compared_metrics(results, table_metrics)
     if not metrics:
         return None, "No metric to compare."
-    compared = paired_comparisons(results.rows, metrics, reference, results.level,
-                                  variant_paths=results.study.variant_paths()).to_pylist()
+    compared = paired_comparisons(
+        results.rows, metrics, reference, results.level, variant_paths=results.study.variant_paths()
+    ).to_pylist()
     order = {c: i for i, c in enumerate(results.config_order(results.rows))}
-    compared.sort(key=lambda r: (metrics.index(r["metric"]), order.get(r["config_id"], 0),
-                                 order.get(r["reference_config_id"], 0)))
+    compared.sort(
+        key=lambda r: (metrics.index(r["metric"]), order.get(r["config_id"], 0), order.get(r["reference_config_id"], 0))
+    )
     if not compared:
-        return None, (f"No config of another variant shares its context with a config of "
-                      f"{reference!r}: nothing to pair.")
-    header = ["metric", "variant", "config", "baseline config",
-              "pairs (seeds)", f"mean difference [{results.level:.0%} CI]", "p (paired t)",
-              "p (Holm)", "note"]
+        return None, (
+            f"No config of another variant shares its context with a config of {reference!r}: nothing to pair."
+        )
+    header = [
+        "metric",
+        "variant",
+        "config",
+        "baseline config",
+        "pairs (seeds)",
+        f"mean difference [{results.level:.0%} CI]",
+        "p (paired t)",
+        "p (Holm)",
+        "note",
+    ]
     rows = []
     for r in compared:
         factor = 100.0 if is_fraction_metric(r["metric"]) else 1.0
@@ -402,33 +429,43 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]
         if math.isfinite(r["mean_diff"]):
             diff = f"{r['mean_diff'] * factor:+.{digits}f}"
             if r["ci_low"] is not None and math.isfinite(r["ci_low"]):
-                diff += (f" [{r['ci_low'] * factor:+.{digits}f}, "
-                         f"{r['ci_high'] * factor:+.{digits}f}]")
+                diff += f" [{r['ci_low'] * factor:+.{digits}f}, {r['ci_high'] * factor:+.{digits}f}]"
         else:
             diff = "–"
-        rows.append([
-            TableEntry(r["metric"]), TableEntry(r["variant"]), TableEntry(swept_text(r["swept"])),
-            TableEntry(swept_text(r["reference_swept"])),
-            TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
-            TableEntry(diff, bold=_significant(r["p_holm"], results.level)),
-            TableEntry(p_text(r["p_value"])), TableEntry(p_text(r["p_holm"])),
-            TableEntry(r["note"] or ""),
-        ])
-    caption = (f"Each variant's config (by its swept values) minus its baseline: the config of the reference "
-               f"variant {reference!r} with the same context (every parameter equal except "
-               f"those that define a variant; "
-               f"{NO_SWEPT_TEXT}: the study's base values, nothing swept), paired by seed; "
-               f"differences of accuracies in percentage points, their interval cut at ±100. "
-               f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
-               f"compared with the same reference config, per metric. Bold: Holm-adjusted "
-               f"p < {1 - results.level:.2g}."
-               + (" The study holds several versions (`version`): a config is paired only with "
-                  "a baseline of its own version, so no family spans versions."
-                  if VERSION_PARAM in results.swept_paths else ""))
+        rows.append(
+            [
+                TableEntry(r["metric"]),
+                TableEntry(r["variant"]),
+                TableEntry(swept_text(r["swept"])),
+                TableEntry(swept_text(r["reference_swept"])),
+                TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
+                TableEntry(diff, bold=_significant(r["p_holm"], results.level)),
+                TableEntry(p_text(r["p_value"])),
+                TableEntry(p_text(r["p_holm"])),
+                TableEntry(r["note"] or ""),
+            ]
+        )
+    caption = (
+        f"Each variant's config (by its swept values) minus its baseline: the config of the reference "
+        f"variant {reference!r} with the same context (every parameter equal except "
+        f"those that define a variant; "
+        f"{NO_SWEPT_TEXT}: the study's base values, nothing swept), paired by seed; "
+        f"differences of accuracies in percentage points, their interval cut at ±100. "
+        f"Paired t-test on n−1 df, two-sided; Holm's correction over the variants "
+        f"compared with the same reference config, per metric. Bold: Holm-adjusted "
+        f"p < {1 - results.level:.2g}."
+        + (
+            " The study holds several versions (`version`): a config is paired only with "
+            "a baseline of its own version, so no family spans versions."
+            if VERSION_PARAM in results.swept_paths
+            else ""
+        )
+    )
     baseline = "baseline config"
     table, facts = without_idle_columns(
-        Table(f"Each variant against the baseline {reference!r}", header, rows, caption,
-              label_columns=4), droppable=("metric", "variant", baseline, "note"))
+        Table(f"Each variant against the baseline {reference!r}", header, rows, caption, label_columns=4),
+        droppable=("metric", "variant", baseline, "note"),
+    )
     if facts:  # one metric, variant or baseline config throughout: said once, in the title
         table.title += " (" + "; ".join(facts) + ")"
     return table, ""
@@ -464,19 +501,33 @@ def race_table(results: StudyResults) -> Table | None:
         state = found["state"] if found else "racing"
         counts[state] = counts.get(state, 0) + 1
         reason = found.get("reason", "") if found else "undecided when the study stopped"
-        body.append([TableEntry(str(row["variant"])), TableEntry(swept_text(row.get("swept"))),
-                     TableEntry(f"{seeds[config_id]} of {max_seeds}"),
-                     TableEntry(state, bold=state == "best"), TableEntry(reason)])
+        body.append(
+            [
+                TableEntry(str(row["variant"])),
+                TableEntry(swept_text(row.get("swept"))),
+                TableEntry(f"{seeds[config_id]} of {max_seeds}"),
+                TableEntry(state, bold=state == "best"),
+                TableEntry(reason),
+            ]
+        )
     used = sum(seeds.values())
-    caption = (f"{used} cells of at most {len(body) * max_seeds} ({len(body)} configs x "
-               f"{max_seeds} seeds): " + ", ".join(f"{n} {state}" for state, n in counts.items())
-               + ". Each config started with the first seeds of one shared sequence (paired) and "
-               "got the next seed while its paired difference with the best config was not "
-               "significant (paired t-test, Holm-corrected over the configs still racing); the "
-               "tables above use the seeds each config has.")
-    return Table("Racing: seeds per config and why each stopped",
-                 ["variant", "config", "seeds", "decision", "reason"], body, caption,
-                 label_columns=2, paper=False)
+    caption = (
+        f"{used} cells of at most {len(body) * max_seeds} ({len(body)} configs x "
+        f"{max_seeds} seeds): "
+        + ", ".join(f"{n} {state}" for state, n in counts.items())
+        + ". Each config started with the first seeds of one shared sequence (paired) and "
+        "got the next seed while its paired difference with the best config was not "
+        "significant (paired t-test, Holm-corrected over the configs still racing); the "
+        "tables above use the seeds each config has."
+    )
+    return Table(
+        "Racing: seeds per config and why each stopped",
+        ["variant", "config", "seeds", "decision", "reason"],
+        body,
+        caption,
+        label_columns=2,
+        paper=False,
+    )
 
 
 # ----------------------------------------------------------------------------- failures
@@ -489,14 +540,24 @@ def failed_cells_table(failed: Sequence[Mapping]) -> Table:
         error = (r["error"] or "").strip()
         first_line = error.splitlines()[0] if error else ""
         shown = first_line[:MAX_ERROR_CHARS] + ("…" if len(first_line) > MAX_ERROR_CHARS else "")
-        rows.append([TableEntry(r["cell_id"] or ""), TableEntry(r["variant"] or ""),
-                     TableEntry(swept_text(r["swept"])), TableEntry(str(r["seed"])),
-                     TableEntry(r["status"]), TableEntry(r["mlflow_status"] or ""),
-                     TableEntry(shown)])
-    return Table("Cells without a finished run",
-                 ["cell", "variant", "config", "seed", "status", "MLflow status",
-                  "error (first line)"], rows,
-                 f"These cells are not in the tables above. `unfinished`: the run is "
-                 f"still marked running (in progress, or its worker died). Config "
-                 f"{NO_SWEPT_TEXT}: the study's base values (nothing swept).",
-                 label_columns=7, paper=False)
+        rows.append(
+            [
+                TableEntry(r["cell_id"] or ""),
+                TableEntry(r["variant"] or ""),
+                TableEntry(swept_text(r["swept"])),
+                TableEntry(str(r["seed"])),
+                TableEntry(r["status"]),
+                TableEntry(r["mlflow_status"] or ""),
+                TableEntry(shown),
+            ]
+        )
+    return Table(
+        "Cells without a finished run",
+        ["cell", "variant", "config", "seed", "status", "MLflow status", "error (first line)"],
+        rows,
+        f"These cells are not in the tables above. `unfinished`: the run is "
+        f"still marked running (in progress, or its worker died). Config "
+        f"{NO_SWEPT_TEXT}: the study's base values (nothing swept).",
+        label_columns=7,
+        paper=False,
+    )

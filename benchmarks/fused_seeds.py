@@ -33,13 +33,19 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from setvalued.fused import Array, fit_array  # noqa: E402
-from setvalued.training import Trial, fit, resolve_config  # noqa: E402
+from setvalued.fused import Array, fit_array
+from setvalued.training import Trial, fit, resolve_config
 
 #: the quickstart's MLP study (studies/catalog/quickstart.yaml) with the noised top-K loss
 MLP = {
-    "data": {"name": "synthetic", "num_classes": 40, "num_superclasses": 8, "train_size": 2000, "val_size": 500,
-             "test_size": 1000},
+    "data": {
+        "name": "synthetic",
+        "num_classes": 40,
+        "num_superclasses": 8,
+        "train_size": 2000,
+        "val_size": 500,
+        "test_size": 1000,
+    },
     "model": {"name": "mlp", "hidden_dim": 128},
     "loss": {"name": "noised_topk", "k": 5, "epsilon": 0.1, "n_samples": 5},
     "optim": {"lr": 0.1, "batch_size": 64, "milestones": [10], "weight_decay": 1e-4},
@@ -48,8 +54,15 @@ MLP = {
 }
 DENSENET = {
     **MLP,
-    "data": {"name": "synthetic", "num_classes": 40, "num_superclasses": 8, "train_size": 1024, "val_size": 128,
-             "test_size": 128, "form": "images"},
+    "data": {
+        "name": "synthetic",
+        "num_classes": 40,
+        "num_superclasses": 8,
+        "train_size": 1024,
+        "val_size": 128,
+        "test_size": 128,
+        "form": "images",
+    },
     "model": {"name": "densenet_bc_cifar", "depth": 10, "growth_rate": 12},
 }
 MODELS = {"mlp": MLP, "densenet_bc": DENSENET}
@@ -107,16 +120,23 @@ def measure(name: str, members: int, steps: int, rounds: int) -> dict:
     separate, fused = [], []
     for r in range(rounds):
         order = [(separate, lambda: separate_steps(trials, steps)), (fused, lambda: fused_steps(array, steps))]
-        for times, run in (order if r % 2 == 0 else order[::-1]):
+        for times, run in order if r % 2 == 0 else order[::-1]:
             times.append(run())
     per = members * steps
     # a step's own operators: those of 3 steps less those of 1 (the epoch's set-up, its batch
     # order and running metrics, counted once), per step and member
-    ops_separate = (operators(lambda: separate_steps(trials, 3)) - operators(lambda: separate_steps(trials, 1))) \
-        / (2 * members)
+    ops_separate = (operators(lambda: separate_steps(trials, 3)) - operators(lambda: separate_steps(trials, 1))) / (
+        2 * members
+    )
     ops_fused = (operators(lambda: fused_steps(array, 3)) - operators(lambda: fused_steps(array, 1))) / (2 * members)
-    return {"model": name, "N": members, "separate_ms": 1e3 * min(separate) / per, "fused_ms": 1e3 * min(fused) / per,
-            "separate_ops": ops_separate, "fused_ops": ops_fused}
+    return {
+        "model": name,
+        "N": members,
+        "separate_ms": 1e3 * min(separate) / per,
+        "fused_ms": 1e3 * min(fused) / per,
+        "separate_ops": ops_separate,
+        "fused_ops": ops_fused,
+    }
 
 
 def study(epochs: int, members: int = 8) -> tuple[float, float]:
@@ -142,18 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"fused seeds on the CPU ({args.threads} thread(s)); per member-step, fused / separate")
-    print(f"{'model':<12} {'N':>2} {'sep ms':>8} {'fused ms':>9} {'time':>6} {'sep ops':>8} "
-          f"{'fused ops':>9} {'ops':>6}")
+    print(
+        f"{'model':<12} {'N':>2} {'sep ms':>8} {'fused ms':>9} {'time':>6} {'sep ops':>8} {'fused ops':>9} {'ops':>6}"
+    )
     for name in args.models:
         for n in args.members:
             row = measure(name, n, args.steps, args.rounds)
-            print(f"{name:<12} {n:>2} {row['separate_ms']:>8.2f} {row['fused_ms']:>9.2f} "
-                  f"{row['fused_ms'] / row['separate_ms']:>5.2f}x {row['separate_ops']:>8.0f} "
-                  f"{row['fused_ops']:>9.0f} {row['fused_ops'] / row['separate_ops']:>5.2f}x", flush=True)
+            print(
+                f"{name:<12} {n:>2} {row['separate_ms']:>8.2f} {row['fused_ms']:>9.2f} "
+                f"{row['fused_ms'] / row['separate_ms']:>5.2f}x {row['separate_ops']:>8.0f} "
+                f"{row['fused_ops']:>9.0f} {row['fused_ops'] / row['separate_ops']:>5.2f}x",
+                flush=True,
+            )
     if args.study_epochs > 0:
         separate, fused = study(args.study_epochs)
-        print(f"8-seed MLP study, {args.study_epochs} epochs: separate {separate:.1f} s, fused {fused:.1f} s "
-              f"({fused / separate:.2f}x)")
+        print(
+            f"8-seed MLP study, {args.study_epochs} epochs: separate {separate:.1f} s, fused {fused:.1f} s "
+            f"({fused / separate:.2f}x)"
+        )
     return 0
 
 

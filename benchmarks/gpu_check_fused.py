@@ -34,7 +34,6 @@ import argparse
 import importlib.util
 import itertools
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -53,12 +52,21 @@ def cells_per_gpu_hour(train_img_s: float, val_img_s: float) -> float:
 
 
 def config(args, root: str) -> dict:
-    model = ({"name": "small_cnn", "hidden_dim": 8} if args.tiny
-             else {"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 40})
-    return {"data": {"name": "cifar100", "root": root, "val_size": args.val_size, "placement": "device"},
-            "model": model, "loss": {"name": "ce"},
-            "optim": {"lr": 0.1, "batch_size": args.batch_size, "milestones": [150, 225]}, "epochs": EPOCHS,
-            "eval": {"ks": [1, 5], "selection": "val/top5"}, "device": args.device, "compile": "none"}
+    model = (
+        {"name": "small_cnn", "hidden_dim": 8}
+        if args.tiny
+        else {"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 40}
+    )
+    return {
+        "data": {"name": "cifar100", "root": root, "val_size": args.val_size, "placement": "device"},
+        "model": model,
+        "loss": {"name": "ce"},
+        "optim": {"lr": 0.1, "batch_size": args.batch_size, "milestones": [150, 225]},
+        "epochs": EPOCHS,
+        "eval": {"ks": [1, 5], "selection": "val/top5"},
+        "device": args.device,
+        "compile": "none",
+    }
 
 
 # -- a worker: one trial or one array, timed ---------------------------------------------------
@@ -91,6 +99,7 @@ def worker(args) -> dict:
 
         def train(steps: int) -> None:
             array.train_steps(0, steps)
+
     batch = int(cfg["optim"]["batch_size"])
     chunk = len(models[0].data.train) // batch  # an epoch's full batches
     if chunk < 1:
@@ -120,9 +129,14 @@ def worker(args) -> dict:
         validate()
     sync()
     val_s = time.perf_counter() - start
-    out = {"models": len(models), "steps": steps, "train_s": train_s,
-           "train_images": steps * batch * len(models), "val_s": val_s,
-           "val_images": args.val_passes * len(models) * len(models[0].data.val)}
+    out = {
+        "models": len(models),
+        "steps": steps,
+        "train_s": train_s,
+        "train_images": steps * batch * len(models),
+        "val_s": val_s,
+        "val_images": args.val_passes * len(models) * len(models[0].data.val),
+    }
     if cuda:
         out["peak_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     return out
@@ -141,14 +155,40 @@ def run_arrangement(args, cfg: dict, folder: Path, label: str, members: int, pro
         result.unlink(missing_ok=True)
         ready.unlink(missing_ok=True)
         files.append((result, ready))
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--config", json.dumps(cfg),
-                   "--members", str(members), "--seed", str(i), "--result", str(result), "--ready", str(ready),
-                   "--go", str(go), "--seconds", str(args.seconds), "--val-passes", str(args.val_passes),
-                   "--warmup", str(args.warmup), "--threads", str(args.threads), "--timeout", str(args.timeout)]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--config",
+            json.dumps(cfg),
+            "--members",
+            str(members),
+            "--seed",
+            str(i),
+            "--result",
+            str(result),
+            "--ready",
+            str(ready),
+            "--go",
+            str(go),
+            "--seconds",
+            str(args.seconds),
+            "--val-passes",
+            str(args.val_passes),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+            "--timeout",
+            str(args.timeout),
+        ]
         procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     deadline = began + args.timeout
-    while not all(ready.exists() for _, ready in files) and time.time() < deadline \
-            and all(p.poll() is None for p in procs):
+    while (
+        not all(ready.exists() for _, ready in files)
+        and time.time() < deadline
+        and all(p.poll() is None for p in procs)
+    ):
         time.sleep(0.02)
     go.write_text("go")
     errors = []
@@ -162,8 +202,14 @@ def run_arrangement(args, cfg: dict, folder: Path, label: str, members: int, pro
             proc.communicate()
             errors.append("timed out")
     runs = [json.loads(result.read_text()) for result, _ in files if result.exists()]
-    row = {"arrangement": label, "models_at_once": processes * max(members, 1), "processes": processes,
-           "finished": len(runs), "errors": errors, "wall_s": round(time.time() - began, 1)}
+    row = {
+        "arrangement": label,
+        "models_at_once": processes * max(members, 1),
+        "processes": processes,
+        "finished": len(runs),
+        "errors": errors,
+        "wall_s": round(time.time() - began, 1),
+    }
     if len(runs) == processes:
         row["train_images"] = sum(r["train_images"] for r in runs)
         row["train_img_s"] = sum(r["train_images"] / r["train_s"] for r in runs)
@@ -192,26 +238,40 @@ def verdict(rows: list[dict]) -> dict:
 def markdown(rows: list[dict], goal: dict, device: str, args) -> str:
     base = goal.get("trial")
     model = "small CNN (tiny)" if args.tiny else "DenseNet-BC 40-40"
-    lines = [f"### Fused seeds (issue #35) on {device}", "",
-             f"{model}, batch {args.batch_size}, data on the device, compile none; {args.seconds:g} s of",
-             f"training an arrangement, then {args.val_passes} validation pass(es) a model. cells/GPU-h: of",
-             f"the paper protocol ({EPOCHS} epochs of {TRAIN_IMAGES:,} training and {VAL_IMAGES:,} validation",
-             "images a cell), from the rates measured.", "",
-             "| arrangement | models at once | processes | train img/s | val img/s | cells/GPU-h | "
-             "x one trial | peak reserved MB, a process | error |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### Fused seeds (issue #35) on {device}",
+        "",
+        f"{model}, batch {args.batch_size}, data on the device, compile none; {args.seconds:g} s of",
+        f"training an arrangement, then {args.val_passes} validation pass(es) a model. cells/GPU-h: of",
+        f"the paper protocol ({EPOCHS} epochs of {TRAIN_IMAGES:,} training and {VAL_IMAGES:,} validation",
+        "images a cell), from the rates measured.",
+        "",
+        "| arrangement | models at once | processes | train img/s | val img/s | cells/GPU-h | "
+        "x one trial | peak reserved MB, a process | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         rate = r.get("cells_per_gpu_h")
         ratio = f"{rate / base:.2f}" if rate and base else ""
         peaks = [m for m in r.get("peak_reserved_mb") or [] if m is not None]
         memory = f"{max(peaks):.0f}" if peaks else ""
-        lines.append(f"| {r['arrangement']} | {r['models_at_once']} | {r['processes']} | "
-                     f"{r.get('train_img_s', 0):.0f} | {r.get('val_img_s', 0):.0f} | "
-                     f"{rate or 0:.2f} | {ratio} | {memory} | {'; '.join(r['errors'])[:160]} |")
+        lines.append(
+            f"| {r['arrangement']} | {r['models_at_once']} | {r['processes']} | "
+            f"{r.get('train_img_s', 0):.0f} | {r.get('val_img_s', 0):.0f} | "
+            f"{rate or 0:.2f} | {ratio} | {memory} | {'; '.join(r['errors'])[:160]} |"
+        )
     if "fused_x_trial" in goal:
-        lines += ["", f"Goal (>= {GOAL:g}x one eager trial, ahead of the best packing): best fused",
-                  f"x{goal['fused_x_trial']:.2f} ({'met' if goal['met_10x'] else 'not met'})"
-                  + (f"; {'ahead of' if goal['ahead_of_packing'] else 'behind'} the best packing "
-                     f"(x{goal['best_packed'] / base:.2f})" if "ahead_of_packing" in goal else "")]
+        lines += [
+            "",
+            f"Goal (>= {GOAL:g}x one eager trial, ahead of the best packing): best fused",
+            f"x{goal['fused_x_trial']:.2f} ({'met' if goal['met_10x'] else 'not met'})"
+            + (
+                f"; {'ahead of' if goal['ahead_of_packing'] else 'behind'} the best packing "
+                f"(x{goal['best_packed'] / base:.2f})"
+                if "ahead_of_packing" in goal
+                else ""
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -226,18 +286,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a small CNN on tiny data (the CPU plumbing)")
-    parser.add_argument("--fused", type=int, nargs="*", default=[1, 4, 8, 16], metavar="N",
-                        help="members of the fused arrays (default: 1 4 8 16)")
-    parser.add_argument("--packed", type=int, nargs="*", default=[4, 8], metavar="P",
-                        help="trial processes side by side (default: 4 8)")
+    parser.add_argument(
+        "--fused",
+        type=int,
+        nargs="*",
+        default=[1, 4, 8, 16],
+        metavar="N",
+        help="members of the fused arrays (default: 1 4 8 16)",
+    )
+    parser.add_argument(
+        "--packed", type=int, nargs="*", default=[4, 8], metavar="P", help="trial processes side by side (default: 4 8)"
+    )
     parser.add_argument("--seconds", type=float, default=None, help="training window (default: 8; tiny: 0.3)")
     parser.add_argument("--val-passes", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 10; tiny: 1)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--per-class-train", type=int, default=None, help="default: 60; tiny: 6")
     parser.add_argument("--val-size", type=int, default=None, help="default: 1000; tiny: 100")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads a process "
-                        "(default: 2; tiny: 1)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads a process (default: 2; tiny: 1)")
     parser.add_argument("--timeout", type=float, default=200.0, help="seconds for one arrangement")
     parser.add_argument("--workdir", default=None, help="data and worker files (default: a temporary folder)")
     parser.add_argument("--out", default=None, help="JSON file of the rows")
@@ -276,8 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (root / "cifar-100-python" / "meta").is_file():
             load_throughput().write_cifar(root, per_class, 2 if tiny else 10)
         cfg = config(args, str(root))
-        plan = [("trial", 0, 1)] + [(f"fused {n}", n, 1) for n in args.fused] + \
-               [(f"packed {p}", 0, p) for p in args.packed]
+        plan = (
+            [("trial", 0, 1)]
+            + [(f"fused {n}", n, 1) for n in args.fused]
+            + [(f"packed {p}", 0, p) for p in args.packed]
+        )
         rows = []
         for label, members, processes in plan:
             row = run_arrangement(args, cfg, work / "workers", label.replace(" ", "_"), members, processes)
@@ -286,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     goal = verdict(rows)
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": device_name, "config": cfg, "rows": rows, "goal": goal},
-                                             indent=1))
+        Path(args.out).write_text(
+            json.dumps({"device": device_name, "config": cfg, "rows": rows, "goal": goal}, indent=1)
+        )
     text = markdown(rows, goal, device_name, args)
     print(text)
     if args.md:

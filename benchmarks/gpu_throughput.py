@@ -71,12 +71,24 @@ if str(REPO) not in sys.path:
 
 #: the protocol of the issue's measurements, and the tiny one of `--device cpu`
 PROTOCOL = {
-    "cuda": {"model": {"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 40},
-             "per_class_train": 500, "per_class_test": 100, "val_size": 5000, "batch_size": 64,
-             "epochs": 2, "seeds": 2},
-    "cpu": {"model": {"name": "small_cnn", "hidden_dim": 8},
-            "per_class_train": 4, "per_class_test": 1, "val_size": 100, "batch_size": 32,
-            "epochs": 1, "seeds": 1},
+    "cuda": {
+        "model": {"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 40},
+        "per_class_train": 500,
+        "per_class_test": 100,
+        "val_size": 5000,
+        "batch_size": 64,
+        "epochs": 2,
+        "seeds": 2,
+    },
+    "cpu": {
+        "model": {"name": "small_cnn", "hidden_dim": 8},
+        "per_class_train": 4,
+        "per_class_test": 1,
+        "val_size": 100,
+        "batch_size": 32,
+        "epochs": 1,
+        "seeds": 1,
+    },
 }
 LOSSES = {
     "ce": {"name": "ce"},
@@ -109,17 +121,39 @@ def write_cifar(root: Path, per_class_train: int, per_class_test: int) -> Path:
         colour = rng.integers(0, 256, (100, 3), dtype=np.uint8)[fine]  # one colour per class
         data = np.repeat(colour, 1024, axis=1).astype(np.int16) + rng.integers(-40, 41, (len(fine), 3072))
         with open(folder / name, "wb") as f:
-            pickle.dump({"data": np.clip(data, 0, 255).astype(np.uint8), "fine_labels": fine.tolist(),
-                         "coarse_labels": (fine // 5).tolist(), "filenames": [""] * len(fine),
-                         "batch_label": name}, f, protocol=2)
+            pickle.dump(
+                {
+                    "data": np.clip(data, 0, 255).astype(np.uint8),
+                    "fine_labels": fine.tolist(),
+                    "coarse_labels": (fine // 5).tolist(),
+                    "filenames": [""] * len(fine),
+                    "batch_label": name,
+                },
+                f,
+                protocol=2,
+            )
     with open(folder / "meta", "wb") as f:
-        pickle.dump({"fine_label_names": [f"c{i}" for i in range(100)],
-                     "coarse_label_names": [f"g{i}" for i in range(20)]}, f, protocol=2)
+        pickle.dump(
+            {"fine_label_names": [f"c{i}" for i in range(100)], "coarse_label_names": [f"g{i}" for i in range(20)]},
+            f,
+            protocol=2,
+        )
     return root
 
 
-def study(name: str, root: Path, device: str, gpus: float, compile_mode: str, data: str,
-          loader_workers: int, epochs: int, seeds: int, losses: list[str], seeds_per_trial: int = 1) -> dict:
+def study(
+    name: str,
+    root: Path,
+    device: str,
+    gpus: float,
+    compile_mode: str,
+    data: str,
+    loader_workers: int,
+    epochs: int,
+    seeds: int,
+    losses: list[str],
+    seeds_per_trial: int = 1,
+) -> dict:
     """The paper-protocol study of one row of the table."""
     p = PROTOCOL[device]
     workers = loader_workers if data == "loader" else 0
@@ -127,10 +161,16 @@ def study(name: str, root: Path, device: str, gpus: float, compile_mode: str, da
     if seeds_per_trial > 1:
         resources["seeds_per_trial"] = seeds_per_trial
     return {
-        "name": name, "description": "GPU throughput benchmark (issue #24)",
+        "name": name,
+        "description": "GPU throughput benchmark (issue #24)",
         "base": {
-            "data": {"name": "cifar100", "root": str(root), "val_size": p["val_size"], "num_workers": workers,
-                     "placement": data},
+            "data": {
+                "name": "cifar100",
+                "root": str(root),
+                "val_size": p["val_size"],
+                "num_workers": workers,
+                "placement": data,
+            },
             "model": dict(p["model"]),
             "loss": {"name": "ce"},
             "optim": {"lr": 0.1, "batch_size": p["batch_size"], "milestones": [150, 225]},
@@ -142,7 +182,8 @@ def study(name: str, root: Path, device: str, gpus: float, compile_mode: str, da
         "variants": {key: {"loss": LOSSES[key]} for key in losses},
         "seeds": list(range(seeds)),
         "resources": resources,
-        "max_failures": 0, "log_models": False,
+        "max_failures": 0,
+        "log_models": False,
     }
 
 
@@ -150,12 +191,20 @@ def cell_records(client, name: str) -> list[dict]:
     """Per cell run of the study ``name`` in MLflow: its start and end (s) and its epochs'
     ``epoch_time_s`` and ``eval_time_s`` by epoch."""
     experiment = client.get_experiment_by_name(name)
-    runs = [r for r in client.search_runs([experiment.experiment_id], max_results=10000)
-            if r.data.tags.get("studies.role") == "cell"]
-    return [{"start": run.info.start_time / 1000.0, "end": run.info.end_time / 1000.0,
-             "epochs": {m.step: m.value for m in client.get_metric_history(run.info.run_id, "epoch_time_s")},
-             "evals": {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval_time_s")}}
-            for run in runs]
+    runs = [
+        r
+        for r in client.search_runs([experiment.experiment_id], max_results=10000)
+        if r.data.tags.get("studies.role") == "cell"
+    ]
+    return [
+        {
+            "start": run.info.start_time / 1000.0,
+            "end": run.info.end_time / 1000.0,
+            "epochs": {m.step: m.value for m in client.get_metric_history(run.info.run_id, "epoch_time_s")},
+            "evals": {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval_time_s")},
+        }
+        for run in runs
+    ]
 
 
 def summarize(records: list[dict], train_images: int, members: int = 1) -> dict:
@@ -173,9 +222,16 @@ def summarize(records: list[dict], train_images: int, members: int = 1) -> dict:
         overheads.append(r["end"] - r["start"] - sum(epochs.values()) - sum(evals.values()))
     span = max(r["end"] for r in records) - min(r["start"] for r in records)
     images = sum(len(r["epochs"]) for r in records) * train_images
-    return {"cells": len(records), "cells_per_h": len(records) / span * 3600.0, "img_s": statistics.median(rates),
-            "img_s_first": statistics.median(first), "overhead_s": statistics.mean(overheads),
-            "images": images, "span_s": span, "study_img_s": images / span}
+    return {
+        "cells": len(records),
+        "cells_per_h": len(records) / span * 3600.0,
+        "img_s": statistics.median(rates),
+        "img_s_first": statistics.median(first),
+        "overhead_s": statistics.mean(overheads),
+        "images": images,
+        "span_s": span,
+        "study_img_s": images / span,
+    }
 
 
 def measure(client, name: str, train_images: int, members: int = 1) -> dict:
@@ -184,8 +240,11 @@ def measure(client, name: str, train_images: int, members: int = 1) -> dict:
 
 
 #: the arms of the ``--seeds-per-trial`` axis: (arm, seeds_per_trial of N, gpus of N)
-SEED_ARMS = (("separate", lambda n: 1, lambda n: 1.0), ("packed", lambda n: 1, lambda n: 1.0 / n),
-             ("fused", lambda n: n, lambda n: 1.0))
+SEED_ARMS = (
+    ("separate", lambda n: 1, lambda n: 1.0),
+    ("packed", lambda n: 1, lambda n: 1.0 / n),
+    ("fused", lambda n: n, lambda n: 1.0),
+)
 BASELINE = "one trial"
 
 
@@ -212,32 +271,57 @@ def device_name(device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--gpus", type=float, nargs="+", default=None,
-                        help="GPU share of a trial (default: 1 0.5 0.25 0.125)")
-    parser.add_argument("--compile", nargs="+", choices=("none", "model"), default=None,
-                        help="the trials' compile (default: none model; with --seeds-per-trial: none)")
+    parser.add_argument(
+        "--gpus", type=float, nargs="+", default=None, help="GPU share of a trial (default: 1 0.5 0.25 0.125)"
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        choices=("none", "model"),
+        default=None,
+        help="the trials' compile (default: none model; with --seeds-per-trial: none)",
+    )
     parser.add_argument("--data", nargs="+", choices=("device", "loader"), default=["device", "loader"])
-    parser.add_argument("--loader-workers", type=int, default=None, help="DataLoader workers (and CPUs) "
-                        f"of a loader trial (default: {DEFAULT_LOADER_WORKERS}, at most the Ray's CPUs)")
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        default=None,
+        help="DataLoader workers (and CPUs) "
+        f"of a loader trial (default: {DEFAULT_LOADER_WORKERS}, at most the Ray's CPUs)",
+    )
     parser.add_argument("--epochs", type=int, default=None, help="epochs a cell (default: 2; cpu: 1)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds of each loss (default: 2; cpu: 1)")
-    parser.add_argument("--seeds-per-trial", type=int, nargs="+", default=None, metavar="N",
-                        help="instead of the grid: N seeds of each loss separate, packed and fused, "
-                             "beside one eager trial (issue #35)")
-    parser.add_argument("--losses", nargs="+", choices=sorted(LOSSES), default=list(LOSSES),
-                        help="the losses of the study, one variant each (default: all three)")
+    parser.add_argument(
+        "--seeds-per-trial",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="instead of the grid: N seeds of each loss separate, packed and fused, beside one eager trial (issue #35)",
+    )
+    parser.add_argument(
+        "--losses",
+        nargs="+",
+        choices=sorted(LOSSES),
+        default=list(LOSSES),
+        help="the losses of the study, one variant each (default: all three)",
+    )
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
-    parser.add_argument("--workdir", default=None, help="where the data and the studies go (default: a "
-                        "temporary folder, removed)")
+    parser.add_argument(
+        "--workdir", default=None, help="where the data and the studies go (default: a temporary folder, removed)"
+    )
     args = parser.parse_args(argv)
     fused_axis = args.seeds_per_trial is not None
     if fused_axis:
         if args.gpus is not None or args.seeds is not None:
-            parser.error("--seeds-per-trial sets the GPU share and the seeds of each row; "
-                         "expected no --gpus and no --seeds with it")
+            parser.error(
+                "--seeds-per-trial sets the GPU share and the seeds of each row; "
+                "expected no --gpus and no --seeds with it"
+            )
         if args.compile not in (None, ["none"]):
-            parser.error("--seeds-per-trial: a fused array trains with compile none; expected "
-                         "--compile none or no --compile")
+            parser.error(
+                "--seeds-per-trial: a fused array trains with compile none; expected --compile none or no --compile"
+            )
         if min(args.seeds_per_trial) < 1:
             parser.error(f"--seeds-per-trial {min(args.seeds_per_trial)}: expected numbers >= 1")
 
@@ -260,34 +344,60 @@ def main(argv: list[str] | None = None) -> int:
         # one local Ray for every row (or the caller's); on the CPU one GPU that is only a resource label
         started = not ray.is_initialized()
         if started:
-            ray.init(address="local", num_cpus=args.num_cpus or os.cpu_count(), num_gpus=1,
-                     include_dashboard=False, log_to_driver=False)
+            ray.init(
+                address="local",
+                num_cpus=args.num_cpus or os.cpu_count(),
+                num_gpus=1,
+                include_dashboard=False,
+                log_to_driver=False,
+            )
         rows = []
         try:
             cpus = int(ray.cluster_resources().get("CPU", 1))
             workers = loader_workers(args.loader_workers, cpus)
             if workers is None:
-                parser.error(f"--loader-workers {args.loader_workers}: a loader trial asks for as many CPUs, "
-                             f"and the Ray has {cpus}; expected at most {cpus}")
+                parser.error(
+                    f"--loader-workers {args.loader_workers}: a loader trial asks for as many CPUs, "
+                    f"and the Ray has {cpus}; expected at most {cpus}"
+                )
 
-            def run_row(name: str, gpus: float, compile_mode: str, data: str, row_seeds: int,
-                        per_trial: int = 1) -> dict:
+            def run_row(
+                name: str, gpus: float, compile_mode: str, data: str, row_seeds: int, per_trial: int = 1
+            ) -> dict:
                 """One row: its study written, run through the runner and read back from MLflow."""
                 path = work / f"{name}.yaml"
-                path.write_text(yaml.safe_dump(study(name, root, args.device, gpus, compile_mode, data, workers,
-                                                     epochs, row_seeds, args.losses, per_trial), sort_keys=False))
+                path.write_text(
+                    yaml.safe_dump(
+                        study(
+                            name,
+                            root,
+                            args.device,
+                            gpus,
+                            compile_mode,
+                            data,
+                            workers,
+                            epochs,
+                            row_seeds,
+                            args.losses,
+                            per_trial,
+                        ),
+                        sort_keys=False,
+                    )
+                )
                 stream = io.StringIO()
                 start = time.perf_counter()
-                outcome = run_study(path, RunOptions(output=work / "out", report=False, stream=stream,
-                                                     progress_interval_s=1e9))
+                outcome = run_study(
+                    path, RunOptions(output=work / "out", report=False, stream=stream, progress_interval_s=1e9)
+                )
                 wall = time.perf_counter() - start
                 if outcome.exit_code != 0:
                     print(stream.getvalue(), file=sys.stderr)
                     raise SystemExit(f"{name}: studies run ended with exit code {outcome.exit_code}")
                 shared = re.search(r"(\d+) trials? (?:share each|per) GPU", stream.getvalue())
                 row = measure(MlflowClient(outcome.tracking_uri), name, train_images, per_trial)
-                row.update(gpus=gpus, compile=compile_mode, data=data, wall_s=wall,
-                           share=int(shared.group(1)) if shared else 0)
+                row.update(
+                    gpus=gpus, compile=compile_mode, data=data, wall_s=wall, share=int(shared.group(1)) if shared else 0
+                )
                 print(f"  {name}: {row['cells']} cells in {wall:.0f} s", file=sys.stderr, flush=True)
                 return row
 
@@ -297,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                         name = f"throughput-s{n}-{arm.replace(' ', '_')}-{data}"
                         rows.append({**run_row(name, gpus, "none", data, n, per_trial), "n": n, "arm": arm})
             else:
-                for gpus, compile_mode, data in itertools.product(args.gpus or [1.0, 0.5, 0.25, 0.125],
-                                                                  args.compile or ["none", "model"], args.data):
+                for gpus, compile_mode, data in itertools.product(
+                    args.gpus or [1.0, 0.5, 0.25, 0.125], args.compile or ["none", "model"], args.data
+                ):
                     name = f"throughput-g{gpus:g}-{compile_mode}-{data}".replace(".", "_")
                     rows.append(run_row(name, gpus, compile_mode, data, seeds))
         finally:
@@ -314,31 +425,40 @@ def main(argv: list[str] | None = None) -> int:
 def table(rows: list[dict], device: str, epochs: int, train_images: int) -> str:
     """The Markdown table of the rows, with the ratio of cells/h to the first row's."""
     base = rows[0]["cells_per_h"] if rows else 1.0
-    lines = [f"GPU throughput on {device}: {epochs}-epoch cells, {train_images} training images",
-             "", "| gpus | share | compile | data | cells | cells/h | x first row | img/s (one trial) | "
-             "img/s, first epoch | overhead/cell (s) | wall (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"GPU throughput on {device}: {epochs}-epoch cells, {train_images} training images",
+        "",
+        "| gpus | share | compile | data | cells | cells/h | x first row | img/s (one trial) | "
+        "img/s, first epoch | overhead/cell (s) | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['gpus']:g} | {r['share']} | {r['compile']} | {r['data']} | {r['cells']} | "
-                     f"{r['cells_per_h']:.0f} | {r['cells_per_h'] / base:.2f} | {r['img_s']:.0f} | "
-                     f"{r['img_s_first']:.0f} | {r['overhead_s']:.1f} | {r['wall_s']:.0f} |")
+        lines.append(
+            f"| {r['gpus']:g} | {r['share']} | {r['compile']} | {r['data']} | {r['cells']} | "
+            f"{r['cells_per_h']:.0f} | {r['cells_per_h'] / base:.2f} | {r['img_s']:.0f} | "
+            f"{r['img_s_first']:.0f} | {r['overhead_s']:.1f} | {r['wall_s']:.0f} |"
+        )
     return "\n".join(lines)
-
 
 
 def seeds_table(rows: list[dict], device: str, epochs: int, train_images: int) -> str:
     """The Markdown table of the ``--seeds-per-trial`` rows: per placement of the data, each row's
     study img/s as a multiple of that placement's one eager trial (its first row)."""
-    lines = [f"Seeds per trial on {device}: {epochs}-epoch cells, {train_images} training images,",
-             "compile none; img/s: images trained / study span; x1: of one eager trial", "",
-             "| data | N | arm | gpus | share | cells | images | img/s | x1 | cells/h | trial img/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Seeds per trial on {device}: {epochs}-epoch cells, {train_images} training images,",
+        "compile none; img/s: images trained / study span; x1: of one eager trial",
+        "",
+        "| data | N | arm | gpus | share | cells | images | img/s | x1 | cells/h | trial img/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     base: dict[str, float] = {}
     for r in rows:
         base.setdefault(r["data"], r["study_img_s"])
-        lines.append(f"| {r['data']} | {r['n']} | {r['arm']} | {r['gpus']:.3g} | {r['share']} | {r['cells']} | "
-                     f"{r['images']} | {r['study_img_s']:.0f} | {r['study_img_s'] / base[r['data']]:.2f} | "
-                     f"{r['cells_per_h']:.0f} | {r['img_s']:.0f} |")
+        lines.append(
+            f"| {r['data']} | {r['n']} | {r['arm']} | {r['gpus']:.3g} | {r['share']} | {r['cells']} | "
+            f"{r['images']} | {r['study_img_s']:.0f} | {r['study_img_s'] / base[r['data']]:.2f} | "
+            f"{r['cells_per_h']:.0f} | {r['img_s']:.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -36,8 +36,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-SYNTHETIC = {"name": "synthetic", "num_classes": 10, "num_superclasses": 2, "train_size": 1000,
-             "val_size": 200, "test_size": 200, "form": "images", "feature_dim": 16}
+SYNTHETIC = {
+    "name": "synthetic",
+    "num_classes": 10,
+    "num_superclasses": 2,
+    "train_size": 1000,
+    "val_size": 200,
+    "test_size": 200,
+    "form": "images",
+    "feature_dim": 16,
+}
 
 
 def write_pngs(folder: Path) -> None:
@@ -59,12 +67,22 @@ def write_pngs(folder: Path) -> None:
 def study(name: str, data: dict, epochs: int) -> dict:
     """4 cells: the cross-entropy and the noised top-K loss, 2 seeds each."""
     return {
-        "name": name, "seeds": [0, 1], "resources": {"cpus": 1},
-        "base": {"data": data, "model": {"name": "small_cnn", "hidden_dim": 16}, "loss": {"name": "ce"},
-                 "optim": {"lr": 0.05, "batch_size": 64, "milestones": []}, "epochs": epochs,
-                 "eval": {"ks": [1, 3], "selection": "val/top3"}, "device": "cpu"},
-        "variants": {"ce": {"loss": {"name": "ce"}},
-                     "topk": {"loss": {"name": "noised_topk", "k": 3, "epsilon": 0.2, "n_samples": 5}}},
+        "name": name,
+        "seeds": [0, 1],
+        "resources": {"cpus": 1},
+        "base": {
+            "data": data,
+            "model": {"name": "small_cnn", "hidden_dim": 16},
+            "loss": {"name": "ce"},
+            "optim": {"lr": 0.05, "batch_size": 64, "milestones": []},
+            "epochs": epochs,
+            "eval": {"ks": [1, 3], "selection": "val/top3"},
+            "device": "cpu",
+        },
+        "variants": {
+            "ce": {"loss": {"name": "ce"}},
+            "topk": {"loss": {"name": "noised_topk", "k": 3, "epsilon": 0.2, "n_samples": 5}},
+        },
     }
 
 
@@ -89,10 +107,27 @@ def time_fits(spec: dict) -> float:
 def time_study(path: Path, folder: Path, num_cpus: int) -> float:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", "import sys; from studies.cli import main; sys.exit(main())",
-                           "run", str(path), "--tracking-uri", f"sqlite:///{folder}/mlflow.db", "--output",
-                           str(folder / "out"), "--num-cpus", str(num_cpus), "--no-report"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=3600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from studies.cli import main; sys.exit(main())",
+            "run",
+            str(path),
+            "--tracking-uri",
+            f"sqlite:///{folder}/mlflow.db",
+            "--output",
+            str(folder / "out"),
+            "--num-cpus",
+            str(num_cpus),
+            "--no-report",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=3600,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"studies run {path.name} failed:\n{done.stderr[-3000:]}")
@@ -112,11 +147,14 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="image-folder-speed-"))
     try:
         write_pngs(folder / "pngs")
-        specs = {"synthetic": study("speed-synthetic", SYNTHETIC, args.epochs),
-                 "image_folder": study("speed-image-folder", {"name": "image_folder", "root": str(folder / "pngs")},
-                                       args.epochs)}
+        specs = {
+            "synthetic": study("speed-synthetic", SYNTHETIC, args.epochs),
+            "image_folder": study(
+                "speed-image-folder", {"name": "image_folder", "root": str(folder / "pngs")}, args.epochs
+            ),
+        }
         times: dict[str, dict[str, list[float]]] = {kind: {"fit": [], "study": []} for kind in specs}
-        for kind, spec in specs.items():  # warm-up: imports, first-call costs
+        for spec in specs.values():  # warm-up: imports, first-call costs
             _, seed = cells(spec)[0]
             time_fits({**spec, "seeds": [seed], "variants": {"w": {"epochs": 1}}})
         for _ in range(args.rounds):
@@ -129,8 +167,10 @@ def main() -> None:
                     path.write_text(yaml.safe_dump(spec))
                     shutil.rmtree(folder / "out", ignore_errors=True)
                     times[kind]["study"].append(time_study(path, folder, args.num_cpus))
-        print(f"4 cells x {args.epochs} epochs, small_cnn, 1,400 images of 3 x 32 x 32, "
-              f"{args.rounds} round(s), median seconds:")
+        print(
+            f"4 cells x {args.epochs} epochs, small_cnn, 1,400 images of 3 x 32 x 32, "
+            f"{args.rounds} round(s), median seconds:"
+        )
         print(f"{'':28}{'synthetic':>12}{'image_folder':>14}{'ratio':>8}")
         for what, label in (("fit", "fit x 4 (no Ray)"), ("study", "studies run (local Ray)")):
             if not times["synthetic"][what]:

@@ -37,16 +37,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.gpu_audit import KernelCount  # noqa: E402
-from setvalued.losses import TwoHeadOutput, build_loss  # noqa: E402
-from setvalued.losses.parameters import LOSS_PARAMETERS  # noqa: E402
+from setvalued.losses import TwoHeadOutput, build_loss
+from setvalued.losses.parameters import LOSS_PARAMETERS
+from tests.gpu_audit import KernelCount
 
 BATCH = 128
 #: pytopk's launches per forward+backward as quoted by issue #34 (B 128, L 100, K 5, M 3)
 PYTOPK_QUOTED = {"noised_topk": 24, "noised_topk_imbalanced": 26}
 COMPILED_GOAL = 10
-_LAUNCH = re.compile(r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+|extern_kernels\.\w+|aten\.\w+(?:\.\w+)?"
-                     r"|torch\.ops\.aten\.\w+(?:\.\w+)?)(?:\.run)?\(", re.M)
+_LAUNCH = re.compile(
+    r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+|extern_kernels\.\w+|aten\.\w+(?:\.\w+)?"
+    r"|torch\.ops\.aten\.\w+(?:\.\w+)?)(?:\.run)?\(",
+    re.M,
+)
 
 
 @dataclass
@@ -59,10 +62,12 @@ class Row:
 
 def issue_rows() -> list[Row]:
     """The rows of issue #34, item 6."""
-    rows = [Row("ce", "ce", 100, {}),
-            Row("noised_topk K5 M3", "noised_topk", 100, {"k": 5, "n_samples": 3}),
-            Row("noised_topk_imbalanced K5 M3", "noised_topk_imbalanced", 100, {"k": 5, "n_samples": 3}),
-            Row("avgk_two_head K5", "avgk_two_head", 100, {"k": 5})]
+    rows = [
+        Row("ce", "ce", 100, {}),
+        Row("noised_topk K5 M3", "noised_topk", 100, {"k": 5, "n_samples": 3}),
+        Row("noised_topk_imbalanced K5 M3", "noised_topk_imbalanced", 100, {"k": 5, "n_samples": 3}),
+        Row("avgk_two_head K5", "avgk_two_head", 100, {"k": 5}),
+    ]
     for k in (5, 10):
         for classes in (100, 1000):
             rows.append(Row(f"smooth_topk_svm K{k} L{classes}", "smooth_topk_svm", classes, {"k": k}))
@@ -71,20 +76,30 @@ def issue_rows() -> list[Row]:
 
 def _inputs(loss, classes: int, device: str, requires_grad: bool = True):
     generator_device = "cpu" if device == "meta" else device
-    leaves = [torch.randn(BATCH, classes, device=generator_device).to(device).requires_grad_(requires_grad)
-              for _ in range(2 if getattr(loss, "head", "linear") == "two_head" else 1)]
+    leaves = [
+        torch.randn(BATCH, classes, device=generator_device).to(device).requires_grad_(requires_grad)
+        for _ in range(2 if getattr(loss, "head", "linear") == "two_head" else 1)
+    ]
     if getattr(loss, "head", "linear") == "normed":
         leaves = [torch.tanh(leaf.detach()).requires_grad_(requires_grad) for leaf in leaves]
     output = TwoHeadOutput(*leaves) if len(leaves) == 2 else leaves[0]
     targets = torch.randint(0, classes, (BATCH,)).to(device)
-    extra = {"indices": torch.randint(0, 8 * BATCH, (BATCH,)).to(device)} if getattr(
-        loss, "requires_indices", False) else {}
+    extra = (
+        {"indices": torch.randint(0, 8 * BATCH, (BATCH,)).to(device)}
+        if getattr(loss, "requires_indices", False)
+        else {}
+    )
     return output, leaves, targets, extra
 
 
 def build(row: Row):
-    return build_loss(row.name, class_counts=[5 + j for j in range(row.classes)], num_classes=row.classes,
-                      num_examples=8 * BATCH, **row.params)
+    return build_loss(
+        row.name,
+        class_counts=[5 + j for j in range(row.classes)],
+        num_classes=row.classes,
+        num_examples=8 * BATCH,
+        **row.params,
+    )
 
 
 def eager_kernels(loss, classes: int) -> int:
@@ -104,7 +119,7 @@ def launches_in(code: str) -> int:
         return 0
     body = code[start:]
     end = re.search(r"\n\S", body[1:])
-    return len(_LAUNCH.findall(body[:end.start() + 1] if end else body))
+    return len(_LAUNCH.findall(body[: end.start() + 1] if end else body))
 
 
 def compiled_kernels(loss, classes: int) -> int:
@@ -132,8 +147,12 @@ def pytopk_kernels() -> dict[str, int] | None:
         return None
     counts = {}
     counts["noised_topk"] = eager_kernels(pytopk.BalNoisedTopK(k=5, epsilon=1.0, n_sample=3), 100)
-    counts["noised_topk_imbalanced"] = eager_kernels(pytopk.ImbalNoisedTopK(
-        k=5, epsilon=0.01, n_sample=3, max_m=0.2, cls_num_list=[5 + j for j in range(100)], scale=50.0), 100)
+    counts["noised_topk_imbalanced"] = eager_kernels(
+        pytopk.ImbalNoisedTopK(
+            k=5, epsilon=0.01, n_sample=3, max_m=0.2, cls_num_list=[5 + j for j in range(100)], scale=50.0
+        ),
+        100,
+    )
     return counts
 
 
@@ -145,12 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     rows = issue_rows()
     if args.all:
-        rows += [Row(name, name, 100, {}) for name in sorted(LOSS_PARAMETERS)
-                 if name not in {r.name for r in rows}]
+        rows += [Row(name, name, 100, {}) for name in sorted(LOSS_PARAMETERS) if name not in {r.name for r in rows}]
     pytopk = pytopk_kernels()
     print(f"Kernel launches per forward+backward, batch {BATCH} (GPU path; torch {torch.__version__})")
-    print("pytopk not installed: its column quotes issue #34" if pytopk is None
-          else "pytopk: counted here, eager")
+    print("pytopk not installed: its column quotes issue #34" if pytopk is None else "pytopk: counted here, eager")
     print(f"{'loss':<30} {'eager':>6} {'compiled':>9} {'pytopk':>7}")
     failed = []
     for row in rows:
@@ -166,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(f"{row.label}: eager {eager} > pytopk {reference}")
         if compiled is not None and compiled > COMPILED_GOAL:
             failed.append(f"{row.label}: compiled {compiled} > {COMPILED_GOAL}")
-        print(f"{row.label:<30} {eager:>6} {'-' if compiled is None else compiled:>9} {reference_text:>7}",
-              flush=True)
+        print(f"{row.label:<30} {eager:>6} {'-' if compiled is None else compiled:>9} {reference_text:>7}", flush=True)
     if pytopk is None:
         print("* quoted from issue #34 (not measured here)")
     print("goals: eager <= pytopk for the noised losses; compiled <= 10 for every loss")

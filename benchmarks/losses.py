@@ -52,15 +52,15 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from setvalued.losses import TwoHeadOutput, build_loss  # noqa: E402
+from setvalued.losses import TwoHeadOutput, build_loss
 
 FULL_KS = (1, 2, 5, 10, 20, 50)
 QUICK_KS = (1, 10, 50)
@@ -76,9 +76,9 @@ SVM_TAU = 1.0
 
 @dataclass
 class Config:
-    label: str         # row of the tables
+    label: str  # row of the tables
     num_classes: int
-    k: int | None      # None for losses that do not depend on K
+    k: int | None  # None for losses that do not depend on K
     run: Callable[[], None]
 
 
@@ -92,18 +92,20 @@ def _step(loss, output, targets, *leaves) -> Callable[[], None]:
         for leaf in leaves:
             leaf.grad = None
         loss(output, targets).backward()
+
     return run
 
 
 def _floor_step(batch: int, num_classes: int, n_samples: int, device) -> Callable[[], None]:
     """Draw the B x M x L normals of an exact noised loss: nothing else."""
+
     def run() -> None:
         torch.randn(batch, n_samples, num_classes, device=device)
+
     return run
 
 
-def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: int
-                      ) -> Callable[[], None] | None:
+def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: int) -> Callable[[], None] | None:
     """Draw M normals for each class within reach of the top k and select the k-th largest of
     the perturbed candidates: the least that any exact noised loss drawing noise only for the
     classes that can reach the top k does, at torch's kernel costs (the candidates of the pruned
@@ -120,15 +122,18 @@ def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
     candidates = (pruned[0] / epsilon).unsqueeze(1)
 
     def run() -> None:
-        perturbed = torch.randn(candidates.shape[0], n_samples, candidates.shape[2],
-                                device=candidates.device).add_(candidates)
+        perturbed = torch.randn(candidates.shape[0], n_samples, candidates.shape[2], device=candidates.device).add_(
+            candidates
+        )
         _select_kth_largest(perturbed, k, overwrite=True)
+
     return run
 
 
 # ----------------------------------------------------------------------------------------
 # other implementations: the authors' code, another checkout of this project
 # ----------------------------------------------------------------------------------------
+
 
 def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """A reference loss module on ``device``: ``.to`` moves its parameters and buffers (pytopk's
@@ -177,6 +182,7 @@ def load_baseline(path: str):
     Its modules are imported under their usual names, kept alive by the returned function,
     then taken out of ``sys.modules`` again so that this checkout's modules stay in place.
     """
+
     def ours(name: str) -> bool:
         return name == "setvalued" or name.startswith("setvalued.")
 
@@ -201,12 +207,15 @@ def load_baseline(path: str):
 # the grid
 # ----------------------------------------------------------------------------------------
 
-def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_svm=None,
-                  baseline=None, seed: int = 0) -> list[Config]:
+
+def build_configs(
+    ks, batch: int, device: torch.device, pytopk=None, reference_svm=None, baseline=None, seed: int = 0
+) -> list[Config]:
     generator = torch.Generator().manual_seed(seed)
     configs: list[Config] = []
 
     for num_classes in CLASS_COUNTS:
+
         def tensor(values):
             return values.to(device).requires_grad_(True)
 
@@ -225,8 +234,11 @@ def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_s
         add("focal", build_loss("focal", gamma=2.0), dense)
         add("ldam", build_loss("ldam", max_margin=0.5, scale=30.0, class_counts=counts).to(device), cosines)
         for m in SAMPLE_COUNTS:
-            configs.append(Config(f"floor M={m} (B x M x L normals)", num_classes, None,
-                                  _floor_step(batch, num_classes, m, device)))
+            configs.append(
+                Config(
+                    f"floor M={m} (B x M x L normals)", num_classes, None, _floor_step(batch, num_classes, m, device)
+                )
+            )
         for k in ks:
             if k > num_classes - 1:
                 continue
@@ -241,25 +253,41 @@ def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_s
                     if floor is not None:
                         configs.append(Config(f"reach floor M={m} {regime}", num_classes, k, floor))
                     if regime == "dense":
-                        add(f"{name} exact=True", build_loss("noised_topk", k=k, epsilon=eps, n_samples=m,
-                                                             exact=True), scores, k=k)
+                        add(
+                            f"{name} exact=True",
+                            build_loss("noised_topk", k=k, epsilon=eps, n_samples=m, exact=True),
+                            scores,
+                            k=k,
+                        )
                     if pytopk is not None:
-                        add(f"pytopk: {name}", on_device(pytopk.BalNoisedTopK(k=k, epsilon=eps, n_sample=m),
-                                                         device), scores, k=k)
+                        add(
+                            f"pytopk: {name}",
+                            on_device(pytopk.BalNoisedTopK(k=k, epsilon=eps, n_sample=m), device),
+                            scores,
+                            k=k,
+                        )
                     if baseline is not None:
-                        add(f"main: {name}", baseline[0]("noised_topk", k=k, epsilon=eps, n_samples=m),
-                            scores, k=k)
+                        add(f"main: {name}", baseline[0]("noised_topk", k=k, epsilon=eps, n_samples=m), scores, k=k)
                 name = f"noised_topk_imbalanced M={m}"
-                params = dict(k=k, epsilon=IMBALANCED_EPSILON, n_samples=m, max_margin=0.2, scale=50.0,
-                              class_counts=counts)
+                params = dict(
+                    k=k, epsilon=IMBALANCED_EPSILON, n_samples=m, max_margin=0.2, scale=50.0, class_counts=counts
+                )
                 add(name, build_loss("noised_topk_imbalanced", **params).to(device), cosines, k=k)
                 floor = _reach_floor_step(cosines, k + 1, IMBALANCED_EPSILON, m)
                 if floor is not None:
                     configs.append(Config(f"reach floor M={m} imbalanced", num_classes, k, floor))
                 if pytopk is not None:
-                    add(f"pytopk: {name}", on_device(pytopk.ImbalNoisedTopK(
-                        k=k, epsilon=IMBALANCED_EPSILON, max_m=0.2, cls_num_list=counts, scale=50.0,
-                        n_sample=m), device), cosines, k=k)
+                    add(
+                        f"pytopk: {name}",
+                        on_device(
+                            pytopk.ImbalNoisedTopK(
+                                k=k, epsilon=IMBALANCED_EPSILON, max_m=0.2, cls_num_list=counts, scale=50.0, n_sample=m
+                            ),
+                            device,
+                        ),
+                        cosines,
+                        k=k,
+                    )
                 if baseline is not None:
                     add(f"main: {name}", baseline[0]("noised_topk_imbalanced", **params).to(device), cosines, k=k)
             add("smooth_topk_svm", build_loss("smooth_topk_svm", k=k, tau=SVM_TAU), dense, k=k)
@@ -270,11 +298,23 @@ def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_s
             if baseline is not None:
                 add("main: smooth_topk_svm", baseline[0]("smooth_topk_svm", k=k, tau=SVM_TAU), dense, k=k)
             if k >= 2:
-                add("avgk_two_head", build_loss("avgk_two_head", k=k), TwoHeadOutput(dense, second_head),
-                    dense, second_head, k=k)
+                add(
+                    "avgk_two_head",
+                    build_loss("avgk_two_head", k=k),
+                    TwoHeadOutput(dense, second_head),
+                    dense,
+                    second_head,
+                    k=k,
+                )
                 if baseline is not None:
-                    add("main: avgk_two_head", baseline[0]("avgk_two_head", k=k),
-                        baseline[1](dense, second_head), dense, second_head, k=k)
+                    add(
+                        "main: avgk_two_head",
+                        baseline[0]("avgk_two_head", k=k),
+                        baseline[1](dense, second_head),
+                        dense,
+                        second_head,
+                        k=k,
+                    )
     return configs
 
 
@@ -283,8 +323,9 @@ def build_configs(ks, batch: int, device: torch.device, pytopk=None, reference_s
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
-def time_configs(configs: list[Config], repeats: int, warmup: int, device,
-                 clock: Callable[[], float] = time.perf_counter) -> dict[int, list[float]]:
+def time_configs(
+    configs: list[Config], repeats: int, warmup: int, device, clock: Callable[[], float] = time.perf_counter
+) -> dict[int, list[float]]:
     for config in configs:
         for _ in range(warmup):
             config.run()
@@ -308,11 +349,20 @@ def time_configs(configs: list[Config], repeats: int, warmup: int, device,
 def summarise(configs, times, batch, device, threads) -> list[dict]:
     rows = []
     for i, config in enumerate(configs):
-        rows.append({
-            "loss": config.label, "L": config.num_classes, "K": config.k if config.k else "",
-            "batch": batch, "best_ms": min(times[i]) * 1e3, "median_ms": statistics.median(times[i]) * 1e3,
-            "repeats": len(times[i]), "device": str(device), "threads": threads, "torch": torch.__version__,
-        })
+        rows.append(
+            {
+                "loss": config.label,
+                "L": config.num_classes,
+                "K": config.k if config.k else "",
+                "batch": batch,
+                "best_ms": min(times[i]) * 1e3,
+                "median_ms": statistics.median(times[i]) * 1e3,
+                "repeats": len(times[i]),
+                "device": str(device),
+                "threads": threads,
+                "torch": torch.__version__,
+            }
+        )
     ce = {row["L"]: row["best_ms"] for row in rows if row["loss"] == "ce"}
     for row in rows:
         row["ratio_to_ce"] = row["best_ms"] / ce[row["L"]]
@@ -323,10 +373,12 @@ def summarise(configs, times, batch, device, threads) -> list[dict]:
 # goals of issue 14 and the report
 # ----------------------------------------------------------------------------------------
 
+
 def goal_checks(rows, ks) -> list[tuple[str, str, float, bool, float | None]]:
     """(goal, case, measured, met, floor) at L = 1000; floor: the ratio of the "reach floor"
     row of the case (drawing and selecting over the classes within reach, nothing else), where
     there is one."""
+
     def ratio(label, k, num_classes=1000):
         match = [r for r in rows if r["loss"] == label and r["L"] == num_classes and r["K"] == k]
         return match[0]["ratio_to_ce"] if match else None
@@ -344,25 +396,53 @@ def goal_checks(rows, ks) -> list[tuple[str, str, float, bool, float | None]]:
             for k in ks:
                 value = ratio(label, k)
                 if value is not None:
-                    checks.append((f"noised M={m} <= x{limit:g} CE", f"{regime} K={k}", value, value <= limit,
-                                   floor(m, regime, k)))
+                    checks.append(
+                        (
+                            f"noised M={m} <= x{limit:g} CE",
+                            f"{regime} K={k}",
+                            value,
+                            value <= limit,
+                            floor(m, regime, k),
+                        )
+                    )
             if 1 in ks and 50 in ks and m == 3 and None not in (ratio(label, 50), ratio(label, 1)):
                 flat = ratio(label, 50) / ratio(label, 1)
                 floors = floor(3, regime, 50), floor(3, regime, 1)
-                checks.append(("noised M=3: K=50 / K=1 <= 1.3", regime, flat, flat <= 1.3,
-                               None if None in floors else floors[0] / floors[1]))
+                checks.append(
+                    (
+                        "noised M=3: K=50 / K=1 <= 1.3",
+                        regime,
+                        flat,
+                        flat <= 1.3,
+                        None if None in floors else floors[0] / floors[1],
+                    )
+                )
     for m in SAMPLE_COUNTS:
         for k in ks:
             value = ratio(f"noised_topk_imbalanced M={m}", k)
             if value is not None:
-                checks.append(("imbalanced <= x3.5 CE", f"M={m} K={k}", value, value <= 3.5,
-                               ratio(f"reach floor M={m} imbalanced", k)))
+                checks.append(
+                    (
+                        "imbalanced <= x3.5 CE",
+                        f"M={m} K={k}",
+                        value,
+                        value <= 3.5,
+                        ratio(f"reach floor M={m} imbalanced", k),
+                    )
+                )
     for k in ks:
         ours, reference = ratio("smooth_topk_svm", k), ratio("2018 reference: smooth_topk_svm", k)
         if reference is not None and ours is not None:
             need = 3.0 if k >= 5 else 1.0
-            checks.append((f"smooth SVM: 2018 reference / ours >= {need:g}", f"K={k}", reference / ours,
-                           reference / ours >= need, None))
+            checks.append(
+                (
+                    f"smooth SVM: 2018 reference / ours >= {need:g}",
+                    f"K={k}",
+                    reference / ours,
+                    reference / ours >= need,
+                    None,
+                )
+            )
     for k in ks:
         value = ratio("avgk_two_head", k)
         if value is not None:
@@ -373,8 +453,12 @@ def goal_checks(rows, ks) -> list[tuple[str, str, float, bool, float | None]]:
 def markdown(rows, ks, checks, header: str, notes: list[str]) -> str:
     lines = [header, ""] + [f"- {note}" for note in notes] + [""]
     for num_classes in CLASS_COUNTS:
-        lines += [f"### L = {num_classes}: forward+backward time as a multiple of ce (best round; ms in the CSV)",
-                  "", "| loss | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        lines += [
+            f"### L = {num_classes}: forward+backward time as a multiple of ce (best round; ms in the CSV)",
+            "",
+            "| loss | " + " | ".join(f"K={k}" for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+        ]
         labels = list(dict.fromkeys(row["loss"] for row in rows if row["L"] == num_classes))
         for label in labels:
             cells = []
@@ -384,16 +468,22 @@ def markdown(rows, ks, checks, header: str, notes: list[str]) -> str:
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         ce_ms = next(r["best_ms"] for r in rows if r["loss"] == "ce" and r["L"] == num_classes)
         lines += ["", f"(ce: {ce_ms:.3f} ms)", ""]
-    lines += ["### Goals of issue 14 (L = 1000)", "",
-              "floor: what any exact method must do at least, with torch's kernels: in the spread and "
-              "imbalanced regimes, drawing M normals for each class within reach of the top K+1 and "
-              "selecting the (K+1)-th largest (the reach floor rows; the candidates found outside the "
-              "timing); in the dense regime, where every class is within reach, drawing the B x M x L "
-              "normals", "",
-              "| goal | case | measured | met | floor |", "|---|---|---|---|---|"]
+    lines += [
+        "### Goals of issue 14 (L = 1000)",
+        "",
+        "floor: what any exact method must do at least, with torch's kernels: in the spread and "
+        "imbalanced regimes, drawing M normals for each class within reach of the top K+1 and "
+        "selecting the (K+1)-th largest (the reach floor rows; the candidates found outside the "
+        "timing); in the dense regime, where every class is within reach, drawing the B x M x L "
+        "normals",
+        "",
+        "| goal | case | measured | met | floor |",
+        "|---|---|---|---|---|",
+    ]
     for name, case, value, met, floor in checks:
-        lines.append(f"| {name} | {case} | {value:.2f} | {'yes' if met else 'NO'} | "
-                     f"{'' if floor is None else f'{floor:.2f}'} |")
+        lines.append(
+            f"| {name} | {case} | {value:.2f} | {'yes' if met else 'NO'} | {'' if floor is None else f'{floor:.2f}'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -405,16 +495,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--only", action="append", default=None, metavar="TEXT",
-                        help="time only the rows whose label contains TEXT (repeatable; ce is always timed)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default=None,
-                        help="wall time or this thread's CPU time (default: thread on CPU, wall on GPU)")
-    parser.add_argument("--baseline", default=None,
-                        help="another checkout of this project (e.g. /work/main): its losses side by side")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="time only the rows whose label contains TEXT (repeatable; ce is always timed)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default=None,
+        help="wall time or this thread's CPU time (default: thread on CPU, wall on GPU)",
+    )
+    parser.add_argument(
+        "--baseline", default=None, help="another checkout of this project (e.g. /work/main): its losses side by side"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
-    parser.add_argument("--kernels", nargs=argparse.REMAINDER, default=None,
-                        help="print the kernel launches per forward+backward instead (eager and compiled, "
-                             "beside pytopk's; options of benchmarks/loss_kernels.py follow)")
+    parser.add_argument(
+        "--kernels",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="print the kernel launches per forward+backward instead (eager and compiled, "
+        "beside pytopk's; options of benchmarks/loss_kernels.py follow)",
+    )
     args = parser.parse_args(argv)
     if args.kernels is not None:
         from benchmarks.loss_kernels import main as kernels_main
@@ -430,18 +534,25 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (5 if args.quick else 9)
     notes = []
     pytopk = load_pytopk()
-    notes.append(f"pytopk {getattr(pytopk, '__version__', '')} (PyPI): measured" if pytopk is not None
-                 else "pytopk not installed (`pip install pytopk`): its rows are skipped")
+    notes.append(
+        f"pytopk {getattr(pytopk, '__version__', '')} (PyPI): measured"
+        if pytopk is not None
+        else "pytopk not installed (`pip install pytopk`): its rows are skipped"
+    )
     reference_svm = load_smooth_topk_reference()
-    notes.append(f"2018 smooth top-k SVM reference from SMOOTH_TOPK_REF={os.environ['SMOOTH_TOPK_REF']}"
-                 if reference_svm is not None else
-                 "SMOOTH_TOPK_REF not set (a checkout of oval-group/smooth-topk): the 2018 reference is skipped")
+    notes.append(
+        f"2018 smooth top-k SVM reference from SMOOTH_TOPK_REF={os.environ['SMOOTH_TOPK_REF']}"
+        if reference_svm is not None
+        else "SMOOTH_TOPK_REF not set (a checkout of oval-group/smooth-topk): the 2018 reference is skipped"
+    )
     baseline = load_baseline(args.baseline) if args.baseline else None
     if baseline is not None:
         notes.append(f"'main:' rows: the losses of the checkout at {args.baseline}, in the same run")
-    notes.append("score regimes of the noised losses: " + ", ".join(
-        f"{name} = logits N(0, {std:g}^2) with epsilon {eps:g}" for name, (std, eps) in REGIMES.items())
-        + f"; imbalanced: cosines tanh(N(0, 1)) with epsilon {IMBALANCED_EPSILON:g}")
+    notes.append(
+        "score regimes of the noised losses: "
+        + ", ".join(f"{name} = logits N(0, {std:g}^2) with epsilon {eps:g}" for name, (std, eps) in REGIMES.items())
+        + f"; imbalanced: cosines tanh(N(0, 1)) with epsilon {IMBALANCED_EPSILON:g}"
+    )
 
     configs = build_configs(ks, args.batch, device, pytopk, reference_svm, baseline)
     if args.only:
@@ -453,18 +564,18 @@ def main(argv: list[str] | None = None) -> int:
     checks = goal_checks(rows, ks)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    fields = ["loss", "L", "K", "batch", "best_ms", "median_ms", "ratio_to_ce", "repeats", "device",
-              "threads", "torch"]
+    fields = ["loss", "L", "K", "batch", "best_ms", "median_ms", "ratio_to_ce", "repeats", "device", "threads", "torch"]
     with open(args.out / "losses.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         for row in rows:
-            writer.writerow({key: (f"{row[key]:.6g}" if isinstance(row[key], float) else row[key])
-                             for key in fields})
-    header = (f"Loss benchmark: batch {args.batch}, float32, device {device} "
-              f"({device_name(device)}), {args.threads} thread(s), torch "
-              f"{torch.__version__}, best of {repeats} interleaved rounds ({clock_name} clock); "
-              f"{elapsed:.0f} s of timing.")
+            writer.writerow({key: (f"{row[key]:.6g}" if isinstance(row[key], float) else row[key]) for key in fields})
+    header = (
+        f"Loss benchmark: batch {args.batch}, float32, device {device} "
+        f"({device_name(device)}), {args.threads} thread(s), torch "
+        f"{torch.__version__}, best of {repeats} interleaved rounds ({clock_name} clock); "
+        f"{elapsed:.0f} s of timing."
+    )
     text = markdown(rows, ks, checks, header, notes)
     (args.out / "losses.md").write_text(text)
     print(text)

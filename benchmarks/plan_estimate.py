@@ -37,8 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def cli(*args: str) -> tuple[str, float]:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "studies.cli", *args], cwd=REPO,
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "studies.cli", *args], cwd=REPO, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"studies {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
     return result.stdout, time.perf_counter() - started
@@ -57,8 +56,11 @@ def decompose(uri: str, name: str, wall: float) -> dict[str, float]:
 
     rows = collect(uri, name, histories=["epoch_time_s", "eval_time_s"]).table.to_pylist()
     rows.sort(key=lambda r: r["start_time"])
-    rests = [r["duration_s"] - (r.get("stopped_epoch") or r["param:epochs"])
-             * (r["mean:epoch_time_s"] + (r["mean:eval_time_s"] or 0.0)) for r in rows]
+    rests = [
+        r["duration_s"]
+        - (r.get("stopped_epoch") or r["param:epochs"]) * (r["mean:epoch_time_s"] + (r["mean:eval_time_s"] or 0.0))
+        for r in rows
+    ]
     span = (max(r["end_time"] for r in rows) - rows[0]["start_time"]) / 1000.0
     median = statistics.median(rests)
     return {"start_up": wall - span, "span": span, "warm_up": rests[0] - median, "rest": median}
@@ -67,15 +69,22 @@ def decompose(uri: str, name: str, wall: float) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
-                        help="plan and run each file's smoke run of N epochs instead")
+    parser.add_argument(
+        "--smoke-epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="plan and run each file's smoke run of N epochs instead",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each file")
     args = parser.parse_args()
     smoke = ["--smoke", "--smoke-epochs", str(args.smoke_epochs)] if args.smoke_epochs else []
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'study':<30}{'probe est.':>11}{'run wall':>10}{'pilot est.':>11}"
-          f"{'probe err':>10}{'pilot err':>10}{'start-up':>9}{'span':>7}{'warm-up':>8}"
-          f"{'rest':>6}")
+    print(
+        f"{'study':<30}{'probe est.':>11}{'run wall':>10}{'pilot est.':>11}"
+        f"{'probe err':>10}{'pilot err':>10}{'start-up':>9}{'span':>7}{'warm-up':>8}"
+        f"{'rest':>6}"
+    )
     for file in args.files:
         for _ in range(args.repeat):
             with tempfile.TemporaryDirectory() as out:
@@ -86,10 +95,13 @@ def main() -> None:
                 parts = decompose(f"sqlite:///{out}/{name}/mlflow.db", name, wall)
             probe, pilot = wall_estimate(probe_text), wall_estimate(pilot_text)
             label = Path(file).stem + (f" smoke {args.smoke_epochs} ep" if smoke else "")
-            print(f"{label:<30}{probe:>10.0f}s{wall:>9.1f}s{pilot:>10.0f}s"
-                  f"{probe / wall - 1:>+10.0%}{pilot / wall - 1:>+10.0%}"
-                  f"{parts['start_up']:>8.1f}s{parts['span']:>6.1f}s{parts['warm_up']:>7.2f}s"
-                  f"{parts['rest']:>5.2f}s", flush=True)
+            print(
+                f"{label:<30}{probe:>10.0f}s{wall:>9.1f}s{pilot:>10.0f}s"
+                f"{probe / wall - 1:>+10.0%}{pilot / wall - 1:>+10.0%}"
+                f"{parts['start_up']:>8.1f}s{parts['span']:>6.1f}s{parts['warm_up']:>7.2f}s"
+                f"{parts['rest']:>5.2f}s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

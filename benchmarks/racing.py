@@ -25,9 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.stats import holm  # noqa: E402
-from studies.scheduling.racing import WORSE, SeedRace, run_simulated_race  # noqa: E402
-from scipy import stats as sps  # noqa: E402
+from scipy import stats as sps
+
+from analysis.stats import holm
+from studies.scheduling.racing import WORSE, SeedRace, run_simulated_race
 
 MAX_SEEDS, INITIAL, WORKERS = 10, 3, 8
 
@@ -56,7 +57,7 @@ def race_study(x: np.ndarray, rng: np.random.Generator) -> tuple[int, set[int], 
     cells = run_simulated_race(race, WORKERS, lambda config_id, seed: float(x[int(config_id), seed]), rng)
     assert race.is_over()
     standing = [c for c in range(x.shape[0]) if race.state(ids[c]) != WORSE]
-    means = {c: x[c, :race.status(ids[c]).seeds].mean() for c in standing}
+    means = {c: x[c, : race.status(ids[c]).seeds].mean() for c in standing}
     best = max(means, key=means.get)
     return best, {c for c in range(x.shape[0]) if race.state(ids[c]) == WORSE}, cells
 
@@ -66,10 +67,11 @@ def main(argv=None) -> None:
     parser.add_argument("--studies", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    print(f"{args.studies} simulated studies per scenario; race: initial {INITIAL}, max {MAX_SEEDS}, "
-          f"{WORKERS} trials at a time; fixed: {MAX_SEEDS} seeds per config\n")
-    header = ("scenario", "seeds used", "same best", "true best (race / fixed)",
-              "same worse set", "Jaccard")
+    print(
+        f"{args.studies} simulated studies per scenario; race: initial {INITIAL}, max {MAX_SEEDS}, "
+        f"{WORKERS} trials at a time; fixed: {MAX_SEEDS} seeds per config\n"
+    )
+    header = ("scenario", "seeds used", "same best", "true best (race / fixed)", "same worse set", "Jaccard")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for name, (means, sigma, tau) in SCENARIOS.items():
@@ -77,8 +79,7 @@ def main(argv=None) -> None:
         means = np.asarray(means)
         used, same_best, true_race, true_fixed, same_set, jaccard = 0, 0, 0, 0, 0, []
         for _ in range(args.studies):
-            x = means[:, None] + rng.normal(0, tau, MAX_SEEDS)[None, :] \
-                + rng.normal(0, sigma, (means.size, MAX_SEEDS))
+            x = means[:, None] + rng.normal(0, tau, MAX_SEEDS)[None, :] + rng.normal(0, sigma, (means.size, MAX_SEEDS))
             f_best, f_worse = fixed_study(x)
             r_best, r_worse, cells = race_study(x, rng)
             used += cells
@@ -90,9 +91,11 @@ def main(argv=None) -> None:
             jaccard.append(len(r_worse & f_worse) / len(union) if union else 1.0)
         n = args.studies
         fixed_cells = n * means.size * MAX_SEEDS
-        print(f"| {name} | {used / fixed_cells:.0%} ({used / n:.1f} of {means.size * MAX_SEEDS}) | "
-              f"{same_best / n:.0%} | {true_race / n:.0%} / {true_fixed / n:.0%} | "
-              f"{same_set / n:.0%} | {np.mean(jaccard):.2f} |")
+        print(
+            f"| {name} | {used / fixed_cells:.0%} ({used / n:.1f} of {means.size * MAX_SEEDS}) | "
+            f"{same_best / n:.0%} | {true_race / n:.0%} / {true_fixed / n:.0%} | "
+            f"{same_set / n:.0%} | {np.mean(jaccard):.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,12 +72,13 @@ STEPS = ("collect", "histories", "export", "report")
 # each variant: its loss, and the parameter it sweeps beside optim.lr (values: geometric)
 VARIANTS = {
     "ce": ({"name": "ce"}, "optim.weight_decay", (1e-6, 1e-2)),
-    "noised_topk": ({"name": "noised_topk", "k": 5, "epsilon": 0.1, "n_samples": 5},
-                    "loss.epsilon", (1e-3, 1.0)),
-    "smooth_topk_svm": ({"name": "smooth_topk_svm", "k": 5, "tau": 1.0, "alpha": 1.0},
-                        "loss.tau", (0.01, 10.0)),
-    "avgk_two_head": ({"name": "avgk_two_head", "k": 5, "alpha": 0.3, "prediction_head": "ml"},
-                      "loss.alpha", (1e-3, 100.0)),
+    "noised_topk": ({"name": "noised_topk", "k": 5, "epsilon": 0.1, "n_samples": 5}, "loss.epsilon", (1e-3, 1.0)),
+    "smooth_topk_svm": ({"name": "smooth_topk_svm", "k": 5, "tau": 1.0, "alpha": 1.0}, "loss.tau", (0.01, 10.0)),
+    "avgk_two_head": (
+        {"name": "avgk_two_head", "k": 5, "alpha": 0.3, "prediction_head": "ml"},
+        "loss.alpha",
+        (1e-3, 100.0),
+    ),
 }
 
 
@@ -86,8 +88,7 @@ VARIANTS = {
 def _grid_shape(configs_per_variant: int) -> tuple[int, int]:
     """(values of optim.lr, values of the variant's own parameter): a near-square grid with
     exactly `configs_per_variant` configs (the largest divisor at most its square root)."""
-    rows = max(d for d in range(1, int(math.isqrt(configs_per_variant)) + 1)
-               if configs_per_variant % d == 0)
+    rows = max(d for d in range(1, int(math.isqrt(configs_per_variant)) + 1) if configs_per_variant % d == 0)
     return rows, configs_per_variant // rows
 
 
@@ -102,12 +103,12 @@ def study_yaml(name: str, n_cells: int, seeds: int = SEEDS, epochs: int = EPOCHS
     per_variant = max(1, round(n_cells / seeds / len(VARIANTS)))
     n_lr, n_own = _grid_shape(per_variant)
     lrs = _geometric(1e-3, 1.0, n_lr)
-    variants = "\n".join(f"  {v}:\n    loss: {json.dumps(loss)}"
-                         for v, (loss, _, _) in VARIANTS.items())
+    variants = "\n".join(f"  {v}:\n    loss: {json.dumps(loss)}" for v, (loss, _, _) in VARIANTS.items())
     design = "\n".join(
         f"  - kind: grid\n    variants: [{v}]\n    parameters:\n"
         f"      optim.lr: {json.dumps(lrs)}\n      {own}: {json.dumps(_geometric(*span, n_own))}"
-        for v, (_, own, span) in VARIANTS.items())
+        for v, (_, own, span) in VARIANTS.items()
+    )
     return f"""\
 # written by benchmarks/report_scale.py: {len(VARIANTS)} variants x {n_lr} x {n_own} configs
 # x {seeds} seeds
@@ -189,8 +190,9 @@ class _Values:
         rng = self.rng
         config = cell.config
         lr = float(config["optim"]["lr"])
-        quality = {"ce": 0.0, "noised_topk": 0.01, "smooth_topk_svm": -0.01,
-                   "avgk_two_head": 0.005}.get(cell.variant, 0.0)
+        quality = {"ce": 0.0, "noised_topk": 0.01, "smooth_topk_svm": -0.01, "avgk_two_head": 0.005}.get(
+            cell.variant, 0.0
+        )
         for path in cell.swept:
             if path != "optim.lr":
                 own = float(cell.swept[path])
@@ -201,12 +203,14 @@ class _Values:
         for e in range(epochs):
             progress = 1.0 - math.exp(-3.0 * (e + 1) / epochs)
             level = final * progress
-            metrics = {"train/loss": 4.6 * (1 - progress) + 0.3 + rng.normal(0, 0.01),
-                       "lr": lr * (0.1 if e >= max(1, epochs // 2) else 1.0),
-                       "epoch_time_s": 30.0 + rng.normal(0, 0.5),
-                       "eval_time_s": 2.0 + rng.normal(0, 0.05),
-                       "grad_nonzero": 100.0 * (1 - progress) + 5.0,
-                       "grad_nonzero_active": 100.0 * (1 - progress) + 5.5}
+            metrics = {
+                "train/loss": 4.6 * (1 - progress) + 0.3 + rng.normal(0, 0.01),
+                "lr": lr * (0.1 if e >= max(1, epochs // 2) else 1.0),
+                "epoch_time_s": 30.0 + rng.normal(0, 0.5),
+                "eval_time_s": 2.0 + rng.normal(0, 0.05),
+                "grad_nonzero": 100.0 * (1 - progress) + 5.0,
+                "grad_nonzero_active": 100.0 * (1 - progress) + 5.5,
+            }
             for k in KS:
                 metrics[f"train/top{k}"] = _acc(level * _k_gain(k) + 0.02, rng)
             metrics.update({f"val/{k}": v for k, v in _accuracies(level, rng).items()})
@@ -249,8 +253,11 @@ def _per_class(rng) -> dict[str, list]:
     counts = [int(500 / (c + 1) ** 1.1) + 1 for c in range(NUM_CLASSES)]
     shots = ["few" if n < 20 else "medium" if n <= 100 else "many" for n in counts]
     columns: dict[str, list] = {
-        "class": list(range(NUM_CLASSES)), "name": [f"class_{c}" for c in range(NUM_CLASSES)],
-        "train_count": counts, "test_count": [20] * NUM_CLASSES, "shot": shots,
+        "class": list(range(NUM_CLASSES)),
+        "name": [f"class_{c}" for c in range(NUM_CLASSES)],
+        "train_count": counts,
+        "test_count": [20] * NUM_CLASSES,
+        "shot": shots,
     }
     for k in KS:
         columns[f"top{k}"] = [float(v) for v in rng.uniform(0.3, 1.0, NUM_CLASSES)]
@@ -262,7 +269,7 @@ def _set_sizes(rng) -> dict[str, list]:
     columns: dict[str, list] = {"avgk": [], "shot": [], "size": [], "count": []}
     for shot, center in zip(GROUPS, (9, 6, 4)):
         for size in range(0, 16):
-            count = int(200 * math.exp(-((size - center) / 3.0) ** 2) * rng.uniform(0.8, 1.2))
+            count = int(200 * math.exp(-(((size - center) / 3.0) ** 2)) * rng.uniform(0.8, 1.2))
             if count:
                 columns["avgk"].append(str(AVGK))
                 columns["shot"].append(shot)
@@ -274,9 +281,18 @@ def _set_sizes(rng) -> dict[str, list]:
 # ----------------------------------------------------------------------------- the writer
 
 
-def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
-               seeds: int = SEEDS, epochs: int = EPOCHS, failed: int = 0,
-               text: str | None = None, chunk: int = 250) -> dict[str, Any]:
+def synthesize(
+    tracking_uri: str,
+    study_dir: Path,
+    name: str,
+    n_cells: int,
+    *,
+    seeds: int = SEEDS,
+    epochs: int = EPOCHS,
+    failed: int = 0,
+    text: str | None = None,
+    chunk: int = 250,
+) -> dict[str, Any]:
     """Write the study `name` of about `n_cells` cells into the SQLite store `tracking_uri`
     (artifacts under `study_dir/mlartifacts`), in the runner's layout. The last `failed`
     cells end failed (half their epochs, `studies.error`, MLflow status FAILED).
@@ -284,16 +300,24 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
     Returns {"cells", "finished", "failed", "configs", "study_file", "seconds"}.
     """
     import pyarrow as pa
-    import yaml
     import pyarrow.parquet as pq
     import sqlalchemy
+    import yaml
     from mlflow import MlflowClient
-    from mlflow.store.tracking.dbmodels.models import (SqlLatestMetric, SqlMetric, SqlParam,
-                                                       SqlRun, SqlTag)
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric, SqlParam, SqlRun, SqlTag
 
-    from analysis.layout import (PER_CLASS_ARTIFACT, ROLE_PARENT, SET_SIZES_ARTIFACT,
-                                 STATUS_FAILED, STATUS_FINISHED, TAG_ERROR, TAG_NODE_ID,
-                                 TAG_ROLE, TAG_STATUS, TAG_STUDY)
+    from analysis.layout import (
+        PER_CLASS_ARTIFACT,
+        ROLE_PARENT,
+        SET_SIZES_ARTIFACT,
+        STATUS_FAILED,
+        STATUS_FINISHED,
+        TAG_ERROR,
+        TAG_NODE_ID,
+        TAG_ROLE,
+        TAG_STATUS,
+        TAG_STUDY,
+    )
     from studies.tracking import cell_tags, config_params, experiment_tags, new_session_id, study_description
 
     started = time.perf_counter()
@@ -304,19 +328,21 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
     study_file = study_dir / "study.yaml"  # the runner's copy of the study file
     study_file.write_text(text, encoding="utf-8")
     cells = expand_cells(text)
-    failed_ids = {c.cell_id for c in cells[len(cells) - failed:]} if failed else set()
+    failed_ids = {c.cell_id for c in cells[len(cells) - failed :]} if failed else set()
 
     # experiment and parent run: as StudyTracking creates them (the client, one request each)
     client = MlflowClient(tracking_uri=tracking_uri)
     artifact_root = (study_dir / "mlartifacts").resolve()
     described = study_description(str((yaml.safe_load(text) or {}).get("description") or ""), text)
-    experiment_id = client.create_experiment(name, artifact_location=artifact_root.as_uri(),
-                                             tags={TAG_STUDY: name, **experiment_tags(described)})
+    experiment_id = client.create_experiment(
+        name, artifact_location=artifact_root.as_uri(), tags={TAG_STUDY: name, **experiment_tags(described)}
+    )
     for key, value in experiment_tags(described, None, experiment_id).items():  # the note's link
         client.set_experiment_tag(experiment_id, key, value)
     t0 = int(time.time() * 1000)
-    parent = client.create_run(experiment_id, run_name=name, start_time=t0,
-                               tags={TAG_ROLE: ROLE_PARENT, TAG_STUDY: name})
+    parent = client.create_run(
+        experiment_id, run_name=name, start_time=t0, tags={TAG_ROLE: ROLE_PARENT, TAG_STUDY: name}
+    )
     parent_id = parent.info.run_id
     client.log_artifact(parent_id, str(study_file))  # StudyTracking.parent_run_id
     experiment = client.get_experiment(experiment_id)
@@ -349,37 +375,62 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
         if is_failed:
             per_epoch = per_epoch[: max(1, epochs // 2)]
         end = start + epoch_ms * len(per_epoch) + 5_000
-        rows[SqlRun].append({
-            "run_uuid": run_id, "name": run_name, "source_type": "UNKNOWN", "source_name": "",
-            "entry_point_name": "", "user_id": "unknown",
-            "status": "FAILED" if is_failed else "FINISHED", "start_time": start,
-            "end_time": end, "deleted_time": None, "source_version": "",
-            "lifecycle_stage": "active", "experiment_id": int(experiment_id),
-            "artifact_uri": f"{experiment.artifact_location}/{run_id}/artifacts",
-        })
-        cell_dict = {"config_id": cell.config_id, "seed": cell.seed, "cell_id": cell.cell_id,
-                     "variant": cell.variant, "swept": cell.swept}
+        rows[SqlRun].append(
+            {
+                "run_uuid": run_id,
+                "name": run_name,
+                "source_type": "UNKNOWN",
+                "source_name": "",
+                "entry_point_name": "",
+                "user_id": "unknown",
+                "status": "FAILED" if is_failed else "FINISHED",
+                "start_time": start,
+                "end_time": end,
+                "deleted_time": None,
+                "source_version": "",
+                "lifecycle_stage": "active",
+                "experiment_id": int(experiment_id),
+                "artifact_uri": f"{experiment.artifact_location}/{run_id}/artifacts",
+            }
+        )
+        cell_dict = {
+            "config_id": cell.config_id,
+            "seed": cell.seed,
+            "cell_id": cell.cell_id,
+            "variant": cell.variant,
+            "swept": cell.swept,
+        }
         tags = cell_tags(cell_dict, name, parent_id, session)
         tags["mlflow.runName"] = run_name
         tags[TAG_NODE_ID] = node
         tags[TAG_STATUS] = STATUS_FAILED if is_failed else STATUS_FINISHED
         if is_failed:
-            tags[TAG_ERROR] = (f"NonFiniteLossError: loss is nan at epoch {len(per_epoch)}, "
-                               f"step 17 (synthetic failure of cell {cell.cell_id})")
+            tags[TAG_ERROR] = (
+                f"NonFiniteLossError: loss is nan at epoch {len(per_epoch)}, "
+                f"step 17 (synthetic failure of cell {cell.cell_id})"
+            )
         rows[SqlTag] += [{"key": k, "value": v, "run_uuid": run_id} for k, v in tags.items()]
         params = config_params(cell.config)
         params["seed"] = str(cell.seed)
-        rows[SqlParam] += [{"key": k, "value": v, "run_uuid": run_id}
-                           for k, v in sorted(params.items())]
+        rows[SqlParam] += [{"key": k, "value": v, "run_uuid": run_id} for k, v in sorted(params.items())]
         latest: dict[str, dict] = {}
 
         def metric(key, value, timestamp, step):
-            row = {"key": key, "value": float(value), "timestamp": timestamp, "step": step,
-                   "is_nan": False, "run_uuid": run_id}
+            row = {
+                "key": key,
+                "value": float(value),
+                "timestamp": timestamp,
+                "step": step,
+                "is_nan": False,
+                "run_uuid": run_id,
+            }
             rows[SqlMetric].append(row)
             previous = latest.get(key)
             if previous is None or (step, timestamp, row["value"]) > (
-                    previous["step"], previous["timestamp"], previous["value"]):
+                previous["step"],
+                previous["timestamp"],
+                previous["value"],
+            ):
                 latest[key] = row
 
         for epoch, metrics in enumerate(per_epoch):
@@ -402,12 +453,17 @@ def synthesize(tracking_uri: str, study_dir: Path, name: str, n_cells: int, *,
             rows = {m: [] for m in tables}
     flush(rows)
     engine.dispose()
-    client.set_terminated(parent_id, "FINISHED" if not failed else "FAILED",
-                          end_time=t0 + 1000 + len(cells) * cell_ms)
-    return {"cells": len(cells), "finished": len(cells) - len(failed_ids),
-            "failed": len(failed_ids), "configs": len({c.config_id for c in cells}),
-            "study_file": str(study_file), "experiment_id": experiment_id,
-            "parent_run_id": parent_id, "seconds": time.perf_counter() - started}
+    client.set_terminated(parent_id, "FINISHED" if not failed else "FAILED", end_time=t0 + 1000 + len(cells) * cell_ms)
+    return {
+        "cells": len(cells),
+        "finished": len(cells) - len(failed_ids),
+        "failed": len(failed_ids),
+        "configs": len({c.config_id for c in cells}),
+        "study_file": str(study_file),
+        "experiment_id": experiment_id,
+        "parent_run_id": parent_id,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -444,8 +500,7 @@ def run_step(step: str, uri: str, name: str, study_file: str, out_dir: str) -> d
         result["html_mb"] = html.stat().st_size / 2**20
         md = html.with_suffix(".md").read_text(encoding="utf-8")
         result["figures"] = md.count("![")
-        result["not_drawn"] = [line for line in md.splitlines()
-                               if line.startswith(("Not drawn", "Figure failed"))]
+        result["not_drawn"] = [line for line in md.splitlines() if line.startswith(("Not drawn", "Figure failed"))]
     else:
         raise ValueError(f"unknown step {step!r}")
     result["seconds"] = time.perf_counter() - start
@@ -453,23 +508,33 @@ def run_step(step: str, uri: str, name: str, study_file: str, out_dir: str) -> d
     return result
 
 
-def measure(step: str, uri: str, name: str, study_file: str, out_dir: Path, code: Path,
-            timeout: float) -> dict:
+def measure(step: str, uri: str, name: str, study_file: str, out_dir: Path, code: Path, timeout: float) -> dict:
     """Run one step in a fresh interpreter importing `analysis` from `code`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(REPO)]),
-               MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
-    command = [sys.executable, str(Path(__file__).resolve()), "--step", step, "--uri", uri,
-               "--name", name, "--study-file", study_file, "--out", str(out_dir)]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(code), str(REPO)]), MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"
+    )
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--step",
+        step,
+        "--uri",
+        uri,
+        "--name",
+        name,
+        "--study-file",
+        study_file,
+        "--out",
+        str(out_dir),
+    ]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"step": step, "error": f"not finished after {timeout:.0f} s",
-                "seconds": time.perf_counter() - started}
+        return {"step": step, "error": f"not finished after {timeout:.0f} s", "seconds": time.perf_counter() - started}
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"step": step, "error": " | ".join(tail)[-400:],
-                "seconds": time.perf_counter() - started}
+        return {"step": step, "error": " | ".join(tail)[-400:], "seconds": time.perf_counter() - started}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -493,12 +558,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--failed", type=int, default=0, help="cells that end failed")
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
-    parser.add_argument("--code", type=Path, default=REPO,
-                        help="checkout whose `analysis` the steps import (default: this one)")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="write the stores here and keep them (default: a temporary folder)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="with --keep: measure the stores already there (same sizes)")
+    parser.add_argument(
+        "--code", type=Path, default=REPO, help="checkout whose `analysis` the steps import (default: this one)"
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="write the stores here and keep them (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="with --keep: measure the stores already there (same sizes)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per step")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     # one step in this process (used by `measure`)
@@ -531,12 +599,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 if study_dir.exists():
                     shutil.rmtree(study_dir)
-                info = synthesize(uri, study_dir, name, n, seeds=args.seeds,
-                                  epochs=args.epochs, failed=args.failed)
+                info = synthesize(uri, study_dir, name, n, seeds=args.seeds, epochs=args.epochs, failed=args.failed)
                 saved.write_text(json.dumps(info))
-                print(f"{info['cells']:>7} {'synthesize':<10} {info['seconds']:>8.1f}s"
-                      f"  {info['configs']} configs, {info['finished']} finished, "
-                      f"{info['failed']} failed", flush=True)
+                print(
+                    f"{info['cells']:>7} {'synthesize':<10} {info['seconds']:>8.1f}s"
+                    f"  {info['configs']} configs, {info['finished']} finished, "
+                    f"{info['failed']} failed",
+                    flush=True,
+                )
             for step in args.steps:
                 out = study_dir / f"out_{step}"
                 r = measure(step, uri, name, info["study_file"], out, args.code, args.timeout)

@@ -40,14 +40,14 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from setvalued.losses.smooth_svm import _log_sigma_top_and_body, log_elementary_symmetric  # noqa: E402
+from setvalued.losses.smooth_svm import _log_sigma_top_and_body, log_elementary_symmetric
 
 K = 5
 TIMING_TAU = 0.1
@@ -81,6 +81,7 @@ PUBLISHED_STABLE = {
 # the two baselines of the paper: SA, and autograd through DC
 # ----------------------------------------------------------------------------------------
 
+
 def summation_algorithm(e: torch.Tensor, k: int) -> torch.Tensor:
     """``sigma_0..k(e)`` along the last axis of (B, n) values, linear space: [BZK18] Algorithm 3.
 
@@ -95,13 +96,13 @@ def summation_algorithm(e: torch.Tensor, k: int) -> torch.Tensor:
     for i in range(n):
         top = min(i + 1, k)
         # the right side is formed from the old coefficients before the in-place add
-        sigma[:, 1:top + 1] += e[:, i:i + 1] * sigma[:, :top]
+        sigma[:, 1 : top + 1] += e[:, i : i + 1] * sigma[:, :top]
     return sigma
 
 
 def sa_log_sigma(x: torch.Tensor, k: int) -> torch.Tensor:
     """``(log sigma_{k-1}, log sigma_k)`` of exp(x) by the summation algorithm, (B, 2)."""
-    return torch.log(summation_algorithm(torch.exp(x), k)[:, k - 1:])
+    return torch.log(summation_algorithm(torch.exp(x), k)[:, k - 1 :])
 
 
 def dc_log_sigma(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -109,7 +110,7 @@ def dc_log_sigma(x: torch.Tensor, k: int) -> torch.Tensor:
 
     Differentiable by autograd through every level of the recursion: Table 4's AD row.
     """
-    return log_elementary_symmetric(x, k)[:, k - 1:]
+    return log_elementary_symmetric(x, k)[:, k - 1 :]
 
 
 def ours_log_sigma(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -121,8 +122,10 @@ def ours_log_sigma(x: torch.Tensor, k: int) -> torch.Tensor:
 # Table 5: stability
 # ----------------------------------------------------------------------------------------
 
-def stability_logits(batch: int = STABILITY_BATCH, num_classes: int = STABILITY_CLASSES,
-                     std: float = STABILITY_LOGIT_STD, seed: int = 0) -> torch.Tensor:
+
+def stability_logits(
+    batch: int = STABILITY_BATCH, num_classes: int = STABILITY_CLASSES, std: float = STABILITY_LOGIT_STD, seed: int = 0
+) -> torch.Tensor:
     """The substitute for the ResNet-18 ImageNet scores of Table 5: N(0, std^2), float64."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, num_classes, generator=generator, dtype=torch.float64) * std
@@ -162,13 +165,15 @@ def dc_float32_error(logits: torch.Tensor, taus=STABILITY_TAUS, k: int = K) -> d
 # Tables 3 and 4: timing
 # ----------------------------------------------------------------------------------------
 
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def timing_inputs(batch: int, n: int, device: torch.device, seed: int = 1234, tau: float = TIMING_TAU,
-                  k: int = K) -> torch.Tensor:
+def timing_inputs(
+    batch: int, n: int, device: torch.device, seed: int = 1234, tau: float = TIMING_TAU, k: int = K
+) -> torch.Tensor:
     """``x = s / (k tau)`` for scores ``randn(batch, n)``, float32, as the paper's perf script."""
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(batch, n, generator=generator) / (k * tau)).to(device)
@@ -176,24 +181,30 @@ def timing_inputs(batch: int, n: int, device: torch.device, seed: int = 1234, ta
 
 def forward_step(method: Callable, x: torch.Tensor, k: int) -> Callable[[], Callable[[], None]]:
     """A forward run: nothing to prepare, the whole call is timed."""
+
     def prepare() -> Callable[[], None]:
         def timed() -> None:
             with torch.no_grad():
                 method(x, k)
+
         return timed
+
     return prepare
 
 
 def backward_step(method: Callable, x: torch.Tensor, k: int) -> Callable[[], Callable[[], None]]:
     """A backward run: the forward is prepared untimed, ``(log sigma_{k-1} + log sigma_k).sum()``
     is differentiated in the timed part (as the paper's perf script)."""
+
     def prepare() -> Callable[[], None]:
         leaf = x.detach().requires_grad_(True)
         total = method(leaf, k).sum()
 
         def timed() -> None:
             total.backward()
+
         return timed
+
     return prepare
 
 
@@ -228,14 +239,22 @@ def measure(sizes, batch: int, repeats: int, warmup: int, device, k: int = K) ->
         }
         times = time_rounds(steps, repeats, warmup, device)
         for name, values in times.items():
-            rows.append({"n": n, "step": name, "best_s": min(values), "median_s": statistics.median(values),
-                         "repeats": len(values)})
+            rows.append(
+                {
+                    "n": n,
+                    "step": name,
+                    "best_s": min(values),
+                    "median_s": statistics.median(values),
+                    "repeats": len(values),
+                }
+            )
     return rows
 
 
 # ----------------------------------------------------------------------------------------
 # the report
 # ----------------------------------------------------------------------------------------
+
 
 def _best(rows, n, step) -> float:
     return next(r["best_s"] for r in rows if r["n"] == n and r["step"] == step)
@@ -249,47 +268,88 @@ def markdown(rows, sizes, stability, errors, header: str) -> str:
     columns = "| n | " + " | ".join(f"{n:,}" for n in sizes) + " |"
     rule = "|---|" + "---|" * len(sizes)
     lines = [header, "", "### Table 3: forward, SA / DC (ratio of times)", "", columns, rule]
-    lines.append("| [BZK18] (Titan Xp) | " + " | ".join(
-        f"{PUBLISHED_FORWARD_S['SA'][n] / PUBLISHED_FORWARD_S['DC'][n]:.3g}" for n in sizes) + " |")
-    lines.append("| this machine | " + " | ".join(
-        f"{_best(rows, n, 'forward SA') / _best(rows, n, 'forward DC'):.3g}" for n in sizes) + " |")
-    lines.append("| this machine, SA / ours | " + " | ".join(
-        f"{_best(rows, n, 'forward SA') / _best(rows, n, 'forward ours'):.3g}" for n in sizes) + " |")
+    lines.append(
+        "| [BZK18] (Titan Xp) | "
+        + " | ".join(f"{PUBLISHED_FORWARD_S['SA'][n] / PUBLISHED_FORWARD_S['DC'][n]:.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| this machine | "
+        + " | ".join(f"{_best(rows, n, 'forward SA') / _best(rows, n, 'forward DC'):.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| this machine, SA / ours | "
+        + " | ".join(f"{_best(rows, n, 'forward SA') / _best(rows, n, 'forward ours'):.3g}" for n in sizes)
+        + " |"
+    )
     lines += ["", "Seconds on this machine (best round):", "", columns, rule]
     for step in ("forward SA", "forward DC", "forward ours"):
         lines.append(f"| {step} | " + " | ".join(f"{_best(rows, n, step):.3g}" for n in sizes) + " |")
 
     lines += ["", "### Table 4: backward, AD / CB (ratio of times)", "", columns, rule]
-    lines.append("| [BZK18] (Titan Xp) | " + " | ".join(
-        f"{PUBLISHED_BACKWARD_S['AD'][n] / PUBLISHED_BACKWARD_S['CB'][n]:.3g}" for n in sizes) + " |")
-    lines.append("| this machine | " + " | ".join(
-        f"{_best(rows, n, 'backward AD') / _best(rows, n, 'backward CB'):.3g}" for n in sizes) + " |")
-    lines.append("| [BZK18] AD / DC forward | " + " | ".join(
-        f"{PUBLISHED_BACKWARD_S['AD'][n] / PUBLISHED_FORWARD_S['DC'][n]:.3g}" for n in sizes) + " |")
-    lines.append("| this machine, AD / DC forward | " + " | ".join(
-        f"{_best(rows, n, 'backward AD') / _best(rows, n, 'forward DC'):.3g}" for n in sizes) + " |")
-    lines.append("| [BZK18] CB / DC forward | " + " | ".join(
-        f"{PUBLISHED_BACKWARD_S['CB'][n] / PUBLISHED_FORWARD_S['DC'][n]:.3g}" for n in sizes) + " |")
-    lines.append("| this machine, CB / ours forward | " + " | ".join(
-        f"{_best(rows, n, 'backward CB') / _best(rows, n, 'forward ours'):.3g}" for n in sizes) + " |")
+    lines.append(
+        "| [BZK18] (Titan Xp) | "
+        + " | ".join(f"{PUBLISHED_BACKWARD_S['AD'][n] / PUBLISHED_BACKWARD_S['CB'][n]:.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| this machine | "
+        + " | ".join(f"{_best(rows, n, 'backward AD') / _best(rows, n, 'backward CB'):.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| [BZK18] AD / DC forward | "
+        + " | ".join(f"{PUBLISHED_BACKWARD_S['AD'][n] / PUBLISHED_FORWARD_S['DC'][n]:.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| this machine, AD / DC forward | "
+        + " | ".join(f"{_best(rows, n, 'backward AD') / _best(rows, n, 'forward DC'):.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| [BZK18] CB / DC forward | "
+        + " | ".join(f"{PUBLISHED_BACKWARD_S['CB'][n] / PUBLISHED_FORWARD_S['DC'][n]:.3g}" for n in sizes)
+        + " |"
+    )
+    lines.append(
+        "| this machine, CB / ours forward | "
+        + " | ".join(f"{_best(rows, n, 'backward CB') / _best(rows, n, 'forward ours'):.3g}" for n in sizes)
+        + " |"
+    )
     lines += ["", "Seconds on this machine (best round):", "", columns, rule]
     for step in ("backward AD", "backward CB"):
         lines.append(f"| {step} | " + " | ".join(f"{_best(rows, n, step):.3g}" for n in sizes) + " |")
 
     taus = " | ".join(f"{tau:g}" for tau in STABILITY_TAUS)
-    lines += ["", "### Table 5: forward stability (✓ finite, ✗ overflow or NaN)", "",
-              f"Logits N(0, {STABILITY_LOGIT_STD:g}^2), batch {STABILITY_BATCH}, n = {STABILITY_CLASSES}, "
-              f"k = {K} (substitute for the paper's ResNet-18 ImageNet scores). Each cell: this machine / "
-              "[BZK18].", "", f"| tau | {taus} |", "|---|" + "---|" * len(STABILITY_TAUS)]
+    lines += [
+        "",
+        "### Table 5: forward stability (✓ finite, ✗ overflow or NaN)",
+        "",
+        f"Logits N(0, {STABILITY_LOGIT_STD:g}^2), batch {STABILITY_BATCH}, n = {STABILITY_CLASSES}, "
+        f"k = {K} (substitute for the paper's ResNet-18 ImageNet scores). Each cell: this machine / "
+        "[BZK18].",
+        "",
+        f"| tau | {taus} |",
+        "|---|" + "---|" * len(STABILITY_TAUS),
+    ]
     for (method, dtype), stable in stability.items():
         published = PUBLISHED_STABLE[(method, dtype)]
         short = "S" if dtype == "float32" else "D"
-        lines.append(f"| {method} ({short}) | " + " | ".join(
-            f"{_tick(ours)} / {_tick(theirs)}" for ours, theirs in zip(stable, published)) + " |")
+        lines.append(
+            f"| {method} ({short}) | "
+            + " | ".join(f"{_tick(ours)} / {_tick(theirs)}" for ours, theirs in zip(stable, published))
+            + " |"
+        )
     same = all(stability[key] == PUBLISHED_STABLE[key] for key in PUBLISHED_STABLE)
-    lines += ["", f"Same pattern as published: {'yes' if same else 'NO'}.",
-              "Largest relative error of DC log (S) against DC log (D): " + ", ".join(
-                  f"tau={tau:g}: {error:.1e}" for tau, error in errors.items()) + "."]
+    lines += [
+        "",
+        f"Same pattern as published: {'yes' if same else 'NO'}.",
+        "Largest relative error of DC log (S) against DC log (D): "
+        + ", ".join(f"tau={tau:g}: {error:.1e}" for tau, error in errors.items())
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -324,14 +384,22 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         for row in rows:
-            writer.writerow({**{key: (f"{value:.6g}" if isinstance(value, float) else value)
-                                for key, value in row.items()},
-                             "batch": args.batch, "k": K, "device": str(device), "threads": args.threads,
-                             "torch": torch.__version__})
-    header = (f"[BZK18] Tables 3-5 on this machine: k = {K}, tau = {TIMING_TAU:g}, batch {args.batch}, float32 "
-              f"inputs, device {device} ({platform.processor() or platform.machine()}), {args.threads} "
-              f"thread(s), torch {torch.__version__}, best of {args.repeats} interleaved rounds; "
-              f"{elapsed:.0f} s of timing. 'ours' is the loss's own path (float64 inside).")
+            writer.writerow(
+                {
+                    **{key: (f"{value:.6g}" if isinstance(value, float) else value) for key, value in row.items()},
+                    "batch": args.batch,
+                    "k": K,
+                    "device": str(device),
+                    "threads": args.threads,
+                    "torch": torch.__version__,
+                }
+            )
+    header = (
+        f"[BZK18] Tables 3-5 on this machine: k = {K}, tau = {TIMING_TAU:g}, batch {args.batch}, float32 "
+        f"inputs, device {device} ({platform.processor() or platform.machine()}), {args.threads} "
+        f"thread(s), torch {torch.__version__}, best of {args.repeats} interleaved rounds; "
+        f"{elapsed:.0f} s of timing. 'ours' is the loss's own path (float64 inside)."
+    )
     text = markdown(rows, sizes, stability, errors, header)
     (args.out / "smooth_svm_tables.md").write_text(text)
     print(text)

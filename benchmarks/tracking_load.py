@@ -46,13 +46,13 @@ import json
 import multiprocessing
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO, REPO / "benchmarks"):
@@ -61,8 +61,17 @@ for _path in (REPO, REPO / "benchmarks"):
 
 STORES = ("sqlite", "pg", "pg-auth", "pg-auth-cached")
 #: the MlflowClient methods a cell's run uses (each call timed in the writer)
-CLIENT_CALLS = ("search_runs", "create_run", "log_batch", "log_artifact", "log_artifacts",
-                "set_terminated", "update_run", "get_run", "get_metric_history")
+CLIENT_CALLS = (
+    "search_runs",
+    "create_run",
+    "log_batch",
+    "log_artifact",
+    "log_artifacts",
+    "set_terminated",
+    "update_run",
+    "get_run",
+    "get_metric_history",
+)
 AUTH_CACHE_TTL_S = 60
 TEMPLATE_CELLS = 40  # distinct configs the writers cycle through
 
@@ -152,7 +161,7 @@ def process_tree_cpu_s(root_pid: int) -> float:
                 text = handle.read().decode(errors="replace")
         except OSError:
             continue
-        fields = text[text.rfind(")") + 2:].split()
+        fields = text[text.rfind(")") + 2 :].split()
         stats[int(entry)] = fields
         children.setdefault(int(fields[1]), []).append(int(entry))
     total, queue = 0.0, [root_pid]
@@ -179,7 +188,6 @@ def template_cells(count: int = TEMPLATE_CELLS, pattern: CellPattern = CellPatte
     configs, config ids, variants and swept values from the project's own expansion), each
     with the per-epoch, test and per-class values the writers log."""
     import numpy as np
-
     import report_scale
 
     text = report_scale.study_yaml("tracking_load", max(count, 40), seeds=5, epochs=pattern.epochs)
@@ -189,19 +197,30 @@ def template_cells(count: int = TEMPLATE_CELLS, pattern: CellPattern = CellPatte
     out = []
     for cell in cells:
         epochs, test, best_val = values.cell(cell, pattern.epochs)
-        out.append({
-            "cell": {"cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
-                     "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
-                     "run_name": f"{cell.variant} s{cell.seed}"},
-            "epochs": epochs, "test": test, "best_val": best_val,
-            "per_class": report_scale._per_class(rng),
-            "set_sizes": report_scale._set_sizes(rng) if pattern.set_sizes else None,
-        })
+        out.append(
+            {
+                "cell": {
+                    "cell_id": cell.cell_id,
+                    "config_id": cell.config_id,
+                    "seed": int(cell.seed),
+                    "variant": cell.variant,
+                    "config": cell.config,
+                    "swept": dict(cell.swept),
+                    "run_name": f"{cell.variant} s{cell.seed}",
+                },
+                "epochs": epochs,
+                "test": test,
+                "best_val": best_val,
+                "per_class": report_scale._per_class(rng),
+                "set_sizes": report_scale._set_sizes(rng) if pattern.set_sizes else None,
+            }
+        )
     return out
 
 
-def write_cell(context, template: Mapping[str, Any], cell_id: str, pattern: CellPattern,
-               phase: Callable[[str, float], None]) -> str:
+def write_cell(
+    context, template: Mapping[str, Any], cell_id: str, pattern: CellPattern, phase: Callable[[str, float], None]
+) -> str:
     """One cell's requests, as `studies.running.trial.run_cell` makes them; returns its run id."""
     from studies.tracking import TAG_NODE_ID, CellRun
 
@@ -211,13 +230,18 @@ def write_cell(context, template: Mapping[str, Any], cell_id: str, pattern: Cell
     phase("open", time.perf_counter() - started)
     epochs = list(enumerate(template["epochs"]))
     for index in range(pattern.checkpoints):
-        chunk = epochs[index * pattern.epochs_per_checkpoint:(index + 1) * pattern.epochs_per_checkpoint]
+        chunk = epochs[index * pattern.epochs_per_checkpoint : (index + 1) * pattern.epochs_per_checkpoint]
         started = time.perf_counter()
         run.log_epochs(chunk)
         phase("checkpoint", time.perf_counter() - started)
     last = epochs[-1]
-    result = {"per_class": template["per_class"], "set_sizes": template["set_sizes"],
-              "test": template["test"], "best_epoch": last[0], "best_val": template["best_val"]}
+    result = {
+        "per_class": template["per_class"],
+        "set_sizes": template["set_sizes"],
+        "test": template["test"],
+        "best_epoch": last[0],
+        "best_val": template["best_val"],
+    }
     started = time.perf_counter()
     run.finish(result, final_step=last[0], pending=[last])
     phase("finish", time.perf_counter() - started)
@@ -244,6 +268,7 @@ def _instrument(calls: list, http: list, uri: str) -> None:
                 raise
             calls.append((name, time.perf_counter() - started, True))
             return out
+
         return call
 
     for name in CLIENT_CALLS:
@@ -262,8 +287,17 @@ def _instrument(calls: list, http: list, uri: str) -> None:
     requests.Session.request = request
 
 
-def _writer(index: int, writers: int, context, templates: list[dict], pattern: CellPattern,
-            cells: int | None, seconds: float | None, barrier, results) -> None:
+def _writer(
+    index: int,
+    writers: int,
+    context,
+    templates: list[dict],
+    pattern: CellPattern,
+    cells: int | None,
+    seconds: float | None,
+    barrier,
+    results,
+) -> None:
     """A writer process: cells back to back until `cells` are written or `seconds` pass."""
     calls: list = []
     http: list = []
@@ -276,8 +310,11 @@ def _writer(index: int, writers: int, context, templates: list[dict], pattern: C
     # what a Tune worker does once per process (actors are reused): the store's client and
     # its connection, before the clock starts
     MlflowClient(context.tracking_uri).get_experiment(context.experiment_id)
-    _instrument(calls, http, context.tracking_uri if "://" in context.tracking_uri
-                and context.tracking_uri.startswith("http") else "\0")
+    _instrument(
+        calls,
+        http,
+        context.tracking_uri if "://" in context.tracking_uri and context.tracking_uri.startswith("http") else "\0",
+    )
     done, errors, first_error = 0, 0, ""
     barrier.wait()
     started = time.perf_counter()
@@ -287,18 +324,27 @@ def _writer(index: int, writers: int, context, templates: list[dict], pattern: C
         template = templates[(index + n * writers) % len(templates)]
         cell_id = f"{template['cell']['cell_id']}-w{index}-n{n}"
         try:
-            write_cell(context, template, cell_id, pattern,
-                       lambda name, s: phases.setdefault(name, []).append(s))
+            write_cell(context, template, cell_id, pattern, lambda name, s: phases.setdefault(name, []).append(s))
             done += 1
         except Exception as error:  # noqa: BLE001  (counted: a store that refuses is a result)
             errors += 1
             first_error = first_error or f"{type(error).__name__}: {error}"[:300]
         n += 1
     usage = os.times()
-    results.put({"index": index, "cells": done, "errors": errors, "error": first_error,
-                 "calls": calls, "http": http, "phases": phases,
-                 "end": time.perf_counter(), "start": started,
-                 "cpu_s": usage.user + usage.system})
+    results.put(
+        {
+            "index": index,
+            "cells": done,
+            "errors": errors,
+            "error": first_error,
+            "calls": calls,
+            "http": http,
+            "phases": phases,
+            "end": time.perf_counter(),
+            "start": started,
+            "cpu_s": usage.user + usage.system,
+        }
+    )
 
 
 def _setup(uri: str, name: str, queue) -> None:
@@ -321,10 +367,19 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
     return {"p50": 1000.0 * at(0.5), "p90": 1000.0 * at(0.9)}
 
 
-def run_point(uri: str, name: str, writers: int, *, pattern: CellPattern = CellPattern(),
-              cells_per_writer: int | None = None, seconds: float | None = None,
-              templates: list[dict] | None = None, store: str = "sqlite", server_workers: int = 0,
-              cpu_pids: Mapping[str, int] | None = None) -> Point:
+def run_point(
+    uri: str,
+    name: str,
+    writers: int,
+    *,
+    pattern: CellPattern = CellPattern(),
+    cells_per_writer: int | None = None,
+    seconds: float | None = None,
+    templates: list[dict] | None = None,
+    store: str = "sqlite",
+    server_workers: int = 0,
+    cpu_pids: Mapping[str, int] | None = None,
+) -> Point:
     """W writer processes against the tracking store `uri`, in a new experiment `name`:
     `cells_per_writer` cells each, or as many as fit in `seconds`. `cpu_pids`: processes
     whose tree's CPU time is measured ({"server": pid, "postgres": pid})."""
@@ -341,9 +396,12 @@ def run_point(uri: str, name: str, writers: int, *, pattern: CellPattern = CellP
         raise RuntimeError(f"setting up the experiment {name!r} at {uri} failed: {context}")
     barrier = fork.Barrier(writers + 1)
     results = fork.Queue()
-    processes = [fork.Process(target=_writer, args=(i, writers, context, templates, pattern,
-                                                    cells_per_writer, seconds, barrier, results))
-                 for i in range(writers)]
+    processes = [
+        fork.Process(
+            target=_writer, args=(i, writers, context, templates, pattern, cells_per_writer, seconds, barrier, results)
+        )
+        for i in range(writers)
+    ]
     for process in processes:
         process.start()
     cpu_pids = dict(cpu_pids or {})
@@ -366,8 +424,10 @@ def run_point(uri: str, name: str, writers: int, *, pattern: CellPattern = CellP
     point.latency_ms = {"call": _percentiles([c[1] for c in calls if c[2]])}
     for phase in ("open", "checkpoint", "finish"):
         point.latency_ms[phase] = _percentiles([s for r in gathered for s in r["phases"].get(phase, [])])
-    point.per_call_ms = {n: _percentiles([c[1] for c in calls if c[0] == n and c[2]])["p50"]
-                         for n in sorted({c[0] for c in calls if c[2]})}
+    point.per_call_ms = {
+        n: _percentiles([c[1] for c in calls if c[0] == n and c[2]])["p50"]
+        for n in sorted({c[0] for c in calls if c[2]})
+    }
     if "server" in cpu_pids:
         point.server_cpu_s = after["server"] - before["server"]
     if "postgres" in cpu_pids:
@@ -395,15 +455,20 @@ class _Store:
         self.postgres = start_postgres(durable=durable)
         try:
             self.server = start_mlflow_server(
-                self.postgres, workdir, workers=server_workers, auth=kind != "pg",
-                auth_cache_ttl_s=AUTH_CACHE_TTL_S if kind == "pg-auth-cached" else 0)
+                self.postgres,
+                workdir,
+                workers=server_workers,
+                auth=kind != "pg",
+                auth_cache_ttl_s=AUTH_CACHE_TTL_S if kind == "pg-auth-cached" else 0,
+            )
         except BaseException:
             self.postgres.stop()
             raise
         self.uri = self.server.uri
         if kind != "pg":  # every writer logs in as the `studies` user, as the Ray nodes do
-            self._set_env({"MLFLOW_TRACKING_USERNAME": self.server.user,
-                           "MLFLOW_TRACKING_PASSWORD": self.server.password})
+            self._set_env(
+                {"MLFLOW_TRACKING_USERNAME": self.server.user, "MLFLOW_TRACKING_PASSWORD": self.server.password}
+            )
 
     def _set_env(self, values: Mapping[str, str]) -> None:
         for key, value in values.items():
@@ -435,59 +500,82 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def table_row(p: Point) -> str:
     lat = p.latency_ms
-    return (f"| {p.store} | {p.server_workers or ''} | {p.writers} | {p.cells} | "
-            f"{p.cells_per_s:.2f} | {p.calls_per_s:.1f} | {_fmt(p.http_per_s) if p.http else ''} | "
-            f"{_fmt(lat['call'].get('p50'))} / {_fmt(lat['call'].get('p90'))} | "
-            f"{_fmt(lat['open'].get('p50'), 0)} | {_fmt(lat['finish'].get('p50'), 0)} | "
-            f"{_fmt(p.cpu_ms_per_call(p.server_cpu_s))} | {_fmt(p.cpu_ms_per_call(p.postgres_cpu_s))} | "
-            f"{_fmt(p.cpu_ms_per_call(p.writer_cpu_s))} | {p.errors + p.failed_calls} |")
+    return (
+        f"| {p.store} | {p.server_workers or ''} | {p.writers} | {p.cells} | "
+        f"{p.cells_per_s:.2f} | {p.calls_per_s:.1f} | {_fmt(p.http_per_s) if p.http else ''} | "
+        f"{_fmt(lat['call'].get('p50'))} / {_fmt(lat['call'].get('p90'))} | "
+        f"{_fmt(lat['open'].get('p50'), 0)} | {_fmt(lat['finish'].get('p50'), 0)} | "
+        f"{_fmt(p.cpu_ms_per_call(p.server_cpu_s))} | {_fmt(p.cpu_ms_per_call(p.postgres_cpu_s))} | "
+        f"{_fmt(p.cpu_ms_per_call(p.writer_cpu_s))} | {p.errors + p.failed_calls} |"
+    )
 
 
-TABLE_HEAD = ("| store | server workers | writers | cells | cells/s | calls/s | HTTP req/s | "
-              "call p50 / p90 ms | open p50 ms | finish p50 ms | server CPU ms/call | "
-              "PostgreSQL CPU ms/call | writer CPU ms/call | errors + retried calls |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+TABLE_HEAD = (
+    "| store | server workers | writers | cells | cells/s | calls/s | HTTP req/s | "
+    "call p50 / p90 ms | open p50 ms | finish p50 ms | server CPU ms/call | "
+    "PostgreSQL CPU ms/call | writer CPU ms/call | errors + retried calls |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stores", nargs="+", default=["sqlite", "pg", "pg-auth-cached"], choices=STORES,
-                        help="default: sqlite pg pg-auth-cached (pg-auth: give few writers, it takes ~2 calls/s per core)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        default=["sqlite", "pg", "pg-auth-cached"],
+        choices=STORES,
+        help="default: sqlite pg pg-auth-cached (pg-auth: give few writers, it takes ~2 calls/s per core)",
+    )
     parser.add_argument("--writers", nargs="+", type=int, default=[1, 4, 16, 32])
     parser.add_argument("--server-workers", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--seconds", type=float, default=6.0, help="per point (default 6)")
     parser.add_argument("--checkpoints", type=int, default=2)
     parser.add_argument("--epochs-per-checkpoint", type=int, default=1)
     parser.add_argument("--set-sizes", action="store_true", help="log the set-size artifact too")
-    parser.add_argument("--durable", action="store_true",
-                        help="PostgreSQL with fsync and synchronous commit (production defaults)")
+    parser.add_argument(
+        "--durable", action="store_true", help="PostgreSQL with fsync and synchronous commit (production defaults)"
+    )
     parser.add_argument("--json", type=Path, help="write every point here")
     args = parser.parse_args(argv)
 
     # MLflow 3 reports usage from every client process unless told not to: not part of the load
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow  # noqa: F401  (imported once, before the writers fork)
+
     import studies.tracking  # noqa: F401
 
     pattern = CellPattern(args.checkpoints, args.epochs_per_checkpoint, args.set_sizes)
     templates = template_cells(pattern=pattern)
-    print(f"# tracking load: {os.cpu_count()} CPUs, {pattern.client_calls()} client calls "
-          f"({pattern.http_requests()} HTTP requests) per cell, {args.seconds:g} s per point"
-          f"{', durable PostgreSQL' if args.durable else ''}", flush=True)
+    print(
+        f"# tracking load: {os.cpu_count()} CPUs, {pattern.client_calls()} client calls "
+        f"({pattern.http_requests()} HTTP requests) per cell, {args.seconds:g} s per point"
+        f"{', durable PostgreSQL' if args.durable else ''}",
+        flush=True,
+    )
     print(TABLE_HEAD, flush=True)
     points: list[Point] = []
     for kind in args.stores:
-        for workers in ([0] if kind == "sqlite" else args.server_workers):
+        for workers in [0] if kind == "sqlite" else args.server_workers:
             workdir = Path(tempfile.mkdtemp(prefix=f"tracking-load-{kind}-"))
             started = time.perf_counter()
             store = _Store(kind, workers, workdir, args.durable)
             print(f"<!-- {kind} started in {time.perf_counter() - started:.1f} s -->", flush=True)
             try:
                 for w in args.writers:
-                    point = run_point(store.uri, f"load-{kind}-{workers}-{w}", w, pattern=pattern,
-                                      seconds=args.seconds, templates=templates, store=kind,
-                                      server_workers=workers, cpu_pids=store.cpu_pids())
+                    point = run_point(
+                        store.uri,
+                        f"load-{kind}-{workers}-{w}",
+                        w,
+                        pattern=pattern,
+                        seconds=args.seconds,
+                        templates=templates,
+                        store=kind,
+                        server_workers=workers,
+                        cpu_pids=store.cpu_pids(),
+                    )
                     points.append(point)
                     print(table_row(point), flush=True)
                     if point.error_sample:
@@ -496,9 +584,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 store.stop()
                 shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps(
-            [{**asdict(p), "cells_per_s": p.cells_per_s, "calls_per_s": p.calls_per_s,
-              "http_per_s": p.http_per_s} for p in points], indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        **asdict(p),
+                        "cells_per_s": p.cells_per_s,
+                        "calls_per_s": p.calls_per_s,
+                        "http_per_s": p.http_per_s,
+                    }
+                    for p in points
+                ],
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

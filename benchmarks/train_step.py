@@ -29,9 +29,9 @@ import io
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -39,11 +39,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.losses import (  # noqa: E402
-    device_name, load_pytopk, load_smooth_topk_reference, on_device,
+from benchmarks.losses import (
+    device_name,
+    load_pytopk,
+    load_smooth_topk_reference,
+    on_device,
 )
-from setvalued.losses import build_loss  # noqa: E402
-from setvalued.models import build_model  # noqa: E402
+from setvalued.losses import build_loss
+from setvalued.models import build_model
 
 MODES = ("eager", "graphs")
 #: the noised losses' settings: K = 5, M = 3 (the issue's rows), epsilon of the CIFAR-100
@@ -55,7 +58,7 @@ IMBALANCED = dict(k=5, n_samples=3, epsilon=0.01, max_margin=0.2, scale=50.0)
 @dataclass
 class Row:
     label: str
-    head: str                                        # the model head the loss needs
+    head: str  # the model head the loss needs
     make: Callable[[list[int], int], torch.nn.Module]  # (class_counts, num_classes) -> loss
 
 
@@ -64,27 +67,50 @@ def rows(pytopk=None, reference_svm=None, only: list[str] | None = None) -> list
     table = [
         Row("ce", "linear", lambda counts, n: build_loss("ce")),
         Row("noised_topk K=5 M=3", "linear", lambda counts, n: build_loss("noised_topk", **NOISED)),
-        Row("noised_topk K=5 M=3 exact=True", "linear",
-            lambda counts, n: build_loss("noised_topk", exact=True, **NOISED)),
-        Row("noised_topk_imbalanced K=5 M=3", "normed",
-            lambda counts, n: build_loss("noised_topk_imbalanced", class_counts=counts, **IMBALANCED)),
+        Row(
+            "noised_topk K=5 M=3 exact=True",
+            "linear",
+            lambda counts, n: build_loss("noised_topk", exact=True, **NOISED),
+        ),
+        Row(
+            "noised_topk_imbalanced K=5 M=3",
+            "normed",
+            lambda counts, n: build_loss("noised_topk_imbalanced", class_counts=counts, **IMBALANCED),
+        ),
         Row("avgk_two_head K=5", "two_head", lambda counts, n: build_loss("avgk_two_head", k=5)),
     ]
     if pytopk is not None:
         table += [
-            Row("pytopk BalNoisedTopK K=5 M=3", "linear", lambda counts, n: pytopk.BalNoisedTopK(
-                k=NOISED["k"], epsilon=NOISED["epsilon"], n_sample=NOISED["n_samples"])),
-            Row("pytopk ImbalNoisedTopK K=5 M=3", "normed", lambda counts, n: pytopk.ImbalNoisedTopK(
-                k=IMBALANCED["k"], epsilon=IMBALANCED["epsilon"], max_m=IMBALANCED["max_margin"],
-                cls_num_list=counts, scale=IMBALANCED["scale"], n_sample=IMBALANCED["n_samples"])),
+            Row(
+                "pytopk BalNoisedTopK K=5 M=3",
+                "linear",
+                lambda counts, n: pytopk.BalNoisedTopK(
+                    k=NOISED["k"], epsilon=NOISED["epsilon"], n_sample=NOISED["n_samples"]
+                ),
+            ),
+            Row(
+                "pytopk ImbalNoisedTopK K=5 M=3",
+                "normed",
+                lambda counts, n: pytopk.ImbalNoisedTopK(
+                    k=IMBALANCED["k"],
+                    epsilon=IMBALANCED["epsilon"],
+                    max_m=IMBALANCED["max_margin"],
+                    cls_num_list=counts,
+                    scale=IMBALANCED["scale"],
+                    n_sample=IMBALANCED["n_samples"],
+                ),
+            ),
         ]
     for k in (5, 10):
-        table.append(Row(f"smooth_topk_svm K={k}", "linear",
-                         lambda counts, n, k=k: build_loss("smooth_topk_svm", k=k, tau=1.0)))
+        table.append(
+            Row(f"smooth_topk_svm K={k}", "linear", lambda counts, n, k=k: build_loss("smooth_topk_svm", k=k, tau=1.0))
+        )
         if reference_svm is not None:
+
             def reference(counts, n, k=k):
                 with contextlib.redirect_stdout(io.StringIO()):  # it prints its tau
                     return reference_svm(n, k=k, tau=1.0)
+
             table.append(Row(f"2018 reference SVM K={k}", "linear", reference))
     if only:
         table = [row for row in table if row.label == "ce" or any(text in row.label for text in only)]
@@ -96,8 +122,12 @@ def make_step(row: Row, mode: str, args, device: torch.device, seed: int) -> Cal
     SGD step, on one fixed batch (no data loading)."""
     torch.manual_seed(seed)  # the same initial weights and batch for every row
     num_classes = args.classes
-    model = build_model({"name": "densenet_bc_cifar", "depth": args.depth, "growth_rate": args.growth_rate},
-                        num_classes, (3, args.image_size, args.image_size), head=row.head).to(device)
+    model = build_model(
+        {"name": "densenet_bc_cifar", "depth": args.depth, "growth_rate": args.growth_rate},
+        num_classes,
+        (3, args.image_size, args.image_size),
+        head=row.head,
+    ).to(device)
     images = torch.randn(args.batch, 3, args.image_size, args.image_size, device=device)
     targets = torch.randint(num_classes, (args.batch,), device=device)
     counts = torch.randint(1, 500, (num_classes,)).tolist()
@@ -105,10 +135,12 @@ def make_step(row: Row, mode: str, args, device: torch.device, seed: int) -> Cal
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     forward = model
     if mode == "graphs":
-        forward = (torch.compile(model, mode="reduce-overhead") if args.compile_backend == "inductor"
-                   else torch.compile(model, backend=args.compile_backend))  # a mode is inductor's
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
+        forward = (
+            torch.compile(model, mode="reduce-overhead")
+            if args.compile_backend == "inductor"
+            else torch.compile(model, backend=args.compile_backend)
+        )  # a mode is inductor's
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     mark_step = torch.compiler.cudagraph_mark_step_begin if mode == "graphs" else (lambda: None)
 
     def step() -> None:
@@ -128,8 +160,9 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(steps: dict[tuple[str, str], Callable[[], None]], rounds: int, per_round: int,
-               warmup: int, device: torch.device) -> dict[tuple[str, str], list[float]]:
+def time_steps(
+    steps: dict[tuple[str, str], Callable[[], None]], rounds: int, per_round: int, warmup: int, device: torch.device
+) -> dict[tuple[str, str], list[float]]:
     """Seconds per step of each configuration, one value per round; rounds interleave them."""
     for step in steps.values():
         for _ in range(warmup):
@@ -172,10 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per configuration")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="torch.compile backend of the graphs mode (eager: dynamo only, for a quick check)")
-    parser.add_argument("--only", action="append", default=None, metavar="TEXT",
-                        help="time only the rows whose label contains TEXT (repeatable; ce always)")
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the graphs mode (eager: dynamo only, for a quick check)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="time only the rows whose label contains TEXT (repeatable; ce always)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
 
@@ -184,21 +225,25 @@ def main(argv: list[str] | None = None) -> int:
     table_rows = rows(pytopk, reference_svm, args.only)
     # one model per row: past dynamo's recompile limit a compiled model would silently run eager
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(table_rows))
-    steps = {(row.label, mode): make_step(row, mode, args, device, seed=0)
-             for row in table_rows for mode in args.modes}
+    steps = {(row.label, mode): make_step(row, mode, args, device, seed=0) for row in table_rows for mode in args.modes}
     started = time.perf_counter()
     times = time_steps(steps, args.rounds, args.steps, args.warmup, device)
-    graphs = ("torch.compile(model, mode='reduce-overhead')" if args.compile_backend == "inductor"
-              else f"torch.compile(model, backend={args.compile_backend!r})")
-    text = (f"Train step: DenseNet-BC {args.depth}-{args.growth_rate}, batch {args.batch}, "
-            f"{args.classes} classes, {args.image_size}x{args.image_size} inputs, SGD, "
-            f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, device {device} "
-            f"({device_name(device)}), torch {torch.__version__}; best of {args.rounds} interleaved "
-            f"rounds x {args.steps} steps ({time.perf_counter() - started:.0f} s); graphs = the model "
-            f"under {graphs}.\n"
-            f"pytopk: {'measured' if pytopk is not None else 'not installed, skipped'}; 2018 reference: "
-            f"{'measured' if reference_svm is not None else 'SMOOTH_TOPK_REF not set, skipped'}.\n\n"
-            + table(times, [row.label for row in table_rows], args.modes))
+    graphs = (
+        "torch.compile(model, mode='reduce-overhead')"
+        if args.compile_backend == "inductor"
+        else f"torch.compile(model, backend={args.compile_backend!r})"
+    )
+    text = (
+        f"Train step: DenseNet-BC {args.depth}-{args.growth_rate}, batch {args.batch}, "
+        f"{args.classes} classes, {args.image_size}x{args.image_size} inputs, SGD, "
+        f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, device {device} "
+        f"({device_name(device)}), torch {torch.__version__}; best of {args.rounds} interleaved "
+        f"rounds x {args.steps} steps ({time.perf_counter() - started:.0f} s); graphs = the model "
+        f"under {graphs}.\n"
+        f"pytopk: {'measured' if pytopk is not None else 'not installed, skipped'}; 2018 reference: "
+        f"{'measured' if reference_svm is not None else 'SMOOTH_TOPK_REF not set, skipped'}.\n\n"
+        + table(times, [row.label for row in table_rows], args.modes)
+    )
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

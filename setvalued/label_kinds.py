@@ -14,7 +14,8 @@ single-label data. The trainer (``setvalued.training.resolve_config``) and the s
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from setvalued.config import conformal_enabled
 from setvalued.losses.parameters import MULTI_LABEL_LOSSES
@@ -45,19 +46,42 @@ def label_kind_problems(config: Mapping[str, Any]) -> list[tuple[tuple[str, ...]
     if is_multi_label(data):
         kind = f"data.max_labels is {max_labels(data)} (multi-label data, multi-hot targets)"
         if loss not in MULTI_LABEL_LOSSES:
-            problems.append((("loss", "name"), f"{kind}, but loss {loss!r} takes one label per example; "
-                                               f"expected a multi-label loss: {', '.join(MULTI_LABEL_LOSSES)}"))
+            problems.append(
+                (
+                    ("loss", "name"),
+                    f"{kind}, but loss {loss!r} takes one label per example; "
+                    f"expected a multi-label loss: {', '.join(MULTI_LABEL_LOSSES)}",
+                )
+            )
         if ev.get("avgk"):
-            problems.append((("eval", "avgk"), f"{kind}: average-K accuracy needs one label per example; "
-                                               f"expected [] (no average-K metrics)"))
+            problems.append(
+                (
+                    ("eval", "avgk"),
+                    f"{kind}: average-K accuracy needs one label per example; expected [] (no average-K metrics)",
+                )
+            )
         if conformal_enabled(ev):
-            problems.append((("eval", "conformal_alphas"), f"{kind}: conformal sets need one label per "
-                                                           f"example; expected [] and conformal_match_avgk: false"))
+            problems.append(
+                (
+                    ("eval", "conformal_alphas"),
+                    f"{kind}: conformal sets need one label per example; expected [] and conformal_match_avgk: false",
+                )
+            )
         if not is_multilabel_metric(selection):
-            problems.append((("eval", "selection"), f"{kind}: expected a multi-label validation metric such as "
-                                                    f"val/prec5, val/rec5 or val/rprec, got {selection!r}"))
+            problems.append(
+                (
+                    ("eval", "selection"),
+                    f"{kind}: expected a multi-label validation metric such as "
+                    f"val/prec5, val/rec5 or val/rprec, got {selection!r}",
+                )
+            )
     elif is_multilabel_metric(selection):
-        problems.append((("eval", "selection"), f"{selection!r} is a multi-label metric but the data have one "
-                                                f"label per example (data.max_labels > 1 makes synthetic data "
-                                                f"multi-label); expected a metric such as val/top5 or val/avg5"))
+        problems.append(
+            (
+                ("eval", "selection"),
+                f"{selection!r} is a multi-label metric but the data have one "
+                f"label per example (data.max_labels > 1 makes synthetic data "
+                f"multi-label); expected a metric such as val/top5 or val/avg5",
+            )
+        )
     return problems

@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
-from setvalued.config import BUILTIN_MODELS as OWN_MODELS  # the models built here, not by timm
 from setvalued import registry
+from setvalued.config import BUILTIN_MODELS as OWN_MODELS  # the models built here, not by timm
 from setvalued.config import HEADS, MODEL_DEFAULTS, reject_unknown_keys
 
 #: the DenseNets built here, which read ``model.depth`` and ``model.growth_rate``
@@ -69,6 +70,7 @@ class Classifier(nn.Module):
 # small backbones
 # ---------------------------------------------------------------------------------------------
 
+
 class MLP(nn.Module):
     """Flatten, then two ReLU layers of ``hidden_dim`` units (no batch norm, so a batch of
     one example trains too)."""
@@ -77,8 +79,10 @@ class MLP(nn.Module):
         super().__init__()
         self.net = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(in_features, hidden_dim), nn.ReLU(inplace=True),
-            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(inplace=True),
+            nn.Linear(in_features, hidden_dim),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(inplace=True),
         )
         self.out_features = hidden_dim
 
@@ -97,10 +101,13 @@ class SmallCNN(nn.Module):
             return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
 
         self.net = nn.Sequential(
-            *block(in_channels, 32), nn.MaxPool2d(2),
-            *block(32, 64), nn.MaxPool2d(2),
+            *block(in_channels, 32),
+            nn.MaxPool2d(2),
+            *block(32, 64),
+            nn.MaxPool2d(2),
             *block(64, hidden_dim),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.out_features = hidden_dim
 
@@ -111,6 +118,7 @@ class SmallCNN(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # DenseNet-BC and DenseNet for 32x32 images
 # ---------------------------------------------------------------------------------------------
+
 
 class _Bottleneck(nn.Module):
     """BN-ReLU-Conv(1x1, 4k)-BN-ReLU-Conv(3x3, k); the k new maps are concatenated to the input."""
@@ -241,6 +249,7 @@ class DenseNet(nn.Module):
 # timm and pre-trained weights
 # ---------------------------------------------------------------------------------------------
 
+
 def _cached_weights(name: str) -> str | None:
     """A local copy of timm's default weights for ``name`` (Hugging Face or torch hub cache), or None."""
     import timm.models
@@ -273,21 +282,25 @@ def resolve_pretrained(pretrained: Any, name: str) -> str | None:
         return None
     if pretrained is True:
         if name in OWN_MODELS:
-            raise ValueError(f"model.pretrained: true has no default weights for {name!r}; give the path "
-                             "of a local weights file")
+            raise ValueError(
+                f"model.pretrained: true has no default weights for {name!r}; give the path of a local weights file"
+            )
         path = _cached_weights(name)
         if path is None:
             raise FileNotFoundError(
                 f"model.pretrained: true, but no cached weights for timm model {name!r} were found in the "
                 "local Hugging Face or torch hub caches, and weights are never downloaded. Put the weights "
                 "file on this machine and set model.pretrained to its path (a .safetensors, .pth or .bin "
-                "state dict)")
+                "state dict)"
+            )
         return path
     if isinstance(pretrained, (str, os.PathLike)):
         path = os.path.expanduser(os.fspath(pretrained))
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"model.pretrained: weights file {path!r} does not exist (weights are "
-                                    "read only from a local file, never downloaded)")
+            raise FileNotFoundError(
+                f"model.pretrained: weights file {path!r} does not exist (weights are "
+                "read only from a local file, never downloaded)"
+            )
         return path
     raise ValueError(f"model.pretrained must be false, true or the path of a local weights file, got {pretrained!r}")
 
@@ -300,7 +313,7 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
         return load_file(path, device="cpu")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
+    except Exception as err:
         raise ValueError(f"model.pretrained: cannot read weights file {path!r}: {err}") from err
     for key in ("state_dict", "model", "state_dict_ema"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
@@ -308,7 +321,7 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
             break
     if not isinstance(state, dict):
         raise ValueError(f"model.pretrained: {path!r} does not hold a state dict")
-    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    return {k[len("module.") :] if k.startswith("module.") else k: v for k, v in state.items()}
 
 
 def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Module, int]:
@@ -324,8 +337,10 @@ def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Mod
     import timm
 
     if not timm.is_model(name):
-        raise ValueError(f"model.name {name!r} is neither one of {', '.join(OWN_MODELS)} nor a timm "
-                         "architecture (see timm.list_models())")
+        raise ValueError(
+            f"model.name {name!r} is neither one of {', '.join(OWN_MODELS)} nor a timm "
+            "architecture (see timm.list_models())"
+        )
     model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans)
     if weights is not None:
         state = read_state_dict(weights)
@@ -335,18 +350,22 @@ def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Mod
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # shape mismatches
-            raise ValueError(f"model.pretrained: weights file {weights!r} does not fit timm model "
-                             f"{name!r}: {err}") from err
+            raise ValueError(
+                f"model.pretrained: weights file {weights!r} does not fit timm model {name!r}: {err}"
+            ) from err
         if missing or unexpected:
-            raise ValueError(f"model.pretrained: weights file {weights!r} does not fit timm model {name!r}: "
-                             f"{len(missing)} missing entries (e.g. {missing[:3]}), {len(unexpected)} unexpected "
-                             f"entries (e.g. {unexpected[:3]})")
+            raise ValueError(
+                f"model.pretrained: weights file {weights!r} does not fit timm model {name!r}: "
+                f"{len(missing)} missing entries (e.g. {missing[:3]}), {len(unexpected)} unexpected "
+                f"entries (e.g. {unexpected[:3]})"
+            )
     return model, int(getattr(model, "head_hidden_size", None) or model.num_features)
 
 
 # ---------------------------------------------------------------------------------------------
 # heads and the factory
 # ---------------------------------------------------------------------------------------------
+
 
 def build_head(kind: str, in_features: int, num_classes: int) -> nn.Module:
     if kind == "linear":
@@ -362,8 +381,9 @@ def build_head(kind: str, in_features: int, num_classes: int) -> nn.Module:
     raise ValueError(f"model.head must be one of auto, {', '.join(HEADS)}, got {kind!r}")
 
 
-def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Sequence[int],
-                head: str = "linear") -> Classifier:
+def build_model(
+    model_config: dict[str, Any], num_classes: int, input_shape: Sequence[int], head: str = "linear"
+) -> Classifier:
     """The model of a ``model`` config for inputs of ``input_shape`` (without batch axis).
 
     ``head`` is the resolved head kind (``model.head``, or the loss's ``head`` when it is
@@ -385,8 +405,7 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"model.{key} must be a positive integer, got {value!r}")
         if name not in DENSENETS and value != MODEL_DEFAULTS[key]:
-            raise ValueError(f"model.{key} applies to model.name {' or '.join(DENSENETS)} only, "
-                             f"not {name!r}")
+            raise ValueError(f"model.{key} applies to model.name {' or '.join(DENSENETS)} only, not {name!r}")
     input_shape = tuple(int(s) for s in input_shape)
     is_image = len(input_shape) == 3
     weights = resolve_pretrained(cfg["pretrained"], name)
@@ -395,18 +414,21 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
         import timm
 
         if not timm.is_model(name):
-            raise ValueError(f"model.name {name!r} is neither one of {', '.join(OWN_MODELS)} nor a timm "
-                             "architecture (see timm.list_models())")
+            raise ValueError(
+                f"model.name {name!r} is neither one of {', '.join(OWN_MODELS)} nor a timm "
+                "architecture (see timm.list_models())"
+            )
     if name != "mlp" and not is_image:
-        raise ValueError(f"model.name {name!r} needs image inputs (C, H, W), but the data are vectors of "
-                         f"shape {input_shape} (use model.name: mlp, or data.form: images)")
+        raise ValueError(
+            f"model.name {name!r} needs image inputs (C, H, W), but the data are vectors of "
+            f"shape {input_shape} (use model.name: mlp, or data.form: images)"
+        )
     if name == "mlp":
         backbone = MLP(math.prod(input_shape), hidden)
     elif name == "small_cnn":
         backbone = SmallCNN(input_shape[0], hidden)
     elif name == "densenet_bc_cifar":
-        backbone = DenseNetBC(depth=cfg["depth"], growth_rate=cfg["growth_rate"],
-                              in_channels=input_shape[0])
+        backbone = DenseNetBC(depth=cfg["depth"], growth_rate=cfg["growth_rate"], in_channels=input_shape[0])
     elif name == "densenet_cifar":
         backbone = DenseNet(depth=cfg["depth"], growth_rate=cfg["growth_rate"], in_channels=input_shape[0])
     else:
@@ -424,16 +446,19 @@ def build_model(model_config: dict[str, Any], num_classes: int, input_shape: Seq
     return Classifier(backbone, build_head(head, feature_dim, num_classes), feature_dim, head)
 
 
-def _build_plugin(item: registry.Entry, model_config: dict[str, Any], num_classes: int,
-                  input_shape: Sequence[int], head: str) -> Classifier:
+def _build_plugin(
+    item: registry.Entry, model_config: dict[str, Any], num_classes: int, input_shape: Sequence[int], head: str
+) -> Classifier:
     """A plugin model: its backbone from its builder (declared parameters checked), then the head.
     The built-in fields a default config holds (at their defaults) are not passed."""
     params = registry.plugin_parameters(item, model_config, MODEL_DEFAULTS)
     backbone = registry.load_factory("model", item.name)(input_shape=tuple(int(s) for s in input_shape), **params)
     feature_dim = getattr(backbone, "out_features", None)
     if not isinstance(backbone, nn.Module) or not isinstance(feature_dim, int):
-        raise registry.PluginError(f"model {item.name!r} ({item.origin}): {item.factory} must return an "
-                                   "nn.Module with an integer out_features (its feature size)")
+        raise registry.PluginError(
+            f"model {item.name!r} ({item.origin}): {item.factory} must return an "
+            "nn.Module with an integer out_features (its feature size)"
+        )
     if head not in HEADS:
         raise ValueError(f"model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
     return Classifier(backbone, build_head(head, feature_dim, num_classes), feature_dim, head)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 __all__ = ["Param", "ParameterError", "REQUIRED"]
 
@@ -27,8 +28,7 @@ class _Required:
 REQUIRED: Any = _Required()
 
 #: the scalar types a Param can declare, and how a requirement names them
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-               "any": "a value"}
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "any": "a value"}
 
 
 class ParameterError(ValueError):
@@ -40,8 +40,7 @@ class ParameterError(ValueError):
     (without the owner part when there is none); ``err.text`` is the part after the owner.
     """
 
-    def __init__(self, parameter: str, requirement: str, value: Any, *, owner: str = "",
-                 wrong_type: bool = False):
+    def __init__(self, parameter: str, requirement: str, value: Any, *, owner: str = "", wrong_type: bool = False):
         self.parameter = parameter
         self.requirement = requirement
         self.value = value
@@ -74,15 +73,15 @@ class Param:
     type: str
     default: Any = REQUIRED
     doc: str = ""
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     low_open: bool = False
     high_open: bool = False
-    options: Optional[tuple] = None
+    options: tuple | None = None
     nullable: bool = False
-    item: Optional["Param"] = None
-    length: Optional[tuple[int, Optional[int]]] = None
-    rule: Optional[Callable[[Any], Any]] = field(default=None, compare=False)
+    item: Param | None = None
+    length: tuple[int, int | None] | None = None
+    rule: Callable[[Any], Any] | None = field(default=None, compare=False)
     #: a setting that changes how, not what, is computed (``exact``), or a field added after
     #: studies were run whose default keeps the earlier behaviour (the conformal baselines, the
     #: multi-label data): a config holds it only when it differs from the default, so that

@@ -62,8 +62,13 @@ def deep_merge(base: dict, overlay: dict) -> dict:
     merged = copy.deepcopy(base)
     for key, value in overlay.items():
         old = merged.get(key)
-        if (key in REPLACE_ON_NAME_CHANGE and isinstance(old, dict) and isinstance(value, dict)
-                and "name" in value and value.get("name") != old.get("name")):
+        if (
+            key in REPLACE_ON_NAME_CHANGE
+            and isinstance(old, dict)
+            and isinstance(value, dict)
+            and "name" in value
+            and value.get("name") != old.get("name")
+        ):
             merged[key] = copy.deepcopy(value)
         else:
             merged[key] = _merge_values(old, value)

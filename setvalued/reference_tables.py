@@ -11,7 +11,8 @@ the installed plugins too, each row of a plugin marked with its distribution.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from setvalued import registry
 from setvalued.config import EVAL_FIELDS, MODEL_FIELDS, OPTIM_FIELDS, TOP_FIELDS
@@ -47,14 +48,16 @@ def trial_config_table(plugins: bool = False) -> str:
     # the fields every built-in data set has, listed once
     common = tuple(k for k in builtin["synthetic"] if all(k in fields for fields in builtin.values()))
     lines += _rows("data.", {k: p for k, p in builtin["synthetic"].items() if k in common})
-    for name, item in datasets.items():
+    for _name, item in datasets.items():
         lines += _rows("data.", {k: p for k, p in item.parameters.items() if k not in common}, _owner(item))
     lines += _rows("model.", MODEL_FIELDS)
-    for name, item in _registered("model", plugins).items():
+    for _name, item in _registered("model", plugins).items():
         if not item.builtin:
             lines += _rows("model.", item.parameters, _owner(item))
-    lines.append("| `loss.name` | `\"noised_topk\"` | a name of the loss registry | the loss; its parameters "
-                 "are in the table of section 2 |")
+    lines.append(
+        '| `loss.name` | `"noised_topk"` | a name of the loss registry | the loss; its parameters '
+        "are in the table of section 2 |"
+    )
     lines += _rows("optim.", OPTIM_FIELDS)
     lines += _rows("", {"epochs": TOP_FIELDS["epochs"]})
     lines += _rows("eval.", EVAL_FIELDS)

@@ -22,14 +22,33 @@ import importlib
 import importlib.metadata
 import inspect
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from setvalued.params import Param
 
-__all__ = ["Declaration", "Entry", "Refusal", "PluginError", "KINDS", "GROUPS", "entries", "entry",
-           "refusals", "refusal_note", "section_fields", "plugin_parameters", "load_factory", "run_check", "plugins_of_config", "plugin_sections", "plugin_distributions", "SECTION_COMMON",
-           "distribution_source", "clear_cache"]
+__all__ = [
+    "Declaration",
+    "Entry",
+    "Refusal",
+    "PluginError",
+    "KINDS",
+    "GROUPS",
+    "entries",
+    "entry",
+    "refusals",
+    "refusal_note",
+    "section_fields",
+    "plugin_parameters",
+    "load_factory",
+    "run_check",
+    "plugins_of_config",
+    "plugin_sections",
+    "plugin_distributions",
+    "distribution_source",
+    "clear_cache",
+]
 
 #: kind -> entry-point group
 GROUPS = {"loss": "setvalued.losses", "dataset": "setvalued.datasets", "model": "setvalued.models"}
@@ -81,8 +100,8 @@ class Declaration:
     parameters: Mapping[str, Param]
     factory: str
     doc: str = ""
-    num_classes: Optional[int] = None
-    check: Optional[str] = None
+    num_classes: int | None = None
+    check: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,13 +111,13 @@ class Entry:
     name: str
     kind: str
     parameters: Mapping[str, Param]
-    factory: Optional[str]
+    factory: str | None
     doc: str = ""
-    num_classes: Optional[int] = None
-    distribution: Optional[str] = None
-    version: Optional[str] = None
+    num_classes: int | None = None
+    distribution: str | None = None
+    version: str | None = None
     entry_point: str = ""
-    check: Optional[str] = None
+    check: str | None = None
 
     @property
     def builtin(self) -> bool:
@@ -124,13 +143,16 @@ class Refusal:
     reason: str
 
     def message(self) -> str:
-        return (f"plugin {self.kind} {self.name!r} of distribution {self.distribution} {self.version} "
-                f"(entry point {self.entry_point}) refused: {self.reason}")
+        return (
+            f"plugin {self.kind} {self.name!r} of distribution {self.distribution} {self.version} "
+            f"(entry point {self.entry_point}) refused: {self.reason}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # the built-ins
 # ---------------------------------------------------------------------------------------------
+
 
 def _builtins(kind: str) -> dict[str, Entry]:
     if kind == "loss":
@@ -140,8 +162,12 @@ def _builtins(kind: str) -> dict[str, Entry]:
     from setvalued.config import BUILTIN_MODELS, DATA_FIELDS, KNOWN_NUM_CLASSES, MODEL_FIELDS
 
     if kind == "dataset":
-        return {name: Entry(name, "dataset", fields, BUILTIN_DATASET_BUILDERS.get(name),
-                            num_classes=KNOWN_NUM_CLASSES.get(name)) for name, fields in DATA_FIELDS.items()}
+        return {
+            name: Entry(
+                name, "dataset", fields, BUILTIN_DATASET_BUILDERS.get(name), num_classes=KNOWN_NUM_CLASSES.get(name)
+            )
+            for name, fields in DATA_FIELDS.items()
+        }
     return {name: Entry(name, "model", MODEL_FIELDS, "setvalued.models:build_model") for name in BUILTIN_MODELS}
 
 
@@ -149,21 +175,28 @@ def _builtins(kind: str) -> dict[str, Entry]:
 # discovery (once per process)
 # ---------------------------------------------------------------------------------------------
 
-def _check_declaration(kind: str, name: str, declared: Any, builtin: Mapping[str, Entry]) -> Optional[str]:
+
+def _check_declaration(kind: str, name: str, declared: Any, builtin: Mapping[str, Entry]) -> str | None:
     """Why a loaded entry point cannot be registered, or None."""
     if not isinstance(declared, Declaration):
-        return (f"its entry point names a {type(declared).__name__}, expected a setvalued.registry.Declaration "
-                "(parameters and the 'module:attribute' path of the code)")
+        return (
+            f"its entry point names a {type(declared).__name__}, expected a setvalued.registry.Declaration "
+            "(parameters and the 'module:attribute' path of the code)"
+        )
     if name in builtin:
         return f"the name {name!r} is a built-in {kind}'s; choose another"
     if not name.isidentifier():
         return f"the name {name!r} is not an identifier (letters, digits, _)"
     if not isinstance(declared.factory, str) or ":" not in declared.factory:
         return f"factory must be 'module:attribute', got {declared.factory!r}"
-    if declared.check is not None and (kind != "dataset" or not isinstance(declared.check, str)
-                                       or ":" not in declared.check):
-        return (f"check must be None or a data set's 'module:attribute', got {declared.check!r}" if kind == "dataset"
-                else f"check is a data set's preflight; a {kind} plugin may not declare one")
+    if declared.check is not None and (
+        kind != "dataset" or not isinstance(declared.check, str) or ":" not in declared.check
+    ):
+        return (
+            f"check must be None or a data set's 'module:attribute', got {declared.check!r}"
+            if kind == "dataset"
+            else f"check is a data set's preflight; a {kind} plugin may not declare one"
+        )
     for key, param in declared.parameters.items():
         if not isinstance(param, Param):
             return f"parameter {key!r} is declared by a {type(param).__name__}, expected a setvalued.params.Param"
@@ -172,7 +205,7 @@ def _check_declaration(kind: str, name: str, declared: Any, builtin: Mapping[str
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _discover() -> tuple[dict[str, dict[str, Entry]], tuple[Refusal, ...]]:
     """Every kind's entries and the refused plugins; entry points are read (and their
     declaration modules imported) once per process."""
@@ -198,15 +231,25 @@ def _discover() -> tuple[dict[str, dict[str, Entry]], tuple[Refusal, ...]]:
             else:
                 reason = _check_declaration(kind, point.name, declared, builtin)
             others = sorted(set(owners[point.name]) - {dist_name}) or (
-                [dist_name] if len(owners[point.name]) > 1 else [])
+                [dist_name] if len(owners[point.name]) > 1 else []
+            )
             if reason is None and others:
                 reason = f"the name {point.name!r} is also registered by {', '.join(others)}; uninstall one"
             if reason is not None:
                 refused.append(Refusal(kind, point.name, dist_name, version, where, reason))
                 continue
-            registered[point.name] = Entry(point.name, kind, dict(declared.parameters), declared.factory,
-                                           declared.doc, declared.num_classes, dist_name, version, where,
-                                           declared.check)
+            registered[point.name] = Entry(
+                point.name,
+                kind,
+                dict(declared.parameters),
+                declared.factory,
+                declared.doc,
+                declared.num_classes,
+                dist_name,
+                version,
+                where,
+                declared.check,
+            )
         found[kind] = registered
     return found, tuple(refused)
 
@@ -222,7 +265,7 @@ def entries(kind: str) -> dict[str, Entry]:
     return _discover()[0][kind]
 
 
-def entry(kind: str, name: Any) -> Optional[Entry]:
+def entry(kind: str, name: Any) -> Entry | None:
     """The entry registered as ``name``, or None."""
     return entries(kind).get(name) if isinstance(name, str) else None
 
@@ -239,7 +282,7 @@ def refusal_note(kind: str, name: Any) -> str:
     return f" ({'; '.join(found)})" if found else ""
 
 
-def section_fields(kind: str, name: Any) -> Optional[dict[str, Param]]:
+def section_fields(kind: str, name: Any) -> dict[str, Param] | None:
     """Every field of the config section that names ``name`` (the loss: its parameters; a data
     set or model: ``name`` and the fields common to all, then its own), or None when unknown.
     A built-in's are its declaration as it is; a plugin's add the common fields the trainer
@@ -252,8 +295,11 @@ def section_fields(kind: str, name: Any) -> Optional[dict[str, Param]]:
     from setvalued.config import DATA_COMMON, MODEL_FIELDS
 
     label = {"dataset": "the data set", "model": "the model"}[kind]
-    common = ({k: DATA_COMMON[k] for k in ("num_workers", "placement")} if kind == "dataset"
-              else {"head": MODEL_FIELDS["head"]})
+    common = (
+        {k: DATA_COMMON[k] for k in ("num_workers", "placement")}
+        if kind == "dataset"
+        else {"head": MODEL_FIELDS["head"]}
+    )
     return {"name": Param("str", name, label, options=(name,)), **common, **item.parameters}
 
 
@@ -261,12 +307,16 @@ def section_fields(kind: str, name: Any) -> Optional[dict[str, Param]]:
 # the code of a plugin (imported by the trainer only)
 # ---------------------------------------------------------------------------------------------
 
+
 def _taken(obj: Callable) -> tuple[set[str], bool]:
     """The keyword parameters a callable (a class: its constructor) takes, and whether it takes **kwargs."""
     target = obj.__init__ if inspect.isclass(obj) else obj
     params = inspect.signature(target).parameters
-    names = {p for p, v in params.items() if v.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                      inspect.Parameter.KEYWORD_ONLY)} - {"self"}
+    names = {
+        p
+        for p, v in params.items()
+        if v.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    } - {"self"}
     return names, any(v.kind is inspect.Parameter.VAR_KEYWORD for v in params.values())
 
 
@@ -277,18 +327,22 @@ def _import(item: Entry, path: str) -> Any:
         obj = importlib.import_module(module)
         for part in attribute.split("."):
             obj = getattr(obj, part)
-    except Exception as err:  # noqa: BLE001
-        raise PluginError(f"{item.kind} {item.name!r} ({item.origin}): its code {path!r} failed to import: "
-                          f"{type(err).__name__}: {err}") from err
+    except Exception as err:
+        raise PluginError(
+            f"{item.kind} {item.name!r} ({item.origin}): its code {path!r} failed to import: "
+            f"{type(err).__name__}: {err}"
+        ) from err
     return obj
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(kind: str, name: str) -> Callable:
     item = entry(kind, name)
     if item is None or item.factory is None:
-        raise ValueError(f"{kind} {name!r} has no code to build it (a built-in data set's builder is a line "
-                         "of setvalued.registry.BUILTIN_DATASET_BUILDERS)")
+        raise ValueError(
+            f"{kind} {name!r} has no code to build it (a built-in data set's builder is a line "
+            "of setvalued.registry.BUILTIN_DATASET_BUILDERS)"
+        )
     obj = _import(item, item.factory)
     if item.builtin:
         return obj
@@ -299,8 +353,10 @@ def _load(kind: str, name: str) -> Callable:
     needed = {"dataset": ("seed",), "model": ("input_shape",)}.get(kind, ())
     missing = [p for p in (*item.parameters, *needed) if p not in taken and not var_keyword]
     if missing:
-        raise PluginError(f"{kind} {name!r} ({item.origin}): declares parameter(s) {', '.join(missing)} that "
-                          f"{item.factory} does not take (it takes {', '.join(sorted(taken)) or 'none'})")
+        raise PluginError(
+            f"{kind} {name!r} ({item.origin}): declares parameter(s) {', '.join(missing)} that "
+            f"{item.factory} does not take (it takes {', '.join(sorted(taken)) or 'none'})"
+        )
     return obj
 
 
@@ -314,12 +370,14 @@ def plugin_parameters(item: Entry, section: Mapping[str, Any], builtin_defaults:
     name = SECTIONS[item.kind]
     fields = section_fields(item.kind, item.name)
     extra = {k: v for k, v in section.items() if k not in fields}
-    reject_unknown_keys(name, {k: v for k, v in extra.items()
-                               if k not in builtin_defaults or v != builtin_defaults[k]}, fields)
+    reject_unknown_keys(
+        name, {k: v for k, v in extra.items() if k not in builtin_defaults or v != builtin_defaults[k]}, fields
+    )
     label = {"dataset": "data set", "model": "model"}[item.kind]
     try:
-        return check_parameters(item.parameters, {k: v for k, v in section.items() if k in item.parameters},
-                                owner=f"{label} {item.name!r}")
+        return check_parameters(
+            item.parameters, {k: v for k, v in section.items() if k in item.parameters}, owner=f"{label} {item.name!r}"
+        )
     except ParameterError as err:
         raise ValueError(str(err)) from None
 
@@ -330,7 +388,7 @@ def load_factory(kind: str, name: str) -> Callable:
     return _load(kind, name)
 
 
-def run_check(item: Entry, parameters: Mapping[str, Any]) -> Optional[str]:
+def run_check(item: Entry, parameters: Mapping[str, Any]) -> str | None:
     """What a plugin data set's preflight (``Declaration.check``) finds wrong with its data for
     ``parameters``, or None (also when it declares none); its code failing to import is a
     :class:`PluginError`."""
@@ -347,6 +405,7 @@ def run_check(item: Entry, parameters: Mapping[str, Any]) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # provenance: which plugins a config uses, and where they come from
 # ---------------------------------------------------------------------------------------------
+
 
 def plugins_of_config(config: Mapping[str, Any]) -> list[Entry]:
     """The plugin entries a (validated) trial config names, in kind order."""
@@ -380,11 +439,11 @@ class Source:
 
     name: str
     version: str
-    path: Optional[str] = None
+    path: str | None = None
     editable: bool = False
     top_level: tuple[str, ...] = field(default=())
     #: the URL it was installed from when that is neither a local folder nor an index (VCS, archive)
-    url: Optional[str] = None
+    url: str | None = None
 
 
 def distribution_source(name: str) -> Source:

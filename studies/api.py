@@ -28,20 +28,35 @@ on every row (column ``unit``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Optional, Sequence, Union
+from typing import IO
 
-__all__ = ["load", "cells", "dry_run", "run", "resume", "locate", "collect", "report", "table",
-           "histories", "set_output", "output_folder", "DEFAULT_OUTPUT", "OUTPUT_ENV"]
+__all__ = [
+    "load",
+    "cells",
+    "dry_run",
+    "run",
+    "resume",
+    "locate",
+    "collect",
+    "report",
+    "table",
+    "histories",
+    "set_output",
+    "output_folder",
+    "DEFAULT_OUTPUT",
+    "OUTPUT_ENV",
+]
 
 DEFAULT_OUTPUT = "studies_out"
 #: the environment variable naming the output folder (the API's and the command line's)
 OUTPUT_ENV = "STUDIES_OUTPUT"
-PathLike = Union[str, Path]
-_output: Optional[Path] = None  # set_output's folder
+PathLike = str | Path
+_output: Path | None = None  # set_output's folder
 
 
-def set_output(path: Optional[PathLike]) -> Optional[Path]:
+def set_output(path: PathLike | None) -> Path | None:
     """Make `path` the output folder of every later call that names none (None: back to
     ``STUDIES_OUTPUT``, else ``studies_out``); returns it."""
     global _output
@@ -55,12 +70,12 @@ def default_output() -> Path:
     return _output or Path(os.environ.get(OUTPUT_ENV) or DEFAULT_OUTPUT)
 
 
-def output_folder(output: Optional[PathLike] = None) -> Path:
+def output_folder(output: PathLike | None = None) -> Path:
     """`output` if given, else `default_output()`."""
     return Path(output) if output is not None else default_output()
 
 
-def load(path: PathLike, max_cells: Optional[int] = None, overrides: Sequence[str] = ()):
+def load(path: PathLike, max_cells: int | None = None, overrides: Sequence[str] = ()):
     """The validated :class:`~studies.studyfile.study.Study` of a study file (raises ``StudyError``);
     ``overrides``: ``key=value`` strings as on the command line (``["optim.lr=0.01"]``)."""
     from studies.studyfile.spec import load_study
@@ -84,38 +99,68 @@ def dry_run(study, smoke: bool = False, smoke_epochs: int = 1) -> str:
     return format_cells_table(cells(study, smoke, smoke_epochs), study)
 
 
-def _options(output: PathLike, tracking_uri: Optional[str], **given):
+def _options(output: PathLike, tracking_uri: str | None, **given):
     from studies.running.runner import RunOptions
 
-    return RunOptions(output=output_folder(output), tracking_uri=tracking_uri,
-                      **{k: v for k, v in given.items() if v is not None})
+    return RunOptions(
+        output=output_folder(output), tracking_uri=tracking_uri, **{k: v for k, v in given.items() if v is not None}
+    )
 
 
-def run(path: PathLike, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None,
-        address: Optional[str] = None, smoke: bool = False, smoke_epochs: int = 1,
-        report: bool = True, num_cpus: Optional[int] = None, storage: Optional[str] = None,
-        stream: Optional[IO[str]] = None, overrides: Sequence[str] = (), new_version: bool = False):
+def run(
+    path: PathLike,
+    *,
+    output: PathLike | None = None,
+    tracking_uri: str | None = None,
+    address: str | None = None,
+    smoke: bool = False,
+    smoke_epochs: int = 1,
+    report: bool = True,
+    num_cpus: int | None = None,
+    storage: str | None = None,
+    stream: IO[str] | None = None,
+    overrides: Sequence[str] = (),
+    new_version: bool = False,
+):
     """Run (or complete) a study file, as ``studies run`` (``overrides``: its ``key=value``
     words; ``smoke``, ``smoke_epochs``: ``--smoke``, ``--smoke-epochs``; ``new_version``:
     ``--new-version``); returns the
     ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``, ``report_path``...)."""
     from studies.running.runner import run_study
 
-    return run_study(path, _options(output, tracking_uri, address=address, smoke=smoke,
-                                    smoke_epochs=smoke_epochs, report=report, num_cpus=num_cpus, storage=storage, stream=stream,
-                                    overrides=tuple(overrides), new_version=new_version))
+    return run_study(
+        path,
+        _options(
+            output,
+            tracking_uri,
+            address=address,
+            smoke=smoke,
+            smoke_epochs=smoke_epochs,
+            report=report,
+            num_cpus=num_cpus,
+            storage=storage,
+            stream=stream,
+            overrides=tuple(overrides),
+            new_version=new_version,
+        ),
+    )
 
 
-def resume(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None,
-           address: Optional[str] = None, stream: Optional[IO[str]] = None):
+def resume(
+    name: str,
+    *,
+    output: PathLike | None = None,
+    tracking_uri: str | None = None,
+    address: str | None = None,
+    stream: IO[str] | None = None,
+):
     """Complete an interrupted study by name, as ``studies resume``."""
     from studies.running.runner import resume_study
 
     return resume_study(name, _options(output, tracking_uri, address=address, stream=stream))
 
 
-def locate(name: str, *, output: Optional[PathLike] = None,
-           tracking_uri: Optional[str] = None) -> tuple[Path, str]:
+def locate(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None) -> tuple[Path, str]:
     """(study folder, tracking URI) of a study run under ``output``. The folder is confined to
     ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
     studies that exist, or the file and what was expected) otherwise. Creates nothing."""
@@ -128,14 +173,17 @@ def locate(name: str, *, output: Optional[PathLike] = None,
     uri = tracking_uri or read_settings(study_dir).get("tracking_uri")
     if uri is None:
         if not (study_dir / "mlflow.db").exists():
-            raise unknown_study(name, output, f"no run.json, no mlflow.db in {study_dir}; or pass "
-                                              f"--tracking-uri URI where it is tracked")
+            raise unknown_study(
+                name,
+                output,
+                f"no run.json, no mlflow.db in {study_dir}; or pass --tracking-uri URI where it is tracked",
+            )
         uri = default_tracking_uri(study_dir)
     check_sqlite_store(uri)
     return study_dir, uri
 
 
-def collect(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optional[str] = None):
+def collect(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None):
     """The study's runs from MLflow (``analysis.collect.Collected``: ``table`` holds one row
     per finished cell, ``failed`` the others; ``.table.to_pandas()`` for pandas)."""
     from analysis.collect import collect as collect_runs
@@ -145,8 +193,7 @@ def collect(name: str, *, output: Optional[PathLike] = None, tracking_uri: Optio
     return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
-def report(name: str, *, output: Optional[PathLike] = None,
-           tracking_uri: Optional[str] = None) -> Path:
+def report(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None) -> Path:
     """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path."""
     from analysis.report import build_report
 
@@ -157,12 +204,23 @@ def report(name: str, *, output: Optional[PathLike] = None,
     study_file = study_dir / "study.yaml"
     if os.path.lexists(study_file):
         check_study_copy(study_file)  # read with the study file's bounds, or refused by name
-    return with_retry(lambda: build_report(uri, name, study_dir / "report",  # waits on a locked store
-                                           study_file=study_file if os.path.lexists(study_file) else None))
+    return with_retry(
+        lambda: build_report(
+            uri,
+            name,
+            study_dir / "report",  # waits on a locked store
+            study_file=study_file if os.path.lexists(study_file) else None,
+        )
+    )
 
 
-def table(name: str, metrics: Optional[Sequence[str]] = None, *, output: Optional[PathLike] = None,
-          tracking_uri: Optional[str] = None):
+def table(
+    name: str,
+    metrics: Sequence[str] | None = None,
+    *,
+    output: PathLike | None = None,
+    tracking_uri: str | None = None,
+):
     """One row per finished cell as a pandas DataFrame: ``cell``, ``config`` (its id),
     ``label`` (the report's name of the config), ``variant``, ``seed``, one column per swept
     parameter (``loss.epsilon``; None where a config does not sweep it), then the `metrics`
@@ -172,8 +230,7 @@ def table(name: str, metrics: Optional[Sequence[str]] = None, *, output: Optiona
     return cells_frame(collect(name, output=output, tracking_uri=tracking_uri), metrics)
 
 
-def histories(name: str, metrics: Sequence[str], *, output: Optional[PathLike] = None,
-              tracking_uri: Optional[str] = None):
+def histories(name: str, metrics: Sequence[str], *, output: PathLike | None = None, tracking_uri: str | None = None):
     """Per-epoch values of any logged `metrics` (``val/top5``, ``train/loss``...) of every
     finished cell, as a tidy pandas DataFrame: one row per (cell, metric, epoch) with the
     columns of `table` before ``epoch``, ``metric``, ``value`` (accuracies in percent) and

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from studies.api import OUTPUT_ENV, default_output
 
@@ -51,52 +51,84 @@ class Command:
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--output", default=str(default_output()), metavar="DIR",
+        "--output",
+        default=str(default_output()),
+        metavar="DIR",
         help="folder holding one sub-folder per study: study.yaml, run.json, mlflow.db, "
-             f"ray/, optuna.db, report/ (default: ${OUTPUT_ENV}, else ./studies_out; "
-             "now %(default)s)")
+        f"ray/, optuna.db, report/ (default: ${OUTPUT_ENV}, else ./studies_out; "
+        "now %(default)s)",
+    )
 
 
 def _add_tracking(parser: argparse.ArgumentParser, saved: bool) -> None:
-    default = ("the one the study was run with (run.json), else " if saved else "") + \
-        "sqlite:///DIR/NAME/mlflow.db"
+    default = ("the one the study was run with (run.json), else " if saved else "") + "sqlite:///DIR/NAME/mlflow.db"
     parser.add_argument(
-        "--tracking-uri", default=None, metavar="URI",
-        help=f"MLflow tracking URI, e.g. http://mlflow:5000 (default: {default})")
+        "--tracking-uri",
+        default=None,
+        metavar="URI",
+        help=f"MLflow tracking URI, e.g. http://mlflow:5000 (default: {default})",
+    )
 
 
 def _add_execution(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--address", default=None, metavar="ADDR",
+        "--address",
+        default=None,
+        metavar="ADDR",
         help="Ray cluster to run on (e.g. auto, or ray://head:10001); default: a local Ray "
-             "instance sized to this machine")
+        "instance sized to this machine",
+    )
     parser.add_argument(
-        "--storage", default=None, metavar="PATH_OR_URI",
+        "--storage",
+        default=None,
+        metavar="PATH_OR_URI",
         help="where Ray Tune keeps trial checkpoints (default: DIR/NAME/ray); on a "
-             "multi-node cluster a folder shared by all nodes or a cloud URI (s3://...)")
+        "multi-node cluster a folder shared by all nodes or a cloud URI (s3://...)",
+    )
     parser.add_argument(
-        "--num-cpus", type=int, default=None, metavar="N",
-        help="CPUs of the local Ray instance (default: all of this machine's)")
+        "--num-cpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPUs of the local Ray instance (default: all of this machine's)",
+    )
     parser.add_argument(
-        "--no-report", dest="report", action="store_false",
-        help="do not build the report at the end (build it later with `studies report`)")
+        "--no-report",
+        dest="report",
+        action="store_false",
+        help="do not build the report at the end (build it later with `studies report`)",
+    )
     parser.add_argument(
-        "--progress-every", type=float, default=30.0, metavar="S",
-        help="print the progress line at least every S seconds (default: %(default)s)")
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="print the progress line at least every S seconds (default: %(default)s)",
+    )
     parser.add_argument(
-        "--ray-dashboard", dest="dashboard", action="store_true",
-        help="local Ray only: start Ray's dashboard on 127.0.0.1 and print its address")
+        "--ray-dashboard",
+        dest="dashboard",
+        action="store_true",
+        help="local Ray only: start Ray's dashboard on 127.0.0.1 and print its address",
+    )
     parser.add_argument(
-        "--verbose", action="store_true",
+        "--verbose",
+        action="store_true",
         help="show the INFO logs of MLflow, alembic and Ray, and MLflow's traceback of each "
-             "request to a locked tracking store (hidden by default)")
+        "request to a locked tracking store (hidden by default)",
+    )
     parser.add_argument(
-        "--wait", action="store_true",
-        help="when another driver is running this study, wait for it to finish instead of "
-             "refusing")
+        "--wait",
+        action="store_true",
+        help="when another driver is running this study, wait for it to finish instead of refusing",
+    )
     parser.add_argument(
-        "--max-cells", type=int, default=None, metavar="N",
-        help="allow up to N cells (default: the file's max_cells, else 100,000)")
+        "--max-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help="allow up to N cells (default: the file's max_cells, else 100,000)",
+    )
 
 
 def _options(args: argparse.Namespace):
@@ -104,15 +136,22 @@ def _options(args: argparse.Namespace):
 
     smoke_epochs = _smoke_epochs(args)
     return RunOptions(
-        output=Path(args.output), tracking_uri=args.tracking_uri,
-        address=getattr(args, "address", None), smoke=smoke_epochs > 0,
+        output=Path(args.output),
+        tracking_uri=args.tracking_uri,
+        address=getattr(args, "address", None),
+        smoke=smoke_epochs > 0,
         smoke_epochs=max(smoke_epochs, 1),
-        dry_run=getattr(args, "dry_run", False), report=getattr(args, "report", True),
-        num_cpus=getattr(args, "num_cpus", None), storage=getattr(args, "storage", None),
+        dry_run=getattr(args, "dry_run", False),
+        report=getattr(args, "report", True),
+        num_cpus=getattr(args, "num_cpus", None),
+        storage=getattr(args, "storage", None),
         progress_interval_s=getattr(args, "progress_every", 30.0),
-        wait=getattr(args, "wait", False), max_cells=getattr(args, "max_cells", None),
-        verbose=getattr(args, "verbose", False), dashboard=getattr(args, "dashboard", False),
-        overrides=tuple(_overrides(args)), new_version=getattr(args, "new_version", False),
+        wait=getattr(args, "wait", False),
+        max_cells=getattr(args, "max_cells", None),
+        verbose=getattr(args, "verbose", False),
+        dashboard=getattr(args, "dashboard", False),
+        overrides=tuple(_overrides(args)),
+        new_version=getattr(args, "new_version", False),
     )
 
 
@@ -121,24 +160,36 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return list(getattr(args, "overrides", None) or []) + list(getattr(args, "set", None) or [])
 
 
-def _add_overrides(parser: argparse.ArgumentParser, metavar: str = "KEY=VALUE",
-                   help: str = "kept in DIR/NAME/study.yaml and run.json") -> None:
+def _add_overrides(
+    parser: argparse.ArgumentParser, metavar: str = "KEY=VALUE", help: str = "kept in DIR/NAME/study.yaml and run.json"
+) -> None:
     parser.add_argument(
-        "overrides", nargs="*", metavar=metavar,
+        "overrides",
+        nargs="*",
+        metavar=metavar,
         help="set a value of the study file before it is validated (Hydra's convention): KEY a "
-             "dotted path from the top of the file (seeds, variants.ce.loss.k, "
-             "design.0.parameters.loss.epsilon) or inside base (optim.lr), VALUE read as YAML "
-             f"(0.01, [0,1]); {help}")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="the same as a KEY=VALUE word (repeatable)")
+        "dotted path from the top of the file (seeds, variants.ce.loss.k, "
+        "design.0.parameters.loss.epsilon) or inside base (optim.lr), VALUE read as YAML "
+        f"(0.01, [0,1]); {help}",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="the same as a KEY=VALUE word (repeatable)"
+    )
 
 
 def _add_smoke(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--smoke", action="store_true",
-                        help="same losses, metrics and design on a tiny synthetic set, tiny "
-                             f"MLP, one epoch, CPU; {what}")
-    parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
-                        help="epochs of each smoke cell (default: 1; implies --smoke)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"same losses, metrics and design on a tiny synthetic set, tiny MLP, one epoch, CPU; {what}",
+    )
+    parser.add_argument(
+        "--smoke-epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="epochs of each smoke cell (default: 1; implies --smoke)",
+    )
 
 
 def _smoke_epochs(args: argparse.Namespace) -> int:
@@ -150,11 +201,14 @@ def _smoke_epochs(args: argparse.Namespace) -> int:
 
 
 def _add_new_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--new-version", action="store_true",
-                        help="the file changed what defines the configs of a study already "
-                             "run under its name: keep it as a new version of that study, "
-                             "told apart by its version in the report and MLflow (default: "
-                             "refuse, exit 2, naming each changed field)")
+    parser.add_argument(
+        "--new-version",
+        action="store_true",
+        help="the file changed what defines the configs of a study already "
+        "run under its name: keep it as a new version of that study, "
+        "told apart by its version in the report and MLflow (default: "
+        "refuse, exit 2, naming each changed field)",
+    )
 
 
 def _fail(message: str) -> int:
@@ -190,9 +244,11 @@ def _run(args: argparse.Namespace) -> int:
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
     _add_overrides(parser)
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the table of cells (run name, swept values, config_id) "
-                             "and their count; start nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the table of cells (run name, swept values, config_id) and their count; start nothing",
+    )
     _add_smoke(parser, "runs as study NAME-smoke")
     _add_new_version(parser)
     _add_execution(parser)
@@ -212,8 +268,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _add_resume(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="NAME",
-                        help="the study's name (its folder DIR/NAME holds study.yaml)")
+    parser.add_argument("name", metavar="NAME", help="the study's name (its folder DIR/NAME holds study.yaml)")
     _add_execution(parser)
     _add_tracking(parser, saved=True)
     _add_output(parser)
@@ -269,9 +324,13 @@ def _export(args: argparse.Namespace) -> int:
 
 def _add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the study's name")
-    parser.add_argument("--to", default=None, metavar="PATH",
-                        help="the Parquet file to write (default: DIR/NAME/cells.parquet; "
-                             "failed cells go to <stem>.failed.parquet beside it)")
+    parser.add_argument(
+        "--to",
+        default=None,
+        metavar="PATH",
+        help="the Parquet file to write (default: DIR/NAME/cells.parquet; "
+        "failed cells go to <stem>.failed.parquet beside it)",
+    )
     _add_tracking(parser, saved=True)
     _add_output(parser)
 
@@ -290,8 +349,10 @@ def _show(args: argparse.Namespace) -> int:
     if unknown:
         from studies.studyfile.problems import did_you_mean
 
-        return _fail(f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
-                     f"expected one of: {', '.join(study.variant_names)}")
+        return _fail(
+            f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
+            f"expected one of: {', '.join(study.variant_names)}"
+        )
     for name in variants or study.variant_names:
         print(f"# variant {name}: its trial config, defaults filled in (the design sets more)")
         print(dump_yaml(study.variant_config(name)), end="")
@@ -300,8 +361,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _add_show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
-    _add_overrides(parser, "VARIANT|KEY=VALUE", "a word without '=' names a variant to print "
-                                                "(default: every one)")
+    _add_overrides(parser, "VARIANT|KEY=VALUE", "a word without '=' names a variant to print (default: every one)")
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -321,11 +381,21 @@ def _plan(args: argparse.Namespace) -> int:
         except FileNotFoundError as error:
             return _fail(f"--pilot {args.pilot}: {error}")
     try:
-        print(make_plan(args.file, pilot=args.pilot, pilot_uri=pilot_uri,
-                        difference=args.difference,
-                        half_width=args.half_width, power=args.power, gpus=args.gpus,
-                        probe_steps=args.probe_steps, probe=args.probe,
-                        overrides=_overrides(args), smoke_epochs=smoke_epochs))
+        print(
+            make_plan(
+                args.file,
+                pilot=args.pilot,
+                pilot_uri=pilot_uri,
+                difference=args.difference,
+                half_width=args.half_width,
+                power=args.power,
+                gpus=args.gpus,
+                probe_steps=args.probe_steps,
+                probe=args.probe,
+                overrides=_overrides(args),
+                smoke_epochs=smoke_epochs,
+            )
+        )
     except (StudyError, PlanError) as error:
         return _fail(str(error))
     return 0
@@ -335,23 +405,42 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
     _add_overrides(parser, help="as on `studies run`")
     _add_smoke(parser, "plan the study's smoke run (`studies run --smoke`)")
-    parser.add_argument("--pilot", default=None, metavar="NAME",
-                        help="a finished or partial study under --output whose runs give the "
-                             "seconds per epoch and the sd of the paired differences "
-                             "(default: probe a few steps; the file's reference intervals)")
-    parser.add_argument("--difference", type=float, default=None, metavar="D",
-                        help="the difference to detect, in percentage points for accuracies "
-                             "(default: the one observed)")
-    parser.add_argument("--half-width", type=float, default=None, metavar="W",
-                        help="the target half-width of the intervals (default: D / 2)")
-    parser.add_argument("--power", type=float, default=0.8, metavar="P",
-                        help="the power of the paired t-test (default: %(default)s)")
-    parser.add_argument("--gpus", type=int, default=None, metavar="N",
-                        help="GPUs of the cluster the study will run on (default: 1)")
-    parser.add_argument("--probe-steps", type=int, default=10, metavar="N",
-                        help="training steps the probe times per variant (default: %(default)s)")
-    parser.add_argument("--no-probe", dest="probe", action="store_false",
-                        help="do not probe: times only from --pilot")
+    parser.add_argument(
+        "--pilot",
+        default=None,
+        metavar="NAME",
+        help="a finished or partial study under --output whose runs give the "
+        "seconds per epoch and the sd of the paired differences "
+        "(default: probe a few steps; the file's reference intervals)",
+    )
+    parser.add_argument(
+        "--difference",
+        type=float,
+        default=None,
+        metavar="D",
+        help="the difference to detect, in percentage points for accuracies (default: the one observed)",
+    )
+    parser.add_argument(
+        "--half-width",
+        type=float,
+        default=None,
+        metavar="W",
+        help="the target half-width of the intervals (default: D / 2)",
+    )
+    parser.add_argument(
+        "--power", type=float, default=0.8, metavar="P", help="the power of the paired t-test (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--gpus", type=int, default=None, metavar="N", help="GPUs of the cluster the study will run on (default: 1)"
+    )
+    parser.add_argument(
+        "--probe-steps",
+        type=int,
+        default=10,
+        metavar="N",
+        help="training steps the probe times per variant (default: %(default)s)",
+    )
+    parser.add_argument("--no-probe", dest="probe", action="store_false", help="do not probe: times only from --pilot")
     _add_tracking(parser, saved=True)
     _add_output(parser)
 
@@ -360,9 +449,17 @@ def _landscape(args: argparse.Namespace) -> int:
     from studies.landscape import LandscapeError, render
 
     try:
-        path = render(figure=args.figure, loss=args.loss, params=args.param, out=args.out,
-                      target=args.target, resolution=args.resolution,
-                      replications=args.replications, seed=args.seed, columns=args.columns)
+        path = render(
+            figure=args.figure,
+            loss=args.loss,
+            params=args.param,
+            out=args.out,
+            target=args.target,
+            resolution=args.resolution,
+            replications=args.replications,
+            seed=args.seed,
+            columns=args.columns,
+        )
     except LandscapeError as error:
         return _fail(str(error))
     print(path)
@@ -373,27 +470,59 @@ def _add_landscape(parser: argparse.ArgumentParser) -> None:
     from studies.landscape import FIGURES  # no torch: the figures are declarations
 
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--figure", default=None, choices=list(FIGURES),
-                       help="a figure of the papers: " + "; ".join(
-                           f"{name}: {preset.caption}" for name, preset in FIGURES.items())
-                       + " (default: fig1)")
-    which.add_argument("--loss", default=None, metavar="NAME",
-                       help="draw one registered loss instead (or topk_error, the 0/1 top-K loss)")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=V1[,V2...]",
-                        help="a parameter of --loss; one panel per combination of the listed "
-                             "values (repeatable), e.g. --param k=2 --param epsilon=0.1,1.0")
-    parser.add_argument("--out", default=None, metavar="PATH",
-                        help="the drawing: .png, .svg or .pdf (default: ./landscape_<figure or loss>.png)")
-    parser.add_argument("--target", type=int, default=None, metavar="Y",
-                        help="the true class, 1 to 3, drawn at the top vertex (default: the figure's, else 3)")
-    parser.add_argument("--resolution", type=int, default=100, metavar="N",
-                        help="grid points per edge of the simplex (default: %(default)s)")
-    parser.add_argument("--replications", type=int, default=None, metavar="R",
-                        help="noise draws averaged per point for the noised losses (default: the "
-                             "figure's, else 100)")
+    which.add_argument(
+        "--figure",
+        default=None,
+        choices=list(FIGURES),
+        help="a figure of the papers: "
+        + "; ".join(f"{name}: {preset.caption}" for name, preset in FIGURES.items())
+        + " (default: fig1)",
+    )
+    which.add_argument(
+        "--loss",
+        default=None,
+        metavar="NAME",
+        help="draw one registered loss instead (or topk_error, the 0/1 top-K loss)",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=V1[,V2...]",
+        help="a parameter of --loss; one panel per combination of the listed "
+        "values (repeatable), e.g. --param k=2 --param epsilon=0.1,1.0",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="the drawing: .png, .svg or .pdf (default: ./landscape_<figure or loss>.png)",
+    )
+    parser.add_argument(
+        "--target",
+        type=int,
+        default=None,
+        metavar="Y",
+        help="the true class, 1 to 3, drawn at the top vertex (default: the figure's, else 3)",
+    )
+    parser.add_argument(
+        "--resolution",
+        type=int,
+        default=100,
+        metavar="N",
+        help="grid points per edge of the simplex (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--replications",
+        type=int,
+        default=None,
+        metavar="R",
+        help="noise draws averaged per point for the noised losses (default: the figure's, else 100)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the noise (default: %(default)s)")
-    parser.add_argument("--columns", type=int, default=None, metavar="C",
-                        help="panels per row (default: the figure's, else 4)")
+    parser.add_argument(
+        "--columns", type=int, default=None, metavar="C", help="panels per row (default: the figure's, else 4)"
+    )
 
 
 def _add_plugins(parser: argparse.ArgumentParser) -> None:
@@ -409,45 +538,77 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Command] = [
-    Command("run", "run a study file (or complete it: finished cells are skipped)",
-            "Validate the study file, expand it into (config, seed) cells and run every "
-            "cell not finished yet as a Ray Tune trial, tracked in MLflow. A bad file is "
-            "reported in one paragraph (exit 2) before anything starts.",
-            _add_run, _run),
-    Command("show", "print the resolved trial config of each variant (or of those named)",
-            "Validate the study file (with any KEY=VALUE overrides) and print each variant's "
-            "trial config as the trainer gets it, every default filled in, as YAML.",
-            _add_show, _show),
-    Command("resume", "complete an interrupted study by name",
-            "Re-run DIR/NAME/study.yaml with the settings it was run with (run.json): "
-            "finished cells are skipped, unfinished ones start again.",
-            _add_resume, _resume),
-    Command("report", "build the study's HTML/Markdown report and print its path",
-            "Read the study's runs from MLflow and write DIR/NAME/report/ (tables with 95% "
-            "confidence intervals over seeds, curves).",
-            _add_report, _report),
-    Command("export", "export the finished cells to Parquet and print the path",
-            "One row per finished cell: ids, the flattened config, final metrics.",
-            _add_export, _export),
-    Command("plan", "how many seeds each comparison needs and what the study will cost",
-            "Seeds for a paired t-test of the given power (non-central t) and for a target "
-            "interval half-width, per comparison of the report, from a pilot study or the "
-            "file's published intervals; cells x epochs x seconds per epoch (pilot or a "
-            "probe of a few steps, no Ray) over the trial slots: GPU-hours and wall time. "
-            "docs/planning.md.",
-            _add_plan, _plan),
-    Command("plugins", "list the losses, data sets and models, with each plugin's parameters",
-            "The registries by kind: the built-in names, every installed plugin (a "
-            "distribution with entry points in setvalued.losses, setvalued.datasets or "
-            "setvalued.models) with its parameters, and every refused plugin with the reason. "
-            "Exit 1 when a plugin is refused. docs/plugins.md.",
-            _add_plugins, _plugins),
-    Command("landscape", "draw a loss's level sets over three scores and print the path",
-            "Level sets of s -> loss(s, y) over the scaled 2-simplex (L = 3, y at the top "
-            "vertex), min-max rescaled per panel, computed from the registered losses (no "
-            "training): the papers' figures ([Gar23] Fig. 4.1, 4.4, 4.5, 4.6) or one loss "
-            "over a grid of its parameters.",
-            _add_landscape, _landscape),
+    Command(
+        "run",
+        "run a study file (or complete it: finished cells are skipped)",
+        "Validate the study file, expand it into (config, seed) cells and run every "
+        "cell not finished yet as a Ray Tune trial, tracked in MLflow. A bad file is "
+        "reported in one paragraph (exit 2) before anything starts.",
+        _add_run,
+        _run,
+    ),
+    Command(
+        "show",
+        "print the resolved trial config of each variant (or of those named)",
+        "Validate the study file (with any KEY=VALUE overrides) and print each variant's "
+        "trial config as the trainer gets it, every default filled in, as YAML.",
+        _add_show,
+        _show,
+    ),
+    Command(
+        "resume",
+        "complete an interrupted study by name",
+        "Re-run DIR/NAME/study.yaml with the settings it was run with (run.json): "
+        "finished cells are skipped, unfinished ones start again.",
+        _add_resume,
+        _resume,
+    ),
+    Command(
+        "report",
+        "build the study's HTML/Markdown report and print its path",
+        "Read the study's runs from MLflow and write DIR/NAME/report/ (tables with 95% "
+        "confidence intervals over seeds, curves).",
+        _add_report,
+        _report,
+    ),
+    Command(
+        "export",
+        "export the finished cells to Parquet and print the path",
+        "One row per finished cell: ids, the flattened config, final metrics.",
+        _add_export,
+        _export,
+    ),
+    Command(
+        "plan",
+        "how many seeds each comparison needs and what the study will cost",
+        "Seeds for a paired t-test of the given power (non-central t) and for a target "
+        "interval half-width, per comparison of the report, from a pilot study or the "
+        "file's published intervals; cells x epochs x seconds per epoch (pilot or a "
+        "probe of a few steps, no Ray) over the trial slots: GPU-hours and wall time. "
+        "docs/planning.md.",
+        _add_plan,
+        _plan,
+    ),
+    Command(
+        "plugins",
+        "list the losses, data sets and models, with each plugin's parameters",
+        "The registries by kind: the built-in names, every installed plugin (a "
+        "distribution with entry points in setvalued.losses, setvalued.datasets or "
+        "setvalued.models) with its parameters, and every refused plugin with the reason. "
+        "Exit 1 when a plugin is refused. docs/plugins.md.",
+        _add_plugins,
+        _plugins,
+    ),
+    Command(
+        "landscape",
+        "draw a loss's level sets over three scores and print the path",
+        "Level sets of s -> loss(s, y) over the scaled 2-simplex (L = 3, y at the top "
+        "vertex), min-max rescaled per panel, computed from the registered losses (no "
+        "training): the papers' figures ([Gar23] Fig. 4.1, 4.4, 4.5, 4.6) or one loss "
+        "over a grid of its parameters.",
+        _add_landscape,
+        _landscape,
+    ),
 ]
 
 
@@ -467,14 +628,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="studies",
         description="Hyperparameter studies of set-valued classification losses: one YAML "
-                    "file -> every (config, seed) cell trained on Ray Tune, tracked in "
-                    "MLflow, resumable, and reported with confidence intervals.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "file -> every (config, seed) cell trained on Ray Tune, tracked in "
+        "MLflow, resumable, and reported with confidence intervals.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
-        child = sub.add_parser(command.name, help=command.help,
-                               description=command.description)
+        child = sub.add_parser(command.name, help=command.help, description=command.description)
         command.add_arguments(child)
         child.set_defaults(handler=command.run)
     from studies.cluster.submit import add_subcommands  # submit, jobs, logs, stop (a Ray cluster)

@@ -33,15 +33,31 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
 from setvalued.params import Param, ParameterError, check_parameters
 
-__all__ = ["Panel", "Landscape", "FIGURES", "TOPK_ERROR", "LandscapeError", "figure_panels", "custom_panels",
-           "parse_param", "simplex_grid", "draws_noise", "evaluate", "rescale", "compute", "draw", "figure_size_px"]
+__all__ = [
+    "Panel",
+    "Landscape",
+    "FIGURES",
+    "TOPK_ERROR",
+    "LandscapeError",
+    "figure_panels",
+    "custom_panels",
+    "parse_param",
+    "simplex_grid",
+    "draws_noise",
+    "evaluate",
+    "rescale",
+    "compute",
+    "draw",
+    "figure_size_px",
+]
 
 NUM_CLASSES = 3
 #: the simplex is scaled by this ([Gar23] Fig. 4.1: s in 2 * Delta^2)
@@ -74,8 +90,8 @@ class FigurePreset:
     caption: str
     panels: tuple[Panel, ...]
     columns: int
-    target: int           # the true class, 1-based as in the captions
-    replications: int     # noise draws averaged for the noised losses
+    target: int  # the true class, 1-based as in the captions
+    replications: int  # noise draws averaged for the noised losses
 
 
 def _hinge_panels(k: int) -> tuple[Panel, ...]:
@@ -98,28 +114,51 @@ _SAMPLE_COUNTS = (1, 3, 10, 50)
 _EPSILONS = (0.01, 0.1, 1.0, 10.0)
 
 FIGURES: dict[str, FigurePreset] = {
-    "fig1": FigurePreset("[Gar23] Fig. 4.1 / [GSJS22] Fig. 1: L = 3, K = 2, y = 3", _hinge_panels(2),
-                         columns=5, target=3, replications=100),
-    "fig6": FigurePreset("[Gar23] Fig. 4.6 / [GSJS22] Fig. 6: L = 3, K = 1, y = 2", _hinge_panels(1),
-                         columns=5, target=2, replications=100),
+    "fig1": FigurePreset(
+        "[Gar23] Fig. 4.1 / [GSJS22] Fig. 1: L = 3, K = 2, y = 3",
+        _hinge_panels(2),
+        columns=5,
+        target=3,
+        replications=100,
+    ),
+    "fig6": FigurePreset(
+        "[Gar23] Fig. 4.6 / [GSJS22] Fig. 6: L = 3, K = 1, y = 2",
+        _hinge_panels(1),
+        columns=5,
+        target=2,
+        replications=100,
+    ),
     "fig4": FigurePreset(
         "[Gar23] Fig. 4.4 / [GSJS22] Fig. 4: effect of M on the noised balanced hinge, ε = 1 "
         "(top K = 1, bottom K = 2; one draw)",
-        tuple(Panel(f"K={k}, M={m}", "noised_topk", {"k": k, "epsilon": 1.0, "n_samples": m})
-              for k in (1, 2) for m in _SAMPLE_COUNTS),
-        columns=len(_SAMPLE_COUNTS), target=3, replications=1),
+        tuple(
+            Panel(f"K={k}, M={m}", "noised_topk", {"k": k, "epsilon": 1.0, "n_samples": m})
+            for k in (1, 2)
+            for m in _SAMPLE_COUNTS
+        ),
+        columns=len(_SAMPLE_COUNTS),
+        target=3,
+        replications=1,
+    ),
     "fig5": FigurePreset(
         "[Gar23] Fig. 4.5 / [GSJS22] Fig. 5: effect of ε on the noised balanced hinge, M = 50 "
         "(top K = 1, bottom K = 2; one draw)",
-        tuple(Panel(f"K={k}, ε={eps:g}", "noised_topk", {"k": k, "epsilon": eps, "n_samples": 50})
-              for k in (1, 2) for eps in _EPSILONS),
-        columns=len(_EPSILONS), target=3, replications=1),
+        tuple(
+            Panel(f"K={k}, ε={eps:g}", "noised_topk", {"k": k, "epsilon": eps, "n_samples": 50})
+            for k in (1, 2)
+            for eps in _EPSILONS
+        ),
+        columns=len(_EPSILONS),
+        target=3,
+        replications=1,
+    ),
 }
 
 
 # ----------------------------------------------------------------------------------------
 # options: which panels
 # ----------------------------------------------------------------------------------------
+
 
 def _declared(loss: str) -> dict[str, Param]:
     if loss == TOPK_ERROR:
@@ -128,8 +167,9 @@ def _declared(loss: str) -> dict[str, Param]:
 
     losses = entries("loss")
     if loss not in losses:
-        raise LandscapeError(f"--loss: unknown loss {loss!r}; expected one of: "
-                             f"{', '.join(sorted([*losses, TOPK_ERROR]))}")
+        raise LandscapeError(
+            f"--loss: unknown loss {loss!r}; expected one of: {', '.join(sorted([*losses, TOPK_ERROR]))}"
+        )
     return dict(losses[loss].parameters)
 
 
@@ -159,8 +199,9 @@ def parse_param(loss: str, option: str) -> tuple[str, list]:
     if not sep or not name or not values.strip():
         raise LandscapeError(f"--param {option!r}: expected NAME=VALUE[,VALUE...], e.g. epsilon=0.1,1.0")
     if name not in declared:
-        raise LandscapeError(f"--param {option!r}: loss {loss!r} has no parameter {name!r}; accepted: "
-                             f"{', '.join(declared) or '(none)'}")
+        raise LandscapeError(
+            f"--param {option!r}: loss {loss!r} has no parameter {name!r}; accepted: {', '.join(declared) or '(none)'}"
+        )
     checked = []
     for text in values.split(","):
         try:
@@ -182,8 +223,9 @@ def custom_panels(loss: str, options: Sequence[str]) -> tuple[Panel, ...]:
     panels = []
     for combination in itertools.product(*grid.values()):
         params = dict(zip(grid, combination))
-        label = ", ".join(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
-                          for name, value in params.items())
+        label = ", ".join(
+            f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}" for name, value in params.items()
+        )
         panels.append(Panel(f"{loss} {label}".strip(), loss, params))
     return tuple(panels)
 
@@ -200,8 +242,9 @@ def _build(panel: Panel):
     if panel.loss == TOPK_ERROR:
         params = check_parameters(TOPK_ERROR_PARAMETERS, panel.params, owner=TOPK_ERROR)
         if params["k"] > NUM_CLASSES - 1:
-            raise LandscapeError(f"{TOPK_ERROR}: k must be <= {NUM_CLASSES - 1} on {NUM_CLASSES} classes, "
-                                 f"got {params['k']}")
+            raise LandscapeError(
+                f"{TOPK_ERROR}: k must be <= {NUM_CLASSES - 1} on {NUM_CLASSES} classes, got {params['k']}"
+            )
         return None
     from setvalued.losses import LOSSES, build_loss, loss_parameters
     from setvalued.registry import PluginError
@@ -228,6 +271,7 @@ def _build(panel: Panel):
 # ----------------------------------------------------------------------------------------
 # the values
 # ----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Landscape:
@@ -294,8 +338,9 @@ def rescale(values):
     return (values - low) / (high - low)
 
 
-def compute(panels: Sequence[Panel], target: int, resolution: int = 100, replications: int = 100,
-            seed: int = 0) -> list[Landscape]:
+def compute(
+    panels: Sequence[Panel], target: int, resolution: int = 100, replications: int = 100, seed: int = 0
+) -> list[Landscape]:
     """Every panel's values on the same grid; ``target`` is 1-based as in the papers' captions."""
     for panel in panels:  # every panel's loss and parameters checked before anything is computed
         _build(panel)
@@ -310,6 +355,7 @@ def compute(panels: Sequence[Panel], target: int, resolution: int = 100, replica
 # ----------------------------------------------------------------------------------------
 # the drawing
 # ----------------------------------------------------------------------------------------
+
 
 def figure_size_px(count: int, columns: int) -> tuple[int, int]:
     """(width, height) in pixels of a drawing of ``count`` panels in ``columns`` columns."""
@@ -341,8 +387,7 @@ def draw(landscapes: Sequence[Landscape], target: int, path: Path, title: str = 
     rows = math.ceil(len(landscapes) / columns)
     figure = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
     top = 1 - TITLE_HEIGHT_IN * DPI / height
-    grid = figure.add_gridspec(rows, columns, left=0.02, right=0.98, bottom=0.02, top=top, hspace=0.25,
-                               wspace=0.08)
+    grid = figure.add_gridspec(rows, columns, left=0.02, right=0.98, bottom=0.02, top=top, hspace=0.25, wspace=0.08)
     levels = np.linspace(0.0, 1.0, 21)
     levels[-1] += 1e-9  # a filled band holds (low, high]: the maximum itself must fall inside one
     for index, landscape in enumerate(landscapes):
@@ -378,15 +423,24 @@ def draw(landscapes: Sequence[Landscape], target: int, path: Path, title: str = 
 # the command
 # ----------------------------------------------------------------------------------------
 
+
 def _check_count(option: str, value: int, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise LandscapeError(f"{option} must be an integer in [{low}, {high}], got {value!r}")
     return value
 
 
-def render(figure: str | None = None, loss: str | None = None, params: Sequence[str] = (),
-           out: str | Path | None = None, target: int | None = None, resolution: int = 100,
-           replications: int | None = None, seed: int = 0, columns: int | None = None) -> Path:
+def render(
+    figure: str | None = None,
+    loss: str | None = None,
+    params: Sequence[str] = (),
+    out: str | Path | None = None,
+    target: int | None = None,
+    resolution: int = 100,
+    replications: int | None = None,
+    seed: int = 0,
+    columns: int | None = None,
+) -> Path:
     """What ``studies landscape`` does: check the options, compute every panel, draw, return the path.
 
     ``figure`` names a preset of :data:`FIGURES` (default ``fig1``); ``loss`` with ``params``
@@ -405,13 +459,17 @@ def render(figure: str | None = None, loss: str | None = None, params: Sequence[
     else:
         preset = figure_panels(figure or "fig1")
         panels, title = preset.panels, preset.caption
-    target = _check_count("--target", target if target is not None else (preset.target if preset else 3),
-                          1, NUM_CLASSES)
+    target = _check_count(
+        "--target", target if target is not None else (preset.target if preset else 3), 1, NUM_CLASSES
+    )
     resolution = _check_count("--resolution", resolution, 2, 1000)
-    replications = _check_count("--replications", replications if replications is not None
-                                else (preset.replications if preset else 100), 1, 10000)
-    columns = _check_count("--columns", columns if columns is not None else (preset.columns if preset else 4),
-                           1, 50)
+    replications = _check_count(
+        "--replications",
+        replications if replications is not None else (preset.replications if preset else 100),
+        1,
+        10000,
+    )
+    columns = _check_count("--columns", columns if columns is not None else (preset.columns if preset else 4), 1, 50)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise LandscapeError(f"--seed must be an integer, got {seed!r}")
     path = Path(out) if out is not None else Path(f"landscape_{figure or loss or 'fig1'}.png")

@@ -17,8 +17,9 @@ SECTION = {"loss": "loss", "dataset": "data", "model": "model"}
 
 
 def _wrap(text: str, indent: int, hang: int = 2) -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=" " * indent, subsequent_indent=" " * (indent + hang),
-                         break_on_hyphens=False) or [" " * indent]
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=" " * indent, subsequent_indent=" " * (indent + hang), break_on_hyphens=False
+    ) or [" " * indent]
 
 
 def _code_problem(kind: str, name: str) -> str | None:
@@ -48,10 +49,13 @@ def listing(check_code: bool = True) -> tuple[list[str], int]:
         builtin = [name for name, item in items.items() if item.builtin]
         plugins = [item for item in items.values() if not item.builtin]
         rejected = [r for r in registry.refusals() if r.kind == kind]
-        lines.append(f"{TITLES[kind]} ({SECTION[kind]}.name): {len(builtin)} built-in, {len(plugins)} "
-                     f"plugin(s)" + (f", {len(rejected)} refused" if rejected else ""))
-        lines += _wrap("built-in: " + ", ".join(builtin) + (" and any timm architecture" if kind == "model"
-                                                           else ""), 2, 4)
+        lines.append(
+            f"{TITLES[kind]} ({SECTION[kind]}.name): {len(builtin)} built-in, {len(plugins)} "
+            f"plugin(s)" + (f", {len(rejected)} refused" if rejected else "")
+        )
+        lines += _wrap(
+            "built-in: " + ", ".join(builtin) + (" and any timm architecture" if kind == "model" else ""), 2, 4
+        )
         for item in plugins:
             lines += _wrap(f"{item.name}  [{item.origin}]", 2, 4)
             if item.doc:
@@ -63,22 +67,32 @@ def listing(check_code: bool = True) -> tuple[list[str], int]:
                 continue
             for key, param in item.parameters.items():
                 default = "required" if param.required else f"default {param.default!r}"
-                lines += _wrap(f"{SECTION[kind]}.{key}: {param.describe()}; {default}"
-                               + (f"; {param.doc}" if param.doc else ""), 4, 4)
+                lines += _wrap(
+                    f"{SECTION[kind]}.{key}: {param.describe()}; {default}" + (f"; {param.doc}" if param.doc else ""),
+                    4,
+                    4,
+                )
             if not item.parameters:
                 lines += _wrap("(no parameters)", 4)
         for refusal in rejected:
             refused += 1
-            lines += _wrap(f"REFUSED {refusal.name}  [{refusal.distribution} {refusal.version}, entry point "
-                           f"{refusal.entry_point}]: {refusal.reason}", 2, 4)
+            lines += _wrap(
+                f"REFUSED {refusal.name}  [{refusal.distribution} {refusal.version}, entry point "
+                f"{refusal.entry_point}]: {refusal.reason}",
+                2,
+                4,
+            )
         lines.append("")
     return lines[:-1], refused
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-import", dest="check_code", action="store_false",
-                        help="read the declarations only: do not import the plugins' code (torch) to "
-                             "check it against them")
+    parser.add_argument(
+        "--no-import",
+        dest="check_code",
+        action="store_false",
+        help="read the declarations only: do not import the plugins' code (torch) to check it against them",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

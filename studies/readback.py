@@ -22,14 +22,28 @@ import json
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from studies.errors import RunnerError
 
-__all__ = ["ReadBackError", "UnknownStudy", "study_folder", "known_studies", "unknown_study", "read_bounded",
-           "read_json", "check_regular", "check_sqlite_store", "check_study_copy", "sqlite_path", "STUDY_NAME_PATTERN",
-           "MAX_SETTINGS_BYTES", "MAX_META_BYTES"]
+__all__ = [
+    "ReadBackError",
+    "UnknownStudy",
+    "study_folder",
+    "known_studies",
+    "unknown_study",
+    "read_bounded",
+    "read_json",
+    "check_regular",
+    "check_sqlite_store",
+    "check_study_copy",
+    "sqlite_path",
+    "STUDY_NAME_PATTERN",
+    "MAX_SETTINGS_BYTES",
+    "MAX_META_BYTES",
+]
 
 #: a study name: it names the output folder and the MLflow experiment (the study file's rule)
 STUDY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -61,16 +75,23 @@ def study_folder(output: str | Path, name: str) -> Path:
     """The folder of study `name` under `output`, refused unless `name` is a study name and
     the folder (links resolved) is a child of `output`."""
     root = Path(output).expanduser().resolve()
-    if not isinstance(name, str) or len(name) > STUDY_NAME_MAX or not re.fullmatch(STUDY_NAME_PATTERN, name) \
-            or name in (".", ".."):
+    if (
+        not isinstance(name, str)
+        or len(name) > STUDY_NAME_MAX
+        or not re.fullmatch(STUDY_NAME_PATTERN, name)
+        or name in (".", "..")
+    ):
         raise ReadBackError(
             f"{name!r} is not a study name; expected the name of a study under {root} (letters, "
             f"digits, '_', '.', '-', starting with a letter or digit, at most {STUDY_NAME_MAX} "
-            f"characters), not a path")
+            f"characters), not a path"
+        )
     folder = root / name
     if folder.resolve().parent != root:
-        raise ReadBackError(f"the study folder {folder} leads outside the output folder {root} "
-                            f"(a link to {folder.resolve()}); expected a folder inside {root}")
+        raise ReadBackError(
+            f"the study folder {folder} leads outside the output folder {root} "
+            f"(a link to {folder.resolve()}); expected a folder inside {root}"
+        )
     return folder
 
 
@@ -109,16 +130,21 @@ def unknown_study(name: str, output: str | Path, expected: str) -> UnknownStudy:
     listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
     return UnknownStudy(
         f"no study named {name!r} under {root} ({expected}); {hint}studies there: "
-        f"{listed or '(none)'}; pass --output DIR where it ran, or start it with `studies run FILE`")
+        f"{listed or '(none)'}; pass --output DIR where it ran, or start it with `studies run FILE`"
+    )
 
 
 # ----------------------------------------------------------------------------- files
 
 
 def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO (named pipe)"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket")):
+    for test, kind in (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "FIFO (named pipe)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
         if test(mode):
             return kind
     return "special file"
@@ -168,8 +194,9 @@ def read_bounded(path: str | Path, max_bytes: int, what: str) -> bytes:
     return data
 
 
-def read_json(path: str | Path, max_bytes: int, what: str,
-              fields: Mapping[str, type | tuple[type, ...]] | None = None) -> dict:
+def read_json(
+    path: str | Path, max_bytes: int, what: str, fields: Mapping[str, type | tuple[type, ...]] | None = None
+) -> dict:
     """A JSON object read with `read_bounded`; each field of `fields` present in it has the
     given type (ReadBackError naming the file and the field otherwise)."""
     data = read_bounded(path, max_bytes, what)
@@ -197,7 +224,7 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     """The file of a local SQLite tracking URI (`sqlite:///path`); None for other URIs."""
     if not tracking_uri.startswith(_SQLITE_PREFIX):
         return None
-    return Path(tracking_uri[len(_SQLITE_PREFIX):].split("?", 1)[0])
+    return Path(tracking_uri[len(_SQLITE_PREFIX) :].split("?", 1)[0])
 
 
 def check_sqlite_store(tracking_uri: str, what: str = "the study's MLflow store") -> None:
@@ -209,27 +236,34 @@ def check_sqlite_store(tracking_uri: str, what: str = "the study's MLflow store"
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise ReadBackError(f"{path}: no such file; expected {what} (an existing SQLite file): "
-                            f"check --tracking-uri (this command never creates a store)") from None
+        raise ReadBackError(
+            f"{path}: no such file; expected {what} (an existing SQLite file): "
+            f"check --tracking-uri (this command never creates a store)"
+        ) from None
     except OSError as error:
         raise ReadBackError(f"{path}: cannot be read ({error.strerror or error}); expected {what}") from None
     if not stat.S_ISREG(info.st_mode):
         raise ReadBackError(f"{path}: is a {_kind(info.st_mode)}; expected {what} (an SQLite file)")
     if info.st_size == 0:
-        raise ReadBackError(f"{path}: is empty (0 bytes); expected {what} (an SQLite file with the "
-                            f"study's runs); restore it from a backup, or move it away")
+        raise ReadBackError(
+            f"{path}: is empty (0 bytes); expected {what} (an SQLite file with the "
+            f"study's runs); restore it from a backup, or move it away"
+        )
     header = _head(path, 100)
     if len(header) < 100 or not header.startswith(_SQLITE_HEADER):
-        raise ReadBackError(f"{path}: is not an SQLite database (its first bytes are not "
-                            f"'SQLite format 3'); expected {what}")
+        raise ReadBackError(
+            f"{path}: is not an SQLite database (its first bytes are not 'SQLite format 3'); expected {what}"
+        )
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
     # the page count in the header is valid when its version number matches the change counter
     valid = header[92:96] == header[24:28] and pages > 0
     if valid and pages * page_size > info.st_size:
-        raise ReadBackError(f"{path}: is truncated ({info.st_size:,} bytes where its header says "
-                            f"{pages * page_size:,}); expected {what}; restore it from a backup")
+        raise ReadBackError(
+            f"{path}: is truncated ({info.st_size:,} bytes where its header says "
+            f"{pages * page_size:,}); expected {what}; restore it from a backup"
+        )
 
 
 def _head(path: Path, n: int) -> bytes:
@@ -253,10 +287,10 @@ def check_study_copy(path: str | Path) -> None:
     try:
         read_yaml(data.decode("utf-8"))
     except UnicodeDecodeError as error:
-        raise ReadBackError(f"{path}: is not UTF-8 text ({error.reason} at byte {error.start}); "
-                            f"expected {what}") from None
+        raise ReadBackError(
+            f"{path}: is not UTF-8 text ({error.reason} at byte {error.start}); expected {what}"
+        ) from None
     except Problems as problems:
         first = problems.problems[0]
         where = ".".join(str(p) for p in first.path)
         raise ReadBackError(f"{path}: {where}: {first.message}; expected {what}") from None
-

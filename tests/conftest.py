@@ -29,7 +29,8 @@ import pytest
 # workers inherit it).
 if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-        tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
+        tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}"
+    )
 
 _SERVER_START_TIMEOUT_S = 180.0  # a cold start on a loaded 2-core machine takes ~15-40 s
 
@@ -85,15 +86,24 @@ def _start_server(workdir: Path, port: int | None = None) -> tuple[subprocess.Po
     env.pop("MLFLOW_TRACKING_URI", None)
     command = _mlflow_executable() + [
         "server",
-        "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
-        "--artifacts-destination", str(workdir / "artifacts"),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--workers", "1",
+        "--backend-store-uri",
+        f"sqlite:///{workdir / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(workdir / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
     ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     return process, uri, log_path
@@ -139,7 +149,8 @@ def local_ray(request):
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[request.module.__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024**2
+    )
     yield ray
     ray.shutdown()

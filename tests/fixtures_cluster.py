@@ -36,13 +36,29 @@ from pathlib import Path
 import pytest
 
 try:  # tests/ is a namespace package when the repository root is on sys.path
-    from tests.local_services import (  # noqa: F401  (re-exported for the cluster tests)
-        REPO_ROOT, MlflowServer, PostgresServer, ServiceUnavailable, _kill_tree, descendants,
-        free_port, start_mlflow_server, start_postgres)
+    from tests.local_services import (
+        REPO_ROOT,
+        MlflowServer,
+        PostgresServer,
+        ServiceUnavailable,
+        _kill_tree,
+        descendants,
+        free_port,
+        start_mlflow_server,
+        start_postgres,
+    )
 except ImportError:  # pytest put tests/ itself on sys.path
     from local_services import (  # noqa: F401
-        REPO_ROOT, MlflowServer, PostgresServer, ServiceUnavailable, _kill_tree, descendants,
-        free_port, start_mlflow_server, start_postgres)
+        REPO_ROOT,
+        MlflowServer,
+        PostgresServer,
+        ServiceUnavailable,
+        _kill_tree,
+        descendants,
+        free_port,
+        start_mlflow_server,
+        start_postgres,
+    )
 
 _RAY_START_TIMEOUT_S = 120.0
 
@@ -94,13 +110,23 @@ class LoopbackRayCluster:
         self.token_file = root / "ray_auth_token"
         self.token_file.write_text(token + "\n")
         self.token_file.chmod(0o600)
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN",
-                                 "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE",
-                                 "MLFLOW_TRACKING_URI")}
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in (
+                "RAY_ADDRESS",
+                "RAY_API_SERVER_ADDRESS",
+                "RAY_AUTH_TOKEN",
+                "RAY_AUTH_TOKEN_PATH",
+                "RAY_AUTH_MODE",
+                "MLFLOW_TRACKING_URI",
+            )
+        }
         self.env.update(node_env)
-        self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_file),
-                         "RAY_USAGE_STATS_ENABLED": "0"})
+        self.env.update(
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_file), "RAY_USAGE_STATS_ENABLED": "0"}
+        )
         self.gcs_port = 0
         self.dashboard_port = 0
         self.head: RayNode | None = None
@@ -149,40 +175,64 @@ class LoopbackRayCluster:
 
     def node_id_with(self, resource: str, alive_only: bool = True) -> str | None:
         for node in self.nodes():
-            if resource in node.get("resources_total", {}) and \
-                    (node["state"] == "ALIVE" or not alive_only):
+            if resource in node.get("resources_total", {}) and (node["state"] == "ALIVE" or not alive_only):
                 return node["node_id"]
         return None
 
     # -- starting and stopping nodes
 
     def _start(self, node: RayNode, args: list[str]) -> None:
-        command = [shutil.which("ray") or "ray", "start", "--block",
-                   "--node-ip-address", "127.0.0.1",
-                   "--num-cpus", str(self.cpus), "--num-gpus", "0",
-                   "--resources", json.dumps(node.resources),
-                   "--object-store-memory", str(150 * 1024 ** 2),
-                   "--temp-dir", str(node.temp_dir),
-                   "--dashboard-agent-listen-port", str(free_port()),
-                   "--dashboard-agent-grpc-port", str(free_port()),
-                   "--runtime-env-agent-port", str(free_port()),
-                   "--metrics-export-port", str(free_port()),
-                   "--disable-usage-stats", *args]
+        command = [
+            shutil.which("ray") or "ray",
+            "start",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            str(self.cpus),
+            "--num-gpus",
+            "0",
+            "--resources",
+            json.dumps(node.resources),
+            "--object-store-memory",
+            str(150 * 1024**2),
+            "--temp-dir",
+            str(node.temp_dir),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--dashboard-agent-grpc-port",
+            str(free_port()),
+            "--runtime-env-agent-port",
+            str(free_port()),
+            "--metrics-export-port",
+            str(free_port()),
+            "--disable-usage-stats",
+            *args,
+        ]
         with open(node.log_path, "ab") as log:
-            node.process = subprocess.Popen(command, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, cwd=self.root)
+            node.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
 
     def start_head(self) -> None:
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
         # short paths: Ray's Unix socket paths live under the temp dir (108-byte limit)
-        self.head = RayNode("head", {"node_a": 1}, Path(tempfile.mkdtemp(prefix="rh-")),
-                            self.root / "ray-head.log")
-        self._start(self.head, ["--head", "--port", str(self.gcs_port),
-                                "--include-dashboard", "true",
-                                "--dashboard-host", "127.0.0.1",
-                                "--dashboard-port", str(self.dashboard_port),
-                                "--ray-client-server-port", str(free_port())])
+        self.head = RayNode("head", {"node_a": 1}, Path(tempfile.mkdtemp(prefix="rh-")), self.root / "ray-head.log")
+        self._start(
+            self.head,
+            [
+                "--head",
+                "--port",
+                str(self.gcs_port),
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(self.dashboard_port),
+                "--ray-client-server-port",
+                str(free_port()),
+            ],
+        )
         deadline = time.monotonic() + _RAY_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not self.head.alive:
@@ -191,22 +241,25 @@ class LoopbackRayCluster:
             if status == 200 and self.node_id_with("node_a"):
                 return
             time.sleep(0.5)
-        raise RuntimeError("the Ray head did not start:\n"
-                           + self.head.log_path.read_text(errors="replace")[-4000:])
+        raise RuntimeError("the Ray head did not start:\n" + self.head.log_path.read_text(errors="replace")[-4000:])
 
     def start_worker(self) -> None:
         self._workers_started += 1
-        self.worker = RayNode(f"worker{self._workers_started}", {"node_b": 1},
-                              Path(tempfile.mkdtemp(prefix="rw-")),
-                              self.root / f"ray-worker{self._workers_started}.log")
+        self.worker = RayNode(
+            f"worker{self._workers_started}",
+            {"node_b": 1},
+            Path(tempfile.mkdtemp(prefix="rw-")),
+            self.root / f"ray-worker{self._workers_started}.log",
+        )
         self._start(self.worker, ["--address", self.gcs_address])
         deadline = time.monotonic() + _RAY_START_TIMEOUT_S
         while time.monotonic() < deadline and self.worker.alive:
             if self.node_id_with("node_b"):
                 return
             time.sleep(0.5)
-        raise RuntimeError("the Ray worker node did not join:\n"
-                           + self.worker.log_path.read_text(errors="replace")[-4000:])
+        raise RuntimeError(
+            "the Ray worker node did not join:\n" + self.worker.log_path.read_text(errors="replace")[-4000:]
+        )
 
     def ensure_worker(self) -> None:
         if self.worker is None or not self.worker.alive or not self.node_id_with("node_b"):
@@ -234,15 +287,16 @@ def ray_cluster(mlflow_pg_server, tmp_path_factory):
     if shutil.which("ray") is None:
         pytest.skip("the `ray` command is not installed")
     try:
-        import ray.dashboard.modules.job  # noqa: F401
         import aiohttp_cors  # noqa: F401
+        import ray.dashboard.modules.job  # noqa: F401
     except ImportError:
         pytest.skip("the Ray dashboard (Jobs API) needs `pip install 'ray[default]'`")
     root = tmp_path_factory.mktemp("ray_cluster")
     cluster = LoopbackRayCluster(
-        root, {"MLFLOW_TRACKING_USERNAME": mlflow_pg_server.user,
-               "MLFLOW_TRACKING_PASSWORD": mlflow_pg_server.password},
-        token=secrets.token_hex(24))
+        root,
+        {"MLFLOW_TRACKING_USERNAME": mlflow_pg_server.user, "MLFLOW_TRACKING_PASSWORD": mlflow_pg_server.password},
+        token=secrets.token_hex(24),
+    )
     try:
         cluster.start_head()
         cluster.start_worker()

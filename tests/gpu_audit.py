@@ -41,8 +41,9 @@ import collections
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,16 +57,35 @@ _THIS = os.path.abspath(__file__)
 _aten = torch.ops.aten
 
 #: operators whose output shape depends on the values of their input
-_DATA_DEPENDENT = {_aten.nonzero.default, _aten.masked_select.default, _aten.argwhere.default,
-                   _aten._unique2.default, _aten.unique_dim.default, _aten.unique_consecutive.default,
-                   _aten.nonzero_static.default}
+_DATA_DEPENDENT = {
+    _aten.nonzero.default,
+    _aten.masked_select.default,
+    _aten.argwhere.default,
+    _aten._unique2.default,
+    _aten.unique_dim.default,
+    _aten.unique_consecutive.default,
+    _aten.nonzero_static.default,
+}
 #: operators that launch no kernel: allocation without initialisation, metadata, aliasing
-_NO_KERNEL = {_aten.empty.memory_format, _aten.empty_like.default, _aten.empty_strided.default,
-              _aten.new_empty.default, _aten.new_empty_strided.default, _aten.lift_fresh.default,
-              _aten.detach.default, _aten.alias.default, _aten._local_scalar_dense.default,
-              _aten.is_same_size.default, _aten.sym_size.int, _aten.sym_stride.int,
-              _aten.sym_numel.default, _aten.sym_storage_offset.default, _aten.set_.source_Storage,
-              _aten.set_.source_Storage_storage_offset, _aten.resize_.default}
+_NO_KERNEL = {
+    _aten.empty.memory_format,
+    _aten.empty_like.default,
+    _aten.empty_strided.default,
+    _aten.new_empty.default,
+    _aten.new_empty_strided.default,
+    _aten.lift_fresh.default,
+    _aten.detach.default,
+    _aten.alias.default,
+    _aten._local_scalar_dense.default,
+    _aten.is_same_size.default,
+    _aten.sym_size.int,
+    _aten.sym_stride.int,
+    _aten.sym_numel.default,
+    _aten.sym_storage_offset.default,
+    _aten.set_.source_Storage,
+    _aten.set_.source_Storage_storage_offset,
+    _aten.resize_.default,
+}
 
 
 @dataclass(frozen=True)
@@ -184,8 +204,10 @@ def _empty_result(func, args, kwargs):
     if func is _aten.masked_select.default:
         return source.new_empty((0,))
     if func is _aten.index.Tensor:
-        indices = [source.new_empty((0,), dtype=torch.long) if i is not None and i.dtype in (torch.bool, torch.uint8)
-                   else i for i in args[1]]
+        indices = [
+            source.new_empty((0,), dtype=torch.long) if i is not None and i.dtype in (torch.bool, torch.uint8) else i
+            for i in args[1]
+        ]
         return func(source, indices)
     if func is _aten.nonzero_static.default:
         return func(*args, **kwargs)

@@ -59,7 +59,7 @@ def _stat(pid: int) -> list[str] | None:
             stat = handle.read().decode(errors="replace")
     except OSError:
         return None
-    return stat[stat.rfind(")") + 2:].split()  # the name is in parentheses, may hold spaces
+    return stat[stat.rfind(")") + 2 :].split()  # the name is in parentheses, may hold spaces
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:
@@ -135,9 +135,10 @@ def find_postgres_bin() -> Path | None:
     initdb = shutil.which("initdb")
     if initdb and shutil.which("pg_ctl"):
         return Path(os.path.realpath(initdb)).parent
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                        key=lambda p: int(Path(p).parent.parent.name)
-                        if Path(p).parent.parent.name.isdigit() else 0)
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
     return Path(candidates[-1]).parent if candidates else None
 
 
@@ -154,34 +155,38 @@ class PostgresServer:
     def connect(self, database: str = "postgres"):
         import psycopg2
 
-        connection = psycopg2.connect(host=self.host, port=self.port, user=self.superuser,
-                                      password=self.password, dbname=database)
+        connection = psycopg2.connect(
+            host=self.host, port=self.port, user=self.superuser, password=self.password, dbname=database
+        )
         connection.autocommit = True  # CREATE DATABASE cannot run in a transaction
         return connection
 
-    def create_role_and_databases(self, role: str, password: str,
-                                  databases: list[str]) -> None:
+    def create_role_and_databases(self, role: str, password: str, databases: list[str]) -> None:
         from psycopg2 import sql
 
         connection = self.connect()  # not `with connection`: that opens a transaction
         try:
             with connection.cursor() as cursor:
-                cursor.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD %s").format(
-                    sql.Identifier(role)), (password,))
+                cursor.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD %s").format(sql.Identifier(role)), (password,))
                 for name in databases:
-                    cursor.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                        sql.Identifier(name), sql.Identifier(role)))
+                    cursor.execute(
+                        sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role))
+                    )
         finally:
             connection.close()
 
     def _run(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin_dir / args[0]), *args[1:]], user=self.run_as,
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=self.folder)
+        return subprocess.run(
+            [str(self.bin_dir / args[0]), *args[1:]],
+            user=self.run_as,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.folder,
+        )
 
     def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "immediate", "-w",
-                  "stop", timeout=60)
+        self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop", timeout=60)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -191,19 +196,22 @@ def start_postgres(durable: bool = False) -> PostgresServer:
     as a production server runs (every commit waits for its WAL flush)."""
     bin_dir = find_postgres_bin()
     if bin_dir is None:
-        raise ServiceUnavailable("PostgreSQL server binaries (initdb, pg_ctl) are not installed; "
-                                 "install them with `apt-get install -y postgresql`")
+        raise ServiceUnavailable(
+            "PostgreSQL server binaries (initdb, pg_ctl) are not installed; "
+            "install them with `apt-get install -y postgresql`"
+        )
     try:
         import psycopg2  # noqa: F401
     except ImportError:
-        raise ServiceUnavailable("psycopg2 is not installed (pip install psycopg2-binary): MLflow "
-                                 "needs it for a PostgreSQL backend store")
+        raise ServiceUnavailable(
+            "psycopg2 is not installed (pip install psycopg2-binary): MLflow needs it for a PostgreSQL backend store"
+        ) from None
     run_as = None
     if os.geteuid() == 0:  # initdb refuses root
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            raise ServiceUnavailable("running as root and there is no 'postgres' user to run initdb as")
+            raise ServiceUnavailable("running as root and there is no 'postgres' user to run initdb as") from None
         run_as = "postgres"
     # Not under pytest's tmp_path: it is private to root (0700) and the server runs as
     # `postgres`; a short path also keeps the Unix socket path under its length limit.
@@ -217,9 +225,19 @@ def start_postgres(durable: bool = False) -> PostgresServer:
     if run_as:
         shutil.chown(pwfile, user=run_as)
     server = PostgresServer("127.0.0.1", 0, "studies_admin", password, folder, bin_dir, run_as)
-    init = server._run("initdb", "-D", str(folder / "data"), "-U", server.superuser,
-                       "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8",
-                       "--locale=C.UTF-8", "--no-sync")
+    init = server._run(
+        "initdb",
+        "-D",
+        str(folder / "data"),
+        "-U",
+        server.superuser,
+        "--auth=scram-sha-256",
+        f"--pwfile={pwfile}",
+        "-E",
+        "UTF8",
+        "--locale=C.UTF-8",
+        "--no-sync",
+    )
     pwfile.unlink()
     if init.returncode != 0:
         shutil.rmtree(folder, ignore_errors=True)
@@ -227,13 +245,24 @@ def start_postgres(durable: bool = False) -> PostgresServer:
     last = ""
     for _attempt in range(3):  # the free port can be taken between probe and bind
         server.port = free_port()
-        options = (f"-c listen_addresses=127.0.0.1 -p {server.port} "
-                   f"-c unix_socket_directories={folder} -c max_connections=200")
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {server.port} -c unix_socket_directories={folder} -c max_connections=200"
+        )
         if not durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        started = server._run("pg_ctl", "-D", str(folder / "data"), "-l",
-                              str(folder / "postgres.log"), "-w", "-t", "90", "-o", options,
-                              "start")
+        started = server._run(
+            "pg_ctl",
+            "-D",
+            str(folder / "data"),
+            "-l",
+            str(folder / "postgres.log"),
+            "-w",
+            "-t",
+            "90",
+            "-o",
+            options,
+            "start",
+        )
         if started.returncode == 0:
             return server
         last = started.stdout + started.stderr
@@ -264,22 +293,24 @@ class MlflowServer:
         """A psycopg2 connection to the MLflow database, as the server's own role."""
         import psycopg2
 
-        return psycopg2.connect(host="127.0.0.1", port=self.database_port, user="mlflow",
-                                password=self.database_password, dbname="mlflow")
+        return psycopg2.connect(
+            host="127.0.0.1", port=self.database_port, user="mlflow", password=self.database_password, dbname="mlflow"
+        )
 
     def client(self, admin: bool = True):
         """An MlflowClient with this server's credentials (set for the calls it makes)."""
-        return _AuthenticatedClient(self.uri, *(
-            (self.admin_user, self.admin_password) if admin else (self.user, self.password)))
+        return _AuthenticatedClient(
+            self.uri, *((self.admin_user, self.admin_password) if admin else (self.user, self.password))
+        )
 
-    def request(self, method: str, path: str, payload: dict | None = None,
-                auth: tuple[str, str] | None = None) -> tuple[int, dict]:
+    def request(
+        self, method: str, path: str, payload: dict | None = None, auth: tuple[str, str] | None = None
+    ) -> tuple[int, dict]:
         data = json.dumps(payload).encode() if payload is not None else None
         request = urllib.request.Request(f"{self.uri}{path}", data=data, method=method)
         request.add_header("Content-Type", "application/json")
         if auth:
-            request.add_header("Authorization",
-                               "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+            request.add_header("Authorization", "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read() or b"{}")
@@ -295,8 +326,7 @@ class _AuthenticatedClient:
         from mlflow.tracking import MlflowClient
 
         self._client = MlflowClient(uri)
-        self._credentials = {"MLFLOW_TRACKING_USERNAME": user,
-                             "MLFLOW_TRACKING_PASSWORD": password}
+        self._credentials = {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
 
     def __getattr__(self, name):
         attribute = getattr(self._client, name)
@@ -314,6 +344,7 @@ class _AuthenticatedClient:
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = value
+
         return call
 
 
@@ -325,8 +356,9 @@ def _healthy(uri: str) -> bool:
         return False
 
 
-def start_mlflow_server(postgres: PostgresServer, workdir: Path, *, workers: int = 1,
-                        auth: bool = True, auth_cache_ttl_s: int = 0) -> MlflowServer:
+def start_mlflow_server(
+    postgres: PostgresServer, workdir: Path, *, workers: int = 1, auth: bool = True, auth_cache_ttl_s: int = 0
+) -> MlflowServer:
     """An MLflow server on `postgres` with `workers` worker processes: the deployment's
     script (basic auth; `auth_cache_ttl_s` > 0 caches each checked credential that long), or
     with ``auth=False`` a plain `mlflow server` on the same kind of store."""
@@ -336,45 +368,58 @@ def start_mlflow_server(postgres: PostgresServer, workdir: Path, *, workers: int
     artifacts = workdir / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
-    env.update({
-        "PGPASSWORD": database_password,
-        "MLFLOW_DB_HOST": "127.0.0.1",
-        "MLFLOW_DB_PORT": str(postgres.port),
-        "MLFLOW_DB_USER": "mlflow",
-        "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
-        "MLFLOW_ARTIFACTS_DESTINATION": str(artifacts),
-        "MLFLOW_HOST": "127.0.0.1",
-        "MLFLOW_WORKERS": str(int(workers)),
-        "MLFLOW_AUTH_CACHE_TTL_S": str(int(auth_cache_ttl_s)),
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-        "PYTHON": sys.executable,
-        "TMPDIR": str(workdir),
-    })
+    env.update(
+        {
+            "PGPASSWORD": database_password,
+            "MLFLOW_DB_HOST": "127.0.0.1",
+            "MLFLOW_DB_PORT": str(postgres.port),
+            "MLFLOW_DB_USER": "mlflow",
+            "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+            "MLFLOW_ARTIFACTS_DESTINATION": str(artifacts),
+            "MLFLOW_HOST": "127.0.0.1",
+            "MLFLOW_WORKERS": str(int(workers)),
+            "MLFLOW_AUTH_CACHE_TTL_S": str(int(auth_cache_ttl_s)),
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "PYTHON": sys.executable,
+            "TMPDIR": str(workdir),
+        }
+    )
     last = ""
     for _attempt in range(2):
         port = free_port()
         env["MLFLOW_PORT"] = str(port)
         uri = f"http://127.0.0.1:{port}"
         log_path = workdir / f"mlflow-{port}.log"
-        command = ["bash", str(MLFLOW_SCRIPT)] if auth else _plain_server_command(
-            postgres.port, artifacts, port, workers)
+        command = (
+            ["bash", str(MLFLOW_SCRIPT)] if auth else _plain_server_command(postgres.port, artifacts, port, workers)
+        )
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, env=env, cwd=workdir,
-                                       stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + _MLFLOW_START_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None and not _healthy(uri):
             time.sleep(0.5)
         if process.poll() is None and _healthy(uri):
-            server = MlflowServer(uri, "admin", admin_password, "studies",
-                                  "studies-" + secrets.token_hex(12), artifacts, log_path,
-                                  database_password, postgres.port, process)
+            server = MlflowServer(
+                uri,
+                "admin",
+                admin_password,
+                "studies",
+                "studies-" + secrets.token_hex(12),
+                artifacts,
+                log_path,
+                database_password,
+                postgres.port,
+                process,
+            )
             if not auth:
                 return server
             status, body = server.request(
-                "POST", "/api/2.0/mlflow/users/create",
+                "POST",
+                "/api/2.0/mlflow/users/create",
                 {"username": server.user, "password": server.password},
-                auth=(server.admin_user, server.admin_password))
+                auth=(server.admin_user, server.admin_password),
+            )
             if status != 200:
                 _kill_tree(process)
                 raise RuntimeError(f"creating the MLflow user failed: HTTP {status} {body}")
@@ -387,7 +432,20 @@ def start_mlflow_server(postgres: PostgresServer, workdir: Path, *, workers: int
 def _plain_server_command(db_port: int, artifacts: Path, port: int, workers: int) -> list[str]:
     """`mlflow server` as the deployment's script runs it, without the basic-auth app (the
     database password comes from PGPASSWORD, as in the script)."""
-    return [sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"postgresql+psycopg2://mlflow@127.0.0.1:{db_port}/mlflow",
-            "--artifacts-destination", str(artifacts), "--serve-artifacts",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", str(int(workers))]
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"postgresql+psycopg2://mlflow@127.0.0.1:{db_port}/mlflow",
+        "--artifacts-destination",
+        str(artifacts),
+        "--serve-artifacts",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(int(workers)),
+    ]

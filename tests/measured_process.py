@@ -52,16 +52,27 @@ def run_measured(*args: str, timeout: float = 120, code: str | None = None) -> M
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     command = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "studies.cli", *args]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "measured.json"
         started = time.monotonic()
-        subprocess.run([sys.executable, "-c", _MEASURING_WRAPPER, str(report), str(timeout), *command],
-                       cwd=REPO, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                       timeout=timeout + 60, check=True)
+        subprocess.run(
+            [sys.executable, "-c", _MEASURING_WRAPPER, str(report), str(timeout), *command],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout + 60,
+            check=True,
+        )
         seconds = time.monotonic() - started
         measured = json.loads(report.read_text())
         out.seek(0)
         err.seek(0)
-        return Measured(os.waitstatus_to_exitcode(measured["status"]), out.read().decode(),
-                        err.read().decode(), seconds, measured["maxrss_kib"] / 1024)
+        return Measured(
+            os.waitstatus_to_exitcode(measured["status"]),
+            out.read().decode(),
+            err.read().decode(),
+            seconds,
+            measured["maxrss_kib"] / 1024,
+        )

@@ -9,16 +9,23 @@ import json
 import os
 import shutil
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"
 
 
-def write_dist(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
-               packages: dict[str, Path | dict[str, str]], source: Path | None = None,
-               editable: bool = True) -> Path:
+def write_dist(
+    site: Path,
+    name: str,
+    version: str,
+    entry_points: dict[str, dict[str, str]],
+    packages: dict[str, Path | dict[str, str]],
+    source: Path | None = None,
+    editable: bool = True,
+) -> Path:
     """A distribution ``name`` in ``site``: ``packages`` maps a package name to a folder to copy or
     to ``{file name: text}``; ``source``: the local folder it was installed from (direct_url.json,
     PEP 610), None for an index install."""
@@ -33,8 +40,9 @@ def write_dist(site: Path, name: str, version: str, entry_points: dict[str, dict
         lines.append("")
     (info / "entry_points.txt").write_text("\n".join(lines))
     if source is not None:
-        (info / "direct_url.json").write_text(json.dumps(
-            {"url": source.resolve().as_uri(), "dir_info": {"editable": editable}}))
+        (info / "direct_url.json").write_text(
+            json.dumps({"url": source.resolve().as_uri(), "dir_info": {"editable": editable}})
+        )
     for package, content in packages.items():
         target = site / package
         if isinstance(content, Path):
@@ -57,8 +65,14 @@ def write_example(site: Path) -> Path:
     """The example plugin of examples/plugin, as an editable install of that folder."""
     with open(EXAMPLE / "pyproject.toml", "rb") as handle:
         project = tomllib.load(handle)["project"]
-    return write_dist(site, project["name"], project["version"], example_entry_points(),
-                      {"setvalued_example_plugin": EXAMPLE / "setvalued_example_plugin"}, source=EXAMPLE)
+    return write_dist(
+        site,
+        project["name"],
+        project["version"],
+        example_entry_points(),
+        {"setvalued_example_plugin": EXAMPLE / "setvalued_example_plugin"},
+        source=EXAMPLE,
+    )
 
 
 def activate(site: Path, monkeypatch) -> None:

@@ -27,10 +27,14 @@ def test_load_and_dry_run_without_starting_anything(tmp_path):
 @pytest.mark.slow
 def test_run_collect_and_report_like_a_notebook(tmp_path, mlflow_server):
     out = tmp_path / "studies_out"
-    commit = __import__("subprocess").run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                          text=True).stdout.strip()  # the checkout's, when the study ran
-    outcome = api.run(QUICKSTART, smoke=True, output=out, tracking_uri=mlflow_server, report=False,
-                      num_cpus=2, stream=io.StringIO())
+    commit = (
+        __import__("subprocess")
+        .run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        .stdout.strip()
+    )  # the checkout's, when the study ran
+    outcome = api.run(
+        QUICKSTART, smoke=True, output=out, tracking_uri=mlflow_server, report=False, num_cpus=2, stream=io.StringIO()
+    )
     assert outcome.exit_code == 0 and outcome.failed == {}
     runs = api.collect(outcome.study_name, output=out)  # the tracking URI comes from run.json
     frame = runs.table.to_pandas()
@@ -52,8 +56,9 @@ def _check_what_the_mlflow_ui_shows(server: str, name: str, cells, commit: str) 
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     link, description = experiment.tags["mlflow.note.content"].split("\n\n", 1)
     assert description == api.load(QUICKSTART).description.strip()
-    assert link.endswith(f"(#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
-                         f"&viewStateShareKey=studies-cells)")
+    assert link.endswith(
+        f"(#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=studies-cells)"
+    )
     runs = client.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'")
     assert len(runs) == len(cells)
     names = {}

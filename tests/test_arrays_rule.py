@@ -57,8 +57,10 @@ def runner_trials(cells, per_trial, start_epochs):
 
 
 def plan_trials(cells, per_trial, start_epochs):
-    return [[sorted(cells[i].cell_id for i in trial) for trial in part]
-            for part in experiments(cells, per_trial, None, start_epochs)]
+    return [
+        [sorted(cells[i].cell_id for i in trial) for trial in part]
+        for part in experiments(cells, per_trial, None, start_epochs)
+    ]
 
 
 @pytest.mark.parametrize("trial", range(40))

@@ -10,12 +10,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import benchmarks.fused_seeds as fused_seeds  # noqa: E402  (the benchmark's own code under test)
+import benchmarks.fused_seeds as fused_seeds
 
 
 def test_fused_seeds_benchmark_prints_ratios_per_member_step(capsys):
-    assert fused_seeds.main(["--models", "mlp", "--members", "1", "4", "--steps", "2", "--rounds", "1",
-                             "--study-epochs", "1"]) == 0
+    assert (
+        fused_seeds.main(
+            ["--models", "mlp", "--members", "1", "4", "--steps", "2", "--rounds", "1", "--study-epochs", "1"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("mlp ")]
     assert [row[1] for row in rows] == ["1", "4"]

@@ -25,12 +25,14 @@ def test_cells_per_gpu_hour_is_the_paper_protocol_at_the_measured_rates():
 
 
 def test_verdict_compares_the_best_array_of_several_seeds_with_one_trial_and_packing():
-    rows = [{"arrangement": "trial", "cells_per_gpu_h": 1.0},
-            {"arrangement": "fused 1", "cells_per_gpu_h": 50.0},  # one member: not a fused array of seeds
-            {"arrangement": "fused 4", "cells_per_gpu_h": 6.0},
-            {"arrangement": "fused 8", "cells_per_gpu_h": 11.0},
-            {"arrangement": "packed 4", "cells_per_gpu_h": 3.0},
-            {"arrangement": "packed 8", "cells_per_gpu_h": None}]  # failed
+    rows = [
+        {"arrangement": "trial", "cells_per_gpu_h": 1.0},
+        {"arrangement": "fused 1", "cells_per_gpu_h": 50.0},  # one member: not a fused array of seeds
+        {"arrangement": "fused 4", "cells_per_gpu_h": 6.0},
+        {"arrangement": "fused 8", "cells_per_gpu_h": 11.0},
+        {"arrangement": "packed 4", "cells_per_gpu_h": 3.0},
+        {"arrangement": "packed 8", "cells_per_gpu_h": None},
+    ]  # failed
     goal = check.verdict(rows)
     assert (goal["best_fused"], goal["best_packed"], goal["fused_x_trial"]) == (11.0, 3.0, 11.0)
     assert goal["met_10x"] and goal["ahead_of_packing"]
@@ -43,30 +45,54 @@ def test_tiny_plumbing_rows_agree(tmp_path, capsys):
     summary = tmp_path / "summary.md"
     summary.write_text("# earlier parts\n")
     out = tmp_path / "f_fused.json"
-    assert check.main(["--device", "cpu", "--tiny", "--fused", "2", "--packed", "2", "--workdir", str(tmp_path),
-                       "--out", str(out), "--md", str(summary)]) == 0
+    assert (
+        check.main(
+            [
+                "--device",
+                "cpu",
+                "--tiny",
+                "--fused",
+                "2",
+                "--packed",
+                "2",
+                "--workdir",
+                str(tmp_path),
+                "--out",
+                str(out),
+                "--md",
+                str(summary),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     rows = {r["arrangement"]: r for r in result["rows"]}
     assert list(rows) == ["trial", "fused 2", "packed 2"]
     batch, full_batches = 64, (100 * 6 - 100) // 64  # tiny: 600 images, 100 for validation
     for label, models, processes in (("trial", 1, 1), ("fused 2", 2, 1), ("packed 2", 2, 2)):
         row = rows[label]
-        assert (row["models_at_once"], row["processes"], row["finished"], row["errors"]) == \
-            (models, processes, processes, []), row
+        assert (row["models_at_once"], row["processes"], row["finished"], row["errors"]) == (
+            models,
+            processes,
+            processes,
+            [],
+        ), row
         # whole epochs' full batches of every model of a process (a fused array trains its
         # members' batches together); the processes of a packing may run different numbers of
         # epochs in the same window
         per_process = (models // processes) * batch * full_batches
         assert row["train_images"] > 0 and row["train_images"] % per_process == 0
         assert row["train_img_s"] > 0 and row["val_img_s"] > 0
-        assert row["cells_per_gpu_h"] == pytest.approx(check.cells_per_gpu_hour(row["train_img_s"],
-                                                                                 row["val_img_s"]))
+        assert row["cells_per_gpu_h"] == pytest.approx(check.cells_per_gpu_hour(row["train_img_s"], row["val_img_s"]))
     assert result["config"]["model"]["name"] == "small_cnn" and result["config"]["compile"] == "none"
     text = summary.read_text()
     assert text.startswith("# earlier parts\n") and "### Fused seeds (issue #35) on CPU" in text
     table = [line for line in text.splitlines() if line.startswith("| fused 2 |")]
-    assert len(table) == 1 and table[0].split("|")[7].strip() == \
-        f"{rows['fused 2']['cells_per_gpu_h'] / rows['trial']['cells_per_gpu_h']:.2f}"
+    assert (
+        len(table) == 1
+        and table[0].split("|")[7].strip()
+        == f"{rows['fused 2']['cells_per_gpu_h'] / rows['trial']['cells_per_gpu_h']:.2f}"
+    )
     assert "Goal (>= 10x one eager trial" in text
     assert all(len(line) <= 80 for line in text.splitlines() if not line.startswith("|"))
     capsys.readouterr()

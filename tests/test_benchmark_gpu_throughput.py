@@ -27,8 +27,10 @@ benchmark = load_benchmark()
 
 def test_summarize_counts_images_over_the_study_span_and_a_fused_trial_trains_its_members():
     # two cells of two epochs each; cell b starts 1 s after a, and ends last at 10 s
-    records = [{"start": 0.0, "end": 6.0, "epochs": {0: 2.0, 1: 1.0}, "evals": {0: 0.5, 1: 0.5}},
-               {"start": 1.0, "end": 10.0, "epochs": {0: 4.0, 1: 2.0}, "evals": {0: 1.0, 1: 1.0}}]
+    records = [
+        {"start": 0.0, "end": 6.0, "epochs": {0: 2.0, 1: 1.0}, "evals": {0: 0.5, 1: 0.5}},
+        {"start": 1.0, "end": 10.0, "epochs": {0: 4.0, 1: 2.0}, "evals": {0: 1.0, 1: 1.0}},
+    ]
     row = benchmark.summarize(records, train_images=100)
     assert row["cells"] == 2 and row["images"] == 2 * 2 * 100 and row["span_s"] == 10.0
     assert row["study_img_s"] == pytest.approx(400 / 10.0)
@@ -48,16 +50,21 @@ def test_seed_rows_put_one_eager_trial_first_then_three_arms_per_n():
     assert rows[4:] == [(8, "separate", 1, 1.0), (8, "packed", 1, 0.125), (8, "fused", 8, 1.0)]
     study = benchmark.study("s", Path("/data"), "cpu", 1.0, "none", "device", 0, 1, 4, ["ce"], 4)
     assert study["resources"] == {"cpus": 1, "gpus": 1.0, "seeds_per_trial": 4} and study["seeds"] == [0, 1, 2, 3]
-    assert "seeds_per_trial" not in benchmark.study("s", Path("/d"), "cpu", 1.0, "none", "device", 0, 1, 4,
-                                                    ["ce"])["resources"]
+    assert (
+        "seeds_per_trial"
+        not in benchmark.study("s", Path("/d"), "cpu", 1.0, "none", "device", 0, 1, 4, ["ce"])["resources"]
+    )
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--gpus", "0.5"], "expected no --gpus and no --seeds"),
-    (["--seeds", "2"], "expected no --gpus and no --seeds"),
-    (["--compile", "model"], "trains with compile none"),
-    (["--seeds-per-trial", "0"], "expected numbers >= 1"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gpus", "0.5"], "expected no --gpus and no --seeds"),
+        (["--seeds", "2"], "expected no --gpus and no --seeds"),
+        (["--compile", "model"], "trains with compile none"),
+        (["--seeds-per-trial", "0"], "expected numbers >= 1"),
+    ],
+)
 def test_seeds_per_trial_refuses_what_it_sets_itself(extra, message, capsys):
     with pytest.raises(SystemExit) as raised:
         benchmark.main(["--device", "cpu", "--seeds-per-trial", "2", *extra])
@@ -68,8 +75,14 @@ def test_seeds_per_trial_refuses_what_it_sets_itself(extra, message, capsys):
 def ray_with_a_gpu_label():
     """A local Ray with 2 CPUs and one GPU resource (a label: the trials run on the CPU)."""
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=100 * 1024**2,
+    )
     yield ray
     ray.shutdown()
 
@@ -78,18 +91,41 @@ def ray_with_a_gpu_label():
 def test_seeds_per_trial_rows_train_the_same_images_three_ways(ray_with_a_gpu_label, tmp_path, capsys):
     from mlflow import MlflowClient
 
-    assert benchmark.main(["--device", "cpu", "--seeds-per-trial", "2", "--data", "device", "--losses", "ce",
-                           "--workdir", str(tmp_path)]) == 0
+    assert (
+        benchmark.main(
+            [
+                "--device",
+                "cpu",
+                "--seeds-per-trial",
+                "2",
+                "--data",
+                "device",
+                "--losses",
+                "ce",
+                "--workdir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Seeds per trial on CPU" in out
     rows = {}
     for line in out.splitlines():
         if re.match(r"\| device \|", line):
-            data, n, arm, gpus, share, cells, images, img_s, x1, per_h, trial_img_s = \
-                [c.strip() for c in line.strip("|").split("|")]
-            rows[(int(n), arm)] = {"gpus": float(gpus), "share": int(share), "cells": int(cells),
-                                   "images": int(images), "img_s": float(img_s), "x1": float(x1),
-                                   "per_h": float(per_h), "trial_img_s": float(trial_img_s)}
+            data, n, arm, gpus, share, cells, images, img_s, x1, per_h, trial_img_s = [
+                c.strip() for c in line.strip("|").split("|")
+            ]
+            rows[(int(n), arm)] = {
+                "gpus": float(gpus),
+                "share": int(share),
+                "cells": int(cells),
+                "images": int(images),
+                "img_s": float(img_s),
+                "x1": float(x1),
+                "per_h": float(per_h),
+                "trial_img_s": float(trial_img_s),
+            }
     assert list(rows) == [(1, "one trial"), (2, "separate"), (2, "packed"), (2, "fused")]
     train_images = 100 * benchmark.PROTOCOL["cpu"]["per_class_train"] - benchmark.PROTOCOL["cpu"]["val_size"]
     one = rows[(1, "one trial")]

@@ -8,13 +8,27 @@ import re
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import benchmarks.train_step as train_step  # noqa: E402  (the benchmark's own code under test)
+import benchmarks.train_step as train_step
 
-TINY = ["--device", "cpu", "--depth", "10", "--growth-rate", "4", "--image-size", "8", "--batch", "8",
-        "--steps", "1", "--rounds", "1", "--warmup", "1"]
+TINY = [
+    "--device",
+    "cpu",
+    "--depth",
+    "10",
+    "--growth-rate",
+    "4",
+    "--image-size",
+    "8",
+    "--batch",
+    "8",
+    "--steps",
+    "1",
+    "--rounds",
+    "1",
+    "--warmup",
+    "1",
+]
 
 
 def test_train_step_benchmark_runs_every_row_on_cpu(tmp_path, capsys):
@@ -23,17 +37,42 @@ def test_train_step_benchmark_runs_every_row_on_cpu(tmp_path, capsys):
     # DenseNet takes minutes) on CE and the noised loss
     assert train_step.main(TINY + ["--modes", "eager"]) == 0
     eager = capsys.readouterr().out
-    assert train_step.main(TINY + ["--modes", "eager", "graphs", "--compile-backend", "eager",
-                                   "--only", "noised_topk K=5 M=3", "--out", str(out)]) == 0
+    assert (
+        train_step.main(
+            TINY
+            + [
+                "--modes",
+                "eager",
+                "graphs",
+                "--compile-backend",
+                "eager",
+                "--only",
+                "noised_topk K=5 M=3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     compiled = out.read_text()
     assert compiled in capsys.readouterr().out
     labels = [row.label for row in train_step.rows(None, None)]
-    assert {"ce", "noised_topk K=5 M=3", "noised_topk_imbalanced K=5 M=3", "avgk_two_head K=5",
-            "smooth_topk_svm K=10"} <= set(labels)
-    for text, expected, columns in ((eager, labels, 1),
-                                    (compiled, ["ce", "noised_topk K=5 M=3", "noised_topk K=5 M=3 exact=True"], 2)):
-        table = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
-                 if line.startswith("| ") and "x CE" not in line}
+    assert {
+        "ce",
+        "noised_topk K=5 M=3",
+        "noised_topk_imbalanced K=5 M=3",
+        "avgk_two_head K=5",
+        "smooth_topk_svm K=10",
+    } <= set(labels)
+    for text, expected, columns in (
+        (eager, labels, 1),
+        (compiled, ["ce", "noised_topk K=5 M=3", "noised_topk K=5 M=3 exact=True"], 2),
+    ):
+        table = {
+            line.split(" | ")[0].strip("| "): line
+            for line in text.splitlines()
+            if line.startswith("| ") and "x CE" not in line
+        }
         assert list(table) == expected
         for label, line in table.items():
             cells = re.findall(r"([0-9.]+) \(([0-9.]+)\)", line)
@@ -42,4 +81,3 @@ def test_train_step_benchmark_runs_every_row_on_cpu(tmp_path, capsys):
                 assert all(ratio == "1.000" for _, ratio in cells)
     assert "device cpu" in compiled and "torch.compile(model, backend='eager')" in compiled
     assert "pytopk:" in compiled and "2018 reference:" in compiled
-

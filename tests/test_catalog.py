@@ -8,7 +8,6 @@ a loss, a K or a seed fails.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -23,8 +22,8 @@ import pytest
 from analysis.published import published_text
 from setvalued.metrics import check_metric
 from setvalued.paths import get_path
-from studies.studyfile.spec import load_study
 from studies.cells.space import expand, smoke_cells
+from studies.studyfile.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "studies" / "catalog"
@@ -107,7 +106,13 @@ EXPECTED_CELLS = {
 # Files on synthetic data, run on a CPU (no data folder, no GPU), and files without published
 # numbers (the thesis states their argument without an experiment).
 SYNTHETIC = {"quickstart", "racing_quickstart", "asha_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
-NO_PUBLISHED_NUMBERS = {"quickstart", "racing_quickstart", "asha_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+NO_PUBLISHED_NUMBERS = {
+    "quickstart",
+    "racing_quickstart",
+    "asha_quickstart",
+    "conformal_vs_avgk",
+    "sparse_top_multilabel",
+}
 # the conformal methods and levels each conformal study evaluates (eval.conformal_*)
 CONFORMAL_STUDIES = {"conformal_vs_avgk": {"ks": [2, 5]}, "conformal_vs_avgk_plantnet300k": {"ks": [2, 3, 5, 10]}}
 
@@ -123,15 +128,19 @@ EXPECTED_KINDS = {
 EXPECTED_SWEEPS = {
     "topk_epsilon": {("noised_bal", "loss.epsilon"): {0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0}},
     "topk_n_samples": {("noised_bal", "loss.n_samples"): {1, 2, 3, 5, 10, 50, 100}},
-    "topk_epoch_time": {("noised_bal", "loss.k"): {1, 2, 3, 5, 10, 20},
-                        ("noised_bal", "loss.n_samples"): {1, 3, 10},
-                        ("smooth_hinge", "loss.k"): {1, 2, 3, 5, 10, 20}},
-    "topk_cifar100_label_noise": {(v, "data.label_noise"): {0.0, 0.1, 0.2, 0.3, 0.4}
-                                  for v in ("ce", "smooth_hinge", "noised_bal")},
+    "topk_epoch_time": {
+        ("noised_bal", "loss.k"): {1, 2, 3, 5, 10, 20},
+        ("noised_bal", "loss.n_samples"): {1, 3, 10},
+        ("smooth_hinge", "loss.k"): {1, 2, 3, 5, 10, 20},
+    },
+    "topk_cifar100_label_noise": {
+        (v, "data.label_noise"): {0.0, 0.1, 0.2, 0.3, 0.4} for v in ("ce", "smooth_hinge", "noised_bal")
+    },
     "topk_plantnet300k": {(v, "loss.k"): {1, 3, 5, 10} for v in ("smooth_hinge", "noised_bal", "noised_imbal")},
     "topk_imagenet_lt": {(v, "loss.k"): {1, 3, 5} for v in ("smooth_hinge", "noised_imbal")},
-    "smooth_svm_cifar100_label_noise": {(v, "data.label_noise"): {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}
-                                        for v in ("ce", "smooth_svm")},
+    "smooth_svm_cifar100_label_noise": {
+        (v, "data.label_noise"): {0.0, 0.2, 0.4, 0.6, 0.8, 1.0} for v in ("ce", "smooth_svm")
+    },
     "smooth_svm_temperature": {("smooth_svm", "loss.tau"): {0.0, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0}},
     "avgk_plantnet300k": {(v, "loss.k"): {2, 3, 5, 10} for v in ("topk", "avg", "avg_sccp", "epr")},
     "avgk_alpha_sensitivity": {("avg", "loss.alpha"): {1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0}},
@@ -139,46 +148,118 @@ EXPECTED_SWEEPS = {
 }
 
 # The training recipe of each data set / paper: dotted path -> value, checked on every cell.
-CIFAR_CH4 = {"data.name": "cifar100", "model.name": "densenet_bc_cifar", "model.pretrained": False,
-             "optim.batch_size": 64, "optim.weight_decay": 1e-4, "optim.momentum": 0.9,
-             "optim.nesterov": True, "data.val_size": 5000, "data.split_seed": 1234,
-             "data.noise_groups": "consecutive"}
-PLANTNET_CH4 = {"data.name": "plantnet300k", "model.name": "resnet50", "epochs": 30, "optim.lr": 0.002,
-                "optim.milestones": [20, 25], "optim.batch_size": 32, "optim.weight_decay": 1e-4}
-IMAGENET_LT_CH4 = {"data.name": "imagenet_lt", "model.name": "resnet34", "epochs": 100, "optim.lr": 0.01,
-                   "optim.milestones": [60, 80], "optim.batch_size": 128, "optim.weight_decay": 2e-3}
-CIFAR_CH5 = {**CIFAR_CH4, "data.stratified_split": True, "epochs": 300,
-             "eval.avgk": [5], "eval.avgk_activation": "softmax"}
-PLANTNET_CH5 = {"data.name": "plantnet300k", "epochs": 30, "optim.lr": 0.002, "optim.milestones": [25],
-                "optim.batch_size": 32, "optim.weight_decay": 1e-4, "eval.avgk_activation": "softmax"}
-PLANTNET_CH3 = {"data.name": "plantnet300k", "optim.batch_size": 32, "optim.weight_decay": 1e-4,
-                "optim.momentum": 0.9, "optim.nesterov": True, "optim.gamma": 0.1,
-                "eval.selection": "val/top1"}
+CIFAR_CH4 = {
+    "data.name": "cifar100",
+    "model.name": "densenet_bc_cifar",
+    "model.pretrained": False,
+    "optim.batch_size": 64,
+    "optim.weight_decay": 1e-4,
+    "optim.momentum": 0.9,
+    "optim.nesterov": True,
+    "data.val_size": 5000,
+    "data.split_seed": 1234,
+    "data.noise_groups": "consecutive",
+}
+PLANTNET_CH4 = {
+    "data.name": "plantnet300k",
+    "model.name": "resnet50",
+    "epochs": 30,
+    "optim.lr": 0.002,
+    "optim.milestones": [20, 25],
+    "optim.batch_size": 32,
+    "optim.weight_decay": 1e-4,
+}
+IMAGENET_LT_CH4 = {
+    "data.name": "imagenet_lt",
+    "model.name": "resnet34",
+    "epochs": 100,
+    "optim.lr": 0.01,
+    "optim.milestones": [60, 80],
+    "optim.batch_size": 128,
+    "optim.weight_decay": 2e-3,
+}
+CIFAR_CH5 = {
+    **CIFAR_CH4,
+    "data.stratified_split": True,
+    "epochs": 300,
+    "eval.avgk": [5],
+    "eval.avgk_activation": "softmax",
+}
+PLANTNET_CH5 = {
+    "data.name": "plantnet300k",
+    "epochs": 30,
+    "optim.lr": 0.002,
+    "optim.milestones": [25],
+    "optim.batch_size": 32,
+    "optim.weight_decay": 1e-4,
+    "eval.avgk_activation": "softmax",
+}
+PLANTNET_CH3 = {
+    "data.name": "plantnet300k",
+    "optim.batch_size": 32,
+    "optim.weight_decay": 1e-4,
+    "optim.momentum": 0.9,
+    "optim.nesterov": True,
+    "optim.gamma": 0.1,
+    "eval.selection": "val/top1",
+}
 EXPECTED_RECIPE = {
-    "topk_epsilon": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1,
-                     "eval.selection": "val/top5", "loss.k": 5, "loss.n_samples": 10},
-    "topk_n_samples": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1,
-                       "eval.selection": "val/top5", "loss.k": 5, "loss.epsilon": 0.2},
+    "topk_epsilon": {
+        **CIFAR_CH4,
+        "epochs": 300,
+        "optim.lr": 0.1,
+        "eval.selection": "val/top5",
+        "loss.k": 5,
+        "loss.n_samples": 10,
+    },
+    "topk_n_samples": {
+        **CIFAR_CH4,
+        "epochs": 300,
+        "optim.lr": 0.1,
+        "eval.selection": "val/top5",
+        "loss.k": 5,
+        "loss.epsilon": 0.2,
+    },
     "topk_gradient_sparsity": {**CIFAR_CH4, "epochs": 1},
     "topk_epoch_time": {**CIFAR_CH4},
-    "topk_cifar100_label_noise": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1,
-                                  "eval.selection": "val/top5"},
+    "topk_cifar100_label_noise": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1, "eval.selection": "val/top5"},
     "topk_plantnet300k": PLANTNET_CH4,
     "topk_hparam_search_plantnet300k": PLANTNET_CH4,
     "topk_imagenet_lt": IMAGENET_LT_CH4,
     "topk_hparam_search_imagenet_lt": IMAGENET_LT_CH4,
-    "topk_imagenet": {"model.name": "resnet18", "epochs": 120, "optim.batch_size": 256,
-                      "optim.milestones": [30, 60, 90]},
-    "smooth_svm_cifar100_label_noise": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1,
-                                        "eval.selection": "val/top5"},
-    "smooth_svm_imagenet_subsets": {"model.name": "resnet18", "epochs": 120, "optim.batch_size": 256,
-                                    "optim.milestones": [30, 60, 90], "eval.selection": "val/top5"},
-    "smooth_svm_temperature": {**CIFAR_CH4, "model.depth": 40, "model.growth_rate": 12, "epochs": 300,
-                               "optim.lr": 0.1, "eval.selection": "val/top5",
-                               "loss.name": "smooth_topk_svm", "loss.k": 5, "loss.alpha": 1.0},
-    "smooth_svm_imagenet_margin": {"model.name": "resnet18", "epochs": 120, "optim.batch_size": 256,
-                                   "optim.milestones": [30, 60, 90], "data.root": "data/imagenet_subsets/full",
-                                   "loss.name": "smooth_topk_svm"},
+    "topk_imagenet": {
+        "model.name": "resnet18",
+        "epochs": 120,
+        "optim.batch_size": 256,
+        "optim.milestones": [30, 60, 90],
+    },
+    "smooth_svm_cifar100_label_noise": {**CIFAR_CH4, "epochs": 300, "optim.lr": 0.1, "eval.selection": "val/top5"},
+    "smooth_svm_imagenet_subsets": {
+        "model.name": "resnet18",
+        "epochs": 120,
+        "optim.batch_size": 256,
+        "optim.milestones": [30, 60, 90],
+        "eval.selection": "val/top5",
+    },
+    "smooth_svm_temperature": {
+        **CIFAR_CH4,
+        "model.depth": 40,
+        "model.growth_rate": 12,
+        "epochs": 300,
+        "optim.lr": 0.1,
+        "eval.selection": "val/top5",
+        "loss.name": "smooth_topk_svm",
+        "loss.k": 5,
+        "loss.alpha": 1.0,
+    },
+    "smooth_svm_imagenet_margin": {
+        "model.name": "resnet18",
+        "epochs": 120,
+        "optim.batch_size": 256,
+        "optim.milestones": [30, 60, 90],
+        "data.root": "data/imagenet_subsets/full",
+        "loss.name": "smooth_topk_svm",
+    },
     "avgk_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
     "avgk_alpha_sensitivity": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
     "avgk_batch_size": {**CIFAR_CH5, "eval.selection": "val/avg5"},
@@ -186,11 +267,20 @@ EXPECTED_RECIPE = {
     "avgk_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
     "avgk_hparam_search_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18"},
     "avgk_plantnet300k_architectures": {**PLANTNET_CH5, "eval.selection": "val/avg5"},
-    "plantnet300k_baselines": {**PLANTNET_CH3, "loss.name": "ce", "eval.count_bins": [10, 50, 500, 2000],
-                               "eval.avgk": [5]},
+    "plantnet300k_baselines": {
+        **PLANTNET_CH3,
+        "loss.name": "ce",
+        "eval.count_bins": [10, 50, 500, 2000],
+        "eval.avgk": [5],
+    },
     "plantnet300k_smooth_svm": {**PLANTNET_CH3, "loss.k": 5, "loss.tau": 1.0},
-    "topk_random_search_plantnet300k": {**PLANTNET_CH4, "loss.k": 5, "loss.n_samples": 5,
-                                        "loss.scale": 60.0, "eval.selection": "val/macro_top5"},
+    "topk_random_search_plantnet300k": {
+        **PLANTNET_CH4,
+        "loss.k": 5,
+        "loss.n_samples": 5,
+        "loss.scale": 60.0,
+        "eval.selection": "val/macro_top5",
+    },
     "avgk_optuna_search_cifar100": {**CIFAR_CH5, "optim.lr": 0.1, "eval.selection": "val/avg5"},
     "topk_sensitivity_cifar100": {**CIFAR_CH4, "epochs": 300, "eval.selection": "val/top5", "loss.k": 5},
     "conformal_vs_avgk_plantnet300k": {**PLANTNET_CH5, "model.name": "resnet18", "eval.selection": "val/avg5"},
@@ -250,7 +340,8 @@ def test_every_catalogue_file_has_an_expected_count():
     names = {p.stem for p in catalog_files()}
     assert names == set(EXPECTED_CELLS), (
         f"files without an expected count: {sorted(names - set(EXPECTED_CELLS))}; "
-        f"expected files missing: {sorted(set(EXPECTED_CELLS) - names)}")
+        f"expected files missing: {sorted(set(EXPECTED_CELLS) - names)}"
+    )
 
 
 @pytest.mark.parametrize("path", catalog_files(), ids=_id)
@@ -282,8 +373,7 @@ def test_training_recipe_is_the_papers(name):
     _, cells = loaded(CATALOG / f"{name}.yaml")
     for cell in cells:
         for path, value in EXPECTED_RECIPE[name].items():
-            if path in cell.swept or (path.startswith("loss.")
-                                      and path.split(".", 1)[1] not in cell.config["loss"]):
+            if path in cell.swept or (path.startswith("loss.") and path.split(".", 1)[1] not in cell.config["loss"]):
                 continue
             actual = get_path(cell.config, path)
             assert _same(actual, value), f"{cell.variant} {cell.swept}: {path} = {actual!r}, expected {value!r}"
@@ -371,7 +461,8 @@ def test_header_cites_the_table_and_the_protocol(path):
     keys = "|".join(re.escape(k) for k in PAPER_KEYS)
     assert re.search(rf"({keys}),?\s*{LOCATOR}", text), (
         "the header cites the paper that gives the protocol by key and by its own numbering, "
-        "e.g. '[Gar23] §4.4.4' or '[BZK18] Table 6'")
+        "e.g. '[Gar23] §4.4.4' or '[BZK18] Table 6'"
+    )
 
 
 @pytest.mark.parametrize("path", sorted(CATALOG.glob("*.yaml")) + sorted(CATALOG.glob("*.md")), ids=_id)
@@ -386,7 +477,8 @@ def test_catalogue_cites_no_document_outside_the_repository(path):
             continue  # a file of an authors' repository, owner/name:path
         here = [p for p in REPO.rglob(Path(name).name) if ".git" not in p.parts]
         assert any(str(p).endswith(name.lstrip("./")) for p in here), (
-            f"{path.name} cites {name!r}, which is not a file of this repository")
+            f"{path.name} cites {name!r}, which is not a file of this repository"
+        )
     # errata are cited with their docs/papers.md prefix (T-E8, A-E6, S-E9c), not as bare E8
     bare = re.findall(r"(?<![-\w])E\d+\b", text)
     assert not bare, f"{path.name}: bare erratum ids {bare}; write T-E<n>, A-E<n> or S-E<n>"
@@ -406,12 +498,22 @@ def test_cifar100_300_epoch_files_use_their_papers_schedule():
             assert paper is not None, f"{path.name}: no paper for this file name"
             assert config["optim"]["milestones"] == CIFAR100_300_EPOCH_MILESTONES[paper], (
                 f"{path.name} ({cell.variant} {cell.swept}): milestones {config['optim']['milestones']}, "
-                f"{paper}'s authors used {CIFAR100_300_EPOCH_MILESTONES[paper]}")
+                f"{paper}'s authors used {CIFAR100_300_EPOCH_MILESTONES[paper]}"
+            )
             checked.add(path.stem)
-    assert checked == {"topk_epsilon", "topk_n_samples", "topk_cifar100_label_noise",
-                       "smooth_svm_cifar100_label_noise", "smooth_svm_temperature", "avgk_cifar100",
-                       "avgk_alpha_sensitivity", "avgk_batch_size", "avgk_hparam_search_cifar100",
-                       "avgk_optuna_search_cifar100", "topk_sensitivity_cifar100"}
+    assert checked == {
+        "topk_epsilon",
+        "topk_n_samples",
+        "topk_cifar100_label_noise",
+        "smooth_svm_cifar100_label_noise",
+        "smooth_svm_temperature",
+        "avgk_cifar100",
+        "avgk_alpha_sensitivity",
+        "avgk_batch_size",
+        "avgk_hparam_search_cifar100",
+        "avgk_optuna_search_cifar100",
+        "topk_sensitivity_cifar100",
+    }
 
 
 @pytest.mark.parametrize("path", [p for p in catalog_files() if p.stem not in SYNTHETIC], ids=_id)
@@ -460,8 +562,9 @@ def test_figure_only_files_say_so_and_have_no_reference(name):
     assert "Figure only" in header and "no number" in header
 
 
-@pytest.mark.parametrize("path", [p for p in catalog_files()
-                                  if p.stem not in NO_PUBLISHED_NUMBERS and p.stem not in FIGURE_ONLY], ids=_id)
+@pytest.mark.parametrize(
+    "path", [p for p in catalog_files() if p.stem not in NO_PUBLISHED_NUMBERS and p.stem not in FIGURE_ONLY], ids=_id
+)
 def test_reference_rows_match_one_config_and_a_logged_metric(path):
     study, cells = loaded(path)
     assert study.reference, "every paper experiment has reference numbers"
@@ -469,8 +572,12 @@ def test_reference_rows_match_one_config_and_a_logged_metric(path):
         assert source.rows and source.label
         for i, row in enumerate(source.rows):
             where = f"reference {source.label} row {i} ({row.variant}, {row.match})"
-            matched = [c for c in cells if (row.variant is None or c.variant == row.variant)
-                       and all(_same(get_path(c.config, p, None), v) for p, v in row.match.items())]
+            matched = [
+                c
+                for c in cells
+                if (row.variant is None or c.variant == row.variant)
+                and all(_same(get_path(c.config, p, None), v) for p, v in row.match.items())
+            ]
             configs = {c.config_id for c in matched}
             assert len(configs) == 1, f"{where} matches {len(configs)} configs"
             config = matched[0].config
@@ -491,8 +598,12 @@ def test_reference_rows_match_one_config_and_a_logged_metric(path):
         if stated:
             assert source.seeds == int(stated.group(1)), (source.label, source.source)
         # the numbers are percentages: most accuracies of a paper table are above 1 (not fractions)
-        accuracies = [v for r in source.rows for m, v in r.metrics.items()
-                      if re.search(r"/(macro_)?(top|avg)\d+$", m) or m == "best_val"]
+        accuracies = [
+            v
+            for r in source.rows
+            for m, v in r.metrics.items()
+            if re.search(r"/(macro_)?(top|avg)\d+$", m) or m == "best_val"
+        ]
         if accuracies:
             assert sum(v > 1.0 for v in accuracies) > len(accuracies) / 2
 
@@ -502,9 +613,12 @@ def _published(name, variant, match, metric, label=None) -> tuple[str, str | Non
     (default: the first source)."""
     study, _ = loaded(CATALOG / f"{name}.yaml")
     sources = [s for s in study.reference if label is None or s.label == label][:1]
-    for row in (sources[0].rows if sources else []):
-        if row.variant == variant and all(_same(row.match.get(p), v) for p, v in match.items()) \
-                and metric in row.metrics:
+    for row in sources[0].rows if sources else []:
+        if (
+            row.variant == variant
+            and all(_same(row.match.get(p), v) for p, v in match.items())
+            and metric in row.metrics
+        ):
             ci = row.ci.get(metric)
             return row.metrics[metric].text, ci.text if ci is not None else None
     raise AssertionError(f"no reference for {name} {label} {variant} {match} {metric}")
@@ -512,6 +626,7 @@ def _published(name, variant, match, metric, label=None) -> tuple[str, str | Non
 
 def test_reference_numbers_spot_checks():
     """A few published numbers, copied here from the papers' tables, against the files."""
+
     def ref(name, variant, match, metric):
         value, ci = _published(name, variant, match, metric)
         return float(value), float(ci) if ci is not None else None
@@ -524,15 +639,16 @@ def test_reference_numbers_spot_checks():
     assert ref("topk_plantnet300k", "focal", {"eval.selection": "val/macro_top10"}, "test/top10") == (97.7, 0.0)
     assert ref("topk_imagenet_lt", "ldam", {"eval.selection": "val/top1"}, "test/few/top1") == (10.5, None)
     assert ref("topk_imagenet", "noised_bal", {"loss.k": 5}, "test/top5") == (90.52, 0.07)
-    assert ref("smooth_svm_cifar100_label_noise", "smooth_svm", {"data.label_noise": 0.8},
-               "test/top1") == (55.85, None)
+    assert ref("smooth_svm_cifar100_label_noise", "smooth_svm", {"data.label_noise": 0.8}, "test/top1") == (55.85, None)
     assert ref("avgk_cifar100", "avg_sccp", {}, "test/avg5") == (96.93, 0.06)
     assert ref("avgk_plantnet300k", "avg", {"loss.k": 10}, "test/few/avg10") == (75.75, None)
     assert ref("avgk_plantnet300k", "ce", {"eval.selection": "val/avg5"}, "test/avg5_size") == (5.04, 0.03)
     assert ref("avgk_plantnet300k_architectures", "avg", {"model.name": "densenet169"}, "test/avg5") == (97.49, None)
     # thesis Table 3.1 (fractions in the thesis: 0.09 ... 0.93)
-    assert [ref("plantnet300k_baselines", "resnet50", {}, f"test/count_{b}/top1")[0]
-            for b in ("0_10", "10_50", "50_500", "500_2000", "2000_inf")] == [9, 35, 59, 79, 93]
+    assert [
+        ref("plantnet300k_baselines", "resnet50", {}, f"test/count_{b}/top1")[0]
+        for b in ("0_10", "10_50", "50_500", "500_2000", "2000_inf")
+    ] == [9, 35, 59, 79, 93]
 
 
 # [GSJS22] (the ICML paper), as printed: Table 4 (CIFAR-100 test top-5) and Table 6 (top-1) by
@@ -580,8 +696,10 @@ def test_icml_paper_numbers_are_a_second_source_copied_as_printed():
     for table, metric in ((GSJS22_TABLE_4, "test/top5"), (GSJS22_TABLE_6, "test/top1")):
         for p, *values in _table(table):
             for variant, value in zip(losses, values):
-                assert _published(cifar, variant, {"data.label_noise": float(p)}, metric, "[GSJS22]") \
-                    == (value, None), (variant, p, metric)
+                assert _published(cifar, variant, {"data.label_noise": float(p)}, metric, "[GSJS22]") == (
+                    value,
+                    None,
+                ), (variant, p, metric)
     losses += ("focal", "ldam", "noised_imbal")
     n_rows = 0
     for table, metric in ((GSJS22_TABLE_5, "test/macro_top{}"), (GSJS22_TABLE_7, "test/top{}")):
@@ -658,8 +776,9 @@ def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     code = "import sys; from studies.cli import main; sys.exit(main())"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def finished_cells(db: Path, study_name: str) -> dict[str, dict]:
@@ -667,12 +786,17 @@ def finished_cells(db: Path, study_name: str) -> dict[str, dict]:
     with sqlite3.connect(db) as con:
         rows = con.execute(
             "SELECT r.run_uuid, t.key, t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
-            "JOIN experiments e ON e.experiment_id = r.experiment_id WHERE e.name = ?", (study_name,)).fetchall()
+            "JOIN experiments e ON e.experiment_id = r.experiment_id WHERE e.name = ?",
+            (study_name,),
+        ).fetchall()
     tags: dict[str, dict] = {}
     for run, key, value in rows:
         tags.setdefault(run, {})[key] = value
-    return {t["studies.cell_id"]: t for t in tags.values()
-            if t.get("studies.role") == "cell" and t.get("studies.status") == "finished"}
+    return {
+        t["studies.cell_id"]: t
+        for t in tags.values()
+        if t.get("studies.role") == "cell" and t.get("studies.status") == "finished"
+    }
 
 
 SMOKE_TIMES: dict[str, float] = {}
@@ -705,12 +829,13 @@ def test_smoke_run(path, tmp_path):
         sequence = study.seed_list
         assert len(got) == len({c.config_id for c in smoke_cells(cells)})
         for seeds in got.values():
-            assert sorted(seeds, key=sequence.index) == sequence[:len(seeds)]
+            assert sorted(seeds, key=sequence.index) == sequence[: len(seeds)]
             assert len(seeds) >= study.racing.initial
         assert "Racing: seeds per config" in (out / "report" / "report.md").read_text()
     else:
         assert expected <= set(done) and len(set(done) - expected) == proposals, (
-            f"missing: {sorted(expected - set(done))[:5]}, unexpected: {sorted(set(done) - expected)[:5]}")
+            f"missing: {sorted(expected - set(done))[:5]}, unexpected: {sorted(set(done) - expected)[:5]}"
+        )
     # the report drew the figures the file asks for: learning curves, and the set-size
     # histograms wherever average-K sets are evaluated
     figures = {p.name for p in (out / "report" / "figures").glob("*.png")}
@@ -733,13 +858,15 @@ def test_smoke_run(path, tmp_path):
     if len(study.reference or []) > 1:
         report = (out / "report" / "report.md").read_text(encoding="utf-8")
         headers = [line for line in report.splitlines() if line.startswith("| variant |")]
-        entries = {c.strip() for line in report.splitlines() if line.startswith("| ")
-                   for c in line.split("|")}
+        entries = {c.strip() for line in report.splitlines() if line.startswith("| ") for c in line.split("|")}
         for source in study.reference:
             assert any(f" ({source.label}) |" in h for h in headers), (source.label, headers)
             assert f"({source.label}): published numbers from {source.source}." in report
-            texts = {published_text(value, row.ci.get(metric))
-                     for row in source.rows for metric, value in row.metrics.items()}
+            texts = {
+                published_text(value, row.ci.get(metric))
+                for row in source.rows
+                for metric, value in row.metrics.items()
+            }
             assert texts & entries, (source.label, sorted(texts)[:5])
     print(f"smoke {path.stem}: {len(expected)} cells in {SMOKE_TIMES[path.stem]:.1f} s")
 
@@ -831,8 +958,7 @@ def test_margin_ablation_pairs_differ_only_in_the_margin():
     ([BZK18] App. D.2.2), so it alone runs without the official hard switch (erratum S-E9c)."""
     _, cells = loaded(CATALOG / "smooth_svm_imagenet_margin.yaml")
     by_variant = {c.variant: c.config for c in cells}
-    for k, tau, selection, switches in ((1, 1.0, "val/top1", [False, True]),
-                                        (5, 0.1, "val/top5", [True, True])):
+    for k, tau, selection, switches in ((1, 1.0, "val/top1", [False, True]), (5, 0.1, "val/top5", [True, True])):
         pair = [by_variant[f"k{k}_margin{m}"] for m in (0, 1)]
         assert [c["loss"]["alpha"] for c in pair] == [0.0, 1.0]
         assert [c["loss"]["hard_switch"] for c in pair] == switches
@@ -847,22 +973,44 @@ def test_margin_ablation_pairs_differ_only_in_the_margin():
 # epochs) of each row and its networks, by the timm names of the paper's torchvision and timm
 # networks; alexnet, squeezenet and shufflenet have no timm architecture and are not run.
 TABLE_3_3 = [
-    ((0.01, 30, [20, 25]), ["mobilenetv2_100", "mobilenetv3_large_100", "resnet18", "resnet34", "resnet50",
-                            "resnet101", "resnet152", "densenet121", "densenet161", "densenet169",
-                            "densenet201", "inception_v3", "inception_v4", "inception_resnet_v2",
-                            "wide_resnet50_2", "wide_resnet101_2"]),
+    (
+        (0.01, 30, [20, 25]),
+        [
+            "mobilenetv2_100",
+            "mobilenetv3_large_100",
+            "resnet18",
+            "resnet34",
+            "resnet50",
+            "resnet101",
+            "resnet152",
+            "densenet121",
+            "densenet161",
+            "densenet169",
+            "densenet201",
+            "inception_v3",
+            "inception_v4",
+            "inception_resnet_v2",
+            "wide_resnet50_2",
+            "wide_resnet101_2",
+        ],
+    ),
     ((0.001, 30, [20, 25]), ["vgg11", "mobilenetv3_small_100"]),
-    ((0.01, 20, [10, 15]), ["efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
-                            "efficientnet_b4"]),
+    (
+        (0.01, 20, [10, 15]),
+        ["efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4"],
+    ),
     ((5e-4, 20, [15]), ["vit_base_patch16_224"]),
 ]
 RECIPE_OF_NETWORK = {name: recipe for recipe, names in TABLE_3_3 for name in names}
 
 
-@pytest.mark.parametrize("name, networks", [
-    ("plantnet300k_baselines", set(RECIPE_OF_NETWORK)),
-    ("plantnet300k_smooth_svm", {"resnet18", "resnet50", "densenet121", "mobilenetv2_100", "efficientnet_b0"}),
-])
+@pytest.mark.parametrize(
+    "name, networks",
+    [
+        ("plantnet300k_baselines", set(RECIPE_OF_NETWORK)),
+        ("plantnet300k_smooth_svm", {"resnet18", "resnet50", "densenet121", "mobilenetv2_100", "efficientnet_b0"}),
+    ],
+)
 def test_plantnet300k_chapter_3_networks_train_with_their_table_3_3_recipe(name, networks):
     """Every network of the ch. 3 studies runs with its row of [Gar23] Table 3.3 and its own
     weights file; the baselines run every timm network of the table, each once per seed."""
@@ -900,8 +1048,9 @@ def test_readme_maps_every_catalogue_file_and_the_chapter_3_figures():
     text = (CATALOG / "README.md").read_text(encoding="utf-8")
     for path in catalog_files():
         assert f"`{path.name}`" in text, f"{path.name} is not in the catalogue README"
-    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
-            if line.startswith("| ") and line.count("|") >= 4}
+    rows = {
+        line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and line.count("|") >= 4
+    }
     for figure in ("Table 3.1", "Fig. 3.5", "Fig. 3.6", "Fig. 3.8 (a), (b)"):
         assert "plantnet300k_baselines.yaml" in rows[figure], figure
     assert "plantnet300k_smooth_svm.yaml" in rows["Fig. 3.9"]

@@ -49,8 +49,14 @@ def _bin_summary(n_configs: int) -> list[dict]:
     rows = []
     for c in range(n_configs):
         for seed in range(3):
-            row = {"run_id": f"r{c}-{seed}", "config_id": f"c{c}", "variant": "ce",
-                   "seed": seed, "swept": f'{{"model.name": "m{c}"}}', "param:model.name": f"m{c}"}
+            row = {
+                "run_id": f"r{c}-{seed}",
+                "config_id": f"c{c}",
+                "variant": "ce",
+                "seed": seed,
+                "swept": f'{{"model.name": "m{c}"}}',
+                "param:model.name": f"m{c}",
+            }
             for i, name in enumerate(BINS):
                 row[f"test/{name}/top1"] = 0.1 + 0.3 * i + 0.002 * c + 0.002 * seed  # accuracies in [0, 1]
             rows.append(row)
@@ -65,29 +71,33 @@ def test_bin_figure_has_a_fixed_size_and_marks_the_published_numbers(tmp_path):
         summary = summarize(_bin_summary(n_configs), metrics)
         notes: list[str] = []
         png, svg = plots.count_bin_accuracy(
-            summary, labels, tmp_path / f"bins{n_configs}",
-            published={"c1": {metrics[0]: 9.0, metrics[2]: 93.0}}, source="Table 3.1",
-            order=[f"c{c}" for c in range(n_configs)], notes=notes)
+            summary,
+            labels,
+            tmp_path / f"bins{n_configs}",
+            published={"c1": {metrics[0]: 9.0, metrics[2]: 93.0}},
+            source="Table 3.1",
+            order=[f"c{c}" for c in range(n_configs)],
+            notes=notes,
+        )
         sizes.append(Image.open(png).size)
         text = svg.read_text()
         assert "published: Table 3.1" in text and "&gt; 50" in text and "n=3 seeds" in text
         assert bool(notes) == (n_configs > plots.MAX_LINES), notes
     assert sizes[0] == sizes[1]
     with pytest.raises(ValueError, match="no bin metric"):
-        plots.count_bin_accuracy(summarize(_bin_summary(1), metrics),
-                                 [("x", "test/count_0_5/top1")], tmp_path / "none")
+        plots.count_bin_accuracy(summarize(_bin_summary(1), metrics), [("x", "test/count_0_5/top1")], tmp_path / "none")
 
 
 def test_per_class_figure_bounds_panels_and_points(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "MAX_CLASS_POINTS", 300)  # 2,000 classes per config: thinned
     rng = np.random.default_rng(0)
     counts = [int(c) for c in rng.pareto(1.0, 2000) * 3 + 1]
-    panels = [(f"config {i}", {"train_count": counts, "n": 3,
-                               "mean": [min(1.0, math.log10(c + 1) / 3) for c in counts]})
-              for i in range(6)]
+    panels = [
+        (f"config {i}", {"train_count": counts, "n": 3, "mean": [min(1.0, math.log10(c + 1) / 3) for c in counts]})
+        for i in range(6)
+    ]
     notes: list[str] = []
-    png, svg = plots.per_class_accuracy(panels, "top1", tmp_path / "per_class",
-                                        edges=[10, 50, 500, 2000], notes=notes)
+    png, svg = plots.per_class_accuracy(panels, "top1", tmp_path / "per_class", edges=[10, 50, 500, 2000], notes=notes)
     small, _ = plots.per_class_accuracy(panels[:1], "top1", tmp_path / "one")
     assert Image.open(png).size == Image.open(small).size
     assert any("not drawn" in n for n in notes) and any(str(plots.MAX_CLASS_POINTS) in n for n in notes)
@@ -130,8 +140,7 @@ CLASSES = {0: (4, [1, 0]), 1: (30, [1, 2]), 2: (49, [2, 2]), 3: (400, [2, 1])}
 
 
 @pytest.mark.slow
-def test_report_shows_the_bins_with_the_published_numbers_and_the_per_class_figure(
-        mlflow_server, tmp_path):
+def test_report_shows_the_bins_with_the_published_numbers_and_the_per_class_figure(mlflow_server, tmp_path):
     from analysis.report import build_report
 
     name = unique_name("classsize")
@@ -142,14 +151,30 @@ def test_report_shows_the_bins_with_the_published_numbers_and_the_per_class_figu
         for seed in (0, 1):
             rates = {c: hits[seed] / 2 for c, (_, hits) in CLASSES.items()}
             # the bin metrics as setvalued.metrics computes them: mean per-class accuracy
-            test = {"top1": sum(rates.values()) / 4,
-                    "count_0_10/top1": rates[0],
-                    "count_10_50/top1": (rates[1] + rates[2]) / 2,
-                    "count_50_inf/top1": rates[3]}
-            per_class = {"class": list(CLASSES), "train_count": [n for n, _ in CLASSES.values()],
-                         "test_count": [2] * 4, "top1": [rates[c] for c in CLASSES]}
-            cells.append(CellRun("ce", config, seed, {"model.hidden_dim": width}, test=test,
-                                 best_epoch=0, best_val=0.5 + 0.01 * width, per_class=per_class))
+            test = {
+                "top1": sum(rates.values()) / 4,
+                "count_0_10/top1": rates[0],
+                "count_10_50/top1": (rates[1] + rates[2]) / 2,
+                "count_50_inf/top1": rates[3],
+            }
+            per_class = {
+                "class": list(CLASSES),
+                "train_count": [n for n, _ in CLASSES.values()],
+                "test_count": [2] * 4,
+                "top1": [rates[c] for c in CLASSES],
+            }
+            cells.append(
+                CellRun(
+                    "ce",
+                    config,
+                    seed,
+                    {"model.hidden_dim": width},
+                    test=test,
+                    best_epoch=0,
+                    best_val=0.5 + 0.01 * width,
+                    per_class=per_class,
+                )
+            )
     log_study_runs(mlflow_server, name, cells, study_yaml=text)
     study_file = tmp_path / f"{name}.yaml"
     study_file.write_text(text)

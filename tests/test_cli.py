@@ -34,8 +34,7 @@ CORPUS = sorted((Path(__file__).parent / "malformed_studies").glob("*.yaml"))
 OWN_MALFORMED = {
     "yaml_syntax.yaml": "name: broken\nbase: {data: [1, 2\nseeds: [0]\n",
     "unknown_field.yaml": "name: x\nbase: {loss: {name: ce}}\nseeds: [0]\nseedz: [1]\n",
-    "negative_cpus.yaml": ("name: x\nbase: {loss: {name: ce}}\nseeds: [0]\n"
-                           "resources: {cpus: -1}\n"),
+    "negative_cpus.yaml": ("name: x\nbase: {loss: {name: ce}}\nseeds: [0]\nresources: {cpus: -1}\n"),
     "unknown_loss.yaml": "name: x\nbase: {loss: {name: no_such_loss}}\nseeds: [0]\n",
 }
 
@@ -57,10 +56,16 @@ def experiments_on(server: str) -> set[str]:
 
 def run_cli(*args: str, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
-                                     if env.get("PYTHONPATH") else "")
-    return subprocess.run([sys.executable, "-m", "studies.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, **popen)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run(
+        [sys.executable, "-m", "studies.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **popen,
+    )
 
 
 def test_help_lists_the_commands(capsys):
@@ -71,21 +76,18 @@ def test_help_lists_the_commands(capsys):
     for command in ("run", "resume", "report", "export"):
         assert command in text
     run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
-    for flag in ("--dry-run", "--smoke", "--address", "--tracking-uri", "--output",
-                 "--no-report"):
+    for flag in ("--dry-run", "--smoke", "--address", "--tracking-uri", "--output", "--no-report"):
         assert flag in run_help
 
 
 @pytest.mark.slow
-def test_malformed_studies_exit_2_with_one_paragraph_and_no_mlflow_run(mlflow_server,
-                                                                       tmp_path, capsys):
+def test_malformed_studies_exit_2_with_one_paragraph_and_no_mlflow_run(mlflow_server, tmp_path, capsys):
     before = experiments_on(mlflow_server)
     output = tmp_path / "out"
     files = malformed_files(tmp_path)
     assert len(files) >= 20
     for path in files:
-        code = main(["run", str(path), "--tracking-uri", mlflow_server,
-                     "--output", str(output), "--no-report"])
+        code = main(["run", str(path), "--tracking-uri", mlflow_server, "--output", str(output), "--no-report"])
         captured = capsys.readouterr()
         assert code == 2, path.name
         message = captured.err.strip()
@@ -97,8 +99,9 @@ def test_malformed_studies_exit_2_with_one_paragraph_and_no_mlflow_run(mlflow_se
     assert experiments_on(mlflow_server) == before
 
     # and through a real process: the console entry point, exit status 2, no traceback
-    result = run_cli("run", str(tmp_path / "negative_cpus.yaml"), "--tracking-uri",
-                     mlflow_server, "--output", str(output))
+    result = run_cli(
+        "run", str(tmp_path / "negative_cpus.yaml"), "--tracking-uri", mlflow_server, "--output", str(output)
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "resources.cpus" in result.stderr and "negative_cpus.yaml" in result.stderr
@@ -109,10 +112,16 @@ def test_malformed_studies_exit_2_with_one_paragraph_and_no_mlflow_run(mlflow_se
 
 def test_dry_run_prints_the_cells_and_starts_nothing(tmp_path, capsys):
     path = tmp_path / "dry.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "dry", "base": {"loss": {"name": "ce"}, "epochs": 1},
-        "design": {"kind": "grid", "parameters": {"optim.lr": [0.01, 0.1, 1.0]}},
-        "seeds": [0, 1]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "dry",
+                "base": {"loss": {"name": "ce"}, "epochs": 1},
+                "design": {"kind": "grid", "parameters": {"optim.lr": [0.01, 0.1, 1.0]}},
+                "seeds": [0, 1],
+            }
+        )
+    )
     code = main(["run", str(path), "--dry-run", "--output", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 0
@@ -134,17 +143,31 @@ def test_unknown_study_names_exit_2(tmp_path, capsys):
 
 def study_file(folder: Path, name: str) -> Path:
     study = {
-        "name": name, "description": "driver kill and resume",
+        "name": name,
+        "description": "driver kill and resume",
         "base": {
-            "data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2,
-                     "train_size": 6000, "val_size": 60, "test_size": 60,
-                     "form": "features", "feature_dim": 8},
+            "data": {
+                "name": "synthetic",
+                "num_classes": 6,
+                "num_superclasses": 2,
+                "train_size": 6000,
+                "val_size": 60,
+                "test_size": 60,
+                "form": "features",
+                "feature_dim": 8,
+            },
             "model": {"name": "mlp", "hidden_dim": 32},
             "loss": {"name": "ce"},
             "optim": {"lr": 0.1, "batch_size": 16, "milestones": []},
-            "epochs": 5, "eval": {"ks": [1, 3], "selection": "val/top3"}, "device": "cpu"},
+            "epochs": 5,
+            "eval": {"ks": [1, 3], "selection": "val/top3"},
+            "device": "cpu",
+        },
         "design": [{"kind": "grid", "parameters": {"optim.lr": [0.02, 0.05, 0.1]}}],
-        "seeds": [0, 1], "resources": {"cpus": 1}, "max_concurrent": 1, "max_failures": 1,
+        "seeds": [0, 1],
+        "resources": {"cpus": 1},
+        "max_concurrent": 1,
+        "max_failures": 1,
         "log_models": False,
         # a checkpoint (and the epochs in MLflow) every epoch: the driver is killed while a
         # cell is mid-way and has checkpointed one
@@ -164,14 +187,15 @@ def cell_runs(server: str, name: str, view: str = "active") -> list:
     if experiment is None:
         return []
     views = {"active": ViewType.ACTIVE_ONLY, "deleted": ViewType.DELETED_ONLY}
-    return [r for r in client.search_runs([experiment.experiment_id],
-                                          run_view_type=views[view], max_results=1000)
-            if r.data.tags.get("studies.role") == "cell"]
+    return [
+        r
+        for r in client.search_runs([experiment.experiment_id], run_view_type=views[view], max_results=1000)
+        if r.data.tags.get("studies.role") == "cell"
+    ]
 
 
 @pytest.mark.slow
-def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_server,
-                                                                        tmp_path):
+def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_server, tmp_path):
     name = f"cli-kill-{uuid.uuid4().hex[:6]}"
     path = study_file(tmp_path, name)
     output = tmp_path / "out"
@@ -179,9 +203,26 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
     env["PYTHONPATH"] = str(REPO)
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen(
-        [sys.executable, "-m", "studies.cli", "run", str(path), "--tracking-uri",
-         mlflow_server, "--output", str(output), "--no-report", "--num-cpus", "1"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "run",
+            str(path),
+            "--tracking-uri",
+            mlflow_server,
+            "--output",
+            str(output),
+            "--no-report",
+            "--num-cpus",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_server)
@@ -191,8 +232,12 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
         while time.monotonic() < deadline:
             runs = cell_runs(mlflow_server, name)
             finished = [r for r in runs if r.data.tags.get("studies.status") == "finished"]
-            running = [r for r in runs if r.data.tags.get("studies.status") == "running"
-                       and 1 <= len(client.get_metric_history(r.info.run_id, "val/top3")) <= 3]
+            running = [
+                r
+                for r in runs
+                if r.data.tags.get("studies.status") == "running"
+                and 1 <= len(client.get_metric_history(r.info.run_id, "val/top3")) <= 3
+            ]
             # killed while a cell is mid-way: it has checkpointed (and logged) an epoch, and has
             # at least two of its 5 left (a cell in its last epoch could finish between this
             # look and the kill: seen once on a loaded machine)
@@ -201,8 +246,7 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
             time.sleep(0.3)
         else:
-            pytest.fail("the driver did not finish 2 cells in time:\n"
-                        + (tmp_path / "driver.log").read_text()[-3000:])
+            pytest.fail("the driver did not finish 2 cells in time:\n" + (tmp_path / "driver.log").read_text()[-3000:])
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and its local Ray processes
         driver.wait(timeout=60)
@@ -210,21 +254,23 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
     assert driver.returncode == -signal.SIGKILL
 
     runs = cell_runs(mlflow_server, name)
-    finished_before = {r.data.tags["studies.cell_id"]: r.info.run_id for r in runs
-                       if r.data.tags.get("studies.status") == "finished"}
-    unfinished_before = {r.info.run_id for r in runs
-                         if r.data.tags.get("studies.status") != "finished"}
+    finished_before = {
+        r.data.tags["studies.cell_id"]: r.info.run_id for r in runs if r.data.tags.get("studies.status") == "finished"
+    }
+    unfinished_before = {r.info.run_id for r in runs if r.data.tags.get("studies.status") != "finished"}
     assert 2 <= len(finished_before) < 6 and unfinished_before
     # the cell that was mid-way: its epochs in MLflow, and its checkpoint in the Tune folder
-    midway = {r.info.run_id: len(client.get_metric_history(r.info.run_id, "val/top3"))
-              for r in runs if r.info.run_id in unfinished_before}
+    midway = {
+        r.info.run_id: len(client.get_metric_history(r.info.run_id, "val/top3"))
+        for r in runs
+        if r.info.run_id in unfinished_before
+    }
     midway = {run_id: n for run_id, n in midway.items() if n >= 1}
     assert midway
     tune_folders = sorted((output / name / "ray").glob("tune-*"))
     assert tune_folders
 
-    result = run_cli("resume", name, "--output", str(output), "--no-report",
-                     "--num-cpus", "1", timeout=600)
+    result = run_cli("resume", name, "--output", str(output), "--no-report", "--num-cpus", "1", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"{len(finished_before)} cells already finished" in result.stdout
 
@@ -250,8 +296,7 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
     assert not any(folder.exists() for folder in tune_folders)
     # every cell has each of its epochs once
     for runs_of_cell in by_cell.values():
-        steps = sorted(m.step for m in client.get_metric_history(runs_of_cell[0].info.run_id,
-                                                                 "val/top3"))
+        steps = sorted(m.step for m in client.get_metric_history(runs_of_cell[0].info.run_id, "val/top3"))
         assert steps == [0, 1, 2, 3, 4]
 
     # export and report by name (tracking URI from the study's run.json)
@@ -266,29 +311,54 @@ def test_killed_driver_then_resume_loses_nothing_and_duplicates_nothing(mlflow_s
 
 
 @pytest.mark.slow
-def test_study_that_cannot_run_here_exits_2_before_creating_anything(mlflow_server,
-                                                                      tmp_path, capsys):
+def test_study_that_cannot_run_here_exits_2_before_creating_anything(mlflow_server, tmp_path, capsys):
     """Valid files that this machine cannot run: a GPU per trial without a GPU, and early
     stopping over 3 seeds with only 2 trials at a time. Exit 2 with the reason; no MLflow
     experiment."""
-    base = {"data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2,
-                     "train_size": 60,
-                     "val_size": 24, "test_size": 24, "feature_dim": 4},
-            "model": {"name": "mlp", "hidden_dim": 8}, "loss": {"name": "ce"},
-            "epochs": 2, "eval": {"ks": [1, 3], "selection": "val/top3"}}
-    gpu = {"name": f"cli-gpu-{uuid.uuid4().hex[:6]}", "base": base, "seeds": [0],
-           "resources": {"cpus": 1, "gpus": 1}}
-    early = {"name": f"cli-early-{uuid.uuid4().hex[:6]}", "base": dict(base, device="cpu"),
-             "seeds": [0, 1, 2], "resources": {"cpus": 1},
-             "scheduler": {"kind": "early_stopping", "grace_epochs": 1, "patience": 1}}
-    expected = {gpu["name"]: "do not fit on the Ray cluster",
-                early["name"]: "early stopping decides per config over its 3 seeds"}
+    base = {
+        "data": {
+            "name": "synthetic",
+            "num_classes": 6,
+            "num_superclasses": 2,
+            "train_size": 60,
+            "val_size": 24,
+            "test_size": 24,
+            "feature_dim": 4,
+        },
+        "model": {"name": "mlp", "hidden_dim": 8},
+        "loss": {"name": "ce"},
+        "epochs": 2,
+        "eval": {"ks": [1, 3], "selection": "val/top3"},
+    }
+    gpu = {"name": f"cli-gpu-{uuid.uuid4().hex[:6]}", "base": base, "seeds": [0], "resources": {"cpus": 1, "gpus": 1}}
+    early = {
+        "name": f"cli-early-{uuid.uuid4().hex[:6]}",
+        "base": dict(base, device="cpu"),
+        "seeds": [0, 1, 2],
+        "resources": {"cpus": 1},
+        "scheduler": {"kind": "early_stopping", "grace_epochs": 1, "patience": 1},
+    }
+    expected = {
+        gpu["name"]: "do not fit on the Ray cluster",
+        early["name"]: "early stopping decides per config over its 3 seeds",
+    }
     before = experiments_on(mlflow_server)
     for study in (gpu, early):
         path = tmp_path / f"{study['name']}.yaml"
         path.write_text(yaml.safe_dump(study))
-        code = main(["run", str(path), "--tracking-uri", mlflow_server, "--output",
-                     str(tmp_path / "out"), "--num-cpus", "2", "--no-report"])
+        code = main(
+            [
+                "run",
+                str(path),
+                "--tracking-uri",
+                mlflow_server,
+                "--output",
+                str(tmp_path / "out"),
+                "--num-cpus",
+                "2",
+                "--no-report",
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2, err
         assert expected[study["name"]] in err and "Traceback" not in err

@@ -73,8 +73,11 @@ def test_a_metric_typo_in_the_report_block_is_refused_at_load(tmp_path, capsys):
 
 
 def test_the_report_blocks_extra_metrics_pass(tmp_path, capsys):
-    path = quickstart_with(tmp_path, "metrics: [test/top1, test/top5]",
-                           "metrics: [test/top1, test/few/top5, test/macro_top5, best_val, epoch_time_s]")
+    path = quickstart_with(
+        tmp_path,
+        "metrics: [test/top1, test/top5]",
+        "metrics: [test/top1, test/few/top5, test/macro_top5, best_val, epoch_time_s]",
+    )
     assert main(["run", str(path), "--dry-run"]) == 0
 
 

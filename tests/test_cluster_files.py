@@ -53,8 +53,19 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 # ----------------------------------------------------------------------------- images
 
 # Tags that name a moving target whatever comes with them.
-FLOATING_WORDS = {"latest", "nightly", "edge", "stable", "main", "master", "dev", "rolling",
-                  "current", "mainline", "lts"}
+FLOATING_WORDS = {
+    "latest",
+    "nightly",
+    "edge",
+    "stable",
+    "main",
+    "master",
+    "dev",
+    "rolling",
+    "current",
+    "mainline",
+    "lts",
+}
 # Images whose releases have two numbers (PostgreSQL 16.15 is one exact release).
 TWO_PART_VERSIONS = {"postgres", "library/postgres", "docker.io/library/postgres"}
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -66,7 +77,7 @@ def split_image(ref: str) -> tuple[str, str | None, str | None]:
     slash = ref.rfind("/")
     colon = ref.rfind(":")
     if colon > slash:
-        return ref[:colon], ref[colon + 1:], digest or None
+        return ref[:colon], ref[colon + 1 :], digest or None
     return ref, None, digest or None
 
 
@@ -112,6 +123,7 @@ def _substitute(text: str, args: dict[str, str]) -> str:
     def value(match: re.Match) -> str:
         name = match.group(1) or match.group(2)
         return args.get(name, match.group(0))
+
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, text)
 
 
@@ -147,25 +159,37 @@ def _yaml_images(node, where: str):
 
 
 def all_images() -> list[tuple[str, str]]:
-    found = [(str(p.relative_to(REPO_ROOT)), image)
-             for p in _dockerfiles() for image in dockerfile_images(p)]
+    found = [(str(p.relative_to(REPO_ROOT)), image) for p in _dockerfiles() for image in dockerfile_images(p)]
     for path in sorted(CLUSTER.rglob("*.yaml")) + sorted(CLUSTER.rglob("*.yml")):
         for doc in yaml.safe_load_all(path.read_text()):
             found.extend(_yaml_images(doc, str(path.relative_to(REPO_ROOT))))
     return found
 
 
-@pytest.mark.parametrize("ref, pinned", [
-    ("postgres", False), ("postgres:latest", False), ("postgres:16", False),
-    ("postgres:16-alpine", False), ("postgres:16.15", True), ("postgres:16.15-trixie", True),
-    ("python:3.11-slim", False), ("python:3.11.17-slim-trixie", True),
-    ("rayproject/ray:nightly-py311-gpu", False), ("rayproject/ray:2.60.0-py311-gpu", True),
-    ("quay.io/minio/minio:latest", False), ("quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z", True),
-    ("localhost:5000/studies", False), ("localhost:5000/studies:1.2.3", True),
-    ("ghcr.io/your-org/setvalued-studies:latest", False),
-    ("caddy@sha256:" + "0" * 64, True), ("caddy:latest@sha256:" + "0" * 64, False),
-    ("caddy@sha256:abc", False), ("${RAY_IMAGE}", False),
-])
+@pytest.mark.parametrize(
+    "ref, pinned",
+    [
+        ("postgres", False),
+        ("postgres:latest", False),
+        ("postgres:16", False),
+        ("postgres:16-alpine", False),
+        ("postgres:16.15", True),
+        ("postgres:16.15-trixie", True),
+        ("python:3.11-slim", False),
+        ("python:3.11.17-slim-trixie", True),
+        ("rayproject/ray:nightly-py311-gpu", False),
+        ("rayproject/ray:2.60.0-py311-gpu", True),
+        ("quay.io/minio/minio:latest", False),
+        ("quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z", True),
+        ("localhost:5000/studies", False),
+        ("localhost:5000/studies:1.2.3", True),
+        ("ghcr.io/your-org/setvalued-studies:latest", False),
+        ("caddy@sha256:" + "0" * 64, True),
+        ("caddy:latest@sha256:" + "0" * 64, False),
+        ("caddy@sha256:abc", False),
+        ("${RAY_IMAGE}", False),
+    ],
+)
 def test_floating_tag_check(ref, pinned):
     """The check below is able to fail: it knows the floating forms."""
     assert (floating_reason(ref) is None) == pinned, (ref, floating_reason(ref))
@@ -173,16 +197,14 @@ def test_floating_tag_check(ref, pinned):
 
 def test_dockerfile_images_resolve_arg_defaults(tmp_path):
     path = tmp_path / "Dockerfile"
-    path.write_text("ARG BASE=python:3.11\nFROM ${BASE} AS build\nFROM build\n"
-                    "FROM --platform=linux/amd64 caddy\n")
+    path.write_text("ARG BASE=python:3.11\nFROM ${BASE} AS build\nFROM build\nFROM --platform=linux/amd64 caddy\n")
     assert dockerfile_images(path) == ["python:3.11", "caddy"]
 
 
 def test_every_image_is_pinned():
     images = all_images()
     assert len(images) >= 8, images  # both Dockerfiles, compose, manifests, launcher
-    bad = [f"{where}: {image} ({reason})" for where, image in images
-           if (reason := floating_reason(image))]
+    bad = [f"{where}: {image} ({reason})" for where, image in images if (reason := floating_reason(image))]
     assert not bad, "floating images:\n" + "\n".join(bad)
 
 
@@ -219,8 +241,7 @@ def test_compose_publishes_mlflow_on_the_loopback_only():
     ports = [_published(p) for p in mlflow.get("ports", [])]
     assert ports, "the mlflow service publishes no port"
     for host, published, target in ports:
-        assert host in LOOPBACK, \
-            f"mlflow publishes {published}:{target} on {host or 'every interface'}"
+        assert host in LOOPBACK, f"mlflow publishes {published}:{target} on {host or 'every interface'}"
     # Inside its container the server must listen on the container's interface, or the
     # loopback mapping above reaches nothing: the compose file says so explicitly.
     assert _env(mlflow).get("MLFLOW_HOST") == "0.0.0.0"
@@ -228,8 +249,9 @@ def test_compose_publishes_mlflow_on_the_loopback_only():
     for name, service in services.items():
         for host, published, target in map(_published, service.get("ports", []) or []):
             if host not in LOOPBACK:
-                assert target == "443", f"{name} publishes {published}:{target} on " \
-                                        f"{host or 'every interface'} without TLS"
+                assert target == "443", (
+                    f"{name} publishes {published}:{target} on {host or 'every interface'} without TLS"
+                )
 
 
 def _run_start_script(tmp_path: Path, **env: str) -> list[str]:
@@ -239,14 +261,26 @@ def _run_start_script(tmp_path: Path, **env: str) -> list[str]:
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/sh\ncat > /dev/null\nprintf "%s\\n" CALL "$@" >> {shlex.quote(str(record))}\n')
     fake.chmod(0o755)
-    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
-            "PYTHON": str(fake), "MLFLOW_DB_HOST": "db.invalid", "MLFLOW_DB_USER": "mlflow",
-            "PGPASSWORD": "not-a-password", "MLFLOW_AUTH_ADMIN_PASSWORD": "not-a-password-1",
-            "MLFLOW_FLASK_SERVER_SECRET_KEY": "not-a-key",
-            "MLFLOW_ARTIFACTS_DESTINATION": str(tmp_path / "artifacts")}
-    result = subprocess.run(["bash", str(START_SCRIPT)], env={**base, **env},
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            timeout=30)
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "PYTHON": str(fake),
+        "MLFLOW_DB_HOST": "db.invalid",
+        "MLFLOW_DB_USER": "mlflow",
+        "PGPASSWORD": "not-a-password",
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "not-a-password-1",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "not-a-key",
+        "MLFLOW_ARTIFACTS_DESTINATION": str(tmp_path / "artifacts"),
+    }
+    result = subprocess.run(
+        ["bash", str(START_SCRIPT)],
+        env={**base, **env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     calls = record.read_text().split("CALL\n")[1:]
     server = [c.splitlines() for c in calls if c.startswith("-m\nmlflow\n")]
@@ -268,8 +302,12 @@ def test_start_script_listens_on_the_loopback_by_default(tmp_path):
 
 
 def _kube_docs() -> list[dict]:
-    return [doc for path in sorted((CLUSTER / "kuberay").glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        doc
+        for path in sorted((CLUSTER / "kuberay").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def test_kubernetes_services_are_cluster_internal():
@@ -284,8 +322,7 @@ def test_kubernetes_services_are_cluster_internal():
 
 def test_kubernetes_mlflow_pod_says_where_it_listens():
     """The script's default is the loopback: the pod behind the Service must ask for more."""
-    deployment = next(d for d in _kube_docs()
-                      if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlflow")
+    deployment = next(d for d in _kube_docs() if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlflow")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     assert env.get("MLFLOW_HOST") == "0.0.0.0"
@@ -314,8 +351,11 @@ def _pip_installs(path: Path) -> list[list[str]]:
                 commands[-1].append(token)
         for words in commands:
             for i in range(len(words) - 1):
-                if re.fullmatch(r"(\S*/)?pip3?", words[i]) and words[i + 1] == "install" \
-                        or words[i:i + 4] == ["python", "-m", "pip", "install"]:
+                if (
+                    re.fullmatch(r"(\S*/)?pip3?", words[i])
+                    and words[i + 1] == "install"
+                    or words[i : i + 4] == ["python", "-m", "pip", "install"]
+                ):
                     start = i + (2 if words[i + 1] == "install" else 4)
                     installs.append(words[start:])
                     break
@@ -336,10 +376,13 @@ def _copied_to(path: Path, destination_name: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("dockerfile, lock, context", [
-    (NODE_DOCKERFILE, NODE_LOCK, REPO_ROOT),
-    (MLFLOW_DOCKERFILE, MLFLOW_LOCK, MLFLOW_DOCKERFILE.parent),
-])
+@pytest.mark.parametrize(
+    "dockerfile, lock, context",
+    [
+        (NODE_DOCKERFILE, NODE_LOCK, REPO_ROOT),
+        (MLFLOW_DOCKERFILE, MLFLOW_LOCK, MLFLOW_DOCKERFILE.parent),
+    ],
+)
 def test_dockerfile_installs_from_the_lock_file(dockerfile, lock, context):
     installs = _pip_installs(dockerfile)
     assert installs, f"{dockerfile}: no pip install"
@@ -349,8 +392,7 @@ def test_dockerfile_installs_from_the_lock_file(dockerfile, lock, context):
         if args in locked:
             continue
         # anything else installs no dependency: the project itself, --no-deps, no index
-        assert "--no-deps" in args and "--no-index" in args, \
-            f"{dockerfile}: unlocked install {args}"
+        assert "--no-deps" in args and "--no-index" in args, f"{dockerfile}: unlocked install {args}"
     # the file given to -r is the lock file of the repository, copied into the image
     for args in locked:
         target = args[args.index("-r") + 1]
@@ -359,8 +401,7 @@ def test_dockerfile_installs_from_the_lock_file(dockerfile, lock, context):
         assert (context / source).resolve() == lock.resolve(), (source, lock)
     # and the build context lets it through (BuildKit reads <Dockerfile>.dockerignore first)
     rel = str(lock.relative_to(context))
-    for ignore in (dockerfile.with_name(dockerfile.name + ".dockerignore"),
-                   context / ".dockerignore"):
+    for ignore in (dockerfile.with_name(dockerfile.name + ".dockerignore"), context / ".dockerignore"):
         if ignore.exists():
             excluded = False
             for pattern in ignore.read_text().splitlines():
@@ -414,8 +455,9 @@ def test_lock_pins_every_direct_dependency_with_hashes():
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{NODE_LOCK.name} does not pin {requirement}"
         version = pins[name][0]
-        assert requirement.specifier.contains(version, prereleases=True), \
+        assert requirement.specifier.contains(version, prereleases=True), (
             f"{NODE_LOCK.name} pins {name}=={version}, outside {requirement}"
+        )
         # the extras' dependencies too (read from the installed distribution's metadata
         # when it is the locked version)
         if requirement.extras and _installed(name) == version:
@@ -423,11 +465,11 @@ def test_lock_pins_every_direct_dependency_with_hashes():
                 dependency = Requirement(text)
                 if dependency.marker is None:
                     continue
-                wanted = any(dependency.marker.evaluate({"extra": extra})
-                             for extra in requirement.extras)
+                wanted = any(dependency.marker.evaluate({"extra": extra}) for extra in requirement.extras)
                 if wanted:
-                    assert canonicalize_name(dependency.name) in pins, \
+                    assert canonicalize_name(dependency.name) in pins, (
                         f"{NODE_LOCK.name} lacks {dependency.name} ({name}{requirement.extras})"
+                    )
 
 
 def _installed(name: str) -> Version | None:
@@ -493,15 +535,26 @@ def test_versions_agree_across_images_manifests_and_the_driver():
 
 def test_readme_explains_tls_and_the_client_settings():
     text = (CLUSTER / "README.md").read_text()
-    for needle in ("TLS", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                   "MLFLOW_TRACKING_SERVER_CERT_PATH", "MLFLOW_TRACKING_INSECURE_TLS",
-                   "Ingress", "127.0.0.1:5000:5000", "cluster/lock.sh",
-                   "--require-hashes"):
+    for needle in (
+        "TLS",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_SERVER_CERT_PATH",
+        "MLFLOW_TRACKING_INSECURE_TLS",
+        "Ingress",
+        "127.0.0.1:5000:5000",
+        "cluster/lock.sh",
+        "--require-hashes",
+    ):
         assert needle in text, needle
     # the names are MLflow's own (mlflow.environment_variables)
     environment_variables = pytest.importorskip("mlflow.environment_variables")
-    for name in ("MLFLOW_TRACKING_SERVER_CERT_PATH", "MLFLOW_TRACKING_INSECURE_TLS",
-                 "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+    for name in (
+        "MLFLOW_TRACKING_SERVER_CERT_PATH",
+        "MLFLOW_TRACKING_INSECURE_TLS",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+    ):
         assert hasattr(environment_variables, name), name
 
 

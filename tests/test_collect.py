@@ -90,8 +90,7 @@ class CellRun:
         return f"{self.config_id}-s{self.seed}"
 
 
-def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun],
-                   study_yaml: str | None = None) -> dict:
+def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun], study_yaml: str | None = None) -> dict:
     """Write a study's parent run and cell runs with the MLflow client (section 5 layout)."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param, RunTag
@@ -99,8 +98,9 @@ def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun],
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id = client.create_experiment(study_name)
     t0 = int(time.time() * 1000)
-    parent = client.create_run(experiment_id, start_time=t0, run_name=study_name,
-                               tags={"studies.role": "parent", "studies.study": study_name})
+    parent = client.create_run(
+        experiment_id, start_time=t0, run_name=study_name, tags={"studies.role": "parent", "studies.study": study_name}
+    )
     parent_id = parent.info.run_id
     if study_yaml is not None:
         client.log_text(parent_id, study_yaml, "study.yaml")
@@ -108,26 +108,29 @@ def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun],
     for index, cell in enumerate(cells):
         start = t0 + 1000 * (index + 1)
         tags = {
-            "mlflow.parentRunId": parent_id, "studies.role": "cell",
-            "studies.study": study_name, "studies.config_id": cell.config_id,
-            "studies.seed": str(cell.seed), "studies.cell_id": cell.cell_id,
+            "mlflow.parentRunId": parent_id,
+            "studies.role": "cell",
+            "studies.study": study_name,
+            "studies.config_id": cell.config_id,
+            "studies.seed": str(cell.seed),
+            "studies.cell_id": cell.cell_id,
             "studies.variant": cell.variant,
             "studies.swept": json.dumps(cell.swept, sort_keys=True),
             "studies.status": "running",
         }
-        run = client.create_run(experiment_id, start_time=start, tags=tags,
-                                run_name=cell.cell_id)
+        run = client.create_run(experiment_id, start_time=start, tags=tags, run_name=cell.cell_id)
         run_id = run.info.run_id
         run_ids.append(run_id)
         # strings as they are, everything else as JSON (as studies.tracking.param_text does)
-        params = [Param(k, v if isinstance(v, str) else json.dumps(v))
-                  for k, v in flatten(cell.config).items()]
+        params = [Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flatten(cell.config).items()]
         params.append(Param("seed", str(cell.seed)))
         for i in range(0, len(params), 100):
-            client.log_batch(run_id, params=params[i:i + 100], synchronous=True)
-        metrics = [Metric(key, float(value), start + epoch, epoch)
-                   for epoch, values in enumerate(cell.epochs)
-                   for key, value in values.items()]
+            client.log_batch(run_id, params=params[i : i + 100], synchronous=True)
+        metrics = [
+            Metric(key, float(value), start + epoch, epoch)
+            for epoch, values in enumerate(cell.epochs)
+            for key, value in values.items()
+        ]
         last = len(cell.epochs)
         final = {f"test/{k}": v for k, v in cell.test.items()}
         if cell.best_epoch is not None:
@@ -136,9 +139,11 @@ def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun],
             final["best_val"] = cell.best_val
         metrics += [Metric(key, float(value), start + last, last) for key, value in final.items()]
         for i in range(0, len(metrics), 1000):
-            client.log_batch(run_id, metrics=metrics[i:i + 1000], synchronous=True)
-        for columns, artifact in ((cell.per_class, "per_class_test.parquet"),
-                                  (cell.set_sizes, "set_sizes_test.parquet")):
+            client.log_batch(run_id, metrics=metrics[i : i + 1000], synchronous=True)
+        for columns, artifact in (
+            (cell.per_class, "per_class_test.parquet"),
+            (cell.set_sizes, "set_sizes_test.parquet"),
+        ):
             if columns is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / artifact
@@ -148,8 +153,9 @@ def log_study_runs(tracking_uri: str, study_name: str, cells: list[CellRun],
         if cell.error is not None:
             end_tags.append(RunTag("studies.error", cell.error))
         client.log_batch(run_id, tags=end_tags, synchronous=True)
-        mlflow_status = cell.mlflow_status or {"finished": "FINISHED", "failed": "FAILED",
-                                               "running": "RUNNING"}[cell.status]
+        mlflow_status = (
+            cell.mlflow_status or {"finished": "FINISHED", "failed": "FAILED", "running": "RUNNING"}[cell.status]
+        )
         if mlflow_status != "RUNNING":
             client.set_terminated(run_id, mlflow_status, end_time=start + 500)
     client.set_terminated(parent_id, "FINISHED", end_time=t0 + 1000 * (len(cells) + 2))
@@ -170,15 +176,29 @@ BASE_CONFIG = {
 
 
 def _epochs(seed: int, eps: float) -> list[dict]:
-    return [{"train/loss": 2.0 - 0.3 * e, "val/top5": 0.5 + 0.1 * e + eps / 10,
-             "lr": 0.1, "epoch_time_s": 1.0 + 0.1 * e + seed / 100} for e in range(3)]
+    return [
+        {
+            "train/loss": 2.0 - 0.3 * e,
+            "val/top5": 0.5 + 0.1 * e + eps / 10,
+            "lr": 0.1,
+            "epoch_time_s": 1.0 + 0.1 * e + seed / 100,
+        }
+        for e in range(3)
+    ]
 
 
 def _finished(variant, config, seed, swept, top5):
-    return CellRun(variant, config, seed, swept, epochs=_epochs(seed, 0.0),
-                   test={"top5": top5, "top1": top5 - 0.3, "few/top5": top5 - 0.2},
-                   best_epoch=2, best_val=top5 + 0.01,
-                   per_class={"class": [0, 1], "train_count": [30, 5], "top5": [1.0, 0.5]})
+    return CellRun(
+        variant,
+        config,
+        seed,
+        swept,
+        epochs=_epochs(seed, 0.0),
+        test={"top5": top5, "top1": top5 - 0.3, "few/top5": top5 - 0.2},
+        best_epoch=2,
+        best_val=top5 + 0.01,
+        per_class={"class": [0, 1], "train_count": [30, 5], "top5": [1.0, 0.5]},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -193,27 +213,37 @@ def study(mlflow_server):
         for eps, config in eps_configs.items():
             if eps == 1.0 and seed == 2:
                 continue
-            cells.append(_finished("noised", config, seed, {"loss.epsilon": eps},
-                                   0.82 + eps / 10 + seed / 100))
+            cells.append(_finished("noised", config, seed, {"loss.epsilon": eps}, 0.82 + eps / 10 + seed / 100))
     broken = set_path(BASE_CONFIG, "loss.epsilon", 10.0)
-    failed = CellRun("noised", broken, 0, {"loss.epsilon": 10.0}, status="failed",
-                     error="NonFiniteLossError: loss is nan at epoch 1, step 3",
-                     epochs=_epochs(0, 0.0)[:1])
-    running = CellRun("noised", broken, 1, {"loss.epsilon": 10.0}, status="running",
-                      epochs=_epochs(1, 0.0)[:2])
-    killed = CellRun("noised", broken, 2, {"loss.epsilon": 10.0}, status="running",
-                     mlflow_status="KILLED")
+    failed = CellRun(
+        "noised",
+        broken,
+        0,
+        {"loss.epsilon": 10.0},
+        status="failed",
+        error="NonFiniteLossError: loss is nan at epoch 1, step 3",
+        epochs=_epochs(0, 0.0)[:1],
+    )
+    running = CellRun("noised", broken, 1, {"loss.epsilon": 10.0}, status="running", epochs=_epochs(1, 0.0)[:2])
+    killed = CellRun("noised", broken, 2, {"loss.epsilon": 10.0}, status="running", mlflow_status="KILLED")
     # eps=1.0 seed 2: failed first, then finished on retry -> finished, not listed as failed
-    retry_failed = CellRun("noised", eps_configs[1.0], 2, {"loss.epsilon": 1.0},
-                           status="failed", error="worker died")
+    retry_failed = CellRun("noised", eps_configs[1.0], 2, {"loss.epsilon": 1.0}, status="failed", error="worker died")
     retry_ok = _finished("noised", eps_configs[1.0], 2, {"loss.epsilon": 1.0}, 0.99)
     # ce seed 0 finished twice: the later run is kept
     duplicate = _finished("ce", ce, 0, {}, 0.555)
     cells += [failed, running, killed, retry_failed, retry_ok, duplicate]
     yaml_text = f"name: {name}\nseeds: [0, 1, 2]\n"
     written = log_study_runs(mlflow_server, name, cells, study_yaml=yaml_text)
-    return {"name": name, "cells": cells, "uri": mlflow_server, "yaml": yaml_text,
-            **written, "ce": ce, "eps": eps_configs, "broken": broken}
+    return {
+        "name": name,
+        "cells": cells,
+        "uri": mlflow_server,
+        "yaml": yaml_text,
+        **written,
+        "ce": ce,
+        "eps": eps_configs,
+        "broken": broken,
+    }
 
 
 @pytest.mark.slow
@@ -271,8 +301,7 @@ def test_pagination_reads_every_run(study):
     whole = collect(study["uri"], study["name"])
     paged = collect(study["uri"], study["name"], page_size=2)  # 8 pages of cells
     assert paged.n_runs == whole.n_runs == len(study["cells"])
-    assert sorted(paged.table.column("run_id").to_pylist()) == \
-        sorted(whole.table.column("run_id").to_pylist())
+    assert sorted(paged.table.column("run_id").to_pylist()) == sorted(whole.table.column("run_id").to_pylist())
     assert paged.failed.num_rows == whole.failed.num_rows == 3
 
 
@@ -311,11 +340,9 @@ def test_collect_from_sqlite_store(tmp_path):
     """The embedded default store (sqlite) works the same as a server."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = set_path(BASE_CONFIG, "loss.epsilon", 0.5)
-    cells = [_finished("noised", config, s, {"loss.epsilon": 0.5}, 0.9 + s / 100)
-             for s in range(2)]
+    cells = [_finished("noised", config, s, {"loss.epsilon": 0.5}, 0.9 + s / 100) for s in range(2)]
     cells[1].per_class = None
-    cells.append(CellRun("noised", config, 2, {"loss.epsilon": 0.5}, status="failed",
-                         error="boom"))
+    cells.append(CellRun("noised", config, 2, {"loss.epsilon": 0.5}, status="failed", error="boom"))
     log_study_runs(uri, "sqlite-study", cells)
     collected = collect(uri, "sqlite-study")
     assert sorted(collected.table.column("seed").to_pylist()) == [0, 1]
@@ -338,8 +365,15 @@ def test_study_runs_filters_tags_params_and_metrics_alike_on_both_paths(tmp_path
     log_study_runs(uri, "ledger-study", cells)
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("ledger-study").experiment_id
-    config_a = next(iter({r.data.tags[TAG_CONFIG_ID] for r in client.search_runs([experiment])
-                          if r.data.params.get("loss.epsilon") == "0.5"}))
+    config_a = next(
+        iter(
+            {
+                r.data.tags[TAG_CONFIG_ID]
+                for r in client.search_runs([experiment])
+                if r.data.params.get("loss.epsilon") == "0.5"
+            }
+        )
+    )
     wanted = {TAG_ROLE: ROLE_CELL, TAG_CONFIG_ID: config_a}
 
     def view(records):
@@ -347,8 +381,7 @@ def test_study_runs_filters_tags_params_and_metrics_alike_on_both_paths(tmp_path
 
     for params, metrics in ((True, None), (False, ("test/top5", "no/such")), (False, ())):
         bulk = study_runs(client, experiment, wanted, params=params, metrics=metrics)
-        paged = study_runs(client, experiment, wanted, params=params, metrics=metrics,
-                           page_size=2, bulk=False)
+        paged = study_runs(client, experiment, wanted, params=params, metrics=metrics, page_size=2, bulk=False)
         assert view(bulk) == view(paged)
         assert len(bulk) == 3 and {r.tags[TAG_CONFIG_ID] for r in bulk} == {config_a}
         assert [r.start_time for r in bulk] == sorted(r.start_time for r in bulk)
@@ -384,33 +417,39 @@ def _awkward_histories(uri: str, name: str) -> list[str]:
     from analysis.collect import REST_BULK_POINTS
 
     config = set_path(BASE_CONFIG, "loss.epsilon", 0.5)
-    cells = [_finished("noised", config, s, {"loss.epsilon": 0.5}, 0.9 + s / 100)
-             for s in range(3)]
-    cells.append(CellRun("noised", config, 3, {"loss.epsilon": 0.5}, status="failed",
-                         error="boom", epochs=_epochs(3, 0.0)[:1]))
+    cells = [_finished("noised", config, s, {"loss.epsilon": 0.5}, 0.9 + s / 100) for s in range(3)]
+    cells.append(
+        CellRun("noised", config, 3, {"loss.epsilon": 0.5}, status="failed", error="boom", epochs=_epochs(3, 0.0)[:1])
+    )
     written = log_study_runs(uri, name, cells)
     client = MlflowClient(tracking_uri=uri)
     first, second, third, _ = written["run_ids"]
     t = int(time.time() * 1000)
-    client.log_batch(first, metrics=[Metric("val/top5", 0.99, t + 10_000, 1),  # again, later
-                                     Metric("val/top5", float("nan"), t + 20_000, 2),
-                                     Metric("epoch_time_s", float("inf"), t + 20_000, 2)],
-                     synchronous=True)
+    client.log_batch(
+        first,
+        metrics=[
+            Metric("val/top5", 0.99, t + 10_000, 1),  # again, later
+            Metric("val/top5", float("nan"), t + 20_000, 2),
+            Metric("epoch_time_s", float("inf"), t + 20_000, 2),
+        ],
+        synchronous=True,
+    )
     client.log_batch(second, metrics=[Metric("only/second", 1.5, t, 0)], synchronous=True)
     many = [Metric("val/top5", 0.5 + i / 10**5, t + i, i) for i in range(REST_BULK_POINTS + 20)]
     for i in range(0, len(many), 1000):
-        client.log_batch(third, metrics=many[i:i + 1000], synchronous=True)
+        client.log_batch(third, metrics=many[i : i + 1000], synchronous=True)
     return written["run_ids"]
 
 
 def same_table(a: pa.Table, b: pa.Table) -> bool:
     """Equal schemas and values, NaN equal to NaN (a run's latest value may be NaN)."""
+
     def key(value):
         return "NaN" if isinstance(value, float) and math.isnan(value) else value
 
     return a.schema == b.schema and all(
-        [key(v) for v in a.column(n).to_pylist()] == [key(v) for v in b.column(n).to_pylist()]
-        for n in a.column_names)
+        [key(v) for v in a.column(n).to_pylist()] == [key(v) for v in b.column(n).to_pylist()] for n in a.column_names
+    )
 
 
 @pytest.mark.slow
@@ -440,8 +479,11 @@ def test_bulk_reads_of_an_sql_store_equal_the_search_runs_path(tmp_path):
     bulk = collect(uri, "bulk-sqlite", histories=keys)
     reference = collect(uri, "bulk-sqlite", histories=keys, bulk=False)
     assert same_table(bulk.table, reference.table) and bulk.failed.equals(reference.failed)
-    assert (bulk.parent_run_id, bulk.n_runs, bulk.duplicate_cells) == \
-        (reference.parent_run_id, reference.n_runs, reference.duplicate_cells)
+    assert (bulk.parent_run_id, bulk.n_runs, bulk.duplicate_cells) == (
+        reference.parent_run_id,
+        reference.n_runs,
+        reference.duplicate_cells,
+    )
     assert bulk.table.num_rows == 3 and bulk.failed.num_rows == 1
     histories = collect_histories(bulk, keys)
     assert histories.equals(collect_histories(bulk, keys, bulk=False))

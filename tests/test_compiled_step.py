@@ -27,12 +27,23 @@ from setvalued.training import fit
 
 torch.set_num_threads(1)
 
-BASE = {"data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2, "train_size": 48,
-                 "val_size": 20, "test_size": 20, "feature_dim": 8},
-        "model": {"name": "mlp", "hidden_dim": 16},
-        "optim": {"lr": 0.05, "batch_size": 16, "milestones": []}, "epochs": 1,
-        "eval": {"ks": [1, 3], "selection": "val/top3", "batch_size": 10}, "device": "cpu",
-        "compile": "model"}
+BASE = {
+    "data": {
+        "name": "synthetic",
+        "num_classes": 6,
+        "num_superclasses": 2,
+        "train_size": 48,
+        "val_size": 20,
+        "test_size": 20,
+        "feature_dim": 8,
+    },
+    "model": {"name": "mlp", "hidden_dim": 16},
+    "optim": {"lr": 0.05, "batch_size": 16, "milestones": []},
+    "epochs": 1,
+    "eval": {"ks": [1, 3], "selection": "val/top3", "batch_size": 10},
+    "device": "cpu",
+    "compile": "model",
+}
 #: three heads (linear, normed, two_head), four losses
 LOSSES = [{"name": "ce"}, {"name": "ldam"}, {"name": "avgk_two_head", "k": 2}, {"name": "noised_topk", "k": 2}]
 

@@ -8,10 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-
 from test_cli import REPO, cell_runs, run_cli, study_file
 
 pytestmark = pytest.mark.slow
@@ -32,11 +30,21 @@ def test_a_second_driver_refuses_or_waits_and_no_cell_runs_twice(mlflow_server, 
     path = study_file(tmp_path, name)
     output = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    args = ["run", str(path), "--tracking-uri", mlflow_server, "--output", str(output), "--no-report",
-            "--num-cpus", "1"]
+    args = [
+        "run",
+        str(path),
+        "--tracking-uri",
+        mlflow_server,
+        "--output",
+        str(output),
+        "--no-report",
+        "--num-cpus",
+        "1",
+    ]
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen([sys.executable, "-m", "studies.cli", *args], cwd=REPO, env=env,
-                                 stdout=log, stderr=subprocess.STDOUT)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "studies.cli", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + 300
             while not _lease_runs(mlflow_server, name):

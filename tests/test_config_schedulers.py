@@ -24,16 +24,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from studies.running.runner import RunOptions, run_study
 from studies.scheduling import ConfigOptunaPruning, ConfigSuccessiveHalving, rungs
 from studies.studyfile.problems import StudyError
-from studies.running.runner import RunOptions, run_study
 from studies.studyfile.spec import parse_study
 
 # ----------------------------------------------------------------------------- brute force
 
 
-def brute_force_asha(events: list[tuple[str, int]], curves: dict, mode: str, grace: int,
-                     eta: int, epochs: int | None = None) -> dict:
+def brute_force_asha(
+    events: list[tuple[str, int]], curves: dict, mode: str, grace: int, eta: int, epochs: int | None = None
+) -> dict:
     """ASHA written out directly: `events` are (config, epoch) completions in time order;
     at a rung r, a config goes on when its seed mean is at least the ceil(n/eta)-th best mean
     of the n configs that reached r so far (itself included), else it stops at r."""
@@ -50,8 +51,7 @@ def brute_force_asha(events: list[tuple[str, int]], curves: dict, mode: str, gra
         if config in stops or n not in rung_set:
             continue
         seeds = curves[config]
-        mean = sum(sign * (s[n - 1] if s[n - 1] == s[n - 1] else -math.inf * sign)
-                   for s in seeds.values()) / len(seeds)
+        mean = sum(sign * (s[n - 1] if s[n - 1] == s[n - 1] else -math.inf * sign) for s in seeds.values()) / len(seeds)
         at_rung.setdefault(n, []).append(mean)
         ranked = sorted(at_rung[n], reverse=True)
         bar = ranked[math.ceil(len(ranked) / eta) - 1]
@@ -91,8 +91,7 @@ def test_asha_matches_the_brute_force(mode, order):
     rng = random.Random(7)
     for trial in range(40):
         n_configs, epochs = rng.randint(2, 9), rng.randint(3, 12)
-        curves = {f"c{i}": {s: [rng.random() for _ in range(epochs)] for s in range(3)}
-                  for i in range(n_configs)}
+        curves = {f"c{i}": {s: [rng.random() for _ in range(epochs)] for s in range(3)} for i in range(n_configs)}
         grace, eta = rng.randint(1, 3), rng.randint(2, 4)
         if order == "config_major":
             events = [(c, n) for c in curves for n in range(1, epochs + 1)]
@@ -109,8 +108,9 @@ def test_asha_matches_the_brute_force(mode, order):
 
 
 def test_asha_prunes_the_config_on_its_seed_mean_not_one_seed():
-    rule = ConfigSuccessiveHalving({"leader": [0, 1], "mixed": [0, 1], "third": [0, 1]},
-                                   "max", grace_epochs=2, reduction_factor=2)
+    rule = ConfigSuccessiveHalving(
+        {"leader": [0, 1], "mixed": [0, 1], "third": [0, 1]}, "max", grace_epochs=2, reduction_factor=2
+    )
     assert rule.record("leader", 0, 1, 0.5) == "continue"  # epoch 1 is no rung: no waiting
     rule.record("leader", 1, 1, 0.5)
     assert rule.record("leader", 0, 2, 0.5) == "wait"  # rung 2: seed 1 has not reported
@@ -177,8 +177,8 @@ def test_the_coordinator_answers_a_waiting_seed_when_its_config_is_decided(local
 
     ray = local_ray
     actor = ray.remote(num_cpus=0)(SchedulerActor).remote(
-        ConfigEarlyStopper, {"seeds": {"a": [0, 1], "b": [0, 1]}, "mode": "max",
-                             "grace_epochs": 1, "patience": 1})
+        ConfigEarlyStopper, {"seeds": {"a": [0, 1], "b": [0, 1]}, "mode": "max", "grace_epochs": 1, "patience": 1}
+    )
     assert ray.get(actor.record.remote("a", 0, 1, 0.5)) == "wait"
     waiting = actor.wait_decision.remote("a", 0, 1, 600.0)
     assert ray.wait([waiting], timeout=1.0)[0] == []  # nothing decided: the call waits
@@ -193,21 +193,18 @@ def test_the_coordinator_answers_a_waiting_seed_when_its_config_is_decided(local
     assert ray.get(waiting, timeout=120) == "stop"
 
     # a trial's side: seed 0 blocks in report_and_wait until seed 1 reports
-    actor = ray.remote(num_cpus=0)(SchedulerActor).remote(
-        ConfigOptunaPruning, {"seeds": {"c": [0, 1]}, "mode": "min"})
+    actor = ray.remote(num_cpus=0)(SchedulerActor).remote(ConfigOptunaPruning, {"seeds": {"c": [0, 1]}, "mode": "min"})
     clients = [CoordinatorClient(actor, "val/loss", {"config_id": "c", "seed": s}) for s in (0, 1)]
     answers = {}
-    first = threading.Thread(target=lambda: answers.update(
-        {0: clients[0].report_and_wait(1, {"val/loss": 0.2})}))
+    first = threading.Thread(target=lambda: answers.update({0: clients[0].report_and_wait(1, {"val/loss": 0.2})}))
     first.start()
     first.join(timeout=1.0)
     assert first.is_alive()  # waiting for seed 1
-    second = threading.Thread(target=lambda: answers.update(
-        {1: clients[1].report_and_wait(1, {"val/loss": 0.4})}))
+    second = threading.Thread(target=lambda: answers.update({1: clients[1].report_and_wait(1, {"val/loss": 0.4})}))
     second.start()
     pending, deadline = [], time.monotonic() + 120
     while not pending and time.monotonic() < deadline:  # the driver's side of an Optuna
-        pending = ray.get(actor.pending.remote())     # pruner: resolve the pending mean
+        pending = ray.get(actor.pending.remote())  # pruner: resolve the pending mean
         time.sleep(0.05)
     assert pending == [("c", 1, pytest.approx(0.3))]
     ray.get(actor.resolve.remote([("c", 1, True)]))
@@ -260,19 +257,16 @@ design:
 
 
 def test_optuna_pruner_is_validated_with_clear_errors():
-    study = parse_study(STUDY + OPTUNA + "  pruner: {kind: median, n_warmup_steps: 2}\n",
-                        "s.yaml")
-    (_, block), = study.optuna_blocks
-    assert (block.pruner.kind, block.pruner.n_warmup_steps, block.pruner.n_startup_trials) == \
-        ("median", 2, 5)
+    study = parse_study(STUDY + OPTUNA + "  pruner: {kind: median, n_warmup_steps: 2}\n", "s.yaml")
+    ((_, block),) = study.optuna_blocks
+    assert (block.pruner.kind, block.pruner.n_warmup_steps, block.pruner.n_startup_trials) == ("median", 2, 5)
     text = problems_of(OPTUNA + "  pruner: {kind: patient}\n")
     assert "design.pruner.kind" in text and "median, successive_halving, hyperband" in text
     text = problems_of(OPTUNA + "  pruner: {kind: hyperband, eta: 3}\n")
     assert "unknown field 'eta'" in text and "reduction_factor" in text
     text = problems_of(OPTUNA + "  pruner: {kind: median}\nscheduler: {kind: asha}\n")
     assert "design.pruner" in text and "expected one of them" in text
-    text = problems_of(OPTUNA + "  pruner: {kind: successive_halving}\n"
-                       "objective: {metric: test/top1}\n")
+    text = problems_of(OPTUNA + "  pruner: {kind: successive_halving}\nobjective: {metric: test/top1}\n")
     assert "objective.metric" in text and "validation metric" in text
 
 
@@ -281,8 +275,9 @@ def test_optuna_pruner_builds_the_named_optuna_pruner():
 
     from studies.scheduling.optuna_pruning import optuna_pruner
 
-    study = parse_study(STUDY + OPTUNA + "  pruner: {kind: hyperband, min_resource: 2, "
-                        "reduction_factor: 2}\n", "s.yaml")
+    study = parse_study(
+        STUDY + OPTUNA + "  pruner: {kind: hyperband, min_resource: 2, reduction_factor: 2}\n", "s.yaml"
+    )
     pruner = optuna_pruner(study.optuna_blocks[0][1].pruner)
     assert isinstance(pruner, optuna.pruners.HyperbandPruner)
     assert (pruner._min_resource, pruner._reduction_factor) == (2, 2)
@@ -314,11 +309,18 @@ def curve_fit(config, seed, on_epoch=None, checkpoint=None):
             best = (epoch, value)
         time.sleep(0.05)
         if on_epoch is not None:
-            on_epoch(epoch, {"epoch": epoch, "train/loss": 1.0 - value, "val/top1": value,
-                             "lr": lr, "epoch_time_s": 0.05},
-                     {"epoch": epoch, "best": best, "config": dict(config)})
-    return {"best_epoch": best[0], "best_val": best[1], "test": {"top1": best[1]},
-            "per_class": {"class": [0, 1], "top1": [best[1], best[1]]}, "history": []}
+            on_epoch(
+                epoch,
+                {"epoch": epoch, "train/loss": 1.0 - value, "val/top1": value, "lr": lr, "epoch_time_s": 0.05},
+                {"epoch": epoch, "best": best, "config": dict(config)},
+            )
+    return {
+        "best_epoch": best[0],
+        "best_val": best[1],
+        "test": {"top1": best[1]},
+        "per_class": {"class": [0, 1], "top1": [best[1], best[1]]},
+        "history": [],
+    }
 
 
 def curve_study(folder: Path, name: str, lrs, **extra) -> Path:
@@ -326,9 +328,14 @@ def curve_study(folder: Path, name: str, lrs, **extra) -> Path:
     study["name"] = name
     study["base"]["epochs"] = EPOCHS
     study["base"]["eval"] = {"ks": [1], "selection": "val/top1"}
-    study.update({"design": [{"kind": "grid", "parameters": {"optim.lr": list(lrs)}}],
-                  "resources": {"cpus": 1}, "log_models": False,
-                  "objective": {"metric": "val/top1", "mode": "max"}})
+    study.update(
+        {
+            "design": [{"kind": "grid", "parameters": {"optim.lr": list(lrs)}}],
+            "resources": {"cpus": 1},
+            "log_models": False,
+            "objective": {"metric": "val/top1", "mode": "max"},
+        }
+    )
     study.update(extra)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
@@ -340,29 +347,32 @@ def cell_runs(server: str, name: str) -> list:
 
     client = MlflowClient(server)
     experiment = client.get_experiment_by_name(name)
-    return [r for r in client.search_runs([experiment.experiment_id], max_results=1000)
-            if r.data.tags.get("studies.role") == "cell"]
+    return [
+        r
+        for r in client.search_runs([experiment.experiment_id], max_results=1000)
+        if r.data.tags.get("studies.role") == "cell"
+    ]
 
 
 @pytest.mark.slow
-def test_asha_stops_the_bad_configs_at_their_rungs_with_all_seeds(local_ray, mlflow_server,
-                                                                  tmp_path):
+def test_asha_stops_the_bad_configs_at_their_rungs_with_all_seeds(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
     from analysis.report import build_report
 
     lrs = [0.5, 0.4, 0.3, 0.2]  # design order = the order configs reach each rung
-    path = curve_study(tmp_path, "asha-grid", lrs,
-                       scheduler={"kind": "asha", "grace_epochs": 1, "reduction_factor": 2})
+    path = curve_study(tmp_path, "asha-grid", lrs, scheduler={"kind": "asha", "grace_epochs": 1, "reduction_factor": 2})
     stream = io.StringIO()
-    outcome = run_study(path, RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server,
-                                         report=False, stream=stream, fit_fn=curve_fit))
+    outcome = run_study(
+        path,
+        RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server, report=False, stream=stream, fit_fn=curve_fit),
+    )
     assert outcome.exit_code == 0, stream.getvalue()
     # one config at a time (2 slots, 2 seeds): configs complete their epochs in design order
-    curves = {lr: {s: [CURVES[lr](s, n) for n in range(1, EPOCHS + 1)] for s in (0, 1)}
-              for lr in lrs}
-    expected = brute_force_asha([(lr, n) for lr in lrs for n in range(1, EPOCHS + 1)],
-                                curves, "max", grace=1, eta=2, epochs=EPOCHS)
+    curves = {lr: {s: [CURVES[lr](s, n) for n in range(1, EPOCHS + 1)] for s in (0, 1)} for lr in lrs}
+    expected = brute_force_asha(
+        [(lr, n) for lr in lrs for n in range(1, EPOCHS + 1)], curves, "max", grace=1, eta=2, epochs=EPOCHS
+    )
     assert expected == {0.4: 2, 0.3: 1}  # the scripted bad configs (0.3's seed 0 leads alone)
     client = MlflowClient(mlflow_server)
     seen = {}
@@ -370,8 +380,12 @@ def test_asha_stops_the_bad_configs_at_their_rungs_with_all_seeds(local_ray, mlf
         lr, seed = float(run.data.params["optim.lr"]), int(run.data.params["seed"])
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/top1"))
         tags = run.data.tags
-        seen[(lr, seed)] = (len(steps), tags.get("studies.stopped_epoch"),
-                            tags.get("studies.pruned"), tags["studies.status"])
+        seen[(lr, seed)] = (
+            len(steps),
+            tags.get("studies.stopped_epoch"),
+            tags.get("studies.pruned"),
+            tags["studies.status"],
+        )
     for lr in lrs:
         for seed in (0, 1):
             if lr in expected:
@@ -384,15 +398,21 @@ def test_asha_stops_the_bad_configs_at_their_rungs_with_all_seeds(local_ray, mlf
     study = yaml.safe_load(path.read_text())
     study["report"] = {"tables": [{"metrics": ["test/top1"]}]}
     path.write_text(yaml.safe_dump(study, sort_keys=False))
-    text = Path(build_report(mlflow_server, "asha-grid", report_dir, study_file=path)
-                ).with_suffix(".md").read_text(encoding="utf-8")
+    text = (
+        Path(build_report(mlflow_server, "asha-grid", report_dir, study_file=path))
+        .with_suffix(".md")
+        .read_text(encoding="utf-8")
+    )
     assert "2 configs pruned (asha): 1 at epoch 1, 1 at epoch 2; not shown" in text
     table_rows = [line for line in text.splitlines() if line.startswith("| ") and "0.4" in line]
     assert not table_rows, table_rows
     study["report"]["show_pruned"] = True
     path.write_text(yaml.safe_dump(study, sort_keys=False))
-    text = Path(build_report(mlflow_server, "asha-grid", tmp_path / "report2", study_file=path)
-                ).with_suffix(".md").read_text(encoding="utf-8")
+    text = (
+        Path(build_report(mlflow_server, "asha-grid", tmp_path / "report2", study_file=path))
+        .with_suffix(".md")
+        .read_text(encoding="utf-8")
+    )
     assert "not shown" not in text
     assert [line for line in text.splitlines() if line.startswith("| ") and "0.4" in line]
 
@@ -410,24 +430,44 @@ def median_fit(config, seed, on_epoch=None, checkpoint=None):
             best = (epoch, value)
         time.sleep(0.05)
         if on_epoch is not None:
-            on_epoch(epoch, {"epoch": epoch, "val/top1": value, "epoch_time_s": 0.05},
-                     {"epoch": epoch, "best": best, "config": dict(config)})
-    return {"best_epoch": best[0], "best_val": best[1], "test": {"top1": best[1]},
-            "per_class": {"class": [0, 1], "top1": [best[1], best[1]]}, "history": []}
+            on_epoch(
+                epoch,
+                {"epoch": epoch, "val/top1": value, "epoch_time_s": 0.05},
+                {"epoch": epoch, "best": best, "config": dict(config)},
+            )
+    return {
+        "best_epoch": best[0],
+        "best_val": best[1],
+        "test": {"top1": best[1]},
+        "per_class": {"class": [0, 1], "top1": [best[1], best[1]]},
+        "history": [],
+    }
 
 
 @pytest.mark.slow
-def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlflow_server,
-                                                                tmp_path):
+def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlflow_server, tmp_path):
     import optuna
 
-    path = curve_study(tmp_path, "optuna-median", [0.3], design=[{
-        "kind": "optuna", "n_configs": 5, "sampler": "random", "sampler_seed": 0,
-        "parameters": {"optim.lr": {"uniform": [0.01, 0.5]}},
-        "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 2}}])
+    path = curve_study(
+        tmp_path,
+        "optuna-median",
+        [0.3],
+        design=[
+            {
+                "kind": "optuna",
+                "n_configs": 5,
+                "sampler": "random",
+                "sampler_seed": 0,
+                "parameters": {"optim.lr": {"uniform": [0.01, 0.5]}},
+                "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 2},
+            }
+        ],
+    )
     stream = io.StringIO()
-    outcome = run_study(path, RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server,
-                                         report=False, stream=stream, fit_fn=median_fit))
+    outcome = run_study(
+        path,
+        RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server, report=False, stream=stream, fit_fn=median_fit),
+    )
     assert outcome.exit_code == 0, stream.getvalue()
     storage = f"sqlite:///{tmp_path / 'out' / 'optuna-median' / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
@@ -451,10 +491,11 @@ def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlfl
         expected_stop = None
         if completed:
             for n in range(2, EPOCHS):
-                median = float(sorted(v[n] for v in completed)[(len(completed) - 1) // 2]
-                               if len(completed) % 2 else
-                               sum(sorted(v[n] for v in completed)[len(completed) // 2 - 1:
-                                                                   len(completed) // 2 + 1]) / 2)
+                median = float(
+                    sorted(v[n] for v in completed)[(len(completed) - 1) // 2]
+                    if len(completed) % 2
+                    else sum(sorted(v[n] for v in completed)[len(completed) // 2 - 1 : len(completed) // 2 + 1]) / 2
+                )
                 if lr + 0.05 + 0.01 * n < median:
                     expected_stop = n
                     break
@@ -480,4 +521,3 @@ def test_optuna_median_pruner_prunes_configs_on_their_seed_means(local_ray, mlfl
     assert "optuna design[0]: 5 configs asked: " in text and f"{pruned} pruned" in text, text
     assert "left out of the report unless report.show_pruned" in text
     assert check_progress_counts(text)[-1][:2] == (10, 10)
-

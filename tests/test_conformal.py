@@ -36,8 +36,9 @@ def synthetic(gen: torch.Generator, shape: tuple[int, ...], num_classes: int = 5
     return probs, labels
 
 
-def simulate_coverage(n: int, alpha: float, score: str, reps: int = 600, m: int = 100, seed: int = 0,
-                      randomized: bool = False) -> tuple[float, float]:
+def simulate_coverage(
+    n: int, alpha: float, score: str, reps: int = 600, m: int = 100, seed: int = 0, randomized: bool = False
+) -> tuple[float, float]:
     """Mean over repetitions of the test coverage of sets calibrated on n fresh examples, and its
     Monte-Carlo standard error."""
     gen = torch.Generator().manual_seed(seed)
@@ -54,6 +55,7 @@ def simulate_coverage(n: int, alpha: float, score: str, reps: int = 600, m: int 
 # ----------------------------------------------------------------------------------------------
 # the quantile and the guarantee (eq. 2.5)
 # ----------------------------------------------------------------------------------------------
+
 
 def test_quantile_is_the_ceil_rank_order_statistic():
     scores = torch.arange(10, dtype=F64) / 10  # 0.0 .. 0.9
@@ -93,6 +95,7 @@ def test_aps_coverage_guarantee_by_simulation(randomized):
 # ----------------------------------------------------------------------------------------------
 # the scores and the sets
 # ----------------------------------------------------------------------------------------------
+
 
 def test_lac_scores_and_sets_are_thresholded_probabilities():
     gen = torch.Generator().manual_seed(1)
@@ -168,6 +171,7 @@ def test_bad_arguments_are_refused():
 # Mondrian (class-conditional) calibration
 # ----------------------------------------------------------------------------------------------
 
+
 def test_mondrian_coverage_holds_per_class_where_the_marginal_one_does_not():
     """Class 2 is under-estimated by the model: marginal sets miss it often; Mondrian sets cover
     every class at 1 - alpha (in expectation over calibration draws)."""
@@ -227,6 +231,7 @@ def test_mondrian_by_shot_group():
 # coverage and size, per shot group
 # ----------------------------------------------------------------------------------------------
 
+
 def test_coverage_and_size_by_hand():
     sets = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
     labels = torch.tensor([0, 1, 0, 2])
@@ -248,6 +253,7 @@ def test_coverage_and_size_by_hand():
 # the calibration split
 # ----------------------------------------------------------------------------------------------
 
+
 def test_split_calibration_is_a_deterministic_partition():
     cal, rest = split_calibration(1000, 0.3, seed=1234)
     assert cal.numel() == 300 and rest.numel() == 700
@@ -257,8 +263,12 @@ def test_split_calibration_is_a_deterministic_partition():
     assert torch.equal(cal, again)
     other, _ = split_calibration(1000, 0.3, seed=1235)
     assert not torch.equal(cal, other)
-    for bad in [dict(n=1, fraction=0.5, seed=0), dict(n=10, fraction=1.0, seed=0),
-                dict(n=10, fraction=0.01, seed=0), dict(n=10, fraction=0.5, seed=1.5)]:
+    for bad in [
+        dict(n=1, fraction=0.5, seed=0),
+        dict(n=10, fraction=1.0, seed=0),
+        dict(n=10, fraction=0.01, seed=0),
+        dict(n=10, fraction=0.5, seed=1.5),
+    ]:
         with pytest.raises(ValueError):
             split_calibration(**bad)
 
@@ -266,6 +276,7 @@ def test_split_calibration_is_a_deterministic_partition():
 # ----------------------------------------------------------------------------------------------
 # the level with a given mean set size
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("score", ["lac", "aps"])
 def test_match_average_size_marginal_is_the_nearest_attainable_size(score):
@@ -281,8 +292,10 @@ def test_match_average_size_marginal_is_the_nearest_attainable_size(score):
         assert abs(matched.size - target) < 0.05
         # no level does better: every rank k of the 500 calibration scores
         ks = range(1, 501)
-        sizes = [float(prediction_sets(probs, calibrate(probs, labels, 1 - k / 501, score), score).sum()) / 500
-                 for k in ks[::25]]
+        sizes = [
+            float(prediction_sets(probs, calibrate(probs, labels, 1 - k / 501, score), score).sum()) / 500
+            for k in ks[::25]
+        ]
         assert all(abs(matched.size - target) <= abs(s - target) + 1e-12 for s in sizes)
 
 
@@ -293,17 +306,19 @@ def test_match_average_size_mondrian_and_other_size_data():
     for mondrian in (True, "shot"):
         matched = match_average_size(probs[:1000], labels[:1000], 3.0, mondrian=mondrian, class_counts=counts)
         assert abs(matched.size - 3.0) < 0.05
-        assert torch.equal(matched.thresholds,
-                           calibrate(probs[:1000], labels[:1000], matched.alpha, mondrian=mondrian,
-                                     class_counts=counts))
+        assert torch.equal(
+            matched.thresholds,
+            calibrate(probs[:1000], labels[:1000], matched.alpha, mondrian=mondrian, class_counts=counts),
+        )
     # the size measured on other (unlabelled) data
     matched = match_average_size(probs[:1000], labels[:1000], 2.0, size_probs=probs[1000:])
     sets = prediction_sets(probs[1000:], matched.thresholds)
     assert float(sets.sum()) / 500 == pytest.approx(matched.size)
     assert abs(matched.size - 2.0) < 0.05
     # a randomised APS level is measured with the same draw as its calibration scores
-    matched = match_average_size(probs[:1000], labels[:1000], 2.0, "aps", randomized=True,
-                                 generator=torch.Generator().manual_seed(0))
+    matched = match_average_size(
+        probs[:1000], labels[:1000], 2.0, "aps", randomized=True, generator=torch.Generator().manual_seed(0)
+    )
     assert abs(matched.size - 2.0) < 0.05
 
 

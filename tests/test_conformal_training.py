@@ -10,9 +10,15 @@ import math
 import pytest
 import torch
 
-from setvalued.metrics import ConformalMethod, conformal_metrics, split_calibration
-from setvalued.metrics import check_metric
-from setvalued.metrics import activate, calibrate_avgk_threshold, shot_groups
+from setvalued.metrics import (
+    ConformalMethod,
+    activate,
+    calibrate_avgk_threshold,
+    check_metric,
+    conformal_metrics,
+    shot_groups,
+    split_calibration,
+)
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -29,12 +35,13 @@ def _draw(gen: torch.Generator, n: int, num_classes: int):
 # brute force: the recipe of [Gar23] §2.2.2 written with loops
 # --------------------------------------------------------------------------------------------
 
+
 def _score(probs, i, j, score):
     row = probs[i].tolist()
     if score == "lac":
         return 1.0 - row[j]
     order = sorted(range(len(row)), key=lambda c: (-row[c], c))  # decreasing, ties by index
-    return sum(row[c] for c in order[:order.index(j) + 1])
+    return sum(row[c] for c in order[: order.index(j) + 1])
 
 
 def _quantile(values, alpha):
@@ -60,8 +67,11 @@ def _brute_stats(sets, labels, class_counts):
     per_class = {}
     for ok, y in zip(covered, labels):
         per_class.setdefault(y, []).append(ok)
-    out = {"coverage": sum(covered) / len(labels), "size": sum(map(len, sets)) / len(sets),
-           "macro": sum(sum(v) / len(v) for v in per_class.values()) / len(per_class)}
+    out = {
+        "coverage": sum(covered) / len(labels),
+        "size": sum(map(len, sets)) / len(sets),
+        "macro": sum(sum(v) / len(v) for v in per_class.values()) / len(per_class),
+    }
     for g, mask in groups.items():
         classes = [c for c in per_class if mask[c]]
         if classes:
@@ -71,8 +81,9 @@ def _brute_stats(sets, labels, class_counts):
     return out
 
 
-@pytest.mark.parametrize("score, mondrian", [("lac", "marginal"), ("aps", "marginal"), ("lac", "class"),
-                                             ("aps", "class")])
+@pytest.mark.parametrize(
+    "score, mondrian", [("lac", "marginal"), ("aps", "marginal"), ("lac", "class"), ("aps", "class")]
+)
 def test_conformal_metrics_equal_the_recipe_written_with_loops(score, mondrian):
     gen = torch.Generator().manual_seed(3)
     num_classes = 6
@@ -80,8 +91,15 @@ def test_conformal_metrics_equal_the_recipe_written_with_loops(score, mondrian):
     probs_test, labels_test = _draw(gen, 40, num_classes)
     class_counts = [5, 30, 200, 10, 150, 50]  # few, medium, many, few, many, medium
     alpha = 0.2
-    out = conformal_metrics(probs_cal, labels_cal, probs_test, labels_test, [ConformalMethod(score, mondrian)],
-                            [alpha], class_counts=class_counts)
+    out = conformal_metrics(
+        probs_cal,
+        labels_cal,
+        probs_test,
+        labels_test,
+        [ConformalMethod(score, mondrian)],
+        [alpha],
+        class_counts=class_counts,
+    )
     name = score if mondrian == "marginal" else f"{score}_class"
     sets = _brute_sets(probs_cal, labels_cal, probs_test, alpha, score, mondrian == "class")
     expected = _brute_stats(sets, labels_test, class_counts)
@@ -101,8 +119,16 @@ def test_size_matched_sets_have_the_nearest_attainable_mean_size():
     probs_size, _ = _draw(gen, 70, 8)
     probs_test, labels_test = _draw(gen, 30, 8)
     target = 2.3
-    out = conformal_metrics(probs_cal, labels_cal, probs_test, labels_test, [ConformalMethod("lac", "marginal")],
-                            [], {"avg2": target}, size_probs=probs_size)
+    out = conformal_metrics(
+        probs_cal,
+        labels_cal,
+        probs_test,
+        labels_test,
+        [ConformalMethod("lac", "marginal")],
+        [],
+        {"avg2": target},
+        size_probs=probs_size,
+    )
     cal_scores = [1.0 - float(probs_cal[i, labels_cal[i]]) for i in range(50)] + [math.inf]
     size_of = {q: sum(1 for row in (1.0 - probs_size).tolist() for s in row if s <= q) / 70 for q in cal_scores}
     best = min(sorted(cal_scores), key=lambda q: abs(size_of[q] - target))
@@ -142,13 +168,28 @@ def test_named_coverage_meets_the_guarantee_on_exchangeable_data(score):
 # --------------------------------------------------------------------------------------------
 
 CONFIG = {
-    "data": {"name": "synthetic", "num_classes": 12, "num_superclasses": 3, "train_size": 500,
-             "val_size": 600, "test_size": 1200},
-    "model": {"name": "mlp", "hidden_dim": 32}, "loss": {"name": "ce"},
-    "optim": {"lr": 0.1, "milestones": []}, "epochs": 2, "device": "cpu",
-    "eval": {"ks": [1, 3], "avgk": [2], "selection": "val/avg2", "conformal_alphas": [0.1],
-             "conformal_match_avgk": True, "conformal_mondrian": ["marginal", "class", "shot"],
-             "conformal_calibration_fraction": 0.5},
+    "data": {
+        "name": "synthetic",
+        "num_classes": 12,
+        "num_superclasses": 3,
+        "train_size": 500,
+        "val_size": 600,
+        "test_size": 1200,
+    },
+    "model": {"name": "mlp", "hidden_dim": 32},
+    "loss": {"name": "ce"},
+    "optim": {"lr": 0.1, "milestones": []},
+    "epochs": 2,
+    "device": "cpu",
+    "eval": {
+        "ks": [1, 3],
+        "avgk": [2],
+        "selection": "val/avg2",
+        "conformal_alphas": [0.1],
+        "conformal_match_avgk": True,
+        "conformal_mondrian": ["marginal", "class", "shot"],
+        "conformal_calibration_fraction": 0.5,
+    },
 }
 
 
@@ -167,8 +208,11 @@ def _scores(model, split):
 
 def test_fit_logs_every_conformal_metric_it_declares(fitted):
     ev = {**CONFIG["eval"], "conformal_scores": ["lac", "aps"]}
-    names = [k for k in fitted["test"] if any(k.split("/")[-1].startswith(p) for p in ("lac", "aps", "macro_lac",
-                                                                                      "macro_aps"))]
+    names = [
+        k
+        for k in fitted["test"]
+        if any(k.split("/")[-1].startswith(p) for p in ("lac", "aps", "macro_lac", "macro_aps"))
+    ]
     # 6 methods x (level 90 + matched avg2) x (coverage, macro, size, 3 groups x 2) + 6 matched alphas
     assert len(names) == 6 * 2 * 9 + 6
     for name in names:
@@ -193,9 +237,15 @@ def test_fit_calibrates_on_its_split_of_validation_and_selects_on_the_rest(fitte
     threshold = calibrate_avgk_threshold(val_probs[rest], 2)
     hits = val_probs[rest].gather(1, data.val.targets[rest][:, None])[:, 0] >= threshold
     assert fitted["best_val"] == pytest.approx(float(hits.double().mean()), abs=1e-12)
-    expected = conformal_metrics(val_probs[calibration], data.val.targets[calibration], activate(test, "softmax"),
-                                 data.test.targets, [ConformalMethod("aps", "shot")], [0.1],
-                                 class_counts=data.class_counts)
+    expected = conformal_metrics(
+        val_probs[calibration],
+        data.val.targets[calibration],
+        activate(test, "softmax"),
+        data.test.targets,
+        [ConformalMethod("aps", "shot")],
+        [0.1],
+        class_counts=data.class_counts,
+    )
     for key, value in expected.items():
         assert fitted["test"][key] == pytest.approx(value, abs=1e-9), key
 
@@ -216,11 +266,13 @@ def test_conformal_settings_are_refused_with_the_field_named():
     from studies.studyfile.trial_config import validate_config
 
     base = {"loss": {"name": "ce"}, "model": {"name": "mlp"}}
-    bad = [({"conformal_alphas": [1.0]}, "eval.conformal_alphas"),
-           ({"conformal_scores": ["raps"]}, "eval.conformal_scores"),
-           ({"conformal_mondrian": [True]}, "eval.conformal_mondrian"),
-           ({"conformal_calibration_fraction": 0.0}, "eval.conformal_calibration_fraction"),
-           ({"conformal_match_avgk": True}, "eval.conformal_match_avgk needs the K values of eval.avgk")]
+    bad = [
+        ({"conformal_alphas": [1.0]}, "eval.conformal_alphas"),
+        ({"conformal_scores": ["raps"]}, "eval.conformal_scores"),
+        ({"conformal_mondrian": [True]}, "eval.conformal_mondrian"),
+        ({"conformal_calibration_fraction": 0.0}, "eval.conformal_calibration_fraction"),
+        ({"conformal_match_avgk": True}, "eval.conformal_match_avgk needs the K values of eval.avgk"),
+    ]
     for ev, named in bad:
         with pytest.raises(ValueError, match=named.replace(".", r"\.")):
             resolve_config({**base, "eval": ev})
@@ -234,8 +286,9 @@ def test_a_config_without_conformal_settings_keeps_its_id():
     from studies.studyfile.trial_config import validate_config
 
     plain, _ = validate_config({"loss": {"name": "ce"}})
-    explicit, _ = validate_config({"loss": {"name": "ce"}, "eval": {"conformal_alphas": [],
-                                                                    "conformal_calibration_fraction": 0.5}})
+    explicit, _ = validate_config(
+        {"loss": {"name": "ce"}, "eval": {"conformal_alphas": [], "conformal_calibration_fraction": 0.5}}
+    )
     asked, _ = validate_config({"loss": {"name": "ce"}, "eval": {"conformal_alphas": [0.1]}})
     assert "conformal_alphas" not in plain["eval"]
     assert config_id(plain) == config_id(explicit) != config_id(asked)

@@ -22,9 +22,14 @@ def check_progress_counts(text: str) -> list[tuple[int, ...]]:
     """The progress lines of a run's output (without a terminal) as (done, total, running,
     failed, left): their counts add up to the total, done never falls back, and the last line
     agrees with the summary."""
-    lines = [tuple(int(n) for n in m.groups()) for m in re.finditer(
-        r"\[studies\] done (\d+)/(\d+)(?: \(\d+ before this run\))? \| running (\d+) \| "
-        r"failed (\d+) \| left (\d+)", text)]
+    lines = [
+        tuple(int(n) for n in m.groups())
+        for m in re.finditer(
+            r"\[studies\] done (\d+)/(\d+)(?: \(\d+ before this run\))? \| running (\d+) \| "
+            r"failed (\d+) \| left (\d+)",
+            text,
+        )
+    ]
     assert lines, text
     for done, total, running, failed, left in lines:
         assert done + running + failed + left == total, (lines, text)
@@ -41,10 +46,16 @@ class _Terminal(io.StringIO):
 
 def _drive(stream) -> ProgressReporter:
     progress = StudyProgress(total=3, to_run=3, epochs={"a-s0": 2, "a-s1": 2, "b-s0": 2})
-    reporter = ProgressReporter(progress, interval_s=3600.0, stream=stream, metric="val/top5", refresh_s=0.0,
-                                labels={"a-s0": "noised ε=0.1", "a-s1": "noised ε=0.1", "b-s0": "ce"})
+    reporter = ProgressReporter(
+        progress,
+        interval_s=3600.0,
+        stream=stream,
+        metric="val/top5",
+        refresh_s=0.0,
+        labels={"a-s0": "noised ε=0.1", "a-s1": "noised ε=0.1", "b-s0": "ce"},
+    )
     trials = {c: SimpleNamespace(config={"cell_id": c}, last_result={}, error_file=None) for c in progress.epochs}
-    for cell, trial in trials.items():
+    for _cell, trial in trials.items():
         reporter.on_trial_start(0, [], trial)
     reporter.on_trial_result(0, [], trials["a-s0"], {"epochs_done": 1, "val/top5": 0.8})
     reporter.on_trial_result(0, [], trials["a-s1"], {"epochs_done": 1, "val/top5": 0.6})
@@ -84,9 +95,25 @@ def test_without_a_terminal_a_few_plain_lines_and_no_escape_sequences():
 @pytest.mark.slow
 def test_the_quickstart_prints_under_20_lines_without_a_terminal(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "studies.cli", "run", "studies/catalog/quickstart.yaml",
-                           "--smoke", "--output", str(tmp_path / "out"), "--num-cpus", "2"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "run",
+            "studies/catalog/quickstart.yaml",
+            "--smoke",
+            "--output",
+            str(tmp_path / "out"),
+            "--num-cpus",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) < 20, lines
@@ -99,15 +126,31 @@ def test_the_quickstart_prints_under_20_lines_without_a_terminal(tmp_path):
 @pytest.mark.slow
 def test_a_local_run_can_show_rays_dashboard_on_loopback(tmp_path):
     import yaml
-
     from test_runner import tiny_base
 
     study = tmp_path / "dash.yaml"
     study.write_text(yaml.safe_dump({"name": "dash", "base": tiny_base(1), "seeds": [0], "log_models": False}))
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "studies.cli", "run", str(study), "--ray-dashboard", "--no-report",
-                           "--output", str(tmp_path / "out"), "--num-cpus", "1"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "run",
+            str(study),
+            "--ray-dashboard",
+            "--no-report",
+            "--output",
+            str(tmp_path / "out"),
+            "--num-cpus",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[studies] Ray dashboard: http://127.0.0.1:" in done.stdout, done.stdout
 
@@ -117,8 +160,7 @@ def test_the_best_config_so_far_never_goes_backwards():
     best epoch, as the checkpoint selection does; a config counts once all its seeds reported."""
     cells = ("a-s0", "a-s1", "b-s0", "b-s1")
     progress = StudyProgress(total=4, to_run=4, epochs={c: 3 for c in cells})
-    reporter = ProgressReporter(progress, stream=io.StringIO(), metric="val/top5",
-                                labels={c: c[0] for c in cells})
+    reporter = ProgressReporter(progress, stream=io.StringIO(), metric="val/top5", labels={c: c[0] for c in cells})
     trial = {c: SimpleNamespace(config={"cell_id": c}, last_result={}, error_file=None) for c in cells}
     reporter.on_trial_result(0, [], trial["a-s0"], {"epochs_done": 1, "val/top5": 0.947})
     assert reporter.best() is None  # one seed of two: a mean would fall when the other comes
@@ -129,8 +171,13 @@ def test_the_best_config_so_far_never_goes_backwards():
         reporter.on_trial_result(0, [], trial[cell], {"epochs_done": 2, "val/top5": value})
         seen.append(reporter.best()[1])
     assert seen == sorted(seen) and reporter.best() == ("b", pytest.approx(0.895))
-    low = ProgressReporter(StudyProgress(total=1, to_run=1, epochs={"c-s0": 3}), stream=io.StringIO(),
-                           metric="train/loss", mode="min", labels={"c-s0": "c"})
+    low = ProgressReporter(
+        StudyProgress(total=1, to_run=1, epochs={"c-s0": 3}),
+        stream=io.StringIO(),
+        metric="train/loss",
+        mode="min",
+        labels={"c-s0": "c"},
+    )
     for value in (2.0, 1.0, 1.5):  # a min objective: never goes up
         low.on_trial_result(0, [], SimpleNamespace(config={"cell_id": "c-s0"}), {"val/top5": 0, "train/loss": value})
     assert low.best() == ("c", 1.0)

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from setvalued.data import DataLayoutError, build_datasets
-from setvalued.data import cifar100, synthetic
+from setvalued.data import DataLayoutError, build_datasets, cifar100, synthetic
 
 torch.set_num_threads(1)
 
@@ -46,8 +45,14 @@ def write_fake_cifar(root, per_class_train: int, per_class_test: int, *, drop_ke
             pickle.dump(entry, f, protocol=2)
         arrays[name] = (data, fine)
     with open(folder / "meta", "wb") as f:
-        pickle.dump({"fine_label_names": [f"fine{i}" for i in range(100)],
-                     "coarse_label_names": [f"coarse{i}" for i in range(20)]}, f, protocol=2)
+        pickle.dump(
+            {
+                "fine_label_names": [f"fine{i}" for i in range(100)],
+                "coarse_label_names": [f"coarse{i}" for i in range(20)],
+            },
+            f,
+            protocol=2,
+        )
     return arrays
 
 
@@ -90,7 +95,7 @@ def test_cifar_loader_reads_official_pickles(tmp_path):
         matches = []
         for dy in range(9):
             for dx in range(9):
-                crop = padded[:, dy:dy + 32, dx:dx + 32].numpy().reshape(-1)
+                crop = padded[:, dy : dy + 32, dx : dx + 32].numpy().reshape(-1)
                 for flip in (False, True):
                     candidate = normalized(crop)
                     if flip:
@@ -114,8 +119,10 @@ def test_cifar_split_is_fixed_across_trial_seeds(tmp_path):
 
     stratified = build_datasets(cifar_cfg(tmp_path, val_size=200, stratified_split=True), seed=5).val
     assert stratified.split_counts == [2] * 100
-    assert torch.equal(stratified.source_indices,
-                       build_datasets(cifar_cfg(tmp_path, val_size=200, stratified_split=True), seed=6).val.source_indices)
+    assert torch.equal(
+        stratified.source_indices,
+        build_datasets(cifar_cfg(tmp_path, val_size=200, stratified_split=True), seed=6).val.source_indices,
+    )
 
 
 @pytest.mark.parametrize("groups", ["consecutive", "coarse"])
@@ -197,8 +204,16 @@ def test_cifar_pickle_that_would_run_code_is_refused_before_anything_runs(tmp_pa
     write_fake_cifar(root, per_class_train=2, per_class_test=1)
     marker = tmp_path / "code_ran"
     with open(root / "cifar-100-python" / "train", "wb") as f:
-        pickle.dump({"data": np.zeros((1, 3072), np.uint8), "fine_labels": [0], "coarse_labels": [0],
-                     "filenames": [_PlantedCode(marker)]}, f, protocol=protocol)
+        pickle.dump(
+            {
+                "data": np.zeros((1, 3072), np.uint8),
+                "fine_labels": [0],
+                "coarse_labels": [0],
+                "filenames": [_PlantedCode(marker)],
+            },
+            f,
+            protocol=protocol,
+        )
     with pytest.raises(DataLayoutError) as err:
         build_datasets(cifar_cfg(root, val_size=10), seed=0)
     assert not marker.exists(), "the planted pickle ran code"
@@ -245,7 +260,9 @@ def test_plantnet_loader(tmp_path):
     # evaluation: Resize(256) + CenterCrop(224) + ImageNet normalisation of a lossless solid colour
     x, y, i = val[1]
     assert x.shape == (3, 224, 224) and y == 1 and i == 1
-    expected = (torch.tensor([0.0, 1.0, 0.0]) - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
+    expected = (torch.tensor([0.0, 1.0, 0.0]) - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor(
+        [0.229, 0.224, 0.225]
+    )
     torch.testing.assert_close(x.mean(dim=(1, 2)), expected, atol=1e-3, rtol=0)
     torch.testing.assert_close(val[1][0], x)  # deterministic
     x, y, _ = train[0]
@@ -295,6 +312,7 @@ def test_plantnet_bad_layout(tmp_path):
 # -------------------------------------------------------------------------------------------
 # ImageNet-LT: ImageNet_LT_{train,val,test}.txt, "<path> <label>" over an ImageNet folder
 # -------------------------------------------------------------------------------------------
+
 
 def write_fake_imagenet_lt(root):
     from PIL import Image
@@ -351,9 +369,16 @@ def test_imagenet_lt_bad_layout(tmp_path):
 # synthetic
 # -------------------------------------------------------------------------------------------
 
+
 def test_synthetic_is_deterministic_and_fixed_across_trial_seeds():
-    cfg = {"name": "synthetic", "train_size": 400, "val_size": 100, "test_size": 100, "num_classes": 20,
-           "num_superclasses": 4}
+    cfg = {
+        "name": "synthetic",
+        "train_size": 400,
+        "val_size": 100,
+        "test_size": 100,
+        "num_classes": 20,
+        "num_superclasses": 4,
+    }
     a = build_datasets(cfg, seed=0)
     b = build_datasets(cfg, seed=5)
     for sa, sb in zip(a, b):
@@ -399,8 +424,18 @@ def test_synthetic_superclasses_overlap():
 
 
 def test_synthetic_images_and_bad_config():
-    splits = build_datasets({"name": "synthetic", "form": "images", "train_size": 100, "val_size": 40,
-                             "test_size": 40, "num_classes": 10, "num_superclasses": 2}, seed=0)
+    splits = build_datasets(
+        {
+            "name": "synthetic",
+            "form": "images",
+            "train_size": 100,
+            "val_size": 40,
+            "test_size": 40,
+            "num_classes": 10,
+            "num_superclasses": 2,
+        },
+        seed=0,
+    )
     x, _, _ = splits.train[0]
     assert x.shape == (3, 32, 32) and splits.input_shape == (3, 32, 32)
     assert 0.3 < splits.train.inputs.std() < 3

@@ -16,7 +16,6 @@ import yaml
 
 from setvalued.data import DataLayoutError, build_datasets, check_layout
 from setvalued.data import arrays as arrays_module
-from setvalued.data import image_folder
 from setvalued.metrics import shot_groups
 from setvalued.training import fit
 
@@ -26,6 +25,7 @@ torch.set_num_threads(1)
 # -------------------------------------------------------------------------------------------
 # image_folder
 # -------------------------------------------------------------------------------------------
+
 
 def _pixels(index: int, size=(8, 8)) -> np.ndarray:
     """An RGB image whose pixels encode ``index`` (so a split's images can be told apart)."""
@@ -84,8 +84,10 @@ def test_image_folder_holds_out_a_seeded_stratified_split_of_train(tmp_path):
     data = build_datasets(cfg, seed=0)
 
     def ids(split):  # the first pixel's red and green values encode the image's index
-        raw = split.inputs[:, :2, 0, 0].double() * torch.tensor(data.info["std"][:2]).double() \
+        raw = (
+            split.inputs[:, :2, 0, 0].double() * torch.tensor(data.info["std"][:2]).double()
             + torch.tensor(data.info["mean"][:2]).double()
+        )
         return sorted(int(round(r * 255)) + 256 * int(round(g * 255)) for r, g in raw.tolist())
 
     sizes = {s: counts_of_split(getattr(data, s), 4) for s in ("train", "val", "test")}
@@ -107,15 +109,15 @@ def counts_of_split(split, num_classes):
 
 def test_image_folder_resizes_to_image_size_and_augments_like_cifar(tmp_path):
     write_folder(tmp_path, {"train": {"a": 3, "b": 3}, "val": {"a": 1}, "test": {"b": 1}}, size=(20, 12))
-    data = build_datasets({"name": "image_folder", "root": str(tmp_path), "image_size": 16,
-                           "augmentation": "crop_flip"})
+    data = build_datasets(
+        {"name": "image_folder", "root": str(tmp_path), "image_size": 16, "augmentation": "crop_flip"}
+    )
     assert data.input_shape == (3, 16, 16) and data.val.inputs.shape == (1, 3, 16, 16)
     aug = data.train.batch_augmentation
     assert data.train.inputs.dtype == torch.uint8 and (aug.size, aug.padding, aug.flip) == (16, 2, True)
     assert tuple(aug.mean) == tuple(data.info["mean"])
     assert data.train[0][0].shape == (3, 16, 16)  # the per-image form, for loader workers
-    crop = build_datasets({"name": "image_folder", "root": str(tmp_path), "image_size": 16,
-                           "augmentation": "crop"})
+    crop = build_datasets({"name": "image_folder", "root": str(tmp_path), "image_size": 16, "augmentation": "crop"})
     assert crop.train.batch_augmentation.flip is False
 
 
@@ -129,24 +131,36 @@ def _truncated_png(path):
 
 def _png_declaring(path, width, height):
     """A PNG whose header declares ``width`` x ``height`` pixels (and holds almost none)."""
+
     def chunk(kind, body):
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 HOSTILE_FOLDERS = {
     "truncated": (lambda root: _truncated_png(root / "train" / "a" / "bad.png"), "train/a/bad.png", "cannot read"),
     "empty file": (lambda root: (root / "train" / "a" / "bad.png").write_bytes(b""), "train/a/bad.png", "0 bytes"),
-    "not an image": (lambda root: (root / "train" / "b" / "bad.png").write_text("import os"), "train/b/bad.png",
-                     "cannot read"),
-    "decompression bomb": (lambda root: _png_declaring(root / "train" / "a" / "bad.png", 5000, 5000),
-                           "train/a/bad.png", "5000 x 5000 pixels"),
+    "not an image": (
+        lambda root: (root / "train" / "b" / "bad.png").write_text("import os"),
+        "train/b/bad.png",
+        "cannot read",
+    ),
+    "decompression bomb": (
+        lambda root: _png_declaring(root / "train" / "a" / "bad.png", 5000, 5000),
+        "train/a/bad.png",
+        "5000 x 5000 pixels",
+    ),
     "empty class": (lambda root: (root / "train" / "c").mkdir(), "train/c", "empty class"),
     "class only in val": (lambda root: write_folder(root, {"val": {"z": 1}}), "val/z", "not in train"),
-    "mixed sizes": (lambda root: write_folder(root, {"test": {"a": 1}}, size=(9, 8)), "test/a/0000.png",
-                    "data.image_size"),
+    "mixed sizes": (
+        lambda root: write_folder(root, {"test": {"a": 1}}, size=(9, 8)),
+        "test/a/0000.png",
+        "data.image_size",
+    ),
     "a FIFO": (lambda root: os.mkfifo(root / "train" / "a" / "bad.png"), "train/a/bad.png", "not a regular file"),
     "no train folder": (lambda root: (root / "train").rename(root / "training"), "train", "no train folder"),
 }
@@ -183,15 +197,22 @@ def assert_device_as_loader(cfg):
 
 def test_image_folder_trains_a_cnn_on_the_device_as_through_the_loader(tmp_path):
     write_folder(tmp_path, {"train": {"a": 8, "b": 8}, "val": {"a": 2, "b": 2}, "test": {"a": 2, "b": 2}})
-    cfg = {"data": {"name": "image_folder", "root": str(tmp_path)}, "model": {"name": "small_cnn", "hidden_dim": 4},
-           "loss": {"name": "ce"}, "optim": {"lr": 0.1, "batch_size": 8, "milestones": []}, "epochs": 2,
-           "eval": {"ks": [1], "selection": "val/top1"}, "device": "cpu"}
+    cfg = {
+        "data": {"name": "image_folder", "root": str(tmp_path)},
+        "model": {"name": "small_cnn", "hidden_dim": 4},
+        "loss": {"name": "ce"},
+        "optim": {"lr": 0.1, "batch_size": 8, "milestones": []},
+        "epochs": 2,
+        "eval": {"ks": [1], "selection": "val/top1"},
+        "device": "cpu",
+    }
     assert_device_as_loader(cfg)
 
 
 # -------------------------------------------------------------------------------------------
 # arrays
 # -------------------------------------------------------------------------------------------
+
 
 def test_arrays_of_vectors_hold_out_a_split_and_normalise_per_feature(tmp_path):
     rng = np.random.default_rng(0)
@@ -244,9 +265,15 @@ def test_arrays_of_images_in_either_layout_are_the_same_nchw_pixels(tmp_path):
 def test_arrays_train_an_mlp_on_the_device_as_through_the_loader(tmp_path):
     rng = np.random.default_rng(2)
     np.savez(tmp_path / "v.npz", x=rng.normal(size=(80, 6)).astype(np.float32), y=np.arange(80) % 4)
-    cfg = {"data": {"name": "arrays", "root": str(tmp_path / "v.npz")}, "model": {"name": "mlp", "hidden_dim": 8},
-           "loss": {"name": "ce"}, "optim": {"lr": 0.1, "batch_size": 16, "milestones": []}, "epochs": 2,
-           "eval": {"ks": [1, 3], "selection": "val/top3"}, "device": "cpu"}
+    cfg = {
+        "data": {"name": "arrays", "root": str(tmp_path / "v.npz")},
+        "model": {"name": "mlp", "hidden_dim": 8},
+        "loss": {"name": "ce"},
+        "optim": {"lr": 0.1, "batch_size": 16, "milestones": []},
+        "epochs": 2,
+        "eval": {"ks": [1, 3], "selection": "val/top3"},
+        "device": "cpu",
+    }
     assert_device_as_loader(cfg)
 
 
@@ -292,23 +319,28 @@ def _many_members(path):
 
 HOSTILE_ARRAYS = {
     "object array": (_pickled, "object array"),
-    "labels out of range": (lambda p: _write(p, x=np.zeros((4, 2)), y=np.array([0, 1, -1, 1])),
-                            "label -1 at example 2, outside 0..1"),
+    "labels out of range": (
+        lambda p: _write(p, x=np.zeros((4, 2)), y=np.array([0, 1, -1, 1])),
+        "label -1 at example 2, outside 0..1",
+    ),
     "length mismatch": (lambda p: _write(p, x=np.zeros((4, 2)), y=np.array([0, 1, 1])), "4 inputs x but 3 labels"),
     "strings": (lambda p: _write(p, x=np.array([["a", "b"]] * 4), y=np.array([0, 1, 0, 1])), "dtype <U1"),
     "complex": (lambda p: _write(p, x=np.zeros((4, 2), complex), y=np.array([0, 1, 0, 1])), "dtype complex128"),
-    "float labels": (lambda p: _write(p, x=np.zeros((4, 2)), y=np.array([0.0, 1.0, 0.0, 1.0])),
-                     "expected integer labels"),
+    "float labels": (
+        lambda p: _write(p, x=np.zeros((4, 2)), y=np.array([0.0, 1.0, 0.0, 1.0])),
+        "expected integer labels",
+    ),
     "no y": (lambda p: _write(p, x=np.zeros((4, 2))), "no array 'y'"),
     "huge declared shape": (_declares_more_than_it_holds, "declares shape (1000000000000,)"),
     "too many members": (_many_members, "lists 65 members"),
     "zip64 record with many members": (_zip64_claiming_many_members, "lists 10000000 members"),
-    "a huge label": (lambda p: _write(p, x=np.zeros((2, 2)), y=np.array([0, 2**40], dtype=np.uint64)),
-                     "implies 1,099,511,627,777 classes"),
+    "a huge label": (
+        lambda p: _write(p, x=np.zeros((2, 2)), y=np.array([0, 2**40], dtype=np.uint64)),
+        "implies 1,099,511,627,777 classes",
+    ),
     "not a zip": (lambda p: p.write_bytes(b"\x80\x04\x95" + b"pickle" * 10), "not a .npz (zip) file"),
     "empty file": (lambda p: p.write_bytes(b""), "0 bytes"),
-    "ambiguous layout": (lambda p: _write(p, x=np.zeros((4, 3, 5, 3)), y=np.array([0, 1, 0, 1])),
-                         "set data.layout"),
+    "ambiguous layout": (lambda p: _write(p, x=np.zeros((4, 3, 5, 3)), y=np.array([0, 1, 0, 1])), "set data.layout"),
 }
 
 
@@ -337,8 +369,11 @@ def test_a_compressed_array_past_the_size_bound_is_refused_before_it_is_inflated
 def test_labels_past_num_classes_or_the_training_labels_are_refused(tmp_path):
     _write(tmp_path / "train.npz", x=np.zeros((4, 2)), y=np.array([0, 1, 2, 1]))
     _write(tmp_path / "val.npz", x=np.zeros((2, 2)), y=np.array([0, 3]))
-    with pytest.raises(DataLayoutError, match=r"val.npz' has label 3 at example 1, outside 0..2 \(L = 3: the "
-                                              r"largest training label \+ 1\)"):
+    with pytest.raises(
+        DataLayoutError,
+        match=r"val.npz' has label 3 at example 1, outside 0..2 \(L = 3: the "
+        r"largest training label \+ 1\)",
+    ):
         check_layout({"name": "arrays", "root": str(tmp_path)})
     check_layout({"name": "arrays", "root": str(tmp_path), "num_classes": 4, "test_fraction": 0.3})
     with pytest.raises(DataLayoutError, match="outside 0..1"):
@@ -349,21 +384,43 @@ def test_labels_past_num_classes_or_the_training_labels_are_refused(tmp_path):
 # the command line: one clear line, exit 2, before anything starts
 # -------------------------------------------------------------------------------------------
 
+
 def test_bad_data_files_exit_2_with_one_line_naming_the_file_before_the_first_trial(tmp_path, capsys):
     from studies.cli import main
 
     write_folder(tmp_path / "images", {"train": {"a": 2, "b": 2}, "val": {"a": 1, "b": 1}, "test": {"a": 1}})
     (tmp_path / "images" / "train" / "b" / "0001.png").write_bytes(b"")
     _pickled(tmp_path / "set.npz")
-    for data, named in (({"name": "image_folder", "root": str(tmp_path / "images")}, "train/b/0001.png"),
-                        ({"name": "arrays", "root": str(tmp_path / "set.npz")}, "set.npz")):
-        study = {"name": f"bad-{data['name'].replace('_', '-')}", "seeds": [0], "resources": {"cpus": 1},
-                 "base": {"data": data, "model": {"name": "mlp", "hidden_dim": 4}, "loss": {"name": "ce"},
-                          "epochs": 1, "eval": {"ks": [1], "selection": "val/top1"}, "device": "cpu"}}
+    for data, named in (
+        ({"name": "image_folder", "root": str(tmp_path / "images")}, "train/b/0001.png"),
+        ({"name": "arrays", "root": str(tmp_path / "set.npz")}, "set.npz"),
+    ):
+        study = {
+            "name": f"bad-{data['name'].replace('_', '-')}",
+            "seeds": [0],
+            "resources": {"cpus": 1},
+            "base": {
+                "data": data,
+                "model": {"name": "mlp", "hidden_dim": 4},
+                "loss": {"name": "ce"},
+                "epochs": 1,
+                "eval": {"ks": [1], "selection": "val/top1"},
+                "device": "cpu",
+            },
+        }
         path = tmp_path / f"{study['name']}.yaml"
         path.write_text(yaml.safe_dump(study))
-        code = main(["run", str(path), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
-                     "--output", str(tmp_path / "out"), "--no-report"])
+        code = main(
+            [
+                "run",
+                str(path),
+                "--tracking-uri",
+                f"sqlite:///{tmp_path}/mlflow.db",
+                "--output",
+                str(tmp_path / "out"),
+                "--no-report",
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2, err
         assert named in err and "Nothing was started" in err and "Traceback" not in err
@@ -374,9 +431,14 @@ def test_bad_data_files_exit_2_with_one_line_naming_the_file_before_the_first_tr
 def test_the_study_file_refuses_shares_that_leave_no_training_split(tmp_path, capsys):
     from studies.cli import main
 
-    study = {"name": "shares", "seeds": [0],
-             "base": {"data": {"name": "image_folder", "root": str(tmp_path), "val_fraction": 0.5,
-                               "test_fraction": 0.5}, "loss": {"name": "ce"}}}
+    study = {
+        "name": "shares",
+        "seeds": [0],
+        "base": {
+            "data": {"name": "image_folder", "root": str(tmp_path), "val_fraction": 0.5, "test_fraction": 0.5},
+            "loss": {"name": "ce"},
+        },
+    }
     path = tmp_path / "shares.yaml"
     path.write_text(yaml.safe_dump(study))
     assert main(["run", str(path), "--dry-run"]) == 2

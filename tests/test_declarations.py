@@ -41,11 +41,13 @@ def test_study_validation_fills_the_declared_defaults():
     from studies.studyfile.trial_config import validate_config
 
     for data_name, fields in DATA_FIELDS.items():
-        config, problems = validate_config({"data": {"name": data_name}, "loss": {"name": "ce"},
-                                            "model": {"name": "mlp"}, "eval": {"ks": [1, 5]}})
+        config, problems = validate_config(
+            {"data": {"name": data_name}, "loss": {"name": "ce"}, "model": {"name": "mlp"}, "eval": {"ks": [1, 5]}}
+        )
         assert not problems, problems
-        assert config["data"] == {key: p.default if key != "name" else data_name for key, p in fields.items()
-                                  if not p.implicit}
+        assert config["data"] == {
+            key: p.default if key != "name" else data_name for key, p in fields.items() if not p.implicit
+        }
     for name, params in LOSS_PARAMETERS.items():
         config, problems = validate_config({"loss": {"name": name}, "eval": {"ks": [1, 5]}})
         assert not problems, (name, problems)
@@ -80,7 +82,11 @@ def test_an_implicit_parameter_is_in_a_config_only_when_it_differs_from_its_defa
     from studies.studyfile.trial_config import validate_config
 
     ids = []
-    for loss in ({"name": "noised_topk"}, {"name": "noised_topk", "exact": False}, {"name": "noised_topk", "exact": True}):
+    for loss in (
+        {"name": "noised_topk"},
+        {"name": "noised_topk", "exact": False},
+        {"name": "noised_topk", "exact": True},
+    ):
         config, problems = validate_config({"loss": loss})
         assert not problems
         ids.append(config_id(config))
@@ -110,9 +116,17 @@ def test_param_check_coerces_and_names_the_parameter():
 
 
 def test_validating_a_study_imports_neither_torch_nor_ray():
-    code = ("import sys; from studies.studyfile.spec import load_study; from studies.cells.space import expand, format_cells_table; "
-            "s = load_study('studies/catalog/quickstart.yaml'); format_cells_table(expand(s), s); "
-            "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'optuna') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys; from studies.studyfile.spec import load_study; "
+        "from studies.cells.space import expand, format_cells_table; "
+        "s = load_study('studies/catalog/quickstart.yaml'); format_cells_table(expand(s), s); "
+        "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'optuna') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -28,8 +28,10 @@ def test_batched_augmentation_equals_torchvision_per_image_for_given_offsets_and
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8, generator=gen)
     # every corner and edge of the padded image, then random positions; both flips of each
-    offsets = torch.tensor([[0, 0], [0, 8], [8, 0], [8, 8], [4, 4], [0, 4], [8, 3], [2, 8]] * 2
-                           + torch.randint(0, 9, (24, 2), generator=gen).tolist())
+    offsets = torch.tensor(
+        [[0, 0], [0, 8], [8, 0], [8, 8], [4, 4], [0, 4], [8, 3], [2, 8]] * 2
+        + torch.randint(0, 9, (24, 2), generator=gen).tolist()
+    )
     flips = torch.tensor([False] * 8 + [True] * 8 + torch.randint(0, 2, (24,), generator=gen).bool().tolist())
     batched = AUG.apply(images, offsets, flips)
 
@@ -50,8 +52,12 @@ def test_torchvision_draws_its_crop_on_the_same_81_positions():
 
     torch.manual_seed(0)
     crop = v2.RandomCrop(32, padding=4)
-    position = torch.stack([torch.arange(1, 33, dtype=torch.uint8).view(32, 1).expand(32, 32),   # row + 1
-                            torch.arange(1, 33, dtype=torch.uint8).view(1, 32).expand(32, 32)])  # column + 1
+    position = torch.stack(
+        [
+            torch.arange(1, 33, dtype=torch.uint8).view(32, 1).expand(32, 32),  # row + 1
+            torch.arange(1, 33, dtype=torch.uint8).view(1, 32).expand(32, 32),
+        ]
+    )  # column + 1
     seen = set()
     for _ in range(3000):
         out = crop(position)
@@ -63,7 +69,7 @@ def test_torchvision_draws_its_crop_on_the_same_81_positions():
         seen.add((top, left))
         if len(seen) == 81:
             break
-    assert seen == {(t, l) for t in range(9) for l in range(9)}
+    assert seen == {(top, left) for top in range(9) for left in range(9)}
 
 
 def test_augmentation_offsets_and_flips_are_uniform():
@@ -102,6 +108,7 @@ def test_device_split_draws_the_same_stream_for_a_seed_whatever_the_batch_size()
 # the trainer on device data
 # -------------------------------------------------------------------------------------------
 
+
 def cifar_cfg(root, **data):
     return {
         "data": {"name": "cifar100", "root": str(root), "val_size": 50, **data},
@@ -116,8 +123,15 @@ def cifar_cfg(root, **data):
 
 def synthetic_cfg(train_size=200, batch_size=40, **extra):
     cfg = {
-        "data": {"name": "synthetic", "num_classes": 10, "num_superclasses": 2, "train_size": train_size,
-                 "val_size": 60, "test_size": 60, "feature_dim": 16},
+        "data": {
+            "name": "synthetic",
+            "num_classes": 10,
+            "num_superclasses": 2,
+            "train_size": train_size,
+            "val_size": 60,
+            "test_size": 60,
+            "feature_dim": 16,
+        },
         "model": {"name": "mlp", "hidden_dim": 16},
         "loss": {"name": "ce"},
         "optim": {"lr": 0.1, "batch_size": batch_size, "milestones": []},
@@ -153,8 +167,7 @@ def test_device_data_is_reproducible_per_seed_and_equals_the_loader_on_unaugment
 
 def test_device_placement_of_a_folder_data_set_is_refused():
     with pytest.raises(ValueError, match="data.placement: device holds in-memory data sets only"):
-        fit({"data": {"name": "plantnet300k", "root": "/nowhere", "placement": "device"},
-             "loss": {"name": "ce"}}, 0)
+        fit({"data": {"name": "plantnet300k", "root": "/nowhere", "placement": "device"}, "loss": {"name": "ce"}}, 0)
     with pytest.raises(ValueError, match="data.placement"):
         fit(synthetic_cfg() | {"data": {"name": "synthetic", "placement": "gpu"}}, 0)
 
@@ -187,7 +200,7 @@ def test_host_reads_per_epoch_do_not_grow_with_steps_or_evaluation_batches(monke
     host reads: none is per batch."""
     few = synthetic_cfg(train_size=400, batch_size=200)  # 2 steps an epoch, 1 evaluation batch
     many = synthetic_cfg(train_size=400, batch_size=10)  # 40 steps an epoch
-    many["eval"]["batch_size"] = 2                       # 30 evaluation batches per pass
+    many["eval"]["batch_size"] = 2  # 30 evaluation batches per pass
     reads_few, reads_many = _count_host_reads(monkeypatch, few), _count_host_reads(monkeypatch, many)
     assert reads_few > 0  # the counter sees the reads the trainer does make
     assert reads_many == reads_few
@@ -240,12 +253,24 @@ def test_study_validation_reads_the_new_fields_from_their_declarations():
 
     plain, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5]}})
     assert not problems
-    explicit, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5], "batch_size": 128},
-                                          "compile": "none", "data": {"name": "synthetic", "placement": "auto"}})
+    explicit, problems = validate_config(
+        {
+            "loss": {"name": "ce"},
+            "eval": {"ks": [1, 5], "batch_size": 128},
+            "compile": "none",
+            "data": {"name": "synthetic", "placement": "auto"},
+        }
+    )
     assert not problems and explicit == plain and config_id(explicit) == config_id(plain)
     assert "compile" not in plain and "batch_size" not in plain["eval"] and "placement" not in plain["data"]
-    changed, problems = validate_config({"loss": {"name": "ce"}, "eval": {"ks": [1, 5], "batch_size": 64},
-                                         "compile": "model", "data": {"name": "cifar100", "placement": "device"}})
+    changed, problems = validate_config(
+        {
+            "loss": {"name": "ce"},
+            "eval": {"ks": [1, 5], "batch_size": 64},
+            "compile": "model",
+            "data": {"name": "cifar100", "placement": "device"},
+        }
+    )
     assert not problems and changed["compile"] == "model" and changed["data"]["placement"] == "device"
     _, problems = validate_config({"loss": {"name": "ce"}, "compile": "fast"})
     assert [p.path for p in problems] == [("compile",)] and "'none'" in problems[0].message

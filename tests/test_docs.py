@@ -12,10 +12,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 #: the pages the README's text moved to (issue 27), and the cluster's own
-PAGES = ["docs/commands.md", "docs/study-file.md", "docs/scheduling.md", "docs/guarantees.md",
-         "docs/notebook.md", "docs/performance.md", "cluster/README.md"]
-DOCS = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "cluster" / "README.md",
-        REPO / "studies" / "catalog" / "README.md"]
+PAGES = [
+    "docs/commands.md",
+    "docs/study-file.md",
+    "docs/scheduling.md",
+    "docs/guarantees.md",
+    "docs/notebook.md",
+    "docs/performance.md",
+    "cluster/README.md",
+]
+DOCS = [
+    README,
+    *sorted((REPO / "docs").glob("*.md")),
+    REPO / "cluster" / "README.md",
+    REPO / "studies" / "catalog" / "README.md",
+]
 
 
 def _links(text: str) -> list[str]:
@@ -52,8 +63,11 @@ def test_every_page_the_readme_links_exists():
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_the_links_of_a_page_exist(doc):
-    missing = [link for link in _links(doc.read_text(encoding="utf-8"))
-               if not (doc.parent / link).exists() and not (REPO / link).exists()]
+    missing = [
+        link
+        for link in _links(doc.read_text(encoding="utf-8"))
+        if not (doc.parent / link).exists() and not (REPO / link).exists()
+    ]
     assert not missing, missing
 
 
@@ -82,9 +96,11 @@ def test_the_commands_a_page_states_are_real(doc):
 
 def test_the_readme_states_commands():
     """The check above has something to check: the README's commands are found."""
-    stated = re.findall(r"(?:^|[|&;]\s*)studies\s+([a-z][\w-]*)",
-                        "\n".join(line.strip() for line in _code_lines(README.read_text(encoding="utf-8"))),
-                        re.MULTILINE)
+    stated = re.findall(
+        r"(?:^|[|&;]\s*)studies\s+([a-z][\w-]*)",
+        "\n".join(line.strip() for line in _code_lines(README.read_text(encoding="utf-8"))),
+        re.MULTILINE,
+    )
     assert {"run", "resume", "report", "export", "plan", "submit", "jobs", "landscape"} <= set(stated)
 
 
@@ -98,9 +114,12 @@ def test_the_study_file_bounds_are_the_codes():
     from studies.studyfile.yaml_source import MAX_FILE_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 
     text = " ".join((REPO / "docs" / "study-file.md").read_text(encoding="utf-8").split())
-    bounds = re.search(r"at most ([\d,]+) cells .* ([\d,]+) seeds, files of ([\d,]+) KB, "
-                       r"nesting ([\d,]+) levels deep, aliases expanding to ([\d,]+) values, "
-                       r"exact integers of ([\d,]+) bits", text)
+    bounds = re.search(
+        r"at most ([\d,]+) cells .* ([\d,]+) seeds, files of ([\d,]+) KB, "
+        r"nesting ([\d,]+) levels deep, aliases expanding to ([\d,]+) values, "
+        r"exact integers of ([\d,]+) bits",
+        text,
+    )
     assert bounds, "the bounds sentence of docs/study-file.md"
     cells, seeds, kb, depth, nodes, bits = map(_number, bounds.groups())
     assert cells == DEFAULT_MAX_CELLS and seeds == MAX_SEEDS
@@ -141,8 +160,7 @@ def test_the_estimates_constants_in_the_planning_page_are_the_codes():
 
     text = (REPO / "docs" / "planning.md").read_text(encoding="utf-8")
     table = dict(re.findall(r"^\| `([A-Z_]+_S)` \| ([\d.]+) s \|", text, re.M))
-    constants = {name: getattr(estimate, name) for name in dir(estimate)
-                 if name.endswith("_S") and name.isupper()}
+    constants = {name: getattr(estimate, name) for name in dir(estimate) if name.endswith("_S") and name.isupper()}
     assert set(table) == set(constants)
     for name, value in constants.items():
         assert float(table[name]) == value, name

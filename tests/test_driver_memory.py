@@ -25,10 +25,14 @@ def instant_fit(config, seed, on_epoch=None, checkpoint=None):
     """`setvalued.train.fit`'s contract (docs/interfaces.md section 4) with no work."""
     for epoch in range(int(config["epochs"])):
         if on_epoch is not None:
-            on_epoch(epoch, {"epoch": epoch, "val/top1": 0.5, "epoch_time_s": 0.0},
-                     {"epoch": epoch})
-    return {"best_epoch": 0, "best_val": 0.5, "test": {"top1": 0.5},
-            "per_class": {"class": [0, 1], "top1": [0.5, 0.5]}, "history": []}
+            on_epoch(epoch, {"epoch": epoch, "val/top1": 0.5, "epoch_time_s": 0.0}, {"epoch": epoch})
+    return {
+        "best_epoch": 0,
+        "best_val": 0.5,
+        "test": {"top1": 0.5},
+        "per_class": {"class": [0, 1], "top1": [0.5, 0.5]},
+        "history": [],
+    }
 
 
 class PartProbe(io.StringIO):
@@ -52,8 +56,7 @@ def driver_holdings() -> dict[str, int]:
     return {
         "trials": sum(1 for o in gc.get_objects() if isinstance(o, Trial)),
         "post_init_hooks": len(ray._private.worker._post_init_hooks),
-        "object_refs": len(ray._private.worker.global_worker.core_worker
-                           .get_all_reference_counts()),
+        "object_refs": len(ray._private.worker.global_worker.core_worker.get_all_reference_counts()),
     }
 
 
@@ -63,21 +66,31 @@ def test_the_driver_holds_nothing_of_an_ended_part(local_ray, tmp_path, monkeypa
 
     monkeypatch.setattr(arrays, "MAX_TRIALS_PER_EXPERIMENT", 2)
     study = {
-        "name": "driver-memory", "description": "parts of two cells",
-        "base": {"data": {"name": "synthetic", "num_classes": 20},
-                 "model": {"name": "mlp", "hidden_dim": 4}, "loss": {"name": "ce"},
-                 "optim": {"lr": 0.1, "milestones": []}, "epochs": 1,
-                 "eval": {"ks": [1, 5]}, "device": "cpu"},
+        "name": "driver-memory",
+        "description": "parts of two cells",
+        "base": {
+            "data": {"name": "synthetic", "num_classes": 20},
+            "model": {"name": "mlp", "hidden_dim": 4},
+            "loss": {"name": "ce"},
+            "optim": {"lr": 0.1, "milestones": []},
+            "epochs": 1,
+            "eval": {"ks": [1, 5]},
+            "device": "cpu",
+        },
         "design": [{"kind": "grid", "parameters": {"optim.lr": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}}],
-        "seeds": [0], "resources": {"cpus": 1}, "max_failures": 0, "log_models": False,
+        "seeds": [0],
+        "resources": {"cpus": 1},
+        "max_failures": 0,
+        "log_models": False,
     }
     path = tmp_path / "driver-memory.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     before = driver_holdings()
     probe = PartProbe()
-    outcome = run_study(path, RunOptions(output=tmp_path / "out", report=False,
-                                         fit_fn=instant_fit, stream=probe,
-                                         progress_interval_s=1e9))
+    outcome = run_study(
+        path,
+        RunOptions(output=tmp_path / "out", report=False, fit_fn=instant_fit, stream=probe, progress_interval_s=1e9),
+    )
     assert outcome.exit_code == 0 and outcome.finished == 6, probe.getvalue()
     assert len(probe.parts) == 3, probe.getvalue()  # six configs of one seed, two per part
     later = probe.parts[1:]

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from test_runner import child_runs, options, write_study
 
 pytestmark = pytest.mark.slow
@@ -37,12 +36,15 @@ def failing_fit(config, seed, on_epoch=None, checkpoint=None, *, record: str, er
     return fit(config, seed, on_epoch=on, checkpoint=checkpoint)
 
 
-@pytest.mark.parametrize("case, after_epochs, error, attempts, message", [
-    ("before_the_first_epoch", 0, "-", 1, "ValueError: data.root points at nothing useful"),
-    ("the_same_error_twice", 1, "CUDA error: an illegal memory access", 2, "CUDA error: an illegal memory access"),
-    ("a_full_disk", 1, "disk", 1, "No space left on device"),
-    ("a_new_error_each_time", 1, "flaky", 4, "flaky (attempt by pid"),
-])
+@pytest.mark.parametrize(
+    "case, after_epochs, error, attempts, message",
+    [
+        ("before_the_first_epoch", 0, "-", 1, "ValueError: data.root points at nothing useful"),
+        ("the_same_error_twice", 1, "CUDA error: an illegal memory access", 2, "CUDA error: an illegal memory access"),
+        ("a_full_disk", 1, "disk", 1, "No space left on device"),
+        ("a_new_error_each_time", 1, "flaky", 4, "flaky (attempt by pid"),
+    ],
+)
 def test_failure_policy(local_ray, mlflow_server, tmp_path, case, after_epochs, error, attempts, message):
     name = f"fail-{case.replace('_', '-')}"
     path = write_study(tmp_path, name, lrs=[0.1], seeds=[0], epochs=10, max_failures=3)

@@ -42,8 +42,15 @@ def tiny_cfg(loss: str = "ce", model: str = "mlp", epochs: int = 2) -> dict:
     model_cfg, data = MODELS[model]
     images = data["form"] == "images"
     return {
-        "data": {"name": "synthetic", "num_classes": 8, "num_superclasses": 2, "train_size": 48 if images else 96,
-                 "val_size": 24, "test_size": 24, **data},
+        "data": {
+            "name": "synthetic",
+            "num_classes": 8,
+            "num_superclasses": 2,
+            "train_size": 48 if images else 96,
+            "val_size": 24,
+            "test_size": 24,
+            **data,
+        },
         "model": dict(model_cfg),
         "loss": dict(LOSSES[loss]),
         "optim": {"lr": 0.05, "batch_size": 16, "milestones": [1], "weight_decay": 5e-4},
@@ -160,8 +167,9 @@ def test_a_model_that_cannot_be_fused_is_refused_naming_model_and_reason(monkeyp
     import setvalued.fused.array as fused_module
 
     monkeypatch.setattr(fused_module, "fusion_problem", lambda models, trial: "its reason")
-    with pytest.raises(FusionError,
-                       match=r"model 'mlp' cannot be fused: its reason \(run it with seeds_per_trial: 1\)"):
+    with pytest.raises(
+        FusionError, match=r"model 'mlp' cannot be fused: its reason \(run it with seeds_per_trial: 1\)"
+    ):
         fit_array(tiny_cfg(), [0, 1])
     monkeypatch.undo()
     # a forward pass that draws random numbers (dropout) has no fused form that keeps each
@@ -256,8 +264,8 @@ def test_compile_model_on_an_array_equals_its_seeds_eager_trials(model, monkeypa
     equals its separate eager trial, and the array leaves no compiled graph behind."""
     from torch._dynamo.backends.registry import lookup_backend
 
-    from setvalued.training import compiled_step
     from setvalued.fused import Array
+    from setvalued.training import compiled_step
 
     graphs = []
 
@@ -307,9 +315,9 @@ def test_a_fused_densenet_under_cuda_autocast_hands_batch_norm_dtypes_the_cuda_k
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from setvalued.fused import FusedStep
-    from tests.gpu_audit import fake_cuda, fake_cuda_autocast
     from setvalued.losses.topk import CrossEntropy
     from setvalued.models import build_model
+    from tests.gpu_audit import fake_cuda, fake_cuda_autocast
 
     torch.set_default_dtype(torch.float32)  # the GPU's training dtype
     calls = []
@@ -322,8 +330,7 @@ def test_a_fused_densenet_under_cuda_autocast_hands_batch_norm_dtypes_the_cuda_k
 
     cfg = resolve_config(tiny_cfg(model="densenet_bc"))
     models = [build_model(cfg["model"], 8, (3, 32, 32)) for _ in range(2)]
-    step = FusedStep(cfg, torch.device("cpu"), models, [CrossEntropy(), CrossEntropy()], torch.bfloat16,
-                     compiled=False)
+    step = FusedStep(cfg, torch.device("cpu"), models, [CrossEntropy(), CrossEntropy()], torch.bfloat16, compiled=False)
     step.start_training()
     with fake_cuda():
         params = {k: v.detach().to("cuda").requires_grad_() for k, v in step.params.items()}
@@ -333,8 +340,11 @@ def test_a_fused_densenet_under_cuda_autocast_hands_batch_norm_dtypes_the_cuda_k
             output = step.forward(params, buffers, x)
     assert output.shape == (2, 4, 8)
     assert len(calls) >= 5  # every BatchNorm of the DenseNet
-    refused = [(name, [t.dtype for t in args[:5] if isinstance(t, torch.Tensor)])
-               for name, args in calls if not _cuda_accepts_batch_norm(args)]
+    refused = [
+        (name, [t.dtype for t in args[:5] if isinstance(t, torch.Tensor)])
+        for name, args in calls
+        if not _cuda_accepts_batch_norm(args)
+    ]
     assert refused == []
 
 

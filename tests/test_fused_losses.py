@@ -35,8 +35,9 @@ CASES = {
 
 def make_loss(params: dict, classes: int) -> SetValuedLoss:
     params = dict(params)
-    return build_loss(params.pop("name"), **params, num_classes=classes, class_counts=list(range(1, classes + 1)),
-                      num_examples=100)
+    return build_loss(
+        params.pop("name"), **params, num_classes=classes, class_counts=list(range(1, classes + 1)), num_examples=100
+    )
 
 
 def member_states(seeds):
@@ -103,8 +104,9 @@ def test_member_losses_equal_each_members_own_call(case):
 def test_a_failed_member_is_not_computed_by_the_loop_and_losses_with_member_state_are_not_shared():
     loss = make_loss({"name": "avgk_two_head", "k": 3}, 10)
     output = TwoHeadOutput(torch.randn(2, 4, 10), torch.randn(2, 4, 10))
-    values = loop_member_losses([loss, loss], output, torch.zeros(2, 4, dtype=torch.long), None,
-                                [None, member_states([1])[0].active()])
+    values = loop_member_losses(
+        [loss, loss], output, torch.zeros(2, 4, dtype=torch.long), None, [None, member_states([1])[0].active()]
+    )
     assert float(values[0]) == 0.0 and float(values[1]) > 0
     role = [make_loss({"name": "role"}, 10) for _ in range(2)]
     assert not interchangeable(role)  # its label estimates are each member's parameters

@@ -33,7 +33,12 @@ def test_a_configs_seeds_are_cut_into_arrays_the_rest_a_smaller_one():
     cells = [cell("b", s) for s in (2, 0, 1)] + [cell("a", s) for s in range(5)]
     arrays = fused_arrays(cells, 2)
     assert [[c.cell_id for c in a] for a in arrays] == [
-        ["b-s0", "b-s1"], ["b-s2"], ["a-s0", "a-s1"], ["a-s2", "a-s3"], ["a-s4"]]
+        ["b-s0", "b-s1"],
+        ["b-s2"],
+        ["a-s0", "a-s1"],
+        ["a-s2", "a-s3"],
+        ["a-s4"],
+    ]
     assert [array_id(a) for a in arrays[:2]] == ["b-s0-x2", "b-s2"]
     # cells resumed after different epochs never share an array
     resumed = fused_arrays(cells[3:], 4, {"a-s1": 3, "a-s3": 3})
@@ -49,8 +54,13 @@ def test_a_later_versions_arrays_hold_its_version_qualified_cells(tmp_path):
     from studies.running.tune_experiment import array_payload, cell_payload
     from studies.running.versions import StudyVersion, versioned_cells
 
-    cells = expand(load_study(write_study(tmp_path, "versioned", lrs=[0.1, 0.2], seeds=(0, 1, 2),
-                                          resources={"cpus": 1, "seeds_per_trial": 2})))
+    cells = expand(
+        load_study(
+            write_study(
+                tmp_path, "versioned", lrs=[0.1, 0.2], seeds=(0, 1, 2), resources={"cpus": 1, "seeds_per_trial": 2}
+            )
+        )
+    )
     first = versioned_cells(cells, StudyVersion("0123456789", qualified=False, record=[]))
     later = versioned_cells(cells, StudyVersion("abcdef0123", qualified=True, record=[]))
     arrays = fused_arrays(first + later, 2)
@@ -67,22 +77,42 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
     assert load_study(write_study(tmp_path, "plain", lrs=[0.1])).resources.seeds_per_trial == 1
     # early stopping, ASHA and Optuna's pruners stop an array as a whole; racing runs its rounds
     # as arrays: all accepted
-    assert load_study(write_study(tmp_path, "sched", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
-                                  scheduler={"kind": "early_stopping", "patience": 1},
-                                  objective={"metric": "val/top3"})).resources.seeds_per_trial == 2
-    raced = write_study(tmp_path, "raced", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
-                        objective={"metric": "val/top3"})
+    assert (
+        load_study(
+            write_study(
+                tmp_path,
+                "sched",
+                lrs=[0.1],
+                resources={"cpus": 1, "seeds_per_trial": 2},
+                scheduler={"kind": "early_stopping", "patience": 1},
+                objective={"metric": "val/top3"},
+            )
+        ).resources.seeds_per_trial
+        == 2
+    )
+    raced = write_study(
+        tmp_path, "raced", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}, objective={"metric": "val/top3"}
+    )
     text = yaml.safe_load(raced.read_text())
     text["seeds"] = {"initial": 2, "max": 4, "until": {"metric": "test/top3", "level": 0.95}}
     raced.write_text(yaml.safe_dump(text, sort_keys=False))
     assert load_study(raced).resources.seeds_per_trial == 2
-    tuned = write_study(tmp_path, "tuned", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2},
-                        objective={"metric": "val/top3"}, design=[OPTUNA_BLOCK])
+    tuned = write_study(
+        tmp_path,
+        "tuned",
+        lrs=[0.1],
+        resources={"cpus": 1, "seeds_per_trial": 2},
+        objective={"metric": "val/top3"},
+        design=[OPTUNA_BLOCK],
+    )
     assert load_study(tuned).optuna_blocks and load_study(tuned).resources.seeds_per_trial == 2
     # compile: model compiles an array's stacked model (tests/test_fused.py), with or without a
     # scheduler: accepted
-    for path in (write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}),
-                 raced, tuned):
+    for path in (
+        write_study(tmp_path, "compiled", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 2}),
+        raced,
+        tuned,
+    ):
         assert load_study(path, overrides=("base.compile=model",)).resources.seeds_per_trial == 2
     with pytest.raises(StudyError, match=r"seeds_per_trial"):
         load_study(write_study(tmp_path, "zero", lrs=[0.1], resources={"cpus": 1, "seeds_per_trial": 0}))
@@ -90,9 +120,14 @@ def test_seeds_per_trial_defaults_to_one_and_is_refused_where_not_supported(tmp_
 
 #: an optuna block with a median pruner over the learning rate (random sampler: the same configs
 #: in every run)
-OPTUNA_BLOCK = {"kind": "optuna", "n_configs": 3, "sampler": "random", "sampler_seed": 3,
-                "parameters": {"optim.lr": {"loguniform": [0.001, 0.5]}},
-                "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 1}}
+OPTUNA_BLOCK = {
+    "kind": "optuna",
+    "n_configs": 3,
+    "sampler": "random",
+    "sampler_seed": 3,
+    "parameters": {"optim.lr": {"loguniform": [0.001, 0.5]}},
+    "pruner": {"kind": "median", "n_startup_trials": 1, "n_warmup_steps": 1},
+}
 
 
 @pytest.mark.parametrize("values", [["none", "model"], {"choice": ["none", "model"]}])
@@ -115,10 +150,17 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
 
     # early stopping on the seed mean: a config's seeds 0 and 1 (one array) and seed 2 (another)
     # wait for each other at every epoch, and a stop stops both arrays
-    path = write_study(tmp_path, "fused-grid", lrs=[0.05, 0.1], seeds=(0, 1, 2), epochs=3,
-                       resources={"cpus": 1, "seeds_per_trial": 2}, log_models=True,
-                       objective={"metric": "val/top3"},
-                       scheduler={"kind": "early_stopping", "grace_epochs": 0, "patience": 1})
+    path = write_study(
+        tmp_path,
+        "fused-grid",
+        lrs=[0.05, 0.1],
+        seeds=(0, 1, 2),
+        epochs=3,
+        resources={"cpus": 1, "seeds_per_trial": 2},
+        log_models=True,
+        objective={"metric": "val/top3"},
+        scheduler={"kind": "early_stopping", "grace_epochs": 0, "patience": 1},
+    )
     cells = {c.cell_id: c for c in expand(load_study(path))}
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
@@ -138,8 +180,7 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
         epochs = int(run.data.tags.get("studies.stopped_epoch", 3))
         stopped_at.setdefault(c.config_id, set()).add(epochs)
         for key in ("train/loss", "val/top3", "lr", "epoch_time_s"):
-            assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == \
-                list(range(epochs)), key
+            assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == list(range(epochs)), key
         # the member is the separate trial of its seed (float32: the fused kernels round apart),
         # with the epochs cut where its config stopped
         alone = fit({**c.config, "epochs": epochs}, c.seed)
@@ -162,8 +203,9 @@ def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(t
     assert "as 2 fused arrays of up to 2 seeds (one trial each)" in stream.getvalue()
     # a model whose fused form fails the one-batch probe (as a forward pass with dropout does:
     # tests/test_fused.py) is refused before anything runs, at the field, with the reason
-    monkeypatch.setattr(setvalued.fused.array, "fusion_problem",
-                        lambda models, trial: "RuntimeError: vmap: called random operation")
+    monkeypatch.setattr(
+        setvalued.fused.array, "fusion_problem", lambda models, trial: "RuntimeError: vmap: called random operation"
+    )
     with pytest.raises(StudyError) as refused:
         run_study(path, RunOptions(output=tmp_path / "out", dry_run=True, stream=io.StringIO()))
     text = str(refused.value)
@@ -184,8 +226,9 @@ def test_a_members_folder_in_an_arrays_checkpoint_is_found_by_its_cell_id(tmp_pa
     for cell_id in ("a-s0", "a-s1"):
         folder = storage / "tune-3-0" / "a-s0-x2" / "checkpoint_000002" / cell_id
         folder.mkdir(parents=True)
-        (folder / META_FILE).write_text(json.dumps({"cell_id": cell_id, "study": "s", "epoch": 2,
-                                                    "run_id": f"run-{cell_id}", "history": []}))
+        (folder / META_FILE).write_text(
+            json.dumps({"cell_id": cell_id, "study": "s", "epoch": 2, "run_id": f"run-{cell_id}", "history": []})
+        )
         (folder / STATE_FILE).write_bytes(b"")
         folders[cell_id] = str(folder)
     points = ResumePoints.search(storage, "s", ["a-s0", "a-s1", "a-s2"])
@@ -203,8 +246,11 @@ class FakeCoordinator:
 
     def record(self, epochs_done, metrics):
         self.log.append(("record", self.seed, epochs_done, metrics["val/top3"]))
-        return self.decision_value if sum(e[0] == "record" and e[2] == epochs_done for e in self.log) \
-            == self.seeds else "wait"
+        return (
+            self.decision_value
+            if sum(e[0] == "record" and e[2] == epochs_done for e in self.log) == self.seeds
+            else "wait"
+        )
 
     def wait(self, epochs_done, status):
         self.log.append(("wait", self.seed, epochs_done, status))
@@ -224,11 +270,16 @@ def test_an_array_records_every_member_then_waits_once_and_stops_as_a_whole(monk
     log: list = []
     reporters = []
     for seed in (0, 1, 2):
-        c = {"cell_id": f"a-s{seed}", "config_id": "a", "seed": seed, "config": {"epochs": 5},
-             "tune_metrics": ["val/top3"], "checkpoint_interval_s": 3600}
+        c = {
+            "cell_id": f"a-s{seed}",
+            "config_id": "a",
+            "seed": seed,
+            "config": {"epochs": 5},
+            "tune_metrics": ["val/top3"],
+            "checkpoint_interval_s": 3600,
+        }
         run = SimpleNamespace(run_id=f"run-{seed}")
-        reporters.append(MemberReporter(run, c, None, [], None, FakeCoordinator(log, seed, 3, "stop", "asha"),
-                                        None))
+        reporters.append(MemberReporter(run, c, None, [], None, FakeCoordinator(log, seed, 3, "stop", "asha"), None))
     epochs = ArrayEpochs(reporters, 3600, 4)
     for i in (0, 2):  # member 1 failed in this epoch: it does not close it
         epochs.on_member(i, 0, {"val/top3": 0.5 + i, "epoch": 0}, state={"epoch": 0})
@@ -259,8 +310,14 @@ def test_an_arrays_checkpoint_holds_each_member_and_a_restarted_trial_reads_it_b
     monkeypatch.setattr(ray.tune, "report", report)
     cells, reporters = [], []
     for seed in (0, 1, 2):
-        c = {"cell_id": f"a-s{seed}", "config_id": "a", "seed": seed, "config": {"epochs": 3},
-             "tune_metrics": [], "checkpoint_interval_s": 0}
+        c = {
+            "cell_id": f"a-s{seed}",
+            "config_id": "a",
+            "seed": seed,
+            "config": {"epochs": 3},
+            "tune_metrics": [],
+            "checkpoint_interval_s": 0,
+        }
         run = SimpleNamespace(run_id=f"run-{seed}", log_epochs=lambda epochs: None)
         cells.append(c)
         reporters.append(MemberReporter(run, c, SimpleNamespace(study_name="s"), [], None, None, None))

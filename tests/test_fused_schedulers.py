@@ -12,7 +12,6 @@ separate trials' values; the median rule written out on the seed means Optuna wa
 from __future__ import annotations
 
 import contextlib
-
 import io
 
 import numpy as np
@@ -40,11 +39,11 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def raced_study(tmp_path, name: str, lrs, per_trial: int, initial=3, max_seeds=6, step=2, epochs=2,
-                **extra):
+def raced_study(tmp_path, name: str, lrs, per_trial: int, initial=3, max_seeds=6, step=2, epochs=2, **extra):
     """A racing study of the tiny MLP (test/top1 decides), seeds_per_trial `per_trial`."""
-    path = write_study(tmp_path, name, lrs=lrs, epochs=epochs, resources={"cpus": 1, "seeds_per_trial": per_trial},
-                       **extra)
+    path = write_study(
+        tmp_path, name, lrs=lrs, epochs=epochs, resources={"cpus": 1, "seeds_per_trial": per_trial}, **extra
+    )
     study = yaml.safe_load(path.read_text())
     study["seeds"] = {"initial": initial, "max": max_seeds, "step": step, "until": {"metric": "test/top1"}}
     study["base"]["eval"] = {"ks": [1, 3], "selection": "val/top1"}
@@ -79,8 +78,7 @@ def test_a_race_hands_out_each_round_of_a_config_as_arrays_the_rest_smaller(tmp_
     arrays = fused_arrays(cells, 2, round_of=race_rounds(study))
     assert [[c.seed for c in a] for a in arrays] == [[0, 1], [2], [3, 4], [5]] * 2
     assert race_rounds(load_study(write_study(tmp_path, "no-race", lrs=[0.1]))) is None
-    assert experiments(cells, 2, race_rounds(study)) == \
-        [[[0, 1], [2], [3, 4], [5], [6, 7], [8], [9, 10], [11]]]
+    assert experiments(cells, 2, race_rounds(study)) == [[[0, 1], [2], [3, 4], [5], [6, 7], [8], [9, 10], [11]]]
     # three seeds a round at two a trial: each round's rest is a smaller array of its own
     wide = load_study(raced_study(tmp_path, "race-wide", [0.1], per_trial=2, initial=3, max_seeds=9, step=3))
     assert [len(a) for a in fused_arrays(expand(wide), 2, round_of=race_rounds(wide))] == [2, 1, 2, 1, 2, 1]
@@ -91,8 +89,11 @@ class FakeRace:
 
     def __init__(self, arrays):
         self.arrays, self.told = list(arrays), []
-        self.cells = {cell_id: cell(cell_id.rsplit("-s", 1)[0], int(cell_id.rsplit("-s", 1)[1]))
-                      for array in arrays for cell_id in array}
+        self.cells = {
+            cell_id: cell(cell_id.rsplit("-s", 1)[0], int(cell_id.rsplit("-s", 1)[1]))
+            for array in arrays
+            for cell_id in array
+        }
 
     def next_cell_ids(self, limit):
         from studies.scheduling.race_driver import RACE_OVER
@@ -110,8 +111,10 @@ def test_the_race_searcher_hands_out_arrays_and_tells_the_race_each_member():
     payloads = {cell_id: {"cell_id": cell_id, "seed": int(cell_id[-1])} for cell_id in race.cells}
     searcher = RaceSearcher(race, payloads, per_trial=2)
     first, second = searcher.suggest("t1"), searcher.suggest("t2")
-    assert first == {"cell_id": "a-s0-x2", "cell": {"cell_id": "a-s0-x2",
-                                                    "members": [payloads["a-s0"], payloads["a-s1"]]}}
+    assert first == {
+        "cell_id": "a-s0-x2",
+        "cell": {"cell_id": "a-s0-x2", "members": [payloads["a-s0"], payloads["a-s1"]]},
+    }
     assert second["cell_id"] == "a-s2" and second["cell"]["members"] == [payloads["a-s2"]]
     assert searcher.suggest("t3") is searcher.FINISHED
     # member a-s1 failed alone (its report says so); a-s0 finished; the other array's trial errored
@@ -121,8 +124,10 @@ def test_the_race_searcher_hands_out_arrays_and_tells_the_race_each_member():
     assert race.told == [("a-s0", False, ""), ("a-s1", True, "loss is nan"), ("a-s2", True, "")]
     # one cell a trial (seeds_per_trial 1): the payload of the cell itself
     race = FakeRace([["b-s0"]])
-    assert RaceSearcher(race, {"b-s0": {"cell_id": "b-s0"}}).suggest("t") == \
-        {"cell_id": "b-s0", "cell": {"cell_id": "b-s0"}}
+    assert RaceSearcher(race, {"b-s0": {"cell_id": "b-s0"}}).suggest("t") == {
+        "cell_id": "b-s0",
+        "cell": {"cell_id": "b-s0"},
+    }
 
 
 def test_the_proposal_searcher_ends_each_member_of_an_array_with_its_own_run():
@@ -174,9 +179,16 @@ def test_the_plan_counts_a_race_round_or_an_optuna_configs_seeds_as_arrays(tmp_p
     assert est.cell_seconds == pytest.approx(4 * 2 * 1.0 + 3 * 0.5)
     assert experiments(cells, 2, race_rounds(study)) == [[[0, 1], [2], [3]]]
     # an optuna block of 3 configs on 3 seeds: each config's seeds as [0, 1] [2]
-    tuned = write_study(tmp_path, "plan-optuna", lrs=[0.1], seeds=(0, 1, 2), epochs=2,
-                        resources={"cpus": 1, "seeds_per_trial": 2}, objective={"metric": "val/top3"},
-                        design=[OPTUNA_BLOCK])
+    tuned = write_study(
+        tmp_path,
+        "plan-optuna",
+        lrs=[0.1],
+        seeds=(0, 1, 2),
+        epochs=2,
+        resources={"cpus": 1, "seeds_per_trial": 2},
+        objective={"metric": "val/top3"},
+        design=[OPTUNA_BLOCK],
+    )
     _, cells, est = planned(tuned, 1)
     assert len(cells) == 9 and est.experiments == 1 and est.slots == 1
     assert est.cell_seconds == pytest.approx(9 * 2 * 1.0 + 0.5)
@@ -200,8 +212,9 @@ def handed_out(monkeypatch, searcher: type) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(local_ray, mlflow_server, tmp_path,
-                                                                         monkeypatch):
+def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(
+    local_ray, mlflow_server, tmp_path, monkeypatch
+):
     """A race of a clearly worse config and two configs that train alike (they differ in the
     evaluation batch size alone: tied on every seed, they race to max) at seeds_per_trial 2,
     initial 3, step 2, max 6 (no round a multiple of 2 but one): every round runs as arrays, the
@@ -216,8 +229,16 @@ def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(local_r
     from tests.test_racing import run_race
 
     twin = {"kind": "grid", "parameters": {"optim.lr": [0.1], "eval.batch_size": [64]}}
-    path = raced_study(tmp_path, "fused-race", [0.001, 0.1], per_trial=2, initial=3, max_seeds=6, step=2,
-                       design=[{"kind": "grid", "parameters": {"optim.lr": [0.001, 0.1]}}, twin])
+    path = raced_study(
+        tmp_path,
+        "fused-race",
+        [0.001, 0.1],
+        per_trial=2,
+        initial=3,
+        max_seeds=6,
+        step=2,
+        design=[{"kind": "grid", "parameters": {"optim.lr": [0.001, 0.1]}}, twin],
+    )
     study = load_study(path)
     cells = {c.cell_id: c for c in expand(study)}
     with one_thread():
@@ -242,8 +263,10 @@ def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(local_r
     found = {}
     for run in runs:
         found.setdefault(run.data.tags["studies.config_id"], []).append(run)
-    assert {config_id: (d["state"], d["seeds"]) for config_id, d in
-            ((run.data.tags["studies.config_id"], json_tag(run)) for run in runs if json_tag(run))} == expected
+    assert {
+        config_id: (d["state"], d["seeds"])
+        for config_id, d in ((run.data.tags["studies.config_id"], json_tag(run)) for run in runs if json_tag(run))
+    } == expected
     for config_id, (_, n) in expected.items():
         assert sorted(int(r.data.tags["studies.seed"]) for r in found[config_id]) == list(range(n)), config_id
     client = MlflowClient(mlflow_server)
@@ -256,7 +279,8 @@ def test_a_fused_race_runs_its_rounds_as_arrays_to_the_unfused_decisions(local_r
     # the Tune trials: the worse config's round [0, 1] [2]; each tied config's [0, 1] [2] [3, 4] [5]
     worse = next(c for c, (state, _) in expected.items() if state == "worse than best")
     want = [f"{worse}-s0-x2", f"{worse}-s2"] + [
-        name for c in configs if c != worse for name in (f"{c}-s0-x2", f"{c}-s2", f"{c}-s3-x2", f"{c}-s5")]
+        name for c in configs if c != worse for name in (f"{c}-s0-x2", f"{c}-s2", f"{c}-s3-x2", f"{c}-s5")
+    ]
     assert sorted(trials) == sorted(want)
     assert len(runs) == 15
 
@@ -270,8 +294,9 @@ def json_tag(run) -> dict | None:
 
 
 @pytest.mark.slow
-def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_ray, mlflow_server, tmp_path,
-                                                                          monkeypatch):
+def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(
+    local_ray, mlflow_server, tmp_path, monkeypatch
+):
     """An optuna block of 3 configs on 3 seeds at seeds_per_trial 2 (arrays [0, 1] and [2] a
     config) with a median pruner: every config asked once, each member a cell run equal to its
     seed's separate trial (cut where its config stopped); the values reported to Optuna are the
@@ -285,9 +310,16 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_
 
     epochs = 3
     block = {**OPTUNA_BLOCK, "sampler_seed": 6, "parameters": {"optim.lr": {"loguniform": [0.0005, 0.5]}}}
-    path = write_study(tmp_path, "fused-optuna", lrs=[0.1], seeds=(0, 1, 2), epochs=epochs,
-                       resources={"cpus": 1, "seeds_per_trial": 2}, design=[block],
-                       objective={"metric": "val/top1", "mode": "max"})
+    path = write_study(
+        tmp_path,
+        "fused-optuna",
+        lrs=[0.1],
+        seeds=(0, 1, 2),
+        epochs=epochs,
+        resources={"cpus": 1, "seeds_per_trial": 2},
+        design=[block],
+        objective={"metric": "val/top1", "mode": "max"},
+    )
     study = yaml.safe_load(path.read_text())
     study["base"]["eval"] = {"ks": [1, 3], "selection": "val/top1"}
     path.write_text(yaml.safe_dump(study, sort_keys=False))
@@ -302,8 +334,7 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_
 
     storage = f"sqlite:///{tmp_path / 'out' / 'fused-optuna' / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
-    trials = sorted(optuna.load_study(study_name=summary.study_name, storage=storage).trials,
-                    key=lambda t: t.number)
+    trials = sorted(optuna.load_study(study_name=summary.study_name, storage=storage).trials, key=lambda t: t.number)
     assert len(trials) == 3
     client = MlflowClient(mlflow_server)
     by_config: dict[str, list] = {}
@@ -314,8 +345,12 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_
         config_id = trial.user_attrs["config_id"]
         runs = by_config[config_id]
         assert sorted(int(r.data.tags["studies.seed"]) for r in runs) == [0, 1, 2]
-        curves = {int(r.data.tags["studies.seed"]): [m.value for m in sorted(
-            client.get_metric_history(r.info.run_id, "val/top1"), key=lambda m: m.step)] for r in runs}
+        curves = {
+            int(r.data.tags["studies.seed"]): [
+                m.value for m in sorted(client.get_metric_history(r.info.run_id, "val/top1"), key=lambda m: m.step)
+            ]
+            for r in runs
+        }
         # Optuna saw the seed means of the members' curves (no report at the last epoch)
         for step, value in trial.intermediate_values.items():
             assert value == pytest.approx(sum(c[step - 1] for c in curves.values()) / 3, abs=1e-9)
@@ -351,5 +386,4 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(local_
     assert [t.state for t in trials].count(optuna.trial.TrialState.PRUNED) >= 1, [t.params for t in trials]
     assert "optuna design[0]: 3 configs asked: " in text
     # each config's seeds ran as two trials, the arrays [0, 1] and [2]
-    assert sorted(handed) == sorted(
-        name for c in by_config for name in (f"{c}-s0-x2", f"{c}-s2"))
+    assert sorted(handed) == sorted(name for c in by_config for name in (f"{c}-s0-x2", f"{c}-s2"))

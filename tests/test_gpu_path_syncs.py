@@ -30,11 +30,11 @@ import pytest
 import torch
 
 import setvalued.training.trial as train
-from tests import gpu_audit
-from tests.gpu_audit import KernelCount, SyncAudit, claim_cuda, fake_cuda, fake_cuda_autocast
 from setvalued.losses import TwoHeadOutput, build_loss
 from setvalued.losses.parameters import LOSS_PARAMETERS
 from setvalued.training import to_float32
+from tests import gpu_audit
+from tests.gpu_audit import KernelCount, SyncAudit, claim_cuda, fake_cuda, fake_cuda_autocast
 from tests.test_train import write_fake_cifar
 
 NAMES = sorted(LOSS_PARAMETERS)
@@ -44,13 +44,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _loss(name: str, **params):
     extra = {"k": 5, "n_samples": 3} if name.startswith("noised_topk") else {}
-    return build_loss(name, class_counts=[5 + j for j in range(CLASSES)], num_classes=CLASSES,
-                      num_examples=8 * BATCH, **extra, **params)
+    return build_loss(
+        name,
+        class_counts=[5 + j for j in range(CLASSES)],
+        num_classes=CLASSES,
+        num_examples=8 * BATCH,
+        **extra,
+        **params,
+    )
 
 
 def _run_loss(loss, device: str, mode, backward: bool) -> None:
-    leaves = [torch.randn(BATCH, CLASSES, device=device).requires_grad_(backward)
-              for _ in range(2 if loss.head == "two_head" else 1)]
+    leaves = [
+        torch.randn(BATCH, CLASSES, device=device).requires_grad_(backward)
+        for _ in range(2 if loss.head == "two_head" else 1)
+    ]
     output = TwoHeadOutput(*leaves) if loss.head == "two_head" else leaves[0]
     targets = torch.randint(0, CLASSES, (BATCH,), device=device)
     extra = {"indices": torch.randint(0, 8 * BATCH, (BATCH,), device=device)} if loss.requires_indices else {}
@@ -101,13 +109,13 @@ def test_average_k_helpers_have_no_host_synchronisation():
 
 def _synchronising(x: torch.Tensor, cpu_scores: torch.Tensor) -> None:
     """One of each kind, on its own line (the audit names these lines)."""
-    x.sum().item()                                                      # value read
-    x[0, 1] = 2.0                                                       # blocking host-to-device
+    x.sum().item()  # value read
+    x[0, 1] = 2.0  # blocking host-to-device
     x[torch.arange(2, device=x.device), torch.zeros(2, dtype=torch.long, device=x.device)] = 1  # index_put
-    (x > 0).nonzero()                                                   # data-dependent shape
-    x[x > 0]                                                            # boolean indexing
-    x.cpu()                                                             # device-to-host
-    cpu_scores.to(x.device)                                             # blocking host-to-device
+    (x > 0).nonzero()  # data-dependent shape
+    x[x > 0]  # boolean indexing
+    x.cpu()  # device-to-host
+    cpu_scores.to(x.device)  # blocking host-to-device
     x.add_(cpu_scores.sum())  # a CPU scalar in an elementwise kernel: passed by value, no sync
 
 
@@ -119,10 +127,15 @@ def test_the_audit_sees_each_kind_of_synchronisation():
             _synchronising(x, torch.ones(4, 5))
     first = _synchronising.__code__.co_firstlineno
     got = [(s.kind, int(s.where.rsplit(":", 1)[1]) - first) for s in audit.syncs]
-    assert got == [("value read", 2), ("blocking host-to-device copy", 3),
-                   ("index_put with a CPU value (blocking copy)", 4), ("data-dependent shape", 5),
-                   ("data-dependent shape", 6), ("device-to-host copy", 7),
-                   ("blocking host-to-device copy", 8)], got
+    assert got == [
+        ("value read", 2),
+        ("blocking host-to-device copy", 3),
+        ("index_put with a CPU value (blocking copy)", 4),
+        ("data-dependent shape", 5),
+        ("data-dependent shape", 6),
+        ("device-to-host copy", 7),
+        ("blocking host-to-device copy", 8),
+    ], got
     assert all(s.where.startswith("tests/test_gpu_path_syncs.py:") for s in audit.syncs)
 
 
@@ -130,11 +143,18 @@ def test_the_audit_sees_each_kind_of_synchronisation():
 # the trainer on the device
 # ---------------------------------------------------------------------------------------------
 
+
 def _cifar_cfg(root, batch_size: int, loss: str = "ce", model: str = "small_cnn") -> dict:
-    return {"data": {"name": "cifar100", "root": str(root), "val_size": 40, "placement": "device"},
-            "model": {"name": model, "hidden_dim": 8}, "loss": {"name": loss},
-            "optim": {"lr": 0.05, "batch_size": batch_size, "milestones": []}, "epochs": 1,
-            "eval": {"ks": [1, 5], "batch_size": 10}, "device": "cpu", "amp": True}
+    return {
+        "data": {"name": "cifar100", "root": str(root), "val_size": 40, "placement": "device"},
+        "model": {"name": model, "hidden_dim": 8},
+        "loss": {"name": loss},
+        "optim": {"lr": 0.05, "batch_size": batch_size, "milestones": []},
+        "epochs": 1,
+        "eval": {"ks": [1, 5], "batch_size": 10},
+        "device": "cpu",
+        "amp": True,
+    }
 
 
 def _device_trial(monkeypatch, cfg) -> train.Trial:
@@ -172,13 +192,15 @@ def test_training_steps_and_evaluation_batches_do_not_synchronise(tmp_path, monk
     many = epoch_syncs(monkeypatch, _cifar_cfg(tmp_path, batch_size=6, loss=loss))
     for steps, summary, evaluation in (few, many):
         # the epoch's order, moved to the device when its first batch is drawn: once per epoch
-        assert [(s.kind, s.where.split(":")[0]) for s in steps] == [("blocking host-to-device copy",
-                                                                      "setvalued/data/device.py")]
+        assert [(s.kind, s.where.split(":")[0]) for s in steps] == [
+            ("blocking host-to-device copy", "setvalued/data/device.py")
+        ]
         assert 1 <= len(summary) <= 3, [str(s) for s in summary]  # losses, hits, gradient counts
         # per pass: the order of the examples to the device, the scores back
         assert [(s.kind, s.where.split(":")[0]) for s in evaluation] == [
             ("blocking host-to-device copy", "setvalued/data/device.py"),
-            ("device-to-host copy", "setvalued/training/evaluation.py")], [str(s) for s in evaluation]
+            ("device-to-host copy", "setvalued/training/evaluation.py"),
+        ], [str(s) for s in evaluation]
     assert few == many  # 2 or 10 steps, the same synchronisations: none per step
 
 
@@ -210,6 +232,7 @@ def test_the_trainer_audit_sees_a_read_per_step(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # mixed precision and kernel counts
 # ---------------------------------------------------------------------------------------------
+
 
 def test_normed_head_cosines_are_float32_under_cuda_autocast():
     from setvalued.models import build_model

@@ -31,13 +31,17 @@ def test_the_grid_covers_the_scaled_simplex():
     assert corners == {(2.0, 0.0, 0.0), (0.0, 2.0, 0.0), (0.0, 0.0, 2.0)}
 
 
-@pytest.mark.parametrize("panel", [
-    Panel("ce", "ce"),
-    Panel("hinge", "hinge_topk", {"k": 2}),
-    Panel("cvx", "cvx_hinge_topk", {"k": 1}),
-    Panel("svm", "smooth_topk_svm", {"k": 2, "tau": 0.1}),
-    Panel("focal", "focal", {"gamma": 2.0}),
-], ids=lambda p: p.loss)
+@pytest.mark.parametrize(
+    "panel",
+    [
+        Panel("ce", "ce"),
+        Panel("hinge", "hinge_topk", {"k": 2}),
+        Panel("cvx", "cvx_hinge_topk", {"k": 1}),
+        Panel("svm", "smooth_topk_svm", {"k": 2, "tau": 0.1}),
+        Panel("focal", "focal", {"gamma": 2.0}),
+    ],
+    ids=lambda p: p.loss,
+)
 def test_grid_values_are_the_loss_evaluated_directly(panel):
     target = 2
     (result,) = landscape.compute([panel], target=target + 1, resolution=12, replications=1)
@@ -52,8 +56,9 @@ def test_grid_values_are_the_loss_evaluated_directly(panel):
 def test_imbalanced_hinge_is_harmonized_to_margin_one():
     """max_margin 1, scale 1, equal counts: at s = (0, 0, 2) with y = 1 the hinge is 1 + s_[K+1] - 0."""
     panel = Panel("imbal", "noised_topk_imbalanced", {"k": 1, "epsilon": 0.0})
-    values = landscape.evaluate(panel, torch.tensor([[0.0, 0.0, 2.0], [1.0, 0.5, 0.5]], dtype=torch.float64),
-                                target=0, replications=3)
+    values = landscape.evaluate(
+        panel, torch.tensor([[0.0, 0.0, 2.0], [1.0, 0.5, 0.5]], dtype=torch.float64), target=0, replications=3
+    )
     assert values.tolist() == pytest.approx([1.0 + 0.0 - 0.0, 1.0 + 0.5 - 1.0])
 
 
@@ -81,17 +86,20 @@ def test_noised_with_zero_epsilon_is_the_calibrated_hinge():
     assert torch.allclose(noised, hinge)
 
 
-@pytest.mark.parametrize("k, target, point, expected", [
-    (2, 2, (0.0, 0.0, 2.0), 0.0),
-    (2, 2, (1.0, 1.0, 0.0), 1.0),
-    (2, 2, (1.2, 0.8, 0.0), 1.0),
-    (2, 2, (2.0, 0.0, 0.0), 0.0),   # s_[2] = 0 = s_y: a tie is not an error
-    (2, 2, (0.9, 0.3, 0.8), 0.0),
-    (1, 1, (0.0, 2.0, 0.0), 0.0),
-    (1, 1, (1.0, 1.0, 0.0), 0.0),   # tie at the top
-    (1, 1, (1.2, 0.8, 0.0), 1.0),
-    (1, 1, (0.5, 0.7, 0.8), 1.0),
-])
+@pytest.mark.parametrize(
+    "k, target, point, expected",
+    [
+        (2, 2, (0.0, 0.0, 2.0), 0.0),
+        (2, 2, (1.0, 1.0, 0.0), 1.0),
+        (2, 2, (1.2, 0.8, 0.0), 1.0),
+        (2, 2, (2.0, 0.0, 0.0), 0.0),  # s_[2] = 0 = s_y: a tie is not an error
+        (2, 2, (0.9, 0.3, 0.8), 0.0),
+        (1, 1, (0.0, 2.0, 0.0), 0.0),
+        (1, 1, (1.0, 1.0, 0.0), 0.0),  # tie at the top
+        (1, 1, (1.2, 0.8, 0.0), 1.0),
+        (1, 1, (0.5, 0.7, 0.8), 1.0),
+    ],
+)
 def test_topk_error_at_known_points(k, target, point, expected):
     panel = Panel("0/1", landscape.TOPK_ERROR, {"k": k})
     value = landscape.evaluate(panel, torch.tensor([point], dtype=torch.float64), target)
@@ -109,7 +117,11 @@ def test_topk_error_panel_is_piecewise_constant_as_the_rank_of_the_target():
 def test_custom_panels_are_the_product_of_the_listed_values():
     panels = landscape.custom_panels("noised_topk", ["k=1,2", "epsilon=0.1,1"])
     assert [p.params for p in panels] == [
-        {"k": 1, "epsilon": 0.1}, {"k": 1, "epsilon": 1.0}, {"k": 2, "epsilon": 0.1}, {"k": 2, "epsilon": 1.0}]
+        {"k": 1, "epsilon": 0.1},
+        {"k": 1, "epsilon": 1.0},
+        {"k": 2, "epsilon": 0.1},
+        {"k": 2, "epsilon": 1.0},
+    ]
     assert landscape.custom_panels("ce", []) == (Panel("ce", "ce", {}),)
 
 
@@ -122,29 +134,49 @@ def test_the_command_draws_a_png_of_the_designed_size(tmp_path, capsys):
         assert image.size == (240, 270)  # one panel: 2.4 x (2.3 + 0.4) inches at 100 dpi
         assert len(image.convert("RGB").getcolors(maxcolors=1 << 20)) > 10  # something is drawn
     figure = tmp_path / "fig1.png"
-    assert main(["landscape", "--figure", "fig1", "--out", str(figure), "--resolution", "6",
-                 "--replications", "2"]) == 0
+    assert (
+        main(["landscape", "--figure", "fig1", "--out", str(figure), "--resolution", "6", "--replications", "2"]) == 0
+    )
     with Image.open(figure) as image:
         assert image.size == (1200, 500)  # 10 panels in 5 columns, 2 rows
     svg = tmp_path / "grid.svg"
-    assert main(["landscape", "--loss", "smooth_topk_svm", "--param", "tau=0.1,1", "--param", "k=1",
-                 "--out", str(svg), "--resolution", "6"]) == 0
+    assert (
+        main(
+            [
+                "landscape",
+                "--loss",
+                "smooth_topk_svm",
+                "--param",
+                "tau=0.1,1",
+                "--param",
+                "k=1",
+                "--out",
+                str(svg),
+                "--resolution",
+                "6",
+            ]
+        )
+        == 0
+    )
     assert "<svg" in svg.read_text()[:1000]
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--loss", "nope"], ["unknown loss 'nope'", "noised_topk"]),
-    (["--loss", "noised_topk", "--param", "epsilon=-1"], ["epsilon", ">= 0.0", "-1.0"]),
-    (["--loss", "noised_topk", "--param", "eps=1"], ["no parameter 'eps'", "epsilon"]),
-    (["--loss", "noised_topk", "--param", "n_samples=two"], ["n_samples", "an integer", "'two'"]),
-    (["--loss", "noised_topk", "--param", "k=3"], ["k must be in [1, 2]"]),
-    (["--loss", "topk_error", "--param", "k=3"], ["k must be <= 2"]),
-    (["--loss", "avgk_two_head"], ["two heads"]),
-    (["--param", "k=1"], ["--param needs --loss"]),
-    (["--loss", "ce", "--out", "x.txt"], [".png, .svg, .pdf"]),
-    (["--loss", "ce", "--target", "4"], ["--target", "[1, 3]", "4"]),
-    (["--loss", "ce", "--resolution", "1"], ["--resolution"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--loss", "nope"], ["unknown loss 'nope'", "noised_topk"]),
+        (["--loss", "noised_topk", "--param", "epsilon=-1"], ["epsilon", ">= 0.0", "-1.0"]),
+        (["--loss", "noised_topk", "--param", "eps=1"], ["no parameter 'eps'", "epsilon"]),
+        (["--loss", "noised_topk", "--param", "n_samples=two"], ["n_samples", "an integer", "'two'"]),
+        (["--loss", "noised_topk", "--param", "k=3"], ["k must be in [1, 2]"]),
+        (["--loss", "topk_error", "--param", "k=3"], ["k must be <= 2"]),
+        (["--loss", "avgk_two_head"], ["two heads"]),
+        (["--param", "k=1"], ["--param needs --loss"]),
+        (["--loss", "ce", "--out", "x.txt"], [".png, .svg, .pdf"]),
+        (["--loss", "ce", "--target", "4"], ["--target", "[1, 3]", "4"]),
+        (["--loss", "ce", "--resolution", "1"], ["--resolution"]),
+    ],
+)
 def test_bad_options_are_refused_by_name(tmp_path, capsys, argv, words):
     assert main(["landscape", *argv]) == 2
     error = capsys.readouterr().err

@@ -17,9 +17,16 @@ FORBIDDEN = {
     "analysis": ("torch", "torchvision", "timm", "ray", "setvalued", "studies"),
 }
 #: modules of the libraries that must stay importable without torch (validation, --dry-run)
-TORCH_FREE = ("setvalued.params", "setvalued.config", "setvalued.paths", "setvalued.metrics.names",
-              "setvalued.losses.parameters", "setvalued.reference_tables", "setvalued.label_kinds",
-              "setvalued.registry")
+TORCH_FREE = (
+    "setvalued.params",
+    "setvalued.config",
+    "setvalued.paths",
+    "setvalued.metrics.names",
+    "setvalued.losses.parameters",
+    "setvalued.reference_tables",
+    "setvalued.label_kinds",
+    "setvalued.registry",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -40,7 +47,9 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
@@ -78,8 +87,9 @@ def test_torch_free_modules_import_no_torch():
         for dep in graph[name]:
             if dep.startswith("setvalued"):
                 # setvalued.metrics loads its modules on first use of a name (its __init__)
-                assert dep in TORCH_FREE or dep in ("setvalued", "setvalued.losses", "setvalued.metrics"), \
+                assert dep in TORCH_FREE or dep in ("setvalued", "setvalued.losses", "setvalued.metrics"), (
                     f"{name} imports {dep}"
+                )
 
 
 @pytest.mark.parametrize("name", TORCH_FREE + ("setvalued.metrics", "studies.studyfile", "studies.cli"))
@@ -109,8 +119,11 @@ def test_setvalueds_packages_are_imported_through_their_public_names():
             for imported in _imports(path):
                 for package in PUBLIC_THROUGH_PACKAGE:
                     inner = imported.startswith(package + ".") and imported.count(".") == package.count(".") + 1
-                    if inner and not _matches(module, (package,)) and imported.rsplit(".", 1)[1] not in \
-                            _exported(package):
+                    if (
+                        inner
+                        and not _matches(module, (package,))
+                        and imported.rsplit(".", 1)[1] not in _exported(package)
+                    ):
                         bad.append(f"{module} imports {imported}")
     assert not bad, "\n".join(sorted(bad))
 
@@ -174,8 +187,15 @@ def test_the_graph_sees_imports_inside_functions():
 
 #: the stage packages of `studies` (docs/architecture.md); the modules on top (cli, api,
 #: errors, readback, landscape) are not a package
-STAGES = ("studies.studyfile", "studies.cells", "studies.scheduling", "studies.planning", "studies.running",
-          "studies.tracking", "studies.cluster")
+STAGES = (
+    "studies.studyfile",
+    "studies.cells",
+    "studies.scheduling",
+    "studies.planning",
+    "studies.running",
+    "studies.tracking",
+    "studies.cluster",
+)
 
 
 def _stage(module: str) -> str | None:
@@ -194,8 +214,7 @@ def test_the_stage_packages_import_each_other_without_a_circle():
                 edges[here].add(there)
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
-        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
-                   for nxt in edges[start])
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in edges[start])
 
     circles = sorted(s for s in STAGES if reaches(s, s, {s}))
     assert not circles, f"stage packages in a circle: {circles}; edges: {edges}"
@@ -228,7 +247,11 @@ def test_the_study_file_package_imports_neither_torch_nor_ray():
 #: step sits below ``training.step`` (it shares the trainer's float32 cast,
 #: ``training.running_metrics.to_float32``)
 NARROW = {
-    "setvalued.training.compiled_step": ("setvalued.losses", "setvalued.losses.base", "setvalued.training.running_metrics"),
+    "setvalued.training.compiled_step": (
+        "setvalued.losses",
+        "setvalued.losses.base",
+        "setvalued.training.running_metrics",
+    ),
 }
 
 

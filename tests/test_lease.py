@@ -47,8 +47,9 @@ def test_of_drivers_started_together_exactly_one_holds_the_lease(mlflow_server):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + 8  # every process imported and connected by then
-    procs = [ctx.Process(target=_contend, args=(mlflow_server, experiment_id, start_at, 6.0, results))
-             for _ in range(3)]
+    procs = [
+        ctx.Process(target=_contend, args=(mlflow_server, experiment_id, start_at, 6.0, results)) for _ in range(3)
+    ]
     for p in procs:
         p.start()
     outcomes = [results.get(timeout=120) for _ in procs]
@@ -117,9 +118,9 @@ def test_waiting_driver_starts_when_the_holder_releases(mlflow_server):
 
 def test_a_lease_whose_heartbeat_stopped_is_stale_even_on_another_host(mlflow_server):
     """A lease written by a driver on another host (pid unknown here) goes stale by time."""
-    from mlflow.tracking import MlflowClient
-
     import json
+
+    from mlflow.tracking import MlflowClient
 
     from studies.running.lease import LeaseHeld, StudyLease
 

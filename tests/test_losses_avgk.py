@@ -32,6 +32,7 @@ def log_sigmoid(z):
 # two-head loss: a direct loop over (i, j) of thesis eqs. 5.10-5.15 (errata A-E1, A-E2)
 # ----------------------------------------------------------------------------------------------
 
+
 def loop_candidates(sccp, targets, k):
     """(k-1)|B| largest softmax entries over the whole batch, labels excluded; ties by flat
     position (example index, then class index)."""
@@ -53,8 +54,12 @@ def ranked_candidates(values, targets, k):
     flat position: the selection rule alone, on values computed once."""
     batch, num_classes = values.shape
     rows = values.tolist()
-    entries = sorted((-rows[i][j], i * num_classes + j, i, j) for i in range(batch) for j in range(num_classes)
-                     if j != int(targets[i]))
+    entries = sorted(
+        (-rows[i][j], i * num_classes + j, i, j)
+        for i in range(batch)
+        for j in range(num_classes)
+        if j != int(targets[i])
+    )
     return {(i, j) for _, _, i, j in entries[: (k - 1) * batch]}
 
 
@@ -81,9 +86,7 @@ def loop_two_head(sccp, ml, targets, k, alpha):
                 neg_sum = neg_sum + log_sigmoid(-z)
                 n_neg += 1
     assert n_cand == (k - 1) * batch and n_neg == (num_classes - k) * batch
-    bce = (-pos_sum / batch
-           - alpha / ((k - 1) * batch) * cand_sum
-           - alpha / ((num_classes - k) * batch) * neg_sum)
+    bce = -pos_sum / batch - alpha / ((k - 1) * batch) * cand_sum - alpha / ((num_classes - k) * batch) * neg_sum
     return ce, bce
 
 
@@ -193,12 +196,14 @@ def test_top_entries_equal_a_stable_descending_sort(seed):
 # by entry in the stable log-sigmoid form
 # ----------------------------------------------------------------------------------------------
 
+
 def reference_candidates(sccp, targets, k):
     """Bool mask of the (k-1)|B| largest masked log-softmax entries over the whole batch,
     ties at the threshold by flat position (the implementation before the group bound)."""
     batch, num_classes = sccp.shape
-    log_probs = torch.log_softmax(sccp.detach().float() if sccp.dtype in (torch.float16, torch.bfloat16)
-                                  else sccp.detach(), dim=1)
+    log_probs = torch.log_softmax(
+        sccp.detach().float() if sccp.dtype in (torch.float16, torch.bfloat16) else sccp.detach(), dim=1
+    )
     masked = log_probs.clone()
     masked[torch.arange(batch), targets] = -math.inf
     flat, count = masked.reshape(-1), (k - 1) * batch
@@ -256,7 +261,7 @@ def test_fast_two_head_equals_the_reference_implementation(num_classes, k, tied,
     assert torch.equal(candidate, reference_mask)
     if tied:  # the threshold splits a tie: the rule decides, not the values
         threshold = torch.log_softmax(sccp.detach(), 1)[candidate].min()
-        at_threshold = (torch.log_softmax(sccp.detach(), 1) == threshold)
+        at_threshold = torch.log_softmax(sccp.detach(), 1) == threshold
         at_threshold[torch.arange(batch), targets] = False
         assert int((at_threshold & ~candidate).sum()) > 0 and int((at_threshold & candidate).sum()) > 0
     per_example = build_loss("avgk_two_head", k=k, alpha=0.7, reduction="none")(TwoHeadOutput(sccp, ml), targets)
@@ -303,8 +308,9 @@ def test_two_head_accepts_non_contiguous_heads():
     ml = torch.randn(30, 8, generator=g).t().requires_grad_(True)
     targets = torch.randint(0, 30, (8,), generator=g)
     loss = build_loss("avgk_two_head", k=3, alpha=0.5, reduction="none")(TwoHeadOutput(sccp, ml), targets)
-    expected, _ = reference_two_head(sccp.detach().contiguous().requires_grad_(True),
-                                     ml.detach().contiguous().requires_grad_(True), targets, 3, 0.5)
+    expected, _ = reference_two_head(
+        sccp.detach().contiguous().requires_grad_(True), ml.detach().contiguous().requires_grad_(True), targets, 3, 0.5
+    )
     assert torch.allclose(loss, expected, rtol=1e-6)
     assert torch.autograd.grad(loss.sum(), ml)[0].shape == (8, 30)
 
@@ -375,6 +381,7 @@ def test_two_head_learns_a_separable_toy_problem():
 # AN, EPR, ROLE
 # ----------------------------------------------------------------------------------------------
 
+
 def test_assume_negative_matches_eq_5_5_loop():
     g = torch.Generator().manual_seed(1)
     z = torch.randn(4, 6, generator=g, dtype=torch.float64)
@@ -421,7 +428,9 @@ def test_assume_negative_with_every_label_observed_is_plain_bce():
     y = torch.randint(0, 7, (5,), generator=g)
     one_hot = F.one_hot(y, 7).double()
     full = build_loss("assume_negative", negative_weight=1.0)(z, y)
-    assert full.item() == pytest.approx(F.binary_cross_entropy_with_logits(z, one_hot, reduction="none").sum(1).mean().item())
+    assert full.item() == pytest.approx(
+        F.binary_cross_entropy_with_logits(z, one_hot, reduction="none").sum(1).mean().item()
+    )
 
 
 def test_epr_matches_eq_5_8_and_penalty_vanishes_at_k():
@@ -455,11 +464,12 @@ def loop_role(logits, theta_rows, targets, k, lam):
             fd, gd = f.detach(), g_.detach()
             if j == int(targets[i]):
                 total = total + 0.5 * (-torch.log(f) - torch.log(g_))
-            total = total + 0.5 * (-(gd * torch.log(f) + (1 - gd) * torch.log(1 - f))
-                                   - (fd * torch.log(g_) + (1 - fd) * torch.log(1 - g_)))
+            total = total + 0.5 * (
+                -(gd * torch.log(f) + (1 - gd) * torch.log(1 - f)) - (fd * torch.log(g_) + (1 - fd) * torch.log(1 - g_))
+            )
     total = total / (batch * num_classes)
-    reg_f = (torch.sigmoid(logits).sum() / batch - k) ** 2 / num_classes ** 2
-    reg_g = (torch.sigmoid(theta_rows).sum() / batch - k) ** 2 / num_classes ** 2
+    reg_f = (torch.sigmoid(logits).sum() / batch - k) ** 2 / num_classes**2
+    reg_g = (torch.sigmoid(theta_rows).sum() / batch - k) ** 2 / num_classes**2
     return total + lam * 0.5 * (reg_f + reg_g)
 
 
@@ -512,19 +522,23 @@ def test_role_needs_indices_and_context():
 # bad parameters
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,params,pattern", [
-    ("avgk_two_head", {"k": 1}, r"parameter k must be an integer >= 2"),
-    ("avgk_two_head", {"k": 2.5}, r"parameter k must be an integer"),
-    ("avgk_two_head", {"k": 3, "alpha": -0.1}, r"parameter alpha must be .*>= 0"),
-    ("avgk_two_head", {"k": 3, "alpha": float("nan")}, r"parameter alpha"),
-    ("avgk_two_head", {"k": 3, "prediction_head": "bce"}, r"prediction_head"),
-    ("avgk_two_head", {"k": 5, "num_classes": 5}, r"parameter k=5 needs"),
-    ("avgk_two_head", {"k": 2, "epsilon": 0.1}, r"no parameter 'epsilon'"),
-    ("epr", {"k": 5, "beta": -1.0}, r"parameter beta must be .*>= 0"),
-    ("epr", {"k": 0, "beta": 1.0}, r"parameter k must be .*> 0"),
-    ("role", {"k": 2, "lambda_": -1.0, "num_examples": 3, "num_classes": 4}, r"parameter lambda_"),
-    ("assume_negative", {"negative_weight": -1.0}, r"parameter negative_weight"),
-])
+
+@pytest.mark.parametrize(
+    "name,params,pattern",
+    [
+        ("avgk_two_head", {"k": 1}, r"parameter k must be an integer >= 2"),
+        ("avgk_two_head", {"k": 2.5}, r"parameter k must be an integer"),
+        ("avgk_two_head", {"k": 3, "alpha": -0.1}, r"parameter alpha must be .*>= 0"),
+        ("avgk_two_head", {"k": 3, "alpha": float("nan")}, r"parameter alpha"),
+        ("avgk_two_head", {"k": 3, "prediction_head": "bce"}, r"prediction_head"),
+        ("avgk_two_head", {"k": 5, "num_classes": 5}, r"parameter k=5 needs"),
+        ("avgk_two_head", {"k": 2, "epsilon": 0.1}, r"no parameter 'epsilon'"),
+        ("epr", {"k": 5, "beta": -1.0}, r"parameter beta must be .*>= 0"),
+        ("epr", {"k": 0, "beta": 1.0}, r"parameter k must be .*> 0"),
+        ("role", {"k": 2, "lambda_": -1.0, "num_examples": 3, "num_classes": 4}, r"parameter lambda_"),
+        ("assume_negative", {"negative_weight": -1.0}, r"parameter negative_weight"),
+    ],
+)
 def test_bad_parameters_raise_naming_the_parameter(name, params, pattern):
     with pytest.raises(ValueError, match=pattern):
         build_loss(name, **params)

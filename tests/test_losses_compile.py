@@ -35,8 +35,7 @@ BATCH_COUPLED = ("epr", "role")
 def _case(name: str, batch: int = 6, classes: int = 40, seed: int = 0, **params):
     """(loss, inputs(): (output, leaves), targets, keyword arguments) for a registered loss."""
     generator = torch.Generator().manual_seed(seed)
-    context = dict(class_counts=[5 + 3 * j for j in range(classes)], num_classes=classes,
-                   num_examples=4 * batch)
+    context = dict(class_counts=[5 + 3 * j for j in range(classes)], num_classes=classes, num_examples=4 * batch)
     if name in NOISED:
         # M L >= 500 and scores spread wide against eps: the eager CPU path prunes
         params = {"k": 2, "n_samples": 20, "epsilon": 0.3 if name == "noised_topk" else 0.02, **params}
@@ -98,8 +97,10 @@ def test_every_loss_compiles_whole_and_matches_eager(name):
         assert torch.equal(loss.label_logits, eager.label_logits) and torch.equal(loss.seen, eager.seen)
 
 
-@pytest.mark.skipif(not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")),
-                    reason="inductor on CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")),
+    reason="inductor on CPU needs a C++ compiler",
+)
 @pytest.mark.parametrize("name", ["noised_topk", "avgk_two_head"])
 def test_representative_losses_compile_with_inductor(name):
     """Inductor's generated code (random numbers as eager draws them: ``fallback_random``); CPU
@@ -109,7 +110,6 @@ def test_representative_losses_compile_with_inductor(name):
     undone on a fresh machine's torch 2.14.1 in a way that removed the option for every later
     test (issue #34)."""
     import torch._inductor.config as inductor_config
-
     from torch._inductor.utils import run_and_get_code
 
     from benchmarks.loss_kernels import COMPILED_GOAL, launches_in

@@ -26,14 +26,22 @@ from setvalued.losses.topk_operator import (
     _group_members,
     _heap_selection_pays,
     _pruned_candidates,
-    _repeated_max_pays,
     _pruning_window,
+    _repeated_max_pays,
 )
 
 torch.set_num_threads(1)
 
-TOPK_NAMES = ["ce", "focal", "ldam", "hinge_topk", "cvx_hinge_topk", "calibrated_hinge_topk",
-              "noised_topk", "noised_topk_imbalanced"]
+TOPK_NAMES = [
+    "ce",
+    "focal",
+    "ldam",
+    "hinge_topk",
+    "cvx_hinge_topk",
+    "calibrated_hinge_topk",
+    "noised_topk",
+    "noised_topk_imbalanced",
+]
 
 
 def _scores(batch: int, classes: int, seed: int = 0, dtype=torch.float64, scale: float = 1.0):
@@ -118,15 +126,16 @@ def test_smooth_kth_largest_rejects_bad_arguments():
 # noised_topk: relation to the calibrated hinge, gradients, Monte-Carlo convergence
 # ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_noised_topk_with_epsilon_zero_equals_calibrated_hinge(k):
     scores, targets = _mixed_scores(32, 10, seed=k, scale=0.7)
     noised = build_loss("noised_topk", k=k, epsilon=0.0, n_samples=4, reduction="none")
     calibrated = build_loss("calibrated_hinge_topk", k=k, reduction="none")
     value_noised = noised(scores, targets)
-    grad_noised, = torch.autograd.grad(value_noised.sum(), scores)
+    (grad_noised,) = torch.autograd.grad(value_noised.sum(), scores)
     value_calibrated = calibrated(scores, targets)
-    grad_calibrated, = torch.autograd.grad(value_calibrated.sum(), scores)
+    (grad_calibrated,) = torch.autograd.grad(value_calibrated.sum(), scores)
     assert torch.equal(value_noised, value_calibrated)
     assert torch.equal(grad_noised, grad_calibrated)
     # and both equal the numpy formula (1 + s_[k+1] - s_y)_+ of thesis eq. 4.5
@@ -140,11 +149,10 @@ def test_noised_topk_value_and_gradient_with_fixed_noise_match_the_formula():
     """Thesis eq. 4.10 and 4.12: loss and gradient computed by hand from the same draw."""
     batch, classes, samples, k, eps = 12, 8, 5, 2, 0.6
     scores, targets = _mixed_scores(batch, classes, seed=11, scale=0.5)
-    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(5),
-                        dtype=torch.float64)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none")
     values = loss.per_sample(scores, targets, noise=noise)
-    grad, = torch.autograd.grad(values.sum(), scores)
+    (grad,) = torch.autograd.grad(values.sum(), scores)
     s, z = scores.detach().numpy(), noise.numpy()
     for i in range(batch):
         perturbed = s[i] + eps * z[i]  # (M, L)
@@ -163,14 +171,13 @@ def test_noised_topk_value_and_gradient_with_fixed_noise_match_the_formula():
 def test_noised_topk_gradient_matches_finite_differences():
     batch, classes, samples = 6, 7, 4
     scores, targets = _scores(batch, classes, seed=21, scale=0.4)
-    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(8),
-                        dtype=torch.float64)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     loss = build_loss("noised_topk", k=2, epsilon=0.5, n_samples=samples)
 
     def value(s):
         return loss.reduce(loss.per_sample(s, targets, noise=noise))
 
-    grad, = torch.autograd.grad(value(scores), scores)
+    (grad,) = torch.autograd.grad(value(scores), scores)
     step = 1e-6
     numeric = torch.zeros_like(grad)
     base = scores.detach()
@@ -187,14 +194,19 @@ def test_noised_topk_gradient_matches_finite_differences():
 def test_noised_losses_pass_gradcheck_with_fixed_noise():
     batch, classes, samples = 4, 6, 3
     scores, targets = _scores(batch, classes, seed=4, scale=0.3)
-    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(2),
-                        dtype=torch.float64)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     balanced = build_loss("noised_topk", k=2, epsilon=0.3, n_samples=samples)
-    imbalanced = build_loss("noised_topk_imbalanced", k=2, epsilon=0.3, n_samples=samples,
-                            max_margin=0.4, scale=5.0, class_counts=[5, 9, 30, 2, 7, 11])
+    imbalanced = build_loss(
+        "noised_topk_imbalanced",
+        k=2,
+        epsilon=0.3,
+        n_samples=samples,
+        max_margin=0.4,
+        scale=5.0,
+        class_counts=[5, 9, 30, 2, 7, 11],
+    )
     for loss in (balanced, imbalanced):
-        assert torch.autograd.gradcheck(
-            lambda s, loss=loss: loss.per_sample(s, targets, noise=noise).sum(), (scores,))
+        assert torch.autograd.gradcheck(lambda s, loss=loss: loss.per_sample(s, targets, noise=noise).sum(), (scores,))
 
 
 def _expected_kth_largest_of_gaussians(means: np.ndarray, sigma: float, k: int) -> float:
@@ -263,12 +275,12 @@ def test_noised_topk_draws_fresh_noise_and_uses_one_draw_for_value_and_gradient(
     loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples)
     torch.manual_seed(77)
     value = loss(scores, targets)
-    grad, = torch.autograd.grad(value, scores)
+    (grad,) = torch.autograd.grad(value, scores)
     # the same global-RNG draw, reconstructed: (B, M, L) standard normals
     torch.manual_seed(77)
     noise = torch.randn(batch, samples, classes, dtype=torch.float64)
     replay = loss.reduce(loss.per_sample(scores, targets, noise=noise))
-    replay_grad, = torch.autograd.grad(replay, scores)
+    (replay_grad,) = torch.autograd.grad(replay, scores)
     assert value.item() == pytest.approx(replay.item(), abs=1e-12)
     assert torch.allclose(grad, replay_grad, atol=1e-12)
     # two calls draw different noise
@@ -281,7 +293,7 @@ def test_noised_topk_gradient_support_is_at_most_n_samples_plus_one():
     samples = 3
     scores, targets = _scores(256, 100, seed=6, dtype=torch.float32)
     loss = build_loss("noised_topk", k=5, epsilon=10.0, n_samples=samples)
-    grad, = torch.autograd.grad(loss(scores, targets), scores)
+    (grad,) = torch.autograd.grad(loss(scores, targets), scores)
     nonzero = (grad != 0).sum(dim=1)
     assert nonzero.max().item() <= samples + 1
     assert nonzero.max().item() == samples + 1  # large epsilon reaches the bound (thesis Fig. 4.2)
@@ -302,6 +314,7 @@ def test_noised_topk_loss_is_nonnegative_and_raw_scores_unchanged():
 # The pruned path (noise only for the classes that can reach the top k+1)
 # ------------------------------------------------------------------------------------
 
+
 def _spread_scores(batch: int, classes: int, seed: int, spread: float, dtype=torch.float64):
     """Scores where most classes are far below the top (std ``spread``, in units of epsilon)."""
     generator = torch.Generator().manual_seed(seed)
@@ -318,8 +331,8 @@ def test_pruning_window_meets_the_failure_budget_with_little_slack(k, samples, c
     def least_failure(w):  # the best split of a total width w
         def bound(a):
             return samples * (k * stats.norm.sf(a) + classes * stats.norm.sf(w - a))
-        return optimize.minimize_scalar(bound, bounds=(0.0, w), method="bounded",
-                                        options={"xatol": 1e-10}).fun
+
+        return optimize.minimize_scalar(bound, bounds=(0.0, w), method="bounded", options={"xatol": 1e-10}).fun
 
     assert least_failure(width) <= PRUNING_FAILURE_PROBABILITY * (1 + 1e-6)
     assert least_failure(width - 0.02) > PRUNING_FAILURE_PROBABILITY
@@ -355,7 +368,7 @@ def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
     generator = torch.Generator().manual_seed(length)
     values = torch.randn(40, 3, length, generator=generator, dtype=torch.float32) * 5
     values[0, 0, :] = -math.inf
-    values[1, 2, k - 1:] = -math.inf  # k - 1 finite entries: the k-th largest is -inf
+    values[1, 2, k - 1 :] = -math.inf  # k - 1 finite entries: the k-th largest is -inf
     values[2, 1, :k] = 7.0  # the k largest tie
     kth, index = _select_kth_largest(values, k)
     assert kth.shape == index.shape == (40, 3)
@@ -397,8 +410,9 @@ def test_selection_rules_only_act_on_rows_shorter_than_64k():
     assert _repeated_max_pays(2, 42) and _repeated_max_pays(6, 90) and not _repeated_max_pays(6, 30)
 
 
-@pytest.mark.parametrize("classes, k, members", [(1000, 2, 5), (1000, 6, 2), (1000, 11, 10), (1000, 51, 8),
-                                                 (100, 1, 10), (601, 3, 1)])
+@pytest.mark.parametrize(
+    "classes, k, members", [(1000, 2, 5), (1000, 6, 2), (1000, 11, 10), (1000, 51, 8), (100, 1, 10), (601, 3, 1)]
+)
 def test_group_members_leave_a_heap_selection_or_at_least_2k_groups(classes, k, members):
     """P divides L; L/P >= 64k (heap selection of the k-th group maximum) when some P in
     [2, 16] allows it, else the largest P with L/P >= 2k; 1 when no P in [2, 16] divides L."""
@@ -463,15 +477,13 @@ def test_pruned_path_equals_the_exact_path_draw_by_draw(k, eps, samples):
     """Same noise, same result: value and gradient identical on thousands of draws."""
     batch, classes = 400, 300
     scores, targets = _spread_scores(batch, classes, seed=k, spread=30 * eps)
-    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(k),
-                        dtype=torch.float64)
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
     assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < 0.4 * classes
     results = []
     for exact in (False, True):
-        loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none",
-                          exact=exact)
+        loss = build_loss("noised_topk", k=k, epsilon=eps, n_samples=samples, reduction="none", exact=exact)
         values = loss.per_sample(scores, targets, noise=noise)
-        grad, = torch.autograd.grad(values.sum(), scores)
+        (grad,) = torch.autograd.grad(values.sum(), scores)
         results.append((values, grad))
         smoothed = smooth_kth_largest(scores, k + 1, eps, samples, noise=noise, exact=exact)
         results.append((smoothed, torch.autograd.grad(smoothed.sum(), scores)[0]))
@@ -480,13 +492,23 @@ def test_pruned_path_equals_the_exact_path_draw_by_draw(k, eps, samples):
     assert (results[0][0] > 0).any() and (results[0][0] == 0).any()
     counts = [50 + 7 * j for j in range(classes)]
     cosines = torch.tanh(scores.detach() / (30 * eps)).requires_grad_(True)
-    imbalanced = [build_loss("noised_topk_imbalanced", k=k, epsilon=0.02, n_samples=samples,
-                             max_margin=0.2, scale=30.0, class_counts=counts, reduction="none",
-                             exact=exact) for exact in (False, True)]
+    imbalanced = [
+        build_loss(
+            "noised_topk_imbalanced",
+            k=k,
+            epsilon=0.02,
+            n_samples=samples,
+            max_margin=0.2,
+            scale=30.0,
+            class_counts=counts,
+            reduction="none",
+            exact=exact,
+        )
+        for exact in (False, True)
+    ]
     pruned, exact = (loss.per_sample(cosines, targets, noise=noise) for loss in imbalanced)
     assert torch.equal(pruned, exact)
-    assert torch.equal(torch.autograd.grad(pruned.sum(), cosines)[0],
-                       torch.autograd.grad(exact.sum(), cosines)[0])
+    assert torch.equal(torch.autograd.grad(pruned.sum(), cosines)[0], torch.autograd.grad(exact.sum(), cosines)[0])
 
 
 @pytest.mark.parametrize("k", [1, 2, 10, 50])
@@ -520,16 +542,16 @@ def test_pruned_path_at_the_edge_of_the_window():
     _, candidates = _pruned_candidates(scores.detach(), k, eps, samples)
     kept = set(candidates[0][candidates[0] < classes].tolist())
     assert kept == {5, 77, 150, 6, 7, 8, 12, 13}
-    noise = torch.randn(2000, samples, classes, generator=torch.Generator().manual_seed(0),
-                        dtype=torch.float64)
+    noise = torch.randn(2000, samples, classes, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     values = [smooth_kth_largest(scores, k, eps, samples, noise=noise, exact=exact) for exact in (False, True)]
     grads = [torch.autograd.grad(v.sum(), scores)[0] for v in values]
     assert torch.equal(values[0], values[1]) and torch.equal(grads[0], grads[1])
     assert grads[0][:, [12, 13]].sum() > 0
 
 
-def _brute_force_noised_hinge(row: np.ndarray, target: int, k: int, eps: float, samples: int,
-                              replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _brute_force_noised_hinge(
+    row: np.ndarray, target: int, k: int, eps: float, samples: int, replicates: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-replicate loss (R,) and gradient (R, L) of thesis eqs. 4.10 and 4.12, in float64,
     drawing noise for every class (numpy's generator, independent of torch's)."""
     rng = np.random.default_rng(seed)
@@ -542,12 +564,12 @@ def _brute_force_noised_hinge(row: np.ndarray, target: int, k: int, eps: float, 
         picks = np.argpartition(-perturbed, k, axis=-1)[..., k]  # index of the (k+1)-th largest
         kth = np.take_along_axis(perturbed, picks[..., None], -1)[..., 0].mean(-1)
         hinge = 1 + kth - row[target]
-        losses[start:start + n] = np.maximum(hinge, 0)
+        losses[start : start + n] = np.maximum(hinge, 0)
         active = hinge > 0
         block = np.zeros((n, classes))
         np.add.at(block, (np.repeat(np.arange(n), samples), picks.reshape(-1)), 1 / samples)
         block[:, target] -= 1
-        grads[start:start + n] = block * active[:, None]
+        grads[start : start + n] = block * active[:, None]
     return losses, grads
 
 
@@ -563,7 +585,7 @@ def test_pruned_loss_and_gradient_match_a_float64_brute_force_monte_carlo():
     assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < 20
     torch.manual_seed(3)
     values = loss(scores, torch.full((replicates,), target))
-    grad, = torch.autograd.grad(values.sum(), scores)
+    (grad,) = torch.autograd.grad(values.sum(), scores)
     ref_values, ref_grads = _brute_force_noised_hinge(row, target, k, eps, samples, replicates, 11)
 
     def close(a, b, axis=0):
@@ -586,8 +608,10 @@ def test_pruned_path_keeps_the_classes_at_the_cut_when_the_window_rounds_away(ep
     (about 0.01 at 6e4: (s / eps + Z) eps rounds at 6e8)."""
     scores = (torch.arange(16.0) + offset)[None]
     assert _pruned_candidates(scores, 2, epsilon, 40) is not None  # the pruned path runs
-    values = [build_loss("noised_topk", k=1, epsilon=epsilon, n_samples=40, exact=exact)(
-        scores, torch.tensor([0])).item() for exact in (False, True)]
+    values = [
+        build_loss("noised_topk", k=1, epsilon=epsilon, n_samples=40, exact=exact)(scores, torch.tensor([0])).item()
+        for exact in (False, True)
+    ]
     assert values[0] == pytest.approx(15.0, abs=0.02) and values[0] == pytest.approx(values[1], abs=0.02)
 
 
@@ -606,9 +630,10 @@ def test_fixed_shape_path_equals_the_exact_path_draw_by_draw(k, monkeypatch):
 
     def run(exact):
         out = []
-        for name, inputs, params in (("noised_topk", scores, dict(epsilon=eps)),
-                                     ("noised_topk_imbalanced", cosines,
-                                      dict(epsilon=0.02, class_counts=counts, scale=30.0))):
+        for name, inputs, params in (
+            ("noised_topk", scores, dict(epsilon=eps)),
+            ("noised_topk_imbalanced", cosines, dict(epsilon=0.02, class_counts=counts, scale=30.0)),
+        ):
             loss = build_loss(name, k=k, n_samples=samples, reduction="none", exact=exact, **params)
             values = loss.per_sample(inputs, targets, noise=noise)
             out += [values, torch.autograd.grad(values.sum(), inputs)[0]]
@@ -631,14 +656,14 @@ def test_exact_path_draws_noise_for_every_class():
     value = loss(scores, targets)
     torch.manual_seed(12)
     noise = torch.randn(batch, samples, classes, dtype=torch.float64)
-    assert value.item() == pytest.approx(loss.reduce(loss.per_sample(scores, targets, noise=noise)).item(),
-                                         abs=1e-12)
+    assert value.item() == pytest.approx(loss.reduce(loss.per_sample(scores, targets, noise=noise)).item(), abs=1e-12)
     assert _pruned_candidates(scores.detach(), k + 1, eps, samples)[0].shape[1] < classes / 4
 
 
 # ------------------------------------------------------------------------------------
 # Imbalanced noised loss, LDAM margins, LDAM, focal, CE
 # ------------------------------------------------------------------------------------
+
 
 def test_ldam_margins_small_example():
     margins = ldam_margins([17, 23, 55], 0.3)
@@ -656,13 +681,21 @@ def test_ldam_margins_small_example():
 def test_noised_topk_imbalanced_matches_formula_and_scale_is_a_multiplier():
     batch, classes, samples, k, eps = 10, 6, 4, 2, 0.05
     counts = [50, 7, 3, 20, 9, 100]
-    cosines = torch.tanh(torch.randn(batch, classes, generator=torch.Generator().manual_seed(3),
-                                     dtype=torch.float64)).requires_grad_(True)
+    cosines = torch.tanh(
+        torch.randn(batch, classes, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ).requires_grad_(True)
     targets = torch.randint(classes, (batch,), generator=torch.Generator().manual_seed(4))
-    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(6),
-                        dtype=torch.float64)
-    loss = build_loss("noised_topk_imbalanced", k=k, epsilon=eps, n_samples=samples,
-                      max_margin=0.3, scale=40.0, class_counts=counts, reduction="none")
+    noise = torch.randn(batch, samples, classes, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    loss = build_loss(
+        "noised_topk_imbalanced",
+        k=k,
+        epsilon=eps,
+        n_samples=samples,
+        max_margin=0.3,
+        scale=40.0,
+        class_counts=counts,
+        reduction="none",
+    )
     assert loss.head == "normed"
     values = loss.per_sample(cosines, targets, noise=noise)
     margins = 0.3 * (min(counts) / np.array(counts)) ** 0.25
@@ -672,16 +705,25 @@ def test_noised_topk_imbalanced_matches_formula_and_scale_is_a_multiplier():
         # erratum T-E9: scale multiplies the whole hinge; margins and eps are in cosine units
         expected = max(0.0, 40.0 * (margins[targets[i]] + smoothed - c[i, targets[i]]))
         assert values[i].item() == pytest.approx(expected, rel=1e-6, abs=1e-6)
-    other = build_loss("noised_topk_imbalanced", k=k, epsilon=eps, n_samples=samples,
-                       max_margin=0.3, scale=4.0, class_counts=counts, reduction="none")
+    other = build_loss(
+        "noised_topk_imbalanced",
+        k=k,
+        epsilon=eps,
+        n_samples=samples,
+        max_margin=0.3,
+        scale=4.0,
+        class_counts=counts,
+        reduction="none",
+    )
     assert torch.allclose(other.per_sample(cosines, targets, noise=noise) * 10, values, atol=1e-12)
     assert (values > 0).any() and (values == 0).any()
 
 
 def test_ldam_matches_margin_shifted_cross_entropy_and_reduces_to_ce():
     counts = [30, 4, 12, 90]
-    cosines = torch.tanh(torch.randn(8, 4, generator=torch.Generator().manual_seed(1),
-                                     dtype=torch.float64)).requires_grad_(True)
+    cosines = torch.tanh(
+        torch.randn(8, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ).requires_grad_(True)
     targets = torch.tensor([0, 1, 2, 3, 1, 1, 0, 2])
     ldam = build_loss("ldam", max_margin=0.4, scale=30.0, class_counts=counts, reduction="none")
     assert ldam.head == "normed"
@@ -703,8 +745,8 @@ def test_focal_with_gamma_zero_equals_ce_and_matches_formula():
     ce = build_loss("ce")
     focal0 = build_loss("focal", gamma=0.0)
     assert torch.allclose(focal0(scores, targets), ce(scores, targets), atol=1e-14)
-    g0, = torch.autograd.grad(focal0(scores, targets), scores)
-    gce, = torch.autograd.grad(ce(scores, targets), scores)
+    (g0,) = torch.autograd.grad(focal0(scores, targets), scores)
+    (gce,) = torch.autograd.grad(ce(scores, targets), scores)
     assert torch.allclose(g0, gce, atol=1e-14)
     assert torch.allclose(ce(scores, targets), F.cross_entropy(scores, targets), atol=1e-14)
     # erratum T-E2: (1 - p_y)^gamma * CE with p_y = softmax(s)_y
@@ -718,15 +760,19 @@ def test_focal_gradient_is_finite_when_the_target_is_certain():
     scores = torch.tensor([[200.0, 0.0, -3.0], [0.0, 1.0, 2.0]], requires_grad=True)
     targets = torch.tensor([0, 2])
     loss = build_loss("focal", gamma=0.5)(scores, targets)
-    grad, = torch.autograd.grad(loss, scores)
+    (grad,) = torch.autograd.grad(loss, scores)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
 
 
 def test_smooth_losses_pass_gradcheck_float64():
     scores, targets = _scores(5, 6, seed=8, scale=0.8)
     counts = [10, 3, 8, 40, 2, 5]
-    losses = [build_loss("ce"), build_loss("focal", gamma=2.0), build_loss("focal", gamma=0.5),
-              build_loss("ldam", max_margin=0.3, scale=5.0, class_counts=counts)]
+    losses = [
+        build_loss("ce"),
+        build_loss("focal", gamma=2.0),
+        build_loss("focal", gamma=0.5),
+        build_loss("ldam", max_margin=0.3, scale=5.0, class_counts=counts),
+    ]
     for loss in losses:
         assert torch.autograd.gradcheck(lambda s, loss=loss: loss(s, targets), (scores,))
 
@@ -734,6 +780,7 @@ def test_smooth_losses_pass_gradcheck_float64():
 # ------------------------------------------------------------------------------------
 # [LHS15] hinges and calibrated hinge against numpy
 # ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_hinge_losses_match_numpy_formulas(k):
@@ -770,6 +817,7 @@ def test_calibrated_hinge_uses_the_k_plus_1_th_score_including_the_target():
 # Registry, reductions, parameter errors
 # ------------------------------------------------------------------------------------
 
+
 def test_registry_holds_every_top_k_loss_with_its_head_and_context_keys():
     counts = [5, 6, 7, 8, 9, 3, 4, 2]
     for name in TOPK_NAMES:
@@ -785,38 +833,49 @@ def test_registry_holds_every_top_k_loss_with_its_head_and_context_keys():
 
 def test_reductions():
     scores, targets = _scores(6, 5, seed=2)
-    for name, params in (("calibrated_hinge_topk", {"k": 2}), ("ce", {}), ("focal", {"gamma": 1.0}),
-                         ("noised_topk", {"k": 2, "epsilon": 0.0})):
+    for name, params in (
+        ("calibrated_hinge_topk", {"k": 2}),
+        ("ce", {}),
+        ("focal", {"gamma": 1.0}),
+        ("noised_topk", {"k": 2, "epsilon": 0.0}),
+    ):
         per_sample = build_loss(name, reduction="none", **params)(scores, targets)
         assert per_sample.shape == (6,)
         assert build_loss(name, **params)(scores, targets).item() == pytest.approx(per_sample.mean().item())
         assert build_loss(name, reduction="sum", **params)(scores, targets).item() == pytest.approx(
-            per_sample.sum().item())
+            per_sample.sum().item()
+        )
     with pytest.raises(ValueError, match="reduction must be one of"):
         build_loss("ce", reduction="max")
 
 
-@pytest.mark.parametrize("name, params, message", [
-    ("noised_topk", {"k": 0}, r"k must be an integer >= 1"),
-    ("noised_topk", {"k": 2.5}, r"k must be an integer"),
-    ("noised_topk", {"k": 5, "num_classes": 5}, r"k must be in \[1, 4\] for 5 classes"),
-    ("noised_topk", {"epsilon": -0.1}, r"epsilon must be >= 0"),
-    ("noised_topk", {"epsilon": float("nan")}, r"epsilon must be finite"),
-    ("noised_topk", {"n_samples": 0}, r"n_samples must be an integer >= 1"),
-    ("noised_topk_imbalanced", {"class_counts": [1, 2, 0]}, r"class_counts must be finite and > 0"),
-    ("noised_topk_imbalanced", {"class_counts": None}, r"class_counts is required"),
-    ("noised_topk_imbalanced", {"k": 2, "class_counts": [1, 2, 3], "num_classes": 4},
-     r"class_counts must have one entry per class \(length 4\), got length 3"),
-    ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "scale": 0}, r"scale must be > 0"),
-    ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "max_margin": -1}, r"max_margin must be >= 0"),
-    ("ldam", {"class_counts": [4, -1]}, r"class_counts must be finite and > 0"),
-    ("ldam", {"class_counts": [[1, 2]]}, r"class_counts must be a non-empty 1-D list"),
-    ("focal", {"gamma": -1}, r"gamma must be >= 0"),
-    ("hinge_topk", {"k": True}, r"k must be an integer"),
-    ("ce", {"epsilon": 0.1}, r"loss 'ce' has no parameter 'epsilon'"),
-    ("noised_topk", {"exact": "yes"}, r"exact must be true or false"),
-    ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "exact": 1}, r"exact must be true or false"),
-])
+@pytest.mark.parametrize(
+    "name, params, message",
+    [
+        ("noised_topk", {"k": 0}, r"k must be an integer >= 1"),
+        ("noised_topk", {"k": 2.5}, r"k must be an integer"),
+        ("noised_topk", {"k": 5, "num_classes": 5}, r"k must be in \[1, 4\] for 5 classes"),
+        ("noised_topk", {"epsilon": -0.1}, r"epsilon must be >= 0"),
+        ("noised_topk", {"epsilon": float("nan")}, r"epsilon must be finite"),
+        ("noised_topk", {"n_samples": 0}, r"n_samples must be an integer >= 1"),
+        ("noised_topk_imbalanced", {"class_counts": [1, 2, 0]}, r"class_counts must be finite and > 0"),
+        ("noised_topk_imbalanced", {"class_counts": None}, r"class_counts is required"),
+        (
+            "noised_topk_imbalanced",
+            {"k": 2, "class_counts": [1, 2, 3], "num_classes": 4},
+            r"class_counts must have one entry per class \(length 4\), got length 3",
+        ),
+        ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "scale": 0}, r"scale must be > 0"),
+        ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "max_margin": -1}, r"max_margin must be >= 0"),
+        ("ldam", {"class_counts": [4, -1]}, r"class_counts must be finite and > 0"),
+        ("ldam", {"class_counts": [[1, 2]]}, r"class_counts must be a non-empty 1-D list"),
+        ("focal", {"gamma": -1}, r"gamma must be >= 0"),
+        ("hinge_topk", {"k": True}, r"k must be an integer"),
+        ("ce", {"epsilon": 0.1}, r"loss 'ce' has no parameter 'epsilon'"),
+        ("noised_topk", {"exact": "yes"}, r"exact must be true or false"),
+        ("noised_topk_imbalanced", {"class_counts": [1, 2, 3], "exact": 1}, r"exact must be true or false"),
+    ],
+)
 def test_bad_parameters_raise_value_error_naming_the_parameter(name, params, message):
     with pytest.raises(ValueError, match=message):
         build_loss(name, **params)
@@ -836,6 +895,7 @@ def test_k_too_large_for_the_scores_is_reported_at_call_time():
 # NormedLinear
 # ------------------------------------------------------------------------------------
 
+
 def test_normed_linear_outputs_cosines():
     torch.manual_seed(0)
     layer = NormedLinear(6, 4)
@@ -844,8 +904,7 @@ def test_normed_linear_outputs_cosines():
     features = torch.randn(5, 6) * 7.0
     out = layer(features)
     w = layer.weight.detach()
-    expected = torch.stack([torch.stack([F.cosine_similarity(f, w[:, c], dim=0) for c in range(4)])
-                            for f in features])
+    expected = torch.stack([torch.stack([F.cosine_similarity(f, w[:, c], dim=0) for c in range(4)]) for f in features])
     assert torch.allclose(out, expected, atol=1e-6)
     assert (out.abs() <= 1 + 1e-6).all()
     assert torch.allclose(layer(features * 3.0), out, atol=1e-6)  # scale-invariant

@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 # brute force: plain Python over examples, the documented tie rule written out naively
 # ----------------------------------------------------------------------------------------------
 
+
 def bf_topk_hit(row: list[float], y: int, k: int) -> bool:
     """Ties count against the label: hit iff fewer than k OTHER classes score >= s_y."""
     better_or_equal = sum(1 for j, s in enumerate(row) if j != y and s >= row[y])
@@ -99,6 +100,7 @@ CLASS_COUNTS = [3, 150, 200, 7, 20, 100, 101, 400, 120, 999, 19, 300]
 # top-K
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_topk_metrics_match_brute_force(seed, tied):
@@ -145,6 +147,7 @@ def test_macro_ignores_classes_absent_from_the_split():
 # shot groups
 # ----------------------------------------------------------------------------------------------
 
+
 def test_shot_groups_boundaries_and_custom_thresholds():
     groups = M.shot_groups([19, 20, 100, 101, 0])
     assert groups["few"].tolist() == [True, False, False, False, True]
@@ -162,11 +165,12 @@ def test_shot_groups_boundaries_and_custom_thresholds():
 # average-K
 # ----------------------------------------------------------------------------------------------
 
+
 def test_calibrated_threshold_on_a_hand_made_matrix():
     val = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]], dtype=torch.float64)
     # sorted: 0.6 0.5 0.4 0.3 0.1 0.1 ; n = 2
     assert M.calibrate_avgk_threshold(val, 1) == pytest.approx(0.45)  # (P_[2] + P_[3]) / 2
-    assert M.calibrate_avgk_threshold(val, 2) == pytest.approx(0.2)   # (P_[4] + P_[5]) / 2
+    assert M.calibrate_avgk_threshold(val, 2) == pytest.approx(0.2)  # (P_[4] + P_[5]) / 2
     assert M.calibrate_avgk_threshold(val, 1.5) == pytest.approx(0.35)  # m = 3: (0.4 + 0.3) / 2
     assert M.avgk_set_sizes(val, 0.45).tolist() == [1, 1]
     assert M.avgk_set_sizes(val, 0.2).tolist() == [2, 2]
@@ -194,7 +198,10 @@ def test_threshold_is_exact_between_adjacent_float32_scores():
     val = torch.tensor([[1.0, hi.item(), 0.1], [lo.item(), 0.2, 0.0]], dtype=torch.float32)
     t = M.calibrate_avgk_threshold(val, 1)  # m = 2 -> midpoint of hi and lo, not a float32
     assert lo.item() < t < hi.item()
-    assert float(torch.tensor(t, dtype=torch.float32)) in (lo.item(), hi.item())  # a float32 comparison would land on a score
+    assert float(torch.tensor(t, dtype=torch.float32)) in (
+        lo.item(),
+        hi.item(),
+    )  # a float32 comparison would land on a score
     assert M.avgk_set_sizes(val, t).tolist() == [2, 0]
     assert M.avgk_set_size(val, t) == 1.0
 
@@ -231,6 +238,7 @@ def test_avgk_metrics_match_brute_force(seed, tied):
 # evaluate
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_evaluate_matches_brute_force(tied):
     val, _ = random_split(11, tied=tied)
@@ -241,8 +249,19 @@ def test_evaluate_matches_brute_force(tied):
     assert set(got) == set(expected)
     for key, value in expected.items():
         assert got[key] == pytest.approx(value), key
-    for key in ("top5", "macro_top5", "few/top5", "medium/top5", "many/top5",
-                "avg5", "macro_avg5", "avg5_size", "few/avg5", "medium/avg5", "many/avg5"):
+    for key in (
+        "top5",
+        "macro_top5",
+        "few/top5",
+        "medium/top5",
+        "many/top5",
+        "avg5",
+        "macro_avg5",
+        "avg5_size",
+        "few/avg5",
+        "medium/avg5",
+        "many/avg5",
+    ):
         assert key in got
     assert all(isinstance(v, float) for v in got.values())
 
@@ -294,6 +313,7 @@ def test_bad_inputs_name_the_argument():
 # bins of classes by training images ([Gar23] Table 3.1)
 # ----------------------------------------------------------------------------------------------
 
+
 def bf_bin_accuracy(rows, ys, class_counts, low, high, hit):
     """Mean over the classes with low < n <= high training images (n = 0 in a bin from 0) that
     occur in the split of their examples' hit rate, written as plain loops."""
@@ -314,20 +334,22 @@ def test_count_bin_metrics_match_brute_force(tied):
     thresholds = M.calibrate_avgk_thresholds(val, [3])
     # edges on the counts themselves (20, 100, 120) test that a bin includes its upper edge
     edges = [10, 20, 100, 120, 400]
-    got = M.evaluate(scores, targets, [1, 3], CLASS_COUNTS, avgk_threshold=thresholds,
-                     count_bins=edges)
-    bins = [("count_0_10", 0, 10), ("count_10_20", 10, 20), ("count_20_100", 20, 100),
-            ("count_100_120", 100, 120), ("count_120_400", 120, 400), ("count_400_inf", 400, None)]
+    got = M.evaluate(scores, targets, [1, 3], CLASS_COUNTS, avgk_threshold=thresholds, count_bins=edges)
+    bins = [
+        ("count_0_10", 0, 10),
+        ("count_10_20", 10, 20),
+        ("count_20_100", 20, 100),
+        ("count_100_120", 100, 120),
+        ("count_120_400", 120, 400),
+        ("count_400_inf", 400, None),
+    ]
     checked = 0
     for name, low, high in bins:
         for k in (1, 3):
-            expected = bf_bin_accuracy(rows, ys, CLASS_COUNTS, low, high,
-                                       lambda r, y: bf_topk_hit(r, y, k))
-            assert got.get(f"{name}/top{k}") == (pytest.approx(expected) if expected is not None
-                                                  else None), (name, k)
+            expected = bf_bin_accuracy(rows, ys, CLASS_COUNTS, low, high, lambda r, y: bf_topk_hit(r, y, k))
+            assert got.get(f"{name}/top{k}") == (pytest.approx(expected) if expected is not None else None), (name, k)
             checked += expected is not None
-        expected = bf_bin_accuracy(rows, ys, CLASS_COUNTS, low, high,
-                                   lambda r, y: r[y] >= thresholds[3])
+        expected = bf_bin_accuracy(rows, ys, CLASS_COUNTS, low, high, lambda r, y: r[y] >= thresholds[3])
         assert got.get(f"{name}/avg3") == (pytest.approx(expected) if expected is not None else None)
     # every bin but count_20_100 holds a class present in the split; its only class (5, with
     # 100 images) never occurs, so the bin has no key
@@ -343,12 +365,15 @@ def test_count_bins_partition_the_classes_and_name_the_table_3_1_bins():
 
     counts = [3, 10, 11, 50, 51, 500, 501, 2000, 2001, 40000]
     groups = M.count_bin_groups(counts, [10, 50, 500, 2000])
-    assert list(groups) == ["count_0_10", "count_10_50", "count_50_500", "count_500_2000",
-                            "count_2000_inf"]
-    members = {name: [n for n, inside in zip(counts, mask.tolist()) if inside]
-               for name, mask in groups.items()}
-    assert members == {"count_0_10": [3, 10], "count_10_50": [11, 50], "count_50_500": [51, 500],
-                       "count_500_2000": [501, 2000], "count_2000_inf": [2001, 40000]}
+    assert list(groups) == ["count_0_10", "count_10_50", "count_50_500", "count_500_2000", "count_2000_inf"]
+    members = {name: [n for n, inside in zip(counts, mask.tolist()) if inside] for name, mask in groups.items()}
+    assert members == {
+        "count_0_10": [3, 10],
+        "count_10_50": [11, 50],
+        "count_50_500": [51, 500],
+        "count_500_2000": [501, 2000],
+        "count_2000_inf": [2001, 40000],
+    }
     assert M.count_bin_groups(counts, []) == {} and count_bins([]) == []
     assert M.count_bin_groups([0, 1, 2], [1])["count_0_1"].tolist() == [True, True, False]
     for bad in ([50, 10], [10, 10], [0, 5]):

@@ -37,9 +37,21 @@ def page_dom(url: str, profile: Path, height: int = 2400, budget_ms: int = 20000
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed")
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-         f"--window-size=1400,{height}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
-        capture_output=True, text=True, timeout=120)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            f"--window-size=1400,{height}",
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return re.sub(r"<(script|style)\b.*?</\1>", "", done.stdout, flags=re.S)
 
@@ -62,11 +74,11 @@ def quickstart_runs(mlflow_server):
 
     from studies.cells.run_names import RunNamer, config_name
     from studies.cells.space import expand
+    from studies.running.tune_experiment import cell_payload
     from studies.studyfile.spec import load_study
     from studies.tracking.cell_run import CellRun
     from studies.tracking.ledger import StudyTracking, new_session_id
     from studies.tracking.ui_view import run_colors, study_view
-    from studies.running.tune_experiment import cell_payload
 
     name = f"quickstart-ui-{uuid.uuid4().hex[:6]}"
     study = load_study(QUICKSTART)
@@ -74,24 +86,27 @@ def quickstart_runs(mlflow_server):
     namer = RunNamer()
     names = namer.names(cells)
     colors = run_colors(namer.configs, list(study.variants))
-    tracking = StudyTracking(mlflow_server, name, description="the quickstart, in the UI",
-                             ui_view=study_view(study, cells))
+    tracking = StudyTracking(
+        mlflow_server, name, description="the quickstart, in the UI", ui_view=study_view(study, cells)
+    )
     context = tracking.context(new_session_id())
     groups: dict[str, list[str]] = {}
     top1: dict[str, float] = {}  # run name -> its stand-in test/top1
     run_color: dict[str, str] = {}  # run name -> its config's colour
     model_run = None
     for i, cell in enumerate(cells):
-        run, _ = CellRun.open(context, cell_payload(cell, run_name=names[cell.cell_id],
-                                                    color=colors[cell.config_id]))
+        run, _ = CellRun.open(context, cell_payload(cell, run_name=names[cell.cell_id], color=colors[cell.config_id]))
         groups.setdefault(config_name(names[cell.cell_id], cell.seed), []).append(names[cell.cell_id])
         if model_run is None:
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 40))
             run.log_model(model, torch.randn(2, 32), step=2)
             model_run = (run.run_id, names[cell.cell_id], model)
-        run.finish({"test": {"top1": 30.0 + i, "top5": 60.0 + i}, "best_epoch": 2}, final_step=3,
-                   pending=[(e, {"val/top5": 50.0 + i + e, "epoch_time_s": 0.1}) for e in range(3)])
+        run.finish(
+            {"test": {"top1": 30.0 + i, "top5": 60.0 + i}, "best_epoch": 2},
+            final_step=3,
+            pending=[(e, {"val/top5": 50.0 + i + e, "epoch_time_s": 0.1}) for e in range(3)],
+        )
         top1[names[cell.cell_id]] = 30.0 + i
         run_color[names[cell.cell_id]] = colors[cell.config_id]
     tracking.close_parent(True)
@@ -99,7 +114,8 @@ def quickstart_runs(mlflow_server):
 
 
 def test_the_reports_link_opens_every_cell_run_grouped_by_config_in_the_training_ui(
-        quickstart_runs, mlflow_server, tmp_path):
+    quickstart_runs, mlflow_server, tmp_path
+):
     from analysis.collect import collect
     from analysis.provenance import mlflow_ui
 
@@ -119,8 +135,7 @@ def test_the_reports_link_opens_every_cell_run_grouped_by_config_in_the_training
     assert "Group by: studies.config_name" in texts, joined[:3000]
 
 
-def test_without_the_view_the_link_still_lists_every_cell_run_flat(quickstart_runs, mlflow_server,
-                                                                  tmp_path):
+def test_without_the_view_the_link_still_lists_every_cell_run_flat(quickstart_runs, mlflow_server, tmp_path):
     """An experiment written before it held the view: the link carries the filter and a sort
     by name, so that the UI does not fetch the parent run and fold the cells under it."""
     import dataclasses
@@ -140,8 +155,7 @@ def test_without_the_view_the_link_still_lists_every_cell_run_flat(quickstart_ru
     assert sorted(t for t in texts if t in runs) == runs  # not folded under the parent run
 
 
-def test_the_selected_model_is_a_logged_model_of_its_run_in_the_models_tab(
-        quickstart_runs, mlflow_server, tmp_path):
+def test_the_selected_model_is_a_logged_model_of_its_run_in_the_models_tab(quickstart_runs, mlflow_server, tmp_path):
     import mlflow.pytorch
     import torch
     from mlflow import MlflowClient
@@ -157,9 +171,12 @@ def test_the_selected_model_is_a_logged_model_of_its_run_in_the_models_tab(
     x = torch.randn(4, 32)
     assert torch.allclose(loaded(x), model(x), atol=1e-6)
 
-    texts = page_texts(f"{mlflow_server}/#/experiments/{experiment.experiment_id}/models?"
-                       "workflowType=machine_learning", tmp_path / "profile", height=900)
-    row = texts[texts.index("model"):]
+    texts = page_texts(
+        f"{mlflow_server}/#/experiments/{experiment.experiment_id}/models?workflowType=machine_learning",
+        tmp_path / "profile",
+        height=900,
+    )
+    row = texts[texts.index("model") :]
     assert "Ready" in row and run_name in row, " | ".join(texts)[:3000]
 
 
@@ -182,12 +199,13 @@ def grid_cells(dom: str) -> dict[tuple[str, str], str]:
 def _between(texts: list[str], first: str, last: str | None) -> list[str]:
     """The texts from `first` up to (not including) `last` (the end when None or absent)."""
     start = texts.index(first)
-    end = texts.index(last, start + 1) if last in texts[start + 1:] else len(texts)
+    end = texts.index(last, start + 1) if last in texts[start + 1 :] else len(texts)
     return texts[start:end]
 
 
 def test_the_reports_link_pins_the_sweep_and_the_report_metrics_with_group_means(
-        quickstart_runs, mlflow_server, tmp_path):
+    quickstart_runs, mlflow_server, tmp_path
+):
     """Columns: the swept `loss.epsilon` and the report tables' `test/top1`, `test/top5`; each
     group row holds its runs' mean of test/top1 and of the swept parameter."""
     from analysis.collect import collect
@@ -207,8 +225,7 @@ def test_the_reports_link_pins_the_sweep_and_the_report_metrics_with_group_means
     for group, runs in groups.items():
         mean = sum(logged["top1"][r] for r in runs) / len(runs)
         shown = cells.get((f"tag.studies.config_name.{group}", "metrics.`test/top1`"))
-        assert shown == f"{mean:g} (average)", \
-            (group, mean, {k: v for k, v in cells.items() if k[0].endswith(group)})
+        assert shown == f"{mean:g} (average)", (group, mean, {k: v for k, v in cells.items() if k[0].endswith(group)})
     epsilons = {g: cells.get((f"tag.studies.config_name.{g}", "params.`loss.epsilon`")) for g in groups}
     for group, epsilon in epsilons.items():  # the mean of the runs' param (float sums)
         if "ε=" in group:
@@ -218,24 +235,25 @@ def test_the_reports_link_pins_the_sweep_and_the_report_metrics_with_group_means
 
 
 def test_the_chart_view_puts_the_report_metrics_against_the_sweep_in_the_reports_colours(
-        quickstart_runs, mlflow_server, tmp_path):
+    quickstart_runs, mlflow_server, tmp_path
+):
     """The chart view's first section ("study") holds test/top1 and test/top5 against
     loss.epsilon and the learning curves of val/top5; every run has its config's colour in the
     report, one colour per config."""
+    from mlflow import MlflowClient
+
     from analysis.collect import collect
     from analysis.layout import UI_CHART_MODE, UI_RUN_COLOR_TAG
     from analysis.provenance import mlflow_ui
-    from mlflow import MlflowClient
 
     name, groups, _, logged = quickstart_runs
     _, link, _ = mlflow_ui(collect(mlflow_server, name))
     wanted = ("loss.epsilon vs. test/top1", "loss.epsilon vs. test/top5", "val/top5")
     for attempt, budget_ms in enumerate((20000, 60000)):  # the charts draw last: a busy machine
-        texts = page_texts(f"{link}&{UI_CHART_MODE}", tmp_path / f"profile{attempt}", height=1600,
-                           budget_ms=budget_ms)
+        texts = page_texts(f"{link}&{UI_CHART_MODE}", tmp_path / f"profile{attempt}", height=1600, budget_ms=budget_ms)
         joined = " | ".join(texts)
         assert "study" in texts, joined[:4000]
-        charts = texts[texts.index("study"):]
+        charts = texts[texts.index("study") :]
         titles = [t for t in charts if t in wanted]
         if titles:
             break
@@ -255,8 +273,7 @@ def test_the_chart_view_puts_the_report_metrics_against_the_sweep_in_the_reports
     assert {r: c for r, c in shown.items() if r in logged["colors"]} == logged["colors"]
 
 
-def test_the_bare_experiment_page_links_to_the_cell_runs_from_its_note(
-        quickstart_runs, mlflow_server, tmp_path):
+def test_the_bare_experiment_page_links_to_the_cell_runs_from_its_note(quickstart_runs, mlflow_server, tmp_path):
     """MLflow 3.17 opens `#/experiments/ID` in its GenAI UI in a fresh browser; the note shown
     there starts with a link to the report's view of the cell runs."""
     from analysis.collect import collect
@@ -266,9 +283,11 @@ def test_the_bare_experiment_page_links_to_the_cell_runs_from_its_note(
     name, *_ = quickstart_runs
     collected = collect(mlflow_server, name)
     _, link, _ = mlflow_ui(collected)
-    dom = page_dom(f"{mlflow_server}/#/experiments/{collected.experiment_id}", tmp_path / "p",
-                   height=1000)
-    hrefs = {html.unescape(h) for h, text in re.findall(r'<a [^>]*href="([^"]+)"[^>]*>([^<]*)</a>', dom)
-             if text == RUNS_LINK_TEXT}
+    dom = page_dom(f"{mlflow_server}/#/experiments/{collected.experiment_id}", tmp_path / "p", height=1000)
+    hrefs = {
+        html.unescape(h)
+        for h, text in re.findall(r'<a [^>]*href="([^"]+)"[^>]*>([^<]*)</a>', dom)
+        if text == RUNS_LINK_TEXT
+    }
     assert hrefs, dom[:3000]
     assert {h.split("#", 1)[1] for h in hrefs} == {link.split("#", 1)[1]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from test_runner import child_runs, options, write_study
 
 pytestmark = pytest.mark.slow
@@ -17,8 +16,8 @@ def test_the_selected_model_loads_from_mlflow_and_predicts_as_the_trainer(local_
     import torch
 
     from setvalued.training import fit
-    from studies.running.runner import run_study
     from studies.cells.space import expand
+    from studies.running.runner import run_study
     from studies.studyfile.spec import load_study
 
     path = write_study(tmp_path, "models-on", lrs=[0.1], seeds=[0], epochs=2, log_models=True)
@@ -47,5 +46,6 @@ def test_the_selected_model_loads_from_mlflow_and_predicts_as_the_trainer(local_
     off = write_study(tmp_path, "models-off", lrs=[0.1], seeds=[0], epochs=1)  # log_models: false
     assert run_study(off, options(tmp_path, mlflow_server)).exit_code == 0
     (run_off,) = child_runs(mlflow_server, "models-off")
-    assert [a.path for a in MlflowClient(mlflow_server).list_artifacts(run_off.info.run_id)] == \
-        ["per_class_test.parquet"]
+    assert [a.path for a in MlflowClient(mlflow_server).list_artifacts(run_off.info.run_id)] == [
+        "per_class_test.parquet"
+    ]

@@ -50,8 +50,9 @@ def test_densenet_bc_40_40():
     bc_40_12 = build_model({"name": "densenet_bc_cifar", "depth": 40, "growth_rate": 12}, 100, (3, 32, 32))
     assert bc_40_12.feature_dim == 132
     assert sum(p.numel() for p in bc_40_12.parameters()) == densenet_bc_parameter_count(40, 12, 100)
-    with pytest.raises(ValueError, match="model.growth_rate applies to model.name densenet_bc_cifar or "
-                                         "densenet_cifar only"):
+    with pytest.raises(
+        ValueError, match="model.growth_rate applies to model.name densenet_bc_cifar or densenet_cifar only"
+    ):
         build_model({"name": "small_cnn", "growth_rate": 12}, 10, (3, 32, 32))
     with pytest.raises(ValueError, match="model.depth must be a positive integer"):
         build_model({"name": "densenet_bc_cifar", "depth": 0}, 10, (3, 32, 32))

@@ -17,13 +17,21 @@ from setvalued.metrics import label_ranks, multilabel_evaluate
 
 torch.set_num_threads(1)
 
-DATA = {"name": "synthetic", "num_classes": 16, "num_superclasses": 4, "train_size": 800, "val_size": 300,
-        "test_size": 400, "max_labels": 3}
+DATA = {
+    "name": "synthetic",
+    "num_classes": 16,
+    "num_superclasses": 4,
+    "train_size": 800,
+    "val_size": 300,
+    "test_size": 400,
+    "max_labels": 3,
+}
 
 
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
+
 
 def test_multilabel_synthetic_data_have_sets_of_one_to_max_labels_classes():
     data = build(DATA)
@@ -68,6 +76,7 @@ def test_single_label_data_are_unchanged_by_the_option():
 # binary cross-entropy
 # --------------------------------------------------------------------------------------------
 
+
 def test_bce_is_eq_6_3_summed_over_classes_with_gradient_sigma_minus_y():
     gen = torch.Generator().manual_seed(0)
     scores = (torch.randn(4, 5, generator=gen, dtype=torch.float64) * 3).requires_grad_()
@@ -93,6 +102,7 @@ def test_bce_is_eq_6_3_summed_over_classes_with_gradient_sigma_minus_y():
 # metrics
 # --------------------------------------------------------------------------------------------
 
+
 def _in_top(row: list[float], j: int, k: int) -> bool:
     return sum(1 for c, s in enumerate(row) if c != j and s >= row[j]) < k
 
@@ -112,15 +122,20 @@ def test_multilabel_metrics_equal_direct_loops_with_ties():
         assert out[f"prec{k}"] == pytest.approx(sum(len(h) / k for h in hits) / 30)
         labelled = [i for i in range(30) if sum(labels[i])]
         assert out[f"rec{k}"] == pytest.approx(sum(len(hits[i]) / sum(labels[i]) for i in labelled) / len(labelled))
-        recall = {c: sum(c in hits[i] for i in range(30)) / sum(labels[i][c] for i in range(30))
-                  for c in range(7) if sum(labels[i][c] for i in range(30))}
+        recall = {
+            c: sum(c in hits[i] for i in range(30)) / sum(labels[i][c] for i in range(30))
+            for c in range(7)
+            if sum(labels[i][c] for i in range(30))
+        }
         assert out[f"macro_rec{k}"] == pytest.approx(sum(recall.values()) / len(recall))
         for group, classes in groups.items():
             present = [c for c in classes if c in recall]
             assert out[f"{group}/rec{k}"] == pytest.approx(sum(recall[c] for c in present) / len(present))
     labelled = [i for i in range(30) if sum(labels[i])]
-    rprec = [sum(1 for j in range(7) if labels[i][j] and _in_top(rows[i], j, sum(labels[i]))) / sum(labels[i])
-             for i in labelled]
+    rprec = [
+        sum(1 for j in range(7) if labels[i][j] and _in_top(rows[i], j, sum(labels[i]))) / sum(labels[i])
+        for i in labelled
+    ]
     assert out["rprec"] == pytest.approx(sum(rprec) / len(rprec))
     assert label_ranks(torch.tensor([[2.0, 2.0, 1.0]])).tolist() == [[1, 1, 2]]
 
@@ -129,15 +144,22 @@ def test_multilabel_metrics_equal_direct_loops_with_ties():
 # training
 # --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("loss", ["sparse_top", "bce"])
 def test_multilabel_losses_train_on_multi_hot_targets(loss):
     """Both losses learn the labels: precision at 1 well above a random ranking's (the mean
     number of labels over L, about 2/16), and R-precision likewise."""
     from setvalued.training import fit
 
-    config = {"data": DATA, "model": {"name": "mlp", "hidden_dim": 64}, "loss": {"name": loss},
-              "optim": {"lr": 0.1, "milestones": []}, "epochs": 8, "device": "cpu",
-              "eval": {"ks": [1, 3], "selection": "val/rprec"}}
+    config = {
+        "data": DATA,
+        "model": {"name": "mlp", "hidden_dim": 64},
+        "loss": {"name": loss},
+        "optim": {"lr": 0.1, "milestones": []},
+        "epochs": 8,
+        "device": "cpu",
+        "eval": {"ks": [1, 3], "selection": "val/rprec"},
+    }
     result = fit(config, 0)
     test = result["test"]
     chance = float(build(DATA).test.targets.sum(dim=1).double().mean()) / 16
@@ -151,21 +173,39 @@ def test_multilabel_losses_train_on_multi_hot_targets(loss):
 # the label-kind rule
 # --------------------------------------------------------------------------------------------
 
-MULTI = {"data": {"name": "synthetic", "max_labels": 3}, "model": {"name": "mlp"},
-         "eval": {"ks": [1, 5], "selection": "val/prec5"}}
+MULTI = {
+    "data": {"name": "synthetic", "max_labels": 3},
+    "model": {"name": "mlp"},
+    "eval": {"ks": [1, 5], "selection": "val/prec5"},
+}
 
 
-@pytest.mark.parametrize("config, path, words", [
-    ({**MULTI, "loss": {"name": "ce"}}, ("loss", "name"), "expected a multi-label loss: sparse_top, bce"),
-    ({**MULTI, "loss": {"name": "bce"}, "eval": {**MULTI["eval"], "avgk": [5]}}, ("eval", "avgk"),
-     "average-K accuracy needs one label per example"),
-    ({**MULTI, "loss": {"name": "bce"}, "eval": {**MULTI["eval"], "conformal_alphas": [0.1]}},
-     ("eval", "conformal_alphas"), "conformal sets need one label per example"),
-    ({**MULTI, "loss": {"name": "sparse_top"}, "eval": {"ks": [1, 5], "selection": "val/top5"}},
-     ("eval", "selection"), "expected a multi-label validation metric"),
-    ({"loss": {"name": "sparse_top"}, "eval": {"ks": [1, 5], "selection": "val/prec5"}}, ("eval", "selection"),
-     "is a multi-label metric but the data have one label per example"),
-])
+@pytest.mark.parametrize(
+    "config, path, words",
+    [
+        ({**MULTI, "loss": {"name": "ce"}}, ("loss", "name"), "expected a multi-label loss: sparse_top, bce"),
+        (
+            {**MULTI, "loss": {"name": "bce"}, "eval": {**MULTI["eval"], "avgk": [5]}},
+            ("eval", "avgk"),
+            "average-K accuracy needs one label per example",
+        ),
+        (
+            {**MULTI, "loss": {"name": "bce"}, "eval": {**MULTI["eval"], "conformal_alphas": [0.1]}},
+            ("eval", "conformal_alphas"),
+            "conformal sets need one label per example",
+        ),
+        (
+            {**MULTI, "loss": {"name": "sparse_top"}, "eval": {"ks": [1, 5], "selection": "val/top5"}},
+            ("eval", "selection"),
+            "expected a multi-label validation metric",
+        ),
+        (
+            {"loss": {"name": "sparse_top"}, "eval": {"ks": [1, 5], "selection": "val/prec5"}},
+            ("eval", "selection"),
+            "is a multi-label metric but the data have one label per example",
+        ),
+    ],
+)
 def test_label_kinds_are_checked_by_the_trainer_and_the_study(config, path, words):
     from setvalued.training import resolve_config
     from studies.studyfile.trial_config import validate_config
@@ -180,7 +220,8 @@ def test_a_study_file_mixing_label_kinds_names_file_field_and_expectation(tmp_pa
     from studies.studyfile.spec import StudyError, load_study
 
     path = tmp_path / "mixed.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         name: mixed
         base:
           data: {name: synthetic, max_labels: 3}
@@ -190,7 +231,9 @@ def test_a_study_file_mixing_label_kinds_names_file_field_and_expectation(tmp_pa
           sparse_top: {loss: {name: sparse_top}}
           ce: {loss: {name: ce}}
         seeds: [0]
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
     with pytest.raises(StudyError) as info:
         load_study(path)
     message = str(info.value)

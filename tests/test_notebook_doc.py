@@ -24,15 +24,16 @@ RUN = 'outcome = api.run("studies/catalog/quickstart.yaml")'
 def walk_through() -> list[str]:
     """The Python blocks of the page's notebook section, in order."""
     text = PAGE.read_text(encoding="utf-8")
-    section = text[text.index("## In a notebook"):text.index("## The report")]
+    section = text[text.index("## In a notebook") : text.index("## The report")]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
 @pytest.fixture(scope="module")
 def smoke_study(tmp_path_factory):
     output = tmp_path_factory.mktemp("notebook") / "studies_out"
-    outcome = api.run(QUICKSTART, smoke=True, smoke_epochs=2, output=output, report=False,
-                      num_cpus=2, stream=io.StringIO())
+    outcome = api.run(
+        QUICKSTART, smoke=True, smoke_epochs=2, output=output, report=False, num_cpus=2, stream=io.StringIO()
+    )
     assert outcome.exit_code == 0 and not outcome.failed
     return output, outcome
 
@@ -64,15 +65,24 @@ def test_the_notebook_walk_through_runs_against_a_real_study(smoke_study, monkey
     expected = api.cells(api.load(QUICKSTART), smoke=True, smoke_epochs=2)
     assert sorted(cells["cell"]) == sorted(c.cell_id for c in expected)
     assert cells.attrs["units"] == {"test/top1": "%", "test/top5": "%"}
-    raw = {r["cell_id"]: r["test/top5"] for r in
-           api.collect(outcome.study_name, output=output).table.to_pylist()}
+    raw = {r["cell_id"]: r["test/top5"] for r in api.collect(outcome.study_name, output=output).table.to_pylist()}
     for cell, value in zip(cells["cell"], cells["test/top5"]):
         assert value == pytest.approx(100 * raw[cell])  # percent, as the report shows it
     swept = {c.cell_id: c.swept.get("loss.epsilon") for c in expected}
     for cell, epsilon in zip(cells["cell"], cells["loss.epsilon"]):
         assert (epsilon != epsilon and swept[cell] is None) or epsilon == swept[cell]
-    assert list(curves.columns) == ["cell", "config", "label", "variant", "seed", "loss.epsilon",
-                                    "epoch", "metric", "value", "unit"]
+    assert list(curves.columns) == [
+        "cell",
+        "config",
+        "label",
+        "variant",
+        "seed",
+        "loss.epsilon",
+        "epoch",
+        "metric",
+        "value",
+        "unit",
+    ]
     assert set(curves["metric"]) == {"val/top5", "train/loss"}
     assert sorted(set(curves["epoch"])) == [0, 1]
     assert len(curves) == 2 * 2 * len(expected)
@@ -108,6 +118,5 @@ def test_help_of_the_package_names_the_api():
     import studies
 
     text = pydoc.render_doc(studies, renderer=pydoc.plaintext)
-    for word in ("studies.api", "table", "histories", "set_output", "STUDIES_OUTPUT",
-                 "docs/notebook.md"):
+    for word in ("studies.api", "table", "histories", "set_output", "STUDIES_OUTPUT", "docs/notebook.md"):
         assert word in text

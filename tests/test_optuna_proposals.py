@@ -28,9 +28,12 @@ class LedgerOfValues:
         return {"test/top1": self.runs[run_id][1]}
 
 
-def proposals_for(tmp_path: Path, n_configs: int, space: str = "{loguniform: [1.0e-4, 1.0]}"
-                  ) -> tuple[OptunaProposals, LedgerOfValues]:
-    study = study_from(tmp_path, f"""\
+def proposals_for(
+    tmp_path: Path, n_configs: int, space: str = "{loguniform: [1.0e-4, 1.0]}"
+) -> tuple[OptunaProposals, LedgerOfValues]:
+    study = study_from(
+        tmp_path,
+        f"""\
         design:
           - kind: optuna
             n_configs: {n_configs}
@@ -40,11 +43,13 @@ def proposals_for(tmp_path: Path, n_configs: int, space: str = "{loguniform: [1.
               optim.lr: {space}
         seeds: [0, 1]
         objective: {{metric: test/top1, mode: max}}
-        """)
-    (index, block), = study.optuna_blocks
+        """,
+    )
+    ((index, block),) = study.optuna_blocks
     ledger = LedgerOfValues()
-    return OptunaProposals(study, index, block, study_name="s", study_dir=tmp_path, smoke_epochs=0,
-                           tracking=ledger), ledger
+    return OptunaProposals(
+        study, index, block, study_name="s", study_dir=tmp_path, smoke_epochs=0, tracking=ledger
+    ), ledger
 
 
 def finish(proposals, ledger, cell, value, status=STATUS_FINISHED):

@@ -23,10 +23,20 @@ import pytest
 from analysis.collect import RunRecord
 from analysis.power import seeds_for_power
 from studies.planning.estimate import (
-    CELL_GAP_S, RUNNER_EPOCH_S, START_UP_S, Timings, VariantTime, estimate, pilot_times,
+    CELL_GAP_S,
+    RUNNER_EPOCH_S,
+    START_UP_S,
+    Timings,
+    VariantTime,
+    estimate,
+    pilot_times,
 )
 from studies.planning.plan import (
-    asha_expected_epochs, ledger_rows, run_estimate_line, schedule_length, trial_slots,
+    asha_expected_epochs,
+    ledger_rows,
+    run_estimate_line,
+    schedule_length,
+    trial_slots,
 )
 from studies.running.run_options import RunOptions
 from studies.studyfile.spec import load_study
@@ -37,8 +47,9 @@ CATALOG = REPO / "studies" / "catalog"
 
 def studies_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "studies.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "studies.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("epochs,grace,eta", [(18, 2, 2), (27, 1, 3), (100, 5, 3)])
@@ -46,14 +57,14 @@ def test_asha_expected_epochs_equal_synchronous_successive_halving(epochs, grace
     """eta^m configs with random quality, halved at every rung by their rank: the mean
     epochs per config equal the formula."""
     rng = np.random.default_rng(0)
-    rung_list = [r for r in (grace * eta ** i for i in range(20)) if r < epochs]
+    rung_list = [r for r in (grace * eta**i for i in range(20)) if r < epochs]
     alive = rng.normal(size=eta ** len(rung_list))
     total, done = 0.0, 0
     n = alive.size
     for rung in rung_list + [epochs]:
         total += alive.size * (rung - done)
         done = rung
-        alive = np.sort(alive)[::-1][:max(1, alive.size // eta)]
+        alive = np.sort(alive)[::-1][: max(1, alive.size // eta)]
     assert asha_expected_epochs(epochs, grace, eta) == pytest.approx(total / n)
 
 
@@ -72,8 +83,7 @@ def test_wall_time_is_the_start_up_and_the_schedule_with_each_slots_first_cell_w
     from types import SimpleNamespace
 
     study = load_study(CATALOG / "quickstart.yaml")  # 1 CPU per trial, no scheduler
-    cells = [SimpleNamespace(config_id=f"c{i}", seed=0, variant="ab"[i % 2],
-                             config={"epochs": 2}) for i in range(4)]
+    cells = [SimpleNamespace(config_id=f"c{i}", seed=0, variant="ab"[i % 2], config={"epochs": 2}) for i in range(4)]
     timings = Timings({v: VariantTime(0.5, 1.0, "probe") for v in "ab"}, 0.25)
     est = estimate(study, cells, timings, cpus=2)
     assert est.slots == 2
@@ -93,8 +103,7 @@ def test_each_tune_experiment_starts_apart_with_its_own_warm_up(monkeypatch):
 
     monkeypatch.setattr(arrays, "MAX_TRIALS_PER_EXPERIMENT", 2)
     study = load_study(CATALOG / "quickstart.yaml")
-    grid = [SimpleNamespace(config_id=f"c{i // 2}", seed=i % 2, variant="a",
-                            config={"epochs": 1}) for i in range(4)]
+    grid = [SimpleNamespace(config_id=f"c{i // 2}", seed=i % 2, variant="a", config={"epochs": 1}) for i in range(4)]
     proposed = [ProposedCell("optuna1-0", seed, "a", {"epochs": 1}, 1) for seed in (0, 1)]
     assert experiments(grid + proposed) == [[[0], [1]], [[2], [3]], [[4], [5]]]
     timings = Timings({"a": VariantTime(1.0, 0.5, "probe")}, 0.25)
@@ -109,19 +118,27 @@ def test_pilot_times_take_the_steady_rest_and_the_first_waves_warm_up():
     ledger reads them) plus the runner's per epoch; the fixed part: the median rest of the
     cells after the first wave (those that started before any ended paid their worker's
     one-off imports); the warm-up: the first wave's median excess over it."""
+
     def row(variant, start, duration, epochs, **times):
-        return {"variant": variant, "start_time": start,
-                "end_time": None if duration is None else start + 1000 * duration,
-                "duration_s": duration, "param:epochs": epochs, **times}
+        return {
+            "variant": variant,
+            "start_time": start,
+            "end_time": None if duration is None else start + 1000 * duration,
+            "duration_s": duration,
+            "param:epochs": epochs,
+            **times,
+        }
 
     a = {"mean:epoch_time_s": 0.25, "mean:eval_time_s": 0.05}
     b = {"epoch_time_s": 0.9, "eval_time_s": 0.1}  # the ledger's last-epoch values
-    rows = [row("a", 0, 10 * 0.3 + 2.5, 10, **a),  # first wave
-            row("b", 100, 5 * 1.0 + 2.4, 5, **b),  # first wave
-            row("a", 5600, 10 * 0.3 + 0.5, 10, **a),
-            {**row("a", 9000, 4 * 0.3 + 0.6, 10, **a), "stopped_epoch": 4},
-            row("b", 9100, 5 * 1.0 + 0.4, 5, **b),
-            row("b", 9200, None, 5, **b)]  # no duration: not counted
+    rows = [
+        row("a", 0, 10 * 0.3 + 2.5, 10, **a),  # first wave
+        row("b", 100, 5 * 1.0 + 2.4, 5, **b),  # first wave
+        row("a", 5600, 10 * 0.3 + 0.5, 10, **a),
+        {**row("a", 9000, 4 * 0.3 + 0.6, 10, **a), "stopped_epoch": 4},
+        row("b", 9100, 5 * 1.0 + 0.4, 5, **b),
+        row("b", 9200, None, 5, **b),
+    ]  # no duration: not counted
     timings = pilot_times(rows)
     va, vb = timings.variants["a"], timings.variants["b"]
     r = RUNNER_EPOCH_S
@@ -135,14 +152,25 @@ def test_pilot_times_take_the_steady_rest_and_the_first_waves_warm_up():
 
 def test_ledger_rows_time_the_finished_runs_by_their_config_or_where_they_stopped():
     def record(cell, start, end, **tags):
-        return RunRecord(cell, "FINISHED", start, end,
-                         {"studies.cell_id": cell, "studies.variant": "ce", **tags}, {},
-                         {"epoch_time_s": 0.2, "eval_time_s": 0.05})
+        return RunRecord(
+            cell,
+            "FINISHED",
+            start,
+            end,
+            {"studies.cell_id": cell, "studies.variant": "ce", **tags},
+            {},
+            {"epoch_time_s": 0.2, "eval_time_s": 0.05},
+        )
 
-    rows = ledger_rows([record("c1", 1000, 4500), record("c2", 0, 2000,
-                                                          **{"studies.stopped_epoch": "3"}),
-                        record("c3", 0, None), record("unknown", 0, 100)],
-                       {"c1": 12, "c2": 12, "c3": 12})
+    rows = ledger_rows(
+        [
+            record("c1", 1000, 4500),
+            record("c2", 0, 2000, **{"studies.stopped_epoch": "3"}),
+            record("c3", 0, None),
+            record("unknown", 0, 100),
+        ],
+        {"c1": 12, "c2": 12, "c3": 12},
+    )
     assert [(r["duration_s"], r["param:epochs"]) for r in rows] == [(3.5, 12), (2.0, 3)]
     assert rows[0]["epoch_time_s"] == 0.2 and rows[0]["variant"] == "ce"
 
@@ -155,15 +183,15 @@ def test_run_line_names_the_plan_command_of_the_same_run():
     options = RunOptions(smoke=True, smoke_epochs=2, overrides=("seeds=[0, 1]",), num_cpus=2)
     line = run_estimate_line(smoke_study(study), cells, options)
     assert line.startswith("estimate: 10 cells, 20 epochs, 2 trial slots (2 CPUs / 1 per trial)")
-    assert line.endswith(f"time: `studies plan {study.path} --smoke --smoke-epochs 2 "
-                         f"'seeds=[0, 1]'`")
+    assert line.endswith(f"time: `studies plan {study.path} --smoke --smoke-epochs 2 'seeds=[0, 1]'`")
 
 
 def test_plan_of_a_smoke_run_and_of_overrides():
     """`studies plan FILE --smoke --smoke-epochs 2` plans the cells `studies run` would run
     with the same flags; KEY=VALUE words change the study as they do there."""
-    result = studies_cli("plan", str(CATALOG / "topk_cifar100_label_noise.yaml"), "--smoke",
-                         "--smoke-epochs", "2", "--no-probe")
+    result = studies_cli(
+        "plan", str(CATALOG / "topk_cifar100_label_noise.yaml"), "--smoke", "--smoke-epochs", "2", "--no-probe"
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.splitlines()[1].startswith("its smoke run: 2 epochs per cell")
@@ -172,16 +200,16 @@ def test_plan_of_a_smoke_run_and_of_overrides():
     ce = next(line for line in out.splitlines() if line.startswith("ce "))
     assert ce.split()[1:4] == ["1", "4", "2.0"]  # 1 config (label noise is not kept), 4 seeds
     assert "not planned for a smoke run" in out
-    result = studies_cli("plan", str(CATALOG / "quickstart.yaml"), "--no-probe",
-                         "seeds=[0,1]", "--set", "epochs=4")
+    result = studies_cli("plan", str(CATALOG / "quickstart.yaml"), "--no-probe", "seeds=[0,1]", "--set", "epochs=4")
     assert result.returncode == 0, result.stderr
     ce = next(line for line in result.stdout.splitlines() if line.startswith("ce "))
     assert ce.split()[1:4] == ["1", "2", "4.0"]
 
 
 def test_plan_of_a_catalogue_file_prints_both_tables_in_80_columns():
-    result = studies_cli("plan", str(CATALOG / "topk_cifar100_label_noise.yaml"), "--gpus", "8",
-                         "--no-probe", "--difference", "0.5")
+    result = studies_cli(
+        "plan", str(CATALOG / "topk_cifar100_label_noise.yaml"), "--gpus", "8", "--no-probe", "--difference", "0.5"
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Compute" in out and "Seeds needed" in out and "trial slots: 32" in out
@@ -190,21 +218,27 @@ def test_plan_of_a_catalogue_file_prints_both_tables_in_80_columns():
     # noise 0.0, combined as independent: top-5 94.2 +- 0.1 and 93.3 +- 0.0, the rounded
     # 0.0 read as its bound 0.05 (issue 33)
     sd = math.hypot(*(w * 2 / 3.182446305284263 for w in (0.1, 0.05)))
-    row = next(line for line in out.splitlines()
-               if line.startswith("smooth_hinge label_noise=0.0") and "test/top5" in line)
+    row = next(
+        line for line in out.splitlines() if line.startswith("smooth_hinge label_noise=0.0") and "test/top5" in line
+    )
     assert row.split()[-2] == str(seeds_for_power(0.5, sd))
     assert "smooth_hinge label_noise=0.0: ci 0.0 read as < 0.05" in out
 
 
-@pytest.mark.parametrize("flags,named", [
-    (["--power", "1.5"], "--power"), (["--gpus", "0"], "--gpus"),
-    (["--difference", "-1"], "--difference"), (["--pilot", "no_such_study"], "--pilot"),
-    (["--difference", "half"], "--difference"), (["--smoke-epochs", "0"], "--smoke-epochs"),
-    (["optim.lr=fast"], "optim.lr"),
-])
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--power", "1.5"], "--power"),
+        (["--gpus", "0"], "--gpus"),
+        (["--difference", "-1"], "--difference"),
+        (["--pilot", "no_such_study"], "--pilot"),
+        (["--difference", "half"], "--difference"),
+        (["--smoke-epochs", "0"], "--smoke-epochs"),
+        (["optim.lr=fast"], "optim.lr"),
+    ],
+)
 def test_bad_flags_exit_2_with_a_clear_error(flags, named, tmp_path):
-    result = studies_cli("plan", str(CATALOG / "quickstart.yaml"), "--no-probe",
-                         "--output", str(tmp_path), *flags)
+    result = studies_cli("plan", str(CATALOG / "quickstart.yaml"), "--no-probe", "--output", str(tmp_path), *flags)
     assert result.returncode == 2
     assert named in result.stderr and "Traceback" not in result.stderr
 
@@ -213,8 +247,17 @@ def test_bad_flags_exit_2_with_a_clear_error(flags, named, tmp_path):
 def smoke_pilot(tmp_path_factory):
     """A real smoke run of the quickstart (3 seeds, 5 configs, 2 epochs): the pilot."""
     out = tmp_path_factory.mktemp("plan")
-    result = studies_cli("run", str(CATALOG / "quickstart.yaml"), "--smoke-epochs", "2",
-                         "--output", str(out), "--num-cpus", "2", timeout=900)
+    result = studies_cli(
+        "run",
+        str(CATALOG / "quickstart.yaml"),
+        "--smoke-epochs",
+        "2",
+        "--output",
+        str(out),
+        "--num-cpus",
+        "2",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out, result.stdout
 
@@ -259,21 +302,18 @@ def test_a_smoke_run_of_two_epochs_trains_each_cell_two_epochs(smoke_pilot):
 def test_plan_with_a_pilot_uses_its_paired_differences(smoke_pilot):
     out, _ = smoke_pilot
     from analysis.collect import collect
-
     from studies.planning.plan import make_plan
 
     uri = f"sqlite:///{out}/quickstart-smoke/mlflow.db"
     # in this process (the CLI's exit codes are checked above): its imports are paid once
-    text = make_plan(str(CATALOG / "quickstart.yaml"), pilot="quickstart-smoke", pilot_uri=uri,
-                     difference=1.0)
+    text = make_plan(str(CATALOG / "quickstart.yaml"), pilot="quickstart-smoke", pilot_uri=uri, difference=1.0)
     assert "source: pilot" in text and "pilot: study 'quickstart-smoke'" in text
     # the smooth top-k SVM against CE on test/top5, recomputed from the runs
     rows = collect(uri, "quickstart-smoke").table.to_pylist()
     value = {(r["variant"], r["seed"]): r["test/top5"] for r in rows if r["variant"] != "noised_topk"}
     diffs = [100 * (value["smooth_topk_svm", s] - value["ce", s]) for s in (0, 1, 2)]
     sd = float(np.std(diffs, ddof=1))
-    line = next(line for line in text.splitlines()
-                if line.startswith("smooth_topk_svm ") and "test/top5" in line)
+    line = next(line for line in text.splitlines() if line.startswith("smooth_topk_svm ") and "test/top5" in line)
     expected = seeds_for_power(1.0, sd) if sd > 0 else 2
     assert line.split()[-2] == (str(expected) if expected else "?")
     # seconds per epoch from the pilot's epoch_time_s
@@ -288,8 +328,11 @@ def test_report_gpu_hours_equal_durations_times_requested_gpus(smoke_pilot, tmp_
 
     uri = f"sqlite:///{out}/quickstart-smoke/mlflow.db"
     # the same study, read as if each trial had asked for half a GPU and 3 CPUs
-    text = (CATALOG / "quickstart.yaml").read_text().replace(
-        "resources: {cpus: 1, gpus: 0}", "resources: {cpus: 3, gpus: 0.5}")
+    text = (
+        (CATALOG / "quickstart.yaml")
+        .read_text()
+        .replace("resources: {cpus: 1, gpus: 0}", "resources: {cpus: 3, gpus: 0.5}")
+    )
     study_file = tmp_path / "quickstart.yaml"
     study_file.write_text(text)
     build_report(uri, "quickstart-smoke", tmp_path / "report", study_file=study_file)
@@ -319,21 +362,28 @@ def racing_truth(study, means, sds, sd_seed, races, rng):
     race, n, total = study.racing, len(means), 0
     seeds = race.seed_list
     for _ in range(races):
-        draw = (np.array(means)[:, None] + rng.normal(0, sd_seed, len(seeds))[None, :]
-                + rng.normal(0, 1, (n, len(seeds))) * np.array(sds)[:, None])
-        sim = SeedRace([str(c) for c in range(n)], list(range(len(seeds))), race.initial,
-                       race.step, "max", race.until.level)
+        draw = (
+            np.array(means)[:, None]
+            + rng.normal(0, sd_seed, len(seeds))[None, :]
+            + rng.normal(0, 1, (n, len(seeds))) * np.array(sds)[:, None]
+        )
+        sim = SeedRace(
+            [str(c) for c in range(n)], list(range(len(seeds))), race.initial, race.step, "max", race.until.level
+        )
         total += run_simulated_race(sim, 2, lambda c, i: float(draw[int(c), i]), rng)
     return total / races / n
 
 
-@pytest.mark.parametrize("means, sds", [
-    ([0.9] * 5, [0.01] * 5),  # identical configs: they race to the end
-    ([0.5 + 0.5 * c for c in range(5)], [0.01] * 5),  # far apart: decided after ~3 seeds
-    # as racing_quickstart's pilot: one epsilon makes the noised loss unstable (sd 0.12),
-    # the other configs are stable and decided early
-    ([0.93, 0.94, 0.73, 0.905, 0.934], [0.007, 0.005, 0.12, 0.02, 0.003]),
-])
+@pytest.mark.parametrize(
+    "means, sds",
+    [
+        ([0.9] * 5, [0.01] * 5),  # identical configs: they race to the end
+        ([0.5 + 0.5 * c for c in range(5)], [0.01] * 5),  # far apart: decided after ~3 seeds
+        # as racing_quickstart's pilot: one epsilon makes the noised loss unstable (sd 0.12),
+        # the other configs are stable and decided early
+        ([0.93, 0.94, 0.73, 0.905, 0.934], [0.007, 0.005, 0.12, 0.02, 0.003]),
+    ],
+)
 def test_racing_expected_seeds_from_pilots_match_the_races_of_their_model(means, sds):
     """Pilots of 3 seeds drawn from a known model: the mean of their expected seeds per config
     is within 15 % of what races on the model itself give. Measured over 100 pilots: -5 %
@@ -348,9 +398,11 @@ def test_racing_expected_seeds_from_pilots_match_the_races_of_their_model(means,
     found = []
     for pilot in range(40):
         seed_effect = rng.normal(0, 0.004, 3)
-        rows = [{"config_id": f"c{c}", "seed": s,
-                 metric: means[c] + seed_effect[s] + rng.normal(0, sds[c])}
-                for c in range(len(means)) for s in range(3)]
+        rows = [
+            {"config_id": f"c{c}", "seed": s, metric: means[c] + seed_effect[s] + rng.normal(0, sds[c])}
+            for c in range(len(means))
+            for s in range(3)
+        ]
         per_config, note = racing_expected_cells(study, rows, races=20, seed=pilot)
         assert "racing, simulated" in note
         found.append(per_config)
@@ -358,8 +410,7 @@ def test_racing_expected_seeds_from_pilots_match_the_races_of_their_model(means,
 
 
 @pytest.mark.slow
-def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histories(
-        local_ray, tmp_path, monkeypatch):
+def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histories(local_ray, tmp_path, monkeypatch):
     """2 configs x 2 seeds, then the same file with a third seed: the second run prints
     the time of the 2 cells left from the 4 finished runs the ledger read, and no metric
     history is requested from the store (at 10,000 cells that was 20,000 requests)."""
@@ -375,8 +426,7 @@ def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histor
     # could be swallowed by a caller that tolerates a failed read)
     for name in ("_fetch_histories", "_histories_per_run"):
         original = getattr(store, name)
-        monkeypatch.setattr(store, name, lambda *a, _f=original, _n=name, **k:
-                            reads.append(_n) or _f(*a, **k))
+        monkeypatch.setattr(store, name, lambda *a, _f=original, _n=name, **k: reads.append(_n) or _f(*a, **k))
     first = io.StringIO()
     options = dict(output=tmp_path / "out", report=False, progress_interval_s=5.0)
     outcome = run_study(path, RunOptions(stream=first, **options))
@@ -388,8 +438,11 @@ def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histor
     text = again.getvalue()
     assert "4 cells already finished" in text
     line = next(line for line in text.splitlines() if "cells left" in line)
-    assert re.search(r"estimate: 2 cells left: ~\d+ s wall, 0\.00 GPU-hours, on \d+ trial "
-                     r"slots \(from the epoch times of this study's 4 finished runs\)", line), line
+    assert re.search(
+        r"estimate: 2 cells left: ~\d+ s wall, 0\.00 GPU-hours, on \d+ trial "
+        r"slots \(from the epoch times of this study's 4 finished runs\)",
+        line,
+    ), line
     assert reads == []
 
 

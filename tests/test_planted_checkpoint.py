@@ -9,7 +9,6 @@ import pickle
 import uuid
 
 import pytest
-
 from test_runner import child_runs, options, write_study
 
 pytestmark = pytest.mark.slow
@@ -40,14 +39,23 @@ def plant_unfinished_cell(tmp_path, mlflow_server, prefix, seed, write_state, hi
     (cell,) = expand(load_study(path))
     client = MlflowClient(mlflow_server)
     experiment = client.create_experiment(name)
-    earlier = client.create_run(experiment, tags={"studies.role": "cell", "studies.study": name,
-                                                  "studies.cell_id": cell.cell_id, "studies.status": "running"})
+    earlier = client.create_run(
+        experiment,
+        tags={
+            "studies.role": "cell",
+            "studies.study": name,
+            "studies.cell_id": cell.cell_id,
+            "studies.status": "running",
+        },
+    )
     folder = tmp_path / "out" / name / "ray" / "tune-old" / cell.cell_id / "checkpoint_000000"
     folder.mkdir(parents=True)
     write_state(folder / STATE_FILE)
-    (folder / META_FILE).write_text(json.dumps({"study": name, "cell_id": cell.cell_id,
-                                                 "run_id": earlier.info.run_id, "epoch": 0,
-                                                 "history": history}))
+    (folder / META_FILE).write_text(
+        json.dumps(
+            {"study": name, "cell_id": cell.cell_id, "run_id": earlier.info.run_id, "epoch": 0, "history": history}
+        )
+    )
     return path, name, cell, earlier, client
 
 
@@ -60,8 +68,7 @@ def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlfl
         with open(state_file, "wb") as handle:
             pickle.dump({"format": 1, "payload": _PlantedCode(marker)}, handle)
 
-    path, name, _, earlier, client = plant_unfinished_cell(tmp_path, mlflow_server, "planted", 0,
-                                                           planted, [])
+    path, name, _, earlier, client = plant_unfinished_cell(tmp_path, mlflow_server, "planted", 0, planted, [])
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
     assert not marker.exists(), "the planted checkpoint ran code"
@@ -74,8 +81,7 @@ def test_a_planted_checkpoint_does_not_run_and_the_cell_restarts(local_ray, mlfl
     assert "its checkpoint could not be loaded (UnpicklingError" in stream.getvalue()  # the console knows
 
 
-def test_a_checkpoint_torch_cannot_load_is_told_on_the_console_by_the_cell_s_name(local_ray, mlflow_server,
-                                                                                   tmp_path):
+def test_a_checkpoint_torch_cannot_load_is_told_on_the_console_by_the_cell_s_name(local_ray, mlflow_server, tmp_path):
     """The session announces that the unfinished cell continues from its checkpoint; the trial
     finds state.pt truncated (torch refuses it) and restarts from epoch 0: the driver's console
     says so, on one line naming the cell as its run is named, and the cell still finishes."""
@@ -90,7 +96,8 @@ def test_a_checkpoint_torch_cannot_load_is_told_on_the_console_by_the_cell_s_nam
         state_file.write_bytes(data[: len(data) // 2])
 
     path, name, cell, earlier, client = plant_unfinished_cell(
-        tmp_path, mlflow_server, "truncated", 1, truncated, [[0, {"val/top3": 0.5}]])
+        tmp_path, mlflow_server, "truncated", 1, truncated, [[0, {"val/top3": 0.5}]]
+    )
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
     console = stream.getvalue()

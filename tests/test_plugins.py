@@ -38,7 +38,7 @@ def example(tmp_path, monkeypatch) -> Path:
     registry.clear_cache()
 
 
-BROKEN_DECLARATIONS = '''
+BROKEN_DECLARATIONS = """
 from setvalued.params import Param
 from setvalued.registry import Declaration
 
@@ -46,8 +46,8 @@ GOOD = Declaration({"alpha": Param("float", 1.0, low=0.0)}, "broken_plugin.code:
 WRONG = Declaration({"alpha": Param("float", 1.0, low=0.0)}, "broken_plugin.code:BetaLoss")
 NOT_A_DECLARATION = {"alpha": 1.0}
 RESERVED = Declaration({"reduction": Param("str", "mean")}, "broken_plugin.code:AlphaLoss")
-'''
-BROKEN_CODE = '''
+"""
+BROKEN_CODE = """
 from setvalued.losses import SetValuedLoss
 
 
@@ -63,7 +63,7 @@ class AlphaLoss(SetValuedLoss):
 class BetaLoss(AlphaLoss):
     def __init__(self, beta=1.0, reduction="mean"):
         super().__init__(beta, reduction)
-'''
+"""
 
 
 @pytest.fixture()
@@ -71,25 +71,37 @@ def broken(tmp_path, monkeypatch) -> Path:
     """The example plugin and a distribution whose entry points are each broken in one way;
     its console script's module raises when imported (it must never be)."""
     site = plugin_dists.write_example(tmp_path / "site")
-    plugin_dists.write_dist(site, "broken-plugin", "2.0", {
-        "setvalued.losses": {
-            "ce": "broken_plugin.declarations:GOOD",                     # a built-in's name
-            "alpha_loss": "broken_plugin.declarations:GOOD",             # fine
-            "fails_import": "broken_plugin.missing_module:GOOD",         # import failure
-            "wrong_params": "broken_plugin.declarations:WRONG",          # constructor takes beta
-            "not_declared": "broken_plugin.declarations:NOT_A_DECLARATION",
-            "reserved": "broken_plugin.declarations:RESERVED",
+    plugin_dists.write_dist(
+        site,
+        "broken-plugin",
+        "2.0",
+        {
+            "setvalued.losses": {
+                "ce": "broken_plugin.declarations:GOOD",  # a built-in's name
+                "alpha_loss": "broken_plugin.declarations:GOOD",  # fine
+                "fails_import": "broken_plugin.missing_module:GOOD",  # import failure
+                "wrong_params": "broken_plugin.declarations:WRONG",  # constructor takes beta
+                "not_declared": "broken_plugin.declarations:NOT_A_DECLARATION",
+                "reserved": "broken_plugin.declarations:RESERVED",
+            },
+            "setvalued.models": {"residual_mlp": "broken_plugin.declarations:GOOD"},  # the example's name
+            "console_scripts": {"boom": "broken_plugin.boom:main"},
         },
-        "setvalued.models": {"residual_mlp": "broken_plugin.declarations:GOOD"},  # the example's name
-        "console_scripts": {"boom": "broken_plugin.boom:main"},
-    }, {"broken_plugin": {"__init__.py": "", "declarations.py": BROKEN_DECLARATIONS, "code.py": BROKEN_CODE,
-                          "boom.py": "raise SystemExit('imported a module of another group')\n"}})
+        {
+            "broken_plugin": {
+                "__init__.py": "",
+                "declarations.py": BROKEN_DECLARATIONS,
+                "code.py": BROKEN_CODE,
+                "boom.py": "raise SystemExit('imported a module of another group')\n",
+            }
+        },
+    )
     plugin_dists.activate(site, monkeypatch)
     yield site
     registry.clear_cache()
 
 
-FILE_DECLARATIONS = '''
+FILE_DECLARATIONS = """
 from setvalued.params import Param
 from setvalued.registry import Declaration
 
@@ -97,9 +109,9 @@ POINTS = Declaration({"path": Param("str", "points.csv", "a CSV file of x0,x1,la
                      "file_plugin.code:build", check="file_plugin.code:check")
 BAD_CHECK = Declaration({}, "file_plugin.code:build", check="file_plugin.missing:check")
 LOSS_WITH_CHECK = Declaration({}, "file_plugin.code:build", check="file_plugin.code:check")
-'''
+"""
 
-FILE_CODE = '''
+FILE_CODE = """
 import os
 
 import torch
@@ -123,18 +135,26 @@ def build(*, seed, path="points.csv"):
     splits = [TensorSplit(x, y, num_classes=3, class_counts=counts, class_names=["a", "b", "c"], split=s)
               for s in ("train", "val", "test")]
     return DataSplits(*splits, num_classes=3, class_counts=counts, class_names=["a", "b", "c"], input_shape=(2,))
-'''
+"""
 
 
 @pytest.fixture()
 def file_plugin(tmp_path, monkeypatch) -> Path:
     """A data set plugin that reads a file and declares a preflight of it."""
     site = tmp_path / "site"
-    plugin_dists.write_dist(site, "file-plugin", "0.3", {
-        "setvalued.datasets": {"points": "file_plugin.declarations:POINTS",
-                               "bad_check": "file_plugin.declarations:BAD_CHECK"},
-        "setvalued.losses": {"loss_with_check": "file_plugin.declarations:LOSS_WITH_CHECK"},
-    }, {"file_plugin": {"__init__.py": "", "declarations.py": FILE_DECLARATIONS, "code.py": FILE_CODE}})
+    plugin_dists.write_dist(
+        site,
+        "file-plugin",
+        "0.3",
+        {
+            "setvalued.datasets": {
+                "points": "file_plugin.declarations:POINTS",
+                "bad_check": "file_plugin.declarations:BAD_CHECK",
+            },
+            "setvalued.losses": {"loss_with_check": "file_plugin.declarations:LOSS_WITH_CHECK"},
+        },
+        {"file_plugin": {"__init__.py": "", "declarations.py": FILE_DECLARATIONS, "code.py": FILE_CODE}},
+    )
     plugin_dists.activate(site, monkeypatch)
     yield site
     registry.clear_cache()
@@ -150,29 +170,42 @@ def test_a_plugin_data_sets_preflight_runs_before_the_first_trial(file_plugin, t
     refused = {r.name: r.reason for r in registry.refusals()}
     assert "data set's preflight" in refused["loss_with_check"]
     missing = tmp_path / "nowhere.csv"
-    problems = data_layouts([{"name": "points", "path": str(missing), "num_workers": 0, "placement": "auto"},
-                             {"name": "bad_check", "num_workers": 0, "placement": "auto"}])
-    assert problems[0] == (f"data set 'points' (file-plugin 0.3, entry point setvalued.datasets:points): no file "
-                           f"{str(missing)!r}; expected a CSV of x0,x1,label rows")
+    problems = data_layouts(
+        [
+            {"name": "points", "path": str(missing), "num_workers": 0, "placement": "auto"},
+            {"name": "bad_check", "num_workers": 0, "placement": "auto"},
+        ]
+    )
+    assert problems[0] == (
+        f"data set 'points' (file-plugin 0.3, entry point setvalued.datasets:points): no file "
+        f"{str(missing)!r}; expected a CSV of x0,x1,label rows"
+    )
     assert problems[1].startswith("plugin dataset 'bad_check' (file-plugin 0.3") and "failed to import" in problems[1]
     points = tmp_path / "points.csv"
     points.write_text("\n".join(f"{i % 3},{i % 5},{i % 3}" for i in range(30)))
     assert data_layouts([{"name": "points", "path": str(points), "num_workers": 0, "placement": "auto"}]) == []
 
     study = tmp_path / "study.yaml"
-    study.write_text(f"name: pts\nbase: {{data: {{name: points, path: {missing}}}, model: {{name: mlp, hidden_dim: 4}}, "
-                     f"loss: {{name: ce}}, epochs: 1, device: cpu, eval: {{ks: [1, 2], selection: val/top2}}}}\n"
-                     f"seeds: [0]\n")
-    proc = subprocess.run([sys.executable, "-m", "studies.cli", "run", str(study), "--output", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    study.write_text(
+        f"name: pts\nbase: {{data: {{name: points, path: {missing}}}, model: {{name: mlp, hidden_dim: 4}}, "
+        f"loss: {{name: ce}}, epochs: 1, device: cpu, eval: {{ks: [1, 2], selection: val/top2}}}}\n"
+        f"seeds: [0]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "run", str(study), "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "data set 'points' (file-plugin 0.3" in proc.stderr and "no file" in proc.stderr
     assert "starting a local Ray" not in proc.stderr + proc.stdout
     # with the file there the study trains
     study.write_text(study.read_text().replace(str(missing), str(points)))
     from setvalued.training import fit
-    from studies.studyfile.spec import load_study
     from studies.studyfile.configs import design_configs
+    from studies.studyfile.spec import load_study
 
     (config,), _ = design_configs(load_study(study))
     assert 0.0 <= fit(config.config, seed=0)["test"]["top1"] <= 1.0
@@ -203,10 +236,13 @@ def test_the_example_registers_one_entry_of_each_kind_beside_the_builtins(exampl
 
 def test_validating_the_example_study_imports_no_torch(example):
     """The declarations are read without the plugin's torch code: a study is validated lean."""
-    code = ("import sys; from studies import api; s = api.load(sys.argv[1]); print(len(api.cells(s))); "
-            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'setvalued_example_plugin.'))))")
-    done = subprocess.run([sys.executable, "-c", code, str(EXAMPLE_STUDY)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    code = (
+        "import sys; from studies import api; s = api.load(sys.argv[1]); print(len(api.cells(s))); "
+        "print(sorted(m for m in sys.modules if m.startswith(('torch', 'setvalued_example_plugin.'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLE_STUDY)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["9", "['setvalued_example_plugin.declarations']"]
 
@@ -235,17 +271,20 @@ seeds: [0]
 """
 
 
-@pytest.mark.parametrize("section, builtin, plugin", [
-    ("loss", ("hinge_topk", "k", 0), ("ls_topk_hinge", "k", 0)),
-    ("loss", ("hinge_topk", "kk", 3), ("ls_topk_hinge", "kk", 3)),
-    ("data", ("synthetic", "val_size", 0), ("toy_rings", "val_size", 0)),
-    ("data", ("synthetic", "num_classes", 1.5), ("toy_rings", "num_classes", 1.5)),
-    ("model", ("mlp", "hidden_dim", 0), ("residual_mlp", "width", 0)),
-    ("model", ("mlp", "hidden_dim", "wide"), ("residual_mlp", "width", "wide")),
-])
-def test_a_plugins_wrong_parameter_gets_a_builtins_message_and_line(example, tmp_path, section, builtin,
-                                                                    plugin):
+@pytest.mark.parametrize(
+    "section, builtin, plugin",
+    [
+        ("loss", ("hinge_topk", "k", 0), ("ls_topk_hinge", "k", 0)),
+        ("loss", ("hinge_topk", "kk", 3), ("ls_topk_hinge", "kk", 3)),
+        ("data", ("synthetic", "val_size", 0), ("toy_rings", "val_size", 0)),
+        ("data", ("synthetic", "num_classes", 1.5), ("toy_rings", "num_classes", 1.5)),
+        ("model", ("mlp", "hidden_dim", 0), ("residual_mlp", "width", 0)),
+        ("model", ("mlp", "hidden_dim", "wide"), ("residual_mlp", "width", "wide")),
+    ],
+)
+def test_a_plugins_wrong_parameter_gets_a_builtins_message_and_line(example, tmp_path, section, builtin, plugin):
     """The same mistake on a built-in and on a plugin: the same words, path and line."""
+
     def message(name, key, value):
         text = _message(tmp_path, STUDY.format(section=section, name=name, key=key, value=value))
         return text.replace(name, "NAME").replace(key, "KEY")
@@ -253,8 +292,9 @@ def test_a_plugins_wrong_parameter_gets_a_builtins_message_and_line(example, tmp
     got, expected = message(*plugin), message(*builtin)
     assert f"variants.v.{section}.KEY (line 8)" in got
     if builtin[1] == "kk":  # the accepted parameters differ; the message's form does not
-        assert "loss 'NAME' has no parameter 'KEY' (did you mean 'k'?); accepted parameters: k, smoothing, " \
-            "margin" in got
+        assert (
+            "loss 'NAME' has no parameter 'KEY' (did you mean 'k'?); accepted parameters: k, smoothing, margin" in got
+        )
         assert "loss 'NAME' has no parameter 'KEY' (did you mean 'k'?); accepted parameters: k." in expected
     else:
         assert got == expected
@@ -265,13 +305,18 @@ def test_plugin_names_get_did_you_mean_and_sweeps_check_their_parameters(example
     assert "unknown loss 'ls_topk_hinj' (did you mean 'ls_topk_hinge'?)" in text and "(line 8)" in text
     text = _message(tmp_path, STUDY.format(section="data", name="toy_ring", key="noise", value=0.1))
     assert "unknown data set 'toy_ring' (did you mean 'toy_rings'?)" in text
-    text = _message(tmp_path, STUDY.format(section="loss", name="ls_topk_hinge", key="k", value=3)
-                    + "design:\n  - kind: grid\n    variants: [v]\n    parameters: {loss.smoothing: [0.0, 1.5]}\n")
+    text = _message(
+        tmp_path,
+        STUDY.format(section="loss", name="ls_topk_hinge", key="k", value=3)
+        + "design:\n  - kind: grid\n    variants: [v]\n    parameters: {loss.smoothing: [0.0, 1.5]}\n",
+    )
     assert "design[0].parameters.loss.smoothing[1] (line 13): smoothing must be in [0.0, 1.0), got 1.5" in text
 
 
 def test_a_derived_plugin_parameter_is_checked_against_its_declaration(example, tmp_path):
-    text = _message(tmp_path, """\
+    text = _message(
+        tmp_path,
+        """\
 name: d
 base:
   data: {name: toy_rings}
@@ -283,7 +328,8 @@ design:
 derived:
   loss.margin: "-10 * loss.smoothing"
 seeds: [0]
-""")
+""",
+    )
     assert "derived.loss.margin (line 10): margin must be >= 0.0, got -1.0 (with loss.smoothing=0.1)" in text
 
 
@@ -300,8 +346,9 @@ def test_reference_tables_list_plugins_only_when_asked(example):
     from setvalued.reference_tables import loss_parameter_table, trial_config_table
 
     assert "ls_topk_hinge" not in loss_parameter_table() and "toy_rings" not in trial_config_table()
-    assert "| `ls_topk_hinge` (plugin setvalued-example-plugin) | `smoothing` | `0.1` |" in \
-        loss_parameter_table(plugins=True)
+    assert "| `ls_topk_hinge` (plugin setvalued-example-plugin) | `smoothing` | `0.1` |" in loss_parameter_table(
+        plugins=True
+    )
     table = trial_config_table(plugins=True)
     assert "| `data.noise` | `0.15` |" in table and "toy_rings only; plugin setvalued-example-plugin" in table
     assert "| `model.width` | `64` |" in table
@@ -320,15 +367,21 @@ def test_broken_plugins_are_refused_by_distribution_and_entry_point(broken, tmp_
     assert "parameter 'reduction' is set by the trainer" in _refusal("reserved").reason
     assert {(r.distribution, r.reason) for r in registry.refusals() if r.name == "residual_mlp"} == {
         ("broken-plugin", "the name 'residual_mlp' is also registered by setvalued-example-plugin; uninstall one"),
-        ("setvalued-example-plugin", "the name 'residual_mlp' is also registered by broken-plugin; uninstall one")}
+        ("setvalued-example-plugin", "the name 'residual_mlp' is also registered by broken-plugin; uninstall one"),
+    }
     assert registry.entry("loss", "wrong_params") is not None  # declarations are fine; its code is not
-    with pytest.raises(registry.PluginError, match=r"loss 'wrong_params' \(broken-plugin 2.0, entry point "
-                       r"setvalued.losses:wrong_params\): declares parameter\(s\) alpha that "
-                       r"broken_plugin.code:BetaLoss does not take \(it takes beta, reduction\)"):
+    with pytest.raises(
+        registry.PluginError,
+        match=r"loss 'wrong_params' \(broken-plugin 2.0, entry point "
+        r"setvalued.losses:wrong_params\): declares parameter\(s\) alpha that "
+        r"broken_plugin.code:BetaLoss does not take \(it takes beta, reduction\)",
+    ):
         registry.load_factory("loss", "wrong_params")
     message = _message(tmp_path, STUDY.format(section="loss", name="fails_import", key="alpha", value=1))
-    assert ("unknown loss 'fails_import' (plugin loss 'fails_import' of distribution broken-plugin 2.0 (entry "
-            "point setvalued.losses:fails_import) refused: its declaration") in message
+    assert (
+        "unknown loss 'fails_import' (plugin loss 'fails_import' of distribution broken-plugin 2.0 (entry "
+        "point setvalued.losses:fails_import) refused: its declaration"
+    ) in message
     from studies.running.preconditions import plugin_code
 
     problems = plugin_code([{"loss": {"name": "wrong_params"}}, {"loss": {"name": "alpha_loss"}}])
@@ -343,8 +396,7 @@ def test_studies_plugins_lists_entries_and_refusals_in_80_columns(broken, capsys
     assert all(len(line) <= 80 for line in out.splitlines()), max(out.splitlines(), key=len)
     flat = " ".join(out.split())
     assert "losses (loss.name): 15 built-in, 3 plugin(s), 4 refused" in flat
-    assert ("ls_topk_hinge [setvalued-example-plugin 0.1.0, entry point setvalued.losses:ls_topk_hinge]"
-            in flat)
+    assert "ls_topk_hinge [setvalued-example-plugin 0.1.0, entry point setvalued.losses:ls_topk_hinge]" in flat
     assert "loss.smoothing: a number in [0.0, 1.0); default 0.1; label smoothing" in flat
     assert "data.noise: a number >= 0.0; default 0.15" in flat
     assert "REFUSED: loss 'wrong_params' (broken-plugin 2.0, entry point setvalued.losses:wrong_params)" in flat
@@ -385,9 +437,11 @@ def test_the_label_smoothed_hinge_matches_its_definition_by_brute_force(example)
     loss = loss_cls(k=2, smoothing=0.3, margin=0.5, reduction="none")
     expected = []
     for s, y in zip(scores.tolist(), targets.tolist()):
+
         def hinge(c):
             others = sorted((v for j, v in enumerate(s) if j != c), reverse=True)
             return max(0.0, 0.5 + others[1] - s[c])
+
         expected.append(0.7 * hinge(y) + 0.3 * sum(hinge(c) for c in range(7)) / 7)
     assert torch.allclose(loss(scores, targets), torch.tensor(expected), atol=1e-6)
 
@@ -396,21 +450,35 @@ def test_fit_trains_with_a_plugin_loss_data_set_and_model(example):
     from setvalued.training import fit
     from studies.studyfile.trial_config import validate_config
 
-    config, problems = validate_config({
-        "data": {"name": "toy_rings", "train_size": 120, "val_size": 24, "test_size": 24},
-        "model": {"name": "residual_mlp", "width": 8, "blocks": 1},
-        "loss": {"name": "ls_topk_hinge", "k": 3}, "epochs": 1, "device": "cpu",
-        "eval": {"ks": [1, 3], "selection": "val/top3"}})
+    config, problems = validate_config(
+        {
+            "data": {"name": "toy_rings", "train_size": 120, "val_size": 24, "test_size": 24},
+            "model": {"name": "residual_mlp", "width": 8, "blocks": 1},
+            "loss": {"name": "ls_topk_hinge", "k": 3},
+            "epochs": 1,
+            "device": "cpu",
+            "eval": {"ks": [1, 3], "selection": "val/top3"},
+        }
+    )
     assert problems == []
     result = fit(config, seed=0)
     assert 0.0 <= result["test"]["top3"] <= 1.0 and result["per_class"]["name"][5] == "ring1_sector1"
     from setvalued.training import resolve_config
 
-    resolved = resolve_config({"data": {"name": "toy_rings"}, "model": {"name": "residual_mlp"},
-                               "loss": {"name": "ce"}})  # a plugin's own defaults, not the built-ins'
-    assert resolved["data"] == {"name": "toy_rings", "num_workers": 0, "placement": "auto", "num_classes": 12,
-                                "train_size": 1200, "val_size": 300, "test_size": 600, "noise": 0.15,
-                                "split_seed": 7}
+    resolved = resolve_config(
+        {"data": {"name": "toy_rings"}, "model": {"name": "residual_mlp"}, "loss": {"name": "ce"}}
+    )  # a plugin's own defaults, not the built-ins'
+    assert resolved["data"] == {
+        "name": "toy_rings",
+        "num_workers": 0,
+        "placement": "auto",
+        "num_classes": 12,
+        "train_size": 1200,
+        "val_size": 300,
+        "test_size": 600,
+        "noise": 0.15,
+        "split_seed": 7,
+    }
     assert resolved["model"] == {"name": "residual_mlp", "head": "auto", "width": 64, "blocks": 2}
     with pytest.raises(ValueError, match="unknown key.*data.noize"):
         fit({**config, "data": {**config["data"], "noize": 0.1}}, seed=0)
@@ -421,13 +489,19 @@ def test_an_in_memory_plugin_data_set_is_held_on_the_device(example):
     device hold them on the training device, like the built-in in-memory sets; loader, or a
     split with a per-example transform, uses a DataLoader (device then refused, naming it)."""
     from setvalued.data import TensorSplit
-    from setvalued.training import Trial
-    from setvalued.training import resolve_config
+    from setvalued.training import Trial, resolve_config
 
     def trial(**data):
-        return Trial(resolve_config({"data": {"name": "toy_rings", "train_size": 60, "val_size": 12,
-                                              "test_size": 12, **data}, "loss": {"name": "ce"},
-                                     "device": "cpu"}), 0)
+        return Trial(
+            resolve_config(
+                {
+                    "data": {"name": "toy_rings", "train_size": 60, "val_size": 12, "test_size": 12, **data},
+                    "loss": {"name": "ce"},
+                    "device": "cpu",
+                }
+            ),
+            0,
+        )
 
     held = trial().on_device
     assert held is not None and set(held) == {"train", "val", "test"}
@@ -448,12 +522,22 @@ def test_a_run_logs_every_field_a_plugin_model_declares(example, tmp_path, monke
     from studies.studyfile.trial_config import validate_config
     from studies.tracking.contract import config_params
 
-    site = plugin_dists.write_dist(tmp_path / "deep", "deep-plugin", "1.0", {
-        "setvalued.models": {"deep_mlp": "deep_plugin.declarations:DEEP"}},
-        {"deep_plugin": {"__init__.py": "", "declarations.py": (
-            "from setvalued.params import Param\nfrom setvalued.registry import Declaration\n"
-            "DEEP = Declaration({'hidden_dim': Param('int', 16, low=1), 'depth': Param('int', 2, low=1)},"
-            " 'deep_plugin.code:build')\n")}})
+    site = plugin_dists.write_dist(
+        tmp_path / "deep",
+        "deep-plugin",
+        "1.0",
+        {"setvalued.models": {"deep_mlp": "deep_plugin.declarations:DEEP"}},
+        {
+            "deep_plugin": {
+                "__init__.py": "",
+                "declarations.py": (
+                    "from setvalued.params import Param\nfrom setvalued.registry import Declaration\n"
+                    "DEEP = Declaration({'hidden_dim': Param('int', 16, low=1), 'depth': Param('int', 2, low=1)},"
+                    " 'deep_plugin.code:build')\n"
+                ),
+            }
+        },
+    )
     plugin_dists.activate(site, monkeypatch)
     base = {"data": {"name": "toy_rings"}, "loss": {"name": "ce"}, "device": "cpu"}
     config, problems = validate_config({**base, "model": {"name": "deep_mlp", "hidden_dim": 32, "depth": 3}})
@@ -474,8 +558,9 @@ def test_submit_ships_a_local_plugin_and_pins_an_index_one(example, tmp_path):
 
     plugin_dists.write_dist(example, "indexed-plugin", "1.2.3", {"setvalued.losses": {}}, {})
     plugin_dists.write_dist(example, "vcs-plugin", "0.9", {"setvalued.losses": {}}, {})
-    (next(example.glob("vcs_plugin-*.dist-info")) / "direct_url.json").write_text(json.dumps(
-        {"url": "https://example.org/p.git", "vcs_info": {"vcs": "git", "commit_id": "abc"}}))
+    (next(example.glob("vcs_plugin-*.dist-info")) / "direct_url.json").write_text(
+        json.dumps({"url": "https://example.org/p.git", "vcs_info": {"vcs": "git", "commit_id": "abc"}})
+    )
     staging = tmp_path / "working_dir"
     staging.mkdir()
     env = ship_plugins(["setvalued-example-plugin", "indexed-plugin"], staging)
@@ -484,8 +569,11 @@ def test_submit_ships_a_local_plugin_and_pins_an_index_one(example, tmp_path):
     shipped = list(importlib.metadata.distributions(path=[str(staging)]))
     assert [(d.metadata["Name"], d.version) for d in shipped] == [("setvalued-example-plugin", VERSION)]
     assert {p.name for p in shipped[0].entry_points} == {"ls_topk_hinge", "toy_rings", "residual_mlp"}
-    with pytest.raises(SubmitError, match="plugin distribution vcs-plugin cannot be made available on the "
-                                          "cluster: it was installed from https://example.org/p.git"):
+    with pytest.raises(
+        SubmitError,
+        match="plugin distribution vcs-plugin cannot be made available on the "
+        "cluster: it was installed from https://example.org/p.git",
+    ):
         ship_plugins(["vcs-plugin"], tmp_path)
     with pytest.raises(SubmitError, match="its package 'setvalued_example_plugin' has the name of a file"):
         ship_plugins(["setvalued-example-plugin"], staging)  # already there
@@ -503,8 +591,13 @@ def test_the_example_study_runs_on_local_ray_and_records_the_plugin(example, tmp
     from studies import api
 
     out = tmp_path / "out"
-    outcome = api.run(EXAMPLE_STUDY, output=out, num_cpus=2, stream=io.StringIO(),
-                      overrides=["epochs=1", "seeds=[0]", "data.train_size=240"])
+    outcome = api.run(
+        EXAMPLE_STUDY,
+        output=out,
+        num_cpus=2,
+        stream=io.StringIO(),
+        overrides=["epochs=1", "seeds=[0]", "data.train_size=240"],
+    )
     assert outcome.exit_code == 0 and outcome.failed == {}
     client = MlflowClient(f"sqlite:///{out / 'plugin_example' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("plugin_example")

@@ -9,12 +9,24 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from analysis.power import (NOTE_TOO_SMALL, paired_power, plan_comparison, run_costs,
-                            sd_of_interval, seeds_for_half_width, seeds_for_power)
+from analysis.power import (
+    NOTE_TOO_SMALL,
+    paired_power,
+    plan_comparison,
+    run_costs,
+    sd_of_interval,
+    seeds_for_half_width,
+    seeds_for_power,
+)
 from analysis.stats import mean_ci
 
-CASES = [(0.5, 0.6, 0.8, 0.95), (0.2, 0.5, 0.8, 0.95), (1.0, 0.7, 0.9, 0.95),
-         (0.3, 0.3, 0.8, 0.99), (0.1, 0.4, 0.8, 0.90)]
+CASES = [
+    (0.5, 0.6, 0.8, 0.95),
+    (0.2, 0.5, 0.8, 0.95),
+    (1.0, 0.7, 0.9, 0.95),
+    (0.3, 0.3, 0.8, 0.99),
+    (0.1, 0.4, 0.8, 0.90),
+]
 
 
 def reference_seeds(d, sd, power, level):
@@ -85,8 +97,12 @@ def test_a_pilot_of_two_paired_seeds_is_too_small():
 
 
 def test_run_costs_sum_duration_times_requested_resources():
-    rows = [{"variant": "ce", "duration_s": 3600.0}, {"variant": "ce", "duration_s": 1800.0},
-            {"variant": "svm", "duration_s": 900.0}, {"variant": "svm", "duration_s": None}]
+    rows = [
+        {"variant": "ce", "duration_s": 3600.0},
+        {"variant": "ce", "duration_s": 1800.0},
+        {"variant": "svm", "duration_s": 900.0},
+        {"variant": "svm", "duration_s": None},
+    ]
     costs = {c.label: c for c in run_costs(rows, gpus=0.5, cpus=4)}
     assert costs["ce"].gpu_hours == pytest.approx(0.75)
     assert costs["svm"].cpu_hours == pytest.approx(1.0)
@@ -101,12 +117,14 @@ def _published_study(seeds: int, level: float, ci_a: str = "0.1", ci_b: str = "0
     at 95 %, planned with `seeds` seeds at `level`."""
     from studies.studyfile.spec import parse_study
 
-    text = (f"name: pub\nbase: {{loss: {{name: ce}}, epochs: 2}}\n"
-            f"variants: {{ce: {{}}, noised: {{loss: {{name: noised_topk, k: 5, epsilon: 0.1}}}}}}\n"
-            f"seeds: {list(range(seeds))}\nreport: {{level: {level}}}\n"
-            f"reference:\n  source: paper, 4 seeds, 95% CI\n  seeds: 4\n  level: 0.95\n  rows:\n"
-            f"    - {{variant: ce, metrics: {{test/top5: 94.2}}, ci: {{test/top5: {ci_a}}}}}\n"
-            f"    - {{variant: noised, metrics: {{test/top5: 94.0}}, ci: {{test/top5: {ci_b}}}}}\n")
+    text = (
+        f"name: pub\nbase: {{loss: {{name: ce}}, epochs: 2}}\n"
+        f"variants: {{ce: {{}}, noised: {{loss: {{name: noised_topk, k: 5, epsilon: 0.1}}}}}}\n"
+        f"seeds: {list(range(seeds))}\nreport: {{level: {level}}}\n"
+        f"reference:\n  source: paper, 4 seeds, 95% CI\n  seeds: 4\n  level: 0.95\n  rows:\n"
+        f"    - {{variant: ce, metrics: {{test/top5: 94.2}}, ci: {{test/top5: {ci_a}}}}}\n"
+        f"    - {{variant: noised, metrics: {{test/top5: 94.0}}, ci: {{test/top5: {ci_b}}}}}\n"
+    )
     return parse_study(text)
 
 
@@ -163,6 +181,5 @@ def test_the_plan_of_a_source_without_its_seed_count_says_what_is_missing():
     from studies.studyfile.spec import parse_study
 
     text = _published_study(4, 0.95).source_text.replace("  seeds: 4\n", "")
-    plans, reason = plan_seeds(parse_study(text), None, difference=None, half_width=None,
-                               power=0.8, level=0.95)
+    plans, reason = plan_seeds(parse_study(text), None, difference=None, half_width=None, power=0.8, level=0.95)
     assert plans == [] and "source 'paper'" in reason and "does not declare the `seeds`" in reason

@@ -30,7 +30,9 @@ def test_a_tracking_server_that_does_not_answer_is_named(tmp_path):
 
 def test_missing_data_roots_are_named_once_per_data_set(tmp_path):
     configs = [{"name": "cifar100", "root": str(tmp_path / "nowhere")}] * 3 + [
-        {"name": "plantnet300k", "root": str(tmp_path)}, {"name": "synthetic"}]
+        {"name": "plantnet300k", "root": str(tmp_path)},
+        {"name": "synthetic"},
+    ]
     problems = preconditions.data_layouts(configs)
     assert len(problems) == 2
     assert str(tmp_path / "nowhere") in problems[0] and "CIFAR-100 folder does not exist" in problems[0]
@@ -41,6 +43,10 @@ def test_missing_data_roots_are_named_once_per_data_set(tmp_path):
 def test_check_all_reports_every_problem_in_order(tmp_path):
     blocker = tmp_path / "f"
     blocker.write_text("x")
-    problems = preconditions.check_all(blocker / "out", f"http://127.0.0.1:{_free_port()}", str(blocker / "st"),
-                                       [{"name": "imagenet_lt", "root": str(tmp_path / "in")}])
+    problems = preconditions.check_all(
+        blocker / "out",
+        f"http://127.0.0.1:{_free_port()}",
+        str(blocker / "st"),
+        [{"name": "imagenet_lt", "root": str(tmp_path / "in")}],
+    )
     assert [p.split(" ")[1] for p in problems] == ["output", "trial", "tracking", "of"]

@@ -52,8 +52,7 @@ def test_a_config_ten_sigma_worse_stops_after_its_initial_seeds():
     worse = race.status("b")
     assert worse.state == WORSE and worse.seeds == 3 and worse.best == "a"
     # direct computation: the paired t-test on the 3 seeds, one comparison (Holm = raw p)
-    p = sps.ttest_rel([0.7 + noise[("b", s)] for s in range(3)],
-                      [0.8 + noise[("a", s)] for s in range(3)]).pvalue
+    p = sps.ttest_rel([0.7 + noise[("b", s)] for s in range(3)], [0.8 + noise[("a", s)] for s in range(3)]).pvalue
     assert worse.p_holm == pytest.approx(p) and p < 0.05
     # the winner is alone: clearly the best, with no seed more than it needed
     assert race.status("a").state == BEST and race.status("a").seeds == 3
@@ -74,8 +73,7 @@ def test_equal_differences_are_no_evidence_as_in_the_report():
     validation example apart) have sd 0: t = mean / 0. The report calls this a degenerate
     test, never significant (analysis.intervals.paired_test); the race does not stop the
     config on it, and keeps it out of Holm's family (the other config's p is its raw p)."""
-    values = {("a", 0): 0.80, ("a", 1): 0.82, ("b", 0): 0.79, ("b", 1): 0.81,
-              ("c", 0): 0.60, ("c", 1): 0.64}
+    values = {("a", 0): 0.80, ("a", 1): 0.82, ("b", 0): 0.79, ("b", 1): 0.81, ("c", 0): 0.60, ("c", 1): 0.64}
     values.update({(c, s): values[(c, s % 2)] + 0.001 * s * (c != "a") for c in "abc" for s in range(2, 6)})
     race = SeedRace(list("abc"), list(range(6)), initial=2)
     for config_id, seed in [race.take() for _ in range(6)]:
@@ -104,8 +102,9 @@ def test_decisions_match_a_direct_paired_t_and_holm_computation():
     mean3 = {c: np.mean([values[(c, s)] for s in range(3)]) for c in means}
     best = max(mean3, key=mean3.get)
     others = [c for c in means if c != best]
-    raw = [sps.ttest_rel([values[(c, s)] for s in range(3)],
-                         [values[(best, s)] for s in range(3)]).pvalue for c in others]
+    raw = [
+        sps.ttest_rel([values[(c, s)] for s in range(3)], [values[(best, s)] for s in range(3)]).pvalue for c in others
+    ]
     adjusted = dict(zip(others, holm_direct(raw)))
     for c in others:
         status = race.status(c)
@@ -137,7 +136,7 @@ def test_cells_are_offered_round_by_round_config_by_config_and_stay_paired():
 def test_min_mode_step_failure_and_restored_decisions():
     race = SeedRace(["a", "b", "c"], list(range(4)), initial=2, mode="min")
     race.restore("c", RaceStatus(2, WORSE, "decided earlier", 0.01, "a"))
-    for c in ("a", "b"):
+    for _c in ("a", "b"):
         race.take()
         race.take()
     race.record("a", 0, 1.0)
@@ -175,14 +174,17 @@ def _quickstart_with(tmp_path, seeds: str):
     return path
 
 
-@pytest.mark.parametrize("seeds, message", [
-    ("{initial: 3}", "seeds.max (line 72): missing required field 'max'"),
-    ("{initial: 1, max: 4}", "seeds.initial (line 72): expected greater than or equal to 2"),
-    ("{initial: 4, max: 3}", "initial (4) must be at most max (3)"),
-    ("{initial: 3, max: 4, sequence: [1, 2, 3]}", "sequence has 3 seeds; expected max = 4"),
-    ("{initial: 3, max: 10, until: {level: 2}}", "seeds.until.level (line 72): expected less than 1"),
-    ("{initial: 3, max: 10, until: {metric: test/top77}}", "seeds.until.metric (line 72): racing needs"),
-])
+@pytest.mark.parametrize(
+    "seeds, message",
+    [
+        ("{initial: 3}", "seeds.max (line 72): missing required field 'max'"),
+        ("{initial: 1, max: 4}", "seeds.initial (line 72): expected greater than or equal to 2"),
+        ("{initial: 4, max: 3}", "initial (4) must be at most max (3)"),
+        ("{initial: 3, max: 4, sequence: [1, 2, 3]}", "sequence has 3 seeds; expected max = 4"),
+        ("{initial: 3, max: 10, until: {level: 2}}", "seeds.until.level (line 72): expected less than 1"),
+        ("{initial: 3, max: 10, until: {metric: test/top77}}", "seeds.until.metric (line 72): racing needs"),
+    ],
+)
 def test_racing_block_errors_name_the_field(tmp_path, seeds, message):
     from studies.studyfile.problems import StudyError
     from studies.studyfile.spec import load_study
@@ -242,10 +244,18 @@ def race_fit(config, seed, on_epoch=None, checkpoint=None):
     start = 0 if checkpoint is None else checkpoint["epoch"] + 1
     for epoch in range(start, config["epochs"]):
         if on_epoch is not None:
-            on_epoch(epoch, {"epoch": epoch, "train/loss": 1.0, "val/top1": value,
-                             "epoch_time_s": 0.01}, {"epoch": epoch, "config": dict(config)})
-    return {"best_epoch": config["epochs"] - 1, "best_val": value, "test": {"top1": value},
-            "per_class": {"class": [0], "top1": [value]}, "history": []}
+            on_epoch(
+                epoch,
+                {"epoch": epoch, "train/loss": 1.0, "val/top1": value, "epoch_time_s": 0.01},
+                {"epoch": epoch, "config": dict(config)},
+            )
+    return {
+        "best_epoch": config["epochs"] - 1,
+        "best_val": value,
+        "test": {"top1": value},
+        "per_class": {"class": [0], "top1": [value]},
+        "history": [],
+    }
 
 
 def racing_study(tmp_path, name: str):
@@ -274,16 +284,21 @@ def decisions(server: str, name: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.slow
-def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(
-        local_ray, mlflow_server, tmp_path):
+def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
     from studies.running.runner import RunOptions, run_study
     from tests.test_runner import child_runs
 
     def options(**kw):
-        return RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server, report=False,
-                          progress_interval_s=5.0, fit_fn=race_fit, **kw)
+        return RunOptions(
+            output=tmp_path / "out",
+            tracking_uri=mlflow_server,
+            report=False,
+            progress_interval_s=5.0,
+            fit_fn=race_fit,
+            **kw,
+        )
 
     path = racing_study(tmp_path, "racing-full")
     stream = io.StringIO()
@@ -291,8 +306,7 @@ def test_racing_study_runs_fewer_cells_paired_and_resumes_to_the_same_decisions(
     assert outcome.exit_code == 0, stream.getvalue()
     decided, seeds = decisions(mlflow_server, "racing-full")
     # the two clearly worse configs stop after their 3 initial seeds, the equal ones race to max
-    assert {lr: d["state"] for lr, d in decided.items()} == {
-        0.01: WORSE, 0.02: WORSE, 0.03: MAX, 0.04: MAX}
+    assert {lr: d["state"] for lr, d in decided.items()} == {0.01: WORSE, 0.02: WORSE, 0.03: MAX, 0.04: MAX}
     assert seeds == {0.01: [0, 1, 2], 0.02: [0, 1, 2], 0.03: list(range(6)), 0.04: list(range(6))}
     assert sum(map(len, seeds.values())) == 18 < 4 * 6
     assert "6 cells not needed" in stream.getvalue() and outcome.failed == {}
@@ -342,9 +356,17 @@ def test_racing_and_asha_compose(local_ray, mlflow_server, tmp_path):
     study["scheduler"] = {"kind": "asha", "grace_epochs": 1, "reduction_factor": 2}
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     stream = io.StringIO()
-    outcome = run_study(path, RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server,
-                                         report=False, progress_interval_s=5.0, fit_fn=race_fit,
-                                         stream=stream))
+    outcome = run_study(
+        path,
+        RunOptions(
+            output=tmp_path / "out",
+            tracking_uri=mlflow_server,
+            report=False,
+            progress_interval_s=5.0,
+            fit_fn=race_fit,
+            stream=stream,
+        ),
+    )
     assert outcome.exit_code == 0, stream.getvalue()
     by_config: dict[float, list] = {}
     for run in child_runs(mlflow_server, "racing-asha"):

@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.measured_process import Measured, run_measured  # noqa: F401  (Measured: the type of a result)
+from tests.measured_process import Measured, run_measured
 
 REPO = Path(__file__).resolve().parents[1]
 #: every refusal below must stay under this peak memory (issue 25) and time
@@ -55,8 +54,7 @@ def assert_refused(result: Measured, *fragments: str) -> None:
 
 def tree(root: Path) -> dict[str, int]:
     """Every path under `root` with its size (folders: -1)."""
-    return {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1)
-            for p in sorted(root.rglob("*"))}
+    return {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1) for p in sorted(root.rglob("*"))}
 
 
 def sqlite_store(path: Path, *experiments: str) -> str:
@@ -111,8 +109,7 @@ def test_an_unknown_study_name_lists_the_studies_there_nearest_first(tmp_path):
         (output / name / "run.json").write_text("{}")
     (output / "not_a_study").mkdir()
     result = run_measured("report", "alpha_stduy", "--output", str(output))
-    assert_refused(result, "no study named 'alpha_stduy'", "did you mean 'alpha_study'?",
-                   "alpha_study, beta, gamma")
+    assert_refused(result, "no study named 'alpha_stduy'", "did you mean 'alpha_study'?", "alpha_study, beta, gamma")
     assert "not_a_study" not in result.err
     assert not (output / "alpha_stduy").exists()
 
@@ -130,26 +127,37 @@ def test_a_broken_or_mistyped_store_is_refused_by_name_and_left_as_it_was(tmp_pa
         handle.truncate((cut / "mlflow.db").stat().st_size // 2)
     before = tree(tmp_path)
 
-    assert_refused(run_measured("report", "empty", "--output", str(output)),
-                   str(empty / "mlflow.db"), "is empty (0 bytes)")
-    assert_refused(run_measured("export", "cut", "--output", str(output)),
-                   str(cut / "mlflow.db"), "is truncated")
+    assert_refused(
+        run_measured("report", "empty", "--output", str(output)), str(empty / "mlflow.db"), "is empty (0 bytes)"
+    )
+    assert_refused(run_measured("export", "cut", "--output", str(output)), str(cut / "mlflow.db"), "is truncated")
     typo = tmp_path / "typo" / "mlflow.db"
-    assert_refused(run_measured("report", "cut", "--output", str(output), "--tracking-uri", f"sqlite:///{typo}"),
-                   str(typo), "no such file", "--tracking-uri")
+    assert_refused(
+        run_measured("report", "cut", "--output", str(output), "--tracking-uri", f"sqlite:///{typo}"),
+        str(typo),
+        "no such file",
+        "--tracking-uri",
+    )
     assert tree(tmp_path) == before  # no store created, none modified, no report folder
 
 
 def test_a_broken_run_json_is_refused_by_name(tmp_path):
     output = tmp_path / "out"
     (output / "listed").mkdir(parents=True)
-    (output / "listed" / "run.json").write_text('[1, 2]')
-    assert_refused(run_measured("report", "listed", "--output", str(output)),
-                   str(output / "listed" / "run.json"), "JSON list", "expected")
+    (output / "listed" / "run.json").write_text("[1, 2]")
+    assert_refused(
+        run_measured("report", "listed", "--output", str(output)),
+        str(output / "listed" / "run.json"),
+        "JSON list",
+        "expected",
+    )
     (output / "piped").mkdir()
     os.mkfifo(output / "piped" / "run.json")  # reading it would block forever
-    assert_refused(run_measured("export", "piped", "--output", str(output), timeout=REFUSAL_S),
-                   str(output / "piped" / "run.json"), "FIFO")
+    assert_refused(
+        run_measured("export", "piped", "--output", str(output), timeout=REFUSAL_S),
+        str(output / "piped" / "run.json"),
+        "FIFO",
+    )
     (output / "typed").mkdir()
     (output / "typed" / "run.json").write_text('{"tracking_uri": 5}')
     from studies.readback import ReadBackError
@@ -230,8 +238,10 @@ def test_a_deep_flow_nesting_is_refused_in_linear_time(tmp_path):
 def test_brackets_in_quotes_comments_and_plain_words_do_not_count_as_nesting():
     from studies.studyfile.spec import StudyError, parse_study
 
-    text = ("name: fine\nbase: {loss: {name: ce}}\nseeds: [0]\n"
-            "description: '" + "[{" * 100 + "'' and \"[[\"'  # " + "[" * 100 + "\n")
+    text = (
+        "name: fine\nbase: {loss: {name: ce}}\nseeds: [0]\n"
+        "description: '" + "[{" * 100 + "'' and \"[[\"'  # " + "[" * 100 + "\n"
+    )
     assert parse_study(text).name == "fine"
     assert parse_study(text.replace("description: '", "description: a'").replace("# ", "# x")).name == "fine"
     started = time.monotonic()
@@ -247,10 +257,13 @@ def test_a_study_named_like_a_smoke_run_is_refused(tmp_path):
     assert_refused(result, "name (line 1)", "'a-smoke' ends with '-smoke'", "smoke runs of study 'a'")
 
 
-@pytest.mark.parametrize("field, value, expect", [
-    ("data", "{name: synthetic, num_workers: 10000}", "base.data.num_workers"),
-    ("model", "{name: mlp, hidden_dim: 1000000000}", "base.model.hidden_dim"),
-])
+@pytest.mark.parametrize(
+    "field, value, expect",
+    [
+        ("data", "{name: synthetic, num_workers: 10000}", "base.data.num_workers"),
+        ("model", "{name: mlp, hidden_dim: 1000000000}", "base.model.hidden_dim"),
+    ],
+)
 def test_values_that_would_exhaust_the_machine_are_refused_by_the_dry_run(tmp_path, field, value, expect):
     path = tmp_path / "big.yaml"
     other = "model: {name: mlp}" if field == "data" else "data: {name: synthetic}"
@@ -266,7 +279,8 @@ def test_values_that_would_exhaust_the_machine_are_refused_by_the_dry_run(tmp_pa
 def _long_study(folder: Path, name: str) -> Path:
     """A study whose cells take long enough to be stopped mid-way (one CPU, one at a time)."""
     path = folder / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         name: {name}
         base:
           data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 4000,
@@ -282,7 +296,8 @@ def _long_study(folder: Path, name: str) -> Path:
         resources: {{cpus: 1}}
         max_concurrent: 1
         log_models: false
-        """))
+        """)
+    )
     return path
 
 
@@ -299,9 +314,25 @@ def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["RAY_ADDRESS"] = ""  # a local Ray of its own
     process = subprocess.Popen(
-        [sys.executable, "-m", "studies.cli", "run", str(_long_study(tmp_path, name)), "--output", str(output),
-         "--num-cpus", "1", "--no-report"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "run",
+            str(_long_study(tmp_path, name)),
+            "--output",
+            str(output),
+            "--num-cpus",
+            "1",
+            "--no-report",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
     reader.start()
@@ -317,8 +348,9 @@ def test_sigterm_and_sighup_stop_the_driver_like_ctrl_c(tmp_path, signame, code)
         # the driver's own high-water mark so far (VmHWM: of its address space since exec; its
         # ru_maxrss would include this pytest process's, inherited through fork)
         status_text = Path(f"/proc/{process.pid}/status").read_text()
-        driver_peak_mb = int(next(line.split()[1] for line in status_text.splitlines()
-                                  if line.startswith("VmHWM:"))) / 1024
+        driver_peak_mb = (
+            int(next(line.split()[1] for line in status_text.splitlines() if line.startswith("VmHWM:"))) / 1024
+        )
         os.kill(process.pid, getattr(signals, signame))
         stopped = time.monotonic()
         _, status, _usage = os.wait4(process.pid, 0)
@@ -384,8 +416,7 @@ def test_a_run_artifact_is_read_with_bounds(tmp_path):
         local = tmp_path / kind
         local.mkdir()
         rows = 15_000_000 if kind == "many_rows" else 3
-        table = pa.table({"class": pa.repeat(pa.scalar(0, pa.int32()), rows),
-                          "top1": pa.repeat(pa.scalar(1.0), rows)})
+        table = pa.table({"class": pa.repeat(pa.scalar(0, pa.int32()), rows), "top1": pa.repeat(pa.scalar(1.0), rows)})
         target = local / "per_class_test.parquet"
         if kind == "folder":  # a folder in the artifact's place, holding one seed's file
             target.mkdir()
@@ -399,8 +430,7 @@ def test_a_run_artifact_is_read_with_bounds(tmp_path):
     found = json.loads(result.out.strip().splitlines()[-1])
     assert found["normal"] == 3
     message, seconds, run = found["many_rows"]
-    assert message.startswith(f"artifact per_class_test.parquet of run {run} has 15,000,000 rows; "
-                              f"expected at most ")
+    assert message.startswith(f"artifact per_class_test.parquet of run {run} has 15,000,000 rows; expected at most ")
     assert seconds < 10
     message, seconds, run = found["folder"]
     assert message.startswith(f"artifact per_class_test.parquet of run {run} is a folder; expected one Parquet")
@@ -428,9 +458,17 @@ def test_export_waits_for_a_locked_store_with_one_warning_line(tmp_path):
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
-    run = client.create_run(client.get_experiment_by_name("held").experiment_id,
-                            tags={"studies.role": "cell", "studies.study": "held", "studies.cell_id": "c0",
-                                  "studies.config_id": "c", "studies.seed": "0", "studies.status": "finished"})
+    run = client.create_run(
+        client.get_experiment_by_name("held").experiment_id,
+        tags={
+            "studies.role": "cell",
+            "studies.study": "held",
+            "studies.cell_id": "c0",
+            "studies.config_id": "c",
+            "studies.seed": "0",
+            "studies.status": "finished",
+        },
+    )
     client.log_metric(run.info.run_id, "test/top1", 0.5)
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(store), "22"], stdout=subprocess.PIPE, text=True)
     try:
@@ -453,8 +491,11 @@ def _hold_when_trials_run(study_dir: Path, seconds: float, holder: list) -> None
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not any(p.is_dir() for p in study_dir.glob("ray/tune-*/*")):
         time.sleep(0.1)
-    process = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(study_dir / "mlflow.db"), str(seconds)],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(study_dir / "mlflow.db"), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     holder.append((process, process.stdout.readline().strip()))
     process.wait(seconds + 30)
 
@@ -476,8 +517,17 @@ def test_a_store_locked_mid_run_is_one_warning_line_and_no_cell_fails(tmp_path, 
     thread = threading.Thread(target=_hold_when_trials_run, args=(output / "held-run", 35.0, holder))
     thread.start()
     try:
-        result = run_measured("run", str(path), "--output", str(output), "--no-report", "--num-cpus", "2",
-                              *(["--verbose"] if verbose else []), timeout=400)
+        result = run_measured(
+            "run",
+            str(path),
+            "--output",
+            str(output),
+            "--no-report",
+            "--num-cpus",
+            "2",
+            *(["--verbose"] if verbose else []),
+            timeout=400,
+        )
     finally:
         thread.join(240)
     assert holder and holder[0][1] == "locked", holder
@@ -499,16 +549,25 @@ def test_a_broken_study_yaml_copy_is_refused_by_name(tmp_path):
     sqlite_store(output / "bomb" / "mlflow.db", "bomb")
     laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9))
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9)
+    )
     (output / "bomb" / "study.yaml").write_text(laughs)  # 9**10 values once expanded
     before = tree(tmp_path)
-    assert_refused(run_measured("report", "bomb", "--output", str(output)),
-                   str(output / "bomb" / "study.yaml"), "expands to more than", "copy of the study file")
+    assert_refused(
+        run_measured("report", "bomb", "--output", str(output)),
+        str(output / "bomb" / "study.yaml"),
+        "expands to more than",
+        "copy of the study file",
+    )
     assert tree(tmp_path) == before  # no report folder
     (output / "piped").mkdir()
     os.mkfifo(output / "piped" / "study.yaml")
-    assert_refused(run_measured("resume", "piped", "--output", str(output), timeout=REFUSAL_S),
-                   str(output / "piped" / "study.yaml"), "not a regular file")
+    assert_refused(
+        run_measured("resume", "piped", "--output", str(output), timeout=REFUSAL_S),
+        str(output / "piped" / "study.yaml"),
+        "not a regular file",
+    )
 
 
 # ----------------------------------------------------------------------------- a resumed cell
@@ -541,8 +600,9 @@ def full_disk_folder(tmp_path):
     """A real 1 MiB tmpfs (mounted for the test; skipped where mounting is not permitted)."""
     folder = tmp_path / "tiny"
     folder.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True, text=True, timeout=30
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()[:200]})")
     try:

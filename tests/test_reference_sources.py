@@ -66,8 +66,11 @@ def test_published_numbers_keep_their_text_and_compare_as_floats(tmp_path):
     info = load_study_info(_write(tmp_path, STUDY.format(name="x")), None)
     gar, icml = info.reference
     row = gar.rows[0]
-    assert [row.metrics["test/top5"].text, row.metrics["test/top1"].text, row.ci["test/top5"].text] \
-        == ["68.20", "65", "0.07"]
+    assert [row.metrics["test/top5"].text, row.metrics["test/top1"].text, row.ci["test/top5"].text] == [
+        "68.20",
+        "65",
+        "0.07",
+    ]
     assert row.metrics["test/top5"] == 68.2 and row.metrics["test/top1"] == 65.0
     assert row.metrics["test/top5"] + row.ci["test/top5"] == pytest.approx(68.27)
     assert icml.rows[0].metrics["test/top5"].text == "94.24"
@@ -98,19 +101,30 @@ def test_one_mapping_is_one_source_labelled_paper(tmp_path):
     assert parse_study(text).reference[0].label == "paper"
 
 
-@pytest.mark.parametrize("block, message", [
-    ('[{source: a, rows: [{metrics: {m: 1}}]}, {source: b, rows: [{metrics: {m: 2}}]}]',
-     "`reference`: source 0 ('a') has no `label`"),
-    ('[{label: x, source: a, rows: [{metrics: {m: 1}}]}, {label: x, source: b, rows: [{metrics: {m: 2}}]}]',
-     "`reference`: the label(s) 'x' name several sources"),
-    ('[{label: x, source: a, rows: [{metrics: {m: 1}}]}, {label: y, source: b, rows: [{metrics: {m: "9"}}]}]',
-     "`reference[1].rows[0].metrics.m`: expected a number as the paper prints it (such as 94.24), got '9'"),
-    ('{source: a, rows: [{metrics: {m: true}}]}',
-     "`reference.rows[0].metrics.m`: expected a number as the paper prints it"),
-    ('{source: a, rows: [{metrics: {m: 1}, cl: {m: 1}}]}', "`reference.rows[0].cl`: unknown field"),
-    ('[{label: x, source: a, rows: [{metrics: {m: 1}, cl: {m: 1}}]}]', "`reference[0].rows[0].cl`: unknown field"),
-    ('[]', "`reference`: expected at least 1 item"),
-])
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        (
+            "[{source: a, rows: [{metrics: {m: 1}}]}, {source: b, rows: [{metrics: {m: 2}}]}]",
+            "`reference`: source 0 ('a') has no `label`",
+        ),
+        (
+            "[{label: x, source: a, rows: [{metrics: {m: 1}}]}, {label: x, source: b, rows: [{metrics: {m: 2}}]}]",
+            "`reference`: the label(s) 'x' name several sources",
+        ),
+        (
+            '[{label: x, source: a, rows: [{metrics: {m: 1}}]}, {label: y, source: b, rows: [{metrics: {m: "9"}}]}]',
+            "`reference[1].rows[0].metrics.m`: expected a number as the paper prints it (such as 94.24), got '9'",
+        ),
+        (
+            "{source: a, rows: [{metrics: {m: true}}]}",
+            "`reference.rows[0].metrics.m`: expected a number as the paper prints it",
+        ),
+        ("{source: a, rows: [{metrics: {m: 1}, cl: {m: 1}}]}", "`reference.rows[0].cl`: unknown field"),
+        ("[{label: x, source: a, rows: [{metrics: {m: 1}, cl: {m: 1}}]}]", "`reference[0].rows[0].cl`: unknown field"),
+        ("[]", "`reference`: expected at least 1 item"),
+    ],
+)
 def test_bad_reference_blocks_are_refused_where_they_are_written(tmp_path, block, message):
     path = _write(tmp_path, f"name: x\nreference: {block}\n")
     with pytest.raises(ReportError) as error:
@@ -121,14 +135,16 @@ def test_bad_reference_blocks_are_refused_where_they_are_written(tmp_path, block
 def test_study_validation_checks_every_source_at_its_line():
     text = STUDY.format(name="x").replace(
         "{variant: noised, match: {optim.lr: 0.05}, metrics: {test/top5: 92.03}}",
-        "{variant: noisy, match: {optim.lr: 0.05}, metrics: {test/top5: 92.03}}")
+        "{variant: noisy, match: {optim.lr: 0.05}, metrics: {test/top5: 92.03}}",
+    )
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "variant: noisy" in t)
     with pytest.raises(StudyError) as error:
         parse_study(text, "s.yaml")
     assert f"reference[1].rows[1].variant (line {line}): unknown variant 'noisy'" in str(error.value)
     # the one-mapping form names its path as written
     single = STUDY.format(name="x").split("reference:")[0] + (
-        "reference:\n  source: t\n  rows:\n    - {variant: noisy, metrics: {test/top5: 1}}\n")
+        "reference:\n  source: t\n  rows:\n    - {variant: noisy, metrics: {test/top5: 1}}\n"
+    )
     with pytest.raises(StudyError) as error:
         parse_study(single, "s.yaml")
     line = len(single.splitlines())
@@ -156,16 +172,28 @@ def report(mlflow_server, tmp_path_factory):
             config = set_path(set_path(BASE_CONFIG, "loss", loss), "optim.lr", lr)
             for seed in (0, 1):
                 top5 = _top5(variant, lr, seed)
-                cells.append(CellRun(variant, config, seed, {"optim.lr": lr},
-                                     epochs=[{"val/top5": 0.5}], test={"top5": top5, "top1": top5 - 0.3},
-                                     best_epoch=0, best_val=0.5))
+                cells.append(
+                    CellRun(
+                        variant,
+                        config,
+                        seed,
+                        {"optim.lr": lr},
+                        epochs=[{"val/top5": 0.5}],
+                        test={"top5": top5, "top1": top5 - 0.3},
+                        best_epoch=0,
+                        best_val=0.5,
+                    )
+                )
     log_study_runs(mlflow_server, name, cells, study_yaml=text)
     study_file = tmp_path_factory.mktemp("refs") / "study.yaml"
     study_file.write_text(text)
     out = tmp_path_factory.mktemp("report") / "report"
     html = build_report(mlflow_server, name, out, study_file=study_file).read_text(encoding="utf-8")
-    return {"md": (out / "report.md").read_text(encoding="utf-8"), "html": html,
-            "tex": (out / "tables.tex").read_text(encoding="utf-8")}
+    return {
+        "md": (out / "report.md").read_text(encoding="utf-8"),
+        "html": html,
+        "tex": (out / "tables.tex").read_text(encoding="utf-8"),
+    }
 
 
 def _md_tables(md: str) -> list[tuple[list[str], list[list[str]]]]:
@@ -173,9 +201,12 @@ def _md_tables(md: str) -> list[tuple[list[str], list[list[str]]]]:
     tables, lines = [], md.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
-            split = lambda t: [c.strip() for c in re.split(r"(?<!\\)\|", t)[1:-1]]
+
+            def split(t):
+                return [c.strip() for c in re.split(r"(?<!\\)\|", t)[1:-1]]
+
             rows = []
-            for body in lines[i + 2:]:
+            for body in lines[i + 2 :]:
                 if not body.startswith("| "):
                     break
                 rows.append(split(body))
@@ -187,8 +218,16 @@ def _md_tables(md: str) -> list[tuple[list[str], list[list[str]]]]:
 def test_report_prints_a_column_per_source_with_the_numbers_as_written(report):
     md = report["md"]
     (header, rows), (vheader, vrows) = _md_tables(md)[:2]
-    assert header == ["variant", "optim.lr", "test/top5", "test/top5 ([Gar23])",
-                      "test/top5 ([GSJS22])", "test/top1", "test/top1 ([Gar23])", "seeds"]
+    assert header == [
+        "variant",
+        "optim.lr",
+        "test/top5",
+        "test/top5 ([Gar23])",
+        "test/top5 ([GSJS22])",
+        "test/top1",
+        "test/top1 ([Gar23])",
+        "seeds",
+    ]
     by_config = {(r[0], r[1]): dict(zip(header, r)) for r in rows}
     ce0, noised1 = by_config[("ce", "0.1")], by_config[("noised", "0.05")]
     assert ce0["test/top5 ([Gar23])"] == "68.20 ± 0.07" and ce0["test/top1 ([Gar23])"] == "65"
@@ -198,15 +237,13 @@ def test_report_prints_a_column_per_source_with_the_numbers_as_written(report):
     mean = (_top5("ce", 0.1, 0) + _top5("ce", 0.1, 1)) / 2 * 100
     assert ce0["test/top5"].startswith(f"{mean:.1f} ± ")
     # the variant layout: a column per variant and source
-    assert vheader == ["optim.lr", "ce", "ce ([Gar23])", "ce ([GSJS22])", "noised",
-                       "noised ([GSJS22])"]
+    assert vheader == ["optim.lr", "ce", "ce ([Gar23])", "ce ([GSJS22])", "noised", "noised ([GSJS22])"]
     by_lr = {r[0]: r for r in vrows}
     assert by_lr["0.1"][2:4] == ["68.20 ± 0.07", "94.24"] and by_lr["0.05"][5] == "92.03"
     # each source named in the captions, and its unmatched row noted with its label
     assert "([Gar23]): published numbers from Thesis Table 4.4, 4 seeds." in md
     assert "([GSJS22]): published numbers from ICML 2022 Table 4, 2 seeds." in md
-    assert "Reference [Gar23], row 1 (noised, match {'optim.lr': 0.4}) matches no " \
-           "finished config" in md
+    assert "Reference [Gar23], row 1 (noised, match {'optim.lr': 0.4}) matches no finished config" in md
     assert "Reference [GSJS22], row" not in md
 
 

@@ -25,15 +25,14 @@ from scipy import stats as sps
 from analysis import plot_style, plots
 from analysis.report import ReportError, build_report, format_mean_ci
 from analysis.stats import summarize
+
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
     from test_collect import BASE_CONFIG, CellRun, log_study_runs, set_path, unique_name
 except ImportError:  # tests imported as a package
-    from tests.test_collect import (BASE_CONFIG, CellRun, log_study_runs, set_path,
-                                    unique_name)
+    from tests.test_collect import BASE_CONFIG, CellRun, log_study_runs, set_path, unique_name
 
 CHROMIUM = Path("/usr/bin/chromium")
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
-        "track", "wbr"}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 STUDY_YAML = """\
 name: {name}
@@ -93,8 +92,7 @@ class StrictParser(HTMLParser):
             self.problems.append(f"<{tag}> not allowed in a self-contained report")
         for key in ("src", "href"):
             value = attrs.get(key)
-            if tag == "a" and key == "href" and value is not None and \
-                    value.startswith(("http://", "https://")):
+            if tag == "a" and key == "href" and value is not None and value.startswith(("http://", "https://")):
                 self.links.append(value)  # navigation (the MLflow UI), not a resource
                 continue
             if tag == "a" and key == "href" and value is not None and value.startswith("figures/"):
@@ -133,10 +131,8 @@ def check_html(text: str) -> StrictParser:
 
 def _value(variant: str, p: float, eps: float, seed: int, metric: str) -> float:
     """Deterministic, distinct per-seed test metrics (fractions in [0, 1])."""
-    base = {"ce": 0.940, "noised": 0.945}[variant] - 0.3 * p + (0.004 if eps == 0.2 else
-                                                                  0.01 * eps)
-    offset = {"top5": 0.0, "top1": -0.25, "few/top5": -0.3, "medium/top5": -0.1,
-              "many/top5": 0.02}[metric]
+    base = {"ce": 0.940, "noised": 0.945}[variant] - 0.3 * p + (0.004 if eps == 0.2 else 0.01 * eps)
+    offset = {"top5": 0.0, "top1": -0.25, "few/top5": -0.3, "medium/top5": -0.1, "many/top5": 0.02}[metric]
     # seed effects differ between variants so that paired differences vary by seed
     noise = {"ce": (0.0013, 0.0007), "noised": (0.0004, 0.0011)}[variant]
     return round(base + offset + noise[0] * seed + noise[1] * seed * seed, 6)
@@ -147,10 +143,15 @@ METRICS = ("top5", "top1", "few/top5", "medium/top5", "many/top5")
 
 def _cell(variant, config, seed, swept, p, eps, **extra):
     return CellRun(
-        variant, config, seed, swept,
+        variant,
+        config,
+        seed,
+        swept,
         epochs=[{"train/loss": 1.0, "val/top5": 0.9, "epoch_time_s": 2.0 + seed}],
         test={m: _value(variant, p, eps, seed, m) for m in METRICS},
-        best_epoch=0, best_val=0.9, **extra,
+        best_epoch=0,
+        best_val=0.9,
+        **extra,
     )
 
 
@@ -158,16 +159,14 @@ def _cell(variant, config, seed, swept, p, eps, **extra):
 def report_study(mlflow_server, tmp_path_factory):
     name = unique_name("report")
     text = STUDY_YAML.format(name=name)
-    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2,
-                                           "n_samples": 5})
+    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 5})
     cells, expected = [], {}
 
     def add(variant, config, swept, p, eps, seeds=(0, 1, 2)):
         for seed in seeds:
             cells.append(_cell(variant, config, seed, swept, p, eps))
             for m in METRICS:
-                expected.setdefault((variant, p, eps, m), []).append(
-                    _value(variant, p, eps, seed, m))
+                expected.setdefault((variant, p, eps, m), []).append(_value(variant, p, eps, seed, m))
 
     for p in (0.0, 0.1):
         ce = set_path(set_path(base, "loss", {"name": "ce"}), "data.label_noise", p)
@@ -176,21 +175,27 @@ def report_study(mlflow_server, tmp_path_factory):
     for eps in (0.0, 0.01, 1.0):
         config = set_path(base, "loss.epsilon", eps)
         # eps = 1.0: seed 0 finished only (n = 1), seed 1 failed, seed 2 unfinished
-        add("noised", config, {"loss.epsilon": eps}, 0.0, eps,
-            seeds=(0,) if eps == 1.0 else (0, 1, 2))
+        add("noised", config, {"loss.epsilon": eps}, 0.0, eps, seeds=(0,) if eps == 1.0 else (0, 1, 2))
         if eps == 1.0:
-            cells.append(CellRun("noised", config, 1, {"loss.epsilon": eps}, status="failed",
-                                 error=ERROR + "\nTraceback line 2"))
-            cells.append(CellRun("noised", config, 2, {"loss.epsilon": eps},
-                                 status="running"))
+            cells.append(
+                CellRun("noised", config, 1, {"loss.epsilon": eps}, status="failed", error=ERROR + "\nTraceback line 2")
+            )
+            cells.append(CellRun("noised", config, 2, {"loss.epsilon": eps}, status="running"))
     log_study_runs(mlflow_server, name, cells, study_yaml=text)
     study_file = tmp_path_factory.mktemp("study") / f"{name}.yaml"
     study_file.write_text(text)
     out_dir = tmp_path_factory.mktemp("report") / name / "report"
     path = build_report(mlflow_server, name, out_dir, study_file=study_file)
-    return {"name": name, "html_path": path, "out_dir": out_dir, "expected": expected,
-            "uri": mlflow_server, "html": path.read_text(encoding="utf-8"),
-            "md": (out_dir / "report.md").read_text(encoding="utf-8"), "yaml": text}
+    return {
+        "name": name,
+        "html_path": path,
+        "out_dir": out_dir,
+        "expected": expected,
+        "uri": mlflow_server,
+        "html": path.read_text(encoding="utf-8"),
+        "md": (out_dir / "report.md").read_text(encoding="utf-8"),
+        "yaml": text,
+    }
 
 
 def _cell_text(values, digits=1):
@@ -249,8 +254,9 @@ def test_paired_comparison_matches_scipy(report_study):
     # one metric and one compared variant: said once in the title, not in every row
     assert "### Each variant against the baseline 'ce' (metric: test/top5; variant: noised)" in section
     header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
-    assert header == ("| config | baseline config | pairs (seeds) | mean difference [95% CI] "
-                      "| p (paired t) | p (Holm) | note |")
+    assert header == (
+        "| config | baseline config | pairs (seeds) | mean difference [95% CI] | p (paired t) | p (Holm) | note |"
+    )
     # noised at p=0.1 pairs with ce at p=0.1 only; eps sweep configs pair with ce at p=0
     assert len(rows) == 5 and "| p=0.1 | p=0.1 |" in section
     assert sum(row.startswith("| ε=") and "| p=0 |" in row for row in rows) == 3
@@ -295,7 +301,10 @@ def _latex_tables(text: str) -> list[dict]:
             header, rest = lines[0], lines[2:]  # the header is repeated on every page
         else:
             header, rest = lines[0], lines[1:]
-        split = lambda line: [c.strip() for c in re.split(r"(?<!\\)&", line[:-2])]
+
+        def split(line):
+            return [c.strip() for c in re.split(r"(?<!\\)&", line[:-2])]
+
         tables.append({"spec": spec, "header": split(header), "rows": [split(r) for r in rest]})
     assert text.count(r"\toprule") == text.count(r"\bottomrule") >= len(tables)
     return tables
@@ -320,12 +329,19 @@ def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_s
     assert "NonFiniteLossError" not in tex
     if shutil.which("pdflatex"):
         document = tmp_path / "paper.tex"
-        document.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
-                            "\\usepackage{longtable}\n\\begin{document}\n\\input{"
-                            f"{report_study['out_dir'] / 'tables.tex'}" "}\n\\end{document}\n")
-        result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
-                                 document.name], cwd=tmp_path, capture_output=True, text=True,
-                                timeout=300)
+        document.write_text(
+            "\\documentclass{article}\n\\usepackage{booktabs}\n"
+            "\\usepackage{longtable}\n\\begin{document}\n\\input{"
+            f"{report_study['out_dir'] / 'tables.tex'}"
+            "}\n\\end{document}\n"
+        )
+        result = subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document.name],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stdout[-3000:]
         assert (tmp_path / "paper.pdf").stat().st_size > 1000
 
@@ -368,22 +384,31 @@ def test_failed_cells_study_file_and_provenance(report_study):
     assert "loss.epsilon: [0.0, 0.01, 1.0]" in md  # the study file
     assert "loss.epsilon: [0.0, 0.01, 1.0]" in html_text
     assert report_study["uri"] in md
-    for item in ("date (UTC)", "project git commit", "mlflow 3.", "numpy", "scipy",
-                 "parent run"):
+    for item in ("date (UTC)", "project git commit", "mlflow 3.", "numpy", "scipy", "parent run"):
         assert item in md, item
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CHROMIUM.exists(),
-                    reason="/usr/bin/chromium not installed (apt-get install -y chromium): "
-                           "the headless render check needs it; the HTML is still parsed")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="/usr/bin/chromium not installed (apt-get install -y chromium): "
+    "the headless render check needs it; the HTML is still parsed",
+)
 def test_html_renders_in_headless_chromium(report_study, tmp_path):
     shot = tmp_path / "shot.png"
     command = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
-        f"--screenshot={shot}", "--window-size=1200,2400", "--hide-scrollbars",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--screenshot={shot}",
+        "--window-size=1200,2400",
+        "--hide-scrollbars",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
         report_study["html_path"].resolve().as_uri(),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180)
@@ -399,8 +424,7 @@ def test_bad_report_block_names_file_and_path(report_study, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(report_study["yaml"].replace("columns: variant", "columns: sideways"))
     with pytest.raises(ReportError, match=r"bad\.yaml.*report\.tables\[1\]\.columns"):
-        build_report(report_study["uri"], report_study["name"], tmp_path / "out",
-                     study_file=bad)
+        build_report(report_study["uri"], report_study["name"], tmp_path / "out", study_file=bad)
 
 
 def test_report_schema_defaults_are_those_of_the_statistics():
@@ -415,15 +439,20 @@ def test_report_schema_defaults_are_those_of_the_statistics():
     assert ReportTable(metrics=["test/top5"], swept="data.label_noise").swept == ["data.label_noise"]
 
 
-@pytest.mark.parametrize("block, message", [
-    ("report: {tables: [{metrics: [test/top5], columns: sideways}]}",
-     "`report.tables[0].columns`: expected 'metrics' or 'variant', got 'sideways'"),
-    ("report: {tables: [{metrics: []}]}", "`report.tables[0].metrics`: expected at least 1 item"),
-    ("report: {curves: [{x: loss.k}]}", "`report.curves[0].metric`: missing required field"),
-    ("report: {tabels: []}", "`report.tabels`: unknown field"),
-    ("report: {epoch_time: {y: 1}}", "`report.epoch_time`: expected true, false or {x: <dotted path>}"),
-    ("reference: {rows: [{metrics: {test/top5: 94.2}}]}", "`reference.source`: missing required field"),
-])
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        (
+            "report: {tables: [{metrics: [test/top5], columns: sideways}]}",
+            "`report.tables[0].columns`: expected 'metrics' or 'variant', got 'sideways'",
+        ),
+        ("report: {tables: [{metrics: []}]}", "`report.tables[0].metrics`: expected at least 1 item"),
+        ("report: {curves: [{x: loss.k}]}", "`report.curves[0].metric`: missing required field"),
+        ("report: {tabels: []}", "`report.tabels`: unknown field"),
+        ("report: {epoch_time: {y: 1}}", "`report.epoch_time`: expected true, false or {x: <dotted path>}"),
+        ("reference: {rows: [{metrics: {test/top5: 94.2}}]}", "`reference.source`: missing required field"),
+    ],
+)
 def test_study_file_blocks_are_checked_by_the_schema(tmp_path, block, message):
     from analysis.report import load_study_info
 
@@ -439,27 +468,33 @@ def test_study_file_blocks_are_checked_by_the_schema(tmp_path, block, message):
 
 def _summary_rows():
     rows = []
-    for variant, times in (("ce", None), ("noised", None), ("hinge", "linear")):
+    for variant, _times in (("ce", None), ("noised", None), ("hinge", "linear")):
         for k in (1, 3, 5, 10):
             if variant == "ce" and k != 5:
                 continue
             swept = {} if variant == "ce" else {"loss.k": k}
             for seed in range(3):
                 t = {"ce": 65.0, "noised": 68.0, "hinge": 60 + 3 * k}[variant] + seed
-                rows.append({
-                    "config_id": f"{variant}{k}", "seed": seed, "variant": variant,
-                    "swept": json.dumps(swept), "param:loss.k": k,
-                    "param:loss.name": variant, "mean:epoch_time_s": t,
-                    "test/few/top5": 0.3 + 0.01 * k, "test/medium/top5": 0.7,
-                    "test/many/top5": 0.9 - 0.001 * seed,
-                })
+                rows.append(
+                    {
+                        "config_id": f"{variant}{k}",
+                        "seed": seed,
+                        "variant": variant,
+                        "swept": json.dumps(swept),
+                        "param:loss.k": k,
+                        "param:loss.name": variant,
+                        "mean:epoch_time_s": t,
+                        "test/few/top5": 0.3 + 0.01 * k,
+                        "test/medium/top5": 0.7,
+                        "test/many/top5": 0.9 - 0.001 * seed,
+                    }
+                )
     return rows
 
 
 def test_epoch_time_and_shot_group_figures(tmp_path):
     rows = _summary_rows()
-    summary = summarize(rows, ["mean:epoch_time_s", "test/few/top5", "test/medium/top5",
-                               "test/many/top5"])
+    summary = summarize(rows, ["mean:epoch_time_s", "test/few/top5", "test/medium/top5", "test/many/top5"])
     png, svg = plots.epoch_time_vs_k(summary, tmp_path / "epoch_time")
     assert png.suffix == ".png" and svg.suffix == ".svg"
     assert Image.open(png).format == "PNG"
@@ -492,21 +527,17 @@ def test_parser_catches_unbalanced_html():
 def test_default_report_without_study_file(mlflow_server, tmp_path):
     """No study file and no study.yaml artifact: default table, curve, epoch time, bars."""
     name = unique_name("defaults")
-    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2,
-                                           "n_samples": 5})
+    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 5})
     cells, expected = [], {}
     ce = set_path(base, "loss", {"name": "ce", "k": 5})
     for seed in (0, 1):
         cells.append(_cell("ce", ce, seed, {}, 0.0, 0.2))
         expected.setdefault("ce", []).append(_value("ce", 0.0, 0.2, seed, "top5"))
         for k in (1, 5, 10):
-            cell = _cell("noised", set_path(base, "loss.k", k), seed, {"loss.k": k}, 0.0,
-                         k / 10)
-            cell.epochs = [{"train/loss": 1.0, "epoch_time_s": 10.0 * k + e + seed}
-                           for e in range(3)]
+            cell = _cell("noised", set_path(base, "loss.k", k), seed, {"loss.k": k}, 0.0, k / 10)
+            cell.epochs = [{"train/loss": 1.0, "epoch_time_s": 10.0 * k + e + seed} for e in range(3)]
             cells.append(cell)
-            expected.setdefault(("noised", k), []).append(_value("noised", 0.0, k / 10, seed,
-                                                                 "top5"))
+            expected.setdefault(("noised", k), []).append(_value("noised", 0.0, k / 10, seed, "top5"))
     log_study_runs(mlflow_server, name, cells)
     path = build_report(mlflow_server, name, tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
@@ -516,15 +547,13 @@ def test_default_report_without_study_file(mlflow_server, tmp_path):
     for values in expected.values():
         assert _cell_text(values) in md  # n = 2: t on 1 degree of freedom
     figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("*.png"))
-    assert figures == ["curve_1_test_top5_vs_loss_k.png", "epoch_time_vs_k.png",
-                       "shot_groups_top5.png"]
+    assert figures == ["curve_1_test_top5_vs_loss_k.png", "epoch_time_vs_k.png", "shot_groups_top5.png"]
     assert parser.images == 3
     svg = (tmp_path / "report" / "figures" / "epoch_time_vs_k.svg").read_text()
     assert "noised_topk" in svg and "ce" in svg
     assert "### Each variant against the baseline 'ce'" in md  # alphabetical default
 
-    boot = build_report(mlflow_server, name, tmp_path / "boot", ci_method="bootstrap",
-                        level=0.9)
+    boot = build_report(mlflow_server, name, tmp_path / "boot", ci_method="bootstrap", level=0.9)
     md = boot.with_suffix(".md").read_text()
     assert "Mean [bounds] of the 90% confidence interval" in md and "percentile bootstrap" in md
     # two seeds: resampled means are a, (a+b)/2, b with mass 1/4, 1/2, 1/4, so the 5% and
@@ -536,8 +565,7 @@ def test_default_report_without_study_file(mlflow_server, tmp_path):
 @pytest.mark.slow
 def test_report_of_a_study_where_every_cell_failed(mlflow_server, tmp_path):
     name = unique_name("allfailed")
-    cells = [CellRun("ce", BASE_CONFIG, s, {}, status="failed", error=f"boom {s}")
-             for s in range(2)]
+    cells = [CellRun("ce", BASE_CONFIG, s, {}, status="failed", error=f"boom {s}") for s in range(2)]
     log_study_runs(mlflow_server, name, cells)
     path = build_report(mlflow_server, name, tmp_path)
     check_html(path.read_text())
@@ -554,20 +582,20 @@ def test_learning_curves_from_the_logged_epochs(mlflow_server, tmp_path):
     from analysis.stats import epoch_curves
 
     name = unique_name("learning")
-    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2,
-                                           "n_samples": 5})
+    base = set_path(BASE_CONFIG, "loss", {"name": "noised_topk", "k": 5, "epsilon": 0.2, "n_samples": 5})
     cells, logged = [], {}
     for eps in (0.01, 1.0):
         for seed in (0, 1, 2):
             values = [round(0.3 + 0.1 * e + eps / 20 + 0.013 * seed * (e + 1), 6) for e in range(4)]
-            cell = _cell("noised", set_path(base, "loss.epsilon", eps), seed, {"loss.epsilon": eps},
-                         0.0, eps)
+            cell = _cell("noised", set_path(base, "loss.epsilon", eps), seed, {"loss.epsilon": eps}, 0.0, eps)
             cell.epochs = [{"train/loss": 2.0 - v, "val/top5": v} for v in values]
             cells.append(cell)
             logged.setdefault(eps, []).append(values)
-    text = (f"name: {name}\nbase: {{loss: {{name: noised_topk, k: 5, epsilon: 0.2}}}}\n"
-            "design:\n  - {kind: grid, parameters: {loss.epsilon: [0.01, 1.0]}}\nseeds: [0, 1, 2]\n"
-            "report:\n  learning_curves: [val/top5, train/loss, val/top1]\n")
+    text = (
+        f"name: {name}\nbase: {{loss: {{name: noised_topk, k: 5, epsilon: 0.2}}}}\n"
+        "design:\n  - {kind: grid, parameters: {loss.epsilon: [0.01, 1.0]}}\nseeds: [0, 1, 2]\n"
+        "report:\n  learning_curves: [val/top5, train/loss, val/top1]\n"
+    )
     log_study_runs(mlflow_server, name, cells, study_yaml=text)
 
     history = collect_histories(collect(mlflow_server, name), ["val/top5"])
@@ -579,8 +607,7 @@ def test_learning_curves_from_the_logged_epochs(mlflow_server, tmp_path):
         column = np.asarray([values[row["epoch"]] for values in logged[eps]])
         half = sps.t.ppf(0.975, 2) * column.std(ddof=1) / np.sqrt(3)
         assert row["n"] == 3 and row["mean"] == pytest.approx(column.mean(), abs=1e-9)
-        assert (row["ci_low"], row["ci_high"]) == pytest.approx(
-            (column.mean() - half, column.mean() + half), abs=1e-9)
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx((column.mean() - half, column.mean() + half), abs=1e-9)
 
     study_file = tmp_path / f"{name}.yaml"
     study_file.write_text(text)
@@ -617,8 +644,12 @@ def test_set_size_histograms_of_average_k(mlflow_server, tmp_path):
             cell.variant = variant
             cell.test["avg5"] = 0.8 + 0.05 * (variant == "avg") + 0.01 * seed
             keys = sorted(counts)
-            cell.set_sizes = {"avgk": ["5"] * len(keys), "shot": [k[0] for k in keys],
-                              "size": [k[1] for k in keys], "count": [counts[k] for k in keys]}
+            cell.set_sizes = {
+                "avgk": ["5"] * len(keys),
+                "shot": [k[0] for k in keys],
+                "size": [k[1] for k in keys],
+                "count": [counts[k] for k in keys],
+            }
             cells.append(cell)
     text = f"name: {name}\nvariants: {{ce: {{}}, avg: {{}}}}\nseeds: [0, 1]\n"
     log_study_runs(mlflow_server, name, cells, study_yaml=text)
@@ -646,8 +677,7 @@ def test_set_size_histograms_of_average_k(mlflow_server, tmp_path):
 def test_ci_band_of_an_accuracy_stays_within_0_and_100_percent():
     from analysis.plots import _band
 
-    points = [{"ci_low": -0.1, "ci_high": 1.2}, {"ci_low": None, "ci_high": None},
-              {"ci_low": 0.3, "ci_high": 0.5}]
+    points = [{"ci_low": -0.1, "ci_high": 1.2}, {"ci_low": None, "ci_high": None}, {"ci_low": 0.3, "ci_high": 0.5}]
     low, high = _band(points, "val/top5", 100.0)
     assert low[0] == 0.0 and high[0] == 100.0 and (low[2], high[2]) == pytest.approx((30.0, 50.0))
     assert np.isnan(low[1]) and np.isnan(high[1])
@@ -683,10 +713,22 @@ def _measure(report: Path, width: int, tmp_path: Path) -> dict:
     page = tmp_path / f"measure_{width}.html"
     page.write_text(MEASURE.format(src=report.resolve().as_uri(), width=width))
     done = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
-         "--allow-file-access-from-files", f"--user-data-dir={tmp_path / 'profile'}",
-         "--window-size=1500,1000", "--virtual-time-budget=10000", "--dump-dom",
-         page.as_uri()], capture_output=True, text=True, timeout=120)
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--allow-file-access-from-files",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1500,1000",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.S)
     assert found and found.group(1), done.stderr[-2000:]
     return json.loads(html.unescape(found.group(1)))
@@ -735,9 +777,14 @@ def test_a_parameter_is_written_one_way_with_the_papers_symbol(report_study):
     assert "| ε (loss.epsilon) |" in md and "| p (data.label_noise) |" in md
     assert "test/top5 vs ε (loss.epsilon)" in md and "| ε=0.01 | p=0 |" in md
     assert "ε (loss.epsilon)" in text
-    cells = [type("Cell", (), {"cell_id": f"c{i}", "config_id": f"c{i}", "variant": "noised",
-                               "swept": {"loss.epsilon": eps}, "seed": 0})()
-             for i, eps in enumerate((0.01, 1.0))]
+    cells = [
+        type(
+            "Cell",
+            (),
+            {"cell_id": f"c{i}", "config_id": f"c{i}", "variant": "noised", "swept": {"loss.epsilon": eps}, "seed": 0},
+        )()
+        for i, eps in enumerate((0.01, 1.0))
+    ]
     assert run_names(cells)["c0"] == "noised " + assignments({"loss.epsilon": 0.01})[0] + " s0"
 
 
@@ -755,8 +802,11 @@ def test_a_variant_has_one_colour_in_every_figure(report_study):
         drawn = set(re.findall(r"#[0-9a-f]{6}", svg.read_text()))
         assert colors["noised"] in drawn, svg.name
         assert not drawn & others, (svg.name, drawn & others)
-    for name in ("curve_1_test_top5_vs_loss_epsilon.svg", "curve_2_test_top5_vs_data_label_noise.svg",
-                 "shot_groups_top5.svg"):
+    for name in (
+        "curve_1_test_top5_vs_loss_epsilon.svg",
+        "curve_2_test_top5_vs_data_label_noise.svg",
+        "shot_groups_top5.svg",
+    ):
         assert colors["ce"] in set(re.findall(r"#[0-9a-f]{6}", (figures / name).read_text())), name
     bars = set(re.findall(r"#[0-9a-f]{6}", (figures / "shot_groups_top5.svg").read_text()))
     assert len(bars & shades["noised"]) == 5 and len(bars & shades["ce"]) == 2
@@ -767,15 +817,25 @@ def test_one_wide_interval_does_not_stretch_the_curve(tmp_path):
     the means and the other intervals, the wide one is cut by the axes and said so."""
     from matplotlib.figure import Figure
 
-    rows = [{"config_id": f"c{i}", "variant": "noised", "metric": "test/top5",
-             "swept": json.dumps({"loss.epsilon": eps}), "param:loss.epsilon": eps, "n": 3,
-             "mean": mean, "ci_low": low, "ci_high": high, "level": 0.95}
-            for i, (eps, mean, low, high) in enumerate([(0.0, 0.945, 0.94, 0.95),
-                                                         (0.1, 0.95, 0.30, 1.0),
-                                                         (1.0, 0.94, 0.935, 0.945)])]
+    rows = [
+        {
+            "config_id": f"c{i}",
+            "variant": "noised",
+            "metric": "test/top5",
+            "swept": json.dumps({"loss.epsilon": eps}),
+            "param:loss.epsilon": eps,
+            "n": 3,
+            "mean": mean,
+            "ci_low": low,
+            "ci_high": high,
+            "level": 0.95,
+        }
+        for i, (eps, mean, low, high) in enumerate(
+            [(0.0, 0.945, 0.94, 0.95), (0.1, 0.95, 0.30, 1.0), (1.0, 0.94, 0.935, 0.945)]
+        )
+    ]
     notes: list[str] = []
-    paths = plots.sensitivity_curve(rows, "loss.epsilon", "test/top5", tmp_path / "curve",
-                                    notes=notes)
+    paths = plots.sensitivity_curve(rows, "loss.epsilon", "test/top5", tmp_path / "curve", notes=notes)
     assert [p.suffix for p in paths] == [".png", ".svg"]
     assert any("cut by the axes" in note for note in notes), notes
     ax = Figure().add_subplot()
@@ -791,21 +851,24 @@ def test_a_baseline_without_a_finished_cell_is_a_loud_note_not_swapped(mlflow_se
     """Every ce cell failed: the report says so as a note where the comparison would be, and
     does not compare the other variants against one another instead."""
     name = unique_name("nobaseline")
-    text = (f"name: {name}\nbase: {{}}\nvariants:\n  ce: {{loss: {{name: ce}}}}\n"
-            f"  noised: {{loss: {{name: noised_topk}}}}\n  svm: {{loss: {{name: smooth_svm}}}}\n")
+    text = (
+        f"name: {name}\nbase: {{}}\nvariants:\n  ce: {{loss: {{name: ce}}}}\n"
+        f"  noised: {{loss: {{name: noised_topk}}}}\n  svm: {{loss: {{name: smooth_svm}}}}\n"
+    )
     cells = [CellRun("ce", BASE_CONFIG, s, {}, status="failed", error="boom") for s in (0, 1)]
     for variant in ("noised", "svm"):
         config = set_path(BASE_CONFIG, "loss.name", variant)
-        cells += [CellRun(variant, config, s, {}, test={"top5": 0.9 + 0.01 * s}, best_epoch=0)
-                  for s in (0, 1)]
+        cells += [CellRun(variant, config, s, {}, test={"top5": 0.9 + 0.01 * s}, best_epoch=0) for s in (0, 1)]
     log_study_runs(mlflow_server, name, cells, study_yaml=text)
     study_file = tmp_path / "study.yaml"
     study_file.write_text(text)
     path = build_report(mlflow_server, name, tmp_path / "report", study_file=study_file)
     md, page = (tmp_path / "report" / "report.md").read_text(), path.read_text()
     assert "Each variant against the baseline" not in md
-    message = ("No paired comparison: the baseline variant 'ce' (the study file's first "
-               "variant) has no finished cell (2 failed or unfinished)")
+    message = (
+        "No paired comparison: the baseline variant 'ce' (the study file's first "
+        "variant) has no finished cell (2 failed or unfinished)"
+    )
     assert message in md
     assert f'<p class="note">{message}' in html.unescape(page)
 
@@ -823,13 +886,12 @@ def test_a_report_of_long_names_fits_a_400_px_screen(tmp_path):
     path = "/home/researcher/projects/setvalued/studies_out/" + long_name + "/report/report.html"
     doc = Document(f"Study {long_name}")
     doc.heading(f"Configs of {long_name}")
-    doc.paragraph(f"Swept: {{\"loss.epsilon\":0.01,\"data.label_noise\":0.1}}; written to {path}")
+    doc.paragraph(f'Swept: {{"loss.epsilon":0.01,"data.label_noise":0.1}}; written to {path}')
     doc.paragraph(f"warning: {long_name}_{long_name} was stopped", note=True)
     doc.definitions([("study file", path), (long_name, "value")])
     doc.code("studies run " + path + " " + "x" * 120)
     header = ["config"] + [f"test/top{k} ({long_name[:12]})" for k in range(1, 9)]
-    rows = [[TableEntry(f"noised ε=0.0{i} p=0.{i}")] + [TableEntry("94.20 ± 0.12 (n=4)")] * 8
-            for i in range(3)]
+    rows = [[TableEntry(f"noised ε=0.0{i} p=0.{i}")] + [TableEntry("94.20 ± 0.12 (n=4)")] * 8 for i in range(3)]
     doc.table(Table(f"Results of {long_name}", header, rows, caption=path))
     report = tmp_path / "report.html"
     report.write_text(doc.render_html())

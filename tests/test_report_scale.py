@@ -17,12 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+import benchmarks.report_scale as report_scale
 from analysis import plot_curves, plots
 from analysis.collect import collect
 from analysis.report import build_report
-
-
-import benchmarks.report_scale as report_scale  # noqa: E402  (the benchmark's own code under test)
 
 
 def _nan_safe(values):
@@ -49,14 +47,20 @@ def _layout(uri: str, name: str) -> dict:
     experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     volatile = {"mlflow.parentRunId", "studies.session", "studies.node_id"}
-    out = {"experiment_tags": {k: _without_creation_time(v) for k, v in experiment.tags.items()},
-           "artifact_location": Path(experiment.artifact_location).name}
+    out = {
+        "experiment_tags": {k: _without_creation_time(v) for k, v in experiment.tags.items()},
+        "artifact_location": Path(experiment.artifact_location).name,
+    }
     for run in runs:
         tags = run.data.tags
         key = tags.get("studies.cell_id", "parent")
-        histories = {k: [(m.step, m.value) for m in sorted(
-            client.get_metric_history(run.info.run_id, k), key=lambda m: (m.step, m.timestamp))]
-            for k in run.data.metrics}
+        histories = {
+            k: [
+                (m.step, m.value)
+                for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: (m.step, m.timestamp))
+            ]
+            for k in run.data.metrics
+        }
         out[key] = {
             "tags": {k: v for k, v in tags.items() if k not in volatile},
             "tag_keys": sorted(tags),
@@ -75,9 +79,8 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
     (keys, steps, values), statuses, artifacts, and the same collected tables."""
     import yaml
 
-    from studies.tracking import CellRun, StudyTracking, new_session_id, study_description
-
     from analysis.layout import PER_CLASS_ARTIFACT, SET_SIZES_ARTIFACT, TAG_NODE_ID
+    from studies.tracking import CellRun, StudyTracking, new_session_id, study_description
 
     name = "layout"
     synth_dir, runner_dir = tmp_path / "synth", tmp_path / "runner"
@@ -91,21 +94,35 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
 
     source = MlflowClient(tracking_uri=synth_uri)
     experiment = source.get_experiment_by_name(name)
-    synthesized = {r.data.tags["studies.cell_id"]: r for r in source.search_runs(
-        [experiment.experiment_id], "tags.`studies.role` = 'cell'")}
+    synthesized = {
+        r.data.tags["studies.cell_id"]: r
+        for r in source.search_runs([experiment.experiment_id], "tags.`studies.role` = 'cell'")
+    }
     runner_dir.mkdir()
     (runner_dir / "study.yaml").write_text(Path(info["study_file"]).read_text())
     text = Path(info["study_file"]).read_text()
-    tracking = StudyTracking(runner_uri, name, artifact_root=runner_dir / "mlartifacts",
-                             description=study_description(str(yaml.safe_load(text).get("description", "")), text))
+    tracking = StudyTracking(
+        runner_uri,
+        name,
+        artifact_root=runner_dir / "mlartifacts",
+        description=study_description(str(yaml.safe_load(text).get("description", "")), text),
+    )
     tracking.parent_run_id(runner_dir / "study.yaml")
     context = tracking.context(new_session_id())
     for cell in report_scale.expand_cells(Path(info["study_file"]).read_text()):
         original = synthesized[cell.cell_id]
         run_id = original.info.run_id
-        run, _ = CellRun.open(context, {"config_id": cell.config_id, "seed": cell.seed,
-                                        "cell_id": cell.cell_id, "variant": cell.variant,
-                                        "swept": cell.swept, "config": cell.config})
+        run, _ = CellRun.open(
+            context,
+            {
+                "config_id": cell.config_id,
+                "seed": cell.seed,
+                "cell_id": cell.cell_id,
+                "variant": cell.variant,
+                "swept": cell.swept,
+                "config": cell.config,
+            },
+        )
         run.set_tags({TAG_NODE_ID: "node"})
         per_epoch: dict[int, dict] = {}
         for key in original.data.metrics:
@@ -123,10 +140,16 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
             local = source.download_artifacts(run_id, artifact, str(tmp_path))
             tables[artifact] = pq.read_table(local).to_pydict()
         metrics = original.data.metrics
-        run.finish({"test": {k[5:]: v for k, v in metrics.items() if k.startswith("test/")},
-                    "best_epoch": int(metrics["best_epoch"]), "best_val": metrics["best_val"],
-                    "per_class": tables[PER_CLASS_ARTIFACT],
-                    "set_sizes": tables[SET_SIZES_ARTIFACT]}, final_step=max(per_epoch))
+        run.finish(
+            {
+                "test": {k[5:]: v for k, v in metrics.items() if k.startswith("test/")},
+                "best_epoch": int(metrics["best_epoch"]),
+                "best_val": metrics["best_val"],
+                "per_class": tables[PER_CLASS_ARTIFACT],
+                "set_sizes": tables[SET_SIZES_ARTIFACT],
+            },
+            final_step=max(per_epoch),
+        )
     tracking.close_parent(all_done=False)
 
     synth, runner = _layout(synth_uri, name), _layout(runner_uri, name)
@@ -136,10 +159,14 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
             a, b = synth[key], runner[key]
             assert a["tags"] == b["tags"] and a["tag_keys"] == b["tag_keys"], key
             assert a["params"] == b["params"], key
-            assert {k: _nan_safe(v) for k, v in a["histories"].items()} == \
-                {k: _nan_safe(v) for k, v in b["histories"].items()}, key
-            assert (a["status"], a["artifact_uri_tail"], a["artifacts"]) == \
-                (b["status"], b["artifact_uri_tail"], b["artifacts"]), key
+            assert {k: _nan_safe(v) for k, v in a["histories"].items()} == {
+                k: _nan_safe(v) for k, v in b["histories"].items()
+            }, key
+            assert (a["status"], a["artifact_uri_tail"], a["artifacts"]) == (
+                b["status"],
+                b["artifact_uri_tail"],
+                b["artifacts"],
+            ), key
         else:
             assert synth[key] == runner[key], key
 
@@ -151,7 +178,8 @@ def test_synthesized_study_reads_back_like_one_written_by_the_runner(tmp_path):
     for column in a.column_names:
         assert _nan_safe(a.column(column).to_pylist()) == _nan_safe(b.column(column).to_pylist())
     assert mine.failed.drop_columns(["run_id", "start_time"]).equals(
-        theirs.failed.drop_columns(["run_id", "start_time"]))
+        theirs.failed.drop_columns(["run_id", "start_time"])
+    )
     assert mine.study_yaml == theirs.study_yaml
 
 
@@ -182,15 +210,19 @@ def test_every_figure_of_a_large_study_is_drawn_at_the_size_of_a_small_one(small
         assert "Not drawn" not in md and "Figure failed" not in md, md
         figures = sorted((html.parent / "figures").glob("*.png"))
         # curves are numbered in the order their x first appears: compare them by x
-        sizes[html] = {re.sub(r"^curve_[0-9]+_", "curve_", png.name): Image.open(png).size
-                       for png in figures}
+        sizes[html] = {re.sub(r"^curve_[0-9]+_", "curve_", png.name): Image.open(png).size for png in figures}
     assert sizes[small].keys() == sizes[large].keys()
     names = set(sizes[large])
-    assert {"heatmap_test_top5.png", "learning_val_top5.png", "shot_groups_top5.png",
-            "set_sizes_avg5.png"} <= names and sum(n.startswith("curve_") for n in names) == 5
+    assert {
+        "heatmap_test_top5.png",
+        "learning_val_top5.png",
+        "shot_groups_top5.png",
+        "set_sizes_avg5.png",
+    } <= names and sum(n.startswith("curve_") for n in names) == 5
     assert sizes[small] == sizes[large]  # pixel for pixel, whatever the number of configs
-    allowed = {tuple(round(v * plots.DPI) for v in size)
-               for size in (plots.FIGSIZE, plots.WIDE_FIGSIZE, plots.PANEL_FIGSIZE)}
+    allowed = {
+        tuple(round(v * plots.DPI) for v in size) for size in (plots.FIGSIZE, plots.WIDE_FIGSIZE, plots.PANEL_FIGSIZE)
+    }
     assert set(sizes[large].values()) <= allowed
     md = large.with_suffix(".md").read_text()
     # what was left out is said: small multiples with a band, the best configs of each variant
@@ -201,8 +233,7 @@ def test_every_figure_of_a_large_study_is_drawn_at_the_size_of_a_small_one(small
 
 
 @pytest.mark.slow
-def test_a_failing_figure_leaves_a_line_and_the_rest_of_the_report(small_and_large, tmp_path,
-                                                                    monkeypatch):
+def test_a_failing_figure_leaves_a_line_and_the_rest_of_the_report(small_and_large, tmp_path, monkeypatch):
     small, _ = small_and_large
     study_dir = small.parent.parent
     uri = f"sqlite:///{study_dir / 'mlflow.db'}"
@@ -217,8 +248,7 @@ def test_a_failing_figure_leaves_a_line_and_the_rest_of_the_report(small_and_lar
     monkeypatch.setattr("analysis.figures.collect_histories", broken_store)
     html = build_report(uri, "small", tmp_path / "report", study_file=study_dir / "study.yaml")
     md = html.with_suffix(".md").read_text()
-    assert ("Figure failed: shot-group bars of top5: MemoryError: Unable to allocate 2.1 GiB "
-            "for the Agg canvas") in md
+    assert ("Figure failed: shot-group bars of top5: MemoryError: Unable to allocate 2.1 GiB for the Agg canvas") in md
     assert "Figure failed: learning curves: RuntimeError: history store unreachable" in md
     figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("*.png"))
     assert "shot_groups_top5.png" not in figures and "learning_val_top5.png" not in figures
@@ -235,11 +265,18 @@ def test_reference_line_labels_never_overlap(tmp_path):
     rows = []
     for i, variant in enumerate(["a", "b", "c", "d", "e", "swept"]):
         for seed in range(2):
-            for eps in ((0.1, 0.2, 0.5) if variant == "swept" else (None,)):
+            for eps in (0.1, 0.2, 0.5) if variant == "swept" else (None,):
                 swept = {"loss.epsilon": eps} if eps is not None else {}
-                rows.append({"config_id": f"{variant}{eps}", "seed": seed, "variant": variant,
-                             "swept": json.dumps(swept), "param:loss.epsilon": eps or 0.3,
-                             "test/top5": 0.90 + 0.001 * i + 0.0005 * seed + (eps or 0) / 10})
+                rows.append(
+                    {
+                        "config_id": f"{variant}{eps}",
+                        "seed": seed,
+                        "variant": variant,
+                        "swept": json.dumps(swept),
+                        "param:loss.epsilon": eps or 0.3,
+                        "test/top5": 0.90 + 0.001 * i + 0.0005 * seed + (eps or 0) / 10,
+                    }
+                )
     from analysis.stats import curve_series
 
     series = curve_series(summarize(rows, ["test/top5"]), "loss.epsilon", "test/top5")
@@ -296,10 +333,15 @@ def test_large_report_intervals_latex_and_mlflow_command(small_and_large, tmp_pa
         (tmp_path / "paper.tex").write_text(
             "\\documentclass{article}\n\\usepackage{booktabs}\n\\usepackage{longtable}\n"
             "\\usepackage[margin=1cm,landscape]{geometry}\n\\begin{document}\n"
-            f"\\input{{{large.parent / 'tables.tex'}}}\n\\end{{document}}\n")
-        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
-                               "paper.tex"], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600)
+            f"\\input{{{large.parent / 'tables.tex'}}}\n\\end{{document}}\n"
+        )
+        done = subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stdout[-3000:]
 
     store = large.parent.parent / "mlflow.db"
@@ -308,5 +350,7 @@ def test_large_report_intervals_latex_and_mlflow_command(small_and_large, tmp_pa
     route, query = urllib.parse.urlsplit(link).fragment.split("?", 1)
     assert route == "/experiments/1/runs"
     # the experiment holds the UI's view of the cell runs (studies.tracking.experiment_tags)
-    assert urllib.parse.parse_qs(query) == {"workflowType": ["machine_learning"],
-                                            "viewStateShareKey": ["studies-cells"]}
+    assert urllib.parse.parse_qs(query) == {
+        "workflowType": ["machine_learning"],
+        "viewStateShareKey": ["studies-cells"],
+    }

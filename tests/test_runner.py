@@ -30,18 +30,25 @@ import pytest
 import yaml
 
 from studies.cells.cell_queue import config_major
-from studies.scheduling import ConfigEarlyStopper
-from studies.running.runner import RunOptions, run_study
 from studies.running.progress import StudyProgress, format_duration
+from studies.running.runner import RunOptions, run_study
+from studies.scheduling import ConfigEarlyStopper
 
 # ----------------------------------------------------------------------------- study files
 
 
 def tiny_base(epochs: int = 2) -> dict:
     return {
-        "data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2,
-                 "train_size": 120, "val_size": 48, "test_size": 48, "form": "features",
-                 "feature_dim": 8},
+        "data": {
+            "name": "synthetic",
+            "num_classes": 6,
+            "num_superclasses": 2,
+            "train_size": 120,
+            "val_size": 48,
+            "test_size": 48,
+            "form": "features",
+            "feature_dim": 8,
+        },
         "model": {"name": "mlp", "hidden_dim": 16},
         "loss": {"name": "ce"},
         "optim": {"lr": 0.1, "batch_size": 32, "milestones": []},
@@ -51,12 +58,17 @@ def tiny_base(epochs: int = 2) -> dict:
     }
 
 
-def write_study(folder: Path, name: str, lrs, seeds=(0, 1), epochs: int = 2,
-                **extra) -> Path:
-    study = {"name": name, "description": "test study", "base": tiny_base(epochs),
-             "design": [{"kind": "grid", "parameters": {"optim.lr": list(lrs)}}],
-             "seeds": list(seeds), "resources": {"cpus": 1}, "max_failures": 1,
-             "log_models": False}  # tests/test_model_logging.py covers the models
+def write_study(folder: Path, name: str, lrs, seeds=(0, 1), epochs: int = 2, **extra) -> Path:
+    study = {
+        "name": name,
+        "description": "test study",
+        "base": tiny_base(epochs),
+        "design": [{"kind": "grid", "parameters": {"optim.lr": list(lrs)}}],
+        "seeds": list(seeds),
+        "resources": {"cpus": 1},
+        "max_failures": 1,
+        "log_models": False,
+    }  # tests/test_model_logging.py covers the models
     study.update(extra)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
@@ -91,8 +103,7 @@ def test_early_stopper_matches_the_rule(mode):
 
     rng = random.Random(3)
     for trial in range(30):
-        curves = {f"c{i}": {s: [rng.random() for _ in range(8)] for s in range(3)}
-                  for i in range(4)}
+        curves = {f"c{i}": {s: [rng.random() for _ in range(8)] for s in range(3)} for i in range(4)}
         grace, patience = rng.randint(0, 3), rng.randint(1, 3)
         stopper = ConfigEarlyStopper({c: range(3) for c in curves}, mode, grace, patience)
         for config, seeds in curves.items():
@@ -105,8 +116,7 @@ def test_early_stopper_matches_the_rule(mode):
 
 
 def test_early_stopper_decides_on_the_seed_mean_not_one_seed():
-    stopper = ConfigEarlyStopper({"leader": [0, 1], "mixed": [0, 1]}, "max", grace_epochs=1,
-                                 patience=1)
+    stopper = ConfigEarlyStopper({"leader": [0, 1], "mixed": [0, 1]}, "max", grace_epochs=1, patience=1)
     assert stopper.record("leader", 0, 1, 0.5) == "wait"  # seed 1 has not reported epoch 1
     assert stopper.status("leader", 0, 1) == "wait"
     assert stopper.record("leader", 1, 1, 0.5) == "continue"
@@ -139,13 +149,13 @@ def test_early_stopper_replays_a_stop_decided_in_an_earlier_run():
     for n in (1, 2, 3):
         stopper.record("a", 0, n, 0.1)
     stopper.mark_stopped("a", 3)
-    assert [stopper.record("a", 1, n, 0.9) for n in (1, 2, 3)] == \
-        ["continue", "continue", "stop"]
+    assert [stopper.record("a", 1, n, 0.9) for n in (1, 2, 3)] == ["continue", "continue", "stop"]
 
 
 def test_progress_counts_and_eta():
-    progress = StudyProgress(total=6, to_run=4, done_before=2,
-                             epochs={"a": 4, "b": 4, "c": 4, "d": 4}, started_at=100.0)
+    progress = StudyProgress(
+        total=6, to_run=4, done_before=2, epochs={"a": 4, "b": 4, "c": 4, "d": 4}, started_at=100.0
+    )
     assert progress.eta_s(now=110.0) is None  # nothing done yet
     progress.start("a")
     progress.start("b")
@@ -155,8 +165,7 @@ def test_progress_counts_and_eta():
     assert progress.eta_s(now=110.0) == pytest.approx(30.0)
     progress.finish("a")
     progress.fail("b", "NonFiniteLossError: nan")
-    assert (len(progress.finished), len(progress.failed), len(progress.running),
-            progress.left) == (1, 1, 0, 2)
+    assert (len(progress.finished), len(progress.failed), len(progress.running), progress.left) == (1, 1, 0, 2)
     line = progress.line(now=120.0)
     assert "done 3/6" in line and "failed 1" in line and "left 2" in line
     assert "ETA 0:00:20" in line
@@ -166,8 +175,7 @@ def test_progress_counts_and_eta():
 def test_config_major_order_keeps_seeds_together():
     from studies.cells.space import Cell
 
-    cells = [Cell("b", 1, "v", {}), Cell("a", 0, "v", {}), Cell("b", 0, "v", {}),
-             Cell("a", 1, "v", {})]
+    cells = [Cell("b", 1, "v", {}), Cell("a", 0, "v", {}), Cell("b", 0, "v", {}), Cell("a", 1, "v", {})]
     assert [c.cell_id for c in config_major(cells)] == ["b-s0", "b-s1", "a-s0", "a-s1"]
 
 
@@ -186,8 +194,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     fit(config, 0, on_epoch=lambda e, m, s: states.__setitem__(e, s))
     short = dict(config, epochs=2)
     calls = []
-    stopped = fit(short, 0, on_epoch=lambda *a: calls.append(a),
-                  checkpoint=_with_epochs(states[1], 2))
+    stopped = fit(short, 0, on_epoch=lambda *a: calls.append(a), checkpoint=_with_epochs(states[1], 2))
     assert calls == []  # nothing trained
     reference = fit(short, 0)
     assert stopped["best_epoch"] == reference["best_epoch"]
@@ -198,8 +205,14 @@ def test_stopped_cell_finalises_with_the_real_fit():
 
 
 def options(tmp_path: Path, server: str, **kw) -> RunOptions:
-    return RunOptions(output=tmp_path / "out", tracking_uri=server, report=False,
-                      progress_interval_s=5.0, stream=kw.pop("stream", io.StringIO()), **kw)
+    return RunOptions(
+        output=tmp_path / "out",
+        tracking_uri=server,
+        report=False,
+        progress_interval_s=5.0,
+        stream=kw.pop("stream", io.StringIO()),
+        **kw,
+    )
 
 
 def child_runs(server: str, name: str, deleted: bool = False) -> list:
@@ -211,14 +224,15 @@ def child_runs(server: str, name: str, deleted: bool = False) -> list:
     if experiment is None:
         return []
     view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
-    return [r for r in client.search_runs([experiment.experiment_id], run_view_type=view,
-                                          max_results=1000)
-            if r.data.tags.get("studies.role") == "cell"]
+    return [
+        r
+        for r in client.search_runs([experiment.experiment_id], run_view_type=view, max_results=1000)
+        if r.data.tags.get("studies.role") == "cell"
+    ]
 
 
 @pytest.mark.slow
-def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow_server,
-                                                                tmp_path):
+def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
     from studies.cells.space import expand
@@ -241,7 +255,9 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["study.yaml", "versions"]
     version = parent.data.tags["studies.version"]  # the study's version, on every run (#33)
     assert [a.path for a in client.list_artifacts(parent.info.run_id, f"versions/{version}")] == [
-        f"versions/{version}/definition.json", f"versions/{version}/study.yaml"]
+        f"versions/{version}/definition.json",
+        f"versions/{version}/study.yaml",
+    ]
     assert {r.data.tags["studies.version"] for r in children} == {version}
     assert {r.data.tags["studies.cell_id"] for r in children} == set(cells)
     for run in children:
@@ -263,8 +279,7 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
             assert key in metrics
         assert 0.0 <= metrics["test/top3"] <= 1.0
         assert metrics["lr"] == pytest.approx(cell.config["optim"]["lr"])
-        assert [a.path for a in client.list_artifacts(run.info.run_id)] == \
-            ["per_class_test.parquet"]
+        assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["per_class_test.parquet"]
     text = stream.getvalue()
     assert "done 4/4" in text and "MLflow UI" in text
 
@@ -280,14 +295,16 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
     assert "running 4 cells" not in stream.getvalue()
 
 
-def killing_fit(config, seed, on_epoch=None, checkpoint=None, *, marker: str, record: str,
-                kill_after_epoch: int):
+def killing_fit(config, seed, on_epoch=None, checkpoint=None, *, marker: str, record: str, kill_after_epoch: int):
     """The real fit; on its first attempt the worker process kills itself (SIGKILL) right
     after epoch `kill_after_epoch` was reported. Every attempt appends what it saw."""
     from setvalued.training import fit
 
-    seen = {"checkpoint_epoch": None if checkpoint is None else int(checkpoint["epoch"]),
-            "epochs": [], "pid": os.getpid()}
+    seen = {
+        "checkpoint_epoch": None if checkpoint is None else int(checkpoint["epoch"]),
+        "epochs": [],
+        "pid": os.getpid(),
+    }
 
     def wrapped(epoch, metrics, state):
         on_epoch(epoch, metrics, state)
@@ -303,8 +320,7 @@ def killing_fit(config, seed, on_epoch=None, checkpoint=None, *, marker: str, re
 
 @pytest.mark.slow
 @pytest.mark.parametrize("interval_s", [0, 3600])
-def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_server,
-                                                             tmp_path, interval_s):
+def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_server, tmp_path, interval_s):
     """With a checkpoint every epoch (interval 0) the retry resumes after epoch 1; with one
     checkpoint an hour, the cell had none yet, and neither had MLflow any epoch: the retry
     trains from scratch and every epoch is logged exactly once either way."""
@@ -316,11 +332,9 @@ def test_trial_whose_worker_dies_resumes_from_its_checkpoint(local_ray, mlflow_s
     from studies.studyfile.spec import load_study
 
     name = f"runner-kill-{interval_s}"  # one study per case on the module's MLflow server
-    path = write_study(tmp_path, name, lrs=[0.1], seeds=[3], epochs=4,
-                       checkpoint_interval_s=interval_s)
+    path = write_study(tmp_path, name, lrs=[0.1], seeds=[3], epochs=4, checkpoint_interval_s=interval_s)
     marker, record = tmp_path / "killed", tmp_path / "attempts.jsonl"
-    fit_fn = functools.partial(killing_fit, marker=str(marker), record=str(record),
-                               kill_after_epoch=1)
+    fit_fn = functools.partial(killing_fit, marker=str(marker), record=str(record), kill_after_epoch=1)
     stream = io.StringIO()
     outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=fit_fn, stream=stream))
     assert outcome.exit_code == 0, stream.getvalue()
@@ -378,11 +392,18 @@ def scripted_fit(config, seed, on_epoch=None, checkpoint=None):
             best = (epoch, value)
         time.sleep(0.05)
         if on_epoch is not None:
-            on_epoch(epoch, {"epoch": epoch, "train/loss": 1.0 - value, "val/top1": value,
-                             "lr": lr, "epoch_time_s": 0.05},
-                     {"epoch": epoch, "best": best, "config": dict(config)})
-    return {"best_epoch": best[0], "best_val": best[1], "test": {"top1": best[1] - 0.01},
-            "per_class": {"class": [0, 1], "top1": [best[1], best[1]]}, "history": []}
+            on_epoch(
+                epoch,
+                {"epoch": epoch, "train/loss": 1.0 - value, "val/top1": value, "lr": lr, "epoch_time_s": 0.05},
+                {"epoch": epoch, "best": best, "config": dict(config)},
+            )
+    return {
+        "best_epoch": best[0],
+        "best_val": best[1],
+        "test": {"top1": best[1] - 0.01},
+        "per_class": {"class": [0, 1], "top1": [best[1], best[1]]},
+        "history": [],
+    }
 
 
 def scripted_study(tmp_path: Path, name: str, lrs, **extra) -> Path:
@@ -395,16 +416,17 @@ def scripted_study(tmp_path: Path, name: str, lrs, **extra) -> Path:
 
 
 @pytest.mark.slow
-def test_early_stopping_stops_all_seeds_of_a_config_on_its_mean(local_ray, mlflow_server,
-                                                               tmp_path):
+def test_early_stopping_stops_all_seeds_of_a_config_on_its_mean(local_ray, mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
     path = scripted_study(
-        tmp_path, "runner-early", lrs=[0.3, 0.2, 0.1],
-        scheduler={"kind": "early_stopping", "grace_epochs": 2, "patience": 2})
+        tmp_path,
+        "runner-early",
+        lrs=[0.3, 0.2, 0.1],
+        scheduler={"kind": "early_stopping", "grace_epochs": 2, "patience": 2},
+    )
     stream = io.StringIO()
-    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit,
-                                      stream=stream))
+    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit, stream=stream))
     assert outcome.exit_code == 0, stream.getvalue()
     client = MlflowClient(mlflow_server)
     epochs = {}
@@ -412,8 +434,11 @@ def test_early_stopping_stops_all_seeds_of_a_config_on_its_mean(local_ray, mlflo
         lr = float(run.data.params["optim.lr"])
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/top1"))
         epochs[(lr, int(run.data.params["seed"]))] = (
-            steps, run.data.tags.get("studies.stopped_epoch"), run.data.tags["studies.status"],
-            run.data.metrics.get("test/top1"))
+            steps,
+            run.data.tags.get("studies.stopped_epoch"),
+            run.data.tags["studies.status"],
+            run.data.metrics.get("test/top1"),
+        )
     # the leader runs its 6 epochs; the others are behind at epochs 2 and 3 (patience 2)
     # and stop after 3 epochs with both seeds, though seed 1 of lr 0.2 alone beats the leader
     assert epochs[(0.3, 0)][:2] == ([0, 1, 2, 3, 4, 5], None)
@@ -425,13 +450,19 @@ def test_early_stopping_stops_all_seeds_of_a_config_on_its_mean(local_ray, mlflo
 
     # resume after losing one seed of the stopped config: the earlier runs are replayed
     # into the new session, and the re-run seed stops at its config's epoch too
-    (lost,) = [r for r in child_runs(mlflow_server, "runner-early")
-               if r.data.params["optim.lr"] == "0.2" and r.data.params["seed"] == "1"]
+    (lost,) = [
+        r
+        for r in child_runs(mlflow_server, "runner-early")
+        if r.data.params["optim.lr"] == "0.2" and r.data.params["seed"] == "1"
+    ]
     client.delete_run(lost.info.run_id)
     again = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit))
     assert again.exit_code == 0
-    (rerun,) = [r for r in child_runs(mlflow_server, "runner-early")
-                if r.data.params["optim.lr"] == "0.2" and r.data.params["seed"] == "1"]
+    (rerun,) = [
+        r
+        for r in child_runs(mlflow_server, "runner-early")
+        if r.data.params["optim.lr"] == "0.2" and r.data.params["seed"] == "1"
+    ]
     assert rerun.info.run_id != lost.info.run_id
     steps = sorted(m.step for m in client.get_metric_history(rerun.info.run_id, "val/top1"))
     assert steps == [0, 1, 2] and rerun.data.tags["studies.stopped_epoch"] == "3"
@@ -439,15 +470,13 @@ def test_early_stopping_stops_all_seeds_of_a_config_on_its_mean(local_ray, mlflo
 
 
 @pytest.mark.slow
-def test_failed_cell_is_reported_and_does_not_stop_the_others(local_ray, mlflow_server,
-                                                             tmp_path):
+def test_failed_cell_is_reported_and_does_not_stop_the_others(local_ray, mlflow_server, tmp_path):
     path = scripted_study(tmp_path, "runner-nan", lrs=[0.4, 0.3])
     stream = io.StringIO()
-    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit,
-                                      stream=stream))
+    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit, stream=stream))
     assert outcome.exit_code == 1
     assert outcome.finished == 3 and len(outcome.failed) == 1
-    (failed_cell, error), = outcome.failed.items()
+    ((failed_cell, error),) = outcome.failed.items()
     assert failed_cell.endswith("-s1") and "NonFiniteLossError" in error
     text = stream.getvalue()
     assert "cell base lr=0.4 s1 FAILED: NonFiniteLossError" in text  # its run name, not its hash
@@ -461,19 +490,18 @@ def test_failed_cell_is_reported_and_does_not_stop_the_others(local_ray, mlflow_
 
 
 @pytest.mark.slow
-def test_optuna_block_runs_every_seed_and_tells_the_seed_mean(local_ray, mlflow_server,
-                                                              tmp_path):
+def test_optuna_block_runs_every_seed_and_tells_the_seed_mean(local_ray, mlflow_server, tmp_path):
     import optuna
 
     path = scripted_study(tmp_path, "runner-optuna", lrs=[0.3])
     study = yaml.safe_load(path.read_text())
-    study["design"] = [{"kind": "optuna", "n_configs": 3, "sampler_seed": 0,
-                        "parameters": {"optim.lr": {"choice": [0.1, 0.2, 0.3]}}}]
+    study["design"] = [
+        {"kind": "optuna", "n_configs": 3, "sampler_seed": 0, "parameters": {"optim.lr": {"choice": [0.1, 0.2, 0.3]}}}
+    ]
     study["base"]["epochs"] = 2
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     stream = io.StringIO()
-    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit,
-                                      stream=stream))
+    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit, stream=stream))
     assert outcome.exit_code == 0, stream.getvalue()
     # the progress counts the proposals not asked yet and agrees with the summary
     from tests.test_console import check_progress_counts
@@ -508,8 +536,7 @@ def test_optuna_block_runs_every_seed_and_tells_the_seed_mean(local_ray, mlflow_
 
 
 @pytest.mark.slow
-def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_server,
-                                                              tmp_path, monkeypatch):
+def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_server, tmp_path, monkeypatch):
     """Past MAX_TRIALS_PER_EXPERIMENT cells the runner starts one Tune experiment per part
     (whole configs), the progress counts going on across them."""
     import studies.cells.arrays as arrays
@@ -529,8 +556,7 @@ def test_a_long_list_of_cells_runs_as_consecutive_experiments(local_ray, mlflow_
     study["base"]["epochs"] = 1
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     stream = io.StringIO()
-    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit,
-                                      stream=stream))
+    outcome = run_study(path, options(tmp_path, mlflow_server, fit_fn=scripted_fit, stream=stream))
     assert outcome.exit_code == 0 and outcome.finished == 6, stream.getvalue()
     # three configs of two seeds: an experiment per config, its two seeds together
     assert [{cell.rsplit("-s", 1)[1] for cell in part} for part in started] == [{"0", "1"}] * 3

@@ -22,8 +22,9 @@ def test_cell_queue_hands_out_in_order_and_resumes_from_its_saved_state():
     assert [restored.next(), restored.next(), restored.next()] == ["a-s1", "b-s0", None]
 
 
-def write_checkpoint(storage: Path, experiment: str, cell_id: str, epoch: int,
-                     study: str = "s", run_id: str | None = "run") -> Path:
+def write_checkpoint(
+    storage: Path, experiment: str, cell_id: str, epoch: int, study: str = "s", run_id: str | None = "run"
+) -> Path:
     folder = storage / experiment / cell_id / f"checkpoint_{epoch:06d}"
     folder.mkdir(parents=True)
     meta = {"cell_id": cell_id, "study": study, "epoch": epoch}
@@ -54,16 +55,14 @@ def test_resume_checkpoints_are_the_latest_of_the_study_for_the_wanted_cells(tmp
     assert points.run_ids() == {"a-s0": "run"}
     assert points.folders() == {"a-s0": str(latest)}
     assert points.experiment_dirs() == [storage / "tune-2-0"]
-    assert points.describe() == ("1 unfinished cells continue from the checkpoint an earlier "
-                                 "run left (after 4 epochs)")
+    assert points.describe() == ("1 unfinished cells continue from the checkpoint an earlier run left (after 4 epochs)")
     assert points.only([]).describe() is None
 
 
 def test_progress_reporter_follows_tune_hooks():
     progress = StudyProgress(total=2, to_run=2, epochs={"a": 2, "b": 2})
     stream, errors = io.StringIO(), []
-    reporter = ProgressReporter(progress, interval_s=3600.0, stream=stream,
-                                on_error=errors.append)
+    reporter = ProgressReporter(progress, interval_s=3600.0, stream=stream, on_error=errors.append)
     trial_a = SimpleNamespace(config={"cell_id": "a"}, last_result={}, error_file=None)
     trial_b = SimpleNamespace(config={"cell_id": "b"}, last_result={}, error_file=None)
     reporter.on_trial_start(0, [], trial_a)
@@ -79,8 +78,9 @@ def test_progress_reporter_follows_tune_hooks():
 def test_long_cell_lists_run_as_experiments_of_whole_configs():
     from studies.cells.arrays import experiment_parts
 
-    cells = [SimpleNamespace(config_id=f"c{c}", seed=s) for c, seeds in enumerate([3, 3, 2, 5, 1])
-             for s in range(seeds)]
+    cells = [
+        SimpleNamespace(config_id=f"c{c}", seed=s) for c, seeds in enumerate([3, 3, 2, 5, 1]) for s in range(seeds)
+    ]
     parts = [[c for trial in part for c in trial] for part in experiment_parts(cells, max_trials=6)]
     assert [[(c.config_id, c.seed) for c in part] for part in parts] == [
         [("c0", 0), ("c0", 1), ("c0", 2), ("c1", 0), ("c1", 1), ("c1", 2)],
@@ -107,14 +107,22 @@ def test_a_rerun_progress_line_counts_the_cells_finished_before_it(tmp_path):
         "name: best\nbase:\n  data: {name: synthetic}\n  model: {name: mlp}\n  loss: {name: ce}\n"
         "  epochs: 3\n  eval: {ks: [1, 5], selection: val/top5}\n"
         "variants: {ce: {}, noised: {loss: {name: noised_topk, k: 5, epsilon: 0.1}}}\n"
-        "seeds: [0, 1]\n")
+        "seeds: [0, 1]\n"
+    )
     cells = expand(study)
     tracking = StudyTracking(f"sqlite:///{tmp_path / 'mlflow.db'}", "best")
     finished = [c for c in cells if c.variant == "ce"]
     for cell, (best, last) in zip(finished, ((0.86, 0.80), (0.84, 0.83))):
-        run = tracking.client.create_run(tracking.experiment_id, tags={
-            "studies.role": "cell", "studies.study": "best", "studies.cell_id": cell.cell_id,
-            "studies.config_id": cell.config_id, "studies.status": "finished"}).info.run_id
+        run = tracking.client.create_run(
+            tracking.experiment_id,
+            tags={
+                "studies.role": "cell",
+                "studies.study": "best",
+                "studies.cell_id": cell.cell_id,
+                "studies.config_id": cell.config_id,
+                "studies.status": "finished",
+            },
+        ).info.run_id
         tracking.client.log_metric(run, "best_val", best)
         tracking.client.log_metric(run, "val/top5", last, step=2)
     session = StudySession(study, "best", tmp_path, tracking, RunOptions(), io.StringIO())

@@ -41,12 +41,14 @@ def _runs(db: Path, role: str) -> list[dict]:
         rows = con.execute(
             "SELECT r.run_uuid, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
             "WHERE r.lifecycle_stage = 'active' AND t.key = 'studies.role' AND t.value = ?",
-            (role,)).fetchall()
+            (role,),
+        ).fetchall()
         runs = []
         for run_id, status in rows:
             tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)))
-            epochs = con.execute("SELECT COUNT(*) FROM metrics WHERE run_uuid = ? AND key = 'val/top3'",
-                                 (run_id,)).fetchone()[0]
+            epochs = con.execute(
+                "SELECT COUNT(*) FROM metrics WHERE run_uuid = ? AND key = 'val/top3'", (run_id,)
+            ).fetchone()[0]
             runs.append({"id": run_id, "status": status, "tags": tags, "epochs": epochs})
     return runs
 
@@ -58,13 +60,30 @@ def _run_and_stop(path: Path, output: Path, log: Path, which) -> str:
     db = output / path.stem / "mlflow.db"
     with open(log, "w") as sink:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "studies.cli", "run", str(path), "--output", str(output),
-             "--num-cpus", "1", "--no-report"],
-            cwd=REPO, env=_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "studies.cli",
+                "run",
+                str(path),
+                "--output",
+                str(output),
+                "--num-cpus",
+                "1",
+                "--no-report",
+            ],
+            cwd=REPO,
+            env=_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 240
-            while not any(run["epochs"] >= 1 and run["tags"].get("studies.status") == "running" and which(run)
-                          for run in _runs(db, "cell")):
+            while not any(
+                run["epochs"] >= 1 and run["tags"].get("studies.status") == "running" and which(run)
+                for run in _runs(db, "cell")
+            ):
                 assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.1)
             os.kill(driver.pid, signal.SIGTERM)
@@ -81,9 +100,24 @@ def _run_and_stop(path: Path, output: Path, log: Path, which) -> str:
 def _resume(name: str, output: Path) -> None:
     """`studies resume name`, as a real process, to its end (exit code 0)."""
     resumed = subprocess.run(
-        [sys.executable, "-m", "studies.cli", "resume", name, "--output", str(output),
-         "--num-cpus", "1", "--no-report"],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "resume",
+            name,
+            "--output",
+            str(output),
+            "--num-cpus",
+            "1",
+            "--no-report",
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
 
 
@@ -92,7 +126,8 @@ def _study(folder: Path, name: str, per_trial: int = 1) -> Path:
     ``per_trial: 2`` the two seeds of one config, trained as one fused array (issue 35)."""
     lrs, seeds = ("[0.02, 0.05]", "[0]") if per_trial == 1 else ("[0.05]", "[0, 1]")
     path = folder / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         name: {name}
         base:
           data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 2000,
@@ -109,7 +144,8 @@ def _study(folder: Path, name: str, per_trial: int = 1) -> Path:
         max_concurrent: 1
         checkpoint_interval_s: 0
         log_models: false
-        """))
+        """)
+    )
     return path
 
 
@@ -123,8 +159,7 @@ def test_sigterm_leaves_no_run_running_and_the_resume_finishes(tmp_path, per_tri
     output = tmp_path / "out"
     db = output / name / "mlflow.db"
     # stopped while a cell is mid-way: it has logged (and checkpointed) an epoch
-    text = _run_and_stop(_study(tmp_path, name, per_trial), output, tmp_path / "driver.log",
-                         lambda run: True)
+    text = _run_and_stop(_study(tmp_path, name, per_trial), output, tmp_path / "driver.log", lambda run: True)
     assert f"terminated by SIGTERM; `studies resume {name}`" in text
     cells, parents = _runs(db, "cell"), _runs(db, "parent")
     assert cells and parents
@@ -155,7 +190,8 @@ def _raced_study(folder: Path, name: str) -> Path:
     rounds as the arrays [0, 1] [2] and [3, 4]; 7 epochs of 300 steps leave a stop ~1 s to
     find a cell mid-way."""
     path = folder / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         name: {name}
         base:
           data: {{name: synthetic, num_classes: 6, num_superclasses: 2, train_size: 2400,
@@ -174,15 +210,19 @@ def _raced_study(folder: Path, name: str) -> Path:
         max_concurrent: 1
         checkpoint_interval_s: 0
         log_models: false
-        """))
+        """)
+    )
     return path
 
 
 def _final_metrics(db: Path, run_id: str, prefix: str) -> dict[str, float]:
     """A run's latest values of the metrics whose key starts with `prefix`."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as con:
-        return dict(con.execute("SELECT key, value FROM latest_metrics WHERE run_uuid = ? AND key LIKE ?",
-                                (run_id, prefix + "%")))
+        return dict(
+            con.execute(
+                "SELECT key, value FROM latest_metrics WHERE run_uuid = ? AND key LIKE ?", (run_id, prefix + "%")
+            )
+        )
 
 
 @pytest.mark.slow
@@ -206,13 +246,13 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
     # stopped while the first array of a second round ([3, 4] of a twin) is mid-way, the worse
     # config decided: the resume rebuilds the race from the first rounds' values and the
     # recorded decision, and continues that array
-    text = _run_and_stop(path, output, tmp_path / "driver.log",
-                         lambda run: int(run["tags"]["studies.seed"]) >= 3)
+    text = _run_and_stop(path, output, tmp_path / "driver.log", lambda run: int(run["tags"]["studies.seed"]) >= 3)
     assert f"terminated by SIGTERM; `studies resume {name}`" in text
     cells = _runs(db, "cell")
     assert [run for run in cells + _runs(db, "parent") if run["status"] == "RUNNING"] == []
-    stopped = {run["tags"]["studies.cell_id"]: run["id"] for run in cells
-               if run["tags"].get("studies.status") != "finished"}
+    stopped = {
+        run["tags"]["studies.cell_id"]: run["id"] for run in cells if run["tags"].get("studies.status") != "finished"
+    }
     assert len(stopped) == 2 and all(run["status"] == "KILLED" for run in cells if run["id"] in stopped.values())
     decided = [run for run in cells if "studies.race" in run["tags"]]  # the worse config, before the stop
     assert [json.loads(run["tags"]["studies.race"])["state"] for run in decided] == ["worse than best"]
@@ -246,8 +286,11 @@ def test_a_fused_race_stopped_mid_round_resumes_to_the_uninterrupted_decisions(t
         run_race(race, value)
     expected = {c: (race.status(c).state, race.status(c).seeds) for c in configs}
     assert sorted(expected.values()) == [("max seeds reached", 5)] * 2 + [("worse than best", 3)]
-    decisions = {run["tags"]["studies.config_id"]: json.loads(run["tags"]["studies.race"])
-                 for run in cells if "studies.race" in run["tags"]}
+    decisions = {
+        run["tags"]["studies.config_id"]: json.loads(run["tags"]["studies.race"])
+        for run in cells
+        if "studies.race" in run["tags"]
+    }
     assert {c: (d["state"], d["seeds"]) for c, d in decisions.items()} == expected
     assert sorted(ids) == sorted(alone)  # the cells raced: those of the uninterrupted race
     for cell_id, run in by_id.items():
@@ -271,21 +314,28 @@ def test_close_stopped_ends_only_the_running_runs_killed_with_the_reason(tmp_pat
         made[label] = client.create_run(tracking.experiment_id).info.run_id
     client.set_terminated(made["finished"], status="FINISHED")
     client.set_terminated(made["failed"], status="FAILED")
-    states = [CellState("a", "running", made["running"], None, "RUNNING"),
-              CellState("b", "finished", made["finished"], None, "FINISHED"),
-              CellState("c", "failed", made["failed"], "boom", "FAILED"),
-              CellState("d", "missing")]
+    states = [
+        CellState("a", "running", made["running"], None, "RUNNING"),
+        CellState("b", "finished", made["finished"], None, "FINISHED"),
+        CellState("c", "failed", made["failed"], "boom", "FAILED"),
+        CellState("d", "missing"),
+    ]
     assert tracking.close_stopped(states, "terminated by SIGHUP", patience_s=5) == [made["running"]]
     tracking.close_parent(False, "terminated by SIGHUP", patience_s=5)
-    for run_id, status in ((made["running"], "KILLED"), (made["finished"], "FINISHED"),
-                           (made["failed"], "FAILED"), (parent, "KILLED")):
+    for run_id, status in (
+        (made["running"], "KILLED"),
+        (made["finished"], "FINISHED"),
+        (made["failed"], "FAILED"),
+        (parent, "KILLED"),
+    ):
         run = client.get_run(run_id)
         assert run.info.status == status
         assert (run.data.tags.get(TAG_STOP_REASON) == "terminated by SIGHUP") == (status == "KILLED")
     # the state the summary reads carries the run's MLflow status
-    child = client.create_run(tracking.experiment_id, tags={
-        "studies.role": "cell", "studies.study": "closing", "studies.cell_id": "e",
-        "studies.status": "running"}).info.run_id
+    child = client.create_run(
+        tracking.experiment_id,
+        tags={"studies.role": "cell", "studies.study": "closing", "studies.cell_id": "e", "studies.status": "running"},
+    ).info.run_id
     assert tracking.cell_states(["e"])["e"].mlflow_status == "RUNNING"
     assert tracking.close_stopped(tracking.cell_states(["e"]).values(), "interrupted") == [child]
     assert client.get_run(child).info.status == "KILLED"
@@ -308,12 +358,17 @@ def test_the_report_says_why_a_stopped_cell_did_not_finish():
     from analysis.collect import _failed_table
     from analysis.collect_store import RunRecord
 
-    tags = {"studies.cell_id": "c-s0", "studies.config_id": "c", "studies.seed": "0",
-            "studies.variant": "ce", "studies.status": "running"}
-    stopped = RunRecord("r1", "KILLED", 0, 1, {**tags, "studies.stop_reason": "terminated by SIGTERM"},
-                        {}, {})
+    tags = {
+        "studies.cell_id": "c-s0",
+        "studies.config_id": "c",
+        "studies.seed": "0",
+        "studies.variant": "ce",
+        "studies.status": "running",
+    }
+    stopped = RunRecord("r1", "KILLED", 0, 1, {**tags, "studies.stop_reason": "terminated by SIGTERM"}, {}, {})
     vanished = RunRecord("r2", "KILLED", 0, 1, dict(tags), {}, {})
     rows = _failed_table([stopped, vanished]).to_pylist()
     assert [(r["status"], r["error"]) for r in rows] == [
         ("unfinished", "terminated by SIGTERM"),
-        ("unfinished", "MLflow run status KILLED without a studies.error tag")]
+        ("unfinished", "MLflow run status KILLED without a studies.error tag"),
+    ]

@@ -21,8 +21,7 @@ from setvalued.losses.smooth_svm import hard_topk_svm, log_elementary_symmetric
 torch.set_num_threads(1)
 
 
-def _brute_force_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, tau: float,
-                     alpha: float) -> torch.Tensor:
+def _brute_force_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
     """[BZK18] eq. 9, enumerating every k-subset (differentiable, for n <= 8)."""
     n = scores.shape[1]
     values = []
@@ -33,17 +32,20 @@ def _brute_force_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, tau: f
             all_terms.append((alpha * (y not in subset) + mean_score) / tau)
             if y in subset:
                 with_target.append(mean_score / tau)
-        values.append(tau * torch.logsumexp(torch.stack(all_terms), 0)
-                      - tau * torch.logsumexp(torch.stack(with_target), 0))
+        values.append(
+            tau * torch.logsumexp(torch.stack(all_terms), 0) - tau * torch.logsumexp(torch.stack(with_target), 0)
+        )
     return torch.stack(values)
 
 
-def _brute_force_svm_vectorized(scores: torch.Tensor, targets: torch.Tensor, k: int, tau: float,
-                                 alpha: float) -> torch.Tensor:
+def _brute_force_svm_vectorized(
+    scores: torch.Tensor, targets: torch.Tensor, k: int, tau: float, alpha: float
+) -> torch.Tensor:
     """[BZK18] eq. 9 over every k-subset at once: a (subsets, n) indicator matrix."""
     n = scores.shape[1]
-    subsets = torch.tensor([[j in c for j in range(n)] for c in itertools.combinations(range(n), k)],
-                           dtype=scores.dtype)
+    subsets = torch.tensor(
+        [[j in c for j in range(n)] for c in itertools.combinations(range(n), k)], dtype=scores.dtype
+    )
     means = scores @ subsets.T / k  # (B, subsets)
     holds_target = subsets[:, targets].T.bool()  # (B, subsets)
     all_terms = (alpha * (~holds_target).to(scores.dtype) + means) / tau
@@ -51,8 +53,14 @@ def _brute_force_svm_vectorized(scores: torch.Tensor, targets: torch.Tensor, k: 
     return tau * torch.logsumexp(all_terms, dim=1) - tau * torch.logsumexp(with_target, dim=1)
 
 
-CASES = [(n, k, tau, alpha) for n in (5, 8) for k in (1, 2, 3, 5) for tau in (0.05, 0.5, 2.0)
-         for alpha in (0.0, 1.0) if k <= n - 1]
+CASES = [
+    (n, k, tau, alpha)
+    for n in (5, 8)
+    for k in (1, 2, 3, 5)
+    for tau in (0.05, 0.5, 2.0)
+    for alpha in (0.0, 1.0)
+    if k <= n - 1
+]
 
 
 @pytest.mark.parametrize("n, k, tau, alpha", CASES)
@@ -62,17 +70,24 @@ def test_value_and_gradient_equal_brute_force_enumeration(n, k, tau, alpha):
     targets = torch.randint(n, (4,), generator=generator)
     loss = build_loss("smooth_topk_svm", k=k, tau=tau, alpha=alpha, reduction="none")
     value = loss(scores, targets)
-    grad, = torch.autograd.grad(value.sum(), scores)
+    (grad,) = torch.autograd.grad(value.sum(), scores)
     reference = _brute_force_svm(scores, targets, k, tau, alpha)
-    reference_grad, = torch.autograd.grad(reference.sum(), scores)
-    assert torch.allclose(_brute_force_svm_vectorized(scores, targets, k, tau, alpha), reference,
-                          rtol=1e-12, atol=1e-12)
+    (reference_grad,) = torch.autograd.grad(reference.sum(), scores)
+    assert torch.allclose(
+        _brute_force_svm_vectorized(scores, targets, k, tau, alpha), reference, rtol=1e-12, atol=1e-12
+    )
     assert torch.allclose(value, reference, rtol=1e-10, atol=1e-12)
     assert torch.allclose(grad, reference_grad, rtol=1e-8, atol=1e-10)
 
 
-BODY_CASES = [(12, 2, 1.0, 1.0), (12, 3, 0.1, 1.0), (14, 4, 0.5, 0.0), (13, 5, 2.0, 1.0),
-              (12, 2, 1e-3, 1.0), (13, 4, 1e-3, 1.0)]
+BODY_CASES = [
+    (12, 2, 1.0, 1.0),
+    (12, 3, 0.1, 1.0),
+    (14, 4, 0.5, 0.0),
+    (13, 5, 2.0, 1.0),
+    (12, 2, 1e-3, 1.0),
+    (13, 4, 1e-3, 1.0),
+]
 
 
 @pytest.mark.parametrize("n, k, tau, alpha", BODY_CASES)
@@ -90,17 +105,22 @@ def test_value_and_gradient_equal_brute_force_with_a_body(n, k, tau, alpha, logi
     targets = torch.randint(n, (6,), generator=generator)
     loss = build_loss("smooth_topk_svm", k=k, tau=tau, alpha=alpha, reduction="none")
     value = loss(scores, targets)
-    grad, = torch.autograd.grad(value.sum(), scores)
+    (grad,) = torch.autograd.grad(value.sum(), scores)
     reference = _brute_force_svm_vectorized(scores, targets, k, tau, alpha)
-    reference_grad, = torch.autograd.grad(reference.sum(), scores)
+    (reference_grad,) = torch.autograd.grad(reference.sum(), scores)
     assert torch.allclose(value, reference, rtol=1e-6, atol=1e-9 * max(1.0, logit_scale))
     scale = reference_grad.abs().max()
     assert torch.allclose(grad, reference_grad, rtol=1e-6, atol=1e-6 * scale)
     # float32 inputs: the same loss (computed in float64 inside), rounded once
     value32 = loss(scores.detach().float(), targets)
-    assert torch.allclose(value32.double(), build_loss("smooth_topk_svm", k=k, tau=tau, alpha=alpha,
-                                                       reduction="none")(scores.detach().float().double(), targets),
-                          rtol=1e-6, atol=1e-6)
+    assert torch.allclose(
+        value32.double(),
+        build_loss("smooth_topk_svm", k=k, tau=tau, alpha=alpha, reduction="none")(
+            scores.detach().float().double(), targets
+        ),
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 def _log_space_reference(scores, targets, k, tau, alpha):
@@ -120,9 +140,9 @@ def test_large_n_matches_the_log_space_recursion(k, tau, logit_scale):
     scores = (torch.randn(8, 300, generator=generator, dtype=torch.float64) * logit_scale).requires_grad_(True)
     targets = torch.randint(300, (8,), generator=generator)
     value = build_loss("smooth_topk_svm", k=k, tau=tau, reduction="none")(scores, targets)
-    grad, = torch.autograd.grad(value.sum(), scores)
+    (grad,) = torch.autograd.grad(value.sum(), scores)
     reference = _log_space_reference(scores, targets, k, tau, 1.0)
-    reference_grad, = torch.autograd.grad(reference.sum(), scores)
+    (reference_grad,) = torch.autograd.grad(reference.sum(), scores)
     assert torch.allclose(value, reference, rtol=1e-9, atol=1e-9)
     assert torch.allclose(grad, reference_grad, rtol=1e-7, atol=1e-9 * reference_grad.abs().max())
 
@@ -149,9 +169,9 @@ def test_k1_tau1_alpha0_equals_cross_entropy():
     targets = torch.randint(11, (16,), generator=generator)
     svm = build_loss("smooth_topk_svm", k=1, tau=1.0, alpha=0.0)
     value = svm(scores, targets)
-    grad, = torch.autograd.grad(value, scores)
+    (grad,) = torch.autograd.grad(value, scores)
     ce = F.cross_entropy(scores, targets)
-    ce_grad, = torch.autograd.grad(ce, scores)
+    (ce_grad,) = torch.autograd.grad(ce, scores)
     assert value.item() == pytest.approx(ce.item(), abs=1e-13)
     assert torch.allclose(grad, ce_grad, atol=1e-14)
     # with a margin it is no longer CE (the check can fail)
@@ -177,8 +197,10 @@ def test_log_elementary_symmetric_matches_enumeration(n):
         for row in range(3):
             e = x[row].exp().numpy()
             if n <= 9:
-                expected = [math.log(sum(np.prod(e[list(c)]) for c in itertools.combinations(range(n), j)))
-                            for j in range(k + 1)]
+                expected = [
+                    math.log(sum(np.prod(e[list(c)]) for c in itertools.combinations(range(n), j)))
+                    for j in range(k + 1)
+                ]
             else:
                 expected = _log_esp_sequential(x[row].numpy(), k)
             assert np.allclose(result[row].numpy(), expected, rtol=1e-12, atol=1e-12), (n, k)
@@ -222,10 +244,10 @@ def test_float32_stability_sweep(tau, logit_scale):
         loss = build_loss("smooth_topk_svm", k=k, tau=tau, reduction="none")
         s32 = scores64.float().requires_grad_(True)
         value32 = loss(s32, targets)
-        grad32, = torch.autograd.grad(value32.sum(), s32)
+        (grad32,) = torch.autograd.grad(value32.sum(), s32)
         s64 = scores64.clone().requires_grad_(True)
         value64 = loss(s64, targets).detach()
-        grad64, = torch.autograd.grad(loss(s64, targets).sum(), s64)
+        (grad64,) = torch.autograd.grad(loss(s64, targets).sum(), s64)
         assert value32.dtype == torch.float32
         assert torch.isfinite(value32).all() and torch.isfinite(grad32).all()
         assert (value32 >= 0).all()
@@ -257,8 +279,10 @@ def test_low_temperature_tends_to_the_hard_loss():
         for i in range(32):
             others = np.sort(np.delete(s[i], targets[i]))[::-1]
             assert hard[i].item() == pytest.approx(max(0.0, 1 + (others[k - 1] - s[i, targets[i]]) / k))
-        gaps = [(build_loss("smooth_topk_svm", k=k, tau=tau, reduction="none")(scores, targets) - hard)
-                .abs().max().item() for tau in (1.0, 1e-1, 1e-2, 1e-3)]
+        gaps = [
+            (build_loss("smooth_topk_svm", k=k, tau=tau, reduction="none")(scores, targets) - hard).abs().max().item()
+            for tau in (1.0, 1e-1, 1e-2, 1e-3)
+        ]
         assert gaps[0] > 0.05 and gaps[-1] < 5e-3
         assert all(later < earlier for earlier, later in zip(gaps, gaps[1:]))
 
@@ -287,9 +311,13 @@ def test_zero_temperature_is_the_hard_loss_by_subset_enumeration(k, alpha):
 def test_hard_switch_follows_the_reference_rule():
     k, tau = 2, 0.5
     threshold = k * tau * math.log(1e3)  # 6.91 (docs/papers.md, erratum S-E9c)
-    scores = torch.tensor([[10.0, 9.0, 1.0, 0.0, -1.0],   # s_[2] - s_[3] = 8 >= threshold: hard
-                           [1.0, 0.9, 0.8, 0.0, -1.0]],   # gap 0.1: smooth
-                          dtype=torch.float64)
+    scores = torch.tensor(
+        [
+            [10.0, 9.0, 1.0, 0.0, -1.0],  # s_[2] - s_[3] = 8 >= threshold: hard
+            [1.0, 0.9, 0.8, 0.0, -1.0],
+        ],  # gap 0.1: smooth
+        dtype=torch.float64,
+    )
     targets = torch.tensor([2, 3])
     smooth = build_loss("smooth_topk_svm", k=k, tau=tau, reduction="none")
     switched = build_loss("smooth_topk_svm", k=k, tau=tau, hard_switch=True, reduction="none")
@@ -318,14 +346,17 @@ def test_top_k_error_bound_of_proposition_4():
     assert (value >= (1 - tau * math.log(k)) * error - 1e-12).all()
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"tau": -1.0}, r"tau must be >= 0"),
-    ({"tau": float("nan")}, r"tau must be"),
-    ({"k": 0}, r"k must be an integer >= 1"),
-    ({"alpha": -0.5}, r"alpha must be >= 0"),
-    ({"hard_switch": "yes"}, r"hard_switch must be true or false"),
-    ({"k": 10, "num_classes": 10}, r"smooth_topk_svm: k must be in \[1, 9\] for 10 classes"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"tau": -1.0}, r"tau must be >= 0"),
+        ({"tau": float("nan")}, r"tau must be"),
+        ({"k": 0}, r"k must be an integer >= 1"),
+        ({"alpha": -0.5}, r"alpha must be >= 0"),
+        ({"hard_switch": "yes"}, r"hard_switch must be true or false"),
+        ({"k": 10, "num_classes": 10}, r"smooth_topk_svm: k must be in \[1, 9\] for 10 classes"),
+    ],
+)
 def test_bad_parameters(params, message):
     with pytest.raises(ValueError, match=message):
         build_loss("smooth_topk_svm", **params)
@@ -337,8 +368,7 @@ def test_k_too_large_at_call_time():
 
 
 def test_registered_with_linear_head_and_ignores_context_keys():
-    loss = build_loss("smooth_topk_svm", k=2, tau=1.0, class_counts=[1, 2, 3], num_classes=3,
-                      num_examples=6)
+    loss = build_loss("smooth_topk_svm", k=2, tau=1.0, class_counts=[1, 2, 3], num_classes=3, num_examples=6)
     assert loss.head == "linear" and loss.requires_indices is False
     assert torch.isfinite(loss(torch.randn(4, 3), torch.tensor([0, 1, 2, 0])))
 

@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-
-import benchmarks.smooth_svm_tables as tables  # noqa: E402  (the benchmark's own code under test)
+import benchmarks.smooth_svm_tables as tables
 
 
 @pytest.fixture
@@ -26,8 +25,10 @@ def one_thread():
 def brute_force_sigma(row: list[float], k: int) -> list[float]:
     """``sigma_0..k(exp(row))`` by enumerating every subset (float64)."""
     e = [math.exp(v) for v in row]
-    return [math.fsum(math.prod(e[i] for i in subset) for subset in itertools.combinations(range(len(e)), j))
-            for j in range(k + 1)]
+    return [
+        math.fsum(math.prod(e[i] for i in subset) for subset in itertools.combinations(range(len(e)), j))
+        for j in range(k + 1)
+    ]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -41,7 +42,7 @@ def test_summation_and_divide_and_conquer_equal_the_brute_force(k):
     # the timed quantities: (log sigma_{k-1}, log sigma_k), in float32 as in the paper
     for method in (tables.sa_log_sigma, tables.dc_log_sigma, tables.ours_log_sigma):
         got = method(x.float(), k).double()
-        assert torch.allclose(got, expected.log()[:, k - 1:], rtol=1e-5, atol=1e-5), method.__name__
+        assert torch.allclose(got, expected.log()[:, k - 1 :], rtol=1e-5, atol=1e-5), method.__name__
 
 
 def test_custom_backward_equals_autograd_through_the_recursion_and_finite_differences():

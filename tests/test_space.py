@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from setvalued.paths import get_path
 from studies.cells.space import (
     Cell,
     canonical_json,
@@ -21,7 +22,6 @@ from studies.cells.space import (
     smoke_cells,
     smoke_config,
 )
-from setvalued.paths import get_path
 from studies.studyfile.spec import StudyError, load_study
 
 BASE = """\
@@ -62,52 +62,63 @@ def assert_paired(cells: list[Cell], seeds: list[int]) -> None:
 
 
 def test_grid_is_the_cartesian_product(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         design:
           - kind: grid
             parameters:
               loss.epsilon: [0.01, 0.1, 1.0]
               optim.batch_size: [32, 64]
         seeds: [0, 1, 2, 3]
-        """)
+        """,
+    )
     cells = expand(study)
     assert len(cells) == 3 * 2 * 4
     assert_paired(cells, [0, 1, 2, 3])
     got = {(c.config["loss"]["epsilon"], c.config["optim"]["batch_size"]) for c in cells}
     assert got == {(e, b) for e in (0.01, 0.1, 1.0) for b in (32, 64)}
     for cell in cells:  # swept values are the config's values
-        assert cell.swept == {"loss.epsilon": cell.config["loss"]["epsilon"],
-                              "optim.batch_size": cell.config["optim"]["batch_size"]}
+        assert cell.swept == {
+            "loss.epsilon": cell.config["loss"]["epsilon"],
+            "optim.batch_size": cell.config["optim"]["batch_size"],
+        }
         assert cell.variant == "base"
 
 
 def test_sensitivity_varies_one_parameter_and_includes_the_base_once(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         design:
           - kind: sensitivity
             parameters:
               loss.epsilon: [0.05, 0.2, 1.0]     # 0.2 is the base value
               loss.n_samples: [1, 10]
         seeds: [7, 8]
-        """)
+        """,
+    )
     cells = expand(study)
     per_config = configs(cells)
     assert len(per_config) == 1 + 2 + 2  # base + other epsilons + n_samples values
     assert len(cells) == 5 * 2
     assert_paired(cells, [7, 8])
-    base = [c for c in per_config.values()
-            if c.config["loss"]["epsilon"] == 0.2 and c.config["loss"]["n_samples"] == 3]
+    base = [c for c in per_config.values() if c.config["loss"]["epsilon"] == 0.2 and c.config["loss"]["n_samples"] == 3]
     assert len(base) == 1
     assert base[0].swept == {"loss.epsilon": 0.2, "loss.n_samples": 3}
     for cell in per_config.values():  # one parameter at a time: the other stays at its base
         if cell.config["loss"]["epsilon"] != 0.2:
-            assert cell.config["loss"]["n_samples"] == 3 and cell.swept == {"loss.epsilon": cell.config["loss"]["epsilon"]}
+            assert cell.config["loss"]["n_samples"] == 3 and cell.swept == {
+                "loss.epsilon": cell.config["loss"]["epsilon"]
+            }
         if cell.config["loss"]["n_samples"] != 3:
             assert cell.config["loss"]["epsilon"] == 0.2
 
 
 def test_variants_times_grid(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         variants:
           noised: {}
           noised_big_m: {loss: {n_samples: 20}}
@@ -123,7 +134,8 @@ def test_variants_times_grid(tmp_path: Path):
           - kind: single
             variants: [ce]
         seeds: [0, 1, 2]
-        """)
+        """,
+    )
     cells = expand(study)
     per_config = configs(cells)
     counts = collections.Counter(c.variant for c in per_config.values())
@@ -180,7 +192,10 @@ def test_random_design_is_deterministic_and_within_bounds(tmp_path: Path):
 
 
 def test_random_int_and_loguniform_cover_their_range(tmp_path: Path):
-    cells = expand(study_from(tmp_path, """\
+    cells = expand(
+        study_from(
+            tmp_path,
+            """\
         design:
           - kind: random
             n_configs: 200
@@ -188,7 +203,9 @@ def test_random_int_and_loguniform_cover_their_range(tmp_path: Path):
               loss.n_samples: {int: [1, 4]}
               optim.lr: {loguniform: [1.0e-4, 1.0]}
         seeds: [0]
-        """))
+        """,
+        )
+    )
     samples = [c.config["loss"]["n_samples"] for c in cells]
     assert set(samples) == {1, 2, 3, 4}  # both bounds included
     logs = [math.log10(c.config["optim"]["lr"]) for c in cells]
@@ -199,7 +216,9 @@ def test_random_int_and_loguniform_cover_their_range(tmp_path: Path):
 
 
 def test_derived_values_follow_the_design(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         design:
           - kind: grid
             parameters: {optim.batch_size: [32, 64, 256]}
@@ -208,7 +227,8 @@ def test_derived_values_follow_the_design(tmp_path: Path):
           optim.weight_decay: "optim.lr / 1000"     # reads another derived value
           loss.n_samples: "max(1, loss.k * 2)"
         seeds: [0, 1]
-        """)
+        """,
+    )
     cells = expand(study)
     assert len(cells) == 3 * 2
     for cell in cells:
@@ -222,15 +242,20 @@ def test_derived_values_follow_the_design(tmp_path: Path):
 
 def test_derived_int_field_rejects_fractions(tmp_path: Path):
     with pytest.raises(StudyError, match=r"derived\.optim\.batch_size .*integer"):
-        study_from(tmp_path, """\
+        study_from(
+            tmp_path,
+            """\
             derived:
               optim.batch_size: "optim.lr * 5"
             seeds: [0]
-            """)
+            """,
+        )
 
 
 def test_union_of_blocks_is_deduplicated_by_config_id(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         design:
           - kind: grid
             parameters: {loss.epsilon: [0.1, 0.2, 0.5]}
@@ -238,7 +263,8 @@ def test_union_of_blocks_is_deduplicated_by_config_id(tmp_path: Path):
             parameters: {loss.epsilon: [0.2, 0.5, 1.0]}
           - kind: single
         seeds: [0, 1, 2]
-        """)
+        """,
+    )
     cells = expand(study)
     epsilons = sorted(c.config["loss"]["epsilon"] for c in configs(cells).values())
     assert epsilons == [0.1, 0.2, 0.5, 1.0]  # base (0.2) and 0.5 appear once
@@ -247,12 +273,17 @@ def test_union_of_blocks_is_deduplicated_by_config_id(tmp_path: Path):
 
 
 def test_identical_variants_are_one_config_labelled_with_the_first(tmp_path: Path):
-    cells = expand(study_from(tmp_path, """\
+    cells = expand(
+        study_from(
+            tmp_path,
+            """\
         variants:
           first: {}
           same: {loss: {epsilon: 0.2}}
         seeds: [0]
-        """))
+        """,
+        )
+    )
     assert len(cells) == 1 and cells[0].variant == "first"
 
 
@@ -261,7 +292,9 @@ def test_optuna_blocks_give_no_cells_and_suggest_valid_configs(tmp_path: Path):
 
     from studies.cells.space import optuna_sampler
 
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         variants:
           a: {}
           b: {loss: {n_samples: 5}}
@@ -276,10 +309,11 @@ def test_optuna_blocks_give_no_cells_and_suggest_valid_configs(tmp_path: Path):
               loss.k: {int: [1, 10]}
               optim.milestones: {choice: [[1], [1, 2]]}
         seeds: [0, 1]
-        """)
+        """,
+    )
     cells = expand(study)
     assert len(cells) == 2 * 2  # the single block only
-    (index, block), = study.optuna_blocks
+    ((index, block),) = study.optuna_blocks
     assert index == 1
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     opt = optuna.create_study(direction="maximize", sampler=optuna_sampler(block))
@@ -291,8 +325,11 @@ def test_optuna_blocks_give_no_cells_and_suggest_valid_configs(tmp_path: Path):
         assert trial.params["variant"] == variant
         assert 1e-3 <= config["optim"]["lr"] <= 1.0 and 1 <= config["loss"]["k"] <= 10
         assert config["optim"]["milestones"] in ([1], [1, 2])
-        assert swept == {"optim.lr": config["optim"]["lr"], "loss.k": config["loss"]["k"],
-                         "optim.milestones": config["optim"]["milestones"]}
+        assert swept == {
+            "optim.lr": config["optim"]["lr"],
+            "loss.k": config["loss"]["k"],
+            "optim.milestones": config["optim"]["milestones"],
+        }
         assert config["loss"]["n_samples"] == (5 if variant == "b" else 3)
         opt.tell(trial, 0.5)
     assert seen_variants == {"a", "b"}
@@ -303,13 +340,16 @@ def test_optuna_blocks_give_no_cells_and_suggest_valid_configs(tmp_path: Path):
 
 def test_optuna_bounds_are_checked_at_load_time(tmp_path: Path):
     with pytest.raises(StudyError, match=r"design\[0\]\.parameters\.loss\.k .*smaller than the number of classes"):
-        study_from(tmp_path, """\
+        study_from(
+            tmp_path,
+            """\
             design:
               - kind: optuna
                 n_configs: 4
                 parameters: {loss.k: {int: [1, 40]}}
             seeds: [0]
-            """)
+            """,
+        )
 
 
 # ----------------------------------------------------------------------------- ids
@@ -346,20 +386,27 @@ def test_config_id_ignores_key_order_float_spelling_and_seed():
 def test_float_spelling_in_the_file_gives_the_same_id(tmp_path: Path):
     spelled = {}
     for name, value in (("dot", "0.1"), ("exp", "1e-1"), ("exp2", "1.0e-1")):
-        cells = expand(study_from(tmp_path, f"""\
+        cells = expand(
+            study_from(
+                tmp_path,
+                f"""\
             design:
               - kind: grid
                 parameters: {{loss.epsilon: [{value}]}}
             seeds: [0]
-            """, file=f"{name}.yaml"))
+            """,
+                file=f"{name}.yaml",
+            )
+        )
         spelled[name] = cells[0].config_id
     assert len(set(spelled.values())) == 1
 
 
 def test_writing_a_default_does_not_change_the_id(tmp_path: Path):
     plain = expand(study_from(tmp_path, "seeds: [0]\n", file="a.yaml"))[0]
-    explicit = expand(study_from(tmp_path, "variants:\n  v: {optim: {momentum: 0.9, nesterov: true}}\nseeds: [0]\n",
-                                 file="b.yaml"))[0]
+    explicit = expand(
+        study_from(tmp_path, "variants:\n  v: {optim: {momentum: 0.9, nesterov: true}}\nseeds: [0]\n", file="b.yaml")
+    )[0]
     assert plain.config_id == explicit.config_id
 
 
@@ -367,14 +414,17 @@ def test_writing_a_default_does_not_change_the_id(tmp_path: Path):
 
 
 def test_smoke_config_is_tiny_and_keeps_loss_metrics_and_swept_values(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         design:
           - kind: grid
             parameters:
               optim.batch_size: [32, 128]
               loss.k: [3, 7]
         seeds: [0, 1]
-        """)
+        """,
+    )
     cells = expand(study)
     smoke = smoke_config(cells[0].config)
     assert smoke["data"]["name"] == "synthetic" and smoke["data"]["form"] == "features"
@@ -396,18 +446,31 @@ def test_smoke_config_is_tiny_and_keeps_loss_metrics_and_swept_values(tmp_path: 
 def test_smoke_of_a_real_data_set_with_large_k():
     from studies.studyfile.trial_config import validate_config
 
-    config, problems = validate_config({
-        "data": {"name": "plantnet300k", "root": "/data/plantnet"}, "model": {"name": "resnet18", "pretrained": "/w.pth"},
-        "loss": {"name": "noised_topk", "k": 30}, "eval": {"ks": [1, 5, 30], "avgk": [3], "selection": "val/top30"}})
+    config, problems = validate_config(
+        {
+            "data": {"name": "plantnet300k", "root": "/data/plantnet"},
+            "model": {"name": "resnet18", "pretrained": "/w.pth"},
+            "loss": {"name": "noised_topk", "k": 30},
+            "eval": {"ks": [1, 5, 30], "avgk": [3], "selection": "val/top30"},
+        }
+    )
     assert problems == []
     smoke = smoke_config(config, keep=["model.name", "data.root"])
     assert smoke["data"]["num_classes"] == 32 and smoke["model"] == {
-        "name": "mlp", "pretrained": False, "head": "auto", "hidden_dim": 16, "depth": 40, "growth_rate": 40}
+        "name": "mlp",
+        "pretrained": False,
+        "head": "auto",
+        "hidden_dim": 16,
+        "depth": 40,
+        "growth_rate": 40,
+    }
     assert smoke["eval"]["selection"] == "val/top30"
 
 
 def test_cells_table_lists_every_cell_and_the_count(tmp_path: Path):
-    study = study_from(tmp_path, """\
+    study = study_from(
+        tmp_path,
+        """\
         design:
           - kind: grid
             parameters: {loss.epsilon: [0.1, 1.0]}
@@ -415,7 +478,8 @@ def test_cells_table_lists_every_cell_and_the_count(tmp_path: Path):
             n_configs: 5
             parameters: {optim.lr: {loguniform: [1.0e-3, 1.0]}}
         seeds: [0, 1, 2]
-        """)
+        """,
+    )
     cells = expand(study)
     table = format_cells_table(cells, study)
     lines = table.splitlines()
@@ -442,8 +506,11 @@ def test_copy_config_equals_deepcopy_and_shares_nothing_mutable():
 
     from setvalued.paths import copy_config
 
-    config = {"loss": {"name": "noised_topk", "epsilon": 0.1, "k": 5, "hard": True, "x": None},
-              "optim": {"milestones": [150, 225], "nested": [{"a": [1, 2]}]}, "tuple": (1, [2])}
+    config = {
+        "loss": {"name": "noised_topk", "epsilon": 0.1, "k": 5, "hard": True, "x": None},
+        "optim": {"milestones": [150, 225], "nested": [{"a": [1, 2]}]},
+        "tuple": (1, [2]),
+    }
     copied = copy_config(config)
     assert copied == copy.deepcopy(config)
 

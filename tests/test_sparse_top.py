@@ -56,7 +56,7 @@ def eq_6_25(s: torch.Tensor, y: torch.Tensor) -> float:
     q = (s - lam).clamp(0, 1)
     in_h = q >= 1 - 1e-12
     in_m = (q > 1e-12) & ~in_h
-    return float(-(s * y).sum() + (s[in_h] - 0.5).sum() + 0.5 * (s[in_m] ** 2 - lam ** 2).sum() + size / 2)
+    return float(-(s * y).sum() + (s[in_h] - 0.5).sum() + 0.5 * (s[in_m] ** 2 - lam**2).sum() + size / 2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -82,8 +82,9 @@ def test_thesis_fixtures(scores, k, lam, expected, method):
 
 
 def test_batch_with_one_k_per_row_equals_row_by_row():
-    rows = torch.tensor([[2.4, 2.6, 2.3, 0.5, -1.0], [0.9, 0.2, 0.1, -0.4, 0.05], [0.9, 0.2, 0.1, -0.4, 0.05]],
-                        dtype=F64)
+    rows = torch.tensor(
+        [[2.4, 2.6, 2.3, 0.5, -1.0], [0.9, 0.2, 0.1, -0.4, 0.05], [0.9, 0.2, 0.1, -0.4, 0.05]], dtype=F64
+    )
     ks = torch.tensor([2.0, 1.0, 2.0], dtype=F64)
     together = sparse_top(rows, ks)
     for row, k, got in zip(rows, ks, together):
@@ -93,6 +94,7 @@ def test_batch_with_one_k_per_row_equals_row_by_row():
 # ----------------------------------------------------------------------------------------------
 # the projection: independent references and properties
 # ----------------------------------------------------------------------------------------------
+
 
 def _random_cases(seed: int, n: int = 150):
     gen = torch.Generator().manual_seed(seed)
@@ -116,8 +118,9 @@ def test_sort_and_bisect_and_brute_force_agree_with_ties_and_edge_k():
         assert torch.allclose(q_sort, q_brute, atol=1e-9), (s, k)
         assert torch.allclose(q_bisect, q_sort, atol=1e-9), (s, k)
         if bool(((q_sort > 0) & (q_sort < 1)).any()):  # the threshold is unique when M is not empty
-            assert float(sparse_top_threshold(s, k)) == pytest.approx(float(sparse_top_threshold_bisect(s, k)),
-                                                                      abs=1e-9)
+            assert float(sparse_top_threshold(s, k)) == pytest.approx(
+                float(sparse_top_threshold_bisect(s, k)), abs=1e-9
+            )
 
 
 def test_batched_random_rows_sum_to_k_and_lie_in_the_unit_box():
@@ -192,6 +195,7 @@ def test_it_is_the_nearest_point_of_the_capped_simplex():
 # derivatives ([Gar23] eqs. 6.17-6.21)
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_gradcheck_against_finite_differences(k):
     gen = torch.Generator().manual_seed(10 + k)
@@ -216,8 +220,9 @@ def test_closed_form_jacobian_equals_autograd_and_finite_differences():
         auto = torch.autograd.functional.jacobian(lambda x: sparse_top(x, k), s)
         assert torch.allclose(closed, auto, atol=1e-12)
         h = 1e-6
-        finite = torch.stack([(sparse_top(s + h * e, k) - sparse_top(s - h * e, k)) / (2 * h)
-                              for e in torch.eye(8, dtype=F64)], dim=1)
+        finite = torch.stack(
+            [(sparse_top(s + h * e, k) - sparse_top(s - h * e, k)) / (2 * h) for e in torch.eye(8, dtype=F64)], dim=1
+        )
         assert torch.allclose(closed, finite, atol=1e-6)
         # eq. 6.21: symmetric, idempotent (a projection matrix), zero on 1
         assert torch.allclose(closed, closed.T) and torch.allclose(closed @ closed, closed, atol=1e-12)
@@ -236,6 +241,7 @@ def test_jacobian_of_a_vertex_is_zero():
 # ----------------------------------------------------------------------------------------------
 # the loss ([Gar23] eqs. 6.12, 6.24-6.25, Proposition 6.2.1)
 # ----------------------------------------------------------------------------------------------
+
 
 def _random_multi_hot(gen, batch, classes, allow_empty=True):
     y = (torch.rand(batch, classes, generator=gen) < 0.3).to(F64)
@@ -258,7 +264,7 @@ def test_loss_value_is_eq_6_25_and_sparsemax_loss_is_eq_6_12():
         p = reference_sparsemax(row[None])[0]
         support = p > 0
         tau = float(row[support][0] - p[support][0])
-        expected = -float(row[label]) + 0.5 * float((row[support] ** 2 - tau ** 2).sum()) + 0.5
+        expected = -float(row[label]) + 0.5 * float((row[support] ** 2 - tau**2).sum()) + 0.5
         assert float(value) == pytest.approx(expected, abs=1e-9)
 
 
@@ -317,6 +323,7 @@ def test_loss_is_convex_along_random_segments():
 # the registered loss
 # ----------------------------------------------------------------------------------------------
 
+
 def test_registered_and_declared_without_parameters():
     assert LOSSES["sparse_top"] is SparseTopLoss
     assert LOSS_PARAMETERS["sparse_top"] == {}
@@ -361,12 +368,15 @@ def test_module_trains_an_interpolating_linear_model_to_the_targets():
     assert torch.allclose(sparse_top(model(x).detach(), y.sum(dim=1)), y, atol=1e-4)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (torch.tensor([0, 7]), r"class indices must lie in \[0, 5\]"),
-    (torch.tensor([0.0, 1.0]), "integer class indices"),
-    (torch.zeros(2, 5), "multi-hot matrix"),
-    (torch.full((2, 6), 0.5), "only 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (torch.tensor([0, 7]), r"class indices must lie in \[0, 5\]"),
+        (torch.tensor([0.0, 1.0]), "integer class indices"),
+        (torch.zeros(2, 5), "multi-hot matrix"),
+        (torch.full((2, 6), 0.5), "only 0 and 1"),
+    ],
+)
 def test_bad_targets_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         build_loss("sparse_top")(torch.zeros(2, 6), bad)

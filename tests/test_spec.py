@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from studies.studyfile.expressions import ExpressionError, parse_expression
 from setvalued.paths import deep_merge
+from studies.studyfile.expressions import ExpressionError, parse_expression
 from studies.studyfile.spec import StudyError, load_study
 from studies.studyfile.trial_config import validate_config
 
@@ -62,7 +62,9 @@ def test_missing_file_names_it(tmp_path: Path):
 
 
 def test_line_numbers_point_at_the_field(tmp_path: Path):
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         name: lines
         base:
           loss: {name: ce}
@@ -70,20 +72,24 @@ def test_line_numbers_point_at_the_field(tmp_path: Path):
             lr: 0.1
             batch_size: -3
         seeds: [0]
-        """)
+        """,
+    )
     with pytest.raises(StudyError) as info:
         load_study(path)
     assert "base.optim.batch_size (line 6)" in str(info.value)
 
 
 def test_several_problems_in_one_paragraph(tmp_path: Path):
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         name: many
         base: {loss: {name: ce}}
         seeds: [0]
         resources: {cpus: 0, gpus: -1}
         max_concurrent: 0
-        """)
+        """,
+    )
     message = str(pytest.raises(StudyError, load_study, path).value)
     assert "(3 problems)" in message
     for where in ("resources.cpus (line 4)", "resources.gpus (line 4)", "max_concurrent (line 5)"):
@@ -143,11 +149,16 @@ def test_loss_defaults_are_filled_from_the_registry(tmp_path: Path):
 
     from setvalued.losses import LOSSES
 
-    study = load_study(write(tmp_path, """\
+    study = load_study(
+        write(
+            tmp_path,
+            """\
         name: defaults
         base: {loss: {name: noised_topk}}
         seeds: [0]
-        """))
+        """,
+        )
+    )
     params = inspect.signature(LOSSES["noised_topk"].__init__).parameters
     loss = study.variant_config("base")["loss"]
     for name in ("k", "epsilon", "n_samples"):
@@ -164,8 +175,9 @@ def test_loss_parameter_types_are_coerced():
 
 
 def test_real_data_sets_have_their_own_fields():
-    config, problems = validate_config({"data": {"name": "cifar100", "label_noise": 0.2},
-                                        "model": {"name": "small_cnn"}, "loss": {"name": "ce"}})
+    config, problems = validate_config(
+        {"data": {"name": "cifar100", "label_noise": 0.2}, "model": {"name": "small_cnn"}, "loss": {"name": "ce"}}
+    )
     assert problems == []
     assert config["data"]["val_size"] == 5000 and config["data"]["noise_groups"] == "consecutive"
     assert "num_classes" not in config["data"]
@@ -175,8 +187,14 @@ def test_real_data_sets_have_their_own_fields():
 
 
 def test_top_k_larger_than_known_classes_is_rejected():
-    _, problems = validate_config({"data": {"name": "cifar100"}, "model": {"name": "small_cnn"},
-                                   "loss": {"name": "ce"}, "eval": {"ks": [1, 5, 101]}})
+    _, problems = validate_config(
+        {
+            "data": {"name": "cifar100"},
+            "model": {"name": "small_cnn"},
+            "loss": {"name": "ce"},
+            "eval": {"ks": [1, 5, 101]},
+        }
+    )
     assert problems[0].path == ("eval", "ks", 2)
 
 
@@ -189,21 +207,28 @@ def test_deep_merge_merges_mappings_and_replaces_the_rest():
 
 
 def test_single_block_design_path_has_no_index(tmp_path: Path):
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         name: single-block
         base: {loss: {name: ce}}
         design:
           kind: grid
           parameters: {optim.lr: [0.1, -1.0]}
         seeds: [0]
-        """)
+        """,
+    )
     message = str(pytest.raises(StudyError, load_study, path).value)
     assert "design.parameters.optim.lr[1] (line 5)" in message
     assert "greater than 0" in message
 
 
 def test_report_block_accepts_the_analysis_keys(tmp_path: Path):
-    study = load_study(write(tmp_path, textwrap.dedent(QUICK) + textwrap.dedent("""\
+    study = load_study(
+        write(
+            tmp_path,
+            textwrap.dedent(QUICK)
+            + textwrap.dedent("""\
         report:
           level: 0.9
           ci: bootstrap
@@ -216,7 +241,9 @@ def test_report_block_accepts_the_analysis_keys(tmp_path: Path):
           source: Thesis Table 4.4
           rows:
             - {variant: ce, match: {data.label_noise: 0.0}, metrics: {test/top5: 94.2}, ci: {test/top5: 0.1}}
-        """)))
+        """),
+        )
+    )
     assert study.report.level == 0.9 and study.report.tables[0].columns == "variant"
     assert study.reference[0].rows[0].metrics == {"test/top5": 94.2}
 
@@ -224,34 +251,40 @@ def test_report_block_accepts_the_analysis_keys(tmp_path: Path):
 # ----------------------------------------------------------------------------- expressions
 
 
-@pytest.mark.parametrize("text, values, expected", [
-    ("0.1 * optim.batch_size / 64", {"optim.batch_size": 128}, 0.1 * 128 / 64),
-    ("2 ** 10 - 1", {}, 1023),
-    ("-(loss.k + 1) // 2 % 7", {"loss.k": 4}, -(4 + 1) // 2 % 7),
-    ("max(1, round(log2(a.b)))", {"a.b": 64}, 6),
-    ("sqrt(x) + exp(0) + abs(-2) + min(3, 4)", {"x": 9}, 3 + 1 + 2 + 3),
-    ("ceil(2.1) + floor(2.9)", {}, 5),
-])
+@pytest.mark.parametrize(
+    "text, values, expected",
+    [
+        ("0.1 * optim.batch_size / 64", {"optim.batch_size": 128}, 0.1 * 128 / 64),
+        ("2 ** 10 - 1", {}, 1023),
+        ("-(loss.k + 1) // 2 % 7", {"loss.k": 4}, -(4 + 1) // 2 % 7),
+        ("max(1, round(log2(a.b)))", {"a.b": 64}, 6),
+        ("sqrt(x) + exp(0) + abs(-2) + min(3, 4)", {"x": 9}, 3 + 1 + 2 + 3),
+        ("ceil(2.1) + floor(2.9)", {}, 5),
+    ],
+)
 def test_expressions_evaluate_like_python(text, values, expected):
     expr = parse_expression(text)
     assert expr.names == frozenset(values)
     assert math.isclose(expr.evaluate(values), expected)
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("__import__('os').system('ls')", "unknown function"),
-    ("optim.lr.__class__", None),  # a path, but not in the config: caught at evaluation
-    ("(lambda: 1)()", "unknown function"),
-    ("[x for x in range(3)]", "unsupported construct"),
-    ("a if b else c", "unsupported construct"),
-    ("'abc'", "only numbers"),
-    ("a[0]", "unsupported construct"),
-    ("a < b", "unsupported construct"),
-    ("1 +", "syntax error"),
-    ("", "empty"),
-    ("max", "is a function"),
-    ("round(x, ndigits=2)", "keyword"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("__import__('os').system('ls')", "unknown function"),
+        ("optim.lr.__class__", None),  # a path, but not in the config: caught at evaluation
+        ("(lambda: 1)()", "unknown function"),
+        ("[x for x in range(3)]", "unsupported construct"),
+        ("a if b else c", "unsupported construct"),
+        ("'abc'", "only numbers"),
+        ("a[0]", "unsupported construct"),
+        ("a < b", "unsupported construct"),
+        ("1 +", "syntax error"),
+        ("", "empty"),
+        ("max", "is a function"),
+        ("round(x, ndigits=2)", "keyword"),
+    ],
+)
 def test_expressions_reject_anything_but_arithmetic(text, fragment):
     if fragment is None:
         expr = parse_expression(text)
@@ -272,19 +305,26 @@ def test_expression_power_is_guarded_and_errors_are_clear():
 
 
 def test_early_stopping_is_resolved_from_the_objective(tmp_path: Path):
-    study = load_study(write(tmp_path, """\
+    study = load_study(
+        write(
+            tmp_path,
+            """\
         name: es
         base: {loss: {name: ce}, eval: {ks: [1, 3], selection: val/top3}}
         seeds: [0, 1]
         objective: {metric: val/top1, mode: max}
         scheduler: {kind: early_stopping, patience: 2}
-        """))
+        """,
+        )
+    )
     assert study.scheduler.metric == "val/top1" and study.scheduler.mode == "max"
     assert study.scheduler.grace_epochs == 5 and study.scheduler.patience == 2
 
 
 def test_a_mistake_in_base_is_reported_once_for_all_variants(tmp_path: Path):
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         name: once
         base:
           loss: {name: noised_topk, k: 5}
@@ -294,7 +334,8 @@ def test_a_mistake_in_base_is_reported_once_for_all_variants(tmp_path: Path):
           b: {loss: {epsilon: 0.3}}
           c: {loss: {name: ce}}
         seeds: [0]
-        """)
+        """,
+    )
     message = str(pytest.raises(StudyError, load_study, path).value)
     assert message.count("base.optim.lr (line 4)") == 1 and "problems" not in message
 
@@ -308,7 +349,9 @@ def test_multiple_yaml_documents_are_a_syntax_error(tmp_path: Path):
 def test_a_misspelt_swept_parameter_is_reported_before_the_curve_that_names_it_right(tmp_path):
     """Issue 33: `loss.epsilion` in the design and a curve on `loss.epsilon` gave only the
     curve's error; the real mistake's message comes first, the curve's after it."""
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         name: typo
         base:
           loss: {name: noised_topk, k: 5, epsilon: 0.1}
@@ -320,7 +363,8 @@ def test_a_misspelt_swept_parameter_is_reported_before_the_curve_that_names_it_r
         report:
           curves:
             - {x: loss.epsilon, metric: test/top5}
-        """)
+        """,
+    )
     with pytest.raises(StudyError) as info:
         load_study(path)
     message = str(info.value)

@@ -27,8 +27,10 @@ def test_a_new_store_is_a_working_copy_of_the_template_made_once(tmp_path, monke
         run = client.create_run(experiment)
         client.log_metric(run.info.run_id, "x", 1.0)
         assert client.get_run(run.info.run_id).data.metrics == {"x": 1.0}
-    assert [e.name for e in MlflowClient(f"sqlite:///{second}").search_experiments()] \
-        == ["s", "Default"]  # the copies share nothing
+    assert [e.name for e in MlflowClient(f"sqlite:///{second}").search_experiments()] == [
+        "s",
+        "Default",
+    ]  # the copies share nothing
 
 
 def test_an_existing_store_or_another_uri_is_left_alone(tmp_path, monkeypatch):

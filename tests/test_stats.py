@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from scipy import stats as sps
 
+from analysis.plots import choose_xscale
 from analysis.stats import (
     NOTE_SINGLE,
     curve_series,
@@ -25,7 +26,6 @@ from analysis.stats import (
     summarize,
     variant_defining_paths,
 )
-from analysis.plots import choose_xscale
 
 SAMPLES = {
     2: [0.9412, 0.9388],
@@ -88,8 +88,7 @@ def test_bad_level_and_method_are_rejected_with_names():
 def _exact_percentile_bootstrap(x, level):
     """All n^n equally likely resamples: the exact percentile-bootstrap interval."""
     x = np.asarray(x)
-    means = np.array([x[list(idx)].mean()
-                      for idx in itertools.product(range(x.size), repeat=x.size)])
+    means = np.array([x[list(idx)].mean() for idx in itertools.product(range(x.size), repeat=x.size)])
     alpha = (1 - level) / 2
     return np.quantile(means, [alpha, 1 - alpha])
 
@@ -109,8 +108,9 @@ def test_bootstrap_is_seeded_and_close_to_exact_and_scipy():
     spread = x.max() - x.min()
     assert a.low == pytest.approx(exact_low, abs=0.03 * spread)
     assert a.high == pytest.approx(exact_high, abs=0.03 * spread)
-    ref = sps.bootstrap((x,), np.mean, confidence_level=0.95, n_resamples=40_000,
-                        method="percentile", rng=np.random.default_rng(0))
+    ref = sps.bootstrap(
+        (x,), np.mean, confidence_level=0.95, n_resamples=40_000, method="percentile", rng=np.random.default_rng(0)
+    )
     assert a.low == pytest.approx(ref.confidence_interval.low, abs=0.03 * spread)
     assert a.high == pytest.approx(ref.confidence_interval.high, abs=0.03 * spread)
     assert x.min() <= a.low < a.mean < a.high <= x.max()
@@ -185,9 +185,14 @@ def test_holm_agrees_with_step_down_procedure():
 
 
 def _row(variant, config_id, seed, swept, params, **metrics):
-    row = {"run_id": f"{config_id}-{seed}", "cell_id": f"{config_id}-s{seed}",
-           "config_id": config_id, "seed": seed, "variant": variant,
-           "swept": json.dumps(swept, sort_keys=True)}
+    row = {
+        "run_id": f"{config_id}-{seed}",
+        "cell_id": f"{config_id}-s{seed}",
+        "config_id": config_id,
+        "seed": seed,
+        "variant": variant,
+        "swept": json.dumps(swept, sort_keys=True),
+    }
     row.update({f"param:{k}": v for k, v in params.items()})
     row.update(metrics)
     return row
@@ -196,33 +201,39 @@ def _row(variant, config_id, seed, swept, params, **metrics):
 def _noise_rows():
     """ce / hinge / noised at label noise 0.0 and 0.1, seeds 0-2 (hinge misses seed 2 at 0.1)."""
     values = {
-        ("ce", 0.0): [0.941, 0.943, 0.942], ("ce", 0.1): [0.902, 0.905, 0.903],
-        ("hinge", 0.0): [0.933, 0.932, 0.934], ("hinge", 0.1): [0.921, 0.925],
-        ("noised", 0.0): [0.944, 0.946, 0.943], ("noised", 0.1): [0.919, 0.918, 0.920],
+        ("ce", 0.0): [0.941, 0.943, 0.942],
+        ("ce", 0.1): [0.902, 0.905, 0.903],
+        ("hinge", 0.0): [0.933, 0.932, 0.934],
+        ("hinge", 0.1): [0.921, 0.925],
+        ("noised", 0.0): [0.944, 0.946, 0.943],
+        ("noised", 0.1): [0.919, 0.918, 0.920],
     }
-    loss = {"ce": {"loss.name": "ce", "loss.k": 5, "loss.epsilon": 0.2},
-            "hinge": {"loss.name": "smooth_svm", "loss.k": 5, "loss.tau": 1.0},
-            "noised": {"loss.name": "noised_topk", "loss.k": 5, "loss.epsilon": 0.2}}
+    loss = {
+        "ce": {"loss.name": "ce", "loss.k": 5, "loss.epsilon": 0.2},
+        "hinge": {"loss.name": "smooth_svm", "loss.k": 5, "loss.tau": 1.0},
+        "noised": {"loss.name": "noised_topk", "loss.k": 5, "loss.epsilon": 0.2},
+    }
     rows = []
     for (variant, p), vals in values.items():
         config_id = f"{variant}-{p}"
         params = {"data.label_noise": p, "optim.lr": 0.1, **loss[variant]}
         for seed, v in enumerate(vals):
-            rows.append(_row(variant, config_id, seed, {"data.label_noise": p}, params,
-                             **{"test/top5": v, "test/top1": v - 0.2}))
+            rows.append(
+                _row(
+                    variant, config_id, seed, {"data.label_noise": p}, params, **{"test/top5": v, "test/top1": v - 0.2}
+                )
+            )
     return rows, values
 
 
 def test_summarize_groups_by_config_and_matches_scipy():
     rows, values = _noise_rows()
-    rows.append(_row("single", "single-0", 0, {}, {"data.label_noise": 0.0}, **{
-        "test/top5": 0.5}))
+    rows.append(_row("single", "single-0", 0, {}, {"data.label_noise": 0.0}, **{"test/top5": 0.5}))
     summary = summarize(pa.Table.from_pylist(rows), ["test/top5", "test/top1"]).to_pylist()
     by_key = {(r["config_id"], r["metric"]): r for r in summary}
     for (variant, p), vals in values.items():
         r = by_key[(f"{variant}-{p}", "test/top5")]
-        low, high = sps.t.interval(0.95, len(vals) - 1, loc=np.mean(vals),
-                                   scale=sps.sem(vals))
+        low, high = sps.t.interval(0.95, len(vals) - 1, loc=np.mean(vals), scale=sps.sem(vals))
         assert r["n"] == len(vals) and r["seeds"] == list(range(len(vals)))
         assert r["values"] == pytest.approx(vals)
         assert (r["ci_low"], r["ci_high"]) == pytest.approx((low, high), rel=1e-10)
@@ -239,10 +250,14 @@ def test_paired_comparisons_pair_by_seed_within_context_and_apply_holm():
     result = paired_comparisons(rows, ["test/top5"], "ce").to_pylist()
     pairs = {(r["variant"], r["config_id"], r["reference_config_id"]) for r in result}
     # each variant is compared with ce at the same label noise only
-    assert pairs == {("hinge", "hinge-0.0", "ce-0.0"), ("hinge", "hinge-0.1", "ce-0.1"),
-                     ("noised", "noised-0.0", "ce-0.0"), ("noised", "noised-0.1", "ce-0.1")}
+    assert pairs == {
+        ("hinge", "hinge-0.0", "ce-0.0"),
+        ("hinge", "hinge-0.1", "ce-0.1"),
+        ("noised", "noised-0.0", "ce-0.0"),
+        ("noised", "noised-0.1", "ce-0.1"),
+    }
     by_pair = {(r["config_id"], r["reference_config_id"]): r for r in result}
-    for (variant, p) in [("hinge", 0.0), ("hinge", 0.1), ("noised", 0.0), ("noised", 0.1)]:
+    for variant, p in [("hinge", 0.0), ("hinge", 0.1), ("noised", 0.0), ("noised", 0.1)]:
         a, b = values[(variant, p)], values[("ce", p)]
         n = min(len(a), len(b))  # hinge at 0.1 lacks seed 2: 2 pairs
         ref = sps.ttest_rel(a[:n], b[:n])
@@ -264,20 +279,35 @@ def test_variant_defining_paths_and_baseline_pairing():
     """A noised epsilon sweep against a single CE config: every epsilon pairs with CE."""
     rows = []
     for seed in range(3):
-        rows.append(_row("ce", "ce", seed, {}, {"loss.name": "ce", "loss.epsilon": 0.2,
-                                                 "optim.lr": 0.1}, **{"test/top5": 0.9}))
+        rows.append(
+            _row("ce", "ce", seed, {}, {"loss.name": "ce", "loss.epsilon": 0.2, "optim.lr": 0.1}, **{"test/top5": 0.9})
+        )
         for eps in (0.01, 0.2, 1.0):
-            rows.append(_row("noised", f"n{eps}", seed, {"loss.epsilon": eps},
-                             {"loss.name": "noised_topk", "loss.epsilon": eps,
-                              "optim.lr": 0.1}, **{"test/top5": 0.9 + eps / 100 + seed / 1000}))
+            rows.append(
+                _row(
+                    "noised",
+                    f"n{eps}",
+                    seed,
+                    {"loss.epsilon": eps},
+                    {"loss.name": "noised_topk", "loss.epsilon": eps, "optim.lr": 0.1},
+                    **{"test/top5": 0.9 + eps / 100 + seed / 1000},
+                )
+            )
     assert variant_defining_paths(rows) == {"loss.name"}
     result = paired_comparisons(rows, ["test/top5"], "ce").to_pylist()
     assert sorted(r["config_id"] for r in result) == ["n0.01", "n0.2", "n1.0"]
     # a config with another learning rate is a different context: not paired
     for seed in range(3):
-        rows.append(_row("noised", "lr", seed, {"optim.lr": 0.5},
-                         {"loss.name": "noised_topk", "loss.epsilon": 0.2, "optim.lr": 0.5},
-                         **{"test/top5": 0.8}))
+        rows.append(
+            _row(
+                "noised",
+                "lr",
+                seed,
+                {"optim.lr": 0.5},
+                {"loss.name": "noised_topk", "loss.epsilon": 0.2, "optim.lr": 0.5},
+                **{"test/top5": 0.8},
+            )
+        )
     result = paired_comparisons(rows, ["test/top5"], "ce").to_pylist()
     assert "lr" not in {r["config_id"] for r in result}
 
@@ -287,9 +317,16 @@ def test_curve_series_sensitivity_grid_and_baseline():
 
     def add(variant, config_id, swept, eps, m, p=0.0, value=0.9):
         for seed in range(3):
-            rows.append(_row(variant, config_id, seed, swept,
-                             {"loss.epsilon": eps, "loss.n_samples": m,
-                              "data.label_noise": p}, **{"test/top5": value}))
+            rows.append(
+                _row(
+                    variant,
+                    config_id,
+                    seed,
+                    swept,
+                    {"loss.epsilon": eps, "loss.n_samples": m, "data.label_noise": p},
+                    **{"test/top5": value},
+                )
+            )
 
     # one-at-a-time sensitivity around (eps=0.2, M=10); the base cell is recorded with {}
     add("noised", "base", {}, 0.2, 10)
@@ -312,11 +349,9 @@ def test_curve_series_sensitivity_grid_and_baseline():
     rows.clear()
     for eps in (0.01, 0.1, 1.0):
         for p in (0.0, 0.2):
-            add("noised", f"g{eps}-{p}", {"loss.epsilon": eps, "data.label_noise": p},
-                eps, 10, p)
+            add("noised", f"g{eps}-{p}", {"loss.epsilon": eps, "data.label_noise": p}, eps, 10, p)
     series = curve_series(summarize(rows, ["test/top5"]), "loss.epsilon", "test/top5")
-    assert sorted(s.label for s in series) == ["noised, data.label_noise=0",
-                                                "noised, data.label_noise=0.2"]
+    assert sorted(s.label for s in series) == ["noised, data.label_noise=0", "noised, data.label_noise=0.2"]
     assert all(len(s.points) == 3 for s in series)
 
 
@@ -339,7 +374,7 @@ def test_metric_kinds_and_axis_scales():
 
 
 NEAR_ONE = [0.999, 0.97, 0.995]  # an accuracy near 100 %: its t interval passes 1
-NEAR_ZERO = [0.0, 0.04]          # a few-shot accuracy near 0 with two seeds
+NEAR_ZERO = [0.0, 0.04]  # a few-shot accuracy near 0 with two seeds
 
 
 @pytest.mark.parametrize("values", [NEAR_ONE, NEAR_ZERO, SAMPLES[3]])
@@ -382,27 +417,37 @@ def test_metric_bounds():
 
 
 def test_summaries_and_paired_differences_stay_within_the_bounds():
-    rows = [{"config_id": c, "seed": s, "variant": c, "swept": "{}", "param:loss.name": c,
-             "test/many/top5": v, "train/loss": v}
-            for c, values in (("a", NEAR_ONE), ("b", [0.2, 0.99, 0.5])) for s, v in enumerate(values)]
-    summary = {(r["config_id"], r["metric"]): r for r in
-               summarize(rows, ["test/many/top5", "train/loss"]).to_pylist()}
+    rows = [
+        {
+            "config_id": c,
+            "seed": s,
+            "variant": c,
+            "swept": "{}",
+            "param:loss.name": c,
+            "test/many/top5": v,
+            "train/loss": v,
+        }
+        for c, values in (("a", NEAR_ONE), ("b", [0.2, 0.99, 0.5]))
+        for s, v in enumerate(values)
+    ]
+    summary = {(r["config_id"], r["metric"]): r for r in summarize(rows, ["test/many/top5", "train/loss"]).to_pylist()}
     bounded, free = summary[("a", "test/many/top5")], summary[("a", "train/loss")]
     assert bounded["clipped"] and bounded["ci_high"] == 1.0 and not free["clipped"]
     assert free["ci_high"] > 1.0  # a loss is not bounded: its t interval as it is
     pairs = paired_comparisons(rows, ["test/many/top5"], "b").to_pylist()
     d = np.subtract(NEAR_ONE, [0.2, 0.99, 0.5])
     low, high = sps.ttest_rel(NEAR_ONE, [0.2, 0.99, 0.5]).confidence_interval(0.95)
-    assert (pairs[0]["ci_low"], pairs[0]["ci_high"]) == pytest.approx(
-        (max(low, -1.0), min(high, 1.0)))
+    assert (pairs[0]["ci_low"], pairs[0]["ci_high"]) == pytest.approx((max(low, -1.0), min(high, 1.0)))
     assert pairs[0]["clipped"] == (low < -1 or high > 1) and abs(d.mean()) < 1
 
 
 def test_epoch_curves_are_cut_too():
     from analysis.stats import epoch_curves
 
-    history = [{"config_id": "a", "variant": "a", "swept": "{}", "metric": "val/top5",
-                "epoch": 0, "value": v} for v in NEAR_ONE]
+    history = [
+        {"config_id": "a", "variant": "a", "swept": "{}", "metric": "val/top5", "epoch": 0, "value": v}
+        for v in NEAR_ONE
+    ]
     (row,) = epoch_curves(history, "val/top5")
     assert row["ci_high"] == 1.0 and row["clipped"]
 
@@ -413,10 +458,11 @@ def test_two_seeds_with_identical_differences_are_a_degenerate_test_never_signif
     and Holm's family leaves it out."""
     from analysis.formatting import p_text
 
-    rows = [{"config_id": c, "variant": v, "swept": "{}", "seed": s, "test/top5": x}
-            for c, v, values in (("a", "ce", (0.8, 0.6)), ("b", "noised", (0.9, 0.7)),
-                                 ("c", "other", (0.95, 0.6)))
-            for s, x in zip((0, 1), values)]
+    rows = [
+        {"config_id": c, "variant": v, "swept": "{}", "seed": s, "test/top5": x}
+        for c, v, values in (("a", "ce", (0.8, 0.6)), ("b", "noised", (0.9, 0.7)), ("c", "other", (0.95, 0.6)))
+        for s, x in zip((0, 1), values)
+    ]
     found = {r["variant"]: r for r in paired_comparisons(rows, ["test/top5"], "ce").to_pylist()}
     degenerate = found["noised"]
     assert degenerate["note"].startswith("degenerate: all differences equal")

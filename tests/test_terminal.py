@@ -54,7 +54,7 @@ class Screen:
                     self.rows.append("")
                     self.col = 0
                 row = self.rows[-1]
-                self.rows[-1] = row[: self.col] + char + row[self.col + 1:]
+                self.rows[-1] = row[: self.col] + char + row[self.col + 1 :]
                 self.col += 1
             i += 1
 
@@ -66,8 +66,15 @@ def run_in_terminal(args: list[str], width: int = WIDTH, timeout: float = 600) -
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, width, 0, 0))
     env = dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm")
     env.pop("COLUMNS", None)
-    process = subprocess.Popen([sys.executable, "-m", "studies.cli", *args], cwd=REPO, env=env,
-                               stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "studies.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
+    )
     os.close(slave)
     chunks, deadline = [], time.monotonic() + timeout
     try:
@@ -103,8 +110,9 @@ def test_a_run_on_an_80_column_terminal_fits_and_leaves_one_progress_line(tmp_pa
     columns: no row wider than the terminal, one progress line on the final screen that agrees
     with the summary, the overrides kept with the run."""
     out = tmp_path / "out"
-    code, text = run_in_terminal(["run", "studies/catalog/quickstart.yaml", "--smoke", "seeds=[0,1]",
-                                  "--output", str(out), "--num-cpus", "2"])
+    code, text = run_in_terminal(
+        ["run", "studies/catalog/quickstart.yaml", "--smoke", "seeds=[0,1]", "--output", str(out), "--num-cpus", "2"]
+    )
     screen = Screen(WIDTH)
     screen.feed(text)
     shown = "\n".join(screen.rows)

@@ -32,23 +32,30 @@ from studies.tracking import (
 
 
 def make_cell(config_id: str, seed: int, lr: float = 0.1) -> dict:
-    config = {"data": {"name": "synthetic", "root": None}, "optim": {"lr": lr,
-              "milestones": [150, 225]}, "loss": {"name": "ce"}, "eval": {"ks": [1, 5]},
-              "epochs": 3}
-    return {"cell_id": f"{config_id}-s{seed}", "config_id": config_id, "seed": seed,
-            "variant": "ce", "config": config, "swept": {"optim.lr": lr}}
+    config = {
+        "data": {"name": "synthetic", "root": None},
+        "optim": {"lr": lr, "milestones": [150, 225]},
+        "loss": {"name": "ce"},
+        "eval": {"ks": [1, 5]},
+        "epochs": 3,
+    }
+    return {
+        "cell_id": f"{config_id}-s{seed}",
+        "config_id": config_id,
+        "seed": seed,
+        "variant": "ce",
+        "config": config,
+        "swept": {"optim.lr": lr},
+    }
 
 
 def test_config_params_dotted_keys_and_json_values():
-    flat = config_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": "x",
-                           "g": True, "h": {}})
-    assert flat == {"a.b": "1", "a.c.d": "[1, 2]", "e": "null", "f": "x", "g": "true",
-                    "h": "{}"}
+    flat = config_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": "x", "g": True, "h": {}})
+    assert flat == {"a.b": "1", "a.c.d": "[1, 2]", "e": "null", "f": "x", "g": "true", "h": "{}"}
 
 
 def test_ui_command_names_the_store():
-    assert ui_command("sqlite:////tmp/x/mlflow.db") == \
-        "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db"
+    assert ui_command("sqlite:////tmp/x/mlflow.db") == "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db"
     assert "http://127.0.0.1:5000" in ui_command("http://127.0.0.1:5000")
 
 
@@ -110,12 +117,21 @@ def test_cell_run_layout_and_idempotent_ledger(mlflow_server, tmp_path):
     run, reused = CellRun.open(context, cell)
     assert not reused
     for epoch in range(3):
-        run.log_metrics({"train/loss": 1.0 / (epoch + 1), "val/top5": 0.5 + epoch / 10,
-                         "epoch_time_s": 0.1, "lr": 0.05, "not_a_number": "x"}, step=epoch)
+        run.log_metrics(
+            {
+                "train/loss": 1.0 / (epoch + 1),
+                "val/top5": 0.5 + epoch / 10,
+                "epoch_time_s": 0.1,
+                "lr": 0.05,
+                "not_a_number": "x",
+            },
+            step=epoch,
+        )
     assert run.last_logged_epoch() == 2
     per_class = {"class": [0, 1, 2], "top5": [1.0, 0.5, math.nan]}
-    run.finish({"test": {"top5": 0.8, "few/top5": 0.6}, "best_epoch": 2, "best_val": 0.7,
-                "per_class": per_class}, final_step=2)
+    run.finish(
+        {"test": {"top5": 0.8, "few/top5": 0.6}, "best_epoch": 2, "best_val": 0.7, "per_class": per_class}, final_step=2
+    )
 
     client = tracking.client
     stored = client.get_run(run.run_id)
@@ -130,8 +146,7 @@ def test_cell_run_layout_and_idempotent_ledger(mlflow_server, tmp_path):
     assert params["optim.lr"] == "0.05" and params["seed"] == "7"
     assert params["optim.milestones"] == "[150, 225]" and params["data.root"] == "null"
     history = client.get_metric_history(run.run_id, "val/top5")
-    assert sorted((m.step, round(m.value, 6)) for m in history) == [(0, 0.5), (1, 0.6),
-                                                                     (2, 0.7)]
+    assert sorted((m.step, round(m.value, 6)) for m in history) == [(0, 0.5), (1, 0.6), (2, 0.7)]
     assert "not_a_number" not in stored.data.metrics
     assert stored.data.metrics["test/top5"] == 0.8
     assert stored.data.metrics["test/few/top5"] == 0.6
@@ -155,8 +170,7 @@ def test_cell_run_layout_and_idempotent_ledger(mlflow_server, tmp_path):
     failed, _ = CellRun.open(context, failed_cell)
     failed.fail("NonFiniteLossError: non-finite training loss (nan) at epoch 0, step 3")
 
-    states = tracking.cell_states([cell["cell_id"], other["cell_id"],
-                                   failed_cell["cell_id"], "missing-s0"])
+    states = tracking.cell_states([cell["cell_id"], other["cell_id"], failed_cell["cell_id"], "missing-s0"])
     assert states[cell["cell_id"]].status == STATUS_FINISHED
     assert states[other["cell_id"]].status == "running"
     assert states[failed_cell["cell_id"]].status == STATUS_FAILED
@@ -165,7 +179,8 @@ def test_cell_run_layout_and_idempotent_ledger(mlflow_server, tmp_path):
 
     # a new driver session: finished cells are done; unfinished runs are deleted
     done, to_run = StudyTracking(mlflow_server, name).prepare(
-        [cell["cell_id"], other["cell_id"], failed_cell["cell_id"]])
+        [cell["cell_id"], other["cell_id"], failed_cell["cell_id"]]
+    )
     assert done == [cell["cell_id"]]
     assert to_run == [other["cell_id"], failed_cell["cell_id"]]
     assert client.get_run(first.run_id).info.lifecycle_stage == "deleted"

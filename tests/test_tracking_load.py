@@ -42,8 +42,11 @@ def _check_runs(uri: str, name: str, templates: list[dict], pattern, expected_ru
 
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(name)
-    runs = [r for r in client.search_runs([experiment.experiment_id], max_results=1000)
-            if r.data.tags.get(TAG_ROLE) == ROLE_CELL]
+    runs = [
+        r
+        for r in client.search_runs([experiment.experiment_id], max_results=1000)
+        if r.data.tags.get(TAG_ROLE) == ROLE_CELL
+    ]
     assert len(runs) == expected_runs
     assert len({r.data.tags["studies.cell_id"] for r in runs}) == expected_runs  # one run per cell
     epoch_keys = set(templates[0]["epochs"][0])
@@ -64,8 +67,7 @@ def test_writers_times_cells_finished_runs_on_sqlite(tmp_path):
     pattern = tracking_load.CellPattern(checkpoints=2, epochs_per_checkpoint=2)
     templates = tracking_load.template_cells(count=4, pattern=pattern)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    point = tracking_load.run_point(uri, "load", writers=2, cells_per_writer=3, pattern=pattern,
-                                    templates=templates)
+    point = tracking_load.run_point(uri, "load", writers=2, cells_per_writer=3, pattern=pattern, templates=templates)
     assert (point.cells, point.errors) == (6, 0)
     # every call either succeeded once or was retried (a locked SQLite file): the successful
     # ones are exactly the per-cell pattern
@@ -106,9 +108,16 @@ def test_writers_against_the_deployed_server(tmp_path, monkeypatch):
             pattern = tracking_load.CellPattern(checkpoints=1)
             templates = tracking_load.template_cells(count=3, pattern=pattern)
             point = tracking_load.run_point(
-                server.uri, "load", writers=2, cells_per_writer=2, pattern=pattern,
-                templates=templates, store="pg-auth-cached", server_workers=1,
-                cpu_pids={"server": server.process.pid})
+                server.uri,
+                "load",
+                writers=2,
+                cells_per_writer=2,
+                pattern=pattern,
+                templates=templates,
+                store="pg-auth-cached",
+                server_workers=1,
+                cpu_pids={"server": server.process.pid},
+            )
             assert (point.cells, point.errors, point.failed_calls) == (4, 0, 0)
             assert point.calls == 4 * pattern.client_calls()
             assert point.http == 4 * pattern.http_requests() == 4 * (pattern.client_calls() + 2)

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import _healthy, _start_server, _stop
 
 pytestmark = pytest.mark.slow
@@ -37,8 +36,7 @@ def test_writes_wait_for_a_restarted_server_with_one_warning(tmp_path, monkeypat
         results = {}
 
         def write():
-            runs = [tracking.with_retry(lambda: client.create_run(experiment), outage_patience_s=300)
-                    for _ in range(2)]
+            runs = [tracking.with_retry(lambda: client.create_run(experiment), outage_patience_s=300) for _ in range(2)]
             results["runs"] = [r.info.run_id for r in runs]
 
         writer = threading.Thread(target=write)
@@ -83,8 +81,10 @@ def test_a_server_out_of_database_connections_is_waited_for(monkeypatch):
     def overloaded():
         calls.append(1)
         if len(calls) < 3:
-            raise RuntimeError("API request failed with code 400: QueuePool limit of size 5 "
-                               "overflow 10 reached, connection timed out, timeout 30.00")
+            raise RuntimeError(
+                "API request failed with code 400: QueuePool limit of size 5 "
+                "overflow 10 reached, connection timed out, timeout 30.00"
+            )
         return "logged"
 
     assert tracking.with_retry(overloaded) == "logged" and len(calls) == 3

@@ -18,9 +18,8 @@ from setvalued.data import build_datasets
 from setvalued.losses import LOSSES, SetValuedLoss, register_loss
 from setvalued.metrics import evaluate
 from setvalued.models import build_model
-from setvalued.training import NonFiniteLossError, fit
+from setvalued.training import NonFiniteLossError, fit, resolve_config
 from setvalued.training.checkpoint import training_fields
-from setvalued.training import resolve_config
 
 torch.set_num_threads(1)
 
@@ -29,8 +28,14 @@ L = 20
 
 def small_cfg(loss: dict, epochs: int = 3, **sections) -> dict:
     cfg = {
-        "data": {"name": "synthetic", "num_classes": L, "num_superclasses": 4, "train_size": 600,
-                 "val_size": 200, "test_size": 300},
+        "data": {
+            "name": "synthetic",
+            "num_classes": L,
+            "num_superclasses": 4,
+            "train_size": 600,
+            "val_size": 200,
+            "test_size": 300,
+        },
         "model": {"name": "mlp", "hidden_dim": 64},
         "loss": loss,
         "optim": {"lr": 0.1, "batch_size": 32, "milestones": [epochs - 1]},
@@ -78,8 +83,9 @@ def test_noised_topk_trains_with_a_sparse_gradient():
 
 
 def test_avgk_two_head_trains_and_calibrates_on_validation():
-    cfg = small_cfg({"name": "avgk_two_head", "k": 5, "alpha": 1.0}, epochs=3,
-                    eval={"avgk": [5], "selection": "val/avg5"})
+    cfg = small_cfg(
+        {"name": "avgk_two_head", "k": 5, "alpha": 1.0}, epochs=3, eval={"avgk": [5], "selection": "val/avg5"}
+    )
     result = fit(cfg, seed=0)
     test = result["test"]
     assert test["avg5"] > frequency_baseline(5) + 0.15
@@ -112,8 +118,11 @@ def test_losses_choose_their_head_and_train_their_own_parameters():
     assert result["test"]["top5"] > frequency_baseline(5) + 0.1
 
     states.clear()
-    cfg = small_cfg({"name": "role", "k": 5, "lambda_": 0.0}, epochs=2,
-                    eval={"avgk": [5], "avgk_activation": "sigmoid", "selection": "val/avg5"})
+    cfg = small_cfg(
+        {"name": "role", "k": 5, "lambda_": 0.0},
+        epochs=2,
+        eval={"avgk": [5], "avgk_activation": "sigmoid", "selection": "val/avg5"},
+    )
     fit(cfg, seed=0, on_epoch=lambda e, m, s: states.update({e: s}))
     theta0, theta1 = states[0]["loss"]["label_logits"], states[1]["loss"]["label_logits"]
     assert theta0.shape == (600, L) and not torch.equal(theta0, theta1)  # optimised with the model
@@ -134,8 +143,16 @@ def test_selection_and_test_on_the_selected_checkpoint():
     values = [h["val/top5"] for h in history]
     assert result["best_epoch"] == int(np.argmax(values)) and result["best_val"] == max(values)
     assert [captured[e][0]["val/top5"] for e in range(4)] == values
-    assert {"train/loss", "lr", "epoch_time_s", "grad_nonzero", "grad_nonzero_active", "val/top1",
-            "val/macro_top5", "val/few/top5"} <= set(history[0])
+    assert {
+        "train/loss",
+        "lr",
+        "epoch_time_s",
+        "grad_nonzero",
+        "grad_nonzero_active",
+        "val/top1",
+        "val/macro_top5",
+        "val/few/top5",
+    } <= set(history[0])
 
     # the test metrics are those of the selected checkpoint, recomputed here independently
     state = captured[3][1]
@@ -191,8 +208,9 @@ def _assert_same_run(result_a, state_a, result_b, state_b):
 
 def test_resume_gives_the_same_final_weights(tmp_path):
     # noised top-K draws noise at every step: the RNG streams must be restored too
-    cfg = small_cfg({"name": "noised_topk", "k": 3, "epsilon": 0.5, "n_samples": 2}, epochs=3,
-                    optim={"milestones": [1]})
+    cfg = small_cfg(
+        {"name": "noised_topk", "k": 3, "epsilon": 0.5, "n_samples": 2}, epochs=3, optim={"milestones": [1]}
+    )
     final = {}
     result_a = fit(cfg, 5, on_epoch=lambda e, m, s: final.update(state=s))
     result_b, state_b = _run_with_interruption(cfg, 5, stop_after=0)
@@ -250,19 +268,36 @@ def write_fake_cifar(root, per_class):
         # class-dependent mean colour, so the model has something to learn
         data = np.clip(rng.normal(fine[:, None] * 2.5, 30, (len(fine), 3072)), 0, 255).astype(np.uint8)
         with open(folder / name, "wb") as f:
-            pickle.dump({"data": data, "fine_labels": fine.tolist(), "coarse_labels": (fine // 5).tolist(),
-                         "filenames": [""] * len(fine), "batch_label": name}, f, protocol=2)
+            pickle.dump(
+                {
+                    "data": data,
+                    "fine_labels": fine.tolist(),
+                    "coarse_labels": (fine // 5).tolist(),
+                    "filenames": [""] * len(fine),
+                    "batch_label": name,
+                },
+                f,
+                protocol=2,
+            )
     with open(folder / "meta", "wb") as f:
-        pickle.dump({"fine_label_names": [str(i) for i in range(100)],
-                     "coarse_label_names": [str(i) for i in range(20)]}, f, protocol=2)
+        pickle.dump(
+            {"fine_label_names": [str(i) for i in range(100)], "coarse_label_names": [str(i) for i in range(20)]},
+            f,
+            protocol=2,
+        )
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])  # 0: data on the device (data.placement: auto); 1: a DataLoader
 def test_resume_with_augmentation_and_data_loader(tmp_path, num_workers):
     write_fake_cifar(tmp_path, per_class=3)
     cfg = {
-        "data": {"name": "cifar100", "root": str(tmp_path), "val_size": 50, "label_noise": 0.2,
-                 "num_workers": num_workers},
+        "data": {
+            "name": "cifar100",
+            "root": str(tmp_path),
+            "val_size": 50,
+            "label_noise": 0.2,
+            "num_workers": num_workers,
+        },
         "model": {"name": "small_cnn", "hidden_dim": 8},
         "loss": {"name": "ce"},
         "optim": {"lr": 0.05, "batch_size": 50, "milestones": []},
@@ -337,11 +372,14 @@ def test_bad_configs_name_the_key():
         fit({**base, "loss": {"name": "avgk_two_head", "k": 3}, "model": {"name": "mlp", "head": "linear"}}, seed=0)
 
 
-@pytest.mark.parametrize("config, path", [
-    ({"loss": {"name": "ce"}, "optimizer": {}}, "optimizer"),
-    ({"loss": {"name": "ce"}, "optim": {"learning_rate": 0.1}}, "optim.learning_rate"),
-    ({"loss": {"name": "ce"}, "eval": {"k": [5]}}, "eval.k"),
-])
+@pytest.mark.parametrize(
+    "config, path",
+    [
+        ({"loss": {"name": "ce"}, "optimizer": {}}, "optimizer"),
+        ({"loss": {"name": "ce"}, "optim": {"learning_rate": 0.1}}, "optim.learning_rate"),
+        ({"loss": {"name": "ce"}, "eval": {"k": [5]}}, "eval.k"),
+    ],
+)
 def test_unknown_config_keys_are_named_by_their_dotted_path(config, path):
     from setvalued.training import resolve_config
 
@@ -434,8 +472,7 @@ def test_probe_times_the_epoch_loop_with_its_data_loading(monkeypatch):
     adds = []
     add = train.RunningTrainMetrics.add
     monkeypatch.setattr(train.Trial, "epoch_batches", slow_batches)
-    monkeypatch.setattr(train.RunningTrainMetrics, "add",
-                        lambda self, *args: adds.append(1) or add(self, *args))
+    monkeypatch.setattr(train.RunningTrainMetrics, "add", lambda self, *args: adds.append(1) or add(self, *args))
     result = train.probe(small_cfg({"name": "ce"}), seed=0, steps=4)
     assert result["step_s"] >= 0.02
     assert len(adds) == 1 + 4

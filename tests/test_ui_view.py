@@ -5,14 +5,18 @@ tests without a server (tests/test_mlflow_ui.py opens the view in a real browser
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
 import pytest
 
 from analysis.layout import (
-    MAX_UI_CHARTS, UI_CHART_SECTION, UI_VIEW_KEY, UI_WORKFLOW, cell_runs_view, cell_runs_view_tag,
+    MAX_UI_CHARTS,
+    UI_CHART_SECTION,
+    UI_VIEW_KEY,
+    UI_WORKFLOW,
+    cell_runs_view,
+    cell_runs_view_tag,
 )
 from studies.cells.space import expand
 from studies.studyfile.spec import load_study
@@ -24,10 +28,11 @@ QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
 
 def _two_parameter_sweep(tmp_path: Path, report: str = "") -> Path:
     text = QUICKSTART.read_text(encoding="utf-8")
-    text = text.replace("      loss.epsilon: [0.01, 0.1, 1.0]",
-                        "      loss.epsilon: [0.01, 0.1]\n      optim.lr: [0.05, 0.1]")
+    text = text.replace(
+        "      loss.epsilon: [0.01, 0.1, 1.0]", "      loss.epsilon: [0.01, 0.1]\n      optim.lr: [0.05, 0.1]"
+    )
     if report:
-        text = text[:text.index("report:")] + report
+        text = text[: text.index("report:")] + report
     path = tmp_path / "two.yaml"
     path.write_text(text.replace("name: quickstart", "name: two"), encoding="utf-8")
     return path
@@ -37,15 +42,17 @@ def test_the_quickstarts_view_pins_its_sweep_and_report_metrics():
     study = load_study(QUICKSTART)
     cells = expand(study)
     view = study_view(study, cells)
-    assert view["selectedColumns"][:3] == ["params.`loss.epsilon`", "metrics.`test/top1`",
-                                           "metrics.`test/top5`"]
+    assert view["selectedColumns"][:3] == ["params.`loss.epsilon`", "metrics.`test/top1`", "metrics.`test/top5`"]
     assert view["groupBy"]["aggregateFunction"] == "average"
     charts = view["compareRunCharts"]
-    assert [(c["type"], c.get("xaxis", {}).get("key"), c.get("yaxis", {}).get("key") or c.get("metricKey"))
-            for c in charts] == [("SCATTER", "loss.epsilon", "test/top1"),
-                                 ("SCATTER", "loss.epsilon", "test/top5"), ("LINE", None, "val/top5")]
-    assert all(c["metricSectionId"] == UI_CHART_SECTION and c["runsCountToCompare"] >= len(cells)
-               for c in charts)
+    assert [
+        (c["type"], c.get("xaxis", {}).get("key"), c.get("yaxis", {}).get("key") or c.get("metricKey")) for c in charts
+    ] == [
+        ("SCATTER", "loss.epsilon", "test/top1"),
+        ("SCATTER", "loss.epsilon", "test/top5"),
+        ("LINE", None, "val/top5"),
+    ]
+    assert all(c["metricSectionId"] == UI_CHART_SECTION and c["runsCountToCompare"] >= len(cells) for c in charts)
     assert view["useGroupedValuesInCharts"] is False  # the runs' own (the report's) colours
     assert len({c["uuid"] for c in charts}) == len(charts)
 
@@ -55,10 +62,13 @@ def test_a_two_parameter_sweep_gets_a_chart_per_metric_and_parameter(tmp_path):
     cells = expand(study)
     assert numeric_swept_paths(cells) == ["loss.epsilon", "optim.lr"]
     view = study_view(study, cells)
-    axes = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in view["compareRunCharts"]
-            if c["type"] == "SCATTER"]
-    assert axes == [("loss.epsilon", "test/top1"), ("optim.lr", "test/top1"),
-                    ("loss.epsilon", "test/top5"), ("optim.lr", "test/top5")]
+    axes = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in view["compareRunCharts"] if c["type"] == "SCATTER"]
+    assert axes == [
+        ("loss.epsilon", "test/top1"),
+        ("optim.lr", "test/top1"),
+        ("loss.epsilon", "test/top5"),
+        ("optim.lr", "test/top5"),
+    ]
     assert view["selectedColumns"][:2] == ["params.`loss.epsilon`", "params.`optim.lr`"]
 
 
@@ -66,15 +76,20 @@ def test_without_report_tables_the_selection_metric_and_without_a_sweep_bars(tmp
     path = _two_parameter_sweep(tmp_path, report="report:\n  learning_curves: [val/top5]\n")
     text = path.read_text(encoding="utf-8")
     start = text.index("  - kind: grid")
-    path.write_text(text[:start] + text[text.index("seeds:"):].replace(
-        "seeds:", "  - kind: single\n    variants: [noised_topk]\n\nseeds:", 1), encoding="utf-8")
+    path.write_text(
+        text[:start]
+        + text[text.index("seeds:") :].replace("seeds:", "  - kind: single\n    variants: [noised_topk]\n\nseeds:", 1),
+        encoding="utf-8",
+    )
     study = load_study(path)
     cells = expand(study)
     assert numeric_swept_paths(cells) == []
     view = study_view(study, cells)
     assert view["selectedColumns"][0] == "metrics.`val/top5`"
-    assert [(c["type"], c["metricKey"]) for c in view["compareRunCharts"]] == \
-        [("BAR", "val/top5"), ("LINE", "val/top5")]
+    assert [(c["type"], c["metricKey"]) for c in view["compareRunCharts"]] == [
+        ("BAR", "val/top5"),
+        ("LINE", "val/top5"),
+    ]
 
 
 def test_the_view_tag_stays_inside_mlflows_limit():
@@ -143,8 +158,10 @@ def test_a_later_versions_configs_get_colours_apart_from_the_earlier_versions():
     before = run_colors(namer_old.configs, variants)
 
     def runs(configs, version, start):
-        return [SimpleNamespace(tags={TAG_CONFIG_ID: c, TAG_VARIANT: v, TAG_VERSION: version}, start_time=start + i)
-                for i, (v, c) in enumerate((v, c) for v, ids in configs.items() for c in ids)]
+        return [
+            SimpleNamespace(tags={TAG_CONFIG_ID: c, TAG_VARIANT: v, TAG_VERSION: version}, start_time=start + i)
+            for i, (v, c) in enumerate((v, c) for v, ids in configs.items() for c in ids)
+        ]
 
     recorded = runs(namer_old.configs, old, 0) + runs(namer_new.configs, new, 100)
     later = run_colors(namer_new.configs, variants, other_version_configs(recorded, new))
@@ -159,14 +176,12 @@ def test_the_experiments_note_starts_with_the_link_to_the_cell_runs():
 
     tags = experiment_tags("my study", None, "7")
     first, rest = tags[NOTE_TAG].split("\n\n", 1)
-    assert first == (f"[{RUNS_LINK_TEXT}](#/experiments/7/runs?{UI_WORKFLOW}"
-                     f"&viewStateShareKey={UI_VIEW_KEY})")
+    assert first == (f"[{RUNS_LINK_TEXT}](#/experiments/7/runs?{UI_WORKFLOW}&viewStateShareKey={UI_VIEW_KEY})")
     assert rest == "my study"
     assert experiment_tags("my study")[NOTE_TAG] == "my study"  # no id yet: no link
 
 
-@pytest.mark.parametrize("eval_section, logged", [
-    ({"avgk": []}, False), ({"avgk": [5]}, True)])
+@pytest.mark.parametrize("eval_section, logged", [({"avgk": []}, False), ({"avgk": [5]}, True)])
 def test_a_run_logs_only_the_params_that_apply(eval_section, logged):
     """The quickstart's runs logged eval.avgk_activation with eval.avgk empty."""
     from studies.tracking.contract import config_params

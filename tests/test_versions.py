@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
@@ -64,21 +63,25 @@ def changed(old: str, new: str, *overrides: str) -> list[str]:
 def test_a_changed_field_is_named_with_its_old_and_new_value():
     text = SMALL.format(name="small")
     assert changed(text, text, "epochs=3") == ["epochs: 15 -> 3"]
-    assert changed(text, text, "variants.noised.loss.n_samples=5") == [
-        "variants.noised.loss.n_samples: 3 -> 5"]
-    assert changed(text, text, "derived={optim.lr: '0.1 * 2'}") == [
-        "derived.optim.lr: (absent) -> \"0.1 * 2\""]
+    assert changed(text, text, "variants.noised.loss.n_samples=5") == ["variants.noised.loss.n_samples: 3 -> 5"]
+    assert changed(text, text, "derived={optim.lr: '0.1 * 2'}") == ['derived.optim.lr: (absent) -> "0.1 * 2"']
     assert changed(text, text, "scheduler={kind: asha}")[0].startswith("scheduler.kind: ")
 
 
 def test_seeds_more_configs_and_how_it_runs_are_no_change():
     text = SMALL.format(name="small")
-    for overrides in (["seeds=[0,1,2,3]"], ["seeds=[5]"],
-                      ["design.1.parameters.loss.epsilon=[0.1,1.0,2.0]"],
-                      ["variants.ce2={loss: {name: ce}, optim: {lr: 0.05}}"],
-                      ["resources={cpus: 2}"], ["resources={cpus: 1, seeds_per_trial: 2}"],
-                      ["max_failures=3"], ["report={level: 0.9}"],
-                      ["description=other"], ["optim.lr=1e-1"]):  # 0.1 written another way
+    for overrides in (
+        ["seeds=[0,1,2,3]"],
+        ["seeds=[5]"],
+        ["design.1.parameters.loss.epsilon=[0.1,1.0,2.0]"],
+        ["variants.ce2={loss: {name: ce}, optim: {lr: 0.05}}"],
+        ["resources={cpus: 2}"],
+        ["resources={cpus: 1, seeds_per_trial: 2}"],
+        ["max_failures=3"],
+        ["report={level: 0.9}"],
+        ["description=other"],
+        ["optim.lr=1e-1"],
+    ):  # 0.1 written another way
         assert changed(text, text, *overrides) == [], overrides
     more_blocks = text.replace("seeds:", "  - {kind: grid, variants: [ce], parameters: {optim.lr: [0.2]}}\nseeds:")
     assert changed(text, more_blocks) == []
@@ -88,10 +91,12 @@ def test_sampled_bounds_define_configs_but_their_count_does_not():
     text = SMALL.format(name="small").replace(
         "  - {kind: grid, variants: [noised], parameters: {loss.epsilon: [0.1, 1.0]}}",
         "  - {kind: random, variants: [noised], n_configs: 2, sampler_seed: 0,\n"
-        "     parameters: {loss.epsilon: {loguniform: [0.01, 1.0]}}}")
+        "     parameters: {loss.epsilon: {loguniform: [0.01, 1.0]}}}",
+    )
     assert changed(text, text, "design.1.n_configs=4") == []
     assert changed(text, text, "design.1.parameters.loss.epsilon={loguniform: [0.01, 2.0]}") == [
-        "design[1].parameters.loss.epsilon.loguniform: [0.01, 1] -> [0.01, 2]"]
+        "design[1].parameters.loss.epsilon.loguniform: [0.01, 1] -> [0.01, 2]"
+    ]
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -102,9 +107,16 @@ def legacy_folder(output: Path, text: str, name: str) -> Path:
     folder = output / name
     folder.mkdir(parents=True)
     (folder / "study.yaml").write_text(text)
-    (folder / "run.json").write_text(json.dumps({
-        "name": name, "source": str(QUICKSTART), "smoke": False,
-        "tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"}))
+    (folder / "run.json").write_text(
+        json.dumps(
+            {
+                "name": name,
+                "source": str(QUICKSTART),
+                "smoke": False,
+                "tracking_uri": f"sqlite:///{folder / 'mlflow.db'}",
+            }
+        )
+    )
     return folder
 
 
@@ -139,8 +151,9 @@ def test_an_extension_keeps_the_version_and_a_new_version_qualifies_its_cells(tm
     first = check_version(parse(text), "small", tmp_path, new_version=False)
     assert first.new and not first.qualified
     save_versions(tmp_path, first)
-    extended = check_version(parse(text, "seeds=[0,1,2,3]", "variants.ce2={loss: {name: ce}}"),
-                             "small", tmp_path, new_version=False)
+    extended = check_version(
+        parse(text, "seeds=[0,1,2,3]", "variants.ce2={loss: {name: ce}}"), "small", tmp_path, new_version=False
+    )
     assert (extended.version, extended.qualified, extended.new) == (first.version, False, False)
     with pytest.raises(RunnerError, match="epochs: 15 -> 3"):
         check_version(parse(text, "epochs=3"), "small", tmp_path, new_version=False)
@@ -151,10 +164,11 @@ def test_an_extension_keeps_the_version_and_a_new_version_qualifies_its_cells(tm
     cells = versioned_cells(expand(parse(text, "epochs=3")), second)
     short = second.version[:7]
     assert all(c.config_id.endswith(f"-v{short}") and c.version == second.version for c in cells)
-    assert all(name.endswith(f" version={short} s{c.seed}")
-               for c, name in zip(cells, run_names(cells).values()))
-    optuna = text.replace("  - {kind: single, variants: [ce]}", "  - {kind: optuna, variants: [ce], "
-                          "n_configs: 2, parameters: {optim.lr: {loguniform: [0.01, 1.0]}}}")
+    assert all(name.endswith(f" version={short} s{c.seed}") for c, name in zip(cells, run_names(cells).values()))
+    optuna = text.replace(
+        "  - {kind: single, variants: [ce]}",
+        "  - {kind: optuna, variants: [ce], n_configs: 2, parameters: {optim.lr: {loguniform: [0.01, 1.0]}}}",
+    )
     first_optuna = check_version(parse(optuna), "small-optuna", tmp_path / "o", new_version=False)
     (tmp_path / "o").mkdir()
     save_versions(tmp_path / "o", first_optuna)
@@ -179,13 +193,19 @@ def two_versions_table(tag_versions: bool = True) -> pa.Table:
         for variant, eps, bonus in (("ce", None, 0.0), ("noised", 0.1, 0.02), ("noised", 1.0, 0.05)):
             config = f"{variant}{eps}{epochs}"[:10] + suffix
             for seed in seeds:
-                row = {"run_id": f"{config}{seed}", "cell_id": f"{config}-s{seed}",
-                       "config_id": config, "seed": seed, "variant": variant,
-                       "swept": json.dumps({"loss.epsilon": eps} if eps else {}),
-                       "start_time": 1000 * (version == VERSION_B) + seed, "param:epochs": epochs,
-                       "param:loss.name": "ce" if variant == "ce" else "noised_topk",
-                       "param:loss.epsilon": eps,
-                       "test/top1": level + bonus + 0.01 * seed + bonus * 0.1 * seed * seed}
+                row = {
+                    "run_id": f"{config}{seed}",
+                    "cell_id": f"{config}-s{seed}",
+                    "config_id": config,
+                    "seed": seed,
+                    "variant": variant,
+                    "swept": json.dumps({"loss.epsilon": eps} if eps else {}),
+                    "start_time": 1000 * (version == VERSION_B) + seed,
+                    "param:epochs": epochs,
+                    "param:loss.name": "ce" if variant == "ce" else "noised_topk",
+                    "param:loss.epsilon": eps,
+                    "test/top1": level + bonus + 0.01 * seed + bonus * 0.1 * seed * seed,
+                }
                 if tag_versions:
                     row["version"] = version
                 rows.append(row)
@@ -220,8 +240,11 @@ def test_collected_rows_of_two_versions_are_labelled_and_never_pooled():
     assert sorted(r["n"] for r in summary) == [2, 2, 2, 3, 3, 3]
     series = curve_series(summary, "loss.epsilon", "test/top1")
     assert sorted(s.label for s in series) == [
-        "ce, version=bbbbbbb", "ce, version=fffffff",
-        "noised, version=bbbbbbb", "noised, version=fffffff"]
+        "ce, version=bbbbbbb",
+        "ce, version=fffffff",
+        "noised, version=bbbbbbb",
+        "noised, version=fffffff",
+    ]
     compared = paired_comparisons(table, ["test/top1"], "ce").to_pylist()
     assert len(compared) == 4  # each noised config against the ce of its own version
     for r in compared:
@@ -242,24 +265,43 @@ def test_the_report_of_two_versions_labels_table_curve_and_comparisons(tmp_path,
     import analysis.report as report
     from analysis.collect import Collected
 
-    collected = Collected(table=two_versions_table(), failed=pa.table({}), study_name="small",
-                          tracking_uri="sqlite:///nowhere.db", experiment_id="1")
-    collected.failed = pa.Table.from_pylist([], schema=pa.schema([
-        ("run_id", pa.string()), ("cell_id", pa.string()), ("config_id", pa.string()),
-        ("seed", pa.int64()), ("variant", pa.string()), ("swept", pa.string()),
-        ("status", pa.string()), ("mlflow_status", pa.string()), ("error", pa.string()),
-        ("start_time", pa.int64())]))
+    collected = Collected(
+        table=two_versions_table(),
+        failed=pa.table({}),
+        study_name="small",
+        tracking_uri="sqlite:///nowhere.db",
+        experiment_id="1",
+    )
+    collected.failed = pa.Table.from_pylist(
+        [],
+        schema=pa.schema(
+            [
+                ("run_id", pa.string()),
+                ("cell_id", pa.string()),
+                ("config_id", pa.string()),
+                ("seed", pa.int64()),
+                ("variant", pa.string()),
+                ("swept", pa.string()),
+                ("status", pa.string()),
+                ("mlflow_status", pa.string()),
+                ("error", pa.string()),
+                ("start_time", pa.int64()),
+            ]
+        ),
+    )
     monkeypatch.setattr(report, "collect", lambda uri, name: collected)
     study = tmp_path / "small.yaml"
-    study.write_text(SMALL.format(name="small") + "report:\n  tables: [{metrics: [test/top1]}]\n"
-                     "  curves: [{x: loss.epsilon, metric: test/top1}]\n")
+    study.write_text(
+        SMALL.format(name="small") + "report:\n  tables: [{metrics: [test/top1]}]\n"
+        "  curves: [{x: loss.epsilon, metric: test/top1}]\n"
+    )
     html = report.build_report("sqlite:///nowhere.db", "small", tmp_path / "report", study_file=study)
     text = (Path(html).parent / "report.md").read_text()
     assert text.count("version=fffffff") >= 3 and text.count("version=bbbbbbb") >= 3, text
     assert "no family spans versions" in text
     ce_rows = [line for line in text.splitlines() if line.startswith("| ce |")]
     assert "fffffff" in ce_rows[0] and "bbbbbbb" in ce_rows[1], ce_rows  # the oldest version first
-    table = text[text.index("## Results"):text.index("## Figures")]
+    table = text[text.index("## Results") : text.index("## Figures")]
     for version in ("fffffff", "bbbbbbb"):  # the best of each version in bold, not of both
         assert any("**" in line and version in line for line in table.splitlines()), table
     assert "## Study files" in text
@@ -277,8 +319,13 @@ def fit_by_config(config, seed, on_epoch=None, checkpoint=None):
     for epoch in range(epochs):
         if on_epoch is not None:
             on_epoch(epoch, {"epoch": epoch, "val/top1": value, "epoch_time_s": 0.0}, {"epoch": epoch})
-    return {"best_epoch": epochs - 1, "best_val": value, "test": {"top1": value},
-            "per_class": {"class": [0, 1], "top1": [value, value]}, "history": []}
+    return {
+        "best_epoch": epochs - 1,
+        "best_val": value,
+        "test": {"top1": value},
+        "per_class": {"class": [0, 1], "top1": [value, value]},
+        "history": [],
+    }
 
 
 @pytest.mark.slow
@@ -289,13 +336,21 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     from studies.running.runner import RunOptions, run_study
 
     path = tmp_path / "small.yaml"
-    path.write_text(SMALL.format(name="versions-small").replace("epochs: 15", "epochs: 2")
-                    + "log_models: false\nreport:\n  curves: [{x: loss.epsilon, metric: test/top1}]\n")
+    path.write_text(
+        SMALL.format(name="versions-small").replace("epochs: 15", "epochs: 2")
+        + "log_models: false\nreport:\n  curves: [{x: loss.epsilon, metric: test/top1}]\n"
+    )
 
     def options(*overrides, new_version=False):
-        return RunOptions(output=tmp_path / "out", report=False, fit_fn=fit_by_config,
-                          stream=io.StringIO(), progress_interval_s=1e9,
-                          overrides=tuple(overrides), **({"new_version": True} if new_version else {}))
+        return RunOptions(
+            output=tmp_path / "out",
+            report=False,
+            fit_fn=fit_by_config,
+            stream=io.StringIO(),
+            progress_interval_s=1e9,
+            overrides=tuple(overrides),
+            **({"new_version": True} if new_version else {}),
+        )
 
     first = options()
     outcome = run_study(path, first)
@@ -326,7 +381,7 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
         assert text.count(f"version={version}") >= 3, text  # table, comparisons, ...
         assert f"Version {version}" in text
     assert "its file was not found" not in text  # each version's file, from the parent run
-    table = text[text.index("## Results"):text.index("## Figures")]
+    table = text[text.index("## Results") : text.index("## Figures")]
     rows = [line for line in table.splitlines() if line.startswith("| ce |")]
     assert len(rows) == 2 and {version in rows[i] for i, version in enumerate(versions)} == {True}, rows
     assert "(n=4)" in rows[0] and "(n=4)" not in rows[1], rows  # all 4 seeds of version 1
@@ -335,7 +390,8 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
     table = collect(uri, "versions-small").table
     series = curve_series(summarize(table, ["test/top1"]), "loss.epsilon", "test/top1")
     assert sorted(s.label for s in series) == sorted(
-        f"{variant}, version={v}" for variant in ("ce", "noised") for v in versions)
+        f"{variant}, version={v}" for variant in ("ce", "noised") for v in versions
+    )
 
     # the MLflow view: one colour per config, the second version's apart from the first's
     from mlflow import MlflowClient
@@ -344,8 +400,9 @@ def test_extended_then_changed_then_kept_as_a_second_version(local_ray, tmp_path
 
     client = MlflowClient(uri)
     colors: dict[str, set] = {}
-    for run in client.search_runs([collect(uri, "versions-small").experiment_id],
-                                  f"tags.`{TAG_ROLE}` = '{ROLE_CELL}'", max_results=1000):
+    for run in client.search_runs(
+        [collect(uri, "versions-small").experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_CELL}'", max_results=1000
+    ):
         colors.setdefault(run.data.tags[TAG_CONFIG_ID], set()).add(run.data.tags.get(UI_RUN_COLOR_TAG))
     assert len(colors) == 6 and all(len(c) == 1 and None not in c for c in colors.values()), colors
     assert len({next(iter(c)) for c in colors.values()}) == 6, colors
@@ -368,5 +425,7 @@ def test_runs_made_before_versions_were_recorded_belong_to_the_first_version():
         if row["version"] == VERSION_A and row["seed"] == 0:
             row["version"] = None  # run by the code before versions
     summary = summarize(tell_apart(pa.Table.from_pylist(rows)), ["test/top1"]).to_pylist()
-    assert sorted((json.loads(r["swept"])["version"], r["n"]) for r in summary) == [
-        ("bbbbbbb", 2)] * 3 + [("fffffff", 3)] * 3
+    assert (
+        sorted((json.loads(r["swept"])["version"], r["n"]) for r in summary)
+        == [("bbbbbbb", 2)] * 3 + [("fffffff", 3)] * 3
+    )

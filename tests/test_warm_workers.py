@@ -39,8 +39,14 @@ def ray_with_a_gpu_label():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 ** 2)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=100 * 1024**2,
+    )
     yield ray
     ray.shutdown()
 
@@ -51,15 +57,32 @@ def recording_fit(config, seed, on_epoch=None, checkpoint=None, *, record: str):
 
     result = fit(config, seed, on_epoch=on_epoch, checkpoint=checkpoint)
     with open(record, "a") as handle:
-        handle.write(json.dumps({"config": config, "seed": seed, "pid": os.getpid(),
-                                 "test": result["test"], "best_epoch": result["best_epoch"]}) + "\n")
+        handle.write(
+            json.dumps(
+                {
+                    "config": config,
+                    "seed": seed,
+                    "pid": os.getpid(),
+                    "test": result["test"],
+                    "best_epoch": result["best_epoch"],
+                }
+            )
+            + "\n"
+        )
     return result
 
 
 def study_file(folder: Path) -> Path:
     base = {
-        "data": {"name": "synthetic", "num_classes": 6, "num_superclasses": 2, "train_size": 120,
-                 "val_size": 48, "test_size": 48, "feature_dim": 8},
+        "data": {
+            "name": "synthetic",
+            "num_classes": 6,
+            "num_superclasses": 2,
+            "train_size": 120,
+            "val_size": 48,
+            "test_size": 48,
+            "feature_dim": 8,
+        },
         "model": {"name": "mlp", "hidden_dim": 16},
         "loss": {"name": "ce"},
         "optim": {"lr": 0.1, "batch_size": 32, "milestones": []},
@@ -68,9 +91,16 @@ def study_file(folder: Path) -> Path:
         "device": "cpu",
     }
     # two CPUs a trial on a 2-CPU Ray: the cells run one at a time, in one slot
-    study = {"name": "warm-workers", "description": "cells in one worker", "base": base,
-             "design": [{"kind": "grid", "parameters": {"optim.lr": [0.05, 0.1]}}],
-             "seeds": [0, 1], "resources": {"cpus": 2}, "max_failures": 0, "log_models": False}
+    study = {
+        "name": "warm-workers",
+        "description": "cells in one worker",
+        "base": base,
+        "design": [{"kind": "grid", "parameters": {"optim.lr": [0.05, 0.1]}}],
+        "seeds": [0, 1],
+        "resources": {"cpus": 2},
+        "max_failures": 0,
+        "log_models": False,
+    }
     path = folder / "warm-workers.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
@@ -90,9 +120,14 @@ print(json.dumps({"test": result["test"], "best_epoch": result["best_epoch"]}))
 def test_cells_share_a_warm_worker_and_match_a_fresh_process(ray_with_a_gpu_label, mlflow_server, tmp_path):
     record = tmp_path / "cells.jsonl"
     stream = io.StringIO()
-    options = RunOptions(output=tmp_path / "out", tracking_uri=mlflow_server, report=False,
-                         progress_interval_s=5.0, stream=stream,
-                         fit_fn=functools.partial(recording_fit, record=str(record)))
+    options = RunOptions(
+        output=tmp_path / "out",
+        tracking_uri=mlflow_server,
+        report=False,
+        progress_interval_s=5.0,
+        stream=stream,
+        fit_fn=functools.partial(recording_fit, record=str(record)),
+    )
     outcome = run_study(study_file(tmp_path), options)
     assert outcome.exit_code == 0, stream.getvalue()
     cells = [json.loads(line) for line in record.read_text().splitlines()]
@@ -103,8 +138,14 @@ def test_cells_share_a_warm_worker_and_match_a_fresh_process(ray_with_a_gpu_labe
     # the last cell ran after three others in that process: a fresh process gives its results
     last = cells[-1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    fresh = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(last)], capture_output=True, text=True,
-                           env=env, timeout=300, check=True)
+    fresh = subprocess.run(
+        [sys.executable, "-c", _FRESH, json.dumps(last)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     fresh_result = json.loads(fresh.stdout.strip().splitlines()[-1])
     assert fresh_result["best_epoch"] == last["best_epoch"]
     assert fresh_result["test"] == pytest.approx(last["test"], rel=1e-9, abs=1e-12)
@@ -116,8 +157,26 @@ def test_gpu_benchmark_runs_a_study_and_prints_its_table_on_the_cpu(ray_with_a_g
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
     # the default loader workers fit the 2-CPU Ray (issue 33: 4 CPUs a trial never started)
-    assert benchmark.main(["--device", "cpu", "--gpus", "0.5", "--compile", "none", "--data", "device",
-                           "loader", "--losses", "ce", "--workdir", str(tmp_path)]) == 0
+    assert (
+        benchmark.main(
+            [
+                "--device",
+                "cpu",
+                "--gpus",
+                "0.5",
+                "--compile",
+                "none",
+                "--data",
+                "device",
+                "loader",
+                "--losses",
+                "ce",
+                "--workdir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "GPU throughput on CPU" in out
     rows = [line for line in out.splitlines() if re.match(r"\| 0\.5 \|", line)]

@@ -11,7 +11,7 @@ from typing import Any
 
 from setvalued import registry
 from setvalued.config import DATA_DEFAULTS, DATASET_NAMES, reject_unknown_keys
-from setvalued.data.common import (  # noqa: F401
+from setvalued.data.common import (
     DataLayoutError,
     DataSplits,
     IndexedDataset,
@@ -19,9 +19,18 @@ from setvalued.data.common import (  # noqa: F401
     counts_of,
 )
 
-
-__all__ = ["check_layout", "DATA_DEFAULTS", "DATASET_NAMES", "DataLayoutError", "DataSplits", "IndexedDataset", "TensorSplit",
-           "build_datasets", "counts_of", "seed_free"]
+__all__ = [
+    "check_layout",
+    "DATA_DEFAULTS",
+    "DATASET_NAMES",
+    "DataLayoutError",
+    "DataSplits",
+    "IndexedDataset",
+    "TensorSplit",
+    "build_datasets",
+    "counts_of",
+    "seed_free",
+]
 
 
 def build_datasets(data_config: dict[str, Any], seed: int = 0) -> DataSplits:
@@ -57,8 +66,10 @@ def _build_plugin(item: registry.Entry, data_config: dict[str, Any], seed: int) 
     params = registry.plugin_parameters(item, data_config, DATA_DEFAULTS)
     splits = registry.load_factory("dataset", item.name)(seed=seed, **params)
     if not isinstance(splits, DataSplits):
-        raise registry.PluginError(f"dataset {item.name!r} ({item.origin}): {item.factory} returned a "
-                                   f"{type(splits).__name__}, expected setvalued.data.DataSplits")
+        raise registry.PluginError(
+            f"dataset {item.name!r} ({item.origin}): {item.factory} returned a "
+            f"{type(splits).__name__}, expected setvalued.data.DataSplits"
+        )
     return splits
 
 
@@ -98,6 +109,7 @@ def check_layout(data_config: dict[str, Any]) -> None:
         from setvalued.data.common import layout_error
 
         if root is None or not os.path.isdir(root):
-            raise layout_error(root or "<data.root not set>", "ImageNet folder does not exist",
-                               imagenet_lt.EXPECTED_LAYOUT)
+            raise layout_error(
+                root or "<data.root not set>", "ImageNet folder does not exist", imagenet_lt.EXPECTED_LAYOUT
+            )
         imagenet_lt.find_lists(os.fspath(root))

@@ -48,9 +48,11 @@ from setvalued.data.common import (
 )
 
 SPLITS = ("train", "val", "test")
-EXPECTED_LAYOUT = ("ROOT.npz, or ROOT/train.npz with optional ROOT/val.npz and ROOT/test.npz, each "
-                   "written by numpy.savez(_compressed) with x: (N, D), (N, H, W), (N, C, H, W) or "
-                   "(N, H, W, C) numbers and y: (N,) integer labels 0..L-1")
+EXPECTED_LAYOUT = (
+    "ROOT.npz, or ROOT/train.npz with optional ROOT/val.npz and ROOT/test.npz, each "
+    "written by numpy.savez(_compressed) with x: (N, D), (N, H, W), (N, C, H, W) or "
+    "(N, H, W, C) numbers and y: (N,) integer labels 0..L-1"
+)
 MEMBERS = ("x", "y")
 #: bounds on what is read (docs/read-back.md)
 MAX_MEMBERS = 64
@@ -95,8 +97,8 @@ def _check_directory(path: str, size: int) -> None:
     at = end.rfind(_END_RECORD)
     if at < 0 or len(end) - at < 22:
         raise DataLayoutError(f"arrays file {path!r} is not a .npz (zip) file: no end record")
-    count, directory = struct.unpack("<HI", end[at + 10:at + 16])
-    locator = end[at - 20:at] if at >= 20 else b""
+    count, directory = struct.unpack("<HI", end[at + 10 : at + 16])
+    locator = end[at - 20 : at] if at >= 20 else b""
     if locator[:4] == _ZIP64_LOCATOR:  # zipfile then reads the counts of the zip64 end record
         (offset,) = struct.unpack("<Q", locator[8:16])
         with open(path, "rb") as f:
@@ -106,8 +108,10 @@ def _check_directory(path: str, size: int) -> None:
             raise DataLayoutError(f"arrays file {path!r} has a broken zip64 end record")
         count, directory = struct.unpack("<QQ", record[32:48])
     if count > MAX_MEMBERS or directory > MAX_DIRECTORY_BYTES:
-        raise DataLayoutError(f"arrays file {path!r} lists {count} members in {directory:,} bytes; at most "
-                              f"{MAX_MEMBERS} in {MAX_DIRECTORY_BYTES:,} (docs/read-back.md)")
+        raise DataLayoutError(
+            f"arrays file {path!r} lists {count} members in {directory:,} bytes; at most "
+            f"{MAX_MEMBERS} in {MAX_DIRECTORY_BYTES:,} (docs/read-back.md)"
+        )
 
 
 def _header(archive: zipfile.ZipFile, path: str, member: str) -> tuple[np.dtype, tuple[int, ...]]:
@@ -116,12 +120,16 @@ def _header(archive: zipfile.ZipFile, path: str, member: str) -> tuple[np.dtype,
     try:
         info = archive.getinfo(name)
     except KeyError:
-        raise DataLayoutError(f"arrays file {path!r} has no array {member!r} (it has "
-                              f"{sorted(n.removesuffix('.npy') for n in archive.namelist())}). "
-                              f"Expected layout: {EXPECTED_LAYOUT}") from None
+        raise DataLayoutError(
+            f"arrays file {path!r} has no array {member!r} (it has "
+            f"{sorted(n.removesuffix('.npy') for n in archive.namelist())}). "
+            f"Expected layout: {EXPECTED_LAYOUT}"
+        ) from None
     if info.file_size > MAX_ARRAY_BYTES:
-        raise DataLayoutError(f"array {member!r} of {path!r} declares {info.file_size:,} bytes, more than the "
-                              f"{MAX_ARRAY_BYTES:,} of docs/read-back.md")
+        raise DataLayoutError(
+            f"array {member!r} of {path!r} declares {info.file_size:,} bytes, more than the "
+            f"{MAX_ARRAY_BYTES:,} of docs/read-back.md"
+        )
     try:
         with archive.open(info) as f:
             version = np.lib.format.read_magic(f)
@@ -133,15 +141,20 @@ def _header(archive: zipfile.ZipFile, path: str, member: str) -> tuple[np.dtype,
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as err:
         raise DataLayoutError(f"array {member!r} of {path!r} is not a .npy array: {err}") from None
     if dtype.hasobject:
-        raise DataLayoutError(f"array {member!r} of {path!r} is an object array (dtype {dtype}): it could "
-                              "only be read by unpickling, which is refused")
+        raise DataLayoutError(
+            f"array {member!r} of {path!r} is an object array (dtype {dtype}): it could "
+            "only be read by unpickling, which is refused"
+        )
     numeric = "uif" if member == "x" else "ui"
     if dtype.kind not in numeric:
-        raise DataLayoutError(f"array {member!r} of {path!r} has dtype {dtype}; expected "
-                              f"{'numbers (integer or float)' if member == 'x' else 'integer labels'}")
+        raise DataLayoutError(
+            f"array {member!r} of {path!r} has dtype {dtype}; expected "
+            f"{'numbers (integer or float)' if member == 'x' else 'integer labels'}"
+        )
     if math.prod(shape) * dtype.itemsize > info.file_size - header_bytes:
-        raise DataLayoutError(f"array {member!r} of {path!r} declares shape {shape} of {dtype}, more than "
-                              f"its {info.file_size:,} bytes")
+        raise DataLayoutError(
+            f"array {member!r} of {path!r} declares shape {shape} of {dtype}, more than its {info.file_size:,} bytes"
+        )
     return dtype, tuple(int(s) for s in shape)
 
 
@@ -175,11 +188,13 @@ def check_shapes(path: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) 
     if len(y_shape) != 1:
         raise DataLayoutError(f"array 'y' of {path!r} has shape {y_shape}; expected (N,) labels")
     if len(x_shape) not in (2, 3, 4):
-        raise DataLayoutError(f"array 'x' of {path!r} has shape {x_shape}; expected (N, D), (N, H, W), "
-                              "(N, C, H, W) or (N, H, W, C)")
+        raise DataLayoutError(
+            f"array 'x' of {path!r} has shape {x_shape}; expected (N, D), (N, H, W), (N, C, H, W) or (N, H, W, C)"
+        )
     if x_shape[0] != y_shape[0]:
-        raise DataLayoutError(f"arrays file {path!r} has {x_shape[0]} inputs x but {y_shape[0]} labels y "
-                              "(lengths differ)")
+        raise DataLayoutError(
+            f"arrays file {path!r} has {x_shape[0]} inputs x but {y_shape[0]} labels y (lengths differ)"
+        )
     if x_shape[0] == 0:
         raise DataLayoutError(f"arrays file {path!r} holds no examples")
 
@@ -193,8 +208,10 @@ def channels_first(path: str, shape: tuple[int, ...], layout: str) -> bool | Non
     first, last = shape[1] in (1, 3), shape[3] in (1, 3)
     if first != last:
         return first
-    raise DataLayoutError(f"array 'x' of {path!r} has shape {shape}: set data.layout to nchw or nhwc "
-                          "(auto looks for one axis of size 1 or 3)")
+    raise DataLayoutError(
+        f"array 'x' of {path!r} has shape {shape}: set data.layout to nchw or nhwc "
+        "(auto looks for one axis of size 1 or 3)"
+    )
 
 
 def example_shape(path: str, shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
@@ -211,14 +228,17 @@ def _labels(files: dict[str, str], ys: dict[str, np.ndarray], num_classes: int |
     """L, after checking every split's labels against 0..L-1 (naming the file and example)."""
     L = num_classes if num_classes is not None else int(ys["train"].max()) + 1
     if L > MAX_CLASSES:
-        raise DataLayoutError(f"array 'y' of {files['train']!r} implies {L:,} classes, more than the "
-                              f"{MAX_CLASSES:,} of docs/read-back.md")
+        raise DataLayoutError(
+            f"array 'y' of {files['train']!r} implies {L:,} classes, more than the {MAX_CLASSES:,} of docs/read-back.md"
+        )
     for split, y in ys.items():
         bad = np.flatnonzero((y < 0) | (y >= L))
         if len(bad):
             where = "data.num_classes" if num_classes is not None else "the largest training label + 1"
-            raise DataLayoutError(f"array 'y' of {files[split]!r} has label {int(y[bad[0]])} at example "
-                                  f"{int(bad[0])}, outside 0..{L - 1} (L = {L}: {where})")
+            raise DataLayoutError(
+                f"array 'y' of {files[split]!r} has label {int(y[bad[0]])} at example "
+                f"{int(bad[0])}, outside 0..{L - 1} (L = {L}: {where})"
+            )
     if L < 2:
         raise DataLayoutError(f"array 'y' of {files['train']!r} has one class only; expected labels 0..L-1, L >= 2")
     return L
@@ -241,15 +261,24 @@ def _same_example_shape(files: dict[str, str], per_split: dict[str, tuple[int, .
     """The one example shape of every split (naming a file whose examples differ from train's)."""
     for split, shape in per_split.items():
         if shape != per_split["train"]:
-            raise DataLayoutError(f"array 'x' of {files[split]!r} holds examples of shape {shape}, but "
-                                  f"{files['train']!r} of shape {per_split['train']}")
+            raise DataLayoutError(
+                f"array 'x' of {files[split]!r} holds examples of shape {shape}, but "
+                f"{files['train']!r} of shape {per_split['train']}"
+            )
     return per_split["train"]
 
 
 def _held_out(files: dict[str, str], y_train: np.ndarray, v: dict[str, Any]) -> dict[str, np.ndarray]:
-    return held_out_parts(y_train, files, v, _SPLIT_STREAM, lambda split, fraction: DataLayoutError(
-        f"data.{split}_fraction={fraction} holds out no example of {files['train']!r} (too few per "
-        f"class); add {split}.npz or raise it"))
+    return held_out_parts(
+        y_train,
+        files,
+        v,
+        _SPLIT_STREAM,
+        lambda split, fraction: DataLayoutError(
+            f"data.{split}_fraction={fraction} holds out no example of {files['train']!r} (too few per "
+            f"class); add {split}.npz or raise it"
+        ),
+    )
 
 
 def _as_inputs(path: str, x: np.ndarray, layout: str) -> torch.Tensor:
@@ -288,10 +317,16 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     class_counts = counts_of(ys["train"], num_classes)
     names = [str(c) for c in range(num_classes)]
     common = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
-    splits = [TensorSplit(standardized(xs[s], mean, std, scale=scale), torch.from_numpy(ys[s]), split=s, **common)
-              for s in SPLITS]
-    info = {"files": files, "mean": list(mean), "std": list(std),
-            "held_out_of_train": {s: len(i) for s, i in parts.items() if s != "train"}}
-    return DataSplits(*splits, num_classes=num_classes, class_counts=class_counts, class_names=names,
-                      input_shape=shape, info=info)
-
+    splits = [
+        TensorSplit(standardized(xs[s], mean, std, scale=scale), torch.from_numpy(ys[s]), split=s, **common)
+        for s in SPLITS
+    ]
+    info = {
+        "files": files,
+        "mean": list(mean),
+        "std": list(std),
+        "held_out_of_train": {s: len(i) for s, i in parts.items() if s != "train"},
+    }
+    return DataSplits(
+        *splits, num_classes=num_classes, class_counts=class_counts, class_names=names, input_shape=shape, info=info
+    )

@@ -83,8 +83,11 @@ def resolve_folder(root: str | os.PathLike, download: bool = False) -> str:
 #: the only globals the official CIFAR-100 pickles name: numpy's array reconstruction (numpy 1
 #: and 2 module paths) and the bytes encoder of protocol-2 pickles
 _CIFAR_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
 }
 
 
@@ -96,8 +99,10 @@ class _CifarUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _CIFAR_GLOBALS:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of the official "
-                                     "CIFAR-100 files (refused: unpickling it could run code)")
+        raise pickle.UnpicklingError(
+            f"it names {module}.{name}, which is not part of the official "
+            "CIFAR-100 files (refused: unpickling it could run code)"
+        )
 
 
 def _read_pickle(path: str) -> dict[str, Any]:
@@ -114,8 +119,7 @@ def _read_pickle(path: str) -> dict[str, Any]:
 
 def _require(entry: dict[str, Any], key: str, path: str) -> Any:
     if key not in entry:
-        raise layout_error(path, f"CIFAR-100 pickle has no key {key!r} (keys: {sorted(entry)})",
-                           EXPECTED_LAYOUT)
+        raise layout_error(path, f"CIFAR-100 pickle has no key {key!r} (keys: {sorted(entry)})", EXPECTED_LAYOUT)
     return entry[key]
 
 
@@ -127,11 +131,13 @@ def read_split(folder: str, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
     fine = np.asarray(_require(entry, "fine_labels", path), dtype=np.int64)
     coarse = np.asarray(_require(entry, "coarse_labels", path), dtype=np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise layout_error(path, f"'data' has dtype {data.dtype} and shape {data.shape}, "
-                                 "not uint8 (N, 3072)", EXPECTED_LAYOUT)
+        raise layout_error(
+            path, f"'data' has dtype {data.dtype} and shape {data.shape}, not uint8 (N, 3072)", EXPECTED_LAYOUT
+        )
     if not (len(fine) == len(coarse) == len(data)):
-        raise layout_error(path, f"{len(data)} images but {len(fine)} fine and {len(coarse)} "
-                                 "coarse labels", EXPECTED_LAYOUT)
+        raise layout_error(
+            path, f"{len(data)} images but {len(fine)} fine and {len(coarse)} coarse labels", EXPECTED_LAYOUT
+        )
     return data.reshape(-1, 3, 32, 32), fine, coarse
 
 
@@ -141,8 +147,9 @@ def read_meta(folder: str) -> tuple[list[str], list[str]]:
     return list(_require(entry, "fine_label_names", path)), list(_require(entry, "coarse_label_names", path))
 
 
-def validation_split(labels: np.ndarray, val_size: int, split_seed: int, stratified: bool,
-                     num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def validation_split(
+    labels: np.ndarray, val_size: int, split_seed: int, stratified: bool, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, val indices) of the official training set, fixed by ``split_seed``.
 
     Non-stratified: the first ``val_size`` positions of a random permutation (the authors'
@@ -165,8 +172,10 @@ def validation_split(labels: np.ndarray, val_size: int, split_seed: int, stratif
         for c in range(num_classes):
             members = np.flatnonzero(labels == c)
             if len(members) <= quota[c]:
-                raise ValueError(f"data.stratified_split: class {c} has {len(members)} training "
-                                 f"images, cannot hold out {quota[c]} for validation")
+                raise ValueError(
+                    f"data.stratified_split: class {c} has {len(members)} training "
+                    f"images, cannot hold out {quota[c]} for validation"
+                )
             val_parts.append(rng.permutation(members)[: quota[c]])
         val = np.sort(np.concatenate(val_parts))
     mask = np.ones(n, dtype=bool)
@@ -178,8 +187,9 @@ def noise_groups(kind: str, num_classes: int, fine_to_coarse: np.ndarray | None)
     """Group id of every fine class: ``label // 5`` (consecutive) or its superclass (coarse)."""
     if kind == "consecutive":
         if num_classes % GROUP_SIZE:
-            raise ValueError(f"data.noise_groups: consecutive needs a multiple of {GROUP_SIZE} "
-                             f"classes, got {num_classes}")
+            raise ValueError(
+                f"data.noise_groups: consecutive needs a multiple of {GROUP_SIZE} classes, got {num_classes}"
+            )
         return np.arange(num_classes) // GROUP_SIZE
     if kind == "coarse":
         if fine_to_coarse is None:
@@ -188,8 +198,9 @@ def noise_groups(kind: str, num_classes: int, fine_to_coarse: np.ndarray | None)
     raise ValueError(f"data.noise_groups must be one of {NOISE_GROUPS}, got {kind!r}")
 
 
-def add_group_label_noise(labels: np.ndarray, p: float, groups: np.ndarray,
-                          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def add_group_label_noise(
+    labels: np.ndarray, p: float, groups: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Redraw each label with probability ``p`` uniformly among the classes of its group.
 
     The draw includes the original class, as the authors' code does (docs/papers.md,
@@ -231,20 +242,27 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     num_classes = len(fine_names)
     for name, labels in (("train", train_fine), ("test", test_fine)):
         if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-            raise layout_error(os.path.join(folder, name), f"fine labels outside 0..{num_classes - 1} "
-                               f"(meta lists {num_classes} classes)", EXPECTED_LAYOUT)
+            raise layout_error(
+                os.path.join(folder, name),
+                f"fine labels outside 0..{num_classes - 1} (meta lists {num_classes} classes)",
+                EXPECTED_LAYOUT,
+            )
 
     fine_to_coarse = np.full(num_classes, -1, dtype=np.int64)
     for f, c in zip(train_fine, train_coarse):
         if fine_to_coarse[f] not in (-1, c):
-            raise layout_error(os.path.join(folder, "train"), f"fine class {f} appears with two "
-                               f"coarse labels ({fine_to_coarse[f]} and {c})", EXPECTED_LAYOUT)
+            raise layout_error(
+                os.path.join(folder, "train"),
+                f"fine class {f} appears with two coarse labels ({fine_to_coarse[f]} and {c})",
+                EXPECTED_LAYOUT,
+            )
         fine_to_coarse[f] = c
 
     val_size = cfg.get("val_size")
     val_size = DATA_FIELDS["cifar100"]["val_size"].default if val_size is None else int(val_size)
-    train_idx, val_idx = validation_split(train_fine, val_size, int(cfg.get("split_seed", 1234)),
-                                          bool(cfg.get("stratified_split", False)), num_classes)
+    train_idx, val_idx = validation_split(
+        train_fine, val_size, int(cfg.get("split_seed", 1234)), bool(cfg.get("stratified_split", False)), num_classes
+    )
 
     p = float(cfg.get("label_noise", 0.0))
     kind = cfg.get("noise_groups", "consecutive")
@@ -254,12 +272,14 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     class_counts = counts_of(noisy, num_classes)
 
     normalize = v2.Normalize(MEAN, STD)
-    train_transform = v2.Compose([
-        v2.RandomCrop(AUGMENTATION.size, padding=AUGMENTATION.padding),
-        v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True),
-        normalize,
-    ])
+    train_transform = v2.Compose(
+        [
+            v2.RandomCrop(AUGMENTATION.size, padding=AUGMENTATION.padding),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            normalize,
+        ]
+    )
 
     def normalized(images: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div_(255.0)
@@ -268,8 +288,13 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         return (x - mean) / std
 
     common = dict(num_classes=num_classes, class_counts=class_counts, class_names=fine_names)
-    train = Cifar100Train(torch.from_numpy(np.ascontiguousarray(train_x[train_idx])), torch.from_numpy(noisy),
-                          split="train", transform=train_transform, **common)
+    train = Cifar100Train(
+        torch.from_numpy(np.ascontiguousarray(train_x[train_idx])),
+        torch.from_numpy(noisy),
+        split="train",
+        transform=train_transform,
+        **common,
+    )
     train.clean_targets = torch.from_numpy(clean)
     train.redrawn = torch.from_numpy(redrawn)
     train.source_indices = torch.from_numpy(train_idx)

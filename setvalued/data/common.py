@@ -17,8 +17,9 @@ losses with per-example state (ROLE's label estimates) need. Every split also ex
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,9 +94,17 @@ class TensorSplit(IndexedDataset):
     the per-item DataLoader path (the synthetic data trains in seconds this way).
     """
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, *, num_classes: int,
-                 class_counts: list[int], class_names: list[str], split: str,
-                 transform=None):
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        num_classes: int,
+        class_counts: list[int],
+        class_names: list[str],
+        split: str,
+        transform=None,
+    ):
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"{split}: {inputs.shape[0]} inputs but {targets.shape[0]} labels")
         self.inputs = inputs
@@ -150,8 +159,7 @@ def mix_seed(*parts: int) -> int:
 def list_image_files(folder: str) -> list[str]:
     """Image files directly inside ``folder``, sorted by name."""
     with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries
-                      if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))
+        return sorted(e.name for e in entries if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))
 
 
 def load_rgb(path: str):
@@ -181,14 +189,15 @@ def stratified_holdout(labels: np.ndarray, fractions: dict[str, float], seed: in
             quota[i] -= max(0, min(quota[i], sum(quota) - (n - 1)))
         start = 0
         for name, q in zip(fractions, quota):
-            parts[name].append(members[start:start + q])
+            parts[name].append(members[start : start + q])
             start += q
         parts["train"].append(members[start:])
     return {name: np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for name, p in parts.items()}
 
 
-def held_out_parts(labels: np.ndarray, present: Any, settings: dict[str, Any], stream: int,
-                   refuse: Callable[[str, float], Exception]) -> dict[str, np.ndarray]:
+def held_out_parts(
+    labels: np.ndarray, present: Any, settings: dict[str, Any], stream: int, refuse: Callable[[str, float], Exception]
+) -> dict[str, np.ndarray]:
     """The indices into the training labels of the splits held out of them, one for each of
     ``val`` and ``test`` absent from ``present`` (its share ``settings["<split>_fraction"]``,
     seeded by ``settings["split_seed"]`` and the data set's ``stream``), and of what stays in
@@ -204,8 +213,9 @@ def held_out_parts(labels: np.ndarray, present: Any, settings: dict[str, Any], s
     return parts
 
 
-def channel_statistics(x: torch.Tensor, scale: float = 1.0, chunk: int = 1024
-                       ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_statistics(
+    x: torch.Tensor, scale: float = 1.0, chunk: int = 1024
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation of ``x / scale`` over images (n, C, H, W) or per
     feature over vectors (n, D), in float64: uint8 images from each channel's histogram of the
     256 values (exact), other inputs summed a chunk of examples at a time (no float64 copy of
@@ -222,7 +232,7 @@ def channel_statistics(x: torch.Tensor, scale: float = 1.0, chunk: int = 1024
         total = torch.zeros(channels, dtype=torch.float64)
         squares = torch.zeros(channels, dtype=torch.float64)
         for start in range(0, x.shape[0], chunk):
-            part = x[start:start + chunk].to(torch.float64) / scale
+            part = x[start : start + chunk].to(torch.float64) / scale
             total += part.sum(dim=axes)
             squares += (part * part).sum(dim=axes)
         count = max(1, x.numel() // max(1, channels))
@@ -233,8 +243,7 @@ def channel_statistics(x: torch.Tensor, scale: float = 1.0, chunk: int = 1024
     return tuple(mean.tolist()), tuple(std.tolist())
 
 
-def standardized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], scale: float = 1.0
-                 ) -> torch.Tensor:
+def standardized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], scale: float = 1.0) -> torch.Tensor:
     """``(x / scale - mean) / std`` per channel (n, C, H, W) or per feature (n, D), as float32."""
     shape = (1, -1, 1, 1) if x.dim() == 4 else (1, -1)
     m = torch.tensor(mean, dtype=torch.float32).view(shape)

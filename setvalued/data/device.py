@@ -17,8 +17,8 @@ the same stream. The draws of a CPU and of a CUDA generator differ (different al
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -46,8 +46,13 @@ class BatchAugmentation:
             flips = torch.zeros_like(flips)
         return offsets, flips
 
-    def apply(self, images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor,
-              stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def apply(
+        self,
+        images: torch.Tensor,
+        offsets: torch.Tensor,
+        flips: torch.Tensor,
+        stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The augmented float32 batch of uint8 ``images`` (n, C, H, W) for the given offsets
         and flips: one gather from the padded batch, no per-image loop, no host read.
         ``stats``: ``self.statistics(device)``, kept by a caller that applies it per batch."""
@@ -78,8 +83,13 @@ class DeviceSplit:
     epoch's draws; without it the inputs are served as they are.
     """
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
-                 augmentation: BatchAugmentation | None = None):
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        device: torch.device,
+        augmentation: BatchAugmentation | None = None,
+    ):
         self.inputs = inputs.to(device)
         self.targets = targets.to(device)
         self.device = device
@@ -89,8 +99,9 @@ class DeviceSplit:
     def __len__(self) -> int:
         return int(self.targets.shape[0])
 
-    def batches(self, order: torch.Tensor, batch_size: int, generator: torch.Generator | None = None
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, order: torch.Tensor, batch_size: int, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Batches ``(inputs, labels, indices)`` in ``order``. With an augmentation, the
         epoch's offsets and flips are drawn at once from ``generator`` (one per position of
         ``order``, so the stream does not depend on the batch size)."""
@@ -101,9 +112,10 @@ class DeviceSplit:
                 raise ValueError("an augmented DeviceSplit needs the epoch's generator")
             draws = self.augmentation.draw(len(order), generator)
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             x = self.inputs[idx]
             if draws is not None:
-                x = self.augmentation.apply(x, draws[0][start:start + batch_size], draws[1][start:start + batch_size],
-                                            self.stats)
+                x = self.augmentation.apply(
+                    x, draws[0][start : start + batch_size], draws[1][start : start + batch_size], self.stats
+                )
             yield x, self.targets[idx], idx

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from setvalued.data.common import (
-    DataLayoutError,
     IMAGE_EXTENSIONS,
+    DataLayoutError,
     DataSplits,
     TensorSplit,
     channel_statistics,
@@ -48,9 +48,11 @@ from setvalued.data.common import (
 from setvalued.data.device import BatchAugmentation
 
 SPLITS = ("train", "val", "test")
-EXPECTED_LAYOUT = ("ROOT/train/<class>/<image>, and optionally ROOT/val/<class>/... and "
-                   "ROOT/test/<class>/... (PNG, JPEG, BMP, WebP, TIFF or PPM files; every class "
-                   "folder with at least one image; val and test only with classes of train)")
+EXPECTED_LAYOUT = (
+    "ROOT/train/<class>/<image>, and optionally ROOT/val/<class>/... and "
+    "ROOT/test/<class>/... (PNG, JPEG, BMP, WebP, TIFF or PPM files; every class "
+    "folder with at least one image; val and test only with classes of train)"
+)
 #: the PIL decoders an image may use (the formats of ``common.IMAGE_EXTENSIONS``)
 FORMATS = ("PNG", "JPEG", "BMP", "WEBP", "TIFF", "PPM")
 #: bounds on what is read (docs/read-back.md)
@@ -98,12 +100,14 @@ def list_folder(root: Any) -> Listing:
         for name in classes:
             files = _image_files(os.path.join(folder, name), MAX_FILES - total)
             if not files:
-                raise layout_error(os.path.join(folder, name), "class folder without images (an empty class)",
-                                   EXPECTED_LAYOUT)
+                raise layout_error(
+                    os.path.join(folder, name), "class folder without images (an empty class)", EXPECTED_LAYOUT
+                )
             total += len(files)
             if total > MAX_FILES:
-                raise layout_error(root, f"more than {MAX_FILES:,} images (the bound of docs/read-back.md)",
-                                   EXPECTED_LAYOUT)
+                raise layout_error(
+                    root, f"more than {MAX_FILES:,} images (the bound of docs/read-back.md)", EXPECTED_LAYOUT
+                )
             scanned[split][name] = files
     classes = list(scanned["train"])
     index = {name: i for i, name in enumerate(classes)}
@@ -111,8 +115,9 @@ def list_folder(root: Any) -> Listing:
     for split, by_class in scanned.items():
         unknown = [name for name in by_class if name not in index]
         if unknown:
-            raise layout_error(os.path.join(root, split, unknown[0]),
-                               f"class folder(s) not in train: {unknown[:5]}", EXPECTED_LAYOUT)
+            raise layout_error(
+                os.path.join(root, split, unknown[0]), f"class folder(s) not in train: {unknown[:5]}", EXPECTED_LAYOUT
+            )
         paths, labels = [], []
         for name, names in by_class.items():
             paths += [os.path.join(root, split, name, f) for f in names]
@@ -149,18 +154,19 @@ def _open(path: str):
     if info.st_size == 0:
         raise DataLayoutError(f"image file {path!r} is empty (0 bytes)")
     if info.st_size > MAX_FILE_BYTES:
-        raise DataLayoutError(f"image file {path!r} has {info.st_size:,} bytes, more than the "
-                              f"{MAX_FILE_BYTES:,} of docs/read-back.md")
+        raise DataLayoutError(
+            f"image file {path!r} has {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} of docs/read-back.md"
+        )
     try:
         img = Image.open(path, formats=FORMATS)
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError,
-            Image.DecompressionBombError) as err:
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
         raise DataLayoutError(f"cannot read image file {path!r}: {err}") from None
     width, height = img.size
     if width * height > MAX_PIXELS:
         img.close()
-        raise DataLayoutError(f"image file {path!r} declares {width} x {height} pixels, more than the "
-                              f"{MAX_PIXELS:,} of docs/read-back.md")
+        raise DataLayoutError(
+            f"image file {path!r} declares {width} x {height} pixels, more than the {MAX_PIXELS:,} of docs/read-back.md"
+        )
     return img
 
 
@@ -180,9 +186,11 @@ def decode(path: str, image_size: int | None, shape: tuple[int, int, int] | None
     img = _open(path)
     if image_size is None and shape is not None and img.size != (shape[2], shape[1]):
         img.close()
-        raise DataLayoutError(f"image file {path!r} is {img.size[0]} x {img.size[1]} pixels, but the first "
-                              f"image is {shape[2]} x {shape[1]}: images of several sizes need "
-                              "data.image_size")
+        raise DataLayoutError(
+            f"image file {path!r} is {img.size[0]} x {img.size[1]} pixels, but the first "
+            f"image is {shape[2]} x {shape[1]}: images of several sizes need "
+            "data.image_size"
+        )
     try:
         with img:
             img.load()
@@ -210,25 +218,36 @@ def image_shape(listing: Listing, image_size: int | None, augmentation: str) -> 
         width, height = image_size_of(paths[0])
         shape = (3, height, width)
     if augmentation != "none" and shape[1] != shape[2]:
-        raise DataLayoutError(f"data.augmentation: {augmentation} crops square images, but the images of "
-                              f"{listing.root!r} are {shape[2]} x {shape[1]}; set data.image_size")
+        raise DataLayoutError(
+            f"data.augmentation: {augmentation} crops square images, but the images of "
+            f"{listing.root!r} are {shape[2]} x {shape[1]}; set data.image_size"
+        )
     decoded = len(paths) * int(np.prod(shape)) * 4  # float32 in memory
     if decoded > MAX_DECODED_BYTES:
-        raise DataLayoutError(f"the {len(paths):,} images of {listing.root!r} at {shape[2]} x {shape[1]} "
-                              f"take {decoded / 2**30:.1f} GiB in memory, more than the "
-                              f"{MAX_DECODED_BYTES / 2**30:.0f} GiB of docs/read-back.md; set a smaller "
-                              "data.image_size")
+        raise DataLayoutError(
+            f"the {len(paths):,} images of {listing.root!r} at {shape[2]} x {shape[1]} "
+            f"take {decoded / 2**30:.1f} GiB in memory, more than the "
+            f"{MAX_DECODED_BYTES / 2**30:.0f} GiB of docs/read-back.md; set a smaller "
+            "data.image_size"
+        )
     return shape
 
 
 def held_out_splits(listing: Listing, v: dict[str, Any]) -> dict[str, np.ndarray]:
     """The indices into the train folder's images of the splits held out of it (``val``, ``test``
     when their folder is absent) and of what stays in ``train``; {} when both folders exist."""
-    return held_out_parts(np.asarray(listing.files["train"][1]), listing.files, v, _SPLIT_STREAM,
-                          lambda split, fraction: layout_error(
-                              os.path.join(listing.root, "train"), f"data.{split}_fraction={fraction} holds "
-                              f"out no image (too few per class); add a {split} folder or raise the fraction",
-                              EXPECTED_LAYOUT))
+    return held_out_parts(
+        np.asarray(listing.files["train"][1]),
+        listing.files,
+        v,
+        _SPLIT_STREAM,
+        lambda split, fraction: layout_error(
+            os.path.join(listing.root, "train"),
+            f"data.{split}_fraction={fraction} holds "
+            f"out no image (too few per class); add a {split} folder or raise the fraction",
+            EXPECTED_LAYOUT,
+        ),
+    )
 
 
 def check_layout(cfg: dict[str, Any]) -> None:
@@ -264,7 +283,9 @@ def per_image_transform(augmentation: BatchAugmentation):
     steps = [v2.RandomCrop(augmentation.size, padding=augmentation.padding)]
     if augmentation.flip:
         steps.append(v2.RandomHorizontalFlip())
-    return v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(augmentation.mean, augmentation.std)])
+    return v2.Compose(
+        steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(augmentation.mean, augmentation.std)]
+    )
 
 
 def build(cfg: dict[str, Any], seed: int) -> DataSplits:
@@ -294,5 +315,11 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
             ds = TensorSplit(standardized(images[split], mean, std, scale=255.0), y, split=split, **common)
         splits[split] = ds
     info = {"folder": listing.root, "mean": list(mean), "std": list(std), "held_out_of_train": held_out}
-    return DataSplits(*(splits[s] for s in SPLITS), num_classes=num_classes, class_counts=class_counts,
-                      class_names=listing.classes, input_shape=shape, info=info)
+    return DataSplits(
+        *(splits[s] for s in SPLITS),
+        num_classes=num_classes,
+        class_counts=class_counts,
+        class_names=listing.classes,
+        input_shape=shape,
+        info=info,
+    )

@@ -36,8 +36,11 @@ def find_lists(root: str) -> dict[str, str]:
         paths = {s: os.path.join(folder, name) for s, name in LIST_FILES.items()}
         if all(os.path.isfile(p) for p in paths.values()):
             return paths
-    raise layout_error(root, f"ImageNet-LT lists {sorted(LIST_FILES.values())} not found in the folder "
-                             "or its ImageNet_LT subfolder", EXPECTED_LAYOUT)
+    raise layout_error(
+        root,
+        f"ImageNet-LT lists {sorted(LIST_FILES.values())} not found in the folder or its ImageNet_LT subfolder",
+        EXPECTED_LAYOUT,
+    )
 
 
 def read_list(path: str) -> tuple[list[str], list[int]]:
@@ -75,8 +78,9 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         step = max(1, len(files) // EXISTENCE_SAMPLE)
         for rel in files[::step] + files[-1:]:
             if not os.path.isfile(os.path.join(root, rel)):
-                raise layout_error(os.path.join(root, rel), f"image listed in {LIST_FILES[split]} is missing",
-                                   EXPECTED_LAYOUT)
+                raise layout_error(
+                    os.path.join(root, rel), f"image listed in {LIST_FILES[split]} is missing", EXPECTED_LAYOUT
+                )
 
     # Class names: the WordNet id folder of the training images of each label.
     names = [str(c) for c in range(num_classes)]
@@ -88,9 +92,20 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     train_tf, eval_tf = imagenet_style_transforms(train_random_resized=True)
     common = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
     splits = [
-        ImageFolderSplit([os.path.join(root, rel) for rel in lists[s][0]], lists[s][1], split=s,
-                         transform=train_tf if s == "train" else eval_tf, **common)
+        ImageFolderSplit(
+            [os.path.join(root, rel) for rel in lists[s][0]],
+            lists[s][1],
+            split=s,
+            transform=train_tf if s == "train" else eval_tf,
+            **common,
+        )
         for s in ("train", "val", "test")
     ]
-    return DataSplits(*splits, num_classes=num_classes, class_counts=class_counts, class_names=names,
-                      input_shape=(3, CROP, CROP), info={"folder": root})
+    return DataSplits(
+        *splits,
+        num_classes=num_classes,
+        class_counts=class_counts,
+        class_names=names,
+        input_shape=(3, CROP, CROP),
+        info={"folder": root},
+    )

@@ -66,8 +66,17 @@ def scan_split(split_dir: str) -> dict[str, list[str]]:
 class ImageFolderSplit(IndexedDataset):
     """One split of a folder-per-class image data set; images are read lazily."""
 
-    def __init__(self, paths: list[str], targets: list[int], *, num_classes: int,
-                 class_counts: list[int], class_names: list[str], split: str, transform):
+    def __init__(
+        self,
+        paths: list[str],
+        targets: list[int],
+        *,
+        num_classes: int,
+        class_counts: list[int],
+        class_names: list[str],
+        split: str,
+        transform,
+    ):
         self.paths = paths
         self.targets = torch.as_tensor(targets, dtype=torch.int64)
         self.num_classes = num_classes
@@ -106,12 +115,16 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     for split in ("val", "test"):
         unknown = sorted(set(scanned[split]) - set(class_of))
         if unknown:
-            raise layout_error(os.path.join(images, split), f"species folders not in train: {unknown[:5]}",
-                               EXPECTED_LAYOUT)
+            raise layout_error(
+                os.path.join(images, split), f"species folders not in train: {unknown[:5]}", EXPECTED_LAYOUT
+            )
     empty = [s for s, files in scanned["train"].items() if not files]
     if empty:
-        raise layout_error(os.path.join(images, "train", empty[0]),
-                           f"{len(empty)} training species folder(s) without images", EXPECTED_LAYOUT)
+        raise layout_error(
+            os.path.join(images, "train", empty[0]),
+            f"{len(empty)} training species folder(s) without images",
+            EXPECTED_LAYOUT,
+        )
 
     names = species
     names_file = os.path.join(os.path.dirname(images.rstrip(os.sep)), NAMES_FILE)
@@ -134,7 +147,14 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     class_counts = counts_of(listed["train"][1], num_classes)
     train_tf, eval_tf = imagenet_style_transforms()
     common = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
-    splits = [ImageFolderSplit(*listed[s], split=s, transform=train_tf if s == "train" else eval_tf, **common)
-              for s in SPLITS]
-    return DataSplits(*splits, num_classes=num_classes, class_counts=class_counts, class_names=names,
-                      input_shape=(3, CROP, CROP), info={"folder": images, "species_ids": species})
+    splits = [
+        ImageFolderSplit(*listed[s], split=s, transform=train_tf if s == "train" else eval_tf, **common) for s in SPLITS
+    ]
+    return DataSplits(
+        *splits,
+        num_classes=num_classes,
+        class_counts=class_counts,
+        class_names=names,
+        input_shape=(3, CROP, CROP),
+        info={"folder": images, "species_ids": species},
+    )

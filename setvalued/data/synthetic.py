@@ -72,8 +72,9 @@ def allocate(total: int, weights: np.ndarray, minimum: int, what: str) -> np.nda
     for the remainder (largest-remainder rounding)."""
     n = len(weights)
     if total < n * minimum:
-        raise ValueError(f"data.{what} must be at least {n * minimum} ({minimum} per class for "
-                         f"{n} classes), got {total}")
+        raise ValueError(
+            f"data.{what} must be at least {n * minimum} ({minimum} per class for {n} classes), got {total}"
+        )
     share = (total - n * minimum) * weights
     counts = np.floor(share).astype(np.int64)
     rest = total - n * minimum - counts.sum()
@@ -85,11 +86,16 @@ def allocate(total: int, weights: np.ndarray, minimum: int, what: str) -> np.nda
 def _check(cfg: dict[str, Any]) -> dict[str, Any]:
     values = {
         # None: the key's union default, where another data set (arrays) declares another default
-        "num_classes": int(cfg.get("num_classes") if cfg.get("num_classes") is not None
-                           else DATA_FIELDS["synthetic"]["num_classes"].default),
+        "num_classes": int(
+            cfg.get("num_classes")
+            if cfg.get("num_classes") is not None
+            else DATA_FIELDS["synthetic"]["num_classes"].default
+        ),
         "num_superclasses": int(cfg.get("num_superclasses", 8)),
         "train_size": int(cfg.get("train_size", 2000)),
-        "val_size": int(cfg.get("val_size") if cfg.get("val_size") is not None else DATA_FIELDS["synthetic"]["val_size"].default),
+        "val_size": int(
+            cfg.get("val_size") if cfg.get("val_size") is not None else DATA_FIELDS["synthetic"]["val_size"].default
+        ),
         "test_size": int(cfg.get("test_size", 1000)),
         "pareto_shape": float(cfg.get("pareto_shape", 1.2)),
         "form": cfg.get("form", "features"),
@@ -100,13 +106,16 @@ def _check(cfg: dict[str, Any]) -> dict[str, Any]:
     if values["num_classes"] < 2:
         raise ValueError(f"data.num_classes must be >= 2, got {values['num_classes']}")
     if not 1 <= values["num_superclasses"] <= values["num_classes"]:
-        raise ValueError(f"data.num_superclasses must be in [1, data.num_classes="
-                         f"{values['num_classes']}], got {values['num_superclasses']}")
+        raise ValueError(
+            f"data.num_superclasses must be in [1, data.num_classes="
+            f"{values['num_classes']}], got {values['num_superclasses']}"
+        )
     if values["form"] not in FORMS:
         raise ValueError(f"data.form must be one of {FORMS}, got {values['form']!r}")
     if not 1 <= values["max_labels"] <= values["num_classes"]:
-        raise ValueError(f"data.max_labels must be in [1, data.num_classes={values['num_classes']}], "
-                         f"got {values['max_labels']}")
+        raise ValueError(
+            f"data.max_labels must be in [1, data.num_classes={values['num_classes']}], got {values['max_labels']}"
+        )
     if values["feature_dim"] < 1:
         raise ValueError(f"data.feature_dim must be >= 1, got {values['feature_dim']}")
     return values
@@ -144,8 +153,9 @@ class SyntheticGenerator:
             x = (x @ self.bases + pixels).view(-1, 3, 32, 32)
         return x, torch.from_numpy(labels), clarity
 
-    def sample_multilabel(self, counts: np.ndarray, max_labels: int, weights: np.ndarray,
-                          rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_multilabel(
+        self, counts: np.ndarray, max_labels: int, weights: np.ndarray, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, int64 multi-hot targets (n, L)): ``counts[c]`` examples whose primary class is
         c, each with 1 to ``max_labels`` classes (module docstring)."""
         primary = rng.permutation(np.repeat(np.arange(self.num_classes), counts))
@@ -155,7 +165,7 @@ class SyntheticGenerator:
         # the Gumbel-perturbed log-weights in decreasing order (successive sampling)
         keys = np.log(weights)[None, :] + rng.gumbel(size=(n, self.num_classes))
         keys[np.arange(n), primary] = -np.inf
-        ranked = np.argsort(-keys, axis=1, kind="stable")[:, :max_labels - 1]
+        ranked = np.argsort(-keys, axis=1, kind="stable")[:, : max_labels - 1]
         targets = np.zeros((n, self.num_classes), dtype=np.int64)
         targets[np.arange(n), primary] = 1
         for extra in range(max_labels - 1):
@@ -202,5 +212,6 @@ def build(cfg: dict[str, Any], seed: int = 0) -> DataSplits:
         splits.append(ds)
     shape = (v["feature_dim"],) if v["form"] == "features" else (3, 32, 32)
     info = {"superclass_of": gen.superclass_of.tolist(), "generation_seed": v["split_seed"]}
-    return DataSplits(*splits, num_classes=L, class_counts=class_counts, class_names=names,
-                      input_shape=shape, info=info)
+    return DataSplits(
+        *splits, num_classes=L, class_counts=class_counts, class_names=names, input_shape=shape, info=info
+    )

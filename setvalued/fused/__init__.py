@@ -11,5 +11,15 @@ from setvalued.fused.array import STOP, Array, ArrayCallback, FusionError, fit_a
 from setvalued.fused.running_metrics import FusedRunningMetrics
 from setvalued.fused.step import FusedStep, RandomState
 
-__all__ = ["STOP", "Array", "ArrayCallback", "FusedRunningMetrics", "FusedStep", "FusionError", "RandomState",
-           "fit_array", "fusion_problem", "probe_config"]
+__all__ = [
+    "STOP",
+    "Array",
+    "ArrayCallback",
+    "FusedRunningMetrics",
+    "FusedStep",
+    "FusionError",
+    "RandomState",
+    "fit_array",
+    "fusion_problem",
+    "probe_config",
+]

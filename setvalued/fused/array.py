@@ -28,19 +28,25 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from setvalued.data import seed_free
-from setvalued.training import Trial
 from setvalued.fused.running_metrics import FusedRunningMetrics
 from setvalued.fused.step import FusedStep, RandomState, member_output, own_storage
 from setvalued.losses.base import member_slices
-from setvalued.training import load_checkpoint
-from setvalued.training import NonFiniteLossError, to_float32
-from setvalued.training import resolve_config, split_batches
-from setvalued.training import build_optimizer, model_inputs
+from setvalued.training import (
+    NonFiniteLossError,
+    Trial,
+    build_optimizer,
+    load_checkpoint,
+    model_inputs,
+    resolve_config,
+    split_batches,
+    to_float32,
+)
 
 #: ``after_epoch``'s answer that stops the array after that epoch
 STOP = "stop"
@@ -68,23 +74,30 @@ class Array:
         self.shared_data = shared is not None
         sizes = {len(m.data.train) for m in self.members}
         if len(sizes) > 1:
-            raise FusionError(f"the seeds' training sets differ in size ({sorted(sizes)}); a fused array "
-                              f"steps on batches of the same size")
+            raise FusionError(
+                f"the seeds' training sets differ in size ({sorted(sizes)}); a fused array "
+                f"steps on batches of the same size"
+            )
         if first.step.scaler is not None:
-            raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: float16 mixed precision (no "
-                              f"bfloat16 on this GPU) skips every member's step when one overflows (set amp: false)")
+            raise FusionError(
+                f"model {cfg['model']['name']!r} cannot be fused: float16 mixed precision (no "
+                f"bfloat16 on this GPU) skips every member's step when one overflows (set amp: false)"
+            )
         problem = fusion_problem([m.model for m in self.members[:2]], first)  # two members show it
         if problem:
-            raise FusionError(f"model {cfg['model']['name']!r} cannot be fused: {problem} "
-                              f"(run it with seeds_per_trial: 1)")
+            raise FusionError(
+                f"model {cfg['model']['name']!r} cannot be fused: {problem} (run it with seeds_per_trial: 1)"
+            )
         self.device = first.device
         for m in self.members:  # compile: model compiles the array's stacked model, not each member's
             m.step.release()
-        self.step = FusedStep(cfg, self.device, [m.model for m in self.members], [m.loss for m in self.members],
-                              first.step.amp_dtype)
+        self.step = FusedStep(
+            cfg, self.device, [m.model for m in self.members], [m.loss for m in self.members], first.step.amp_dtype
+        )
         for m in self.members:  # each member's optimizer over its views: its state's format
-            m.step.optimizer = build_optimizer([p for p in m.model.parameters() if p.requires_grad], m.loss,
-                                               cfg["optim"])
+            m.step.optimizer = build_optimizer(
+                [p for p in m.model.parameters() if p.requires_grad], m.loss, cfg["optim"]
+            )
         self.random_states = [RandomState(self.device) for _ in self.members]
         #: the shared training split read by one gather per step, or None (per-member batches)
         self.gather = self._shared_train_split()
@@ -100,16 +113,17 @@ class Array:
         """Continue every member after the epoch of its state (all at the same epoch)."""
         epochs = {int(s["epoch"]) for s in states if s is not None}
         if len(epochs) > 1 or (epochs and any(s is None for s in states)):
-            raise ValueError(f"the members' checkpoints are of different epochs "
-                             f"({[None if s is None else int(s['epoch']) for s in states]})")
+            raise ValueError(
+                f"the members' checkpoints are of different epochs "
+                f"({[None if s is None else int(s['epoch']) for s in states]})"
+            )
         if not epochs:
             return
         for m, state in zip(self.members, states):
             m.restore_all_but_optimizer(dict(state))
         self.step.load_member_optimizer_states([s["optimizer"] for s in states])
 
-    def run(self, on_epoch: ArrayCallback | None = None,
-            after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
+    def run(self, on_epoch: ArrayCallback | None = None, after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
         """Train every member to the last epoch; returns, per member, its ``fit`` result or the
         error that stopped it. ``after_epoch(epoch)`` follows the epoch's last ``on_epoch``; its
         answer ``STOP`` ends the training there (early stopping of the array's config)."""
@@ -129,8 +143,11 @@ class Array:
             for i, m in enumerate(self.members):
                 if self.failed[i] is None:
                     own_storage(m.model)  # the model handed back (and logged) holds this member alone
-                self.results[i] = self.failed[i] if self.failed[i] is not None else \
-                    m.test(None if test_scores is None else test_scores[i])
+                self.results[i] = (
+                    self.failed[i]
+                    if self.failed[i] is not None
+                    else m.test(None if test_scores is None else test_scores[i])
+                )
         finally:
             self.step.release()  # compile: model leaves no graph in a warm worker
         return self.results
@@ -154,9 +171,12 @@ class Array:
                     batches.append(iter(m.epoch_batches(epoch)))
             m.start_training(epoch)
         first = self.members[0]
-        running = FusedRunningMetrics(epoch, [] if first.multi_label else
-                                      [k for k in self.cfg["eval"]["ks"] if k <= first.data.num_classes],
-                                      self.device, len(self.members))
+        running = FusedRunningMetrics(
+            epoch,
+            [] if first.multi_label else [k for k in self.cfg["eval"]["ks"] if k <= first.data.num_classes],
+            self.device,
+            len(self.members),
+        )
         self.step.start_training()
         drawn = self._gathered(torch.stack(orders)) if self.gather is not None else self._drawn(batches)
         start = time.perf_counter()
@@ -179,7 +199,7 @@ class Array:
         orders = orders.to(self.gather[0].device)
         inputs, targets = self.gather
         for start in range(0, orders.shape[1], size):
-            idx = orders[:, start:start + size]
+            idx = orders[:, start : start + size]
             yield inputs[idx], targets[idx], idx
 
     def _drawn(self, batches: list[Iterator]) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -205,13 +225,17 @@ class Array:
             held = first.on_device["train"]
             return None if held.augmentation is not None else (held.inputs, held.targets)
         ds = first.data.train
-        if getattr(ds, "supports_batches", False) and int(self.cfg["data"]["num_workers"]) == 0 \
-                and getattr(ds, "transform", None) is None:
+        if (
+            getattr(ds, "supports_batches", False)
+            and int(self.cfg["data"]["num_workers"]) == 0
+            and getattr(ds, "transform", None) is None
+        ):
             return ds.inputs, ds.targets
         return None
 
-    def close_epoch(self, epoch: int, lr: float, running: FusedRunningMetrics, seconds: float,
-                    on_epoch: ArrayCallback | None) -> None:
+    def close_epoch(
+        self, epoch: int, lr: float, running: FusedRunningMetrics, seconds: float, on_epoch: ArrayCallback | None
+    ) -> None:
         """Every live member's training metrics, validation (one forward pass of the members
         together), best checkpoint and ``on_epoch``."""
         running.fold()
@@ -227,9 +251,14 @@ class Array:
                 continue
             callback = None if on_epoch is None else (lambda e, mt, st, i=i: on_epoch(i, e, mt, st))
             # each member's eval_time_s: its share of the fused pass, and its own metrics
-            m.close_epoch(epoch, {"epoch": epoch, **metrics}, callback,
-                          optimizer_state=self.step.member_optimizer_state(i, m.step.optimizer),
-                          val_scores=None if val_scores is None else val_scores[i], val_seconds=shared_seconds)
+            m.close_epoch(
+                epoch,
+                {"epoch": epoch, **metrics},
+                callback,
+                optimizer_state=self.step.member_optimizer_state(i, m.step.optimizer),
+                val_scores=None if val_scores is None else val_scores[i],
+                val_seconds=shared_seconds,
+            )
 
     @torch.no_grad()
     def predict(self, split: str) -> list[torch.Tensor] | None:
@@ -303,8 +332,14 @@ def _probe(models: Sequence[torch.nn.Module], trial: Trial) -> str | None:
     except Exception:  # noqa: BLE001  (not a fusion problem: the separate trial fails the same way)
         return None
     try:
-        step = FusedStep(trial.cfg, trial.device, [copy.deepcopy(m) for m in models],
-                         [trial.loss] * len(models), None, compiled=False)
+        step = FusedStep(
+            trial.cfg,
+            trial.device,
+            [copy.deepcopy(m) for m in models],
+            [trial.loss] * len(models),
+            None,
+            compiled=False,
+        )
         step.start_training()
         fused = step.run_model(torch.stack([x] * len(models)))
         sum(_total(member_output(fused, i)) for i in range(len(models))).backward()
@@ -315,10 +350,12 @@ def _probe(models: Sequence[torch.nn.Module], trial: Trial) -> str | None:
             return "its fused output differs from the separate model's"
         # the gradient as one vector: a coordinate that is zero in exact arithmetic (the bias
         # before a BatchNorm) is rounding noise in both forms
-        pairs = [(name, step.params[name].grad[i], p.grad) for name, p in model.named_parameters()
-                 if p.grad is not None]
-        if pairs and not _near(torch.cat([g.flatten() for _, g, _ in pairs]),
-                               torch.cat([r.flatten() for _, _, r in pairs])):
+        pairs = [
+            (name, step.params[name].grad[i], p.grad) for name, p in model.named_parameters() if p.grad is not None
+        ]
+        if pairs and not _near(
+            torch.cat([g.flatten() for _, g, _ in pairs]), torch.cat([r.flatten() for _, _, r in pairs])
+        ):
             worst = max(pairs, key=lambda t: float((t[1].double() - t[2].double()).norm()))[0]
             return f"its fused gradient differs from the separate model's (most at {worst})"
     return None
@@ -352,9 +389,13 @@ def _near(value: torch.Tensor, reference: torch.Tensor) -> bool:
     return bool(torch.linalg.vector_norm(value - reference) <= 1e-3 * torch.linalg.vector_norm(reference) + 1e-8)
 
 
-def fit_array(config: Mapping[str, Any], seeds: Sequence[int], on_epoch: ArrayCallback | None = None,
-              checkpoints: Sequence[Mapping[str, Any] | str | None] | None = None,
-              after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
+def fit_array(
+    config: Mapping[str, Any],
+    seeds: Sequence[int],
+    on_epoch: ArrayCallback | None = None,
+    checkpoints: Sequence[Mapping[str, Any] | str | None] | None = None,
+    after_epoch: Callable[[int], Any] | None = None,
+) -> list[Any]:
     """Train the trials of ``seeds`` (one config) as one fused array.
 
     ``on_epoch(member, epoch, metrics, state)`` is called after every epoch of every live

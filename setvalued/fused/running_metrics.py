@@ -91,7 +91,7 @@ class FusedRunningMetrics(RunningTrainMetrics):
             "grad_nonzero_active": nonzero / active if active else nan,
         }
 
-    def of(self, member: int) -> "MemberMetrics":
+    def of(self, member: int) -> MemberMetrics:
         """Member ``member``'s view, with the ``summary(num_examples)`` of ``RunningTrainMetrics``."""
         return MemberMetrics(self, member)
 

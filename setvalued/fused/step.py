@@ -30,7 +30,8 @@ import contextlib
 import copy
 import random
 import types
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,8 +39,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
 from setvalued.losses.base import fusion_declared, loop_member_losses
-from setvalued.training import to_float32, watched_scores
-from setvalued.training import model_inputs, set_learning_rate
+from setvalued.training import model_inputs, set_learning_rate, to_float32, watched_scores
 
 
 class RandomState:
@@ -84,8 +84,15 @@ def member_output(output: Any, i: int) -> Any:
 class FusedStep:
     """The stacked model of N members and one training step for all of them."""
 
-    def __init__(self, cfg: Mapping[str, Any], device: torch.device, models: Sequence[torch.nn.Module],
-                 losses: Sequence[SetValuedLoss], amp_dtype: torch.dtype | None, compiled: bool | None = None):
+    def __init__(
+        self,
+        cfg: Mapping[str, Any],
+        device: torch.device,
+        models: Sequence[torch.nn.Module],
+        losses: Sequence[SetValuedLoss],
+        amp_dtype: torch.dtype | None,
+        compiled: bool | None = None,
+    ):
         """``compiled``: the stacked forward passes under ``torch.compile`` (default: the
         config's ``compile: model``)."""
         self.cfg, self.device, self.losses, self.amp_dtype = cfg, device, list(losses), amp_dtype
@@ -93,22 +100,34 @@ class FusedStep:
         _norms_in_their_statistics_dtype(self.template)
         params, buffers = stack_module_state(list(models))
         #: stacked parameters and buffers, (N, ...) each, in the order of ``named_parameters``
-        self.params = {name: p.detach().requires_grad_(models[0].get_parameter(name).requires_grad)
-                       for name, p in params.items()}
+        self.params = {
+            name: p.detach().requires_grad_(models[0].get_parameter(name).requires_grad) for name, p in params.items()
+        }
         self.buffers = buffers
         for i, model in enumerate(models):
             _view_into(model, self.params, self.buffers, i)
         self.dtype = next((p.dtype for p in self.params.values() if p.is_floating_point()), torch.float32)
         o = cfg["optim"]
-        groups = [{"params": [p for p in self.params.values() if p.requires_grad],
-                   "weight_decay": o["weight_decay"], "lr_multiplier": 1.0}]
+        groups = [
+            {
+                "params": [p for p in self.params.values() if p.requires_grad],
+                "weight_decay": o["weight_decay"],
+                "lr_multiplier": 1.0,
+            }
+        ]
         for loss in losses:
             loss_params = [p for p in loss.parameters() if p.requires_grad]
             if loss_params:
-                groups.append({"params": loss_params, "weight_decay": 0.0,
-                               "lr_multiplier": float(getattr(loss, "lr_multiplier", 1.0))})
-        self.optimizer = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"],
-                                         foreach=True)
+                groups.append(
+                    {
+                        "params": loss_params,
+                        "weight_decay": 0.0,
+                        "lr_multiplier": float(getattr(loss, "lr_multiplier", 1.0)),
+                    }
+                )
+        self.optimizer = torch.optim.SGD(
+            groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"], foreach=True
+        )
         #: one loss object may compute every member's loss (``interchangeable``)
         self.shared_loss = interchangeable(self.losses)
         #: the losses draw from torch's generators alone: a member's draws swap in its torch states only
@@ -164,8 +183,14 @@ class FusedStep:
         with torch.autocast(self.device.type, dtype=self.amp_dtype):
             return forward(self.params, self.buffers, x)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, live: Sequence[bool],
-                 random_states: Sequence[RandomState]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        idx: torch.Tensor,
+        live: Sequence[bool],
+        random_states: Sequence[RandomState],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward, loss, backward and optimizer step of every member on its batch (slice
         ``i`` of ``x``, ``y``, ``idx``). Returns the members' losses (N,) and the stacked scores
         that the metrics rank (N, B, L), their ``.grad`` kept (None when the output has none).
@@ -254,8 +279,12 @@ def interchangeable(losses: Sequence[SetValuedLoss]) -> bool:
 
     def same(a: Any, b: Any) -> bool:
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+            return (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.shape == b.shape
                 and bool(torch.equal(a, b))
+            )
         try:
             return bool(a == b)
         except Exception:  # noqa: BLE001  (values that do not compare: not known to be equal)
@@ -276,8 +305,9 @@ def interchangeable(losses: Sequence[SetValuedLoss]) -> bool:
     return True
 
 
-def _view_into(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
-               i: int) -> None:
+def _view_into(
+    model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], i: int
+) -> None:
     """Make ``model``'s parameters and buffers views of slice ``i`` of the stacked tensors, so
     that its state_dict, load_state_dict and forward pass see and write the stacked values."""
     for name, stacked in params.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS  # noqa: F401
+from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
 
 #: public name -> module that defines it
 _LAZY = {
@@ -24,8 +24,13 @@ _LAZY = {
     "NormedLinear": "setvalued.losses.normed",
 }
 #: the modules whose import registers the losses
-_LOSS_MODULES = ("setvalued.losses.topk", "setvalued.losses.smooth_svm", "setvalued.losses.avgk",
-                 "setvalued.losses.sparse_top", "setvalued.losses.bce")
+_LOSS_MODULES = (
+    "setvalued.losses.topk",
+    "setvalued.losses.smooth_svm",
+    "setvalued.losses.avgk",
+    "setvalued.losses.sparse_top",
+    "setvalued.losses.bce",
+)
 
 __all__ = ["CONTEXT_KEYS", "LOSS_PARAMETERS", *_LAZY]
 

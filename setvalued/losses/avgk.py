@@ -20,9 +20,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, register_loss
-from setvalued.losses.single_positive import (  # noqa: F401 (re-exported)
-    AssumeNegativeLoss, EPRLoss, ROLELoss, ROLE_INIT_POSITIVE, ROLE_INIT_UNOBSERVED, _check_logits,
-    _num_classes, _number,
+from setvalued.losses.single_positive import (
+    ROLE_INIT_POSITIVE,
+    ROLE_INIT_UNOBSERVED,
+    AssumeNegativeLoss,
+    EPRLoss,
+    ROLELoss,
+    _check_logits,
+    _num_classes,
+    _number,
 )
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # two-head model wrapper and loss (thesis 5.5.2, eqs. 5.10-5.15)
 # --------------------------------------------------------------------------------------------
+
 
 class TwoHeadClassifier(nn.Module):
     """Two independent linear heads on shared features H (thesis 5.5.2).
@@ -136,8 +143,7 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     members = _group_members(total, count)
     groups = -(-cols // members)
     if total > _DIRECT_SELECTION_ENTRIES and members > 1 and rows * groups >= count:
-        padded = values if members * groups == cols else F.pad(values, (0, members * groups - cols),
-                                                                 value=-math.inf)
+        padded = values if members * groups == cols else F.pad(values, (0, members * groups - cols), value=-math.inf)
         group_max = padded.view(rows, members, groups).amax(dim=1).view(-1)
         reaching, bound = _reaching_groups(group_max, count)  # row * G + group
         if bool(bound > -math.inf):  # else the padding could be chosen: select over everything
@@ -168,13 +174,11 @@ def _top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     chosen = torch.zeros(values.numel(), dtype=torch.bool, device=values.device)
     # index_fill_ and scatter_ of a Python value here and below: an indexed write of one would
     # copy a CPU value to the device, blocking (issue #34)
-    chosen.index_fill_(0, _largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count),
-                       True)
+    chosen.index_fill_(0, _largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count), True)
     return chosen.view(values.shape)
 
 
-def _masked_log_probs(sccp_logits: torch.Tensor, targets: torch.Tensor,
-                      log_probs: torch.Tensor | None) -> torch.Tensor:
+def _masked_log_probs(sccp_logits: torch.Tensor, targets: torch.Tensor, log_probs: torch.Tensor | None) -> torch.Tensor:
     """Detached ``log varsigma(Z')`` (float32 at least) with -inf at the labels (eq. 5.11)."""
     if log_probs is None:
         logits = sccp_logits.detach()
@@ -186,8 +190,9 @@ def _masked_log_probs(sccp_logits: torch.Tensor, targets: torch.Tensor,
     return masked
 
 
-def candidate_indices(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
-                      log_probs: torch.Tensor | None = None) -> torch.Tensor:
+def candidate_indices(
+    sccp_logits: torch.Tensor, targets: torch.Tensor, k: int, log_probs: torch.Tensor | None = None
+) -> torch.Tensor:
     """Flat (row-major) indices into the (|B|, L) batch matrix of the candidates ``S_c`` of
     thesis eq. 5.12: the (k-1)|B| largest entries of the whole masked matrix of eq. 5.11.
 
@@ -205,9 +210,9 @@ def candidate_indices(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
 
 
 @torch.no_grad()
-def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
-                    log_probs: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def candidate_masks(
+    sccp_logits: torch.Tensor, targets: torch.Tensor, k: int, log_probs: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bool masks (positive, candidate, negative), each (|B|, L), of thesis eqs. 5.11-5.14.
 
     positive: ``j = y_i``.  candidate ``S_c``: :func:`candidate_indices` (the (k-1)|B| largest
@@ -217,8 +222,7 @@ def candidate_masks(sccp_logits: torch.Tensor, targets: torch.Tensor, k: int,
     """
     batch, num_classes = sccp_logits.shape
     device = sccp_logits.device
-    positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=device).scatter_(
-        1, targets.unsqueeze(1), True)
+    positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=device).scatter_(1, targets.unsqueeze(1), True)
     candidate = torch.zeros(batch * num_classes, dtype=torch.bool, device=device)
     candidate.index_fill_(0, candidate_indices(sccp_logits, targets, k, log_probs), True)
     candidate = candidate.view(batch, num_classes)
@@ -346,8 +350,14 @@ class AvgKTwoHeadLoss(SetValuedLoss):
     head = "two_head"
     requires_indices = False
 
-    def __init__(self, k: int = 5, alpha: float = 1.0, prediction_head: str = "ml",
-                 num_classes: int | None = None, reduction: str = "mean"):
+    def __init__(
+        self,
+        k: int = 5,
+        alpha: float = 1.0,
+        prediction_head: str = "ml",
+        num_classes: int | None = None,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
         self.k = _number("k", k, 2, integer=True, what="avgk_two_head")
         self.alpha = _number("alpha", alpha, 0, what="avgk_two_head")
@@ -372,12 +382,15 @@ class AvgKTwoHeadLoss(SetValuedLoss):
 
     def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(output, TwoHeadOutput):
-            raise ValueError("avgk_two_head needs a TwoHeadOutput(sccp=..., ml=...) from a two-head "
-                             "model (model.head: two_head)")
+            raise ValueError(
+                "avgk_two_head needs a TwoHeadOutput(sccp=..., ml=...) from a two-head model (model.head: two_head)"
+            )
         sccp, ml = output.sccp, output.ml
         _check_logits("avgk_two_head", ml, targets)
         if sccp.shape != ml.shape:
-            raise ValueError(f"avgk_two_head: the heads differ in shape: sccp {tuple(sccp.shape)}, ml {tuple(ml.shape)}")
+            raise ValueError(
+                f"avgk_two_head: the heads differ in shape: sccp {tuple(sccp.shape)}, ml {tuple(ml.shape)}"
+            )
         batch, num_classes = ml.shape
         self._check_fits(batch, num_classes)
         targets = targets.to(device=ml.device, dtype=torch.long)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, ContextManager, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -12,7 +14,7 @@ from torch import nn
 from setvalued.losses.parameters import CONTEXT_KEYS, LOSS_PARAMETERS
 from setvalued.params import REQUIRED, Param, check_parameters
 
-LOSSES: dict[str, type["SetValuedLoss"]] = {}
+LOSSES: dict[str, type[SetValuedLoss]] = {}
 
 
 class TwoHeadOutput(NamedTuple):
@@ -57,8 +59,9 @@ class SetValuedLoss(nn.Module):
     #: Python's ``random`` or NumPy's: a fused array then swaps in only its members' torch states
     draws_torch_only: bool = False
 
-    def member_losses(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None,
-                      draws: Sequence[ContextManager]) -> torch.Tensor:
+    def member_losses(
+        self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None, draws: Sequence[AbstractContextManager]
+    ) -> torch.Tensor:
         """The losses (N,) of the N members of a fused array (``setvalued.fused.step``) from
         their stacked outputs (N, B, ...), targets (N, B, ...) and indices (N, B): entry i is
         what ``self(output[i], targets[i], indices[i])`` gives under ``draws[i]`` (the context
@@ -72,8 +75,11 @@ class SetValuedLoss(nn.Module):
         if not (fusion_declared(type(self), "samplewise") and self.reduction == "mean"):
             return loop_member_losses([self] * len(draws), output, targets, indices, draws)
         members, batch = targets.shape[:2]
-        flat = TwoHeadOutput(*(t.flatten(0, 1) for t in output)) if isinstance(output, TwoHeadOutput) \
+        flat = (
+            TwoHeadOutput(*(t.flatten(0, 1) for t in output))
+            if isinstance(output, TwoHeadOutput)
             else output.flatten(0, 1)
+        )
         self.reduction = "none"
         try:
             values = self(flat, targets.flatten(0, 1), None if indices is None else indices.flatten(0, 1))
@@ -110,8 +116,13 @@ def member_slices(output: Any) -> list[Any]:
     return list(output.unbind(0))
 
 
-def loop_member_losses(losses: Sequence["SetValuedLoss"], output: Any, targets: torch.Tensor,
-                       indices: torch.Tensor | None, draws: Sequence[ContextManager]) -> torch.Tensor:
+def loop_member_losses(
+    losses: Sequence[SetValuedLoss],
+    output: Any,
+    targets: torch.Tensor,
+    indices: torch.Tensor | None,
+    draws: Sequence[AbstractContextManager],
+) -> torch.Tensor:
     """``SetValuedLoss.member_losses`` one member at a time: member i's loss ``losses[i]`` on
     its slice, under ``draws[i]``; a member whose draw context is None (a member that has
     failed) is not computed (its entry is 0, without gradient)."""
@@ -157,8 +168,9 @@ def one_hot(targets: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torc
     return (classes == looked_up[:, None]).to(dtype)
 
 
-def register_loss(name: str, parameters: Mapping[str, Param] | None = None
-                  ) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
+def register_loss(
+    name: str, parameters: Mapping[str, Param] | None = None
+) -> Callable[[type[SetValuedLoss]], type[SetValuedLoss]]:
     """Class decorator adding a loss to the registry under ``name``.
 
     The library's losses are declared in ``setvalued.losses.parameters.LOSS_PARAMETERS[name]``;
@@ -172,15 +184,24 @@ def register_loss(name: str, parameters: Mapping[str, Param] | None = None
         if name in LOSSES:
             raise ValueError(f"loss {name!r} registered twice")
         signature = inspect.signature(cls.__init__).parameters
-        taken = [p for p in signature if p not in ("self", "reduction") + CONTEXT_KEYS
-                 and signature[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+        taken = [
+            p
+            for p in signature
+            if p not in ("self", "reduction") + CONTEXT_KEYS
+            and signature[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        ]
         declared = parameters if parameters is not None else LOSS_PARAMETERS.get(name)
         if declared is None:
-            declared = {p: Param("any", REQUIRED if signature[p].default is inspect.Parameter.empty
-                                 else signature[p].default, nullable=True) for p in taken}
+            declared = {
+                p: Param(
+                    "any",
+                    REQUIRED if signature[p].default is inspect.Parameter.empty else signature[p].default,
+                    nullable=True,
+                )
+                for p in taken
+            }
         if taken != list(declared):
-            raise ValueError(f"loss {name!r}: the constructor takes {taken}, the declaration lists "
-                             f"{list(declared)}")
+            raise ValueError(f"loss {name!r}: the constructor takes {taken}, the declaration lists {list(declared)}")
         LOSSES[name] = cls
         cls.registry_name = name
         cls.parameter_constraints = dict(declared)
@@ -205,8 +226,9 @@ def _lookup(name: str) -> type[SetValuedLoss]:
         raise ValueError(f"unknown loss {name!r}; expected one of: {', '.join(known)}") from None
     cls = registry.load_factory("loss", name)
     if not (isinstance(cls, type) and issubclass(cls, SetValuedLoss)):
-        raise registry.PluginError(f"loss {name!r} ({item.origin}): {item.factory} is not a subclass of "
-                                   "setvalued.losses.SetValuedLoss")
+        raise registry.PluginError(
+            f"loss {name!r} ({item.origin}): {item.factory} is not a subclass of setvalued.losses.SetValuedLoss"
+        )
     try:
         return register_loss(name, item.parameters)(cls)
     except ValueError as err:

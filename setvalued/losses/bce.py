@@ -34,8 +34,10 @@ def _multi_hot(targets: Any, scores: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"bce: class indices must lie in [0, {num_classes - 1}]")
         return F.one_hot(targets.long(), num_classes).to(scores.dtype)
     if targets.shape != scores.shape:
-        raise ValueError(f"bce: targets must be class indices ({batch},) or a multi-hot matrix "
-                         f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
+        raise ValueError(
+            f"bce: targets must be class indices ({batch},) or a multi-hot matrix "
+            f"{tuple(scores.shape)}, got {tuple(targets.shape)}"
+        )
     labels = targets.to(scores.dtype)
     if not fixed_shapes(labels) and bool(((labels != 0) & (labels != 1)).any()):
         raise ValueError("bce: a multi-hot target matrix must hold only 0 and 1")

@@ -41,8 +41,7 @@ class NormedLinear(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if features.dim() != 2 or features.shape[1] != self.in_features:
             raise ValueError(
-                f"NormedLinear expects features of shape (batch, {self.in_features}), "
-                f"got {tuple(features.shape)}"
+                f"NormedLinear expects features of shape (batch, {self.in_features}), got {tuple(features.shape)}"
             )
         device = features.device.type
         if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):

@@ -24,10 +24,14 @@ CONTEXT_KEYS = ("class_counts", "num_classes", "num_examples")
 _K_TOPK = Param("int", 5, "the K of top-K", low=1)
 _EPSILON = "noise scale of the smoothed (k+1)-th largest score (thesis eq. 4.10)"
 _N_SAMPLES = Param("int", 5, "M, the number of noise draws per example", low=1)
-_EXACT = Param("bool", False, "draw noise for every class (else, in eager CPU runs, only for the classes "
-                              "that can reach the top K+1, exact but for a probability below 1e-9 per "
-                              "example; on a GPU and under torch.compile every class)",
-               implicit=True)
+_EXACT = Param(
+    "bool",
+    False,
+    "draw noise for every class (else, in eager CPU runs, only for the classes "
+    "that can reach the top K+1, exact but for a probability below 1e-9 per "
+    "example; on a GPU and under torch.compile every class)",
+    implicit=True,
+)
 
 LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
     "ce": {},
@@ -67,8 +71,9 @@ LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
         "prediction_head": Param("str", "ml", "the head whose scores are ranked", options=("ml", "sccp")),
     },
     "assume_negative": {
-        "negative_weight": Param("float", None, "weight of an unobserved label (default 1/(L-1))",
-                                 low=0.0, nullable=True),
+        "negative_weight": Param(
+            "float", None, "weight of an unobserved label (default 1/(L-1))", low=0.0, nullable=True
+        ),
     },
     "epr": {
         "k": Param("float", 5, "expected number of positive labels", low=0.0, low_open=True),
@@ -77,8 +82,9 @@ LOSS_PARAMETERS: dict[str, dict[str, Param]] = {
     "role": {
         "k": Param("float", 5, "expected number of positive labels", low=0.0, low_open=True),
         "lambda_": Param("float", 1.0, "weight of the expected-positive regulariser", low=0.0),
-        "lr_multiplier": Param("float", 1.0, "learning rate of the label estimates, as a multiple of optim.lr",
-                               low=0.0, low_open=True),
+        "lr_multiplier": Param(
+            "float", 1.0, "learning rate of the label estimates, as a multiple of optim.lr", low=0.0, low_open=True
+        ),
     },
     "sparse_top": {},
     "bce": {},

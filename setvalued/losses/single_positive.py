@@ -15,13 +15,14 @@ from torch import nn
 
 from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, one_hot, register_loss
 
-
 # --------------------------------------------------------------------------------------------
 # parameter checks
 # --------------------------------------------------------------------------------------------
 
-def _number(name: str, value: Any, low: float, *, integer: bool = False, low_open: bool = False,
-            what: str = "") -> float:
+
+def _number(
+    name: str, value: Any, low: float, *, integer: bool = False, low_open: bool = False, what: str = ""
+) -> float:
     """Check a scalar parameter; raise ValueError naming it and the allowed range."""
     bad = isinstance(value, bool) or not isinstance(value, numbers.Real)
     if not bad:
@@ -42,8 +43,10 @@ def _num_classes(name: str, value: Any) -> int | None:
 
 def _check_logits(name: str, logits: torch.Tensor, targets: torch.Tensor) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError(f"{name} expects scores of shape (batch, classes), got "
-                         f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))}")
+        raise ValueError(
+            f"{name} expects scores of shape (batch, classes), got "
+            f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))}"
+        )
     if logits.shape[0] == 0:
         raise ValueError(f"{name}: the batch is empty")
     if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
@@ -59,6 +62,7 @@ def _single_head(name: str, output: Any) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # single-positive multi-label baselines (thesis 5.4; [Col+21]; docs/papers.md, note A-N2)
 # --------------------------------------------------------------------------------------------
+
 
 @register_loss("assume_negative")
 class AssumeNegativeLoss(SetValuedLoss):
@@ -78,11 +82,11 @@ class AssumeNegativeLoss(SetValuedLoss):
     head = "linear"
     requires_indices = False
 
-    def __init__(self, negative_weight: float | None = None, num_classes: int | None = None,
-                 reduction: str = "mean"):
+    def __init__(self, negative_weight: float | None = None, num_classes: int | None = None, reduction: str = "mean"):
         super().__init__(reduction)
-        self.negative_weight = (None if negative_weight is None
-                                else _number("negative_weight", negative_weight, 0, what="assume_negative"))
+        self.negative_weight = (
+            None if negative_weight is None else _number("negative_weight", negative_weight, 0, what="assume_negative")
+        )
         self.num_classes = _num_classes("assume_negative", num_classes)
         if self.num_classes is not None and self.num_classes < 2 and negative_weight is None:
             raise ValueError("assume_negative needs num_classes >= 2 for the default weight 1/(L-1)")
@@ -90,7 +94,9 @@ class AssumeNegativeLoss(SetValuedLoss):
     def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         logits = _single_head("assume_negative", output)
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] == 0:
-            raise ValueError(f"assume_negative expects non-empty scores (batch, classes), got {tuple(getattr(logits, 'shape', ()))}")
+            raise ValueError(
+                f"assume_negative expects non-empty scores (batch, classes), got {tuple(getattr(logits, 'shape', ()))}"
+            )
         batch, num_classes = logits.shape
         if targets.dim() == 1:
             _check_logits("assume_negative", logits, targets)
@@ -99,10 +105,14 @@ class AssumeNegativeLoss(SetValuedLoss):
         elif targets.shape == logits.shape:
             observed = targets.to(device=logits.device).round().long()
             if not fixed_shapes(observed) and bool(((observed < -1) | (observed > 1)).any()):
-                raise ValueError("assume_negative: a label matrix must hold 1 (positive), -1 (negative), 0 (unobserved)")
+                raise ValueError(
+                    "assume_negative: a label matrix must hold 1 (positive), -1 (negative), 0 (unobserved)"
+                )
         else:
-            raise ValueError(f"assume_negative: targets must be class indices ({batch},) or a label matrix "
-                             f"{tuple(logits.shape)}, got {tuple(targets.shape)}")
+            raise ValueError(
+                f"assume_negative: targets must be class indices ({batch},) or a label matrix "
+                f"{tuple(logits.shape)}, got {tuple(targets.shape)}"
+            )
         weight = self.negative_weight
         if weight is None:
             if num_classes < 2:
@@ -183,15 +193,24 @@ class ROLELoss(SetValuedLoss):
     head = "linear"
     requires_indices = True
 
-    def __init__(self, k: float = 5, lambda_: float = 1.0, num_examples: int | None = None,
-                 num_classes: int | None = None, lr_multiplier: float = 1.0, reduction: str = "mean"):
+    def __init__(
+        self,
+        k: float = 5,
+        lambda_: float = 1.0,
+        num_examples: int | None = None,
+        num_classes: int | None = None,
+        lr_multiplier: float = 1.0,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
         self.k = _number("k", k, 0, low_open=True, what="role")
         self.lambda_ = _number("lambda_", lambda_, 0, what="role")
         self.lr_multiplier = _number("lr_multiplier", lr_multiplier, 0, low_open=True, what="role")
         if num_examples is None or num_classes is None:
-            raise ValueError("role needs the context keys num_examples (training set size) and "
-                             f"num_classes, got num_examples={num_examples!r}, num_classes={num_classes!r}")
+            raise ValueError(
+                "role needs the context keys num_examples (training set size) and "
+                f"num_classes, got num_examples={num_examples!r}, num_classes={num_classes!r}"
+            )
         self.num_examples = int(_number("num_examples", num_examples, 1, integer=True, what="role"))
         self.num_classes = int(_number("num_classes", num_classes, 1, integer=True, what="role"))
         init = (torch.rand(self.num_examples, self.num_classes) * 2 - 1) * ROLE_INIT_UNOBSERVED
@@ -204,7 +223,7 @@ class ROLELoss(SetValuedLoss):
         return torch.sigmoid(self.label_logits[indices])
 
     def _regulariser(self, probs: torch.Tensor) -> torch.Tensor:
-        return (probs.sum(dim=1).mean() - self.k) ** 2 / self.num_classes ** 2
+        return (probs.sum(dim=1).mean() - self.k) ** 2 / self.num_classes**2
 
     def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         logits = _single_head("role", output)
@@ -227,8 +246,9 @@ class ROLELoss(SetValuedLoss):
             if fixed_shapes(indices):  # every entry of the batch written (the old value where
                 # the example was seen before): no test read back on the host
                 current = self.label_logits[indices, labels]
-                self.label_logits.index_put_((indices, labels), torch.where(
-                    fresh, torch.full_like(current, ROLE_INIT_POSITIVE), current))
+                self.label_logits.index_put_(
+                    (indices, labels), torch.where(fresh, torch.full_like(current, ROLE_INIT_POSITIVE), current)
+                )
                 self.seen.index_fill_(0, indices, True)
             elif bool(fresh.any()):
                 self.label_logits[indices[fresh], labels[fresh]] = ROLE_INIT_POSITIVE

@@ -139,7 +139,7 @@ def _poly_product(left: torch.Tensor, right: torch.Tensor, degree: int) -> torch
     out = left.new_zeros(left.shape[:-1] + (out_len,))
     for a in range(min(size, out_len)):
         width = min(size, out_len - a)
-        out[..., a:a + width].addcmul_(left[..., a:a + 1], right[..., :width])
+        out[..., a : a + width].addcmul_(left[..., a : a + 1], right[..., :width])
     return out
 
 
@@ -159,7 +159,7 @@ def elementary_symmetric_unit(y: torch.Tensor, k: int) -> torch.Tensor:
     sigma[..., 0] = 1.0
     for step in range(steps):
         top = min(step + 1, k)
-        sigma[..., 1:top + 1] += columns[:, :, step:step + 1] * sigma[..., :top]
+        sigma[..., 1 : top + 1] += columns[:, :, step : step + 1] * sigma[..., :top]
     while sigma.shape[1] > 1:
         if sigma.shape[1] % 2:
             one = sigma.new_zeros(batch, 1, k + 1)
@@ -200,8 +200,8 @@ class _BodyLogSigma(torch.autograd.Function):
         leave_one_out = torch.ones_like(y)  # D_0
         total = weight[:, 1:2].expand_as(y)
         for j in range(1, k):
-            leave_one_out = sigma[:, j:j + 1] - y * leave_one_out  # D_j ([BZK18] eq. 17-18)
-            total = total + weight[:, j + 1:j + 2] * leave_one_out
+            leave_one_out = sigma[:, j : j + 1] - y * leave_one_out  # D_j ([BZK18] eq. 17-18)
+            total = total + weight[:, j + 1 : j + 2] * leave_one_out
         return y * total, None, None
 
 
@@ -215,7 +215,7 @@ def _log_sigma_top_and_body(x: torch.Tensor, k: int) -> torch.Tensor:
     top, where = torch.topk(x, num_top, dim=1)
     log_top = log_elementary_symmetric(top, k)  # (B, k + 1)
     if num_top < k + 1:  # nothing left for the body (k = L - 1)
-        return log_top[:, k - 1:]
+        return log_top[:, k - 1 :]
     body = _BodyLogSigma.apply(x.scatter(1, where, LOG_ZERO), top[:, -1:].detach(), k)
     log_k = torch.logsumexp(log_top + body.flip(-1), dim=1)
     log_k_minus_1 = torch.logsumexp(log_top[:, :k] + body[:, :k].flip(-1), dim=1)
@@ -261,8 +261,15 @@ class SmoothTopKSVM(SetValuedLoss):
 
     samplewise = True
 
-    def __init__(self, k: int = 5, tau: float = 1.0, alpha: float = 1.0, hard_switch: bool = False,
-                 num_classes: int | None = None, reduction: str = "mean"):
+    def __init__(
+        self,
+        k: int = 5,
+        tau: float = 1.0,
+        alpha: float = 1.0,
+        hard_switch: bool = False,
+        num_classes: int | None = None,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
         self.k = _check_int("k", k, 1)
         self.tau = _check_float("tau", tau, 0.0)
@@ -294,8 +301,11 @@ class SmoothTopKSVM(SetValuedLoss):
             top = (scores + bump).detach().argmax(dim=1, keepdim=True)
             top_score, top_bump = scores.gather(1, top), bump.gather(1, top)
             relative = ((scores - top_score) + (bump - top_bump)) / tau
-            smooth = (top_score + top_bump).squeeze(1) - _target_scores(scores, targets) \
+            smooth = (
+                (top_score + top_bump).squeeze(1)
+                - _target_scores(scores, targets)
                 + tau * torch.logsumexp(relative, dim=1)
+            )
         else:
             # The loss is invariant to adding a constant to every score (log sigma_j moves by
             # j c, x_y by c); centring on the row max keeps x <= 0.
@@ -305,8 +315,13 @@ class SmoothTopKSVM(SetValuedLoss):
             log_sigma = _log_sigma_top_and_body(x.scatter(1, targets.unsqueeze(1), LOG_ZERO), k)
             # softplus's default threshold (20) returns z above it and drops log1p(exp(-z)) ~ 2e-9:
             # float64 needs 40 (exp(-40) / 40 is below its epsilon)
-            smooth = (tau * F.softplus(self.alpha / tau + log_sigma[:, 1] - log_sigma[:, 0] - x_target,
-                                       threshold=_FLOAT64_SOFTPLUS_THRESHOLD)).to(scores.dtype)
+            smooth = (
+                tau
+                * F.softplus(
+                    self.alpha / tau + log_sigma[:, 1] - log_sigma[:, 0] - x_target,
+                    threshold=_FLOAT64_SOFTPLUS_THRESHOLD,
+                )
+            ).to(scores.dtype)
         if not self.hard_switch:
             return smooth
         top = torch.topk(scores.detach(), k + 1, dim=1).values

@@ -55,6 +55,7 @@ BISECTION_STEPS = 64
 # input handling
 # --------------------------------------------------------------------------------------
 
+
 def _as_scores(scores: torch.Tensor, name: str = "sparse_top") -> tuple[torch.Tensor, torch.Size]:
     """``scores`` as a floating (B, L) tensor (a 1-D vector is one row), and the original shape.
 
@@ -80,8 +81,9 @@ def _as_k(k: Any, scores: torch.Tensor, name: str = "sparse_top") -> torch.Tenso
     if k_tensor.dim() == 0:
         k_tensor = k_tensor.expand(batch)
     if k_tensor.shape != (batch,):
-        raise ValueError(f"{name}: k must be a number or one value per row ({batch},), got shape "
-                         f"{tuple(k_tensor.shape)}")
+        raise ValueError(
+            f"{name}: k must be a number or one value per row ({batch},), got shape {tuple(k_tensor.shape)}"
+        )
     if not fixed_shapes(k_tensor) and bool(((k_tensor < 0) | (k_tensor > num_classes) | torch.isnan(k_tensor)).any()):
         raise ValueError(f"{name}: k must lie in [0, {num_classes}] (the number of classes), got {k!r}")
     return k_tensor
@@ -90,6 +92,7 @@ def _as_k(k: Any, scores: torch.Tensor, name: str = "sparse_top") -> torch.Tenso
 # --------------------------------------------------------------------------------------
 # the threshold lambda_K(s) of [Gar23] eq. 6.15
 # --------------------------------------------------------------------------------------
+
 
 def _refine(scores: torch.Tensor, k: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """Exact threshold from a bracket [low, high] (B,) holding it with no breakpoint inside.
@@ -174,6 +177,7 @@ def sparse_top_threshold_bisect(scores: torch.Tensor, k: Any, steps: int = BISEC
 # the projection and its Jacobian-vector product ([Gar23] eqs. 6.13-6.21)
 # --------------------------------------------------------------------------------------
 
+
 def _project(scores: torch.Tensor, k: torch.Tensor, method: str) -> torch.Tensor:
     if method == "sort":
         threshold = sparse_top_threshold(scores, k)
@@ -242,6 +246,7 @@ def sparse_top_jacobian(scores: torch.Tensor, k: Any) -> torch.Tensor:
 # the loss ([Gar23] eqs. 6.24-6.25)
 # --------------------------------------------------------------------------------------
 
+
 def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> torch.Tensor:
     """Targets as a 0/1 matrix of the scores' dtype: class indices (B,) -> one-hot (|Y| = 1),
     a multi-hot (B, L) tensor (bool or 0/1 numbers) as it is."""
@@ -251,8 +256,10 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
     targets = targets.to(scores.device)
     if targets.dim() == 1:
         if targets.shape[0] != batch:
-            raise ValueError(f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
-                             f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
+            raise ValueError(
+                f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
+                f"{tuple(scores.shape)}, got {tuple(targets.shape)}"
+            )
         if targets.is_floating_point() or targets.dtype == torch.bool:
             raise ValueError(f"{name}: 1-D targets must be integer class indices, got dtype {targets.dtype}")
         # value checks read back on the host: eager CPU only (base.fixed_shapes)
@@ -260,8 +267,10 @@ def _label_matrix(targets: torch.Tensor, scores: torch.Tensor, name: str) -> tor
             raise ValueError(f"{name}: class indices must lie in [0, {num_classes - 1}]")
         return one_hot(targets, num_classes, scores.dtype)  # a label out of range fails, compiled too
     if targets.shape != scores.shape:
-        raise ValueError(f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
-                         f"{tuple(scores.shape)}, got {tuple(targets.shape)}")
+        raise ValueError(
+            f"{name}: targets must be class indices ({batch},) or a multi-hot matrix "
+            f"{tuple(scores.shape)}, got {tuple(targets.shape)}"
+        )
     labels = targets.to(scores.dtype)
     if not fixed_shapes(labels) and bool(((labels != 0) & (labels != 1)).any()):
         raise ValueError(f"{name}: a multi-hot target matrix must hold only 0 and 1")
@@ -288,8 +297,7 @@ def sparse_top_loss(scores: torch.Tensor, targets: torch.Tensor, method: str = "
     sizes = labels.sum(dim=1)
     with torch.no_grad():
         projection = _project(flat.detach(), sizes, method)
-    return ((flat * (projection - labels)).sum(dim=1) - 0.5 * (projection * projection).sum(dim=1)
-            + 0.5 * sizes)
+    return (flat * (projection - labels)).sum(dim=1) - 0.5 * (projection * projection).sum(dim=1) + 0.5 * sizes
 
 
 @register_loss("sparse_top")

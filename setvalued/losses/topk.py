@@ -27,10 +27,20 @@ import torch
 import torch.nn.functional as F
 
 from setvalued.losses.base import SetValuedLoss, fusion_declared, loop_member_losses, register_loss
-from setvalued.losses.topk_operator import (  # noqa: F401 (re-exported)
-    PRUNING_FAILURE_PROBABILITY, _check_bool, _check_float, _check_int, _check_k_for_classes,
-    _check_noise, _check_targets, _perturbed_kth_largest, _score_tensor, _select_kth_largest,
-    _working_dtype, draws_every_class, smooth_kth_largest,
+from setvalued.losses.topk_operator import (
+    PRUNING_FAILURE_PROBABILITY,
+    _check_bool,
+    _check_float,
+    _check_int,
+    _check_k_for_classes,
+    _check_noise,
+    _check_targets,
+    _perturbed_kth_largest,
+    _score_tensor,
+    _select_kth_largest,
+    _working_dtype,
+    draws_every_class,
+    smooth_kth_largest,
 )
 
 __all__ = [
@@ -72,8 +82,7 @@ class _NoisedHinge(torch.autograd.Function):
         # the gradient in one scatter: weight scale/M at each selected class, -scale at y,
         # on the rows whose hinge is active
         picks = torch.cat([indices, targets.unsqueeze(1)], dim=1)  # (B, M + 1)
-        shares = torch.full((1, picks.shape[1]), scale / indices.shape[1], dtype=hinge.dtype,
-                            device=hinge.device)
+        shares = torch.full((1, picks.shape[1]), scale / indices.shape[1], dtype=hinge.dtype, device=hinge.device)
         # fill_ of a slice: a 0-d setitem with a Python number copies a CPU scalar to the
         # device, a blocking copy on CUDA (issue #34)
         shares[:, -1:].fill_(-scale)
@@ -94,11 +103,13 @@ class _NoisedHinge(torch.autograd.Function):
 # Margins of LDAM and of the imbalanced noised loss ([Cao+19]; docs/papers.md, note T-N4)
 # --------------------------------------------------------------------------------------
 
+
 def _class_counts_tensor(class_counts: Any, num_classes: int | None = None) -> torch.Tensor:
     """Validate per-class training counts: 1-D, positive, finite, length ``num_classes``."""
     if class_counts is None:
-        raise ValueError("class_counts is required: the training count of every class "
-                         "(a list of positive numbers, one per class)")
+        raise ValueError(
+            "class_counts is required: the training count of every class (a list of positive numbers, one per class)"
+        )
     try:
         counts = torch.as_tensor(class_counts, dtype=torch.float64).detach().cpu()
     except (TypeError, ValueError, RuntimeError):
@@ -107,8 +118,7 @@ def _class_counts_tensor(class_counts: Any, num_classes: int | None = None) -> t
         raise ValueError(f"class_counts must be a non-empty 1-D list, got shape {tuple(counts.shape)}")
     if num_classes is not None and counts.numel() != num_classes:
         raise ValueError(
-            f"class_counts must have one entry per class (length {num_classes}), "
-            f"got length {counts.numel()}"
+            f"class_counts must have one entry per class (length {num_classes}), got length {counts.numel()}"
         )
     if not torch.isfinite(counts).all() or (counts <= 0).any():
         bad = [c for c in counts.tolist() if not (math.isfinite(c) and c > 0)]
@@ -116,8 +126,9 @@ def _class_counts_tensor(class_counts: Any, num_classes: int | None = None) -> t
     return counts
 
 
-def ldam_margins(class_counts: Sequence[float] | torch.Tensor, max_margin: float,
-                 num_classes: int | None = None) -> torch.Tensor:
+def ldam_margins(
+    class_counts: Sequence[float] | torch.Tensor, max_margin: float, num_classes: int | None = None
+) -> torch.Tensor:
     """LDAM margins ``m_y = max_margin * (n_min / n_y)^(1/4)`` as a float32 tensor.
 
     [Cao+19], [Gar23] eq. 4.13: ``m_y = C / n_y^(1/4)``, with C set so that the rarest class
@@ -152,6 +163,7 @@ class _MarginLoss(SetValuedLoss):
 # --------------------------------------------------------------------------------------
 # Baselines: CE, focal, LDAM ([Gar23] Table 4.1)
 # --------------------------------------------------------------------------------------
+
 
 @register_loss("ce")
 class CrossEntropy(SetValuedLoss):
@@ -208,8 +220,14 @@ class LDAM(_MarginLoss):
 
     head = "normed"
 
-    def __init__(self, max_margin: float = 0.5, scale: float = 30.0, class_counts=None,
-                 num_classes: int | None = None, reduction: str = "mean"):
+    def __init__(
+        self,
+        max_margin: float = 0.5,
+        scale: float = 30.0,
+        class_counts=None,
+        num_classes: int | None = None,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
         self.scale = _check_float("scale", scale, 0.0, strict=True)
         self._init_margins(class_counts, max_margin, num_classes)
@@ -225,6 +243,7 @@ class LDAM(_MarginLoss):
 # --------------------------------------------------------------------------------------
 # Hinge-type top-K losses ([Gar23] Table 4.1, eqs. 4.4, 4.5)
 # --------------------------------------------------------------------------------------
+
 
 def _kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
     """Exact k-th largest entry of each row of a (B, L) tensor (gradient: one-hot at its index)."""
@@ -319,16 +338,22 @@ class CalibratedHingeTopK(_TopKLoss):
 # The noised top-K losses (thesis eq. 4.10 and 4.13)
 # --------------------------------------------------------------------------------------
 
-def _noised_member_losses(loss, output: Any, targets: torch.Tensor, indices: torch.Tensor | None,
-                          draws: Sequence[Any], margin_of) -> torch.Tensor:
+
+def _noised_member_losses(
+    loss, output: Any, targets: torch.Tensor, indices: torch.Tensor | None, draws: Sequence[Any], margin_of
+) -> torch.Tensor:
     """``member_losses`` of the noised top-K losses: where the draw is one ``randn(B, M, L)``
     per call whatever the scores (:func:`draws_every_class`), each member draws it under its own
     random state, exactly as its separate trial's call would, and one ``_NoisedHinge`` serves
     the N x B examples; elsewhere (the pruned CPU path, whose draw's shape depends on the scores
     of the batch) one call per member."""
-    if (loss.reduction != "mean" or not fusion_declared(type(loss), "member_losses")
-            or not isinstance(output, torch.Tensor) or output.dim() != 3
-            or not draws_every_class(output, loss.k + 1, loss.epsilon, loss.n_samples, loss.exact)):
+    if (
+        loss.reduction != "mean"
+        or not fusion_declared(type(loss), "member_losses")
+        or not isinstance(output, torch.Tensor)
+        or output.dim() != 3
+        or not draws_every_class(output, loss.k + 1, loss.epsilon, loss.n_samples, loss.exact)
+    ):
         return loop_member_losses([loss] * len(draws), output, targets, indices, draws)
     members, batch, num_classes = output.shape
     scores, flat_targets = loss._scores_and_targets(output.flatten(0, 1), targets.flatten(0, 1))
@@ -344,8 +369,9 @@ def _noised_member_losses(loss, output: Any, targets: torch.Tensor, indices: tor
                 parts.append(torch.randn(shape, dtype=scores.dtype, device=scores.device))
         noise = torch.stack(parts).view(members * batch, loss.n_samples, num_classes)
     margin, scale = margin_of(scores, flat_targets)
-    values = _NoisedHinge.apply(scores, flat_targets, margin, loss.k + 1, loss.epsilon, loss.n_samples, scale,
-                                noise, True)
+    values = _NoisedHinge.apply(
+        scores, flat_targets, margin, loss.k + 1, loss.epsilon, loss.n_samples, scale, noise, True
+    )
     return values.view(members, batch).mean(dim=1)
 
 
@@ -372,22 +398,31 @@ class NoisedTopK(_TopKLoss):
     NaN in, NaN out: a NaN score makes its example's loss NaN (``topk`` ranks it first).
     """
 
-    def __init__(self, k: int = 5, epsilon: float = 1.0, n_samples: int = 5,
-                 num_classes: int | None = None, reduction: str = "mean", exact: bool = False):
+    def __init__(
+        self,
+        k: int = 5,
+        epsilon: float = 1.0,
+        n_samples: int = 5,
+        num_classes: int | None = None,
+        reduction: str = "mean",
+        exact: bool = False,
+    ):
         super().__init__(reduction)
         self._init_k(k, num_classes)
         self.epsilon = _check_float("epsilon", epsilon, 0.0)
         self.n_samples = _check_int("n_samples", n_samples, 1)
         self.exact = _check_bool("exact", exact)
 
-    def per_sample(self, scores: torch.Tensor, targets: torch.Tensor,
-                   noise: torch.Tensor | None = None) -> torch.Tensor:
+    def per_sample(
+        self, scores: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Per-example losses; ``noise`` (B, M, L) fixes the draw (for tests)."""
         scores, targets = self._scores_and_targets(scores, targets)
         if noise is not None:
             noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
-        return _NoisedHinge.apply(scores, targets, 1.0, self.k + 1, self.epsilon, self.n_samples,
-                                  1.0, noise, self.exact)
+        return _NoisedHinge.apply(
+            scores, targets, 1.0, self.k + 1, self.epsilon, self.n_samples, 1.0, noise, self.exact
+        )
 
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
@@ -412,9 +447,18 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
 
     head = "normed"
 
-    def __init__(self, k: int = 5, epsilon: float = 0.01, n_samples: int = 5,
-                 max_margin: float = 0.2, scale: float = 50.0, class_counts=None,
-                 num_classes: int | None = None, reduction: str = "mean", exact: bool = False):
+    def __init__(
+        self,
+        k: int = 5,
+        epsilon: float = 0.01,
+        n_samples: int = 5,
+        max_margin: float = 0.2,
+        scale: float = 50.0,
+        class_counts=None,
+        num_classes: int | None = None,
+        reduction: str = "mean",
+        exact: bool = False,
+    ):
         SetValuedLoss.__init__(self, reduction)
         self._init_k(k, num_classes)
         self.epsilon = _check_float("epsilon", epsilon, 0.0)
@@ -423,15 +467,17 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
         self.scale = _check_float("scale", scale, 0.0, strict=True)
         self._init_margins(class_counts, max_margin, num_classes)
 
-    def per_sample(self, scores: torch.Tensor, targets: torch.Tensor,
-                   noise: torch.Tensor | None = None) -> torch.Tensor:
+    def per_sample(
+        self, scores: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Per-example losses; ``noise`` (B, M, L) fixes the draw (for tests)."""
         scores, targets = self._scores_and_targets(scores, targets)
         margin = self._target_margins(scores, targets)
         if noise is not None:
             noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
-        return _NoisedHinge.apply(scores, targets, margin, self.k + 1, self.epsilon, self.n_samples,
-                                  self.scale, noise, self.exact)
+        return _NoisedHinge.apply(
+            scores, targets, margin, self.k + 1, self.epsilon, self.n_samples, self.scale, noise, self.exact
+        )
 
     def forward(self, output, targets, indices=None):
         return self.reduce(self.per_sample(output, targets))
@@ -439,5 +485,11 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
     draws_torch_only = True
 
     def member_losses(self, output, targets, indices, draws):
-        return _noised_member_losses(self, output, targets, indices, draws,
-                                     lambda scores, targets: (self._target_margins(scores, targets), self.scale))
+        return _noised_member_losses(
+            self,
+            output,
+            targets,
+            indices,
+            draws,
+            lambda scores, targets: (self._target_margins(scores, targets), self.scale),
+        )

@@ -16,14 +16,13 @@ import torch.nn.functional as F
 
 from setvalued.losses.base import TwoHeadOutput, fixed_shapes
 
-
 # --------------------------------------------------------------------------------------
 # Parameter checks: every bad value raises a ValueError that names the parameter and the
 # allowed range (docs/interfaces.md, section 2).
 # --------------------------------------------------------------------------------------
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None,
-               why: str = "") -> int:
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, why: str = "") -> int:
     """``value`` as an int in [minimum, maximum]; ValueError naming ``name`` otherwise.
 
     Integral floats (5.0, as a YAML or sampler may give) are accepted; 5.5 and booleans are not.
@@ -45,8 +44,7 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None,
     return as_int
 
 
-def _check_float(name: str, value: Any, minimum: float | None = None, *,
-                 strict: bool = False) -> float:
+def _check_float(name: str, value: Any, minimum: float | None = None, *, strict: bool = False) -> float:
     """``value`` as a finite float, >= minimum (> minimum when ``strict``)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a real number, got {value!r}")
@@ -74,8 +72,7 @@ def _check_k_for_classes(k: int, num_classes: int, loss_name: str, reason: str) 
     """The top-K losses need 1 <= k <= L - 1; ``reason`` says why for this loss."""
     if k > num_classes - 1:
         raise ValueError(
-            f"{loss_name}: k must be in [1, {num_classes - 1}] for {num_classes} classes "
-            f"({reason}), got k={k}"
+            f"{loss_name}: k must be in [1, {num_classes - 1}] for {num_classes} classes ({reason}), got k={k}"
         )
 
 
@@ -92,8 +89,7 @@ def _score_tensor(output: Any, loss_name: str) -> torch.Tensor:
 def _check_targets(targets: torch.Tensor, scores: torch.Tensor, loss_name: str) -> torch.Tensor:
     if targets.dim() != 1 or targets.shape[0] != scores.shape[0]:
         raise ValueError(
-            f"{loss_name}: targets must have shape ({scores.shape[0]},) to match the scores, "
-            f"got {tuple(targets.shape)}"
+            f"{loss_name}: targets must have shape ({scores.shape[0]},) to match the scores, got {tuple(targets.shape)}"
         )
     return targets.long()
 
@@ -111,6 +107,7 @@ def _working_dtype(scores: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 # The perturbed k-th largest value (thesis section 4.3; docs/papers.md, note T-N1)
 # --------------------------------------------------------------------------------------
+
 
 def _heap_selection_pays(k: int, length: int) -> bool:
     """Whether padding rows of ``length`` entries with -inf to 64k makes the k-th largest cheaper.
@@ -139,8 +136,7 @@ def _repeated_max_pays(k: int, length: int) -> bool:
     return 64 * k > length and (k <= 4 or (k <= _REPEATED_MAX_K and length >= 10 * k))
 
 
-def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and index of the k-th largest entry along the last axis (no gradient).
 
     ``topk(sorted=False)`` followed by a min over the k survivors. On CPU (torch 2.14,
@@ -203,8 +199,7 @@ _PRUNING_MIN_DRAWS = 500
 
 
 @functools.lru_cache(maxsize=256)
-def _pruning_window(k: int, num_classes: int, n_samples: int,
-                    failure: float = PRUNING_FAILURE_PROBABILITY) -> float:
+def _pruning_window(k: int, num_classes: int, n_samples: int, failure: float = PRUNING_FAILURE_PROBABILITY) -> float:
     """Width ``a + b`` (in units of epsilon) of the band kept below a lower bound of ``s_[k]``.
 
     Let ``t <= s_[k]`` with k classes (the set A) scoring at least t, ``u = t - a eps`` and
@@ -262,8 +257,9 @@ def _compact(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return positions, positions == columns
 
 
-def _gather_kept(values: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, padding_label: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_kept(
+    values: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, padding_label: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries of ``values`` and ``labels`` (B, N) where ``keep`` holds, compacted to (B, W)
     in order, padded with score -inf and label ``padding_label``: the running count of
     :func:`_compact` sends each kept entry to its column and both are scattered there directly
@@ -292,8 +288,9 @@ def draws_every_class(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
     return epsilon == 0.0 or exact or fixed_shapes(scores) or not _may_prune(k, scores.shape[-1], n_samples)
 
 
-def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: int
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _pruned_candidates(
+    flat: torch.Tensor, k: int, epsilon: float, n_samples: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Scores (B, R) and class indices (B, R) of the classes that can reach the top k.
 
     A class is kept when its score is at least ``t - eps w``, with ``t`` the k-th largest of the
@@ -355,13 +352,12 @@ def _pruned_candidates(flat: torch.Tensor, k: int, epsilon: float, n_samples: in
     if positions.shape[1] > _PRUNING_MAX_FRACTION * num_classes:
         return None
     positions.masked_fill_(padding, 0)
-    return (flat.gather(1, positions).masked_fill_(padding, -math.inf),
-            positions.masked_fill_(padding, num_classes))
+    return (flat.gather(1, positions).masked_fill_(padding, -math.inf), positions.masked_fill_(padding, num_classes))
 
 
-def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples: int,
-                           noise: torch.Tensor | None, exact: bool = False
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def _perturbed_kth_largest(
+    flat: torch.Tensor, k: int, epsilon: float, n_samples: int, noise: torch.Tensor | None, exact: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Monte-Carlo value (B,) and selected class indices (B, M) of the k-th largest of s + eps Z.
 
     ``flat``: (B, L) scores; ``noise``: None (fresh ``torch.randn`` draw) or (B, M, L).
@@ -390,8 +386,7 @@ def _perturbed_kth_largest(flat: torch.Tensor, k: int, epsilon: float, n_samples
         # (B, M, R) tensor instead of two (the scale goes on the (B,) result).
         shifted = (shifted / epsilon if epsilon != 1.0 else shifted).unsqueeze(1)
         if noise is None:
-            perturbed = torch.randn(flat.shape[0], n_samples, shifted.shape[-1],
-                                    dtype=flat.dtype, device=flat.device)
+            perturbed = torch.randn(flat.shape[0], n_samples, shifted.shape[-1], dtype=flat.dtype, device=flat.device)
         elif classes is None:
             perturbed = noise.clone()
         else:  # the padding (class index L, score -inf) reads any entry of the noise
@@ -438,14 +433,13 @@ def _check_noise(noise: torch.Tensor, lead_shape: tuple, n_samples: int, like: t
     num_classes = like.shape[-1]
     expected = tuple(lead_shape) + (n_samples, num_classes)
     if tuple(noise.shape) != expected:
-        raise ValueError(
-            f"noise must have shape {expected} (batch dims, n_samples, classes), got {tuple(noise.shape)}"
-        )
+        raise ValueError(f"noise must have shape {expected} (batch dims, n_samples, classes), got {tuple(noise.shape)}")
     return noise.to(device=like.device, dtype=like.dtype).reshape(-1, n_samples, num_classes)
 
 
-def smooth_kth_largest(scores: torch.Tensor, k: int, epsilon: float, n_samples: int,
-                       noise: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
+def smooth_kth_largest(
+    scores: torch.Tensor, k: int, epsilon: float, n_samples: int, noise: torch.Tensor | None = None, exact: bool = False
+) -> torch.Tensor:
     """Smoothed k-th largest value of each row: ``(1/M) sum_m (s + eps Z_m)_[k]``.
 
     Thesis Def. 4.3.4 and eq. 4.11: with one draw ``Z_1..Z_M ~ N(0, I_L)`` shared by the two

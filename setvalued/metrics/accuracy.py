@@ -30,7 +30,7 @@ mean per-class accuracy over its classes present in the split.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -69,6 +69,7 @@ __all__ = [
 # input checks
 # --------------------------------------------------------------------------------------------
 
+
 def _check_scores(scores: torch.Tensor, name: str = "scores") -> torch.Tensor:
     if not isinstance(scores, torch.Tensor):
         scores = torch.as_tensor(scores)
@@ -96,8 +97,9 @@ def _check_targets(targets: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     targets = targets.to(device=scores.device, dtype=torch.long)
     num_classes = scores.shape[1]
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
-        raise ValueError(f"targets must lie in [0, {num_classes - 1}], got values in "
-                         f"[{int(targets.min())}, {int(targets.max())}]")
+        raise ValueError(
+            f"targets must lie in [0, {num_classes - 1}], got values in [{int(targets.min())}, {int(targets.max())}]"
+        )
     return targets
 
 
@@ -124,6 +126,7 @@ def _fmt_k(k: float) -> str:
 # scores
 # --------------------------------------------------------------------------------------------
 
+
 def activate(logits: torch.Tensor, activation: str | None) -> torch.Tensor:
     """Scores on which an average-K threshold is applied: softmax (thesis eqs. 5.16/5.17, the
     primary choice), sigmoid (for BCE-trained heads) or the raw scores (``None``/"none");
@@ -141,6 +144,7 @@ def activate(logits: torch.Tensor, activation: str | None) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # top-K
 # --------------------------------------------------------------------------------------------
+
 
 def label_rank(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Int64 (n,): 0-based rank of the label's score, ties counted against the label (the
@@ -173,8 +177,9 @@ def _per_class(hits: torch.Tensor, targets: torch.Tensor, num_classes: int) -> t
     return per_hits, counts
 
 
-def per_class_topk(scores: torch.Tensor, targets: torch.Tensor, k: int,
-                   num_classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def per_class_topk(
+    scores: torch.Tensor, targets: torch.Tensor, k: int, num_classes: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(hits, counts) per class, both int64 of shape (L,): top-K hits and examples of each class."""
     scores = _check_scores(scores)
     targets = _check_targets(targets, scores)
@@ -192,8 +197,7 @@ def _macro(hits: torch.Tensor, counts: torch.Tensor, mask: torch.Tensor | None =
     return float((hits[present].double() / counts[present].double()).mean())
 
 
-def macro_topk_accuracy(scores: torch.Tensor, targets: torch.Tensor, k: int,
-                        num_classes: int | None = None) -> float:
+def macro_topk_accuracy(scores: torch.Tensor, targets: torch.Tensor, k: int, num_classes: int | None = None) -> float:
     """Per-class top-K recall averaged over the classes present in the split (thesis 3.3.1)."""
     hits, counts = per_class_topk(scores, targets, k, num_classes)
     return _macro(hits, counts)
@@ -203,8 +207,10 @@ def macro_topk_accuracy(scores: torch.Tensor, targets: torch.Tensor, k: int,
 # shot groups
 # --------------------------------------------------------------------------------------------
 
-def shot_groups(class_counts: Sequence[int] | torch.Tensor,
-                thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, torch.Tensor]:
+
+def shot_groups(
+    class_counts: Sequence[int] | torch.Tensor, thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS
+) -> dict[str, torch.Tensor]:
     """Bool masks over classes: few ``< t0``, medium ``t0 <= n <= t1``, many ``> t1`` training
     images (captions of thesis Tables 4.5, 4.6, 5.2)."""
     counts = torch.as_tensor(class_counts)
@@ -214,22 +220,22 @@ def shot_groups(class_counts: Sequence[int] | torch.Tensor,
         raise ValueError("class_counts must be non-negative training counts")
     thresholds = tuple(thresholds)
     if len(thresholds) != 2 or not thresholds[0] <= thresholds[1]:
-        raise ValueError(f"shot_thresholds must be two numbers (few_below, many_above) with "
-                         f"few_below <= many_above, got {thresholds!r}")
+        raise ValueError(
+            f"shot_thresholds must be two numbers (few_below, many_above) with "
+            f"few_below <= many_above, got {thresholds!r}"
+        )
     low, high = thresholds
     return {"few": counts < low, "medium": (counts >= low) & (counts <= high), "many": counts > high}
 
 
-def count_bin_groups(class_counts: Sequence[int] | torch.Tensor,
-                     edges: Sequence[int]) -> dict[str, torch.Tensor]:
+def count_bin_groups(class_counts: Sequence[int] | torch.Tensor, edges: Sequence[int]) -> dict[str, torch.Tensor]:
     """Bool masks over classes, one per bin of ``edges`` (``count_0_10``: n <= 10,
     ``count_10_50``: 10 < n <= 50, ..., ``count_2000_inf``: n > 2000; [Gar23] Table 3.1)."""
     counts = torch.as_tensor(class_counts)
     if counts.dim() != 1:
         raise ValueError(f"class_counts must be one training count per class, got shape {tuple(counts.shape)}")
     edges = list(edges)
-    if any(isinstance(e, bool) or int(e) != e or e < 1 for e in edges) or \
-            any(a >= b for a, b in zip(edges, edges[1:])):
+    if any(isinstance(e, bool) or int(e) != e or e < 1 for e in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
         raise ValueError(f"count_bins must be strictly increasing positive integers, got {edges!r}")
     groups = {}
     for name, low, high in count_bin_bounds(edges):
@@ -238,8 +244,9 @@ def count_bin_groups(class_counts: Sequence[int] | torch.Tensor,
     return groups
 
 
-def group_macro_accuracy(hits: torch.Tensor, counts: torch.Tensor,
-                         groups: Mapping[str, torch.Tensor]) -> dict[str, float]:
+def group_macro_accuracy(
+    hits: torch.Tensor, counts: torch.Tensor, groups: Mapping[str, torch.Tensor]
+) -> dict[str, float]:
     """Mean per-class accuracy inside each group, over the classes present in the split.
     Groups without a present class are left out."""
     out = {}
@@ -255,6 +262,7 @@ def group_macro_accuracy(hits: torch.Tensor, counts: torch.Tensor,
 # --------------------------------------------------------------------------------------------
 # average-K
 # --------------------------------------------------------------------------------------------
+
 
 def calibrate_avgk_threshold(val_scores: torch.Tensor, k: float) -> float:
     """Global average-K threshold: midpoint of the m-th and (m+1)-th largest of the n x L
@@ -340,8 +348,9 @@ def avgk_set_size(scores: torch.Tensor, threshold: float) -> float:
     return float(avgk_set_sizes(scores, threshold).double().mean())
 
 
-def per_class_avgk(scores: torch.Tensor, targets: torch.Tensor, threshold: float,
-                   num_classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def per_class_avgk(
+    scores: torch.Tensor, targets: torch.Tensor, threshold: float, num_classes: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(hits, counts) per class for average-K with the global threshold."""
     scores = _check_scores(scores)
     targets = _check_targets(targets, scores)
@@ -349,8 +358,9 @@ def per_class_avgk(scores: torch.Tensor, targets: torch.Tensor, threshold: float
     return _per_class(avgk_hits(scores, targets, threshold), targets, num_classes)
 
 
-def macro_avgk_accuracy(scores: torch.Tensor, targets: torch.Tensor, threshold: float,
-                        num_classes: int | None = None) -> float:
+def macro_avgk_accuracy(
+    scores: torch.Tensor, targets: torch.Tensor, threshold: float, num_classes: int | None = None
+) -> float:
     """Per-class average-K accuracy (one global threshold) averaged over present classes."""
     hits, counts = per_class_avgk(scores, targets, threshold, num_classes)
     return _macro(hits, counts)
@@ -360,11 +370,16 @@ def macro_avgk_accuracy(scores: torch.Tensor, targets: torch.Tensor, threshold: 
 # everything at once
 # --------------------------------------------------------------------------------------------
 
-def evaluate(scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int],
-             class_counts: Sequence[int] | torch.Tensor | None,
-             avgk_threshold: Mapping[float, float] | None = None,
-             shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
-             count_bins: Sequence[int] = ()) -> dict[str, float]:
+
+def evaluate(
+    scores: torch.Tensor,
+    targets: torch.Tensor,
+    ks: Sequence[int],
+    class_counts: Sequence[int] | torch.Tensor | None,
+    avgk_threshold: Mapping[float, float] | None = None,
+    shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+    count_bins: Sequence[int] = (),
+) -> dict[str, float]:
     """The flat metric dict of docs/interfaces.md section 3 (no split prefix).
 
     For every K in ``ks``: ``topK``, ``macro_topK``, ``few/topK``, ``medium/topK``,
@@ -382,8 +397,7 @@ def evaluate(scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int],
         groups = shot_groups(class_counts, shot_thresholds)
         groups.update(count_bin_groups(class_counts, count_bins))
         if groups["few"].numel() != num_classes:
-            raise ValueError(f"class_counts has {groups['few'].numel()} entries, the scores have "
-                             f"{num_classes} classes")
+            raise ValueError(f"class_counts has {groups['few'].numel()} entries, the scores have {num_classes} classes")
     out: dict[str, float] = {}
     for k in ks:
         if isinstance(k, bool) or int(k) != k or int(k) < 1:

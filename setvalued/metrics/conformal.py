@@ -34,17 +34,30 @@ C-N4.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
-from setvalued.metrics.names import conformal_level_name, conformal_method_name
 from setvalued.metrics.accuracy import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS
-from setvalued.metrics.conformal_sets import (  # noqa: F401 (re-exported)
-    MONDRIAN, SCORES, _GroupedScores, _check_labels, _check_probs, _check_score, _class_groups,
-    aps_scores, calibrate, conformal_quantile, coverage_and_size, lac_scores, nonconformity,
-    prediction_sets, split_calibration,
+from setvalued.metrics.conformal_sets import (
+    MONDRIAN,
+    SCORES,
+    _check_labels,
+    _check_probs,
+    _check_score,
+    _class_groups,
+    _GroupedScores,
+    aps_scores,
+    calibrate,
+    conformal_quantile,
+    coverage_and_size,
+    lac_scores,
+    nonconformity,
+    prediction_sets,
+    split_calibration,
 )
+from setvalued.metrics.names import conformal_level_name, conformal_method_name
 
 __all__ = [
     "SCORES",
@@ -69,6 +82,7 @@ __all__ = [
 # the level with a given average set size
 # --------------------------------------------------------------------------------------------
 
+
 class MatchedLevel(NamedTuple):
     """The output of :func:`match_average_size`."""
 
@@ -90,11 +104,19 @@ def _mean_size(columns: torch.Tensor, row: torch.Tensor, n: int) -> float:
     return float(counts.sum()) / n
 
 
-def match_average_size(probs_cal: Any, labels_cal: Any, target_size: float, score: str = "lac",
-                       mondrian: Any = False, class_counts: Any = None,
-                       shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS, size_probs: Any = None,
-                       randomized: bool = False, generator: torch.Generator | None = None,
-                       steps: int = 60) -> MatchedLevel:
+def match_average_size(
+    probs_cal: Any,
+    labels_cal: Any,
+    target_size: float,
+    score: str = "lac",
+    mondrian: Any = False,
+    class_counts: Any = None,
+    shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+    size_probs: Any = None,
+    randomized: bool = False,
+    generator: torch.Generator | None = None,
+    steps: int = 60,
+) -> MatchedLevel:
     """The conformal level alpha whose sets have mean size ``target_size``, so that conformal
     sets and average-K sets (``setvalued.metrics``, mean size K on the validation data) can be
     compared at the same mean set size.
@@ -109,8 +131,12 @@ def match_average_size(probs_cal: Any, labels_cal: Any, target_size: float, scor
     """
     probs = _check_probs(probs_cal, "probs_cal")
     labels = _check_labels(labels_cal, probs, "labels_cal")
-    if isinstance(target_size, bool) or not isinstance(target_size, (int, float)) or not math.isfinite(target_size) \
-            or target_size < 0:
+    if (
+        isinstance(target_size, bool)
+        or not isinstance(target_size, (int, float))
+        or not math.isfinite(target_size)
+        or target_size < 0
+    ):
         raise ValueError(f"target_size must be a number >= 0, got {target_size!r}")
     sized = probs if size_probs is None else _check_probs(size_probs, "size_probs")
     if sized.shape[1] != probs.shape[1]:
@@ -124,8 +150,9 @@ def match_average_size(probs_cal: Any, labels_cal: Any, target_size: float, scor
 
     if grouping is None:
         flat = torch.sort(size_scores.reshape(-1)).values
-        candidates = torch.cat([torch.sort(label_scores).values,
-                                torch.tensor([math.inf], dtype=torch.float64, device=probs.device)])
+        candidates = torch.cat(
+            [torch.sort(label_scores).values, torch.tensor([math.inf], dtype=torch.float64, device=probs.device)]
+        )
         sizes = torch.searchsorted(flat, candidates, right=True).to(torch.float64) / n_size
         best = int(torch.argmin((sizes - target_size).abs()))  # the first, i.e. the smaller, on a tie
         k = best + 1
@@ -194,11 +221,18 @@ def _named(prefix: str, stats: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def conformal_metrics(probs_cal: Any, labels_cal: Any, probs_test: Any, labels_test: Any,
-                      methods: Sequence[ConformalMethod], alphas: Sequence[float] = (),
-                      matched_sizes: dict[str, float] | None = None, size_probs: Any = None,
-                      class_counts: Any = None,
-                      shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+def conformal_metrics(
+    probs_cal: Any,
+    labels_cal: Any,
+    probs_test: Any,
+    labels_test: Any,
+    methods: Sequence[ConformalMethod],
+    alphas: Sequence[float] = (),
+    matched_sizes: dict[str, float] | None = None,
+    size_probs: Any = None,
+    class_counts: Any = None,
+    shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+) -> dict[str, float]:
     """Coverage and set size on the test data of every conformal method, calibrated on the
     labelled calibration split: at every level ``alpha`` (metric names ``<method><1-alpha in
     %>``: ``lac90``), and, for every entry ``name -> target`` of ``matched_sizes`` (``"avg5" ->
@@ -230,15 +264,28 @@ def conformal_metrics(probs_cal: Any, labels_cal: Any, probs_test: Any, labels_t
             thresholds = calibrate(probs_cal, labels_cal, alpha, method.score, mondrian, class_counts, shot_thresholds)
             evaluate_sets(f"{method.name}{conformal_level_name(alpha)}", thresholds, method.score)
         for name, target in (matched_sizes or {}).items():
-            level = match_average_size(probs_cal, labels_cal, target, method.score, mondrian, class_counts,
-                                       shot_thresholds, size_probs=size_probs)
+            level = match_average_size(
+                probs_cal,
+                labels_cal,
+                target,
+                method.score,
+                mondrian,
+                class_counts,
+                shot_thresholds,
+                size_probs=size_probs,
+            )
             evaluate_sets(f"{method.name}_{name}", level.thresholds, method.score)
             out[f"{method.name}_{name}_alpha"] = level.alpha
     return out
 
 
-def set_metrics(sets: torch.Tensor, labels: Any, prefix: str, class_counts: Any = None,
-                shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+def set_metrics(
+    sets: torch.Tensor,
+    labels: Any,
+    prefix: str,
+    class_counts: Any = None,
+    shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+) -> dict[str, float]:
     """The metrics of :func:`conformal_metrics` for any family of sets (bool (n, L)), named by
     ``prefix``: how the trainer names the average-K sets' shot-group sizes (``few/avg5_size``)."""
     return _named(prefix, coverage_and_size(sets, labels, class_counts, shot_thresholds))

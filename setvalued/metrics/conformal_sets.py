@@ -6,12 +6,12 @@ the calibration split.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from setvalued.metrics.accuracy import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS, group_macro_accuracy, shot_groups
-
 
 #: the non-conformity scores
 SCORES = ("lac", "aps")
@@ -22,6 +22,7 @@ MONDRIAN = (False, True, "none", "class", "shot")
 # --------------------------------------------------------------------------------------------
 # input checks
 # --------------------------------------------------------------------------------------------
+
 
 def _check_probs(probs: Any, name: str = "probs") -> torch.Tensor:
     """(n, L) probabilities as float64 (the APS cumulative sums and 1 - p need it near 1)."""
@@ -39,14 +40,17 @@ def _check_labels(labels: Any, probs: torch.Tensor, name: str = "labels") -> tor
     if not isinstance(labels, torch.Tensor):
         labels = torch.as_tensor(labels)
     if labels.dim() != 1 or labels.shape[0] != probs.shape[0]:
-        raise ValueError(f"{name} must be one class index per row of the probabilities ({probs.shape[0]}), "
-                         f"got shape {tuple(labels.shape)}")
+        raise ValueError(
+            f"{name} must be one class index per row of the probabilities ({probs.shape[0]}), "
+            f"got shape {tuple(labels.shape)}"
+        )
     if labels.is_floating_point() or labels.dtype == torch.bool:
         raise ValueError(f"{name} must hold integer class indices, got dtype {labels.dtype}")
     labels = labels.to(device=probs.device, dtype=torch.long)
     if int(labels.min()) < 0 or int(labels.max()) >= probs.shape[1]:
-        raise ValueError(f"{name} must lie in [0, {probs.shape[1] - 1}], got values in "
-                         f"[{int(labels.min())}, {int(labels.max())}]")
+        raise ValueError(
+            f"{name} must lie in [0, {probs.shape[1] - 1}], got values in [{int(labels.min())}, {int(labels.max())}]"
+        )
     return labels
 
 
@@ -74,13 +78,15 @@ def _quantile_rank(n: Any, alpha: float) -> Any:
 # scores
 # --------------------------------------------------------------------------------------------
 
+
 def _uniforms(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     gen_device = generator.device if generator is not None else torch.device("cpu")
     return torch.rand(n, 1, generator=generator, dtype=torch.float64, device=gen_device).to(device)
 
 
-def nonconformity(probs: Any, score: str = "lac", randomized: bool = False,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+def nonconformity(
+    probs: Any, score: str = "lac", randomized: bool = False, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """(n, L) float64: the non-conformity ``S(x_i, j)`` of every class of every example.
 
     ``"lac"``: ``1 - p_j``. ``"aps"``: with the classes of a row in decreasing probability
@@ -110,8 +116,9 @@ def lac_scores(probs: Any, labels: Any) -> torch.Tensor:
     return nonconformity(probs, "lac").gather(1, labels[:, None])[:, 0]
 
 
-def aps_scores(probs: Any, labels: Any, randomized: bool = False,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+def aps_scores(
+    probs: Any, labels: Any, randomized: bool = False, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """(n,) APS calibration scores: the sorted probability mass up to and including the label
     (randomised: the mass before it plus ``(1 - U) p_y``); see :func:`nonconformity`."""
     probs = _check_probs(probs)
@@ -138,8 +145,10 @@ def conformal_quantile(scores: Any, alpha: float) -> float:
 # calibration
 # --------------------------------------------------------------------------------------------
 
-def _class_groups(mondrian: Any, num_classes: int, class_counts: Any,
-                  shot_thresholds: Sequence[int]) -> tuple[torch.Tensor, int] | None:
+
+def _class_groups(
+    mondrian: Any, num_classes: int, class_counts: Any, shot_thresholds: Sequence[int]
+) -> tuple[torch.Tensor, int] | None:
     """The group id of every class (L,) and the number of groups; None for marginal."""
     if mondrian is False or mondrian == "none" or mondrian is None:
         return None
@@ -150,8 +159,9 @@ def _class_groups(mondrian: Any, num_classes: int, class_counts: Any,
             raise ValueError("mondrian='shot' needs class_counts (the training images per class)")
         groups = shot_groups(class_counts, shot_thresholds)
         if groups["few"].numel() != num_classes:
-            raise ValueError(f"class_counts has {groups['few'].numel()} entries, the probabilities have "
-                             f"{num_classes} classes")
+            raise ValueError(
+                f"class_counts has {groups['few'].numel()} entries, the probabilities have {num_classes} classes"
+            )
         ids = torch.zeros(num_classes, dtype=torch.long)
         for index, name in enumerate(SHOT_GROUPS):
             ids[groups[name]] = index
@@ -178,9 +188,17 @@ class _GroupedScores:
         return torch.where(valid, picked, torch.full_like(picked, math.inf, dtype=torch.float64))
 
 
-def calibrate(probs_cal: Any, labels_cal: Any, alpha: float, score: str = "lac", mondrian: Any = False,
-              class_counts: Any = None, shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
-              randomized: bool = False, generator: torch.Generator | None = None) -> float | torch.Tensor:
+def calibrate(
+    probs_cal: Any,
+    labels_cal: Any,
+    alpha: float,
+    score: str = "lac",
+    mondrian: Any = False,
+    class_counts: Any = None,
+    shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+    randomized: bool = False,
+    generator: torch.Generator | None = None,
+) -> float | torch.Tensor:
     """The conformal threshold(s) from a labelled calibration split.
 
     ``probs_cal`` (n, L) probabilities, ``labels_cal`` (n,) class indices, ``alpha`` in (0, 1)
@@ -210,15 +228,15 @@ def _threshold_row(thresholds: Any, num_classes: int, device: torch.device) -> t
     if row.dim() == 0:
         row = row.expand(num_classes)
     if row.shape != (num_classes,):
-        raise ValueError(f"thresholds must be a number or one per class ({num_classes},), got shape "
-                         f"{tuple(row.shape)}")
+        raise ValueError(f"thresholds must be a number or one per class ({num_classes},), got shape {tuple(row.shape)}")
     if bool(torch.isnan(row).any()):
         raise ValueError("thresholds contain NaN")
     return row[None, :]
 
 
-def prediction_sets(probs: Any, thresholds: Any, score: str = "lac", randomized: bool = False,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+def prediction_sets(
+    probs: Any, thresholds: Any, score: str = "lac", randomized: bool = False, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Bool (n, L): ``C(x_i) = {j : S(x_i, j) <= q_hat_j}`` with the score used to calibrate
     (for LAC ``p_j >= 1 - q_hat``, [Gar23] §2.2.2). ``thresholds``: the output of
     :func:`calibrate` (a float, or one per class)."""
@@ -231,8 +249,10 @@ def prediction_sets(probs: Any, thresholds: Any, score: str = "lac", randomized:
 # evaluation
 # --------------------------------------------------------------------------------------------
 
-def coverage_and_size(sets: torch.Tensor, labels: Any, class_counts: Any = None,
-                      shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+
+def coverage_and_size(
+    sets: torch.Tensor, labels: Any, class_counts: Any = None, shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS
+) -> dict[str, float]:
     """Coverage and set size of prediction sets, overall and per shot group.
 
     ``sets`` bool (n, L), ``labels`` (n,). Returns floats: ``coverage`` (the fraction of
@@ -245,16 +265,17 @@ def coverage_and_size(sets: torch.Tensor, labels: Any, class_counts: Any = None,
     label is in the group).
     """
     if not isinstance(sets, torch.Tensor) or sets.dim() != 2 or sets.shape[0] == 0:
-        raise ValueError(f"sets must be a non-empty bool (examples, classes) tensor, got "
-                         f"{tuple(sets.shape) if isinstance(sets, torch.Tensor) else type(sets).__name__}")
+        raise ValueError(
+            f"sets must be a non-empty bool (examples, classes) tensor, got "
+            f"{tuple(sets.shape) if isinstance(sets, torch.Tensor) else type(sets).__name__}"
+        )
     sets = sets.bool()
     num_classes = sets.shape[1]
     labels = _check_labels(labels, sets)
     hits = sets.gather(1, labels[:, None])[:, 0]
     sizes = sets.sum(dim=1).to(torch.float64)
     counts = torch.bincount(labels, minlength=num_classes)
-    per_class_hits = torch.zeros(num_classes, dtype=torch.long, device=sets.device).index_add_(
-        0, labels, hits.long())
+    per_class_hits = torch.zeros(num_classes, dtype=torch.long, device=sets.device).index_add_(0, labels, hits.long())
     present = counts > 0
     out = {
         "coverage": float(hits.double().mean()),
@@ -265,8 +286,7 @@ def coverage_and_size(sets: torch.Tensor, labels: Any, class_counts: Any = None,
     if class_counts is not None:
         groups = shot_groups(class_counts, shot_thresholds)
         if groups["few"].numel() != num_classes:
-            raise ValueError(f"class_counts has {groups['few'].numel()} entries, the sets have "
-                             f"{num_classes} classes")
+            raise ValueError(f"class_counts has {groups['few'].numel()} entries, the sets have {num_classes} classes")
         groups = {name: mask.to(sets.device) for name, mask in groups.items()}
         for name, value in group_macro_accuracy(per_class_hits, counts, groups).items():
             out[f"{name}/coverage"] = value
@@ -278,6 +298,7 @@ def coverage_and_size(sets: torch.Tensor, labels: Any, class_counts: Any = None,
 # --------------------------------------------------------------------------------------------
 # the calibration split
 # --------------------------------------------------------------------------------------------
+
 
 def split_calibration(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(calibration indices, remaining validation indices) of a validation set of ``n`` examples:

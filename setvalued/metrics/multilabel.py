@@ -23,7 +23,7 @@ and is left out of the recalls.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -34,11 +34,14 @@ __all__ = ["label_ranks", "multilabel_evaluate", "per_class_recall"]
 
 def _check(scores: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.shape[0] == 0:
-        raise ValueError(f"scores must be a non-empty (examples, classes) tensor, got "
-                         f"{tuple(getattr(scores, 'shape', ()))}")
+        raise ValueError(
+            f"scores must be a non-empty (examples, classes) tensor, got {tuple(getattr(scores, 'shape', ()))}"
+        )
     if not isinstance(targets, torch.Tensor) or targets.shape != scores.shape:
-        raise ValueError(f"targets must be a multi-hot matrix of the scores' shape {tuple(scores.shape)}, got "
-                         f"{tuple(getattr(targets, 'shape', ()))}")
+        raise ValueError(
+            f"targets must be a multi-hot matrix of the scores' shape {tuple(scores.shape)}, got "
+            f"{tuple(getattr(targets, 'shape', ()))}"
+        )
     labels = targets.to(scores.device)
     if bool(((labels != 0) & (labels != 1)).any()):
         raise ValueError("targets must hold only 0 and 1 (a multi-hot matrix)")
@@ -65,9 +68,13 @@ def per_class_recall(scores: torch.Tensor, targets: torch.Tensor, k: int) -> tup
     return hits.sum(dim=0), labels.sum(dim=0)
 
 
-def multilabel_evaluate(scores: torch.Tensor, targets: torch.Tensor, ks: Sequence[int],
-                        class_counts: Sequence[int] | torch.Tensor | None = None,
-                        shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS) -> dict[str, float]:
+def multilabel_evaluate(
+    scores: torch.Tensor,
+    targets: torch.Tensor,
+    ks: Sequence[int],
+    class_counts: Sequence[int] | torch.Tensor | None = None,
+    shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
+) -> dict[str, float]:
     """The flat dict of multi-label metrics (module docstring; no split prefix): ``prec<K>``,
     ``rec<K>``, ``macro_rec<K>``, ``<group>/rec<K>`` for every K of ``ks`` (K > L skipped), and
     ``rprec``. ``class_counts``: training examples per class, for the shot groups."""

@@ -16,17 +16,35 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["METRIC_FORMAT", "TIME_METRICS", "PER_EPOCH_EXTRA_METRICS", "FINAL_EXTRA_METRICS", "common_metrics", "check_metric", "parse_metric", "count_bins",
-           "conformal_method_name", "conformal_level_name", "parse_conformal_metric", "check_conformal_metric",
-           "parse_multilabel_metric", "is_multilabel_metric", "check_multilabel_metric"]
+__all__ = [
+    "METRIC_FORMAT",
+    "TIME_METRICS",
+    "PER_EPOCH_EXTRA_METRICS",
+    "FINAL_EXTRA_METRICS",
+    "common_metrics",
+    "check_metric",
+    "parse_metric",
+    "count_bins",
+    "conformal_method_name",
+    "conformal_level_name",
+    "parse_conformal_metric",
+    "check_conformal_metric",
+    "parse_multilabel_metric",
+    "is_multilabel_metric",
+    "check_multilabel_metric",
+]
 
-_METRIC_RE = re.compile(r"^(?P<split>val|test|train)/(?:(?P<group>few|medium|many|count_[0-9]+_(?:[0-9]+|inf))/)?"
-                        r"(?P<macro>macro_)?(?P<kind>top|avg)(?P<k>[0-9]+)$")
+_METRIC_RE = re.compile(
+    r"^(?P<split>val|test|train)/(?:(?P<group>few|medium|many|count_[0-9]+_(?:[0-9]+|inf))/)?"
+    r"(?P<macro>macro_)?(?P<kind>top|avg)(?P<k>[0-9]+)$"
+)
 
-METRIC_FORMAT = ("a metric path such as val/top5, val/macro_top5, val/few/top5, test/count_10_50/top1 or "
-                 "val/avg5 (split/[few|medium|many|count_<low>_<high>/][macro_]top<K>|avg<K>)")
+METRIC_FORMAT = (
+    "a metric path such as val/top5, val/macro_top5, val/few/top5, test/count_10_50/top1 or "
+    "val/avg5 (split/[few|medium|many|count_<low>_<high>/][macro_]top<K>|avg<K>)"
+)
 
 
 def count_bins(edges: Sequence[int]) -> list[tuple[str, int, float]]:
@@ -43,14 +61,14 @@ def count_bins(edges: Sequence[int]) -> list[tuple[str, int, float]]:
     out.append((f"count_{edges[-1]}_inf", edges[-1], math.inf))
     return out
 
+
 #: The seconds of an epoch's training and of its validation, logged every epoch: what a study's
 #: time is estimated from (`studies plan`).
 TIME_METRICS = ("epoch_time_s", "eval_time_s")
 
 #: Per-epoch metrics of the trainer besides the val/ and train/ accuracies (docs/interfaces.md
 #: section 4).
-PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", *TIME_METRICS, "grad_nonzero",
-                           "grad_nonzero_active")
+PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", *TIME_METRICS, "grad_nonzero", "grad_nonzero_active")
 
 #: What a finished cell logs besides its test metrics: the selected epoch and its validation value.
 FINAL_EXTRA_METRICS = ("best_val", "best_epoch")
@@ -68,13 +86,13 @@ def common_metrics(eval_section: Mapping) -> list[str]:
     return names
 
 
-def parse_metric(metric: str) -> Optional[Mapping[str, Optional[str]]]:
+def parse_metric(metric: str) -> Mapping[str, str | None] | None:
     """The parts of an accuracy metric path (split, group, macro, kind, k), or None."""
     match = _METRIC_RE.match(metric) if isinstance(metric, str) else None
     return match.groupdict() if match else None
 
 
-def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> Optional[str]:
+def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> str | None:
     """None when ``metric`` is a metric the trainer reports for this eval section, else why not."""
     if not isinstance(metric, str):
         return f"expected {METRIC_FORMAT}, got {metric!r}"
@@ -92,14 +110,18 @@ def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = (
     if match["split"] == "train" and (match["group"] or match["macro"] or match["kind"] != "top"):
         return f"training metrics are the running top-K accuracy only (train/top<K>), got {metric!r}"
     if match["group"] and match["macro"]:
-        return f"group metrics are already macro averages: write {match['split']}/{match['group']}/" \
-               f"{match['kind']}{match['k']}, not {metric!r}"
+        return (
+            f"group metrics are already macro averages: write {match['split']}/{match['group']}/"
+            f"{match['kind']}{match['k']}, not {metric!r}"
+        )
     group = match["group"]
     if group and group.startswith("count_"):
         names = [name for name, _, _ in count_bins(eval_section.get("count_bins") or [])]
         if group not in names:
-            return (f"{metric!r} needs the bin {group} in eval.count_bins (now "
-                    f"{eval_section.get('count_bins') or []}, bins: {', '.join(names) or 'none'})")
+            return (
+                f"{metric!r} needs the bin {group} in eval.count_bins (now "
+                f"{eval_section.get('count_bins') or []}, bins: {', '.join(names) or 'none'})"
+            )
     k = int(match["k"])
     if match["kind"] == "top" and k not in eval_section.get("ks", []):
         return f"{metric!r} needs K={k} in eval.ks (now {eval_section.get('ks')})"
@@ -127,10 +149,13 @@ def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = (
 _CONFORMAL_RE = re.compile(
     r"^(?P<split>val|test|train)/(?:(?P<group>few|medium|many)/)?(?P<macro>macro_)?"
     r"(?P<score>lac|aps)(?:_(?P<mondrian>class|shot))?"
-    r"(?:(?P<level>[0-9]+(?:\.[0-9]+)?)|_avg(?P<k>[0-9]+))(?P<suffix>_size|_alpha)?$")
+    r"(?:(?P<level>[0-9]+(?:\.[0-9]+)?)|_avg(?P<k>[0-9]+))(?P<suffix>_size|_alpha)?$"
+)
 
-CONFORMAL_FORMAT = ("a conformal metric such as test/lac90, test/few/aps_class90_size or test/lac_avg5 "
-                    "(test/[few|medium|many/][macro_]<lac|aps>[_class|_shot]<coverage %>|_avg<K>[_size])")
+CONFORMAL_FORMAT = (
+    "a conformal metric such as test/lac90, test/few/aps_class90_size or test/lac_avg5 "
+    "(test/[few|medium|many/][macro_]<lac|aps>[_class|_shot]<coverage %>|_avg<K>[_size])"
+)
 
 
 def conformal_method_name(score: str, mondrian: str) -> str:
@@ -145,13 +170,13 @@ def conformal_level_name(alpha: float) -> str:
     return f"{round(100.0 * (1.0 - float(alpha)), 6):g}"
 
 
-def parse_conformal_metric(metric: str) -> Optional[Mapping[str, Optional[str]]]:
+def parse_conformal_metric(metric: str) -> Mapping[str, str | None] | None:
     """The parts of a conformal metric path, or None."""
     match = _CONFORMAL_RE.match(metric) if isinstance(metric, str) else None
     return match.groupdict() if match else None
 
 
-def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("test",)) -> Optional[str]:
+def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("test",)) -> str | None:
     """None when the trainer logs the conformal metric ``metric`` for this eval section, else why not."""
     match = parse_conformal_metric(metric)
     if not match:
@@ -175,13 +200,17 @@ def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str
         return f"{metric!r} needs {mondrian!r} in eval.conformal_mondrian (now {mondrians})"
     if match["k"] is not None:
         if not field("conformal_match_avgk") or int(match["k"]) not in field("avgk"):
-            return (f"{metric!r} needs eval.conformal_match_avgk: true and K={match['k']} in eval.avgk (now "
-                    f"{field('conformal_match_avgk')}, {field('avgk')})")
+            return (
+                f"{metric!r} needs eval.conformal_match_avgk: true and K={match['k']} in eval.avgk (now "
+                f"{field('conformal_match_avgk')}, {field('avgk')})"
+            )
         return None
     levels = [conformal_level_name(a) for a in field("conformal_alphas")]
     if match["level"] not in levels:
-        return (f"{metric!r} needs the coverage level {match['level']}% in eval.conformal_alphas (now "
-                f"{field('conformal_alphas')}, levels {levels})")
+        return (
+            f"{metric!r} needs the coverage level {match['level']}% in eval.conformal_alphas (now "
+            f"{field('conformal_alphas')}, levels {levels})"
+        )
     return None
 
 
@@ -194,14 +223,15 @@ def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str
 # ``few/rec<K>`` (medium, many) inside a shot group; ``rprec``: the precision of the |Y| highest
 # scores (R-precision, the cardinality known as in [Gar23] §6.2.7).
 
-_MULTILABEL_RE = re.compile(r"^(?P<split>val|test)/(?:(?:(?P<group>few|medium|many)/)?(?P<macro>macro_)?"
-                            r"(?P<kind>prec|rec)(?P<k>[0-9]+)|(?P<rprec>rprec))$")
+_MULTILABEL_RE = re.compile(
+    r"^(?P<split>val|test)/(?:(?:(?P<group>few|medium|many)/)?(?P<macro>macro_)?"
+    r"(?P<kind>prec|rec)(?P<k>[0-9]+)|(?P<rprec>rprec))$"
+)
 
-MULTILABEL_FORMAT = ("a multi-label metric such as val/prec5, val/rec5, val/macro_rec5, test/few/rec5 or "
-                     "val/rprec")
+MULTILABEL_FORMAT = "a multi-label metric such as val/prec5, val/rec5, val/macro_rec5, test/few/rec5 or val/rprec"
 
 
-def parse_multilabel_metric(metric: str) -> Optional[Mapping[str, Optional[str]]]:
+def parse_multilabel_metric(metric: str) -> Mapping[str, str | None] | None:
     """The parts of a multi-label metric path, or None."""
     match = _MULTILABEL_RE.match(metric) if isinstance(metric, str) else None
     return match.groupdict() if match else None
@@ -211,7 +241,7 @@ def is_multilabel_metric(metric: str) -> bool:
     return parse_multilabel_metric(metric) is not None
 
 
-def check_multilabel_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> Optional[str]:
+def check_multilabel_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> str | None:
     """None when ``metric`` is a multi-label metric the trainer reports for this eval section
     (whether the data are multi-label is checked with the whole config), else why not."""
     match = parse_multilabel_metric(metric)

@@ -9,7 +9,8 @@ import copy
 import math
 import os
 import pickle
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -45,18 +46,37 @@ def improves(value: float, best: float | None, maximize: bool) -> bool:
     return value > best if maximize else value < best
 
 
-def keep_if_best(best: dict[str, Any] | None, epoch: int, value: float, thresholds: Mapping[float, float],
-                 model: torch.nn.Module, maximize: bool) -> dict[str, Any] | None:
+def keep_if_best(
+    best: dict[str, Any] | None,
+    epoch: int,
+    value: float,
+    thresholds: Mapping[float, float],
+    model: torch.nn.Module,
+    maximize: bool,
+) -> dict[str, Any] | None:
     """The best checkpoint after ``epoch``: this epoch's model, value and average-K thresholds
     when ``value`` improves on ``best`` (the papers' "early stopping"), else ``best``."""
     if improves(value, None if best is None else best["value"], maximize):
-        return {"epoch": epoch, "value": float(value), "thresholds": dict(thresholds),
-                "model": cpu_copy(model.state_dict())}
+        return {
+            "epoch": epoch,
+            "value": float(value),
+            "thresholds": dict(thresholds),
+            "model": cpu_copy(model.state_dict()),
+        }
     return best
 
 
-def trial_state(cfg: Mapping[str, Any], seed: int, epoch: int, model: torch.nn.Module, loss: torch.nn.Module,
-                optimizer_state: Mapping[str, Any], scaler: Any, best: Any, history: list) -> dict[str, Any]:
+def trial_state(
+    cfg: Mapping[str, Any],
+    seed: int,
+    epoch: int,
+    model: torch.nn.Module,
+    loss: torch.nn.Module,
+    optimizer_state: Mapping[str, Any],
+    scaler: Any,
+    best: Any,
+    history: list,
+) -> dict[str, Any]:
     """Everything needed to continue after ``epoch`` (CPU tensors, ``torch.save``-able)."""
     return {
         "format": CHECKPOINT_FORMAT,
@@ -79,11 +99,16 @@ def check_resumable(cfg: Mapping[str, Any], seed: int, state: Mapping[str, Any])
     if int(state["seed"]) != seed:
         raise ValueError(f"checkpoint was taken with seed {state['seed']}, not {seed}")
     mine, theirs = training_fields(cfg), training_fields(state["config"])
-    differing = sorted(k for k in set(mine) | set(theirs)
-                       if k not in RESUME_FREE_KEYS and mine.get(k, "<missing>") != theirs.get(k, "<missing>"))
+    differing = sorted(
+        k
+        for k in set(mine) | set(theirs)
+        if k not in RESUME_FREE_KEYS and mine.get(k, "<missing>") != theirs.get(k, "<missing>")
+    )
     if differing:
-        raise ValueError("checkpoint config differs from this config at: " + ", ".join(
-            f"{k} ({theirs.get(k, '<missing>')!r} vs {mine.get(k, '<missing>')!r})" for k in differing))
+        raise ValueError(
+            "checkpoint config differs from this config at: "
+            + ", ".join(f"{k} ({theirs.get(k, '<missing>')!r} vs {mine.get(k, '<missing>')!r})" for k in differing)
+        )
 
 
 def training_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,9 +139,13 @@ def load_checkpoint(checkpoint: Any) -> dict[str, Any]:
         try:
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as error:
-            raise ValueError(f"checkpoint {path} holds objects other than tensors, numbers, strings and "
-                             f"containers; refused (loading it could run code): {str(error).splitlines()[0]}") from None
+            raise ValueError(
+                f"checkpoint {path} holds objects other than tensors, numbers, strings and "
+                f"containers; refused (loading it could run code): {str(error).splitlines()[0]}"
+            ) from None
     if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint is not a setvalued.training state (format {CHECKPOINT_FORMAT}); got "
-                         f"{type(checkpoint).__name__} with format {getattr(checkpoint, 'get', lambda _: None)('format')!r}")
+        raise ValueError(
+            f"checkpoint is not a setvalued.training state (format {CHECKPOINT_FORMAT}); got "
+            f"{type(checkpoint).__name__} with format {getattr(checkpoint, 'get', lambda _: None)('format')!r}"
+        )
     return dict(checkpoint)

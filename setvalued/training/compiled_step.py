@@ -24,7 +24,9 @@ step's model forward and loss compiled as one function (issue #34).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -59,9 +61,15 @@ class CompiledStep:
     replay, so what the trainer keeps is cloned.
     """
 
-    def __init__(self, model: torch.nn.Module, loss: SetValuedLoss, num_classes: int,
-                 autocast: Callable[[], ContextManager], cudagraphs: bool,
-                 scores_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        loss: SetValuedLoss,
+        num_classes: int,
+        autocast: Callable[[], AbstractContextManager],
+        cudagraphs: bool,
+        scores_dtype: torch.dtype = torch.float32,
+    ):
         release_compiled()  # nothing of an earlier cell in this worker
         self.model, self.loss, self.num_classes = model, loss, int(num_classes)
         self.autocast, self.cudagraphs, self.scores_dtype = autocast, cudagraphs, scores_dtype
@@ -74,8 +82,9 @@ class CompiledStep:
     def _model_forward(self, x: torch.Tensor) -> Any:
         return self.model(x)
 
-    def _train_forward(self, x: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor,
-                       probe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _train_forward(
+        self, x: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor, probe: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.autocast():
             output = self.model(x)
         output = to_float32(output)  # the loss is computed in float32 (a float64 model's in float64)
@@ -87,20 +96,21 @@ class CompiledStep:
             output = watched
         return scores, self.loss(output, targets, indices)
 
-    def forward_and_loss(self, x: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_and_loss(
+        self, x: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One training forward: (the ranked scores, detached, whose ``.grad`` the backward pass
         of the loss fills; the loss)."""
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        probe = torch.zeros(x.shape[0], self.num_classes, dtype=self.scores_dtype, device=x.device,
-                            requires_grad=True)
+        probe = torch.zeros(x.shape[0], self.num_classes, dtype=self.scores_dtype, device=x.device, requires_grad=True)
         scores, loss = self._train(x, targets, indices, probe)
         scores = scores.detach()
         if self.cudagraphs:  # the graph's outputs are overwritten by its next replay
             scores, loss = scores.clone(), loss.clone()
         probe.register_post_accumulate_grad_hook(
-            lambda leaf: setattr(scores, "grad", leaf.grad.clone() if self.cudagraphs else leaf.grad))
+            lambda leaf: setattr(scores, "grad", leaf.grad.clone() if self.cudagraphs else leaf.grad)
+        )
         return scores, loss
 
     def release(self) -> None:

@@ -11,17 +11,30 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
-from setvalued.metrics import ConformalMethod, conformal_metrics, set_metrics
 from setvalued.data.common import DataSplits, IndexedDataset
 from setvalued.data.device import DeviceSplit
 from setvalued.losses import SetValuedLoss
-from setvalued.metrics import (activate, avgk_set_size, avgk_set_sizes, avgk_sets, calibrate_avgk_thresholds, evaluate,
-                               per_class_avgk, per_class_topk, shot_groups)
-from setvalued.metrics import multilabel_evaluate, per_class_recall
+from setvalued.metrics import (
+    ConformalMethod,
+    activate,
+    avgk_set_size,
+    avgk_set_sizes,
+    avgk_sets,
+    calibrate_avgk_thresholds,
+    conformal_metrics,
+    evaluate,
+    multilabel_evaluate,
+    per_class_avgk,
+    per_class_recall,
+    per_class_topk,
+    set_metrics,
+    shot_groups,
+)
 from setvalued.training.running_metrics import count_set_sizes, fmt_k, to_float32
 from setvalued.training.setup import split_batches
 
@@ -30,9 +43,16 @@ class Evaluation:
     """The evaluation passes of one trial: its config, data, loss (``prediction_scores``) and
     forward pass (``run_model``, the step's, compiled or not)."""
 
-    def __init__(self, cfg: dict[str, Any], data: DataSplits, device: torch.device,
-                 on_device: dict[str, DeviceSplit] | None, loss: SetValuedLoss,
-                 run_model: Callable[[torch.Tensor], Any], conformal_split: tuple[torch.Tensor, torch.Tensor] | None):
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        data: DataSplits,
+        device: torch.device,
+        on_device: dict[str, DeviceSplit] | None,
+        loss: SetValuedLoss,
+        run_model: Callable[[torch.Tensor], Any],
+        conformal_split: tuple[torch.Tensor, torch.Tensor] | None,
+    ):
         self.cfg, self.data, self.device, self.on_device = cfg, data, device, on_device
         self.loss, self.run_model, self.conformal_split = loss, run_model, conformal_split
         #: multi-hot targets (multi-label synthetic data): the multi-label metrics, no top-K
@@ -62,8 +82,9 @@ class Evaluation:
         for x, _, _ in batches:
             yield x.to(self.device, non_blocking=True)
 
-    def metrics_of(self, scores: torch.Tensor, targets: torch.Tensor,
-                   thresholds: Mapping[float, float] | None) -> dict[str, float]:
+    def metrics_of(
+        self, scores: torch.Tensor, targets: torch.Tensor, thresholds: Mapping[float, float] | None
+    ) -> dict[str, float]:
         """``evaluate`` of the top-K metrics on the raw scores and of the average-K metrics on the
         activated scores (the thresholds live on the softmax or sigmoid scale: the thesis
         thresholds softmax scores, Eq. 5.16, ``eval.avgk_activation`` may choose sigmoid;
@@ -74,12 +95,12 @@ class Evaluation:
             return multilabel_evaluate(scores, targets, e["ks"], counts, shots)
         out = evaluate(scores, targets, e["ks"], counts, None, shots, bins)
         if thresholds:
-            out.update(evaluate(activate(scores, e["avgk_activation"]), targets, [], counts, thresholds, shots,
-                                bins))
+            out.update(evaluate(activate(scores, e["avgk_activation"]), targets, [], counts, thresholds, shots, bins))
         return out
 
-    def validate(self, model: torch.nn.Module, scores: torch.Tensor | None = None, seconds: float = 0.0
-                 ) -> tuple[dict[str, float], dict[float, float]]:
+    def validate(
+        self, model: torch.nn.Module, scores: torch.Tensor | None = None, seconds: float = 0.0
+    ) -> tuple[dict[str, float], dict[float, float]]:
         """The validation metrics (``val/...``, ``eval_time_s``) and the average-K thresholds
         calibrated on the validation set (less its conformal calibration part); ``scores``:
         ``predict``'s validation scores of ``model`` when already computed, in ``seconds``."""
@@ -99,8 +120,9 @@ class Evaluation:
         metrics["eval_time_s"] = seconds + time.perf_counter() - start
         return metrics, thresholds
 
-    def test(self, model: torch.nn.Module, best: Mapping[str, Any], history: list,
-             scores: torch.Tensor | None = None) -> dict[str, Any]:
+    def test(
+        self, model: torch.nn.Module, best: Mapping[str, Any], history: list, scores: torch.Tensor | None = None
+    ) -> dict[str, Any]:
         """Evaluate the selected checkpoint ``best`` (loaded into ``model``) once on the test
         set, with its thresholds: the result of ``fit``. ``scores``: ``predict``'s test scores
         of that checkpoint when already computed."""
@@ -152,8 +174,9 @@ class Evaluation:
             "input_example": torch.stack([self.data.test[i][0] for i in range(min(2, len(self.data.test)))]),
         }
 
-    def conformal_test(self, model: torch.nn.Module, scores: torch.Tensor, targets: torch.Tensor,
-                       thresholds: Mapping[float, float]) -> dict[str, float]:
+    def conformal_test(
+        self, model: torch.nn.Module, scores: torch.Tensor, targets: torch.Tensor, thresholds: Mapping[float, float]
+    ) -> dict[str, float]:
         """The conformal baselines on the test set of the selected checkpoint ([Gar23] §2.2.2;
         ``setvalued.metrics.conformal.conformal_metrics``): calibrated on the labelled calibration part of
         the validation set, at every level of ``eval.conformal_alphas`` and, with
@@ -174,9 +197,24 @@ class Evaluation:
                 name = f"avg{fmt_k(k)}"
                 matched[name] = avgk_set_size(avgk_val, threshold)
                 sizes = set_metrics(avgk_sets(avgk_test, threshold), targets, name, counts, shots)
-                out.update({key: value for key, value in sizes.items() if key.count("/") == 1 and key.endswith("_size")})
-        methods = [ConformalMethod(score, mondrian) for score in e["conformal_scores"] for mondrian in e["conformal_mondrian"]]
-        out.update(conformal_metrics(val_probs[calibration], val_targets[calibration], activate(scores, "softmax"), targets,
-                                     methods, e["conformal_alphas"], matched, size_probs=val_probs[rest],
-                                     class_counts=counts, shot_thresholds=shots))
+                out.update(
+                    {key: value for key, value in sizes.items() if key.count("/") == 1 and key.endswith("_size")}
+                )
+        methods = [
+            ConformalMethod(score, mondrian) for score in e["conformal_scores"] for mondrian in e["conformal_mondrian"]
+        ]
+        out.update(
+            conformal_metrics(
+                val_probs[calibration],
+                val_targets[calibration],
+                activate(scores, "softmax"),
+                targets,
+                methods,
+                e["conformal_alphas"],
+                matched,
+                size_probs=val_probs[rest],
+                class_counts=counts,
+                shot_thresholds=shots,
+            )
+        )
         return out

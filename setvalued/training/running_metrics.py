@@ -18,8 +18,10 @@ class NonFiniteLossError(FloatingPointError):
 
     def __init__(self, epoch: int, step: int, value: float):
         self.epoch, self.step, self.value = epoch, step, value
-        super().__init__(f"non-finite training loss ({value}) at epoch {epoch}, step {step} (0-indexed); "
-                         "the trial is stopped (lower optim.lr or check the loss parameters)")
+        super().__init__(
+            f"non-finite training loss ({value}) at epoch {epoch}, step {step} (0-indexed); "
+            "the trial is stopped (lower optim.lr or check the loss parameters)"
+        )
 
 
 def to_float32(output: Any) -> Any:

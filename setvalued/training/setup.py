@@ -6,21 +6,30 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from setvalued.config import (DATA_FIELDS, EVAL_FIELDS, HEADS, OPTIM_FIELDS, SECTION_RULES, TOP_FIELDS, default_config,
-                              placement_problem, reject_unknown_keys)
 from setvalued import registry
+from setvalued.config import (
+    DATA_FIELDS,
+    EVAL_FIELDS,
+    HEADS,
+    OPTIM_FIELDS,
+    SECTION_RULES,
+    TOP_FIELDS,
+    default_config,
+    placement_problem,
+    reject_unknown_keys,
+)
+from setvalued.data.common import IndexedDataset
 from setvalued.label_kinds import label_kind_problems
+from setvalued.losses import SetValuedLoss
 from setvalued.metrics import parse_metric
 from setvalued.params import ParameterError
-from setvalued.data.common import IndexedDataset
-from setvalued.losses import SetValuedLoss
-
 
 #: The trial config of docs/interfaces.md section 1 with its defaults (declared in
 #: ``setvalued.config``). ``loss`` is used as a whole only when the config has no ``loss``
@@ -69,24 +78,30 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
         for rule in SECTION_RULES.get(section, ()):
             reason = rule(values)
             if reason:
-                raise ValueError(f"config {section}: {reason}" if not reason.startswith(section) else f"config {reason}")
+                raise ValueError(
+                    f"config {section}: {reason}" if not reason.startswith(section) else f"config {reason}"
+                )
 
     e = cfg["eval"]
     if not isinstance(e["selection"], str) or not e["selection"].startswith("val/"):
-        raise ValueError(f"config eval.selection must be a validation metric path such as val/top5, "
-                         f"got {e['selection']!r}")
+        raise ValueError(
+            f"config eval.selection must be a validation metric path such as val/top5, got {e['selection']!r}"
+        )
     parts = parse_metric(e["selection"])
     if parts:  # a K the trainer will not compute; other names fail at the first evaluation
         k = int(parts["k"])
         key = "eval.ks" if parts["kind"] == "top" else "eval.avgk"
         if k not in e["ks" if parts["kind"] == "top" else "avgk"]:
-            raise ValueError(f"config eval.selection is {e['selection']!r} but {key} ({list(e[key[5:]])}) does not "
-                             f"contain {parts['k']}")
+            raise ValueError(
+                f"config eval.selection is {e['selection']!r} but {key} ({list(e[key[5:]])}) does not "
+                f"contain {parts['k']}"
+            )
     for path, reason in label_kind_problems(cfg):
         raise ValueError(f"config {'.'.join(path)}: {reason}")
     try:
-        cfg["data"]["placement"] = DATA_FIELDS["synthetic"]["placement"].check("data.placement",
-                                                                               cfg["data"].get("placement", "auto"))
+        cfg["data"]["placement"] = DATA_FIELDS["synthetic"]["placement"].check(
+            "data.placement", cfg["data"].get("placement", "auto")
+        )
     except ParameterError as err:
         raise ValueError(f"config {err.text}") from None
     reason = placement_problem(cfg["data"])
@@ -112,7 +127,7 @@ def flat_config(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices) from one integer."""
     random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
+    np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
 
 
@@ -126,7 +141,7 @@ def reseed_epoch(seed: int) -> None:
     so the skipped backends are ones it does not use.
     """
     random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
+    np.random.seed(seed % (2**32))
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)
@@ -147,8 +162,10 @@ def resolve_head(requested: str, loss: SetValuedLoss) -> str:
     if requested == "auto":
         return needed
     if (needed == "two_head") != (requested == "two_head"):
-        raise ValueError(f"model.head is {requested!r} but loss {getattr(loss, 'registry_name', '?')!r} needs "
-                         f"{needed!r} (set model.head: auto)")
+        raise ValueError(
+            f"model.head is {requested!r} but loss {getattr(loss, 'registry_name', '?')!r} needs "
+            f"{needed!r} (set model.head: auto)"
+        )
     return requested
 
 
@@ -158,13 +175,14 @@ def lr_at(base_lr: float, gamma: float, milestones, epoch: int) -> float:
 
 
 def _seed_worker(worker_id: int) -> None:
-    worker_seed = torch.initial_seed() % (2 ** 32)
+    worker_seed = torch.initial_seed() % (2**32)
     np.random.seed(worker_seed)
     random.seed(worker_seed)
 
 
-def split_batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_workers: int,
-             device: torch.device, loader_seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def split_batches(
+    ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_workers: int, device: torch.device, loader_seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Batches ``(inputs, labels, indices)`` of ``ds`` in the given order.
 
     In-memory splits without transforms are sliced directly; the others go through a
@@ -172,11 +190,18 @@ def split_batches(ds: IndexedDataset, order: torch.Tensor, batch_size: int, num_
     """
     if getattr(ds, "supports_batches", False) and num_workers == 0:
         for start in range(0, len(order), batch_size):
-            yield ds.get_batch(order[start:start + batch_size])
+            yield ds.get_batch(order[start : start + batch_size])
         return
     generator = torch.Generator()
     generator.manual_seed(loader_seed)
-    loader = DataLoader(ds, batch_size=batch_size, sampler=order.tolist(), num_workers=num_workers,
-                        pin_memory=device.type == "cuda", drop_last=False, generator=generator,
-                        worker_init_fn=_seed_worker if num_workers > 0 else None)
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=order.tolist(),
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        drop_last=False,
+        generator=generator,
+        worker_init_fn=_seed_worker if num_workers > 0 else None,
+    )
     yield from loader

@@ -11,27 +11,28 @@ mixed precision on CUDA, ``compile: model``) is described in ``setvalued.trainin
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
-from setvalued.training.compiled_step import CompiledStep
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
+from setvalued.training.compiled_step import CompiledStep
 from setvalued.training.running_metrics import RunningTrainMetrics, to_float32, watched_scores
 from setvalued.training.setup import lr_at
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def build_optimizer(model_params: list[torch.Tensor], loss: SetValuedLoss,
-                    optim: Mapping[str, Any]) -> torch.optim.SGD:
+def build_optimizer(model_params: list[torch.Tensor], loss: SetValuedLoss, optim: Mapping[str, Any]) -> torch.optim.SGD:
     """SGD with the model's parameters (weight decay ``optim.weight_decay``) and the loss's own
     parameters (ROLE's label estimates: ``lr * loss.lr_multiplier``, no weight decay)."""
     groups = [{"params": model_params, "weight_decay": optim["weight_decay"], "lr_multiplier": 1.0}]
     loss_params = [p for p in loss.parameters() if p.requires_grad]
     if loss_params:
-        groups.append({"params": loss_params, "weight_decay": 0.0,
-                       "lr_multiplier": float(getattr(loss, "lr_multiplier", 1.0))})
+        groups.append(
+            {"params": loss_params, "weight_decay": 0.0, "lr_multiplier": float(getattr(loss, "lr_multiplier", 1.0))}
+        )
     return torch.optim.SGD(groups, lr=optim["lr"], momentum=optim["momentum"], nesterov=optim["nesterov"])
 
 
@@ -53,8 +54,9 @@ def model_inputs(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class TrainingStep:
     """The model, loss and optimizer of one trial, and one step on a batch."""
 
-    def __init__(self, cfg: dict[str, Any], device: torch.device, model: torch.nn.Module, loss: SetValuedLoss,
-                 num_classes: int):
+    def __init__(
+        self, cfg: dict[str, Any], device: torch.device, model: torch.nn.Module, loss: SetValuedLoss, num_classes: int
+    ):
         self.cfg, self.device, self.model, self.loss = cfg, device, model, loss
         #: the dtype of the model's floating-point parameters, that of its inputs
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -100,7 +102,9 @@ class TrainingStep:
         with self.autocast():
             output = self.forward(model_inputs(x, self.dtype))
         if self.cudagraphs:  # the graph's output buffers are overwritten by its next replay
-            output = TwoHeadOutput(*(t.clone() for t in output)) if isinstance(output, TwoHeadOutput) else output.clone()
+            output = (
+                TwoHeadOutput(*(t.clone() for t in output)) if isinstance(output, TwoHeadOutput) else output.clone()
+            )
         return output
 
     def set_learning_rate(self, epoch: int) -> float:
@@ -111,8 +115,7 @@ class TrainingStep:
         self.model.train()
         self.loss.train()
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor,
-                 idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, loss, backward and optimizer step on one batch. Returns the loss and the
         scores that the metrics rank, their ``.grad`` kept (None when the output has none)."""
         if self.compiled is not None:  # model, float32 cast and loss: one compiled function

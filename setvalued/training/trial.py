@@ -50,23 +50,31 @@ import itertools
 import math
 import os
 import time
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from setvalued.config import DATASET_NAMES, DEVICE_DATASETS, conformal_enabled
-from setvalued.metrics import split_calibration
 from setvalued.data import build_datasets
 from setvalued.data.common import DataSplits, mix_seed
 from setvalued.data.device import DeviceSplit
 from setvalued.losses import build_loss
+from setvalued.metrics import split_calibration
 from setvalued.models import build_model
 from setvalued.training.checkpoint import CHECKPOINT_FORMAT, check_resumable, keep_if_best, load_checkpoint, trial_state
 from setvalued.training.evaluation import Evaluation
 from setvalued.training.running_metrics import NonFiniteLossError, RunningTrainMetrics
-from setvalued.training.setup import (DEFAULT_CONFIG, reseed_epoch, resolve_config, resolve_device, resolve_head,
-                                   seed_everything, split_batches)
+from setvalued.training.setup import (
+    DEFAULT_CONFIG,
+    reseed_epoch,
+    resolve_config,
+    resolve_device,
+    resolve_head,
+    seed_everything,
+    split_batches,
+)
 from setvalued.training.step import Batch, TrainingStep
 
 __all__ = ["fit", "probe", "resolve_config", "NonFiniteLossError", "DEFAULT_CONFIG", "CHECKPOINT_FORMAT"]
@@ -79,6 +87,7 @@ MODEL_STREAM, EPOCH_STREAM, ORDER_STREAM, WORKER_STREAM, CONFORMAL_STREAM, AUGME
 # ---------------------------------------------------------------------------------------------
 # the trainer
 # ---------------------------------------------------------------------------------------------
+
 
 class Trial:
     """One trial (one config, one seed): its data, loss and model, and the epoch loop over its
@@ -97,8 +106,13 @@ class Trial:
         seed_everything(seed)
         self.data: DataSplits = data_of.data if data_of is not None else build_datasets(cfg["data"], seed)
         params = {k: v for k, v in cfg["loss"].items() if k != "name"}
-        self.loss = build_loss(cfg["loss"]["name"], **params, class_counts=list(self.data.class_counts),
-                               num_classes=self.data.num_classes, num_examples=len(self.data.train))
+        self.loss = build_loss(
+            cfg["loss"]["name"],
+            **params,
+            class_counts=list(self.data.class_counts),
+            num_classes=self.data.num_classes,
+            num_examples=len(self.data.train),
+        )
         head = resolve_head(cfg["model"].get("head", "auto"), self.loss)
         seed_everything(mix_seed(seed, MODEL_STREAM))
         self.model = build_model(cfg["model"], self.data.num_classes, self.data.input_shape, head)
@@ -109,8 +123,9 @@ class Trial:
         self.step = TrainingStep(cfg, self.device, self.model, self.loss, self.data.num_classes)
         #: (calibration, validation) indices of the validation set when conformal sets are asked for
         self.conformal_split = self._conformal_split() if conformal_enabled(cfg["eval"]) else None
-        self.evaluation = Evaluation(cfg, self.data, self.device, self.on_device, self.loss, self.step.run_model,
-                                     self.conformal_split)
+        self.evaluation = Evaluation(
+            cfg, self.data, self.device, self.on_device, self.loss, self.step.run_model, self.conformal_split
+        )
         self.multi_label = self.evaluation.multi_label
 
         self.history: list[dict[str, float]] = []
@@ -124,8 +139,11 @@ class Trial:
         d = self.cfg["data"]
         placement = d["placement"]
         if placement == "auto":  # a plugin's data set: device when its splits are in memory
-            in_memory = d["name"] in DEVICE_DATASETS if d["name"] in DATASET_NAMES else all(
-                getattr(ds, "supports_batches", False) for ds in self.data)
+            in_memory = (
+                d["name"] in DEVICE_DATASETS
+                if d["name"] in DATASET_NAMES
+                else all(getattr(ds, "supports_batches", False) for ds in self.data)
+            )
             placement = "device" if in_memory and int(d["num_workers"]) == 0 else "loader"
         if placement == "loader":
             return None
@@ -133,8 +151,10 @@ class Trial:
         for ds in self.data:
             augmentation = getattr(ds, "batch_augmentation", None)
             if not (getattr(ds, "supports_batches", False) or augmentation is not None):
-                raise ValueError(f"data.placement: device needs in-memory splits; the {ds.split} split of "
-                                 f"{d['name']!r} has a per-image transform without a batched form")
+                raise ValueError(
+                    f"data.placement: device needs in-memory splits; the {ds.split} split of "
+                    f"{d['name']!r} has a per-image transform without a batched form"
+                )
             splits[ds.split] = DeviceSplit(ds.inputs, ds.targets, self.device, augmentation)
         return splits
 
@@ -146,8 +166,10 @@ class Trial:
         try:
             return split_calibration(len(self.data.val), fraction, mix_seed(self.seed, CONFORMAL_STREAM))
         except ValueError as err:
-            raise ValueError(f"config eval.conformal_calibration_fraction={fraction!r}: {err} "
-                             f"({len(self.data.val)} validation examples)") from None
+            raise ValueError(
+                f"config eval.conformal_calibration_fraction={fraction!r}: {err} "
+                f"({len(self.data.val)} validation examples)"
+            ) from None
 
     # -- one epoch -------------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, float]:
@@ -179,9 +201,14 @@ class Trial:
             augment_gen = torch.Generator(device=self.device)
             augment_gen.manual_seed(mix_seed(self.seed, epoch, AUGMENT_STREAM))
             return self.on_device["train"].batches(order, self.cfg["optim"]["batch_size"], augment_gen)
-        return split_batches(self.data.train, order, self.cfg["optim"]["batch_size"],
-                             int(self.cfg["data"]["num_workers"]), self.device,
-                             mix_seed(self.seed, epoch, WORKER_STREAM))
+        return split_batches(
+            self.data.train,
+            order,
+            self.cfg["optim"]["batch_size"],
+            int(self.cfg["data"]["num_workers"]),
+            self.device,
+            mix_seed(self.seed, epoch, WORKER_STREAM),
+        )
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """Re-seed every generator from (seed, epoch) and draw the epoch's order of the training
@@ -191,10 +218,15 @@ class Trial:
         order_gen.manual_seed(mix_seed(self.seed, epoch, ORDER_STREAM))
         return torch.randperm(len(self.data.train), generator=order_gen)
 
-    def close_epoch(self, epoch: int, metrics: dict[str, float],
-                    on_epoch: Callable[[int, dict, dict], Any] | None,
-                    optimizer_state: Mapping[str, Any] | None = None,
-                    val_scores: torch.Tensor | None = None, val_seconds: float = 0.0) -> dict[str, float]:
+    def close_epoch(
+        self,
+        epoch: int,
+        metrics: dict[str, float],
+        on_epoch: Callable[[int, dict, dict], Any] | None,
+        optimizer_state: Mapping[str, Any] | None = None,
+        val_scores: torch.Tensor | None = None,
+        val_seconds: float = 0.0,
+    ) -> dict[str, float]:
         """Validate after an epoch's training (``metrics``), keep the best checkpoint, record the
         epoch and hand it with the state to ``on_epoch``; returns the epoch's metrics.
         ``val_scores``: the model's validation scores when already computed (a fused array's
@@ -205,8 +237,10 @@ class Trial:
         metrics.update(val_metrics)
         if selection not in metrics:
             available = sorted(k for k in metrics if k.startswith("val/"))
-            raise ValueError(f"eval.selection {selection!r} is not a validation metric of this run; "
-                             f"available: {', '.join(available)}")
+            raise ValueError(
+                f"eval.selection {selection!r} is not a validation metric of this run; "
+                f"available: {', '.join(available)}"
+            )
         self.best = keep_if_best(self.best, epoch, metrics[selection], thresholds, self.model, maximize)
         self.history.append(metrics)
         if on_epoch is not None:
@@ -219,8 +253,17 @@ class Trial:
         ``optimizer_state`` in place of the step's optimizer's (a member of a fused array)."""
         if optimizer_state is None:
             optimizer_state = self.step.optimizer.state_dict()
-        return trial_state(self.cfg, self.seed, epoch, self.model, self.loss, optimizer_state, self.step.scaler,
-                           self.best, self.history)
+        return trial_state(
+            self.cfg,
+            self.seed,
+            epoch,
+            self.model,
+            self.loss,
+            optimizer_state,
+            self.step.scaler,
+            self.best,
+            self.history,
+        )
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue after the epoch of ``state``."""
@@ -252,8 +295,12 @@ class Trial:
         return self.evaluation.test(self.model, self.best, self.history, scores)
 
 
-def fit(config: Mapping[str, Any], seed: int, on_epoch: Callable[[int, dict, dict], Any] | None = None,
-        checkpoint: Mapping[str, Any] | str | os.PathLike | None = None) -> dict[str, Any]:
+def fit(
+    config: Mapping[str, Any],
+    seed: int,
+    on_epoch: Callable[[int, dict, dict], Any] | None = None,
+    checkpoint: Mapping[str, Any] | str | os.PathLike | None = None,
+) -> dict[str, Any]:
     """Train one trial and evaluate its selected checkpoint on the test set.
 
     ``on_epoch(epoch, metrics, state)`` is called after every epoch; ``state`` is a
@@ -316,13 +363,19 @@ def probe(config: Mapping[str, Any], seed: int = 0, steps: int = 5) -> dict[str,
     trial.model.eval()
     began = time.perf_counter()
     with torch.no_grad():
-        for x, _, _ in split_batches(trial.data.val, torch.arange(prefix), eval_batch,
-                                int(trial.cfg["data"]["num_workers"]), trial.device, 0):
+        for x, _, _ in split_batches(
+            trial.data.val, torch.arange(prefix), eval_batch, int(trial.cfg["data"]["num_workers"]), trial.device, 0
+        ):
             trial.step.run_model(x.to(trial.device, non_blocking=True))
     sync()
     per_example = (time.perf_counter() - began) / max(prefix, 1)
     val_s = per_example * n_val
     trial.step.release()
-    return {"setup_s": setup_s, "step_s": step_s, "steps_per_epoch": float(steps_per_epoch),
-            "val_s": val_s, "test_s": per_example * len(trial.data.test),
-            "epoch_s": steps_per_epoch * step_s + val_s}
+    return {
+        "setup_s": setup_s,
+        "step_s": step_s,
+        "steps_per_epoch": float(steps_per_epoch),
+        "val_s": val_s,
+        "test_s": per_example * len(trial.data.test),
+        "epoch_s": steps_per_epoch * step_s + val_s,
+    }

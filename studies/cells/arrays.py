@@ -17,7 +17,8 @@ they come in. Plain Python: no Ray here.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from studies.cells.cell_queue import config_major
 
@@ -28,8 +29,12 @@ from studies.cells.cell_queue import config_major
 MAX_TRIALS_PER_EXPERIMENT = 1000
 
 
-def fused_arrays(cells: Sequence, per_trial: int, start_epochs: Mapping[str, int] | None = None,
-                 round_of: Callable[[Any], int] | None = None) -> list[list]:
+def fused_arrays(
+    cells: Sequence,
+    per_trial: int,
+    start_epochs: Mapping[str, int] | None = None,
+    round_of: Callable[[Any], int] | None = None,
+) -> list[list]:
     """The trials of ``cells`` in config-major order: arrays of at most ``per_trial`` cells, each
     of one config and one starting epoch (``start_epochs``: cell_id -> the epoch its checkpoint
     holds; absent: a fresh start) and, under racing, one round of seeds (``round_of``: a cell's
@@ -42,12 +47,16 @@ def fused_arrays(cells: Sequence, per_trial: int, start_epochs: Mapping[str, int
         start = int(start_epochs.get(getattr(cell, "cell_id", None), -1))
         key = (cell.config_id, start, round_of(cell) if round_of else 0)
         groups.setdefault(key, []).append(cell)
-    return [group[i:i + per_trial] for group in groups.values() for i in range(0, len(group), per_trial)]
+    return [group[i : i + per_trial] for group in groups.values() for i in range(0, len(group), per_trial)]
 
 
-def experiment_parts(cells: Sequence, per_trial: int = 1, start_epochs: Mapping[str, int] | None = None,
-                     round_of: Callable[[Any], int] | None = None,
-                     max_trials: int | None = None) -> list[list[list]]:
+def experiment_parts(
+    cells: Sequence,
+    per_trial: int = 1,
+    start_epochs: Mapping[str, int] | None = None,
+    round_of: Callable[[Any], int] | None = None,
+    max_trials: int | None = None,
+) -> list[list[list]]:
     """The Tune experiments of ``cells``, one after the other, each a list of its trials (the
     `fused_arrays` of ``per_trial``): at most ``max_trials`` trials a part (default
     `MAX_TRIALS_PER_EXPERIMENT`, read when called), never inside a config."""

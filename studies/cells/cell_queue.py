@@ -18,7 +18,7 @@ Plain Python: no Ray here.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def config_major(cells: Sequence) -> list:
@@ -49,7 +49,7 @@ class CellQueue:
         return json.dumps({"cell_ids": self.cell_ids, "position": self.position})
 
     @classmethod
-    def from_json(cls, text: str) -> "CellQueue":
+    def from_json(cls, text: str) -> CellQueue:
         state = json.loads(text)
         queue = cls(state["cell_ids"])
         queue.position = int(state["position"])

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from analysis.formatting import SYMBOLS, assignments
 
@@ -47,17 +48,20 @@ class RunNamer:
             parts = [variant] + assignments({p: swept[p] for p in varying if p in swept})
             labels[config_id] = " ".join(parts)
         counts = Counter(labels.values())
-        return {config_id: label if counts[label] == 1 else f"{label} [{config_id[:6]}]"
-                for config_id, label in labels.items()}
+        return {
+            config_id: label if counts[label] == 1 else f"{label} [{config_id[:6]}]"
+            for config_id, label in labels.items()
+        }
 
     def names(self, cells: Iterable[Any]) -> dict[str, str]:
         """``{cell_id: name}`` of `cells` (recorded first if they were not)."""
         cells = list(cells)
         self.add(cells)
         labels = {variant: self._labels(variant) for variant in {c.variant for c in cells}}
-        return {c.cell_id: f"{labels[c.variant][c.config_id][:MAX_NAME - 24]}{_version_suffix(c)}"
-                           f"{_seed_suffix(c.seed)}"
-                for c in cells}
+        return {
+            c.cell_id: f"{labels[c.variant][c.config_id][: MAX_NAME - 24]}{_version_suffix(c)}{_seed_suffix(c.seed)}"
+            for c in cells
+        }
 
 
 def _version_suffix(cell: Any) -> str:

@@ -17,16 +17,17 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
 from setvalued.label_kinds import max_labels
 from setvalued.paths import copy_config, get_path, set_path
-from studies.studyfile.config_ids import canonical_json, config_id  # noqa: F401  (part of this module's API)
+from studies.cells.run_names import run_names
+from studies.studyfile.config_ids import canonical_json, config_id
 from studies.studyfile.configs import build_config, format_value
 from studies.studyfile.design import OptunaBlock
 from studies.studyfile.study import Study
-from studies.cells.run_names import run_names
 from studies.studyfile.trial_config import validate_config
 
 __all__ = [
@@ -91,7 +92,7 @@ def expand(study: Study) -> list[Cell]:
 # --------------------------------------------------------------------------------------
 
 
-def _block_index(study: Study, block: Union[int, OptunaBlock]) -> tuple[int, OptunaBlock]:
+def _block_index(study: Study, block: int | OptunaBlock) -> tuple[int, OptunaBlock]:
     if isinstance(block, int):
         found = study.design[block]
         if not isinstance(found, OptunaBlock):
@@ -103,7 +104,7 @@ def _block_index(study: Study, block: Union[int, OptunaBlock]) -> tuple[int, Opt
     raise ValueError("the block is not one of this study's design blocks")
 
 
-def optuna_block_suggest(study: Study, block: Union[int, OptunaBlock], optuna_trial) -> tuple[str, dict, dict]:
+def optuna_block_suggest(study: Study, block: int | OptunaBlock, optuna_trial) -> tuple[str, dict, dict]:
     """Ask an Optuna trial for one config of an optuna block: ``(variant, config, swept)``.
 
     Each distribution becomes ``suggest_float`` (``log=True`` for loguniform),
@@ -142,7 +143,7 @@ def optuna_block_suggest(study: Study, block: Union[int, OptunaBlock], optuna_tr
 
 def optuna_sampler(block: OptunaBlock):
     """The Optuna sampler a block names (tpe, random, cmaes, gp, qmc), seeded by sampler_seed."""
-    import optuna  # noqa: WPS433  (only the runner needs Optuna)
+    import optuna  # (only the runner needs Optuna)
 
     samplers = {
         "tpe": optuna.samplers.TPESampler,
@@ -159,8 +160,18 @@ def optuna_sampler(block: OptunaBlock):
 # --------------------------------------------------------------------------------------
 
 #: paths that smoke mode always sets itself (a swept value there is not kept)
-_SMOKE_FIXED = ("data.name", "data.root", "data.download", "data.form", "data.num_workers",
-                "model.name", "model.pretrained", "model.hidden_dim", "epochs", "device")
+_SMOKE_FIXED = (
+    "data.name",
+    "data.root",
+    "data.download",
+    "data.form",
+    "data.num_workers",
+    "model.name",
+    "model.pretrained",
+    "model.hidden_dim",
+    "epochs",
+    "device",
+)
 _SMOKE_BATCH = 16
 
 
@@ -175,15 +186,25 @@ def smoke_config(config: dict, keep: Iterable[str] = (), epochs: int = 1) -> dic
     configs stay distinct) when they make sense on the synthetic data; the others are
     replaced. Raises ValueError when the result is not a valid config.
     """
-    ks = [math.ceil(k) for k in [config.get("loss", {}).get("k")]
-          if isinstance(k, (int, float)) and not isinstance(k, bool)]
+    ks = [
+        math.ceil(k)
+        for k in [config.get("loss", {}).get("k")]
+        if isinstance(k, (int, float)) and not isinstance(k, bool)
+    ]
     ks += list(config.get("eval", {}).get("ks", [])) + list(config.get("eval", {}).get("avgk", []))
     num_classes = max(max(ks, default=1) + 2, 4)
     smoke = copy.deepcopy(config)
-    smoke["data"] = {"name": "synthetic", "num_classes": num_classes, "num_superclasses": 2,
-                     "train_size": 24 * num_classes, "val_size": 8 * num_classes,
-                     "test_size": 8 * num_classes, "form": "features", "feature_dim": 8,
-                     "num_workers": 0}
+    smoke["data"] = {
+        "name": "synthetic",
+        "num_classes": num_classes,
+        "num_superclasses": 2,
+        "train_size": 24 * num_classes,
+        "val_size": 8 * num_classes,
+        "test_size": 8 * num_classes,
+        "form": "features",
+        "feature_dim": 8,
+        "num_workers": 0,
+    }
     labels = max_labels(config.get("data") or {})
     if labels > 1:  # multi-label data stay multi-label (setvalued.label_kinds)
         smoke["data"]["max_labels"] = min(labels, num_classes)
@@ -194,8 +215,9 @@ def smoke_config(config: dict, keep: Iterable[str] = (), epochs: int = 1) -> dic
     smoke["device"] = "cpu"
     result, problems = validate_config(smoke)
     if problems:
-        raise ValueError("smoke config is invalid: " + "; ".join(
-            f"{'.'.join(map(str, p.path))}: {p.message}" for p in problems))
+        raise ValueError(
+            "smoke config is invalid: " + "; ".join(f"{'.'.join(map(str, p.path))}: {p.message}" for p in problems)
+        )
     for path in keep:
         if any(path == f or path.startswith(f + ".") for f in _SMOKE_FIXED):
             continue
@@ -244,11 +266,13 @@ def smoke_study(study: Study) -> Study:
     """
     from studies.studyfile.study import NoScheduler, Resources
 
-    design = [block.model_copy(update={"pruner": None}) if getattr(block, "pruner", None)
-              else block for block in study.design]
+    design = [
+        block.model_copy(update={"pruner": None}) if getattr(block, "pruner", None) else block for block in study.design
+    ]
     resources = Resources(cpus=1, gpus=0, seeds_per_trial=study.resources.seeds_per_trial)
-    return study.model_copy(update={"resources": resources, "design": design,
-                                    "scheduler": NoScheduler(kind="none"), "log_models": False})
+    return study.model_copy(
+        update={"resources": resources, "design": design, "scheduler": NoScheduler(kind="none"), "log_models": False}
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -256,7 +280,7 @@ def smoke_study(study: Study) -> Study:
 # --------------------------------------------------------------------------------------
 
 
-def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
+def format_cells_table(cells: list[Cell], study: Study | None = None) -> str:
     """The ``--dry-run`` table: the run name (variant, what sets its config apart, seed), one
     column per swept path, the config_id; a count line.
 
@@ -270,27 +294,33 @@ def format_cells_table(cells: list[Cell], study: Optional[Study] = None) -> str:
                 paths.append(path)
     names = run_names(cells)  # what MLflow's run list will show
     header = ["run name"] + paths + ["config_id"]
-    rows = [[names[c.cell_id]] + [format_value(c.swept[p]) if p in c.swept else "-" for p in paths] + [c.config_id]
-            for c in cells]
+    rows = [
+        [names[c.cell_id]] + [format_value(c.swept[p]) if p in c.swept else "-" for p in paths] + [c.config_id]
+        for c in cells
+    ]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
     n_configs = len({c.config_id for c in cells})
     n_seeds = len({c.seed for c in cells})
+
     def counted(n: int, noun: str) -> str:
         return f"{n} {noun}" + ("" if n == 1 else "s")
 
-    lines.append(f"{counted(len(cells), 'cell')} = {counted(n_configs, 'config')} x "
-                 f"{counted(n_seeds, 'seed')}")
+    lines.append(f"{counted(len(cells), 'cell')} = {counted(n_configs, 'config')} x {counted(n_seeds, 'seed')}")
     if study is not None and study.racing is not None:
         race = study.racing
-        lines.append(f"racing on {race.until.metric} ({race.until.mode}): each config starts with "
-                     f"{race.initial} seeds and gets {race.step} more per round while undecided "
-                     f"against the best, up to {race.max}: between {n_configs * race.initial} and "
-                     f"{len(cells)} cells")
+        lines.append(
+            f"racing on {race.until.metric} ({race.until.mode}): each config starts with "
+            f"{race.initial} seeds and gets {race.step} more per round while undecided "
+            f"against the best, up to {race.max}: between {n_configs * race.initial} and "
+            f"{len(cells)} cells"
+        )
     if study is not None:
         for index, block in study.optuna_blocks:
             n = block.n_configs * len(study.seed_list)
-            lines.append(f"+ design[{index}] (optuna, {block.sampler}): {block.n_configs} proposals x "
-                         f"{len(study.seed_list)} seeds = {n} cells, proposed while the study runs")
+            lines.append(
+                f"+ design[{index}] (optuna, {block.sampler}): {block.n_configs} proposals x "
+                f"{len(study.seed_list)} seeds = {n} cells, proposed while the study runs"
+            )
     return "\n".join(lines)

@@ -5,10 +5,9 @@ printed: `mask_secrets`), the `JobSubmissionClient`, and `SubmitError`.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
-
 
 #: where the Ray Jobs API listens when nothing else is said
 DEFAULT_DASHBOARD_ADDRESS = "http://127.0.0.1:8265"
@@ -53,8 +52,7 @@ def _read_token_file(path: Path, what: str) -> str:
     try:
         value = path.expanduser().read_text().strip()
     except OSError as error:
-        raise SubmitError(f"cannot read the Ray token file {path} ({what}): "
-                          f"{error.strerror or error}") from None
+        raise SubmitError(f"cannot read the Ray token file {path} ({what}): {error.strerror or error}") from None
     if not value:
         raise SubmitError(f"the Ray token file {path} ({what}) is empty")
     return value
@@ -88,8 +86,11 @@ def mask_secrets(text: str, secret_values: Iterable[str | None]) -> str:
 
 
 def _local_secrets(token: RayToken | None) -> list[str]:
-    values = [token.value if token else None, os.environ.get("MLFLOW_TRACKING_PASSWORD"),
-              os.environ.get("MLFLOW_TRACKING_TOKEN")]
+    values = [
+        token.value if token else None,
+        os.environ.get("MLFLOW_TRACKING_PASSWORD"),
+        os.environ.get("MLFLOW_TRACKING_TOKEN"),
+    ]
     return [v for v in values if v]
 
 
@@ -107,17 +108,20 @@ def normalize_address(address: str | None) -> str:
             address = DEFAULT_DASHBOARD_ADDRESS
     address = address.strip()
     if not address:
-        raise SubmitError("--address is empty; expected the Ray dashboard URL, "
-                          "e.g. http://HEAD:8265")
+        raise SubmitError("--address is empty; expected the Ray dashboard URL, e.g. http://HEAD:8265")
     if address == "auto":
-        raise SubmitError("--address auto names a cluster from inside it; from outside give "
-                          "the dashboard URL of the head node, e.g. http://HEAD:8265")
+        raise SubmitError(
+            "--address auto names a cluster from inside it; from outside give "
+            "the dashboard URL of the head node, e.g. http://HEAD:8265"
+        )
     if "://" not in address:
         address = f"http://{address}"
     scheme = address.split("://", 1)[0]
     if scheme not in ("http", "https", "ray"):
-        raise SubmitError(f"--address {address!r}: expected http(s)://HEAD:8265 (the Ray "
-                          f"dashboard, which serves the Jobs API) or ray://HEAD:10001")
+        raise SubmitError(
+            f"--address {address!r}: expected http(s)://HEAD:8265 (the Ray "
+            f"dashboard, which serves the Jobs API) or ray://HEAD:10001"
+        )
     return address.rstrip("/")
 
 
@@ -144,13 +148,20 @@ def job_client(address: str | None, token_file: str | os.PathLike | None = None)
         with _explicit_address():
             client = JobSubmissionClient(url, headers=headers)
     except AuthenticationError as error:
-        status = "rejected the token from " + token.source if token else \
-            ("requires a token and none was found (looked at --token-file, "
-             f"{TOKEN_ENV}, {TOKEN_PATH_ENV}, {DEFAULT_TOKEN_FILE})")
+        status = (
+            "rejected the token from " + token.source
+            if token
+            else (
+                "requires a token and none was found (looked at --token-file, "
+                f"{TOKEN_ENV}, {TOKEN_PATH_ENV}, {DEFAULT_TOKEN_FILE})"
+            )
+        )
         detail = mask_secrets(str(error).split("\n")[0], _local_secrets(token))
         raise SubmitError(f"the Ray cluster at {url} {status}: {detail}") from None
     except ConnectionError as error:
         detail = mask_secrets(str(error).split("\n")[0], _local_secrets(token))
-        raise SubmitError(f"cannot reach the Ray Jobs API at {url} ({detail}); is the head "
-                          f"node's dashboard running and reachable from here?") from None
+        raise SubmitError(
+            f"cannot reach the Ray Jobs API at {url} ({detail}); is the head "
+            f"node's dashboard running and reachable from here?"
+        ) from None
     return client, token

@@ -14,12 +14,10 @@ from typing import IO
 from studies.cluster.connection import SubmitError, _local_secrets, job_client, mask_secrets
 from studies.running.termination import JOB_STOP_GRACE_S
 
-
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
-def job_status(address: str | None, job_id: str, *,
-               token_file: str | os.PathLike | None = None) -> str:
+def job_status(address: str | None, job_id: str, *, token_file: str | os.PathLike | None = None) -> str:
     """The job's status as a string: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
     client, _ = job_client(address, token_file)
     return _status(client, job_id)
@@ -29,16 +27,22 @@ def _status(client, job_id: str) -> str:
     try:
         status = client.get_job_status(job_id)
     except RuntimeError as error:
-        raise SubmitError(f"no job {job_id!r} on this cluster ({str(error).splitlines()[0]})"
-                          ) from None
+        raise SubmitError(f"no job {job_id!r} on this cluster ({str(error).splitlines()[0]})") from None
     except OSError as error:  # requests' ConnectionError: the head went away
-        raise SubmitError(f"lost contact with the Ray Jobs API while asking about job "
-                          f"{job_id!r}: {type(error).__name__}") from None
+        raise SubmitError(
+            f"lost contact with the Ray Jobs API while asking about job {job_id!r}: {type(error).__name__}"
+        ) from None
     return str(getattr(status, "value", status))
 
 
-def wait_for_job(address: str | None, job_id: str, timeout_s: float | None = None, *,
-                 token_file: str | os.PathLike | None = None, poll_s: float = 1.0) -> str:
+def wait_for_job(
+    address: str | None,
+    job_id: str,
+    timeout_s: float | None = None,
+    *,
+    token_file: str | os.PathLike | None = None,
+    poll_s: float = 1.0,
+) -> str:
     """Block until the job ends (or `timeout_s` passes); returns its last status."""
     client, _ = job_client(address, token_file)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -63,8 +67,7 @@ def _follow(client, job_id: str, stream: IO[str], secret_values: list[str]) -> s
         with warnings.catch_warnings():
             # Ray's own log socket call (ray 2.60, sdk.tail_job_logs) trips aiohttp's
             # "ssl=None is deprecated"; not ours to fix, and noise for the user
-            warnings.filterwarnings("ignore", message="ssl=None is deprecated",
-                                    category=DeprecationWarning)
+            warnings.filterwarnings("ignore", message="ssl=None is deprecated", category=DeprecationWarning)
             asyncio.run(tail())
     except RuntimeError:
         # the log socket closed early (e.g. the head restarted): fall back to polling
@@ -76,9 +79,14 @@ def _follow(client, job_id: str, stream: IO[str], secret_values: list[str]) -> s
         time.sleep(1.0)
 
 
-def job_logs(address: str | None, job_id: str, follow: bool = False, *,
-             token_file: str | os.PathLike | None = None,
-             stream: IO[str] | None = None) -> str:
+def job_logs(
+    address: str | None,
+    job_id: str,
+    follow: bool = False,
+    *,
+    token_file: str | os.PathLike | None = None,
+    stream: IO[str] | None = None,
+) -> str:
     """Write the job's log to `stream` (stdout by default), masked of local secrets;
     `follow`: keep streaming until the job ends. Returns the job's status afterwards."""
     client, token = job_client(address, token_file)
@@ -92,8 +100,7 @@ def job_logs(address: str | None, job_id: str, follow: bool = False, *,
     return status
 
 
-def list_jobs(address: str | None = None, *,
-              token_file: str | os.PathLike | None = None) -> list:
+def list_jobs(address: str | None = None, *, token_file: str | os.PathLike | None = None) -> list:
     """The cluster's jobs (Ray `JobDetails`), oldest first."""
     client, _ = job_client(address, token_file)
     jobs = [job for job in client.list_jobs() if job.submission_id]
@@ -105,9 +112,9 @@ def list_jobs(address: str | None = None, *,
 STOP_WAIT_S = JOB_STOP_GRACE_S + 10.0
 
 
-def stop_job(address: str | None, job_id: str, *,
-             token_file: str | os.PathLike | None = None,
-             wait_s: float | None = STOP_WAIT_S) -> bool:
+def stop_job(
+    address: str | None, job_id: str, *, token_file: str | os.PathLike | None = None, wait_s: float | None = STOP_WAIT_S
+) -> bool:
     """Ask the job to stop (SIGTERM to the driver, then SIGKILL once its grace is over); with
     `wait_s`, wait that long for it to end. Returns True when the job was running."""
     client, _ = job_client(address, token_file)
@@ -115,7 +122,6 @@ def stop_job(address: str | None, job_id: str, *,
     stopped = bool(client.stop_job(job_id))
     if wait_s:
         deadline = time.monotonic() + wait_s
-        while _status(client, job_id) not in TERMINAL_STATUSES and \
-                time.monotonic() < deadline:
+        while _status(client, job_id) not in TERMINAL_STATUSES and time.monotonic() < deadline:
             time.sleep(0.5)
     return stopped

@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
-
 
 #: never shipped to the cluster (gitignore-style patterns, relative to the project root)
 DEFAULT_EXCLUDES: tuple[str, ...] = (
@@ -67,7 +66,7 @@ def _pattern_regex(pattern: str) -> tuple[re.Pattern, bool, bool]:
             if end == -1:
                 out.append(re.escape(char))
             else:
-                cls = body[i + 1:end]
+                cls = body[i + 1 : end]
                 if cls.startswith("!"):
                     cls = "^" + cls[1:]
                 out.append(f"[{cls}]")
@@ -115,14 +114,14 @@ def find_project_dir() -> Path | None:
     """The source tree this `studies` package was imported from (it holds pyproject.toml
     and the packages); None for an installed copy (the cluster image must then have it)."""
     root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").is_file() and (root / "studies").is_dir() \
-            and (root / "setvalued").is_dir():
+    if (root / "pyproject.toml").is_file() and (root / "studies").is_dir() and (root / "setvalued").is_dir():
         return root
     return None
 
 
-def stage_working_dir(study_file: Path, project_dir: Path | None, staging: Path,
-                      excludes: Sequence[str] = DEFAULT_EXCLUDES) -> str:
+def stage_working_dir(
+    study_file: Path, project_dir: Path | None, staging: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES
+) -> str:
     """Fill `staging` with the project and `_submitted/<study file name>`; returns the
     study's path relative to `staging`.
 
@@ -136,8 +135,7 @@ def stage_working_dir(study_file: Path, project_dir: Path | None, staging: Path,
         rules: list[tuple[str, Callable[[str, bool], bool]]] = [("", exclude_matcher(excludes))]
 
         def skip(rel: str, is_dir: bool) -> bool:
-            return any(rel.startswith(base) and matcher(rel[len(base):], is_dir)
-                       for base, matcher in rules)
+            return any(rel.startswith(base) and matcher(rel[len(base) :], is_dir) for base, matcher in rules)
 
         for folder, dirs, files in os.walk(project_dir):
             rel_folder = Path(folder).relative_to(project_dir).as_posix()
@@ -146,15 +144,15 @@ def stage_working_dir(study_file: Path, project_dir: Path | None, staging: Path,
             if ignore_file.is_file():
                 patterns = ignore_file.read_text(errors="replace").splitlines()
                 rules.append((rel_folder, exclude_matcher(patterns)))
-            dirs[:] = sorted(d for d in dirs if not skip(rel_folder + d, True)
-                             and not (rel_folder == "" and d == SUBMITTED_DIR))
+            dirs[:] = sorted(
+                d for d in dirs if not skip(rel_folder + d, True) and not (rel_folder == "" and d == SUBMITTED_DIR)
+            )
             target = staging / rel_folder
             target.mkdir(parents=True, exist_ok=True)
             for name in files:
                 rel = rel_folder + name
                 source = Path(folder) / name
-                if name == ".gitignore" or skip(rel, False) or \
-                        (source.is_symlink() and not source.exists()):
+                if name == ".gitignore" or skip(rel, False) or (source.is_symlink() and not source.exists()):
                     continue
                 shutil.copy2(source, target / name)
     submitted = staging / SUBMITTED_DIR

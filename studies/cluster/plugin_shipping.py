@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from studies.cluster.connection import SubmitError
 
@@ -51,8 +52,7 @@ def _stage_local(source, staging: Path) -> None:
         path = _package_path(module)
         target = staging / path.name
         if target.exists():
-            raise SubmitError(f"its package {path.name!r} has the name of a file or folder of the "
-                              "shipped project")
+            raise SubmitError(f"its package {path.name!r} has the name of a file or folder of the shipped project")
         if path.is_dir():
             shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
@@ -79,11 +79,14 @@ def ship_plugins(distributions: Iterable[str], staging: Path) -> dict[str, Any]:
             if source.path is not None:
                 _stage_local(source, staging)
             elif source.url is not None:
-                raise SubmitError(f"it was installed from {source.url}, neither a local folder nor a "
-                                  "package index; install it from its folder (pip install -e DIR) or an index")
+                raise SubmitError(
+                    f"it was installed from {source.url}, neither a local folder nor a "
+                    "package index; install it from its folder (pip install -e DIR) or an index"
+                )
             else:
                 pip.append(f"{source.name}=={source.version}")
         except SubmitError as error:
-            raise SubmitError(f"refusing to submit: plugin distribution {name} cannot be made available on "
-                              f"the cluster: {error}") from None
+            raise SubmitError(
+                f"refusing to submit: plugin distribution {name} cannot be made available on the cluster: {error}"
+            ) from None
     return {"pip": pip} if pip else {}

@@ -44,26 +44,68 @@ import shlex
 import socket
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any
 from urllib.parse import urlparse
-from studies.cluster.connection import (  # noqa: F401 (re-exported)
-    DEFAULT_DASHBOARD_ADDRESS, DEFAULT_TOKEN_FILE, RayToken, SubmitError, TOKEN_ENV, TOKEN_PATH_ENV,
-    _local_secrets, job_client, mask_secrets, normalize_address, resolve_ray_token,
+
+from studies.cluster.connection import (
+    DEFAULT_DASHBOARD_ADDRESS,
+    DEFAULT_TOKEN_FILE,
+    TOKEN_ENV,
+    TOKEN_PATH_ENV,
+    RayToken,
+    SubmitError,
+    _local_secrets,
+    job_client,
+    mask_secrets,
+    normalize_address,
+    resolve_ray_token,
 )
-from studies.cluster.packaging import (  # noqa: F401 (re-exported)
-    DEFAULT_EXCLUDES, exclude_matcher, find_project_dir, stage_working_dir,
+from studies.cluster.jobs import (
+    TERMINAL_STATUSES,
+    _follow,
+    job_logs,
+    job_status,
+    list_jobs,
+    stop_job,
+    wait_for_job,
 )
-from studies.cluster.jobs import (  # noqa: F401 (re-exported)
-    TERMINAL_STATUSES, _follow, job_logs, job_status, list_jobs, stop_job, wait_for_job,
+from studies.cluster.packaging import (
+    DEFAULT_EXCLUDES,
+    exclude_matcher,
+    find_project_dir,
+    stage_working_dir,
 )
 
-__all__ = ["DEFAULT_DASHBOARD_ADDRESS", "DEFAULT_TOKEN_FILE", "RayToken", "SubmitError",
-           "TOKEN_ENV", "TOKEN_PATH_ENV", "job_client", "mask_secrets", "normalize_address",
-           "resolve_ray_token", "DEFAULT_EXCLUDES", "exclude_matcher", "find_project_dir",
-           "stage_working_dir", "TERMINAL_STATUSES", "job_logs", "job_status", "list_jobs",
-           "stop_job", "wait_for_job", "STORAGE_SCHEMES", "check_tracking_uri", "check_storage",
-           "build_entrypoint", "submit_study", "add_subcommands"]
+__all__ = [
+    "DEFAULT_DASHBOARD_ADDRESS",
+    "DEFAULT_TOKEN_FILE",
+    "RayToken",
+    "SubmitError",
+    "TOKEN_ENV",
+    "TOKEN_PATH_ENV",
+    "job_client",
+    "mask_secrets",
+    "normalize_address",
+    "resolve_ray_token",
+    "DEFAULT_EXCLUDES",
+    "exclude_matcher",
+    "find_project_dir",
+    "stage_working_dir",
+    "TERMINAL_STATUSES",
+    "job_logs",
+    "job_status",
+    "list_jobs",
+    "stop_job",
+    "wait_for_job",
+    "STORAGE_SCHEMES",
+    "check_tracking_uri",
+    "check_storage",
+    "build_entrypoint",
+    "submit_study",
+    "add_subcommands",
+]
 
 
 #: cloud storage schemes Ray Tune's storage_path accepts (pyarrow file systems)
@@ -83,19 +125,22 @@ def check_tracking_uri(uri: str | None) -> str:
         raise SubmitError(
             "--tracking-uri is required to submit: the MLflow server every worker logs to, "
             "e.g. http://mlflow:5000 (cluster/README.md, section MLflow); it may also come "
-            "from MLFLOW_TRACKING_URI")
+            "from MLFLOW_TRACKING_URI"
+        )
     parsed = urlparse(uri)
     if parsed.scheme not in ("http", "https"):
         raise SubmitError(
             f"--tracking-uri {uri!r}: workers on several nodes need an MLflow server, "
             f"http(s)://HOST:PORT; a {parsed.scheme or 'path'} store lives on one machine "
-            f"(and SQLite must not be shared across nodes)")
+            f"(and SQLite must not be shared across nodes)"
+        )
     if parsed.username or parsed.password:
         raise SubmitError(
             f"--tracking-uri {parsed.scheme}://{parsed.hostname}...: has credentials in it, "
             f"which would end in the job's entrypoint for anyone to read; give the URI "
             f"without them and set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD on "
-            f"the cluster's nodes (cluster/README.md)")
+            f"the cluster's nodes (cluster/README.md)"
+        )
     return uri
 
 
@@ -105,17 +150,21 @@ def check_storage(storage: str | None) -> str:
         raise SubmitError(
             "--storage is required to submit: Ray Tune on several nodes needs storage "
             "that every node reaches, e.g. s3://bucket/studies or /mnt/shared/studies "
-            "(an NFS mount on every node)")
+            "(an NFS mount on every node)"
+        )
     if "://" in storage:
         scheme = storage.split("://", 1)[0]
         if scheme not in STORAGE_SCHEMES:
-            raise SubmitError(f"--storage {storage!r}: unknown scheme {scheme!r}; expected "
-                              f"one of {', '.join(STORAGE_SCHEMES)} or an absolute path")
+            raise SubmitError(
+                f"--storage {storage!r}: unknown scheme {scheme!r}; expected "
+                f"one of {', '.join(STORAGE_SCHEMES)} or an absolute path"
+            )
         return storage
     if not storage.startswith("/"):
         raise SubmitError(
             f"--storage {storage!r}: must be absolute (a relative path would land in the "
-            f"job's temporary working folder on the head node and be lost)")
+            f"job's temporary working folder on the head node and be lost)"
+        )
     return storage
 
 
@@ -137,12 +186,16 @@ def _study_name(study_file: Path, validate: bool) -> tuple[str, list[str]]:
     return name, []
 
 
-def build_entrypoint(study_path: str, tracking_uri: str, storage: str | None,
-                     output: str | None = None, extra_args: Sequence[str] = (),
-                     python: str = "python") -> str:
+def build_entrypoint(
+    study_path: str,
+    tracking_uri: str,
+    storage: str | None,
+    output: str | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = "python",
+) -> str:
     """The shell command the job runs on the head node (every part shell-quoted)."""
-    parts = [python, "-m", "studies.cli", "run", study_path, "--address", "auto",
-             "--tracking-uri", tracking_uri]
+    parts = [python, "-m", "studies.cli", "run", study_path, "--address", "auto", "--tracking-uri", tracking_uri]
     if storage is not None:
         parts += ["--storage", storage]
     if output is not None:
@@ -161,8 +214,11 @@ def job_runtime_env(working_dir: Path) -> dict[str, Any]:
     of 3 s would SIGKILL it while it stops Tune, leaving runs RUNNING)."""
     from studies.running.termination import JOB_STOP_GRACE_S
 
-    return {"working_dir": str(working_dir), "excludes": list(DEFAULT_EXCLUDES),
-            "env_vars": {JOB_STOP_WAIT_VARIABLE: str(JOB_STOP_GRACE_S)}}
+    return {
+        "working_dir": str(working_dir),
+        "excludes": list(DEFAULT_EXCLUDES),
+        "env_vars": {JOB_STOP_WAIT_VARIABLE: str(JOB_STOP_GRACE_S)},
+    }
 
 
 def _submission_id(name: str) -> str:
@@ -180,22 +236,31 @@ def _refuse_secrets(token: RayToken | None, **parts: Any) -> None:
                 raise SubmitError(
                     f"refusing to submit: the job's {label} would contain a secret (the Ray "
                     f"token or an MLflow password from this environment); pass secrets "
-                    f"through the nodes' environment, never as job arguments")
+                    f"through the nodes' environment, never as job arguments"
+                )
 
 
 # ----------------------------------------------------------------------------- the API
 
 
-def submit_study(study_file: str | os.PathLike, address: str | None = None,
-                 tracking_uri: str | None = None, storage: str | None = None,
-                 follow: bool = False, extra_args: Sequence[str] = (), *,
-                 output: str | None = None, token_file: str | os.PathLike | None = None,
-                 project_dir: str | os.PathLike | None | bool = True,
-                 submission_id: str | None = None,
-                 entrypoint_num_cpus: float | None = None,
-                 entrypoint_resources: dict[str, float] | None = None,
-                 validate: bool = True, python: str = "python",
-                 stream: IO[str] | None = None) -> str:
+def submit_study(
+    study_file: str | os.PathLike,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    follow: bool = False,
+    extra_args: Sequence[str] = (),
+    *,
+    output: str | None = None,
+    token_file: str | os.PathLike | None = None,
+    project_dir: str | os.PathLike | None | bool = True,
+    submission_id: str | None = None,
+    entrypoint_num_cpus: float | None = None,
+    entrypoint_resources: dict[str, float] | None = None,
+    validate: bool = True,
+    python: str = "python",
+    stream: IO[str] | None = None,
+) -> str:
     """Submit `study_file` as a Ray job to the cluster at `address`; return its job id.
 
     `follow`: also stream the job's log to `stream` until it ends (the job's final status
@@ -239,24 +304,28 @@ def submit_study(study_file: str | os.PathLike, address: str | None = None,
         staging = Path(tmp) / "working_dir"
         staging.mkdir()
         relative_study = stage_working_dir(study_path.resolve(), project, staging)
-        entrypoint = build_entrypoint(relative_study, tracking_uri, storage, output,
-                                      [str(a) for a in extra_args], python=python)
+        entrypoint = build_entrypoint(
+            relative_study, tracking_uri, storage, output, [str(a) for a in extra_args], python=python
+        )
         from studies.cluster.plugin_shipping import ship_plugins
 
         runtime_env = {**job_runtime_env(staging), **ship_plugins(plugins, staging)}
-        metadata = {"studies.study": name, "studies.file": study_path.name,
-                    "studies.submitted_from": socket.gethostname()}
+        metadata = {
+            "studies.study": name,
+            "studies.file": study_path.name,
+            "studies.submitted_from": socket.gethostname(),
+        }
         job_id = submission_id or _submission_id(name)
-        _refuse_secrets(token, entrypoint=entrypoint, runtime_env=runtime_env,
-                        metadata=metadata, submission_id=job_id)
+        _refuse_secrets(token, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata, submission_id=job_id)
         kwargs: dict[str, Any] = {}
         if entrypoint_num_cpus is not None:
             kwargs["entrypoint_num_cpus"] = entrypoint_num_cpus
         if entrypoint_resources:
             kwargs["entrypoint_resources"] = dict(entrypoint_resources)
         try:
-            job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
-                                       metadata=metadata, submission_id=job_id, **kwargs)
+            job_id = client.submit_job(
+                entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata, submission_id=job_id, **kwargs
+            )
         except RuntimeError as error:
             detail = mask_secrets(str(error), _local_secrets(token))
             raise SubmitError(f"the Ray cluster refused the job: {detail}") from None
@@ -279,14 +348,20 @@ def _exit_code(status: str) -> int:
 
 def _add_connection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--address", default=None, metavar="URL",
+        "--address",
+        default=None,
+        metavar="URL",
         help="the Ray dashboard of the cluster's head node, which serves the Jobs API, "
-             "e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS, "
-             f"else {DEFAULT_DASHBOARD_ADDRESS})")
+        "e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS, "
+        f"else {DEFAULT_DASHBOARD_ADDRESS})",
+    )
     parser.add_argument(
-        "--token-file", default=None, metavar="PATH",
+        "--token-file",
+        default=None,
+        metavar="PATH",
         help=f"file holding the cluster's Ray auth token (default: ${TOKEN_ENV}, "
-             f"${TOKEN_PATH_ENV}, else {DEFAULT_TOKEN_FILE} when it exists)")
+        f"${TOKEN_PATH_ENV}, else {DEFAULT_TOKEN_FILE} when it exists)",
+    )
 
 
 def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -300,9 +375,13 @@ def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except KeyboardInterrupt:
             job = getattr(args, "job_id", None) or getattr(args, "_submitted", None)
             if job:
-                print(f"\n[studies] stopped following; job {job} keeps running on the "
-                      f"cluster (`studies stop {job}` ends it)", file=sys.stderr)
+                print(
+                    f"\n[studies] stopped following; job {job} keeps running on the "
+                    f"cluster (`studies stop {job}` ends it)",
+                    file=sys.stderr,
+                )
             return 130
+
     return guarded
 
 
@@ -320,25 +399,37 @@ def _submit(args: argparse.Namespace) -> int:
     if args.new_version:
         extra[:0] = ["--new-version"]
     if smoke:
-        extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None
-                                   else ["--smoke-epochs", str(args.smoke_epochs)])
+        extra[:0] = ["--smoke"] + ([] if args.smoke_epochs is None else ["--smoke-epochs", str(args.smoke_epochs)])
     resources = None
     if args.entrypoint_resources:
         try:
             resources = json.loads(args.entrypoint_resources)
         except json.JSONDecodeError as error:
-            raise SubmitError(f"--entrypoint-resources {args.entrypoint_resources!r}: not "
-                              f"JSON ({error.msg}); expected e.g. '{{\"head\": 1}}'") from None
+            raise SubmitError(
+                f"--entrypoint-resources {args.entrypoint_resources!r}: not "
+                f"JSON ({error.msg}); expected e.g. '{{\"head\": 1}}'"
+            ) from None
     job_id = submit_study(
-        args.file, args.address, args.tracking_uri, args.storage, follow=False,
-        extra_args=extra, output=args.output, token_file=args.token_file,
+        args.file,
+        args.address,
+        args.tracking_uri,
+        args.storage,
+        follow=False,
+        extra_args=extra,
+        output=args.output,
+        token_file=args.token_file,
         project_dir=False if args.no_project else True,
-        submission_id=args.submission_id, entrypoint_num_cpus=args.entrypoint_num_cpus,
-        entrypoint_resources=resources)
+        submission_id=args.submission_id,
+        entrypoint_num_cpus=args.entrypoint_num_cpus,
+        entrypoint_resources=resources,
+    )
     print(job_id, flush=True)
     if not args.follow:
-        print(f"[studies] follow it with `studies logs {job_id} --follow`; "
-              f"stop it with `studies stop {job_id}`", file=sys.stderr, flush=True)
+        print(
+            f"[studies] follow it with `studies logs {job_id} --follow`; stop it with `studies stop {job_id}`",
+            file=sys.stderr,
+            flush=True,
+        )
         return 0
     args._submitted = job_id
     status = job_logs(args.address, job_id, follow=True, token_file=args.token_file)
@@ -348,39 +439,67 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _add_submit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the study file (YAML)")
-    parser.add_argument("--run-args", default="", metavar="'ARGS'",
-                        help="more arguments for `studies run` on the cluster, one string "
-                             "(write it with =, e.g. --run-args='--progress-every 60')")
+    parser.add_argument(
+        "--run-args",
+        default="",
+        metavar="'ARGS'",
+        help="more arguments for `studies run` on the cluster, one string "
+        "(write it with =, e.g. --run-args='--progress-every 60')",
+    )
     _add_connection(parser)
     parser.add_argument(
-        "--tracking-uri", default=None, metavar="URI",
+        "--tracking-uri",
+        default=None,
+        metavar="URI",
         help="the MLflow server every worker logs to, http(s)://HOST:PORT, without "
-             "credentials (default: $MLFLOW_TRACKING_URI)")
+        "credentials (default: $MLFLOW_TRACKING_URI)",
+    )
     parser.add_argument(
-        "--storage", default=None, metavar="URI",
+        "--storage",
+        default=None,
+        metavar="URI",
         help="Ray Tune storage that every node reaches: s3://bucket/path, gs://..., or an "
-             "absolute path on a shared file system")
+        "absolute path on a shared file system",
+    )
     parser.add_argument(
-        "--output", default=None, metavar="DIR",
+        "--output",
+        default=None,
+        metavar="DIR",
         help="absolute folder on the head node for the study's files (study.yaml, "
-             "run.json, optuna.db); default: --storage when it is a path")
-    parser.add_argument("--follow", action="store_true",
-                        help="stream the job's log until it ends; exit 0 only if it succeeded")
-    parser.add_argument("--smoke", action="store_true",
-                        help="pass --smoke to `studies run` (tiny synthetic run)")
-    parser.add_argument("--smoke-epochs", type=int, default=None, metavar="N",
-                        help="pass --smoke --smoke-epochs N to `studies run`")
-    parser.add_argument("--new-version", action="store_true",
-                        help="pass --new-version to `studies run`: a changed file is kept as a "
-                             "new version of the study (default: the job refuses it, exit 2)")
-    parser.add_argument("--submission-id", default=None, metavar="ID",
-                        help="the job id to use (default: studies-NAME-DATE-TIME-XXXX)")
-    parser.add_argument("--entrypoint-num-cpus", type=float, default=None, metavar="N",
-                        help="CPUs reserved for the driver (default 0: it runs on the head)")
-    parser.add_argument("--entrypoint-resources", default=None, metavar="JSON",
-                        help="custom resources reserved for the driver, e.g. '{\"head\": 1}'")
-    parser.add_argument("--no-project", action="store_true",
-                        help="ship only the study file; the cluster image has the project")
+        "run.json, optuna.db); default: --storage when it is a path",
+    )
+    parser.add_argument(
+        "--follow", action="store_true", help="stream the job's log until it ends; exit 0 only if it succeeded"
+    )
+    parser.add_argument("--smoke", action="store_true", help="pass --smoke to `studies run` (tiny synthetic run)")
+    parser.add_argument(
+        "--smoke-epochs", type=int, default=None, metavar="N", help="pass --smoke --smoke-epochs N to `studies run`"
+    )
+    parser.add_argument(
+        "--new-version",
+        action="store_true",
+        help="pass --new-version to `studies run`: a changed file is kept as a "
+        "new version of the study (default: the job refuses it, exit 2)",
+    )
+    parser.add_argument(
+        "--submission-id", default=None, metavar="ID", help="the job id to use (default: studies-NAME-DATE-TIME-XXXX)"
+    )
+    parser.add_argument(
+        "--entrypoint-num-cpus",
+        type=float,
+        default=None,
+        metavar="N",
+        help="CPUs reserved for the driver (default 0: it runs on the head)",
+    )
+    parser.add_argument(
+        "--entrypoint-resources",
+        default=None,
+        metavar="JSON",
+        help="custom resources reserved for the driver, e.g. '{\"head\": 1}'",
+    )
+    parser.add_argument(
+        "--no-project", action="store_true", help="ship only the study file; the cluster image has the project"
+    )
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -390,12 +509,19 @@ def _jobs(args: argparse.Namespace) -> int:
         return 0
     rows = [("JOB", "STATUS", "STUDY", "STARTED", "ENDED")]
     for job in jobs:
+
         def when(ms):
-            return _dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") \
-                if ms else "-"
-        rows.append((job.submission_id, str(getattr(job.status, "value", job.status)),
-                     (job.metadata or {}).get("studies.study", "-"),
-                     when(job.start_time), when(job.end_time)))
+            return _dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "-"
+
+        rows.append(
+            (
+                job.submission_id,
+                str(getattr(job.status, "value", job.status)),
+                (job.metadata or {}).get("studies.study", "-"),
+                when(job.start_time),
+                when(job.end_time),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -403,8 +529,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    status = job_logs(args.address, args.job_id, follow=args.follow,
-                      token_file=args.token_file)
+    status = job_logs(args.address, args.job_id, follow=args.follow, token_file=args.token_file)
     if args.follow:
         print(f"[studies] job {args.job_id}: {status}", file=sys.stderr, flush=True)
         return _exit_code(status)
@@ -422,32 +547,37 @@ def add_subcommands(subparsers) -> None:
     """Register `submit`, `jobs`, `logs` and `stop` on an argparse subparsers object (each
     sets `handler`, a function (args) -> exit code)."""
     parser = subparsers.add_parser(
-        "submit", help="send a study file to a Ray cluster as a Ray job",
+        "submit",
+        help="send a study file to a Ray cluster as a Ray job",
         description="Validate the study file, then submit it as a Ray job: the project and "
-                    "the file travel in the job's runtime environment and `studies run` "
-                    "runs on the cluster, logging to the MLflow server at --tracking-uri. "
-                    "Prints the job id.")
+        "the file travel in the job's runtime environment and `studies run` "
+        "runs on the cluster, logging to the MLflow server at --tracking-uri. "
+        "Prints the job id.",
+    )
     _add_submit(parser)
     parser.set_defaults(handler=_guard(_submit))
 
-    parser = subparsers.add_parser("jobs", help="list the Ray jobs of a cluster",
-                                   description="The cluster's jobs, oldest first.")
+    parser = subparsers.add_parser(
+        "jobs", help="list the Ray jobs of a cluster", description="The cluster's jobs, oldest first."
+    )
     _add_connection(parser)
     parser.set_defaults(handler=_guard(_jobs))
 
-    parser = subparsers.add_parser("logs", help="print (or follow) a job's log",
-                                   description="The log of a submitted job (the driver's "
-                                               "output).")
+    parser = subparsers.add_parser(
+        "logs", help="print (or follow) a job's log", description="The log of a submitted job (the driver's output)."
+    )
     parser.add_argument("job_id", metavar="JOB")
-    parser.add_argument("--follow", "-f", action="store_true",
-                        help="keep streaming until the job ends")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep streaming until the job ends")
     _add_connection(parser)
     parser.set_defaults(handler=_guard(_logs))
 
-    parser = subparsers.add_parser("stop", help="stop a running job",
-                                   description="Stop the job's driver (its trials end with "
-                                               "it); finished cells stay in MLflow and a "
-                                               "later submission skips them.")
+    parser = subparsers.add_parser(
+        "stop",
+        help="stop a running job",
+        description="Stop the job's driver (its trials end with "
+        "it); finished cells stay in MLflow and a "
+        "later submission skips them.",
+    )
     parser.add_argument("job_id", metavar="JOB")
     _add_connection(parser)
     parser.set_defaults(handler=_guard(_stop))

@@ -10,11 +10,11 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from studies.scheduling.successive_halving import rungs
-
 
 #: a study's fixed start-up through the CLI on a fresh local Ray, without its report and
 #: without loading its study file (measured per study: `estimate(..., load_s=)`): its wall
@@ -69,11 +69,10 @@ class Timings:
     variants: dict[str, VariantTime] = field(default_factory=dict)
     warm_up_s: float = 0.0
 
-    def merged(self, other: "Timings") -> "Timings":
+    def merged(self, other: Timings) -> Timings:
         """These times, with `other`'s for the variants these lack (and its warm-up when
         these have none)."""
-        return Timings({**other.variants, **self.variants},
-                       self.warm_up_s if self.variants else other.warm_up_s)
+        return Timings({**other.variants, **self.variants}, self.warm_up_s if self.variants else other.warm_up_s)
 
 
 @dataclass
@@ -114,8 +113,7 @@ class ComputeEstimate:
 def asha_expected_epochs(epochs: int, grace_epochs: int, reduction_factor: int) -> float:
     """E = sum_i eta^-i (r_{i+1} - r_i), r_0 = 0, r_{m+1} = epochs (module docstring)."""
     points = [0] + rungs(grace_epochs, reduction_factor, epochs) + [epochs]
-    return float(sum((points[i + 1] - points[i]) / reduction_factor ** i
-                     for i in range(len(points) - 1)))
+    return float(sum((points[i + 1] - points[i]) / reduction_factor**i for i in range(len(points) - 1)))
 
 
 def trial_slots(study: Any, gpus: int | None, cpus: int | None = None) -> tuple[int, str]:
@@ -173,8 +171,7 @@ def pilot_times(rows: Sequence[Mapping[str, Any]]) -> Timings:
         start, end = _finite(row.get("start_time")), _finite(row.get("end_time"))
         cells.append((str(row.get("variant")), epoch, rest, start, end))
     first_end = min((c[4] for c in cells if c[4] is not None), default=None)
-    first_wave = [first_end is not None and c[3] is not None and c[3] < first_end
-                  for c in cells]
+    first_wave = [first_end is not None and c[3] is not None and c[3] < first_end for c in cells]
     epochs: dict[str, list[float]] = {}  # per variant, in one pass
     steady: dict[str, list[float]] = {}  # the rests outside the first wave
     for (variant, epoch, rest, _, _), first in zip(cells, first_wave):
@@ -185,19 +182,21 @@ def pilot_times(rows: Sequence[Mapping[str, Any]]) -> Timings:
     variants = {}
     for variant, mine in epochs.items():
         # a variant only in the first wave: the others' rest; no steady cell at all: its own
-        rests = steady.get(variant) or every_steady or \
-            [c[2] for c in cells if c[0] == variant]
-        variants[variant] = VariantTime(sum(mine) / len(mine) + RUNNER_EPOCH_S,
-                                        statistics.median(rests) + CELL_GAP_S, "pilot",
-                                        f"{len(mine)} pilot runs")
-    excess = [c[2] + CELL_GAP_S - variants[c[0]].fixed_s
-              for c, first in zip(cells, first_wave) if first]
+        rests = steady.get(variant) or every_steady or [c[2] for c in cells if c[0] == variant]
+        variants[variant] = VariantTime(
+            sum(mine) / len(mine) + RUNNER_EPOCH_S,
+            statistics.median(rests) + CELL_GAP_S,
+            "pilot",
+            f"{len(mine)} pilot runs",
+        )
+    excess = [c[2] + CELL_GAP_S - variants[c[0]].fixed_s for c, first in zip(cells, first_wave) if first]
     warm_up = max(statistics.median(excess), 0.0) if excess and every_steady else 0.0
     return Timings(variants, warm_up)
 
 
-def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAULT_PROBE_STEPS,
-                log_models: bool = False) -> Timings:
+def probe_times(
+    cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAULT_PROBE_STEPS, log_models: bool = False
+) -> Timings:
     """Per variant, a probe of its first cell (module docstring); a probe that cannot run
     (data not on this machine, no GPU) gives an unknown time with the reason. The warm-up:
     the first probe in this process (one untimed step of a smoke config) over the same probe
@@ -205,7 +204,6 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
     import torch
 
     from setvalued.training import probe
-
     from studies.cells.space import smoke_config
 
     threads = torch.get_num_threads()
@@ -218,8 +216,7 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
             try:
                 first = _timed(probe, smoke_config(cell.config), cell.seed, 1)
                 if index == 0:
-                    one_off = max(first - _timed(probe, smoke_config(cell.config), cell.seed, 1),
-                                  0.0)
+                    one_off = max(first - _timed(probe, smoke_config(cell.config), cell.seed, 1), 0.0)
             except Exception:  # noqa: BLE001  the timed probe reports what fails
                 pass
         for cell in cells:
@@ -229,13 +226,10 @@ def probe_times(cells: Sequence[Any], cpus_per_trial: float, steps: int = DEFAUL
                 result = probe(cell.config, cell.seed, steps)
             except Exception as error:  # noqa: BLE001  the reason is shown, the plan goes on
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-                out[cell.variant] = VariantTime(math.nan, math.nan, "unknown",
-                                                f"probe failed: {reason[:200]}")
+                out[cell.variant] = VariantTime(math.nan, math.nan, "unknown", f"probe failed: {reason[:200]}")
                 continue
-            fixed = result["test_s"] + RUNNER_CELL_S + CELL_GAP_S + (MODEL_LOG_S if log_models
-                                                                     else 0.0)
-            out[cell.variant] = VariantTime(result["epoch_s"] + RUNNER_EPOCH_S, fixed, "probe",
-                                            f"{steps} steps")
+            fixed = result["test_s"] + RUNNER_CELL_S + CELL_GAP_S + (MODEL_LOG_S if log_models else 0.0)
+            out[cell.variant] = VariantTime(result["epoch_s"] + RUNNER_EPOCH_S, fixed, "probe", f"{steps} steps")
             setups.append(result["setup_s"])
     finally:
         torch.set_num_threads(threads)
@@ -255,9 +249,16 @@ def _timed(function: Callable[..., Any], *args: Any) -> float:
     return time.perf_counter() - began
 
 
-def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
-             gpus: int | None = None, cpus: int | None = None,
-             load_s: float = 0.0, start_epochs: Mapping[str, int] | None = None) -> ComputeEstimate:
+def estimate(
+    study: Any,
+    cells: Sequence[Any],
+    timings: Timings,
+    *,
+    gpus: int | None = None,
+    cpus: int | None = None,
+    load_s: float = 0.0,
+    start_epochs: Mapping[str, int] | None = None,
+) -> ComputeEstimate:
     """Cells x epochs x seconds per epoch per variant, the slots, GPU-hours, wall time: the
     start-up (`START_UP_S` and `load_s`, the time the driver takes to load the study file:
     a timm architecture name imports timm and torch, 2.6 s here), then the cells dealt to
@@ -271,19 +272,24 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
     times = {c.variant: timings.variants.get(c.variant) or unknown for c in cells}
     epochs = [int(c.config.get("epochs", 1)) for c in cells]
     if scheduler.kind == "asha":
-        epochs = [asha_expected_epochs(e, scheduler.grace_epochs, scheduler.reduction_factor)
-                  for e in epochs]
-    plain = [times[c.variant].fixed_s + e * times[c.variant].epoch_s
-             for c, e in zip(cells, epochs)]
+        epochs = [asha_expected_epochs(e, scheduler.grace_epochs, scheduler.reduction_factor) for e in epochs]
+    plain = [times[c.variant].fixed_s + e * times[c.variant].epoch_s for c, e in zip(cells, epochs)]
     positions: dict[str, list[int]] = {}
     for i, cell in enumerate(cells):
         positions.setdefault(cell.variant, []).append(i)
     rows = []
     for variant, mine in positions.items():
         variant_time = times[variant]
-        rows.append(VariantCost(variant, len({cells[i].config_id for i in mine}), len(mine),
-                                sum(epochs[i] for i in mine) / len(mine), variant_time,
-                                sum(plain[i] for i in mine)))
+        rows.append(
+            VariantCost(
+                variant,
+                len({cells[i].config_id for i in mine}),
+                len(mine),
+                sum(epochs[i] for i in mine) / len(mine),
+                variant_time,
+                sum(plain[i] for i in mine),
+            )
+        )
     # each Tune experiment deals its cells in order to the slots, the first cell of each
     # slot in a fresh worker that warms up
     per_trial = int(getattr(study.resources, "seeds_per_trial", 1))
@@ -295,49 +301,74 @@ def estimate(study: Any, cells: Sequence[Any], timings: Timings, *,
     parts = experiments(cells, per_trial, round_of, start_epochs)
     schedules, cell_seconds = [], 0.0
     for trials in parts:
-        durations = [sum(plain[i] for i in trial) + (timings.warm_up_s if n < slots else 0.0)
-                     for n, trial in enumerate(trials)]
+        durations = [
+            sum(plain[i] for i in trial) + (timings.warm_up_s if n < slots else 0.0) for n, trial in enumerate(trials)
+        ]
         schedules.append(schedule_length(durations, slots))
         cell_seconds += sum(durations)
     start_up = START_UP_S + load_s
-    wall = start_up + EXPERIMENT_START_S * (len(parts) - 1) + sum(schedules) \
-        if math.isfinite(cell_seconds) else math.nan
+    wall = (
+        start_up + EXPERIMENT_START_S * (len(parts) - 1) + sum(schedules) if math.isfinite(cell_seconds) else math.nan
+    )
     schedule_note = ""
     if scheduler.kind == "asha":
         full = sum(int(c.config.get("epochs", 1)) for c in cells)
         expected = sum(r.epochs * r.cells for r in rows)
-        schedule_note = (f"ASHA (grace {scheduler.grace_epochs}, eta "
-                         f"{scheduler.reduction_factor}): {expected:.0f} of {full} epochs "
-                         f"expected, {1 - expected / full:.0%} saved (synchronous halving's "
-                         f"budget; a lower bound)")
+        schedule_note = (
+            f"ASHA (grace {scheduler.grace_epochs}, eta "
+            f"{scheduler.reduction_factor}): {expected:.0f} of {full} epochs "
+            f"expected, {1 - expected / full:.0%} saved (synchronous halving's "
+            f"budget; a lower bound)"
+        )
     elif scheduler.kind == "early_stopping":
         schedule_note = "early stopping: every epoch counted (an upper bound)"
     if getattr(study, "racing", None) is not None:
         race = study.racing
-        schedule_note = (f"racing: {race.initial}-{race.max} seeds per config, counted at "
-                         f"{race.max} ({1 - race.initial / race.max:.0%} less if all are "
-                         f"decided at {race.initial})")
+        schedule_note = (
+            f"racing: {race.initial}-{race.max} seeds per config, counted at "
+            f"{race.max} ({1 - race.initial / race.max:.0%} less if all are "
+            f"decided at {race.initial})"
+        )
     if per_trial > 1:
-        notes.append(f"fused arrays: each trial slot trains up to {per_trial} seeds of a config as one "
-                     f"model; an array is timed as its cells one after the other (an upper bound: "
-                     f"benchmarks/fused_seeds.py measures what fusing saves)")
+        notes.append(
+            f"fused arrays: each trial slot trains up to {per_trial} seeds of a config as one "
+            f"model; an array is timed as its cells one after the other (an upper bound: "
+            f"benchmarks/fused_seeds.py measures what fusing saves)"
+        )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     cpus_here = os.cpu_count() or 1
     if load > cpus_here and gpus is None and float(study.resources.gpus) == 0:
-        notes.append(f"this machine is busy (load average {load:.1f} on {cpus_here} CPUs): the "
-                     f"estimate assumes it idle; a run now takes longer, and a probe now "
-                     f"measures slower steps")
+        notes.append(
+            f"this machine is busy (load average {load:.1f} on {cpus_here} CPUs): the "
+            f"estimate assumes it idle; a run now takes longer, and a probe now "
+            f"measures slower steps"
+        )
     for row in rows:
         if row.time.source == "unknown":
-            notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); "
-                         f"give --pilot NAME")
-    return ComputeEstimate(rows, slots, slots_text, float(study.resources.gpus),
-                           float(study.resources.cpus), wall, cell_seconds, start_up,
-                           timings.warm_up_s, len(parts), schedule_note, notes, per_trial)
+            notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); give --pilot NAME")
+    return ComputeEstimate(
+        rows,
+        slots,
+        slots_text,
+        float(study.resources.gpus),
+        float(study.resources.cpus),
+        wall,
+        cell_seconds,
+        start_up,
+        timings.warm_up_s,
+        len(parts),
+        schedule_note,
+        notes,
+        per_trial,
+    )
 
 
-def experiments(cells: Sequence[Any], per_trial: int = 1, round_of: Callable[[Any], int] | None = None,
-                start_epochs: Mapping[str, int] | None = None) -> list[list[list[int]]]:
+def experiments(
+    cells: Sequence[Any],
+    per_trial: int = 1,
+    round_of: Callable[[Any], int] | None = None,
+    start_epochs: Mapping[str, int] | None = None,
+) -> list[list[list[int]]]:
     """The positions of `cells` grouped as the runner runs them: Tune experiments one after
     the other, each a list of trials (a trial: the positions of its cells). The study's own
     cells by the runner's rule (`studies.cells.arrays.experiment_parts`: arrays of up to
@@ -374,8 +405,9 @@ class _Indexed:
     cell_id: str | None
 
 
-def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, races: int = 200,
-                          slots: int = 2, seed: int = 0) -> tuple[float, str] | None:
+def racing_expected_cells(
+    study: Any, rows: Sequence[Mapping[str, Any]], *, races: int = 200, slots: int = 2, seed: int = 0
+) -> tuple[float, str] | None:
     """The expected number of cells a racing study runs, by simulating `races` races
     (`studies.scheduling.racing.SeedRace`, the runner's rule) on values drawn from a pilot: config c,
     seed s gives m_c + u_s + e_cs, m_c the pilot's mean of the race metric per config, u_s
@@ -410,26 +442,28 @@ def racing_expected_cells(study: Any, rows: Sequence[Mapping[str, Any]], *, race
     seed_effect = np.median(x - means[:, None], axis=0)
     residual = x - means[:, None] - seed_effect[None, :]
     # E sum_s r_cs^2 = (m - 1)(n - 1) / n sd_c^2 for the mean seed effect of equal sds
-    sd_e = np.sqrt((residual ** 2).sum(axis=1) * n / ((m - 1) * (n - 1)))
+    sd_e = np.sqrt((residual**2).sum(axis=1) * n / ((m - 1) * (n - 1)))
     sd_u = float(seed_effect.std(ddof=1))
     # the pilot's means hold m seeds of noise: shrunk towards their mean by the share of their
     # spread that noise explains (empirical Bayes), configs that only seem to differ race on
-    noise = sd_e ** 2 / m
+    noise = sd_e**2 / m
     between = max(float(means.var(ddof=1) - noise.mean()), 0.0)
-    shrink = np.divide(between, between + noise, out=np.ones_like(noise),
-                       where=between + noise > 0)
+    shrink = np.divide(between, between + noise, out=np.ones_like(noise), where=between + noise > 0)
     means = means.mean() + shrink * (means - means.mean())
     rng = np.random.default_rng(seed)
     ids = [str(i) for i in range(len(means))]
     seeds = race.seed_list
     total = 0
     for _ in range(races):
-        draw = (means[:, None] + rng.normal(0.0, sd_u, len(seeds))[None, :]
-                + rng.normal(0.0, 1.0, (len(means), len(seeds))) * sd_e[:, None])
-        sim = SeedRace(ids, list(range(len(seeds))), race.initial, race.step, mode,
-                       race.until.level)
-        total += run_simulated_race(sim, slots, lambda config_id, index: float(draw[int(config_id), index]),
-                                    rng)
+        draw = (
+            means[:, None]
+            + rng.normal(0.0, sd_u, len(seeds))[None, :]
+            + rng.normal(0.0, 1.0, (len(means), len(seeds))) * sd_e[:, None]
+        )
+        sim = SeedRace(ids, list(range(len(seeds))), race.initial, race.step, mode, race.until.level)
+        total += run_simulated_race(sim, slots, lambda config_id, index: float(draw[int(config_id), index]), rng)
     per_config = total / races / len(means)
-    return per_config, (f"racing, simulated on the pilot's {metric} ({races} races): "
-                        f"{per_config:.1f} of {race.max} seeds per config expected")
+    return per_config, (
+        f"racing, simulated on the pilot's {metric} ({races} races): "
+        f"{per_config:.1f} of {race.max} seeds per config expected"
+    )

@@ -34,22 +34,57 @@ import os
 import shlex
 import textwrap
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from setvalued.metrics import TIME_METRICS
-from studies.planning.estimate import (  # noqa: F401 (re-exported)
-    ComputeEstimate, DEFAULT_PROBE_STEPS, EXPERIMENT_START_S, START_UP_S, Timings,
-    asha_expected_epochs, estimate, pilot_times, probe_times, racing_expected_cells,
-    schedule_length, trial_slots,
+from studies.planning.estimate import (
+    DEFAULT_PROBE_STEPS,
+    EXPERIMENT_START_S,
+    START_UP_S,
+    ComputeEstimate,
+    Timings,
+    asha_expected_epochs,
+    estimate,
+    pilot_times,
+    probe_times,
+    racing_expected_cells,
+    schedule_length,
+    trial_slots,
 )
 
-__all__ = ["ComputeEstimate", "DEFAULT_PROBE_STEPS", "EXPERIMENT_START_S", "START_UP_S",
-           "Timings", "asha_expected_epochs", "estimate", "pilot_times", "probe_times",
-           "racing_expected_cells", "schedule_length", "trial_slots", "duration_text",
-           "compute_table", "seeds_table", "plan_seeds", "load_pilot", "ProposedCell",
-           "planned_cells", "proposed_cells", "PlanError", "check_flags", "make_plan", "plan_command", "run_estimate", "run_estimate_line",
-           "TIME_METRICS", "ledger_rows", "remaining_estimate_line"]
+__all__ = [
+    "ComputeEstimate",
+    "DEFAULT_PROBE_STEPS",
+    "EXPERIMENT_START_S",
+    "START_UP_S",
+    "Timings",
+    "asha_expected_epochs",
+    "estimate",
+    "pilot_times",
+    "probe_times",
+    "racing_expected_cells",
+    "schedule_length",
+    "trial_slots",
+    "duration_text",
+    "compute_table",
+    "seeds_table",
+    "plan_seeds",
+    "load_pilot",
+    "ProposedCell",
+    "planned_cells",
+    "proposed_cells",
+    "PlanError",
+    "check_flags",
+    "make_plan",
+    "plan_command",
+    "run_estimate",
+    "run_estimate_line",
+    "TIME_METRICS",
+    "ledger_rows",
+    "remaining_estimate_line",
+]
 
 
 # ----------------------------------------------------------------------------- text
@@ -75,31 +110,37 @@ def _number(value: float, digits: int = 2) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "~"
+    return text if len(text) <= width else text[: width - 1] + "~"
 
 
 def compute_table(est: ComputeEstimate) -> str:
     """The compute estimate as text, at most 80 columns."""
-    lines = [f"{'variant':<22}{'configs':>8}{'cells':>7}{'epochs':>8}{'s/epoch':>10}"
-             f"{'s/cell':>9}  source"]
+    lines = [f"{'variant':<22}{'configs':>8}{'cells':>7}{'epochs':>8}{'s/epoch':>10}{'s/cell':>9}  source"]
     for r in est.rows:
         per_cell = r.seconds / r.cells if r.cells else math.nan
-        lines.append(f"{_cut(r.variant, 21):<22}{r.configs:>8}{r.cells:>7}{r.epochs:>8.1f}"
-                     f"{_number(r.time.epoch_s, 3):>10}{_number(per_cell, 1):>9}  "
-                     f"{r.time.source}")
-    lines.append(f"{'total':<22}{sum(r.configs for r in est.rows):>8}"
-                 f"{sum(r.cells for r in est.rows):>7}")
-    lines.append(f"trial slots: {est.slots} ({est.slots_text})" + (
-        f", {est.seeds_per_trial} cells a trial" if est.seeds_per_trial > 1 else ""))
+        lines.append(
+            f"{_cut(r.variant, 21):<22}{r.configs:>8}{r.cells:>7}{r.epochs:>8.1f}"
+            f"{_number(r.time.epoch_s, 3):>10}{_number(per_cell, 1):>9}  "
+            f"{r.time.source}"
+        )
+    lines.append(f"{'total':<22}{sum(r.configs for r in est.rows):>8}{sum(r.cells for r in est.rows):>7}")
+    lines.append(
+        f"trial slots: {est.slots} ({est.slots_text})"
+        + (f", {est.seeds_per_trial} cells a trial" if est.seeds_per_trial > 1 else "")
+    )
     lines.append(f"GPU-hours: {_number(est.gpu_hours)}   CPU-hours: {_number(est.cpu_hours)}")
-    lines.append(f"wall time: {duration_text(est.wall_s)} (start-up {est.start_up_s:.0f} s, "
-                 f"warm-up {est.warm_up_s:.1f} s per new worker)")
+    lines.append(
+        f"wall time: {duration_text(est.wall_s)} (start-up {est.start_up_s:.0f} s, "
+        f"warm-up {est.warm_up_s:.1f} s per new worker)"
+    )
     lines = [_cut(line, 80) for line in lines]
     notes = [est.schedule_note] if est.schedule_note else []
     if est.experiments > 1:
-        notes.append(f"{est.experiments} Tune experiments, one after the other (the design's "
-                     f"cells, then each optuna block): {EXPERIMENT_START_S:.1f} s between two, "
-                     f"each in new workers")
+        notes.append(
+            f"{est.experiments} Tune experiments, one after the other (the design's "
+            f"cells, then each optuna block): {EXPERIMENT_START_S:.1f} s between two, "
+            f"each in new workers"
+        )
     for note in notes + est.notes:
         lines += textwrap.wrap(note, 80, subsequent_indent="  ")
     return "\n".join(lines)
@@ -109,27 +150,26 @@ def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
     """The seeds needed per comparison (`analysis.power.SeedsNeeded`), at most 80 columns."""
     from analysis.formatting import value_text
 
-    lines = [f"{'comparison':<31}{'metric':<10}{'n':>3}{'diff':>7}{'sd':>6}{'plan d':>7}"
-             f"{'power':>6}{'seeds':>6}{'+-w':>4}",
-             f"{'':<31}{'':<10}{'':>3}{'':>7}{'':>6}{'':>7}{'now':>6}"
-             f"{f'{power:.0%}':>6}{'':>4}"]
+    lines = [
+        f"{'comparison':<31}{'metric':<10}{'n':>3}{'diff':>7}{'sd':>6}{'plan d':>7}{'power':>6}{'seeds':>6}{'+-w':>4}",
+        f"{'':<31}{'':<10}{'':>3}{'':>7}{'':>6}{'':>7}{'now':>6}{f'{power:.0%}':>6}{'':>4}",
+    ]
     notes = []
     for p in plans:
         swept = json.loads(p.swept or "{}")
-        label = " ".join([p.variant] + [f"{k.rsplit('.', 1)[-1]}={value_text(v)}"
-                                        for k, v in sorted(swept.items())])
+        label = " ".join([p.variant] + [f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in sorted(swept.items())])
         seeds = "?" if p.seeds_power is None else str(p.seeds_power)
         width = "?" if p.seeds_half_width is None else str(p.seeds_half_width)
         now = "?" if not math.isfinite(p.power_now) else f"{p.power_now:.2f}"
-        lines.append(f"{_cut(label, 30):<31}{_cut(p.metric, 9):<10}{p.n_pilot:>3}"
-                     f"{_number(p.observed):>7}{_number(p.sd):>6}{_number(p.difference):>7}"
-                     f"{now:>6}{seeds:>6}{width:>4}")
+        lines.append(
+            f"{_cut(label, 30):<31}{_cut(p.metric, 9):<10}{p.n_pilot:>3}"
+            f"{_number(p.observed):>7}{_number(p.sd):>6}{_number(p.difference):>7}"
+            f"{now:>6}{seeds:>6}{width:>4}"
+        )
         if p.note:
             notes.append(f"{label}: {p.note}")
-    lines.append(f"Paired t-test, two-sided at {1 - level:.2g} (non-central t, df = n-1, ncp "
-                 f"= d*sqrt(n)/sd);")
-    lines.append("diff, sd, plan d in percentage points for accuracies; seeds: for the power; "
-                 "+-w:")
+    lines.append(f"Paired t-test, two-sided at {1 - level:.2g} (non-central t, df = n-1, ncp = d*sqrt(n)/sd);")
+    lines.append("diff, sd, plan d in percentage points for accuracies; seeds: for the power; +-w:")
     lines.append("for an interval half-width of w (default: plan d / 2).")
     sources = sorted({p.source for p in plans})
     lines += [f"source: {s}" for s in sources]
@@ -142,9 +182,15 @@ def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
 # ----------------------------------------------------------------------------- the plan
 
 
-def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
-               difference: float | None, half_width: float | None, power: float,
-               level: float) -> tuple[list[Any], str]:
+def plan_seeds(
+    study: Any,
+    rows: Sequence[Mapping[str, Any]] | None,
+    *,
+    difference: float | None,
+    half_width: float | None,
+    power: float,
+    level: float,
+) -> tuple[list[Any], str]:
     """The seeds needed per comparison: from a pilot's rows when given, else from the
     study file's published intervals; ([], reason) when there is neither."""
     from analysis.power import published_seeds_needed, seeds_needed
@@ -154,8 +200,7 @@ def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
     variants = list(study.variants) or []
     if rows:
         found = list(dict.fromkeys(r["variant"] for r in rows))
-        reference = (compare.reference if compare else None) or next(
-            (v for v in variants if v in found), found[0])
+        reference = (compare.reference if compare else None) or next((v for v in variants if v in found), found[0])
         if reference not in found:
             return [], f"the pilot has no finished cell of the baseline {reference!r}"
         metrics = _compared_metrics(study, rows)
@@ -166,30 +211,34 @@ def plan_seeds(study: Any, rows: Sequence[Mapping[str, Any]] | None, *,
 
         for overlay in (study.variants or {}).values():
             paths |= set(flatten_config(overlay or {}))
-        compared = paired_comparisons(rows, metrics, reference, level,
-                                      variant_paths=paths).to_pylist()
+        compared = paired_comparisons(rows, metrics, reference, level, variant_paths=paths).to_pylist()
         if not compared:
             return [], "no config of the pilot shares its context with a baseline config"
-        return seeds_needed(compared, difference=difference, half_width=half_width,
-                            power=power, level=level), ""
+        return seeds_needed(compared, difference=difference, half_width=half_width, power=power, level=level), ""
     if study.reference:
-        reference = (compare.reference if compare else None) or (variants[0] if variants
-                                                                 else None)
-        plans = published_seeds_needed(study.reference, reference,
-                                       difference=difference, half_width=half_width,
-                                       power=power, level=level)
+        reference = (compare.reference if compare else None) or (variants[0] if variants else None)
+        plans = published_seeds_needed(
+            study.reference, reference, difference=difference, half_width=half_width, power=power, level=level
+        )
         if plans:
             return plans, ""
-        undeclared = {s.label: [f for f in ("seeds", "level") if getattr(s, f) is None]
-                      for s in study.reference if any(r.ci for r in s.rows)}
+        undeclared = {
+            s.label: [f for f in ("seeds", "level") if getattr(s, f) is None]
+            for s in study.reference
+            if any(r.ci for r in s.rows)
+        }
         undeclared = {label: fields for label, fields in undeclared.items() if fields}
         if undeclared:
             return [], "; ".join(
                 f"the published intervals of source {label!r} give no plan: its reference "
                 f"block does not declare the {' and '.join(f'`{f}`' for f in fields)} behind "
-                f"them (as the source states them)" for label, fields in undeclared.items())
-        return [], (f"the reference block has no published interval (ci) of another variant "
-                    f"beside one of the baseline {reference!r}")
+                f"them (as the source states them)"
+                for label, fields in undeclared.items()
+            )
+        return [], (
+            f"the reference block has no published interval (ci) of another variant "
+            f"beside one of the baseline {reference!r}"
+        )
     return [], "no pilot (--pilot NAME) and no reference block with intervals"
 
 
@@ -251,8 +300,7 @@ def proposed_cells(study: Any, smoke_epochs: int = 0) -> list[ProposedCell]:
             config = study.variant_config(variant)
             if smoke_epochs:
                 config = smoke_config(config, epochs=smoke_epochs)
-            cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config, index)
-                      for seed in study.seed_list]
+            cells += [ProposedCell(f"optuna{index}-{k}", seed, variant, config, index) for seed in study.seed_list]
     return cells
 
 
@@ -260,12 +308,20 @@ class PlanError(ValueError):
     """A flag or pilot that cannot give a plan (the CLI's exit code 2)."""
 
 
-def check_flags(*, difference: float | None, half_width: float | None, power: float,
-                gpus: int | None, probe_steps: int, smoke_epochs: int = 0) -> None:
+def check_flags(
+    *,
+    difference: float | None,
+    half_width: float | None,
+    power: float,
+    gpus: int | None,
+    probe_steps: int,
+    smoke_epochs: int = 0,
+) -> None:
     """Refuse values that give no plan, naming the flag and what it expects."""
     if difference is not None and not (math.isfinite(difference) and difference > 0):
-        raise PlanError(f"--difference: expected a positive number (percentage points for "
-                        f"accuracies, e.g. 0.5), got {difference:g}")
+        raise PlanError(
+            f"--difference: expected a positive number (percentage points for accuracies, e.g. 0.5), got {difference:g}"
+        )
     if half_width is not None and not (math.isfinite(half_width) and half_width > 0):
         raise PlanError(f"--half-width: expected a positive number, got {half_width:g}")
     if not 0.0 < power < 1.0:
@@ -275,15 +331,23 @@ def check_flags(*, difference: float | None, half_width: float | None, power: fl
     if probe_steps < 1:
         raise PlanError(f"--probe-steps: expected at least 1, got {probe_steps}")
     if smoke_epochs < 0:
-        raise PlanError(f"--smoke-epochs: expected a whole number of at least 1, got "
-                        f"{smoke_epochs}")
+        raise PlanError(f"--smoke-epochs: expected a whole number of at least 1, got {smoke_epochs}")
 
 
-def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | None = None,
-              difference: float | None = None,
-              half_width: float | None = None, power: float = 0.8, gpus: int | None = None,
-              probe_steps: int = DEFAULT_PROBE_STEPS, probe: bool = True,
-              overrides: Sequence[str] = (), smoke_epochs: int = 0) -> str:
+def make_plan(
+    study_file: str,
+    *,
+    pilot: str | None = None,
+    pilot_uri: str | None = None,
+    difference: float | None = None,
+    half_width: float | None = None,
+    power: float = 0.8,
+    gpus: int | None = None,
+    probe_steps: int = DEFAULT_PROBE_STEPS,
+    probe: bool = True,
+    overrides: Sequence[str] = (),
+    smoke_epochs: int = 0,
+) -> str:
     """The text of `studies plan`: the compute table, then the seeds table. `pilot`: the
     name of a study tracked at `pilot_uri` (the CLI finds it under --output); `overrides`:
     `key=value` words as on `studies run`; `smoke_epochs`: plan the study's smoke run of that
@@ -292,8 +356,14 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     from studies.cells.space import smoke_study
     from studies.studyfile.spec import load_study
 
-    check_flags(difference=difference, half_width=half_width, power=power, gpus=gpus,
-                probe_steps=probe_steps, smoke_epochs=smoke_epochs)
+    check_flags(
+        difference=difference,
+        half_width=half_width,
+        power=power,
+        gpus=gpus,
+        probe_steps=probe_steps,
+        smoke_epochs=smoke_epochs,
+    )
     began = time.perf_counter()  # what the run's driver pays too, before its start-up
     study = load_study(study_file, overrides=overrides)
     cells = planned_cells(study, smoke_epochs)
@@ -311,29 +381,32 @@ def make_plan(study_file: str, *, pilot: str | None = None, pilot_uri: str | Non
     timings = pilot_times(rows)
     missing = [c for c in cells if c.variant not in timings.variants]
     if missing and probe:
-        timings = timings.merged(probe_times(missing, float(study.resources.cpus), probe_steps,
-                                             bool(study.log_models)))
+        timings = timings.merged(probe_times(missing, float(study.resources.cpus), probe_steps, bool(study.log_models)))
     est = estimate(study, cells, timings, gpus=gpus, load_s=load_s)
     raced = racing_expected_cells(study, rows, slots=est.slots)
     if raced is not None:  # the cells of the expected seeds, the first of each config's
         per_config, note = raced
         keep = max(study.racing.initial, round(per_config))
         order = {seed: i for i, seed in enumerate(study.seed_list)}
-        est = estimate(study, [c for c in cells if order[c.seed] < keep], timings, gpus=gpus,
-                       load_s=load_s)
+        est = estimate(study, [c for c in cells if order[c.seed] < keep], timings, gpus=gpus, load_s=load_s)
         est.schedule_note = note
     level = float(study.report.level)
     if smoke_epochs and not rows:
-        plans, reason = [], ("not planned for a smoke run without a pilot: its data are "
-                             "synthetic, the study file's published intervals are not its")
+        plans, reason = (
+            [],
+            (
+                "not planned for a smoke run without a pilot: its data are "
+                "synthetic, the study file's published intervals are not its"
+            ),
+        )
     else:
-        plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width,
-                                   power=power, level=level)
-    parts = textwrap.wrap(f"Plan of study {study.name} ({os.path.basename(str(study_file))})",
-                          80)
+        plans, reason = plan_seeds(study, rows, difference=difference, half_width=half_width, power=power, level=level)
+    parts = textwrap.wrap(f"Plan of study {study.name} ({os.path.basename(str(study_file))})", 80)
     if smoke_epochs:
-        parts.append(f"its smoke run: {smoke_epochs} epoch{'s' if smoke_epochs != 1 else ''} "
-                     f"per cell, synthetic data, tiny MLP, CPU")
+        parts.append(
+            f"its smoke run: {smoke_epochs} epoch{'s' if smoke_epochs != 1 else ''} "
+            f"per cell, synthetic data, tiny MLP, CPU"
+        )
     if pilot_text:
         parts += textwrap.wrap(pilot_text, 80)
     parts += ["", "Compute", compute_table(est), "", "Seeds needed"]
@@ -346,14 +419,14 @@ def plan_command(study: Any, options: Any) -> str:
     and smoke flags), quoted for a POSIX shell."""
     words = ["studies", "plan", str(study.path)]
     if options.smoke:
-        words += ["--smoke"] + (["--smoke-epochs", str(options.smoke_epochs)]
-                                if options.smoke_epochs != 1 else [])
+        words += ["--smoke"] + (["--smoke-epochs", str(options.smoke_epochs)] if options.smoke_epochs != 1 else [])
     words += list(options.overrides)
     return " ".join(shlex.quote(word) for word in words)
 
 
-def run_estimate(study: Any, cells: Sequence[Any], cpus: int | None = None,
-                 cluster: bool = False, plan: str = "") -> str:
+def run_estimate(
+    study: Any, cells: Sequence[Any], cpus: int | None = None, cluster: bool = False, plan: str = ""
+) -> str:
     """The first line of `studies run`: cells, epochs, slots, and the command that estimates
     the time (`plan`). No store is read and no probe is made: a probe would import torch in
     the driver (`studies plan FILE` probes)."""
@@ -362,8 +435,9 @@ def run_estimate(study: Any, cells: Sequence[Any], cpus: int | None = None,
     where = "per GPU" if study.resources.gpus > 0 else f"({slots_text})"
     if study.scheduler.kind == "asha":
         s = study.scheduler
-        expected = sum(asha_expected_epochs(int(c.config.get("epochs", 1)), s.grace_epochs,
-                                            s.reduction_factor) for c in cells)
+        expected = sum(
+            asha_expected_epochs(int(c.config.get("epochs", 1)), s.grace_epochs, s.reduction_factor) for c in cells
+        )
         epochs = f"{epochs} epochs ({expected:.0f} expected under ASHA)"
     else:
         epochs = f"{epochs} epochs"
@@ -377,8 +451,7 @@ def run_estimate_line(study: Any, cells: Sequence[Any], options: Any) -> str:
     """`run_estimate` of the run's cells and optuna proposals with the run's options
     (`--num-cpus`, `--address`, `--smoke`, overrides)."""
     cells = list(cells) + proposed_cells(study, options.smoke_epochs if options.smoke else 0)
-    return run_estimate(study, cells, options.num_cpus, bool(options.address),
-                        plan_command(study, options))
+    return run_estimate(study, cells, options.num_cpus, bool(options.address), plan_command(study, options))
 
 
 def ledger_rows(finished: Sequence[Any], epochs_of: Mapping[str, int]) -> list[dict]:
@@ -392,28 +465,39 @@ def ledger_rows(finished: Sequence[Any], epochs_of: Mapping[str, int]) -> list[d
         if run.start_time is None or run.end_time is None:
             continue
         stopped = run.tags.get(TAG_STOPPED_EPOCH)
-        epochs = int(stopped) if stopped and stopped.isdigit() else \
-            epochs_of.get(run.tags.get(TAG_CELL_ID, ""))
+        epochs = int(stopped) if stopped and stopped.isdigit() else epochs_of.get(run.tags.get(TAG_CELL_ID, ""))
         if epochs is None:
             continue
-        rows.append({"variant": run.tags.get(TAG_VARIANT), "start_time": run.start_time,
-                     "end_time": run.end_time,
-                     "duration_s": (run.end_time - run.start_time) / 1000.0,
-                     "param:epochs": epochs, **{k: run.metrics.get(k) for k in TIME_METRICS}})
+        rows.append(
+            {
+                "variant": run.tags.get(TAG_VARIANT),
+                "start_time": run.start_time,
+                "end_time": run.end_time,
+                "duration_s": (run.end_time - run.start_time) / 1000.0,
+                "param:epochs": epochs,
+                **{k: run.metrics.get(k) for k in TIME_METRICS},
+            }
+        )
     return rows
 
 
-def remaining_estimate_line(study: Any, pending: Sequence[Any], finished: Sequence[Any],
-                            epochs_of: Mapping[str, int], options: Any,
-                            start_epochs: Mapping[str, int] | None = None) -> str | None:
+def remaining_estimate_line(
+    study: Any,
+    pending: Sequence[Any],
+    finished: Sequence[Any],
+    epochs_of: Mapping[str, int],
+    options: Any,
+    start_epochs: Mapping[str, int] | None = None,
+) -> str | None:
     """On a re-run or a resume: the time of the cells left, from the study's own finished
     runs as read by the ledger (`ledger_rows`: no history request); None when some variant
     left has no finished run to time it by, or on a cluster (its slots are not known)."""
     timings = pilot_times(ledger_rows(finished, epochs_of))
-    if not pending or options.address or any(c.variant not in timings.variants
-                                             for c in pending):
+    if not pending or options.address or any(c.variant not in timings.variants for c in pending):
         return None
     est = estimate(study, pending, timings, cpus=options.num_cpus, start_epochs=start_epochs)
-    return (f"{len(pending)} cells left: ~{duration_text(est.wall_s)} wall, "
-            f"{_number(est.gpu_hours)} GPU-hours, on {est.slots} trial slots (from the epoch "
-            f"times of this study's {len(finished)} finished runs)")
+    return (
+        f"{len(pending)} cells left: ~{duration_text(est.wall_s)} wall, "
+        f"{_number(est.gpu_hours)} GPU-hours, on {est.slots} trial slots (from the epoch "
+        f"times of this study's {len(finished)} finished runs)"
+    )

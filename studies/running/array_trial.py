@@ -22,14 +22,28 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from studies.running.checkpoints import read_checkpoint, save_checkpoint
-from studies.running.trial import (EpochReporter, already_finished, cell_ids, deterministic_errors, discard_run,
-                                   flush_for_the_record, log_missing_epochs, log_model_of, one_paragraph,
-                                   plugin_tags, read_resume_checkpoint, record_failure, set_torch_threads, start_report,
-                                   will_repeat)
+from studies.running.trial import (
+    EpochReporter,
+    already_finished,
+    cell_ids,
+    deterministic_errors,
+    discard_run,
+    flush_for_the_record,
+    log_missing_epochs,
+    log_model_of,
+    one_paragraph,
+    plugin_tags,
+    read_resume_checkpoint,
+    record_failure,
+    set_torch_threads,
+    start_report,
+    will_repeat,
+)
 from studies.scheduling.coordinator import CoordinatorClient
 from studies.tracking import TAG_NODE_ID, TAG_PRUNED, TAG_STOPPED_EPOCH, CellRun, TrackingContext
 
@@ -82,8 +96,11 @@ class ArrayEpochs:
         import ray.tune
 
         reports = [r.tune_report(epoch, r.closed[1]) for r in closed]
-        due = self.interval_s <= 0 or epoch >= self.last_epoch or \
-            time.perf_counter() - self.last_checkpoint >= self.interval_s
+        due = (
+            self.interval_s <= 0
+            or epoch >= self.last_epoch
+            or time.perf_counter() - self.last_checkpoint >= self.interval_s
+        )
         if not due:
             for report in reports:
                 ray.tune.report(report)
@@ -102,8 +119,13 @@ class ArrayEpochs:
                 r.flush()
 
 
-def run_array(tune_config: Mapping[str, Any], *, context: TrackingContext, fit_fn=None,
-              early_stopping: Mapping[str, Any] | None = None) -> None:
+def run_array(
+    tune_config: Mapping[str, Any],
+    *,
+    context: TrackingContext,
+    fit_fn=None,
+    early_stopping: Mapping[str, Any] | None = None,
+) -> None:
     """Train the cells of ``tune_config["cell"]["members"]`` (payloads of one config) as fused
     arrays, each cell tracked as `run_cell` tracks one. ``early_stopping``: `run_cell`'s (the
     config-level rule's coordinator, which stops an array as a whole); ``fit_fn`` is not used:
@@ -119,16 +141,24 @@ def run_array(tune_config: Mapping[str, Any], *, context: TrackingContext, fit_f
     for cell, (state, meta) in zip(cells, starts):
         if meta.get("discard_run_id"):
             discard_run(context, meta["discard_run_id"])
-        run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"),
-                                   tags={TAG_NODE_ID: node, **plugin_tags(cell)})
+        run, reused = CellRun.open(
+            context, cell, run_id=meta.get("run_id"), tags={TAG_NODE_ID: node, **plugin_tags(cell)}
+        )
         if reused and already_finished(run):
             ray.tune.report({**cell_ids(cell, run), "cell_status": "finished"})
             continue
         history = meta.get("history", [])
         logged_through = log_missing_epochs(run, history, reused, resumed=state is not None)
-        reporter = MemberReporter(run, cell, context, history, logged_through,
-                                  CoordinatorClient.connect(early_stopping, cell), state,
-                                  start_report(cell, state, meta))
+        reporter = MemberReporter(
+            run,
+            cell,
+            context,
+            history,
+            logged_through,
+            CoordinatorClient.connect(early_stopping, cell),
+            state,
+            start_report(cell, state, meta),
+        )
         reporter.earlier_error = run.recorded_error() if reused else None
         reporters.append(reporter)
     groups: dict[int, list[MemberReporter]] = {}  # members by the epoch they start after
@@ -156,12 +186,19 @@ def _train_array(reporters: list[MemberReporter], context: TrackingContext) -> N
             epochs.stopped_at = done
             results = fit_array({**config, "epochs": done}, seeds, checkpoints=states)
         else:
-            results = fit_array(config, seeds, on_epoch=epochs.on_member,
-                                checkpoints=None if states[0] is None else states, after_epoch=epochs.after_epoch)
+            results = fit_array(
+                config,
+                seeds,
+                on_epoch=epochs.on_member,
+                checkpoints=None if states[0] is None else states,
+                after_epoch=epochs.after_epoch,
+            )
     except Exception as error:
         message = one_paragraph(error)
-        repeat = any(will_repeat(error, message, r.earlier_error, r.epochs_done, r.state, deterministic_errors())
-                     for r in reporters)
+        repeat = any(
+            will_repeat(error, message, r.earlier_error, r.epochs_done, r.state, deterministic_errors())
+            for r in reporters
+        )
         for r in reporters:
             if repeat:
                 flush_for_the_record(r)
@@ -189,8 +226,9 @@ def _train_array(reporters: list[MemberReporter], context: TrackingContext) -> N
             r.run.set_tags(tags)
         if r.cell.get("log_model") and result.get("model") is not None:
             log_model_of(r.run, result)
-        r.run.finish(result, final_step=r.final_step(), pending=r.take_pending(),
-                     clear_error=r.earlier_error is not None)
+        r.run.finish(
+            result, final_step=r.final_step(), pending=r.take_pending(), clear_error=r.earlier_error is not None
+        )
 
 
 def _starting_points(cells: Sequence[Mapping[str, Any]]) -> list[tuple[Any, dict]]:
@@ -201,8 +239,11 @@ def _starting_points(cells: Sequence[Mapping[str, Any]]) -> list[tuple[Any, dict
     checkpoint = ray.tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            held = {cell["cell_id"]: read_checkpoint(Path(folder) / cell["cell_id"]) for cell in cells
-                    if (Path(folder) / cell["cell_id"]).is_dir()}
+            held = {
+                cell["cell_id"]: read_checkpoint(Path(folder) / cell["cell_id"])
+                for cell in cells
+                if (Path(folder) / cell["cell_id"]).is_dir()
+            }
     else:
         held = {}
     points = []

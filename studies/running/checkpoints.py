@@ -16,9 +16,10 @@ torch is imported only to read or write a state.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -69,8 +70,9 @@ META_FIELDS = {"run_id": str, "cell_id": str, "study": str, "epoch": int, "histo
 META_WHAT = "a checkpoint's metadata written by a trial (a JSON object: run_id, cell_id, study, epoch, history)"
 
 
-def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Iterable[str] | None,
-                            refused: list[str] | None = None) -> dict[str, tuple[Path, dict]]:
+def find_resume_checkpoints(
+    storage: Path | None, study_name: str, cell_ids: Iterable[str] | None, refused: list[str] | None = None
+) -> dict[str, tuple[Path, dict]]:
     """{cell_id: (checkpoint folder, its meta)}: the latest checkpoint (most epochs) that an
     earlier session's Tune trial of each cell left under `storage` (the Tune storage path,
     None for a URI). Only checkpoints of `study_name` count: a shared storage path holds the
@@ -91,8 +93,10 @@ def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Ite
     found: dict[str, tuple[Path, dict]] = {}
     # a cell's own trial: <trial named by the cell>/checkpoint_*/; a fused array's member:
     # <trial of the array>/checkpoint_*/<folder named by the cell>/ (studies.running.array_trial)
-    for meta_file in [*storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"),
-                      *storage.glob(f"tune-*/*/checkpoint_*/*/{META_FILE}")]:
+    for meta_file in [
+        *storage.glob(f"tune-*/*/checkpoint_*/{META_FILE}"),
+        *storage.glob(f"tune-*/*/checkpoint_*/*/{META_FILE}"),
+    ]:
         folder = meta_file.parent
         named = folder.parent.name if folder.name.startswith("checkpoint_") else folder.name
         if wanted is not None and named not in wanted:
@@ -103,16 +107,16 @@ def find_resume_checkpoints(storage: Path | None, study_name: str, cell_ids: Ite
             check_regular(meta_file.parent / STATE_FILE, "a checkpoint's state written by torch.save")
         except FileNotFoundError as missing:
             if refused is not None and missing.filename and missing.filename.endswith(STATE_FILE):
-                refused.append(f"{missing.filename}: no such file; expected a checkpoint's state "
-                               f"beside its {META_FILE}")
+                refused.append(
+                    f"{missing.filename}: no such file; expected a checkpoint's state beside its {META_FILE}"
+                )
             continue
         except ReadBackError as error:
             if refused is not None:
                 refused.append(str(error))
             continue
         cell_id = meta.get("cell_id")
-        if meta.get("study") != study_name or "run_id" not in meta \
-                or (wanted is not None and cell_id not in wanted):
+        if meta.get("study") != study_name or "run_id" not in meta or (wanted is not None and cell_id not in wanted):
             continue
         best = found.get(cell_id)
         if best is None or _epoch(meta) > _epoch(best[1]):
@@ -140,8 +144,7 @@ class ResumePoints:
     refused: list[str] = field(default_factory=list)  # the metas skipped, each described
 
     @classmethod
-    def search(cls, storage: Path | None, study_name: str,
-               cell_ids: Iterable[str] | None) -> "ResumePoints":
+    def search(cls, storage: Path | None, study_name: str, cell_ids: Iterable[str] | None) -> ResumePoints:
         refused: list[str] = []
         return cls(find_resume_checkpoints(storage, study_name, cell_ids, refused), refused)
 
@@ -149,12 +152,11 @@ class ResumePoints:
         """cell_id -> the MLflow run each checkpoint continues (the ledger keeps those)."""
         return {cell_id: meta["run_id"] for cell_id, (_, meta) in self.found.items()}
 
-    def only(self, cell_ids: Iterable[str]) -> "ResumePoints":
+    def only(self, cell_ids: Iterable[str]) -> ResumePoints:
         """The resume points of `cell_ids` (those whose run the ledger kept)."""
-        return ResumePoints({cell_id: self.found[cell_id] for cell_id in cell_ids
-                             if cell_id in self.found})
+        return ResumePoints({cell_id: self.found[cell_id] for cell_id in cell_ids if cell_id in self.found})
 
-    def merged(self, other: "ResumePoints") -> "ResumePoints":
+    def merged(self, other: ResumePoints) -> ResumePoints:
         """These resume points and `other`'s (other's win for a cell in both)."""
         return ResumePoints({**self.found, **other.found})
 
@@ -176,5 +178,6 @@ class ResumePoints:
             return None
         epochs = sorted(max(_epoch(meta), 0) + 1 for _, meta in self.found.values())
         span = f"{epochs[0]}" + (f"-{epochs[-1]}" if epochs[-1] != epochs[0] else "")
-        return (f"{len(self.found)} unfinished cells continue from the checkpoint an earlier "
-                f"run left (after {span} epochs)")
+        return (
+            f"{len(self.found)} unfinished cells continue from the checkpoint an earlier run left (after {span} epochs)"
+        )

@@ -26,8 +26,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from analysis.layout import TAG_LEASE_PREFIX
 from studies.tracking import with_retry
@@ -63,8 +63,10 @@ class LeaseHeld(RuntimeError):
 
     def __init__(self, study: str, holder: Holder):
         self.holder = holder
-        super().__init__(f"study {study!r} is being run by another driver ({holder.describe()}); wait for "
-                         f"it to finish, stop it, or pass --wait to start when it is done")
+        super().__init__(
+            f"study {study!r} is being run by another driver ({holder.describe()}); wait for "
+            f"it to finish, stop it, or pass --wait to start when it is done"
+        )
 
 
 class StudyLease:
@@ -74,21 +76,29 @@ class StudyLease:
     with ``wait=True`` it polls until the lease is free (or ``timeout_s`` passes).
     """
 
-    def __init__(self, client, experiment_id: str, study_name: str, *, heartbeat_s: float = HEARTBEAT_S,
-                 stale_s: float = STALE_S, clock: Callable[[], float] = time.time,
-                 warn: Callable[[str], None] = lambda text: None):
+    def __init__(
+        self,
+        client,
+        experiment_id: str,
+        study_name: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_s: float = STALE_S,
+        clock: Callable[[], float] = time.time,
+        warn: Callable[[str], None] = lambda text: None,
+    ):
         if stale_s <= heartbeat_s:
             raise ValueError(f"stale_s ({stale_s}) must exceed heartbeat_s ({heartbeat_s})")
         self.client, self.experiment_id, self.study_name = client, experiment_id, study_name
         self.heartbeat_s, self.stale_s, self.clock, self.warn = heartbeat_s, stale_s, clock, warn
-        self.token: Optional[str] = None
+        self.token: str | None = None
         self._since = 0.0
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     # ----- taking and giving back ---------------------------------------------------------
 
-    def acquire(self, wait: bool = False, timeout_s: Optional[float] = None, poll_s: float = 5.0) -> None:
+    def acquire(self, wait: bool = False, timeout_s: float | None = None, poll_s: float = 5.0) -> None:
         """Hold the lease, or raise LeaseHeld (at once, or after ``timeout_s`` when waiting)."""
         deadline = None if timeout_s is None else self.clock() + timeout_s
         contended = 0
@@ -120,11 +130,11 @@ class StudyLease:
         if self.token is not None:
             try:
                 self._delete(self.token)
-            except Exception as error:  # the store is gone: the lease goes stale by itself
+            except Exception as error:  # noqa: BLE001 (the store is gone: the lease goes stale by itself)
                 self.warn(f"could not release the study's lease ({error}); it expires in {self.stale_s:.0f} s")
             self.token = None
 
-    def __enter__(self) -> "StudyLease":
+    def __enter__(self) -> StudyLease:
         if self.token is None:
             self.acquire()
         return self
@@ -135,14 +145,16 @@ class StudyLease:
     # ----- the store ----------------------------------------------------------------------
 
     def _value(self, since: float) -> str:
-        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
-                           "heartbeat": self.clock()})
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since, "heartbeat": self.clock()})
 
     def _write_lease(self) -> str:
         token = uuid.uuid4().hex[:12]
         self._since = self.clock()
-        with_retry(lambda: self.client.set_experiment_tag(self.experiment_id, TAG_LEASE_PREFIX + token,
-                                                          self._value(self._since)))
+        with_retry(
+            lambda: self.client.set_experiment_tag(
+                self.experiment_id, TAG_LEASE_PREFIX + token, self._value(self._since)
+            )
+        )
         return token
 
     def _delete(self, token: str) -> None:
@@ -155,13 +167,13 @@ class StudyLease:
         for key, value in tags.items():
             if not key.startswith(TAG_LEASE_PREFIX):
                 continue
-            holder = _holder(key[len(TAG_LEASE_PREFIX):], value)
+            holder = _holder(key[len(TAG_LEASE_PREFIX) :], value)
             if holder.token == self.token:
                 live.append(holder)
             elif self._is_stale(holder):
                 try:
                     self._delete(holder.token)
-                except Exception:  # another driver deleted it first
+                except Exception:  # noqa: BLE001 (another driver deleted it first)
                     pass
             else:
                 live.append(holder)
@@ -186,12 +198,15 @@ class StudyLease:
             if token is None:
                 return
             try:
-                with_retry(lambda: self.client.set_experiment_tag(self.experiment_id, TAG_LEASE_PREFIX + token,
-                                                                  self._value(self._since)))
+                with_retry(
+                    lambda: self.client.set_experiment_tag(
+                        self.experiment_id, TAG_LEASE_PREFIX + token, self._value(self._since)
+                    )
+                )
                 if failing:
                     self.warn("the tracking server answers again: the study's lease is renewed")
                 failing = False
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (any store failure: warned, retried next heartbeat)
                 if not failing:
                     self.warn(f"cannot renew the study's lease ({error}); retrying every {self.heartbeat_s:.0f} s")
                 failing = True

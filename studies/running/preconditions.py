@@ -12,8 +12,8 @@ from __future__ import annotations
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
 
 __all__ = ["writable_folder", "tracking_reachable", "data_layouts", "plugin_code", "check_all"]
 
@@ -40,7 +40,7 @@ def _is_local_path(storage: str) -> bool:
 def tracking_reachable(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> list[str]:
     """An http(s) tracking server answers ``/health``; a SQLite store's folder is writable."""
     if uri.startswith("sqlite:///"):
-        return writable_folder(Path(uri[len("sqlite:///"):]).parent, "the MLflow database's folder")
+        return writable_folder(Path(uri[len("sqlite:///") :]).parent, "the MLflow database's folder")
     if not uri.startswith(("http://", "https://")):
         return []
     from analysis.collect import display_uri
@@ -54,8 +54,10 @@ def tracking_reachable(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> list[
         status = f"HTTP {error.code}"
     except (urllib.error.URLError, OSError) as error:
         status = str(getattr(error, "reason", error))
-    return [f"the tracking server {display_uri(uri)} does not answer ({status}); expected a running MLflow "
-            f"server (mlflow server ...) or pass --tracking-uri"]
+    return [
+        f"the tracking server {display_uri(uri)} does not answer ({status}); expected a running MLflow "
+        f"server (mlflow server ...) or pass --tracking-uri"
+    ]
 
 
 def data_layouts(data_configs: Iterable[Mapping]) -> list[str]:
@@ -77,8 +79,9 @@ def data_layouts(data_configs: Iterable[Mapping]) -> list[str]:
         except registry.PluginError as error:  # a plugin's preflight code that fails to import
             problems.append(f"plugin {error}")
         except DataLayoutError as error:  # (a plugin's message names the data set and its origin)
-            problems.append(str(error) if str(error).startswith("data set ") else
-                            f"data.root of {data.get('name')}: {error}")
+            problems.append(
+                str(error) if str(error).startswith("data set ") else f"data.root of {data.get('name')}: {error}"
+            )
     return problems
 
 
@@ -106,8 +109,13 @@ def plugin_code(configs: Iterable[Mapping]) -> list[str]:
     return problems
 
 
-def check_all(study_dir: Path, tracking_uri: str, storage: Optional[str], data_configs: Iterable[Mapping],
-              configs: Iterable[Mapping] = ()) -> list[str]:
+def check_all(
+    study_dir: Path,
+    tracking_uri: str,
+    storage: str | None,
+    data_configs: Iterable[Mapping],
+    configs: Iterable[Mapping] = (),
+) -> list[str]:
     """Every precondition of a run, in the order a user would fix them (``configs``: the cells'
     trial configs, whose plugins are checked)."""
     problems = writable_folder(study_dir, "the output folder")
@@ -117,4 +125,3 @@ def check_all(study_dir: Path, tracking_uri: str, storage: Optional[str], data_c
     problems += data_layouts(data_configs)
     problems += plugin_code(configs)
     return problems
-

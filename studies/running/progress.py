@@ -26,9 +26,10 @@ import textwrap
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterable, Iterator, Mapping
+from typing import IO, Any
 
 #: how every line of the runner starts
 PREFIX = "[studies]"
@@ -58,8 +59,14 @@ def plain_line(text: str, stream: IO[str], width: int | None = None) -> str:
     indented), or headed by the wall-clock time without a terminal."""
     if is_terminal(stream):
         width = width or terminal_width(stream)
-        return "\n".join(textwrap.wrap(text, max(20, width - 1), subsequent_indent="    ",
-                                        break_on_hyphens=False, replace_whitespace=False)) or text
+        return (
+            "\n".join(
+                textwrap.wrap(
+                    text, max(20, width - 1), subsequent_indent="    ", break_on_hyphens=False, replace_whitespace=False
+                )
+            )
+            or text
+        )
     return f"{time.strftime('%H:%M:%S')} {text}"
 
 
@@ -158,8 +165,7 @@ class StudyProgress:
     def _sync_race(self) -> None:
         """`to_run` = cells started or finished in this session + the most the race may start."""
         if self.race is not None:
-            self.to_run = (len(self.finished) + len(self.failed) + len(self.running)
-                           + self.race.upper_bound_left())
+            self.to_run = len(self.finished) + len(self.failed) + len(self.running) + self.race.upper_bound_left()
 
     def start(self, cell_id: str) -> None:
         self.running.setdefault(cell_id, 0)
@@ -181,16 +187,14 @@ class StudyProgress:
     @property
     def left(self) -> int:
         self._sync_race()
-        return max(0, self.to_run - len(self.finished) - len(self.failed) - len(self.running)) \
-            + self.cells_not_asked
+        return max(0, self.to_run - len(self.finished) - len(self.failed) - len(self.running)) + self.cells_not_asked
 
     def fraction_done(self) -> float:
         self._sync_race()
         to_run = self.to_run + self.cells_not_asked
         if to_run == 0:
             return 1.0
-        partial = sum(min(1.0, done / max(1, self.epochs.get(cell, 1)))
-                      for cell, done in self.running.items())
+        partial = sum(min(1.0, done / max(1, self.epochs.get(cell, 1))) for cell, done in self.running.items())
         return (len(self.finished) + len(self.failed) + partial) / to_run
 
     def eta_s(self, now: float | None = None) -> float | None:
@@ -206,8 +210,7 @@ class StudyProgress:
         done = self.done_before + len(self.finished)
         race = self.race is not None
         parts = [f"{PREFIX} done {done}" + ("" if race else f"/{self.total_now()}")]
-        parts += [f"{n} {what}" for n, what in ((len(self.running), "running"), (len(self.failed), "failed"))
-                  if n]
+        parts += [f"{n} {what}" for n, what in ((len(self.running), "running"), (len(self.failed), "failed")) if n]
         left = self.left
         if left:
             parts.append(("at most " if race else "") + f"{left} left")
@@ -220,15 +223,19 @@ class StudyProgress:
         done = self.done_before + len(self.finished)
         if self.race is not None:  # the total is not known in advance: an upper bound
             left = self.left
-            return (f"{PREFIX} done {done}"
-                    + (f" ({self.done_before} before this run)" if self.done_before else "")
-                    + f" | running {len(self.running)} | failed {len(self.failed)}"
-                    + f" | left at most {left} | race: {self.race.summary()}"
-                    + f" | ETA at most {format_duration(self.eta_s(now))}")
-        return (f"{PREFIX} done {done}/{self.total_now()}"
+            return (
+                f"{PREFIX} done {done}"
                 + (f" ({self.done_before} before this run)" if self.done_before else "")
                 + f" | running {len(self.running)} | failed {len(self.failed)}"
-                + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}")
+                + f" | left at most {left} | race: {self.race.summary()}"
+                + f" | ETA at most {format_duration(self.eta_s(now))}"
+            )
+        return (
+            f"{PREFIX} done {done}/{self.total_now()}"
+            + (f" ({self.done_before} before this run)" if self.done_before else "")
+            + f" | running {len(self.running)} | failed {len(self.failed)}"
+            + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}"
+        )
 
 
 #: shortest time between two rewrites of the live progress line
@@ -252,10 +259,18 @@ class ProgressReporter:
     only improves, and a config counts once every seed has one.
     """
 
-    def __init__(self, progress: StudyProgress, interval_s: float = 30.0,
-                 stream: IO[str] | None = None, on_error=None, *, metric: str | None = None,
-                 mode: str = "max", labels: Mapping[str, str] | None = None,
-                 refresh_s: float = LIVE_REFRESH_S):
+    def __init__(
+        self,
+        progress: StudyProgress,
+        interval_s: float = 30.0,
+        stream: IO[str] | None = None,
+        on_error=None,
+        *,
+        metric: str | None = None,
+        mode: str = "max",
+        labels: Mapping[str, str] | None = None,
+        refresh_s: float = LIVE_REFRESH_S,
+    ):
         self.progress = progress
         self.refresh_s = refresh_s  # on a terminal: the shortest time between two rewrites
         self.interval_s = interval_s
@@ -315,8 +330,7 @@ class ProgressReporter:
 
     def best(self) -> tuple[str, float] | None:
         """(label, seed mean) of the best config so far among those whose seeds all reported."""
-        means = {key: total / n for key, (total, n) in self._sums.items()
-                 if n >= max(1, self._seeds.get(key, 1))}
+        means = {key: total / n for key, (total, n) in self._sums.items() if n >= max(1, self._seeds.get(key, 1))}
         if not means:
             return None
         pick = max if self.mode == "max" else min
@@ -388,8 +402,10 @@ class ProgressReporter:
         cell = str(result["cell_id"]) if result.get("cell_id") else self._cell(trial)
         status = result.get("cell_status")
         if result.get("restarted"):  # trial.RESTARTED_KEY: the first report of a restarted cell
-            self._print(f"{PREFIX} cell {self.name(cell)}: its checkpoint could not be loaded "
-                        f"({result['restarted']}); restarted from epoch 0")
+            self._print(
+                f"{PREFIX} cell {self.name(cell)}: its checkpoint could not be loaded "
+                f"({result['restarted']}); restarted from epoch 0"
+            )
         if self.metric and isinstance(result.get(self.metric), (int, float)):
             self._record(cell, float(result[self.metric]))
         if status == "failed":
@@ -412,8 +428,10 @@ class ProgressReporter:
         self._show()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._print(f"{PREFIX} cell {self.name(self._cell(trial))}: worker failed, restarting from "
-                    f"its last checkpoint ({trial_error(trial)})")
+        self._print(
+            f"{PREFIX} cell {self.name(self._cell(trial))}: worker failed, restarting from "
+            f"its last checkpoint ({trial_error(trial)})"
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info):
         error = trial_error(trial)

@@ -38,9 +38,14 @@ def _set_tune_environment() -> None:
 class RaySession:
     """Ray for one invocation of the runner (see the module docstring)."""
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None,
-                 num_gpus: int | None = None, object_store_mb: int | None = None,
-                 dashboard: bool = False):
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
+        object_store_mb: int | None = None,
+        dashboard: bool = False,
+    ):
         self.address = address  # None: a local Ray instance
         self.dashboard = dashboard  # local Ray only: start Ray's dashboard (ray[default])
         self.dashboard_url: str | None = None
@@ -68,8 +73,7 @@ class RaySession:
                 address="local",
                 num_cpus=self.num_cpus or os.cpu_count() or 1,
                 num_gpus=self.num_gpus,
-                object_store_memory=(self.object_store_mb * 1024 ** 2
-                                     if self.object_store_mb else None),
+                object_store_memory=(self.object_store_mb * 1024**2 if self.object_store_mb else None),
                 **kwargs,
             )
             url = getattr(context, "dashboard_url", None) if self.dashboard else None

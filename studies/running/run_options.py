@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 
 @dataclass
@@ -38,8 +39,7 @@ def smoke_epochs_of(smoke: bool, epochs: int | None) -> int:
     """The epochs of the smoke run that `--smoke` and `--smoke-epochs N` ask for (N implies
     --smoke; --smoke alone: 1), 0 for no smoke run; ValueError naming the flag below 1."""
     if epochs is not None and epochs < 1:
-        raise ValueError(f"--smoke-epochs: expected a whole number of epochs of at least 1, "
-                         f"got {epochs}")
+        raise ValueError(f"--smoke-epochs: expected a whole number of epochs of at least 1, got {epochs}")
     if epochs is None:
         return 1 if smoke else 0
     return epochs

@@ -37,16 +37,16 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any
 
-from studies.running import termination
 from studies.errors import RunnerError
-from studies.running.run_options import RunOptions
+from studies.running import termination
 from studies.running.progress import activity, format_duration, plain_line
+from studies.running.run_options import RunOptions
 from studies.running.session import StudySession
-from studies.tracking.ui_view import study_view
 from studies.tracking import (
     STATUS_FINISHED,
     StudyTracking,
@@ -55,9 +55,9 @@ from studies.tracking import (
     study_description,
     ui_command,
 )
+from studies.tracking.ui_view import study_view
 
-__all__ = ["RunOptions", "RunOutcome", "RunnerError", "run_study", "resume_study",
-           "read_settings", "study_dir_of"]
+__all__ = ["RunOptions", "RunOutcome", "RunnerError", "run_study", "resume_study", "read_settings", "study_dir_of"]
 
 SETTINGS_FILE = "run.json"
 STUDY_FILE = "study.yaml"
@@ -94,8 +94,15 @@ def _settings_path(study_dir: Path) -> Path:
 
 
 #: run.json's fields and their types (checked when read back: ReadBackError naming the file)
-SETTINGS_FIELDS = {"name": str, "source": str, "tracking_uri": str, "smoke": bool,
-                   "smoke_epochs": int, "address": str, "version": str}
+SETTINGS_FIELDS = {
+    "name": str,
+    "source": str,
+    "tracking_uri": str,
+    "smoke": bool,
+    "smoke_epochs": int,
+    "address": str,
+    "version": str,
+}
 
 
 def read_settings(study_dir: Path) -> dict:
@@ -106,9 +113,13 @@ def read_settings(study_dir: Path) -> dict:
     path = _settings_path(study_dir)
     if not os.path.lexists(path):
         return {}
-    return read_json(path, MAX_SETTINGS_BYTES, "the study's run settings written by `studies run` "
-                     "(a JSON object: name, source, tracking_uri, smoke, smoke_epochs, address)",
-                     SETTINGS_FIELDS)
+    return read_json(
+        path,
+        MAX_SETTINGS_BYTES,
+        "the study's run settings written by `studies run` "
+        "(a JSON object: name, source, tracking_uri, smoke, smoke_epochs, address)",
+        SETTINGS_FIELDS,
+    )
 
 
 def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
@@ -120,10 +131,18 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     if study.name.endswith(SMOKE_SUFFIX):  # NAME-smoke is the smoke run's folder and experiment
         from studies.studyfile.problems import StudyError
 
-        raise StudyError(str(study_file), [("name", study.line_of(("name",)),
-                                            f"{study.name!r} ends with {SMOKE_SUFFIX!r}, which names the smoke "
-                                            f"runs of study {study.name[:-len(SMOKE_SUFFIX)]!r} (`--smoke`); "
-                                            f"expected a name without that ending")])
+        raise StudyError(
+            str(study_file),
+            [
+                (
+                    "name",
+                    study.line_of(("name",)),
+                    f"{study.name!r} ends with {SMOKE_SUFFIX!r}, which names the smoke "
+                    f"runs of study {study.name[: -len(SMOKE_SUFFIX)]!r} (`--smoke`); "
+                    f"expected a name without that ending",
+                )
+            ],
+        )
     cells = expand(study)
     if options.smoke:
         cells = smoke_cells(cells, options.smoke_epochs)
@@ -131,8 +150,9 @@ def _load(study_file: str | Path, options: RunOptions) -> tuple[Any, list, str]:
     return study, cells, study.name + (SMOKE_SUFFIX if options.smoke else "")
 
 
-def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
-                       resolved: str = "", version: str = "") -> tuple[Path, Path, str]:
+def _prepare_study_dir(
+    study_file: str | Path, name: str, options: RunOptions, resolved: str = "", version: str = ""
+) -> tuple[Path, Path, str]:
     """(study folder, its copy of the study file, tracking URI): the folder made, the file
     copied (with command-line overrides: `resolved`, the file with them applied) and the
     run's settings saved (for `studies resume`), the overrides among them."""
@@ -150,11 +170,14 @@ def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
         elif source != study_copy.resolve():
             shutil.copyfile(source, study_copy)
         saved = read_settings(study_dir)
-        tracking_uri = options.tracking_uri or saved.get("tracking_uri") \
-            or default_tracking_uri(study_dir)
-        settings = {"name": name, "source": str(saved.get("source") or source),
-                    "tracking_uri": tracking_uri, "smoke": bool(options.smoke),
-                    "address": options.address}
+        tracking_uri = options.tracking_uri or saved.get("tracking_uri") or default_tracking_uri(study_dir)
+        settings = {
+            "name": name,
+            "source": str(saved.get("source") or source),
+            "tracking_uri": tracking_uri,
+            "smoke": bool(options.smoke),
+            "address": options.address,
+        }
         if options.smoke:
             settings["smoke_epochs"] = int(options.smoke_epochs)
         if version:  # the study's version run last (every version: versions.json)
@@ -165,8 +188,9 @@ def _prepare_study_dir(study_file: str | Path, name: str, options: RunOptions,
             settings["overrides"] = saved["overrides"]
         _settings_path(study_dir).write_text(json.dumps(settings, indent=2) + "\n")
     except OSError as error:  # a full disk, a folder that changed under us
-        raise RunnerError(f"cannot write the study folder {study_dir} ({error.strerror or error}); "
-                          f"free space or pass --output DIR") from None
+        raise RunnerError(
+            f"cannot write the study folder {study_dir} ({error.strerror or error}); free space or pass --output DIR"
+        ) from None
     return study_dir, study_copy, tracking_uri
 
 
@@ -192,10 +216,10 @@ def _check_preconditions(study_dir: Path, tracking_uri: str, options: RunOptions
     """Every precondition of the run (studies.running.preconditions), before Ray or MLflow is touched."""
     from studies.running.preconditions import check_all
 
-    data_configs = {json.dumps(c.config.get("data", {}), sort_keys=True): c.config.get("data", {})
-                    for c in cells}
-    problems = check_all(study_dir, tracking_uri, options.storage, data_configs.values(),
-                         configs=[c.config for c in cells])
+    data_configs = {json.dumps(c.config.get("data", {}), sort_keys=True): c.config.get("data", {}) for c in cells}
+    problems = check_all(
+        study_dir, tracking_uri, options.storage, data_configs.values(), configs=[c.config for c in cells]
+    )
     if problems:
         raise RunnerError("; ".join(problems) + ". Nothing was started.")
 
@@ -235,20 +259,22 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
     parent_run = tracking.parent_run_id(study_copy)
     session.context = tracking.context(session.session_id)
     proposals = sum(b.n_configs for _, b in study.optuna_blocks)
-    session.say(f"study {session.name}: {len(cells)} cells"
-                + (f" (racing: at most; {session.race.summary()})" if session.race else "")
-                + (f" + {proposals} optuna proposals x {len(study.seed_list)} seeds"
-                   if study.optuna_blocks else "")
-                + f"; tracking {tracking.tracking_uri} (experiment {tracking.experiment_id}, "
-                  f"parent run {parent_run})")
+    session.say(
+        f"study {session.name}: {len(cells)} cells"
+        + (f" (racing: at most; {session.race.summary()})" if session.race else "")
+        + (f" + {proposals} optuna proposals x {len(study.seed_list)} seeds" if study.optuna_blocks else "")
+        + f"; tracking {tracking.tracking_uri} (experiment {tracking.experiment_id}, "
+        f"parent run {parent_run})"
+    )
     if done:
         session.say(f"{len(done)} cells already finished (skipped)")
     if done and pending:
         from studies.planning.plan import remaining_estimate_line
 
         epochs_of = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
-        left = remaining_estimate_line(study, pending, session.finished_runs, epochs_of,
-                                       session.options, session.resume.start_epochs())
+        left = remaining_estimate_line(
+            study, pending, session.finished_runs, epochs_of, session.options, session.resume.start_epochs()
+        )
         if left:
             session.say("estimate: " + left)
     if not (pending or study.optuna_blocks):
@@ -268,8 +294,11 @@ def _check_fusion(study_file: str | Path, study: Any, cells: Sequence) -> None:
     probed: set[str] = set()
     for cell in cells:
         config = cell.config
-        key = json.dumps([config.get("model"), config.get("data"), config.get("loss"), config.get("compile")],
-                         sort_keys=True, default=str)
+        key = json.dumps(
+            [config.get("model"), config.get("data"), config.get("loss"), config.get("compile")],
+            sort_keys=True,
+            default=str,
+        )
         if key in probed:
             continue
         probed.add(key)
@@ -279,9 +308,16 @@ def _check_fusion(study_file: str | Path, study: Any, cells: Sequence) -> None:
             continue
         if reason:
             where = ("resources", "seeds_per_trial")
-            raise StudyError(str(study_file), [(".".join(where), study.line_of(where),
-                                                f"{reason} (variant {cell.variant!r}); expected "
-                                                f"seeds_per_trial: 1 for this model")])
+            raise StudyError(
+                str(study_file),
+                [
+                    (
+                        ".".join(where),
+                        study.line_of(where),
+                        f"{reason} (variant {cell.variant!r}); expected seeds_per_trial: 1 for this model",
+                    )
+                ],
+            )
 
 
 def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunOutcome:
@@ -312,8 +348,11 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             from studies.scheduling.racing import race_rounds
 
             arrays = fused_arrays(cells, int(study.resources.seeds_per_trial), round_of=race_rounds(study))
-            print(f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds "
-                  f"(one trial each)", file=stream, flush=True)
+            print(
+                f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds (one trial each)",
+                file=stream,
+                flush=True,
+            )
         return RunOutcome(0, name, cells=len(cells))
 
     from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow
@@ -321,37 +360,50 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     # a changed file under this name is refused here: before Ray or any file is touched, and
     # before MLflow unless the folder is new and a tracking store is given (it may hold versions)
     given = options.tracking_uri
-    version = check_version(study, name, study_dir_of(options.output, name), options.new_version,
-                            options.smoke_epochs if options.smoke else None,
-                            elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None)
+    version = check_version(
+        study,
+        name,
+        study_dir_of(options.output, name),
+        options.new_version,
+        options.smoke_epochs if options.smoke else None,
+        elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None,
+    )
     cells = versioned_cells(cells, version)
-    with activity(stream, f"study {name}: {len(cells)} cells; checking the study folder, "
-                          f"the tracking server and the data"):
-        study_dir, study_copy, tracking_uri = _prepare_study_dir(study_file, name, options, study.source_text,
-                                                                 version.version)
+    with activity(
+        stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
+    ):
+        study_dir, study_copy, tracking_uri = _prepare_study_dir(
+            study_file, name, options, study.source_text, version.version
+        )
         definition_file = save_versions(study_dir, version)
         _check_preconditions(study_dir, tracking_uri, options, cells)
         tracking = StudyTracking(
-            tracking_uri, name,
+            tracking_uri,
+            name,
             artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
             description=study_description(study.description, study.source_text),
             run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
-            ui_view=study_view(study, cells))
+            ui_view=study_view(study, cells),
+        )
     from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
     tracking.version, tracking.version_definition = version.version, definition_file
     if version.several:
         index = [v["version"] for v in version.record].index(version.version) + 1
-        _print(stream, f"[studies] version {version.version[:7]}, {index} of "
-                       f"{len(version.record)} kept in this study"
-                       + (" (new: --new-version)" if version.new else ""))
+        _print(
+            stream,
+            f"[studies] version {version.version[:7]}, {index} of "
+            f"{len(version.record)} kept in this study" + (" (new: --new-version)" if version.new else ""),
+        )
     session = StudySession(study, name, study_dir, tracking, options, stream)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
-        session.say(f"warning: tracking to a SQLite file ({tracking_uri}) with --address: "
-                    f"workers on other nodes cannot reach it; pass "
-                    f"--tracking-uri http://<mlflow server>")
+        session.say(
+            f"warning: tracking to a SQLite file ({tracking_uri}) with --address: "
+            f"workers on other nodes cannot reach it; pass "
+            f"--tracking-uri http://<mlflow server>"
+        )
 
     started = time.monotonic()
     stop: KeyboardInterrupt | None = None
@@ -361,15 +413,16 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             _run(session, cells, study_copy, leases)
         except KeyboardInterrupt as error:
             stop = error
-            session.say(f"{termination.describe(error)}; `studies resume {name}` (or the same "
-                        f"`studies run`) completes what is missing")
+            session.say(
+                f"{termination.describe(error)}; `studies resume {name}` (or the same "
+                f"`studies run`) completes what is missing"
+            )
         finally:
             session.ray.stop()
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
-        outcome = _summarise(session, started, stream,
-                             termination.describe(stop) if interrupted else None)
+        outcome = _summarise(session, started, stream, termination.describe(stop) if interrupted else None)
     if stop is not None:
         outcome.exit_code = termination.exit_code(stop)
     if not outcome.failed:
@@ -400,8 +453,7 @@ def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
     return run_study(study_copy, options)
 
 
-def _summarise(session: StudySession, started: float, stream: IO[str],
-               stopped: str | None = None) -> RunOutcome:
+def _summarise(session: StudySession, started: float, stream: IO[str], stopped: str | None = None) -> RunOutcome:
     """Every cell seen (the file's and the optuna blocks'): finished or not; closes the
     parent run. After a complete run, a cell whose run is still `running` ended without its
     trial recording why: it is marked failed. After a run stopped by a signal (`stopped`: the
@@ -421,19 +473,25 @@ def _summarise(session: StudySession, started: float, stream: IO[str],
         for cell_id, state in states.items():
             if state.status == "running":
                 states[cell_id] = session.tracking.fail_unfinished(
-                    state, "the trial ended without finishing or recording an error (see the driver's log)")
+                    state, "the trial ended without finishing or recording an error (see the driver's log)"
+                )
     finished = [i for i in ids if states[i].status == STATUS_FINISHED]
-    failed = {i: (states[i].error or states[i].status) for i in ids
-              if states[i].status != STATUS_FINISHED}
+    failed = {i: (states[i].error or states[i].status) for i in ids if states[i].status != STATUS_FINISHED}
     all_done = not failed
     if not interrupted:
         session.tracking.close_parent(all_done)
-    _print(stream, f"[studies] summary: {len(finished)}/{len(ids)} cells finished, "
-                   f"{len(failed)} not finished, {format_duration(time.monotonic() - started)}"
-                   f" wall time")
+    _print(
+        stream,
+        f"[studies] summary: {len(finished)}/{len(ids)} cells finished, "
+        f"{len(failed)} not finished, {format_duration(time.monotonic() - started)}"
+        f" wall time",
+    )
     if session.race is not None:
-        _print(stream, f"[studies] race: {session.race.summary()}; {len(not_needed)} cells not "
-                       f"needed (their configs were decided before their seeds)")
+        _print(
+            stream,
+            f"[studies] race: {session.race.summary()}; {len(not_needed)} cells not "
+            f"needed (their configs were decided before their seeds)",
+        )
     for line in _optuna_summary(session):
         _print(stream, f"[studies] {line}")
     names = session.namer.names(session.known_cells[i] for i in list(failed)[:20])
@@ -442,9 +500,14 @@ def _summarise(session: StudySession, started: float, stream: IO[str],
     if len(failed) > 20:
         _print(stream, f"[studies]   ... and {len(failed) - 20} more")
     return RunOutcome(
-        exit_code=0 if all_done else 1, study_name=session.name, study_dir=session.study_dir,
-        tracking_uri=session.tracking.tracking_uri, cells=len(ids), finished=len(finished),
-        failed=failed)
+        exit_code=0 if all_done else 1,
+        study_name=session.name,
+        study_dir=session.study_dir,
+        tracking_uri=session.tracking.tracking_uri,
+        cells=len(ids),
+        finished=len(finished),
+        failed=failed,
+    )
 
 
 def _close_stopped(session: StudySession, states: dict, reason: str, stream: IO[str]) -> None:
@@ -455,10 +518,13 @@ def _close_stopped(session: StudySession, states: dict, reason: str, stream: IO[
     try:
         session.tracking.close_stopped(states.values(), reason, patience_s=patience)
         session.tracking.close_parent(False, reason, patience_s=patience)
-    except Exception as error:  # the driver still exits with its code and resume command
+    except Exception as error:  # noqa: BLE001 (the driver still exits with its code and resume command)
         first = (str(error).splitlines() or [type(error).__name__])[0][:200]
-        _print(stream, f"[studies] warning: could not mark the runs left running as KILLED "
-                       f"({first}); `studies resume {session.name}` deals with them")
+        _print(
+            stream,
+            f"[studies] warning: could not mark the runs left running as KILLED "
+            f"({first}); `studies resume {session.name}` deals with them",
+        )
 
 
 def _optuna_summary(session: StudySession) -> list[str]:
@@ -467,24 +533,26 @@ def _optuna_summary(session: StudySession) -> list[str]:
     lines = []
     for proposals in session.proposals:
         counts = proposals.trial_counts()
-        text = (f"optuna design[{proposals.index}]: {sum(counts.values())} configs asked: "
-                + ", ".join(f"{n} {state}" for state, n in counts.items()))
+        text = f"optuna design[{proposals.index}]: {sum(counts.values())} configs asked: " + ", ".join(
+            f"{n} {state}" for state, n in counts.items()
+        )
         if counts.get("pruned"):
-            text += " (pruned configs trained fewer epochs: left out of the report unless " \
-                    "report.show_pruned)"
+            text += " (pruned configs trained fewer epochs: left out of the report unless report.show_pruned)"
         best = proposals.best()
         if best is not None:
             config_id, value = best
             cells = [c for c in session.known_cells.values() if c.config_id == config_id]
-            label = session.namer.names(cells[:1]).get(cells[0].cell_id, config_id).rsplit(" s", 1)[0] \
-                if cells else config_id
+            label = (
+                session.namer.names(cells[:1]).get(cells[0].cell_id, config_id).rsplit(" s", 1)[0]
+                if cells
+                else config_id
+            )
             text += f"; best {label}: {proposals.metric}={value:.4g} (seed mean)"
         lines.append(text)
     return lines
 
 
-def _build_report(tracking_uri: str, name: str, study_dir: Path, study_file: Path,
-                  stream: IO[str]) -> Path | None:
+def _build_report(tracking_uri: str, name: str, study_dir: Path, study_file: Path, stream: IO[str]) -> Path | None:
     try:
         from analysis.report import build_report
     except ImportError as error:
@@ -493,7 +561,7 @@ def _build_report(tracking_uri: str, name: str, study_dir: Path, study_file: Pat
     try:
         with activity(stream, "report: reading MLflow, drawing tables and figures"):
             path = build_report(tracking_uri, name, study_dir / "report", study_file=study_file)
-    except Exception as error:  # the study's results stay in MLflow; say why, do not crash
+    except Exception as error:  # noqa: BLE001 (the study's results stay in MLflow; say why, do not crash)
         _print(stream, f"[studies] report failed: {type(error).__name__}: {error}")
         return None
     _print(stream, f"[studies] report: {path}")

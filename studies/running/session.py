@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Iterable, Mapping, Sequence
+from typing import IO, Any
 
-from studies.running import termination
 from studies.cells.arrays import array_id, experiment_parts
 from studies.cells.cell_queue import config_major
+from studies.cells.run_names import RunNamer
+from studies.running import termination
 from studies.running.checkpoints import ResumePoints
-from studies.scheduling import session_scheduling
 from studies.running.progress import StudyProgress, activity, say
 from studies.running.ray_session import RaySession
-from studies.cells.run_names import RunNamer
 from studies.running.run_options import RunOptions
+from studies.scheduling import session_scheduling
 from studies.tracking import StudyTracking, finished_runs, new_session_id
 
 
@@ -32,8 +33,9 @@ class StudySession:
     session, the config-level schedulers, the cells seen, the checkpoints to resume, Tune's
     folders)."""
 
-    def __init__(self, study, name: str, study_dir: Path, tracking: StudyTracking,
-                 options: RunOptions, stream: IO[str]):
+    def __init__(
+        self, study, name: str, study_dir: Path, tracking: StudyTracking, options: RunOptions, stream: IO[str]
+    ):
         self.study = study
         self.name = name
         self.study_dir = study_dir
@@ -41,16 +43,16 @@ class StudySession:
         self.options = options
         self.stream = stream
         self.session_id = new_session_id()
-        self.ray = RaySession(options.address, options.num_cpus, options.num_gpus,
-                              options.object_store_mb, dashboard=options.dashboard)
+        self.ray = RaySession(
+            options.address, options.num_cpus, options.num_gpus, options.object_store_mb, dashboard=options.dashboard
+        )
         self.scheduling = session_scheduling(study, tracking, self.session_id)
         self.block_scheduling = {}  # optuna block index -> its pruner's scheduling
         for index, block in study.optuna_blocks:
             if block.pruner is not None:
                 from studies.scheduling.optuna_pruning import block_scheduling
 
-                self.block_scheduling[index] = block_scheduling(study, tracking, self.session_id,
-                                                                index)
+                self.block_scheduling[index] = block_scheduling(study, tracking, self.session_id, index)
         self.concurrency = 1
         self.context = None
         self.tune_dirs: list[Path] = []
@@ -100,11 +102,11 @@ class StudySession:
         if cells:  # their run colours come after those of the study's other versions
             from studies.tracking.ui_view import other_version_configs
 
-            self.other_versions = other_version_configs((r for runs in grouped.values() for r in runs),
-                                                        cells[0].version)
+            self.other_versions = other_version_configs(
+                (r for runs in grouped.values() for r in runs), cells[0].version
+            )
             self._colors = (-1, {})
-        self.finished_runs = [found[-1] for found in (finished_runs(grouped.get(i, []))
-                                                      for i in ids) if found]
+        self.finished_runs = [found[-1] for found in (finished_runs(grouped.get(i, [])) for i in ids) if found]
         self.finished_values = self.best_values(self.finished_runs)
         # only the checkpoints of unfinished cells are read: a finished study reads none
         unfinished = [i for i in ids if self.tracking.finished_run(grouped.get(i, [])) is None]
@@ -121,8 +123,7 @@ class StudySession:
         if self.study.racing is not None:  # only the cells of configs still racing may run
             from studies.scheduling.race_driver import RaceDriver
 
-            self.race = RaceDriver.rebuild(self.study, cells, self.tracking,
-                                           resumable=self.resume.folders())
+            self.race = RaceDriver.rebuild(self.study, cells, self.tracking, resumable=self.resume.folders())
             wanted = set(self.race.runnable(to_run))
         return done, [c for c in cells if c.cell_id in wanted]
 
@@ -168,17 +169,27 @@ class StudySession:
         resume_from = self.resume.folders()
         payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
         sharing = self.ray.gpu_sharing(float(self.study.resources.gpus), self.concurrency)
-        self.say(f"running {len(cells)} cells ({self.concurrency} at a time, "
-                 f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each"
-                 + (f"; {sharing} trials share each GPU)" if sharing > 1 else
-                    "; 1 trial per GPU)" if sharing == 1 else ")"))
+        self.say(
+            f"running {len(cells)} cells ({self.concurrency} at a time, "
+            f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each"
+            + (f"; {sharing} trials share each GPU)" if sharing > 1 else "; 1 trial per GPU)" if sharing == 1 else ")")
+        )
         per_trial = int(self.study.resources.seeds_per_trial)
         if self.race is not None:  # the race decides which cells start: one experiment
             if per_trial > 1:
-                self.say(f"racing: each round of a config's seeds as fused arrays of up to "
-                         f"{per_trial} seeds (one trial each)")
-            self.experiment(RaceSearcher(self.race, payloads, per_trial), cells, max_trials=len(cells),
-                            total=total, done_before=done_before, names=names, arrays=per_trial > 1)
+                self.say(
+                    f"racing: each round of a config's seeds as fused arrays of up to "
+                    f"{per_trial} seeds (one trial each)"
+                )
+            self.experiment(
+                RaceSearcher(self.race, payloads, per_trial),
+                cells,
+                max_trials=len(cells),
+                total=total,
+                done_before=done_before,
+                names=names,
+                arrays=per_trial > 1,
+            )
             return
         callback = None
         parts = experiment_parts(cells, per_trial, self.resume.start_epochs())  # studies.cells.arrays
@@ -188,13 +199,21 @@ class StudySession:
                 self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part_cells)} cells")
             if per_trial > 1:
                 trials = self.array_payloads(part, payloads)
-                self.say(f"{len(part_cells)} cells as {len(trials)} fused arrays of up to {per_trial} seeds "
-                         f"(one trial each)")
+                self.say(
+                    f"{len(part_cells)} cells as {len(trials)} fused arrays of up to {per_trial} seeds (one trial each)"
+                )
             else:
                 trials = {c.cell_id: payloads[c.cell_id] for c in part_cells}
-            callback = self.experiment(CellQueueSearcher(trials), cells, max_trials=len(trials), total=total,
-                                       done_before=done_before, callback=callback, names=names,
-                                       arrays=per_trial > 1)
+            callback = self.experiment(
+                CellQueueSearcher(trials),
+                cells,
+                max_trials=len(trials),
+                total=total,
+                done_before=done_before,
+                callback=callback,
+                names=names,
+                arrays=per_trial > 1,
+            )
         self.callback = callback
 
     @staticmethod
@@ -215,8 +234,9 @@ class StudySession:
         # the progress goes on from the cells before (done never falls back); the block's
         # cells are counted as their configs are asked, those of configs not asked yet as
         # the most they may add
-        callback = self.callback or self.progress_callback([], total=total, done_before=done_before,
-                                                           epochs={}, to_run=0)
+        callback = self.callback or self.progress_callback(
+            [], total=total, done_before=done_before, epochs={}, to_run=0
+        )
         callback.progress.may_add = lambda: proposals.max_cells
         epochs = callback.progress.epochs
         # one scan of the storage for the checkpoints of every cell of the study; a
@@ -244,23 +264,38 @@ class StudySession:
             return list(payloads.values())
 
         per_trial = int(self.study.resources.seeds_per_trial)
-        self.say(f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
-                 f"({self.concurrency} at a time"
-                 + (f"; a config's seeds as fused arrays of up to {per_trial})" if per_trial > 1 else ")"))
+        self.say(
+            f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
+            f"({self.concurrency} at a time"
+            + (f"; a config's seeds as fused arrays of up to {per_trial})" if per_trial > 1 else ")")
+        )
         if proposals.index not in self.block_scheduling:
-            self.callback = self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
-                                            max_trials=proposals.max_cells, total=total,
-                                            done_before=done_before, callback=callback,
-                                            arrays=per_trial > 1)
+            self.callback = self.experiment(
+                ProposalSearcher(proposals, admit),
+                [],
+                epochs=epochs,
+                max_trials=proposals.max_cells,
+                total=total,
+                done_before=done_before,
+                callback=callback,
+                arrays=per_trial > 1,
+            )
             return
         from studies.scheduling.optuna_pruning import PrunerBridge
 
         scheduling.prepare([], self.concurrency)  # the actor, for the bridge
         with PrunerBridge(scheduling.actor, proposals.report_epoch):
-            self.callback = self.experiment(ProposalSearcher(proposals, admit), [], epochs=epochs,
-                                            max_trials=proposals.max_cells, total=total,
-                                            done_before=done_before, scheduling=scheduling,
-                                            callback=callback, arrays=per_trial > 1)
+            self.callback = self.experiment(
+                ProposalSearcher(proposals, admit),
+                [],
+                epochs=epochs,
+                max_trials=proposals.max_cells,
+                total=total,
+                done_before=done_before,
+                scheduling=scheduling,
+                callback=callback,
+                arrays=per_trial > 1,
+            )
 
     def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
         """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
@@ -272,8 +307,7 @@ class StudySession:
         grouped = self.tracking.config_runs(cells[0].config_id)
         done, to_run = self.tracking.prepare(ids, keep=keep, grouped=grouped)
         self.resume = self.resume.merged(found.only(keep))
-        finished = {cell_id: self.tracking.finished_run(grouped.get(cell_id, []))
-                    for cell_id in done}
+        finished = {cell_id: self.tracking.finished_run(grouped.get(cell_id, [])) for cell_id in done}
         wanted = set(to_run)
         return finished, [c for c in cells if c.cell_id in wanted]
 
@@ -285,18 +319,31 @@ class StudySession:
         metric, _ = self.progress_metric
         known = sum(map(len, self.namer.configs.values()))
         if self._colors[0] != known:  # the report's colours of the configs named so far
-            self._colors = (known, run_colors(self.namer.configs, list(self.study.variants),
-                                              self.other_versions))
-        return cell_payload(cell, resume_from, names.get(cell.cell_id),
-                            color=self._colors[1].get(cell.config_id),
-                            log_model=self.study.log_models,
-                            checkpoint_interval_s=self.study.checkpoint_interval_s,
-                            tune_metrics=[metric] if metric else [])
+            self._colors = (known, run_colors(self.namer.configs, list(self.study.variants), self.other_versions))
+        return cell_payload(
+            cell,
+            resume_from,
+            names.get(cell.cell_id),
+            color=self._colors[1].get(cell.config_id),
+            log_model=self.study.log_models,
+            checkpoint_interval_s=self.study.checkpoint_interval_s,
+            tune_metrics=[metric] if metric else [],
+        )
 
-    def experiment(self, searcher, cells: Sequence, *,
-                   max_trials: int, total: int, done_before: int,
-                   epochs: dict[str, int] | None = None, callback=None, scheduling=None,
-                   names: Mapping[str, str] | None = None, arrays: bool = False):
+    def experiment(
+        self,
+        searcher,
+        cells: Sequence,
+        *,
+        max_trials: int,
+        total: int,
+        done_before: int,
+        epochs: dict[str, int] | None = None,
+        callback=None,
+        scheduling=None,
+        names: Mapping[str, str] | None = None,
+        arrays: bool = False,
+    ):
         """One Tune experiment: the trials `searcher` hands out (at most `max_trials`), with
         the progress line (`callback`: the one of an earlier part of the same cells, whose
         counts go on; else a new one over `cells`), the config-level scheduler (`scheduling`,
@@ -306,8 +353,7 @@ class StudySession:
 
         scheduling = scheduling or self.scheduling
         # a block's pruner knows the block's configs alone (told as they are proposed)
-        early = scheduling.prepare(self.known_cells.values() if scheduling is self.scheduling
-                                   else [], self.concurrency)
+        early = scheduling.prepare(self.known_cells.values() if scheduling is self.scheduling else [], self.concurrency)
 
         def on_error(cell_id: str) -> None:  # failed for good: its config decides without it
             cell = self.known_cells.get(cell_id)
@@ -315,8 +361,7 @@ class StudySession:
                 scheduling.mark_gone(cell)
 
         if callback is None:
-            callback = self.progress_callback(cells, total=total, done_before=done_before,
-                                              epochs=epochs, names=names)
+            callback = self.progress_callback(cells, total=total, done_before=done_before, epochs=epochs, names=names)
         callback._on_error = on_error  # this experiment's scheduler learns of a failed cell
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
         root = self.storage_root()
@@ -327,13 +372,20 @@ class StudySession:
 
             self.parameters = ExperimentParameters()
         run_experiment(
-            searcher, max_trials=max_trials, parameters=self.parameters,
-            name=run_name, storage=str(root) if root is not None else str(self.options.storage),
-            context=self.context, fit_fn=self.options.fit_fn, early_stopping=early,
-            resources={"cpu": float(self.study.resources.cpus),
-                       "gpu": float(self.study.resources.gpus)},
+            searcher,
+            max_trials=max_trials,
+            parameters=self.parameters,
+            name=run_name,
+            storage=str(root) if root is not None else str(self.options.storage),
+            context=self.context,
+            fit_fn=self.options.fit_fn,
+            early_stopping=early,
+            resources={"cpu": float(self.study.resources.cpus), "gpu": float(self.study.resources.gpus)},
             concurrency=self.concurrency,
-            max_failures=int(self.study.max_failures), callbacks=[callback], arrays=arrays)
+            max_failures=int(self.study.max_failures),
+            callbacks=[callback],
+            arrays=arrays,
+        )
         # Tune's trials of this experiment hold reference cycles: free them before the next
         # part starts, not whenever the collector next runs (a full collection of the
         # driver's heap takes about 0.3 s: not worth it after a few trials)
@@ -341,29 +393,46 @@ class StudySession:
             gc.collect()
         return callback
 
-    def progress_callback(self, cells: Sequence, *, total: int, done_before: int,
-                          epochs: dict[str, int] | None = None, names: Mapping[str, str] | None = None,
-                          to_run: int | None = None):
+    def progress_callback(
+        self,
+        cells: Sequence,
+        *,
+        total: int,
+        done_before: int,
+        epochs: dict[str, int] | None = None,
+        names: Mapping[str, str] | None = None,
+        to_run: int | None = None,
+    ):
         """A new progress line (`studies.running.tune_experiment.ProgressCallback`) over `cells`, its
         configs named by their run names."""
         from studies.running.tune_experiment import ProgressCallback
 
         if epochs is None:
             epochs = {c.cell_id: int(c.config.get("epochs", 1)) for c in cells}
-        progress = StudyProgress(total=total, to_run=len(cells) if to_run is None else to_run,
-                                 done_before=done_before, epochs=epochs, race=self.race)
+        progress = StudyProgress(
+            total=total,
+            to_run=len(cells) if to_run is None else to_run,
+            done_before=done_before,
+            epochs=epochs,
+            race=self.race,
+        )
         if names is None:
             names = self.namer.names(self.known_cells.values())
         metric, mode = self.progress_metric
         callback = ProgressCallback(
-            progress, interval_s=self.options.progress_interval_s, stream=self.stream,
-            metric=metric, mode=mode,
-            labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()})
+            progress,
+            interval_s=self.options.progress_interval_s,
+            stream=self.stream,
+            metric=metric,
+            mode=mode,
+            labels={cell_id: name.rsplit(" s", 1)[0] for cell_id, name in names.items()},
+        )
         if self.finished_values:  # the cells finished before this invocation count too
             done = [self.known_cells[i] for i in self.finished_values]
-            callback.add_finished(self.finished_values, {
-                cell_id: name.rsplit(" s", 1)[0]
-                for cell_id, name in self.namer.names(done).items()})
+            callback.add_finished(
+                self.finished_values,
+                {cell_id: name.rsplit(" s", 1)[0] for cell_id, name in self.namer.names(done).items()},
+            )
         return callback
 
     @functools.cached_property
@@ -374,8 +443,10 @@ class StudySession:
         if objective is not None and objective.metric.startswith(("val/", "train/")):
             return objective.metric, objective.mode
         first = self.study.variant_names[0]
-        return (self.study.variant_value(first, "eval.selection"),
-                self.study.variant_value(first, "eval.selection_mode", "max"))
+        return (
+            self.study.variant_value(first, "eval.selection"),
+            self.study.variant_value(first, "eval.selection_mode", "max"),
+        )
 
     def run_optuna_blocks(self, total: int, done_before: int) -> None:
         """Every optuna block of the design, in order (their cells become known cells)."""
@@ -385,10 +456,15 @@ class StudySession:
 
         for index, block in self.study.optuna_blocks:
             run_optuna_block(
-                self.study, index, block, study_name=self.name, study_dir=self.study_dir,
+                self.study,
+                index,
+                block,
+                study_name=self.name,
+                study_dir=self.study_dir,
                 smoke_epochs=self.options.smoke_epochs if self.options.smoke else 0,
                 tracking=self.tracking,
-                run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before))
+                run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before),
+            )
 
 
 #: the metric a finished run holds its selection metric's best value in (setvalued.train.fit)
@@ -397,5 +473,3 @@ BEST_VALUE_METRIC = "best_val"
 COLLECT_AFTER_TRIALS = 100
 #: how the line that starts each of several parts begins (after "[studies] ")
 PART_LINE = "experiment part"
-
-

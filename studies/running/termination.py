@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 __all__ = ["Terminated", "trap", "trapped", "exit_code", "TRAPPED_SIGNALS"]
 

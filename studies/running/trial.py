@@ -27,7 +27,8 @@ Early stopping and pruning (`scheduler: {kind: early_stopping | asha}`, an optun
 `pruner`) are decided per config over its seeds by the coordinator actor
 (`studies.scheduling`): at the rule's decision epochs, each seed waits until all
 seeds of its config have reported that epoch, and all seeds of a stopped config stop at the
-same epoch (tagged `studies.stopped_epoch`, and `studies.pruned` when the rule prunes). A stopped seed is finalised by calling `fit`
+same epoch (tagged `studies.stopped_epoch`, and `studies.pruned` when the rule prunes). A stopped
+seed is finalised by calling `fit`
 again from its last checkpoint with `epochs` cut to the epochs done: no epoch is left to
 train, and `fit` evaluates the checkpoint selected on validation on the test set, as for a
 complete run.
@@ -42,21 +43,22 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from analysis.layout import TAG_PLUGINS, plugins_tag
-from studies.running.checkpoints import read_checkpoint, read_meta, read_tune_checkpoint, save_checkpoint
 from studies.errors import RunnerError
+from studies.running.checkpoints import read_checkpoint, read_meta, read_tune_checkpoint, save_checkpoint
 from studies.scheduling.coordinator import CoordinatorClient
 from studies.tracking import (
     EPOCH_MARKER_METRIC,
-    TAG_PRUNED,
-    TAG_STOPPED_EPOCH,
     STATUS_FINISHED,
     TAG_NODE_ID,
+    TAG_PRUNED,
     TAG_RESUMED_FROM,
     TAG_STATUS,
+    TAG_STOPPED_EPOCH,
     CellRun,
     TrackingContext,
     with_retry,
@@ -111,7 +113,7 @@ def set_torch_threads() -> None:
 
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         torch.set_num_threads(max(1, int(math.ceil(cpus))))
-    except Exception:  # outside Ray (plain calls in tests and the benchmark)
+    except Exception:  # noqa: BLE001 (outside Ray (plain calls in tests and the benchmark))
         pass
 
 
@@ -156,9 +158,12 @@ def run_cell(
     if meta.get("discard_run_id"):  # its checkpoint was unreadable: a new run replaces it
         discard_run(context, meta["discard_run_id"])
     # the node tag shows in MLflow where this attempt runs (which node trained or retried it)
-    run, reused = CellRun.open(context, cell, run_id=meta.get("run_id"),
-                               tags={TAG_NODE_ID: ray.get_runtime_context().get_node_id(),
-                                     **plugin_tags(cell)})
+    run, reused = CellRun.open(
+        context,
+        cell,
+        run_id=meta.get("run_id"),
+        tags={TAG_NODE_ID: ray.get_runtime_context().get_node_id(), **plugin_tags(cell)},
+    )
     if reused and already_finished(run):
         return  # finished before the worker died; Tune only missed the end
     history: list[list] = meta.get("history", [])  # [[epoch, metrics], ...] in order
@@ -170,8 +175,12 @@ def run_cell(
         result = _train(fit, cell, reporter)
         if cell.get("log_model") and result.get("model") is not None:
             log_model_of(run, result)
-        run.finish(result, final_step=reporter.final_step(), pending=reporter.take_pending(),
-                   clear_error=earlier_error is not None)
+        run.finish(
+            result,
+            final_step=reporter.final_step(),
+            pending=reporter.take_pending(),
+            clear_error=earlier_error is not None,
+        )
         # no final Tune report: the trial's end tells the driver (one round trip less)
     except Exception as error:
         message = one_paragraph(error)
@@ -179,8 +188,7 @@ def run_cell(
         disk_full = full_disk(error, folders)
         if disk_full:  # the message says which disk: the folders written and their free space
             message = full_disk_message(error, folders)
-        if not (disk_full or will_repeat(error, message, earlier_error, reporter.epochs_done, state,
-                                          deterministic)):
+        if not (disk_full or will_repeat(error, message, earlier_error, reporter.epochs_done, state, deterministic)):
             # the epochs after the last checkpoint are trained and logged again by the retry
             record_failure(run, message)
             raise  # Tune retries the trial from its last checkpoint (FailureConfig)
@@ -199,20 +207,24 @@ def log_model_of(run: CellRun, result: Mapping[str, Any]) -> None:
         print(f"[studies] the model of run {run.run_id} was not logged ({one_paragraph(error)})", flush=True)
 
 
-def will_repeat(error: Exception, message: str, earlier_error: str | None, epochs_done: int,
-                 state: Any, deterministic: tuple) -> bool:
+def will_repeat(
+    error: Exception, message: str, earlier_error: str | None, epochs_done: int, state: Any, deterministic: tuple
+) -> bool:
     """Whether a retry would fail the same way, so the cell fails now instead: a known
     deterministic error (a non-finite loss), an OSError (a full disk, a missing file), an
     error raised before the first epoch of a fresh start (a bad config or data), or the same
     error as the attempt before."""
-    return (isinstance(error, deterministic) or isinstance(error, OSError)
-            or (epochs_done == 0 and state is None) or message == earlier_error)
+    return (
+        isinstance(error, deterministic)
+        or isinstance(error, OSError)
+        or (epochs_done == 0 and state is None)
+        or message == earlier_error
+    )
 
 
 #: how a full disk reads through the libraries that write here: errno 28, torch.save's
 #: writer (a RuntimeError), SQLite, a quota
-_FULL_DISK_SIGNS = ("no space left on device", "file write failed", "database or disk is full",
-                    "disk quota exceeded")
+_FULL_DISK_SIGNS = ("no space left on device", "file write failed", "database or disk is full", "disk quota exceeded")
 
 
 #: a folder with less free space than this is full (torch.save on a full disk says only
@@ -247,8 +259,10 @@ def full_disk_message(error: BaseException, folders: Iterable[str | Path]) -> st
         except OSError:
             continue
         places.append(f"{folder} ({usage.free / 2**20:,.1f} MiB free of {usage.total / 2**30:,.1f} GiB)")
-    return (f"the disk is full: {one_paragraph(error, 500)}; this trial writes to "
-            f"{'; '.join(places) or 'no folder it can see'}; free space there (or pass --storage)")
+    return (
+        f"the disk is full: {one_paragraph(error, 500)}; this trial writes to "
+        f"{'; '.join(places) or 'no folder it can see'}; free space there (or pass --storage)"
+    )
 
 
 def written_folders(context: TrackingContext) -> list[str]:
@@ -262,18 +276,19 @@ def written_folders(context: TrackingContext) -> list[str]:
     except Exception:  # noqa: BLE001  (outside a trial, or an older Ray)
         pass
     if context.tracking_uri.startswith("sqlite:///"):
-        folders.append(str(Path(context.tracking_uri[len("sqlite:///"):]).parent))
+        folders.append(str(Path(context.tracking_uri[len("sqlite:///") :]).parent))
     return [f for f in folders if f]
 
 
-def flush_for_the_record(reporter: "EpochReporter") -> None:
+def flush_for_the_record(reporter: EpochReporter) -> None:
     """The epochs of a cell that fails for good that are not logged yet: its curves up to the
     failure stay visible in MLflow (best effort: the failure itself matters more)."""
     try:
         reporter.flush()
     except Exception as error:  # noqa: BLE001
-        print(f"[studies] could not log the last epochs of run {reporter.run.run_id} "
-              f"({one_paragraph(error)})", flush=True)
+        print(
+            f"[studies] could not log the last epochs of run {reporter.run.run_id} ({one_paragraph(error)})", flush=True
+        )
 
 
 def record_failure(run: CellRun, message: str) -> None:
@@ -282,8 +297,7 @@ def record_failure(run: CellRun, message: str) -> None:
     try:
         run.fail(message)
     except Exception as error:  # noqa: BLE001  (the cell's own error is what matters)
-        print(f"[studies] could not record the failure of run {run.run_id} ({one_paragraph(error)})",
-              flush=True)
+        print(f"[studies] could not record the failure of run {run.run_id} ({one_paragraph(error)})", flush=True)
 
 
 def _starting_point(cell: Mapping[str, Any]) -> tuple[Any, dict]:
@@ -307,10 +321,11 @@ def read_resume_checkpoint(folder: str) -> tuple[Any, dict]:
     the earlier run to discard (``discard_run_id``), whose epochs a fresh start cannot reuse."""
     try:
         return read_checkpoint(folder)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (any unreadable checkpoint: the cell starts from scratch)
         reason = one_paragraph(error, 300)
-        print(f"[studies] cannot read the checkpoint {folder} safely ({reason}); "
-              f"the cell starts from scratch", flush=True)
+        print(
+            f"[studies] cannot read the checkpoint {folder} safely ({reason}); the cell starts from scratch", flush=True
+        )
         try:
             earlier = read_meta(folder).get("run_id")
         except (OSError, ValueError, RunnerError):
@@ -343,7 +358,7 @@ def discard_run(context: TrackingContext, run_id: str) -> None:
 
     try:
         with_retry(lambda: MlflowClient(context.tracking_uri).delete_run(run_id))
-    except Exception as error:  # already gone
+    except Exception as error:  # noqa: BLE001 (already gone)
         print(f"[studies] could not delete the earlier run {run_id} ({one_paragraph(error)})", flush=True)
 
 
@@ -354,13 +369,11 @@ def already_finished(run: CellRun) -> bool:
     return tags.get(TAG_STATUS) == STATUS_FINISHED
 
 
-def log_missing_epochs(run: CellRun, history: list[list], reused: bool,
-                        resumed: bool) -> int | None:
+def log_missing_epochs(run: CellRun, history: list[list], reused: bool, resumed: bool) -> int | None:
     """Log the checkpoint's epochs that the run misses (a worker that died between its
     checkpoint and its MLflow log); returns the last epoch the run holds, if any."""
     logged_through = run.last_logged_epoch() if reused else None
-    missing = [(epoch, metrics) for epoch, metrics in history
-               if logged_through is None or epoch > logged_through]
+    missing = [(epoch, metrics) for epoch, metrics in history if logged_through is None or epoch > logged_through]
     if missing:  # in one request (a minute of short epochs may be missing)
         run.log_epochs(missing)
         logged_through = missing[-1][0]
@@ -383,9 +396,17 @@ class EpochReporter:
     checkpoint's history, which its restart logs first).
     """
 
-    def __init__(self, run: CellRun, cell: Mapping[str, Any], context: TrackingContext,
-                 history: list[list], logged_through: int | None,
-                 coordinator: CoordinatorClient | None, state: Any, start: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        run: CellRun,
+        cell: Mapping[str, Any],
+        context: TrackingContext,
+        history: list[list],
+        logged_through: int | None,
+        coordinator: CoordinatorClient | None,
+        state: Any,
+        start: Mapping[str, str] | None = None,
+    ):
         self.run = run
         self.start = dict(start or {})  # added to the first Tune report only (start_report)
         self.cell = cell
@@ -426,14 +447,16 @@ class EpochReporter:
                 self.flush()
         else:
             self._report(epoch, values, None)
-        if self.coordinator is not None and \
-                self.coordinator.report_and_wait(self.epochs_done, values) == "stop":
+        if self.coordinator is not None and self.coordinator.report_and_wait(self.epochs_done, values) == "stop":
             raise StopTraining()
         self.last_time = time.perf_counter()
 
     def _checkpoint_due(self, epoch: int) -> bool:
-        return (self.interval_s <= 0 or epoch >= self.last_epoch
-                or time.perf_counter() - self.last_checkpoint >= self.interval_s)
+        return (
+            self.interval_s <= 0
+            or epoch >= self.last_epoch
+            or time.perf_counter() - self.last_checkpoint >= self.interval_s
+        )
 
     def flush(self) -> None:
         """Log the pending epochs in one request (they are all checkpointed or final)."""
@@ -472,8 +495,13 @@ class EpochReporter:
         """What the epoch's Tune report carries (the start's keys on the first one only)."""
         keys = self.cell.get("tune_metrics")  # MLflow has every metric; Tune, what the driver reads
         shown = values if keys is None else {k: values[k] for k in keys if k in values}
-        report = {**shown, **cell_ids(self.cell, self.run), "epoch": epoch, "epochs_done": self.epochs_done,
-                  "cell_status": "running"}
+        report = {
+            **shown,
+            **cell_ids(self.cell, self.run),
+            "epoch": epoch,
+            "epochs_done": self.epochs_done,
+            "cell_status": "running",
+        }
         if self.start:
             report.update(self.start)
             self.start = {}
@@ -481,8 +509,13 @@ class EpochReporter:
 
     def checkpoint_meta(self, epoch: int) -> dict[str, Any]:
         """The meta.json of the cell's checkpoint after `epoch` (`studies.running.checkpoints`)."""
-        return {"run_id": self.run.run_id, "cell_id": self.cell["cell_id"],
-                "study": self.context.study_name, "epoch": epoch, "history": self.history}
+        return {
+            "run_id": self.run.run_id,
+            "cell_id": self.cell["cell_id"],
+            "study": self.context.study_name,
+            "epoch": epoch,
+            "history": self.history,
+        }
 
 
 def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -> Mapping:
@@ -491,8 +524,7 @@ def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -
     config = copy.deepcopy(dict(cell["config"]))
     seed = int(cell["seed"])
     coordinator = reporter.coordinator
-    if coordinator is not None and reporter.epochs_done and \
-            coordinator.decision(reporter.epochs_done) == "stop":
+    if coordinator is not None and reporter.epochs_done and coordinator.decision(reporter.epochs_done) == "stop":
         stopped_at = reporter.epochs_done  # restarted after the config was stopped
     else:
         try:
@@ -507,8 +539,7 @@ def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -
     # evaluates the checkpoint it selected on validation
     truncated = copy.deepcopy(config)
     truncated["epochs"] = stopped_at
-    return fit(truncated, seed, on_epoch=None,
-               checkpoint=_with_epochs(reporter.state, stopped_at))
+    return fit(truncated, seed, on_epoch=None, checkpoint=_with_epochs(reporter.state, stopped_at))
 
 
 def _with_epochs(state: Any, epochs: int) -> Any:

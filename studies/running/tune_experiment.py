@@ -23,17 +23,18 @@ started, so that a dry run or `studies --help` never loads Ray.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import ray
 from ray import tune
 from ray.tune.search import Searcher
 
 from studies.cells.cell_queue import CellQueue
-from studies.running.progress import ProgressReporter
 from studies.running.array_trial import run_array
+from studies.running.progress import ProgressReporter
 from studies.running.trial import run_cell
 from studies.tracking import TrackingContext
 
@@ -60,8 +61,7 @@ class CellQueueSearcher(Searcher):
         pass  # MLflow is the ledger
 
     def save(self, checkpoint_path: str) -> None:
-        Path(checkpoint_path).write_text(json.dumps({"queue": self.queue.to_json(),
-                                                     "payloads": self.payloads}))
+        Path(checkpoint_path).write_text(json.dumps({"queue": self.queue.to_json(), "payloads": self.payloads}))
 
     def restore(self, checkpoint_path: str) -> None:
         state = json.loads(Path(checkpoint_path).read_text())
@@ -240,19 +240,31 @@ def released_parameters() -> Iterator[None]:
                     getattr(registry, table).clear()
 
 
-def cell_payload(cell, resume_from: str | None = None, run_name: str | None = None,
-                 log_model: bool = False, color: str | None = None,
-                 checkpoint_interval_s: float = 0.0,
-                 tune_metrics: Sequence[str] | None = None) -> dict:
+def cell_payload(
+    cell,
+    resume_from: str | None = None,
+    run_name: str | None = None,
+    log_model: bool = False,
+    color: str | None = None,
+    checkpoint_interval_s: float = 0.0,
+    tune_metrics: Sequence[str] | None = None,
+) -> dict:
     """A cell as a plain dict (what travels to the workers), with the checkpoint folder an
     earlier session left for it, if any, and the name and colour of its MLflow run.
     `tune_metrics`: the epoch metrics its Tune reports carry (the driver's progress line reads
     one; Tune keeps statistics of every key reported, ~4 KB per key and trial); None: all."""
     return {
-        "cell_id": cell.cell_id, "config_id": cell.config_id, "seed": int(cell.seed),
-        "variant": cell.variant, "config": cell.config, "swept": dict(cell.swept),
-        "version": getattr(cell, "version", ""), "resume_from": resume_from, "run_name": run_name,
-        "color": color, "log_model": log_model,
+        "cell_id": cell.cell_id,
+        "config_id": cell.config_id,
+        "seed": int(cell.seed),
+        "variant": cell.variant,
+        "config": cell.config,
+        "swept": dict(cell.swept),
+        "version": getattr(cell, "version", ""),
+        "resume_from": resume_from,
+        "run_name": run_name,
+        "color": color,
+        "log_model": log_model,
         "checkpoint_interval_s": float(checkpoint_interval_s),
         "tune_metrics": None if tune_metrics is None else list(tune_metrics),
     }
@@ -264,11 +276,22 @@ def array_payload(array_id: str, members: Sequence[dict]) -> dict:
     return {"cell_id": array_id, "members": list(members)}
 
 
-def run_experiment(searcher: Searcher, *, max_trials: int, name: str, storage: str,
-                   context: TrackingContext, fit_fn: Callable | None,
-                   early_stopping: Mapping[str, Any] | None, resources: Mapping[str, float],
-                   concurrency: int, max_failures: int, callbacks: Sequence,
-                   parameters: ExperimentParameters | None = None, arrays: bool = False) -> None:
+def run_experiment(
+    searcher: Searcher,
+    *,
+    max_trials: int,
+    name: str,
+    storage: str,
+    context: TrackingContext,
+    fit_fn: Callable | None,
+    early_stopping: Mapping[str, Any] | None,
+    resources: Mapping[str, float],
+    concurrency: int,
+    max_failures: int,
+    callbacks: Sequence,
+    parameters: ExperimentParameters | None = None,
+    arrays: bool = False,
+) -> None:
     """Run one trial per cell that `searcher` hands out, each payload in its trial's config,
     in the Tune experiment `name` under `storage`, at most `concurrency` at a time and at most
     `max_trials` in all (a `CellQueueSearcher` hands out its cells in order, a race's
@@ -278,8 +301,10 @@ def run_experiment(searcher: Searcher, *, max_trials: int, name: str, storage: s
     (`array_payload`), trained by `run_array`."""
     parameters = parameters or ExperimentParameters()
     with released_parameters():
-        trainable = tune.with_parameters(run_array if arrays else run_cell, **parameters.references(
-            context=context, fit_fn=fit_fn, early_stopping=early_stopping))
+        trainable = tune.with_parameters(
+            run_array if arrays else run_cell,
+            **parameters.references(context=context, fit_fn=fit_fn, early_stopping=early_stopping),
+        )
         tuner = tune.Tuner(
             tune.with_resources(trainable, dict(resources)),
             tune_config=tune.TuneConfig(

@@ -14,9 +14,19 @@ from studies.scheduling.early_stopping import ConfigEarlyStopper
 from studies.scheduling.optuna_pruning import ConfigOptunaPruning
 from studies.scheduling.successive_halving import ConfigSuccessiveHalving, rungs
 
-__all__ = ["CONTINUE", "STOP", "WAIT", "ConfigScheduler", "ConfigEarlyStopper",
-           "ConfigSuccessiveHalving", "ConfigOptunaPruning", "ConfigScheduling", "CoordinatorClient", "rungs",
-           "session_scheduling"]
+__all__ = [
+    "CONTINUE",
+    "STOP",
+    "WAIT",
+    "ConfigScheduler",
+    "ConfigEarlyStopper",
+    "ConfigSuccessiveHalving",
+    "ConfigOptunaPruning",
+    "ConfigScheduling",
+    "CoordinatorClient",
+    "rungs",
+    "session_scheduling",
+]
 
 
 def session_scheduling(study, tracking, session_id: str) -> ConfigScheduling:
@@ -30,13 +40,33 @@ def session_scheduling(study, tracking, session_id: str) -> ConfigScheduling:
     mode = scheduler.mode or study.objective.mode
     if kind == "early_stopping":
         return ConfigScheduling(
-            study, tracking, name, ConfigEarlyStopper, metric=metric, label="scheduler: early stopping",
-            rule_kwargs={"seeds": {}, "mode": mode, "grace_epochs": scheduler.grace_epochs,
-                         "patience": scheduler.patience})
+            study,
+            tracking,
+            name,
+            ConfigEarlyStopper,
+            metric=metric,
+            label="scheduler: early stopping",
+            rule_kwargs={
+                "seeds": {},
+                "mode": mode,
+                "grace_epochs": scheduler.grace_epochs,
+                "patience": scheduler.patience,
+            },
+        )
     if kind == "asha":
         return ConfigScheduling(
-            study, tracking, name, ConfigSuccessiveHalving, metric=metric,
-            label="scheduler: asha", prunes=ConfigSuccessiveHalving.prunes,
-            rule_kwargs={"seeds": {}, "mode": mode, "grace_epochs": scheduler.grace_epochs,
-                         "reduction_factor": scheduler.reduction_factor})
+            study,
+            tracking,
+            name,
+            ConfigSuccessiveHalving,
+            metric=metric,
+            label="scheduler: asha",
+            prunes=ConfigSuccessiveHalving.prunes,
+            rule_kwargs={
+                "seeds": {},
+                "mode": mode,
+                "grace_epochs": scheduler.grace_epochs,
+                "reduction_factor": scheduler.reduction_factor,
+            },
+        )
     raise ValueError(f"unknown scheduler kind {kind!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 #: a seed's status at an epoch
 STOP, CONTINUE, WAIT = "stop", "continue", "wait"

@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from analysis.layout import TAG_STOPPED_EPOCH
-from studies.scheduling.base import WAIT, ConfigScheduler
 from studies.errors import RunnerError
+from studies.scheduling.base import WAIT, ConfigScheduler
 from studies.tracking import STATUS_FINISHED
 
 
@@ -106,9 +107,17 @@ class ConfigScheduling:
     of a stopped cell's `studies.pruned` tag (None for early stopping).
     """
 
-    def __init__(self, study, tracking, actor_name: str, rule_class: type | None,
-                 rule_kwargs: Mapping[str, Any] | None = None, metric: str | None = None,
-                 label: str = "", prunes: str | None = None):
+    def __init__(
+        self,
+        study,
+        tracking,
+        actor_name: str,
+        rule_class: type | None,
+        rule_kwargs: Mapping[str, Any] | None = None,
+        metric: str | None = None,
+        label: str = "",
+        prunes: str | None = None,
+    ):
         self.study = study
         self.tracking = tracking
         self.enabled = rule_class is not None
@@ -151,13 +160,16 @@ class ConfigScheduling:
 
         self.check_concurrency(concurrency)
         if self.actor is None:
-            self.actor = ray.remote(num_cpus=0)(SchedulerActor).options(
-                name=self.actor_name).remote(self.rule_class, self.rule_kwargs)
+            self.actor = (
+                ray.remote(num_cpus=0)(SchedulerActor)
+                .options(name=self.actor_name)
+                .remote(self.rule_class, self.rule_kwargs)
+            )
         known = list(known_cells)
         seeds: dict[str, set] = defaultdict(set)
         epochs: dict[str, int] = {}
         # a race's later seeds start after its initial round: only those run (and wait) together
-        together = set(self.study.seed_list[:self.study.seeds_at_once])
+        together = set(self.study.seed_list[: self.study.seeds_at_once])
         for cell in known:
             if int(cell.seed) in together:
                 seeds[cell.config_id].add(int(cell.seed))
@@ -182,10 +194,13 @@ class ConfigScheduling:
             if state is None or state.status != STATUS_FINISHED:
                 continue
             history = self.tracking.metric_history(state.run_id, self.metric)
-            ray.get([self.actor.record.remote(cell.config_id, int(cell.seed), n, value)
-                     for n, (_step, value) in enumerate(history, start=1)])
-            stopped = self.tracking.client.get_run(state.run_id).data.tags.get(
-                TAG_STOPPED_EPOCH)
+            ray.get(
+                [
+                    self.actor.record.remote(cell.config_id, int(cell.seed), n, value)
+                    for n, (_step, value) in enumerate(history, start=1)
+                ]
+            )
+            stopped = self.tracking.client.get_run(state.run_id).data.tags.get(TAG_STOPPED_EPOCH)
             if stopped:
                 ray.get(self.actor.mark_stopped.remote(cell.config_id, int(stopped)))
 
@@ -209,8 +224,7 @@ class CoordinatorClient:
         self.seed = int(cell["seed"])
 
     @classmethod
-    def connect(cls, spec: Mapping[str, Any] | None,
-                cell: Mapping[str, Any]) -> "CoordinatorClient | None":
+    def connect(cls, spec: Mapping[str, Any] | None, cell: Mapping[str, Any]) -> CoordinatorClient | None:
         """The client for `spec` ({"actor": name, "metric": key, "prunes": tag value}, from
         `ConfigScheduling.prepare`); None when no rule is on."""
         if not spec or not spec.get("actor"):
@@ -225,8 +239,7 @@ class CoordinatorClient:
 
         return ray.get(self.actor.status.remote(self.config_id, self.seed, epochs_done))
 
-    def report_and_wait(self, epochs_done: int, metrics: Mapping[str, float],
-                        wait_s: float = 60.0) -> str:
+    def report_and_wait(self, epochs_done: int, metrics: Mapping[str, float], wait_s: float = 60.0) -> str:
         """Record this seed's value of the metric (NaN when absent) and block until its
         config's decision at this epoch: 'stop' or 'continue' (one call per `wait_s` of
         waiting: the actor answers as soon as the decision exists)."""
@@ -245,8 +258,7 @@ class CoordinatorClient:
         import ray
 
         while status == WAIT:
-            status = ray.get(self.actor.wait_decision.remote(
-                self.config_id, self.seed, epochs_done, wait_s))
+            status = ray.get(self.actor.wait_decision.remote(self.config_id, self.seed, epochs_done, wait_s))
         return status
 
     def tell_gone(self) -> None:

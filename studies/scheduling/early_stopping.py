@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from studies.scheduling.base import CONTINUE, STOP, ConfigScheduler
 
@@ -24,8 +24,7 @@ class ConfigEarlyStopper(ConfigScheduler):
     and cannot deadlock.
     """
 
-    def __init__(self, seeds: Mapping[str, Iterable[int]], mode: str, grace_epochs: int,
-                 patience: int):
+    def __init__(self, seeds: Mapping[str, Iterable[int]], mode: str, grace_epochs: int, patience: int):
         if patience < 1:
             raise ValueError(f"patience must be >= 1, got {patience}")
         self.grace_epochs = int(grace_epochs)

@@ -16,7 +16,7 @@ interval (0.2 s) once per epoch of a config, against epochs of seconds to hours.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from studies.scheduling.base import ConfigScheduler
 
@@ -45,9 +45,11 @@ def optuna_pruner(spec):
     if spec is None:
         return optuna.pruners.NopPruner()
     fields = spec.model_dump(exclude={"kind"})
-    classes = {"median": optuna.pruners.MedianPruner,
-               "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-               "hyperband": optuna.pruners.HyperbandPruner}
+    classes = {
+        "median": optuna.pruners.MedianPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+    }
     return classes[spec.kind](**fields)
 
 
@@ -67,7 +69,7 @@ class PrunerBridge:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="studies-pruner", daemon=True)
 
-    def __enter__(self) -> "PrunerBridge":
+    def __enter__(self) -> PrunerBridge:
         self._thread.start()
         return self
 
@@ -80,8 +82,7 @@ class PrunerBridge:
         import ray
 
         pending = ray.get(self.actor.pending.remote())
-        decisions = [(config_id, epoch, self._prune(config_id, epoch, mean))
-                     for config_id, epoch, mean in pending]
+        decisions = [(config_id, epoch, self._prune(config_id, epoch, mean)) for config_id, epoch, mean in pending]
         if decisions:
             ray.get(self.actor.resolve.remote(decisions))
         return len(decisions)
@@ -112,6 +113,12 @@ def block_scheduling(study, tracking, session_id: str, index: int):
     from studies.scheduling.coordinator import ConfigScheduling
 
     return ConfigScheduling(
-        study, tracking, f"studies-pruner-{session_id}-{index}", ConfigOptunaPruning,
-        rule_kwargs={"seeds": {}, "mode": study.objective.mode}, metric=study.objective.metric,
-        label=f"design[{index}].pruner", prunes=ConfigOptunaPruning.prunes)
+        study,
+        tracking,
+        f"studies-pruner-{session_id}-{index}",
+        ConfigOptunaPruning,
+        rule_kwargs={"seeds": {}, "mode": study.objective.mode},
+        metric=study.objective.metric,
+        label=f"design[{index}].pruner",
+        prunes=ConfigOptunaPruning.prunes,
+    )

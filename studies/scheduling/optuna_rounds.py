@@ -12,7 +12,8 @@ no slot waits for a round to end. A config with a failed cell is told FAIL and n
 (its cells stay failed in MLflow). With a `pruner` on the block, the config's seed mean
 after every epoch is reported to its trial as the intermediate value at step = epochs done
 (`report_epoch`, called by `studies.scheduling.optuna_pruning.PrunerBridge`); a config
-the pruner stops ends with every seed at that epoch and is told PRUNED. Trials left RUNNING by a killed driver are replayed first:
+the pruner stops ends with every seed at that epoch and is told PRUNED. Trials left RUNNING by a
+killed driver are replayed first:
 `optuna.trial.FixedTrial` of their params gives the same config, hence the same cells, which
 finish (or are already finished) and are told.
 
@@ -22,9 +23,10 @@ finish (or are already finished) and are told.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from studies.tracking import STATUS_FINISHED, TAG_PRUNED, TAG_STATUS, StudyTracking, cell_objective
 
@@ -53,13 +55,14 @@ class OptunaProposals:
     was its config's last. Plain Python: it runs in the driver, called by Tune's searcher.
     """
 
-    def __init__(self, study, index: int, block, *, study_name: str, study_dir: Path,
-                 smoke_epochs: int, tracking: StudyTracking):
+    def __init__(
+        self, study, index: int, block, *, study_name: str, study_dir: Path, smoke_epochs: int, tracking: StudyTracking
+    ):
         import optuna
         from optuna.trial import TrialState
 
-        from studies.scheduling.optuna_pruning import optuna_pruner
         from studies.cells.space import optuna_sampler
+        from studies.scheduling.optuna_pruning import optuna_pruner
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # Tune's searcher (ask, tell) and the pruner's thread (report) share the study
@@ -71,8 +74,11 @@ class OptunaProposals:
         self.ostudy = optuna.create_study(
             study_name=f"{study_name}/design[{index}]",
             storage=f"sqlite:///{study_dir / 'optuna.db'}",
-            sampler=optuna_sampler(block), pruner=optuna_pruner(block.pruner), load_if_exists=True,
-            direction="maximize" if study.objective.mode == "max" else "minimize")
+            sampler=optuna_sampler(block),
+            pruner=optuna_pruner(block.pruner),
+            load_if_exists=True,
+            direction="maximize" if study.objective.mode == "max" else "minimize",
+        )
         trials = self.ostudy.get_trials(deepcopy=False)
         self.replays = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
         self.trials_made = len(trials)  # every trial of the block, whatever its state
@@ -144,8 +150,7 @@ class OptunaProposals:
                 if proposal.ended:
                     self._tell(proposal)
                     config_id = proposal.cells[0].config_id
-                    self.by_config[config_id] = [p for p in self.by_config.get(config_id, [])
-                                                 if p is not proposal]
+                    self.by_config[config_id] = [p for p in self.by_config.get(config_id, []) if p is not proposal]
 
     def report_epoch(self, config_id: str, epoch: int, mean: float) -> bool:
         """The config's seed mean of the objective after `epoch` epochs, reported to its
@@ -184,7 +189,6 @@ class OptunaProposals:
         else:
             self.ostudy.tell(proposal.number, state=TrialState.FAIL)
 
-
     def trial_counts(self) -> dict[str, int]:
         """How many of the block's configs Optuna holds in each state (complete, pruned, ...)."""
         counts: dict[str, int] = {}
@@ -202,12 +206,21 @@ class OptunaProposals:
         return trial.user_attrs.get("config_id", f"trial {trial.number}"), float(trial.value)
 
 
-def run_optuna_block(study, index: int, block, *, study_name: str, study_dir: Path,
-                     smoke_epochs: int, tracking: StudyTracking,
-                     run_proposals: Callable[[OptunaProposals], None]) -> list:
+def run_optuna_block(
+    study,
+    index: int,
+    block,
+    *,
+    study_name: str,
+    study_dir: Path,
+    smoke_epochs: int,
+    tracking: StudyTracking,
+    run_proposals: Callable[[OptunaProposals], None],
+) -> list:
     """Ask, run and tell the configs of the optuna block `index` of `study`;
     `run_proposals(proposals)` runs them (one Tune experiment). Returns every cell used."""
-    proposals = OptunaProposals(study, index, block, study_name=study_name,
-                                study_dir=study_dir, smoke_epochs=smoke_epochs, tracking=tracking)
+    proposals = OptunaProposals(
+        study, index, block, study_name=study_name, study_dir=study_dir, smoke_epochs=smoke_epochs, tracking=tracking
+    )
     run_proposals(proposals)
     return proposals.cells_used

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from analysis.collect import RunRecord
 from analysis.layout import TAG_CELL_ID, TAG_RACE, TAG_STATUS, TAG_STUDY, tag_filter
@@ -47,8 +47,9 @@ class RaceDriver:
         self.tracking = tracking
         self.cells = {c.cell_id: c for c in cells}
         config_ids = list(dict.fromkeys(c.config_id for c in cells))
-        self.race = SeedRace(config_ids, study.seed_list, racing.initial, racing.step,
-                             racing.until.mode, racing.until.level)
+        self.race = SeedRace(
+            config_ids, study.seed_list, racing.initial, racing.step, racing.until.mode, racing.until.level
+        )
         self.run_ids: dict[str, str] = {}  # cell_id -> its finished run
         self.failed_cells: set[str] = set()
 
@@ -60,8 +61,7 @@ class RaceDriver:
     # ----- building it from MLflow ------------------------------------------------------------
 
     @classmethod
-    def rebuild(cls, study, cells: Sequence, tracking: StudyTracking,
-                resumable: Iterable[str] = ()) -> "RaceDriver":
+    def rebuild(cls, study, cells: Sequence, tracking: StudyTracking, resumable: Iterable[str] = ()) -> RaceDriver:
         """The race as MLflow has it: finished values replayed, recorded decisions kept, and the
         cells an earlier session left in flight (`resumable`, continued from a checkpoint)
         committed to their configs."""
@@ -85,13 +85,17 @@ class RaceDriver:
 
     def runnable(self, cell_ids: Iterable[str]) -> list[str]:
         """The cells of `cell_ids` whose config is still racing (the others never start)."""
-        return [i for i in cell_ids if self.race.state(self.cells[i].config_id) not in
-                _FINAL_BUT_FAILED]
+        return [i for i in cell_ids if self.race.state(self.cells[i].config_id) not in _FINAL_BUT_FAILED]
 
     def not_needed(self, cell_ids: Iterable[str]) -> list[str]:
         """Cells of `cell_ids` that the race will never start (their config is decided)."""
-        return [i for i in cell_ids if self.race.state(self.cells[i].config_id) in _FINAL_BUT_FAILED
-                and i not in self.run_ids and i not in self.failed_cells]
+        return [
+            i
+            for i in cell_ids
+            if self.race.state(self.cells[i].config_id) in _FINAL_BUT_FAILED
+            and i not in self.run_ids
+            and i not in self.failed_cells
+        ]
 
     # ----- while Tune runs --------------------------------------------------------------------
 
@@ -124,11 +128,15 @@ class RaceDriver:
         """The finished run of a cell (one indexed search) with the race metric, or None."""
         from mlflow.entities import ViewType
 
-        wanted = {TAG_CELL_ID: cell_id, TAG_STUDY: self.tracking.study_name,
-                  TAG_STATUS: STATUS_FINISHED}
-        runs = with_retry(lambda: self.tracking.client.search_runs(
-            [self.tracking.experiment_id], run_view_type=ViewType.ACTIVE_ONLY,
-            filter_string=tag_filter(wanted), max_results=5))
+        wanted = {TAG_CELL_ID: cell_id, TAG_STUDY: self.tracking.study_name, TAG_STATUS: STATUS_FINISHED}
+        runs = with_retry(
+            lambda: self.tracking.client.search_runs(
+                [self.tracking.experiment_id],
+                run_view_type=ViewType.ACTIVE_ONLY,
+                filter_string=tag_filter(wanted),
+                max_results=5,
+            )
+        )
         return RunRecord.of(runs[0]) if runs else None
 
     def record_decisions(self) -> None:
@@ -161,5 +169,6 @@ _FINAL_BUT_FAILED = (WORSE, BEST, MAX)  # decided: the config runs no more seeds
 def parse_decision(text: str) -> RaceStatus:
     """A `TAG_RACE` value back as a RaceStatus."""
     data: Mapping = json.loads(text)
-    return RaceStatus(int(data["seeds"]), str(data["state"]), str(data.get("reason", "")),
-                      data.get("p_holm"), data.get("best"))
+    return RaceStatus(
+        int(data["seeds"]), str(data["state"]), str(data.get("reason", "")), data.get("p_holm"), data.get("best")
+    )

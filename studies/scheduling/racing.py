@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
-
 from scipy.stats import t as _t_dist
 
 from analysis.stats import holm
@@ -72,9 +72,17 @@ class RaceStatus:
 
     def to_json(self, max_seeds: int) -> str:
         """The MLflow tag value (`TAG_RACE`) of a final decision."""
-        return json.dumps({"state": self.state, "seeds": self.seeds, "max": max_seeds,
-                           "reason": self.reason, "p_holm": self.p_holm, "best": self.best},
-                          sort_keys=True)
+        return json.dumps(
+            {
+                "state": self.state,
+                "seeds": self.seeds,
+                "max": max_seeds,
+                "reason": self.reason,
+                "p_holm": self.p_holm,
+                "best": self.best,
+            },
+            sort_keys=True,
+        )
 
 
 class SeedRace:
@@ -85,8 +93,15 @@ class SeedRace:
     mean is better); `level`: the confidence level of the intervals (0.95: alpha = 0.05).
     """
 
-    def __init__(self, config_ids: Sequence[str], seeds: Sequence[int], initial: int,
-                 step: int = 1, mode: str = "max", level: float = 0.95):
+    def __init__(
+        self,
+        config_ids: Sequence[str],
+        seeds: Sequence[int],
+        initial: int,
+        step: int = 1,
+        mode: str = "max",
+        level: float = 0.95,
+    ):
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         if not 2 <= initial <= len(seeds):
@@ -153,8 +168,9 @@ class SeedRace:
         c, i = self._at(config_id, seed)
         self.started[c, i] = self.failed[c, i] = True
         if self.states.get(config_id, RaceStatus(0, RACING)).state == RACING:
-            self._decide(config_id, RaceStatus(self._done(c), FAILED,
-                                               f"seed {seed} failed" + (f": {error}" if error else "")))
+            self._decide(
+                config_id, RaceStatus(self._done(c), FAILED, f"seed {seed} failed" + (f": {error}" if error else ""))
+            )
         self._dirty = True
 
     def restore(self, config_id: str, status: RaceStatus) -> None:
@@ -294,40 +310,78 @@ class SeedRace:
                 continue
             config_id, p = self.config_ids[c], float(p)
             if p < alpha and diff < 0:
-                self._decide(config_id, RaceStatus(
-                    int(done[c]), WORSE, f"worse than best on {int(k)} paired seeds "
-                    f"(mean difference {self._signed(diff):.4g}, Holm p={p:.3g})", p, best_id))
+                self._decide(
+                    config_id,
+                    RaceStatus(
+                        int(done[c]),
+                        WORSE,
+                        f"worse than best on {int(k)} paired seeds "
+                        f"(mean difference {self._signed(diff):.4g}, Holm p={p:.3g})",
+                        p,
+                        best_id,
+                    ),
+                )
                 racing[c] = False
             elif done[c] >= self.max_seeds:
-                self._decide(config_id, RaceStatus(
-                    int(done[c]), MAX, f"undecided against the best after {int(done[c])} seeds"
-                    f" (Holm p={p:.3g})" if best_id else "no config to compare with", p, best_id))
+                self._decide(
+                    config_id,
+                    RaceStatus(
+                        int(done[c]),
+                        MAX,
+                        f"undecided against the best after {int(done[c])} seeds (Holm p={p:.3g})"
+                        if best_id
+                        else "no config to compare with",
+                        p,
+                        best_id,
+                    ),
+                )
                 racing[c] = False
         if best is not None and racing[best] and boundary[best]:
-            left = [c for c in range(n_configs) if c != best and (
-                self.config_ids[c] not in self.states or self.states[self.config_ids[c]].state == MAX)]
+            left = [
+                c
+                for c in range(n_configs)
+                if c != best and (self.config_ids[c] not in self.states or self.states[self.config_ids[c]].state == MAX)
+            ]
             if not left:
-                self._decide(best_id, RaceStatus(
-                    int(done[best]), BEST, "clearly the best: every other config stopped as "
-                    "significantly worse than the best of its time", None, best_id))
+                self._decide(
+                    best_id,
+                    RaceStatus(
+                        int(done[best]),
+                        BEST,
+                        "clearly the best: every other config stopped as significantly worse than the best of its time",
+                        None,
+                        best_id,
+                    ),
+                )
                 racing[best] = False
             elif done[best] >= self.max_seeds:
-                self._decide(best_id, RaceStatus(
-                    int(done[best]), MAX, f"the best after {int(done[best])} seeds, not "
-                    f"significantly better than every other config", None, best_id))
+                self._decide(
+                    best_id,
+                    RaceStatus(
+                        int(done[best]),
+                        MAX,
+                        f"the best after {int(done[best])} seeds, not significantly better than every other config",
+                        None,
+                        best_id,
+                    ),
+                )
                 racing[best] = False
         # the cells to offer: those committed and not started, then a new round at a boundary
         index = np.arange(m)[None, :]
         committed = racing[:, None] & (index < self.allowed[:, None]) & ~self.started
-        fresh = (racing & boundary & (done < self.max_seeds) & ~committed.any(axis=1))[:, None] \
-            & (index >= done[:, None]) & (index < np.minimum(done + self.step, m)[:, None])
+        fresh = (
+            (racing & boundary & (done < self.max_seeds) & ~committed.any(axis=1))[:, None]
+            & (index >= done[:, None])
+            & (index < np.minimum(done + self.step, m)[:, None])
+        )
         configs, seeds = np.nonzero(committed | fresh)
         rounds = np.where(seeds < self.initial, 0, 1 + (seeds - self.initial) // self.step)
         order = np.lexsort((seeds, configs, rounds))
         self._offer = [(self.config_ids[configs[j]], self.seeds[seeds[j]]) for j in order]
 
-    def _paired_against(self, others: np.ndarray, best: int | None, done: np.ndarray,
-                        score: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _paired_against(
+        self, others: np.ndarray, best: int | None, done: np.ndarray, score: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(two-sided p, mean difference, common seeds) of the paired t-test of each config of
         `others` against `best` over the seeds both finished: `analysis.stats.paired_test`'s
         statistic for every config at once. No test (p NaN) with fewer than two common seeds or
@@ -373,8 +427,7 @@ def race_rounds(study: Any) -> Callable[[Any], int] | None:
     return lambda cell: seed_round(order[int(cell.seed)], int(racing.initial), int(racing.step))
 
 
-def run_simulated_race(race: SeedRace, slots: int, value: Callable[[str, int], float],
-                       rng: np.random.Generator) -> int:
+def run_simulated_race(race: SeedRace, slots: int, value: Callable[[str, int], float], rng: np.random.Generator) -> int:
     """Run `race` to its end as the runner would with `slots` trial slots: each free slot takes
     the race's next cell, and the running cells end in random order, `value(config_id, seed)`
     being a cell's result. Returns the number of cells run (`studies plan`'s expected seeds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from studies.scheduling.base import CONTINUE, STOP, ConfigScheduler
 
@@ -34,8 +34,7 @@ class ConfigSuccessiveHalving(ConfigScheduler):
 
     prunes = "asha"
 
-    def __init__(self, seeds: Mapping[str, Iterable[int]], mode: str, grace_epochs: int,
-                 reduction_factor: int):
+    def __init__(self, seeds: Mapping[str, Iterable[int]], mode: str, grace_epochs: int, reduction_factor: int):
         if grace_epochs < 1:
             raise ValueError(f"grace_epochs must be >= 1, got {grace_epochs}")
         if reduction_factor < 2:
@@ -50,7 +49,7 @@ class ConfigSuccessiveHalving(ConfigScheduler):
         if epoch % self.grace_epochs or ratio < 1:
             return False
         power = round(math.log(ratio, self.reduction_factor))
-        return self.grace_epochs * self.reduction_factor ** power == epoch
+        return self.grace_epochs * self.reduction_factor**power == epoch
 
     def judge(self, config_id: str, epoch: int, mean: float) -> str:
         means = self.rung_means[epoch]

@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from studies.studyfile.problems import Path_, Problem
 
-__all__ = ["WORKERS_PER_CPU", "LARGEST_GPU_BYTES", "MODEL_BYTES_PER_PARAMETER", "bound_problems",
-           "trial_memory_bytes", "max_num_workers"]
+__all__ = [
+    "WORKERS_PER_CPU",
+    "LARGEST_GPU_BYTES",
+    "MODEL_BYTES_PER_PARAMETER",
+    "bound_problems",
+    "trial_memory_bytes",
+    "max_num_workers",
+]
 
 #: data-loading processes a trial may start per CPU (more only wait on each other)
 WORKERS_PER_CPU = 4
@@ -83,23 +90,41 @@ def config_problems(config: Mapping[str, Any], cpus: float, gpus: float) -> list
     data = config.get("data") or {}
     workers = int(data.get("num_workers") or 0)
     if workers > max_num_workers(cpus):
-        found.append(("data.num_workers", f"{workers:,} data-loading processes; expected at most "
-                                          f"{max_num_workers(cpus):,} ({WORKERS_PER_CPU} per CPU of "
-                                          f"max(resources.cpus, this machine's {os.cpu_count()} CPUs))"))
+        found.append(
+            (
+                "data.num_workers",
+                f"{workers:,} data-loading processes; expected at most "
+                f"{max_num_workers(cpus):,} ({WORKERS_PER_CPU} per CPU of "
+                f"max(resources.cpus, this machine's {os.cpu_count()} CPUs))",
+            )
+        )
     budget = trial_memory_bytes(gpus)
-    where = ("this machine's memory" if budget == machine_memory_bytes()
-             else f"resources.gpus x {LARGEST_GPU_BYTES // 10**9} GB")
+    where = (
+        "this machine's memory"
+        if budget == machine_memory_bytes()
+        else f"resources.gpus x {LARGEST_GPU_BYTES // 10**9} GB"
+    )
     if data.get("name") == "synthetic" and _synthetic_bytes(data) > budget:
-        found.append(("data.train_size", f"{int(data.get('train_size') or 0):,} examples: the synthetic set "
-                                         f"would take {_gib(_synthetic_bytes(data))}; expected at most "
-                                         f"{_gib(budget)} in all (train + val + test, {where})"))
+        found.append(
+            (
+                "data.train_size",
+                f"{int(data.get('train_size') or 0):,} examples: the synthetic set "
+                f"would take {_gib(_synthetic_bytes(data))}; expected at most "
+                f"{_gib(budget)} in all (train + val + test, {where})",
+            )
+        )
     parameters = _model_parameters(config)
     if parameters * MODEL_BYTES_PER_PARAMETER > budget:
-        found.append(("model.hidden_dim", f"{int((config.get('model') or {}).get('hidden_dim') or 0):,} "
-                                          f"gives {parameters:,} parameters, "
-                                          f"{_gib(parameters * MODEL_BYTES_PER_PARAMETER)} of training state "
-                                          f"({MODEL_BYTES_PER_PARAMETER} bytes each); expected at most "
-                                          f"{_gib(budget)} ({where})"))
+        found.append(
+            (
+                "model.hidden_dim",
+                f"{int((config.get('model') or {}).get('hidden_dim') or 0):,} "
+                f"gives {parameters:,} parameters, "
+                f"{_gib(parameters * MODEL_BYTES_PER_PARAMETER)} of training state "
+                f"({MODEL_BYTES_PER_PARAMETER} bytes each); expected at most "
+                f"{_gib(budget)} ({where})",
+            )
+        )
     return found
 
 
@@ -114,8 +139,9 @@ def _origin(dotted: str, variant: str, swept: Mapping[str, Any], overlays: Mappi
     return ("variants", variant) + parts if node is not None else ("base",) + parts
 
 
-def bound_problems(configs: Iterable[Any], cpus: float, gpus: float,
-                   overlays: Optional[Mapping[str, Any]] = None) -> list[Problem]:
+def bound_problems(
+    configs: Iterable[Any], cpus: float, gpus: float, overlays: Mapping[str, Any] | None = None
+) -> list[Problem]:
     """The problems of the designed configs (`studies.studyfile.configs.DesignedConfig`): one per field
     and place it is written, however many configs share it."""
     problems: dict[Path_, Problem] = {}

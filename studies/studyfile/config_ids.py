@@ -38,8 +38,7 @@ def _canonical(value: Any) -> Any:
         if value.is_integer() and abs(value) < 2**53:
             return int(value)
         return value
-    raise TypeError(f"a config holds only YAML values (mappings, lists, numbers, strings), "
-                    f"got {type(value).__name__}")
+    raise TypeError(f"a config holds only YAML values (mappings, lists, numbers, strings), got {type(value).__name__}")
 
 
 def canonical_json(config: dict) -> str:

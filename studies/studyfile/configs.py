@@ -19,7 +19,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from analysis.layout import flatten_config
 from setvalued.paths import get_path, set_path, split_path
@@ -46,7 +46,7 @@ class DesignedConfig:
     variant: str
     config: dict
     swept: dict
-    config_id: Optional[str] = None
+    config_id: str | None = None
 
 
 def _context(variant: str, values: dict, study: Study) -> str:
@@ -64,7 +64,7 @@ def _map_problem(study: Study, variant: str, problem: Problem, origins: dict[str
     for swept, origin in origins.items():
         sp = split_path(swept)
         if path[: len(sp)] == sp:
-            return tuple(origin) + path[len(sp):]
+            return tuple(origin) + path[len(sp) :]
     for swept, origin in origins.items():
         sp = split_path(swept)
         if path and sp[: len(path)] == path:
@@ -72,7 +72,7 @@ def _map_problem(study: Study, variant: str, problem: Problem, origins: dict[str
     for target in study.derived:
         tp = split_path(target)
         if path[: len(tp)] == tp:
-            return ("derived", target) + path[len(tp):]
+            return ("derived", target) + path[len(tp) :]
     return origin_in_variant(study, variant, path)
 
 
@@ -81,8 +81,9 @@ def _is_path_problem(message: str) -> bool:
     return message.startswith("unknown field") or " has no parameter " in message
 
 
-def build_config(study: Study, variant: str, values: dict[str, Any],
-                 origins: Optional[dict[str, tuple]] = None) -> tuple[Optional[dict], list[Problem]]:
+def build_config(
+    study: Study, variant: str, values: dict[str, Any], origins: dict[str, tuple] | None = None
+) -> tuple[dict | None, list[Problem]]:
     """The validated config of ``variant`` with the design ``values`` set, then ``derived``.
 
     ``origins`` gives the YAML path of each value (for the error messages). Returns
@@ -98,8 +99,12 @@ def build_config(study: Study, variant: str, values: dict[str, Any],
             node = study.variant_value(variant, ".".join(parts[:n]))
             if node is not None and not isinstance(node, dict):
                 prefix = ".".join(parts[:n])
-                problems.append(Problem(origins[path], f"'{prefix}' holds {node!r}, not a mapping, so "
-                                        f"'{path}' is not a config path{ctx}"))
+                problems.append(
+                    Problem(
+                        origins[path],
+                        f"'{prefix}' holds {node!r}, not a mapping, so '{path}' is not a config path{ctx}",
+                    )
+                )
                 break
     if problems:
         return None, problems
@@ -132,8 +137,13 @@ def build_config(study: Study, variant: str, values: dict[str, Any],
         for target, expr in study.derived_expressions:
             missing = sorted(n for n in expr.names if n not in lookup)
             if missing:
-                return None, [Problem(("derived", target), f"'{missing[0]}' is not a value of the config"
-                                      f"{ctx}; expected a dotted path to a number such as optim.batch_size")]
+                return None, [
+                    Problem(
+                        ("derived", target),
+                        f"'{missing[0]}' is not a value of the config"
+                        f"{ctx}; expected a dotted path to a number such as optim.batch_size",
+                    )
+                ]
             try:
                 result = expr.evaluate(lookup)
             except ExpressionError as err:
@@ -170,7 +180,7 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
     """The configs of one design block (none for optuna: its corners are only checked)."""
     drafts: list[DesignedConfig] = []
 
-    def add(variant: str, values: dict, origins: dict, swept: Optional[dict] = None) -> Optional[dict]:
+    def add(variant: str, values: dict, origins: dict, swept: dict | None = None) -> dict | None:
         if len(problems) >= _MAX_PROBLEMS:
             return None
         config, found = build_config(study, variant, values, origins)

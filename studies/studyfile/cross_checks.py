@@ -11,8 +11,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from setvalued.metrics import (FINAL_EXTRA_METRICS, METRIC_FORMAT, PER_EPOCH_EXTRA_METRICS, check_metric,
-                                    common_metrics, count_bins)
+from setvalued.metrics import (
+    FINAL_EXTRA_METRICS,
+    METRIC_FORMAT,
+    PER_EPOCH_EXTRA_METRICS,
+    check_metric,
+    common_metrics,
+    count_bins,
+)
 from setvalued.paths import deep_merge
 from studies.studyfile.expressions import Expression, ExpressionError, parse_expression
 from studies.studyfile.problems import Path_, Problem, Problems, did_you_mean
@@ -38,8 +44,14 @@ def check_study(study: Study) -> None:
         for p in found:
             where = origin_in_variant(study, name, p.path)
             # a mistake in base is reported once, not once per variant
-            suffix = f" (variant '{name}')" if study.variants and where[0] == "base" and len(overlays) > 1 \
-                and _overlay_touches(overlays[name], p.path) else ""
+            suffix = (
+                f" (variant '{name}')"
+                if study.variants
+                and where[0] == "base"
+                and len(overlays) > 1
+                and _overlay_touches(overlays[name], p.path)
+                else ""
+            )
             problems.append(Problem(where, p.message + suffix))
         raws[name] = raw
         if config is not None:
@@ -52,8 +64,12 @@ def check_study(study: Study) -> None:
     for i, block in enumerate(study.design):
         for j, variant in enumerate(block.variants or []):
             if variant not in configs:
-                problems.append(Problem(("design", i, "variants", j), f"unknown variant {variant!r}; "
-                                        f"expected one of: {', '.join(names)}"))
+                problems.append(
+                    Problem(
+                        ("design", i, "variants", j),
+                        f"unknown variant {variant!r}; expected one of: {', '.join(names)}",
+                    )
+                )
 
     # derived: parse, forbid sweeping a derived target, order by dependencies
     exprs: dict[str, Expression] = {}
@@ -68,8 +84,12 @@ def check_study(study: Study) -> None:
     for i, block in enumerate(study.design):
         for path in block.parameter_paths:
             if path in study.derived:
-                problems.append(Problem(("design", i, "parameters", path), f"'{path}' is also computed in "
-                                        "'derived'; a parameter is either swept or derived"))
+                problems.append(
+                    Problem(
+                        ("design", i, "parameters", path),
+                        f"'{path}' is also computed in 'derived'; a parameter is either swept or derived",
+                    )
+                )
     order = _topological(exprs, problems)
     study.set_derived_order([(t, exprs[t]) for t in order])
 
@@ -81,15 +101,20 @@ def check_study(study: Study) -> None:
         for name, config in configs.items():
             reason = check_metric(study.objective.metric, config["eval"], ("val", "test", "train"))
             if reason:
-                problems.append(Problem(("objective", "metric"), reason + (f" (variant '{name}')" if study.variants else "")))
+                problems.append(
+                    Problem(("objective", "metric"), reason + (f" (variant '{name}')" if study.variants else ""))
+                )
                 break
     if isinstance(study.scheduler, (EarlyStopping, Asha)):
         rule = "early stopping" if isinstance(study.scheduler, EarlyStopping) else "asha"
         metric = study.scheduler.metric or study.objective.metric
         if study.scheduler.mode is None:
-            study.scheduler.mode = study.objective.mode if study.scheduler.metric in (None, study.objective.metric) \
+            study.scheduler.mode = (
+                study.objective.mode
+                if study.scheduler.metric in (None, study.objective.metric)
                 else ("min" if metric == "train/loss" else "max")
-        for name, config in configs.items():
+            )
+        for config in configs.values():
             reason = check_metric(metric, config["eval"], ("val",))
             if reason:
                 where = ("scheduler", "metric") if study.scheduler.metric else ("objective", "metric")
@@ -100,24 +125,42 @@ def check_study(study: Study) -> None:
         grace = study.scheduler.grace_epochs
         for name, config in configs.items():
             if grace >= config["epochs"]:
-                problems.append(Problem(("scheduler", "grace_epochs"), (
-                    f"asha's first rung ({grace} epochs) must come before the last epoch; "
-                    f"{'variant ' + repr(name) + ' trains' if study.variants else 'the study trains'} "
-                    f"{config['epochs']} epochs: expected grace_epochs < {config['epochs']}")))
+                problems.append(
+                    Problem(
+                        ("scheduler", "grace_epochs"),
+                        (
+                            f"asha's first rung ({grace} epochs) must come before the last epoch; "
+                            f"{'variant ' + repr(name) + ' trains' if study.variants else 'the study trains'} "
+                            f"{config['epochs']} epochs: expected grace_epochs < {config['epochs']}"
+                        ),
+                    )
+                )
                 break
     for index, block in study.optuna_blocks:
         if block.pruner is None:
             continue
         if study.scheduler.kind != "none":
-            problems.append(Problem(("design", index, "pruner"), (
-                f"an optuna block's pruner and the study's scheduler ({study.scheduler.kind}) "
-                f"would both stop its configs; expected one of them (scheduler: {{kind: none}})")))
-        for name, config in configs.items():
+            problems.append(
+                Problem(
+                    ("design", index, "pruner"),
+                    (
+                        f"an optuna block's pruner and the study's scheduler ({study.scheduler.kind}) "
+                        f"would both stop its configs; expected one of them (scheduler: {{kind: none}})"
+                    ),
+                )
+            )
+        for config in configs.values():
             reason = check_metric(study.objective.metric, config["eval"], ("val",))
             if reason:
-                problems.append(Problem(("objective", "metric"), (
-                    "an optuna pruner reads the objective after every epoch, so it must be a "
-                    f"validation metric: {reason}")))
+                problems.append(
+                    Problem(
+                        ("objective", "metric"),
+                        (
+                            "an optuna pruner reads the objective after every epoch, so it must be a "
+                            f"validation metric: {reason}"
+                        ),
+                    )
+                )
                 break
 
     # racing: the metric that decides it (default: the objective's) is logged by every variant
@@ -126,43 +169,68 @@ def check_study(study: Study) -> None:
         until = racing.until
         metric = until.metric or study.objective.metric
         if until.mode is None:
-            from analysis.stats import lower_is_better  # noqa: WPS433  (scipy: only for a race)
+            from analysis.stats import lower_is_better  # (scipy: only for a race)
 
-            until.mode = study.objective.mode if metric == study.objective.metric \
+            until.mode = (
+                study.objective.mode
+                if metric == study.objective.metric
                 else ("min" if lower_is_better(metric) else "max")
-        for name, config in configs.items():
+            )
+        for config in configs.values():
             reason = check_metric(metric, config["eval"], ("val", "test", "train"))
             if reason:
                 where = ("seeds", "until", "metric") if until.metric else ("objective", "metric")
                 problems.append(Problem(where, "racing needs a metric every config logs: " + reason))
                 break
         until.metric = metric  # resolved: the runner reads metric and mode directly
-        for i, block in study.optuna_blocks:
-            problems.append(Problem(("design", i, "kind"), "an optuna block runs each proposal on "
-                                    "every seed; racing (seeds: {initial, max}) needs a fixed set of "
-                                    "configs: expected a seed list, or no optuna block"))
-
+        for i, _block in study.optuna_blocks:
+            problems.append(
+                Problem(
+                    ("design", i, "kind"),
+                    "an optuna block runs each proposal on "
+                    "every seed; racing (seeds: {initial, max}) needs a fixed set of "
+                    "configs: expected a seed list, or no optuna block",
+                )
+            )
 
     # report and reference: variant names exist; curve x is a swept path
     swept = {p for b in study.design for p in b.parameter_paths}
     compare = study.report.compare
     if compare is not None and compare.reference is not None and compare.reference not in configs:
-        problems.append(Problem(("report", "compare", "reference"), f"unknown variant {compare.reference!r}; "
-                                f"expected one of: {', '.join(names)}"))
+        problems.append(
+            Problem(
+                ("report", "compare", "reference"),
+                f"unknown variant {compare.reference!r}; expected one of: {', '.join(names)}",
+            )
+        )
     for i, curve in enumerate(study.report.curves or []):
         if curve.x not in swept:
-            problems.append(Problem(("report", "curves", i, "x"), f"'{curve.x}' is not swept by any design "
-                                    f"block; expected one of: {', '.join(sorted(swept)) or '(none)'}"))
+            problems.append(
+                Problem(
+                    ("report", "curves", i, "x"),
+                    f"'{curve.x}' is not swept by any design "
+                    f"block; expected one of: {', '.join(sorted(swept)) or '(none)'}",
+                )
+            )
     set_sizes = study.report.set_sizes
     if isinstance(set_sizes, ReportSetSizes):
         if set_sizes.by_shot is not None and set_sizes.by_shot not in configs:
-            problems.append(Problem(("report", "set_sizes", "by_shot"), f"unknown variant {set_sizes.by_shot!r}; "
-                                    f"expected one of: {', '.join(names)}"))
+            problems.append(
+                Problem(
+                    ("report", "set_sizes", "by_shot"),
+                    f"unknown variant {set_sizes.by_shot!r}; expected one of: {', '.join(names)}",
+                )
+            )
         computed = {float(k) for c in configs.values() for k in c["eval"]["avgk"]}
         for i, k in enumerate(set_sizes.ks or []):
             if float(k) not in computed:
-                problems.append(Problem(("report", "set_sizes", "ks", i), f"average-{k:g} sets are not computed: "
-                                        f"expected a K of eval.avgk ({sorted(computed) or 'empty'})"))
+                problems.append(
+                    Problem(
+                        ("report", "set_sizes", "ks", i),
+                        f"average-{k:g} sets are not computed: "
+                        f"expected a K of eval.avgk ({sorted(computed) or 'empty'})",
+                    )
+                )
     for key in ("count_bins", "per_class"):
         for i, base in enumerate(getattr(study.report, key) or []):
             # computed by some variant: the test metric itself, and for count_bins one of its bins
@@ -177,9 +245,14 @@ def check_study(study: Study) -> None:
                     break
                 reasons.append(reason)
             else:
-                problems.append(Problem(("report", key, i), f"no variant computes {base} "
-                                        f"{'per bin of training images' if key == 'count_bins' else 'per class'}: "
-                                        f"{reasons[0]}"))
+                problems.append(
+                    Problem(
+                        ("report", key, i),
+                        f"no variant computes {base} "
+                        f"{'per bin of training images' if key == 'count_bins' else 'per class'}: "
+                        f"{reasons[0]}",
+                    )
+                )
     problems += _report_metric_problems(study, configs)
     for i, metric in enumerate(study.report.learning_curves or []):
         if metric in PER_EPOCH_EXTRA_METRICS:
@@ -187,15 +260,24 @@ def check_study(study: Study) -> None:
         for name, config in configs.items():
             reason = check_metric(metric, config["eval"], ("val", "train"))
             if reason:
-                problems.append(Problem(("report", "learning_curves", i), "a learning curve needs a per-epoch "
-                                        f"metric ({', '.join(PER_EPOCH_EXTRA_METRICS)} or a val/ or train/ "
-                                        f"accuracy): {reason}" + (f" (variant '{name}')" if study.variants else "")))
+                problems.append(
+                    Problem(
+                        ("report", "learning_curves", i),
+                        "a learning curve needs a per-epoch "
+                        f"metric ({', '.join(PER_EPOCH_EXTRA_METRICS)} or a val/ or train/ "
+                        f"accuracy): {reason}" + (f" (variant '{name}')" if study.variants else ""),
+                    )
+                )
                 break
     for s, source in enumerate(study.reference or []):
         for i, row in enumerate(source.rows):
             if row.variant is not None and row.variant not in configs:
-                problems.append(Problem(("reference", s, "rows", i, "variant"), f"unknown variant "
-                                        f"{row.variant!r}; expected one of: {', '.join(names)}"))
+                problems.append(
+                    Problem(
+                        ("reference", s, "rows", i, "variant"),
+                        f"unknown variant {row.variant!r}; expected one of: {', '.join(names)}",
+                    )
+                )
     if problems:
         raise Problems(problems)
 
@@ -219,7 +301,7 @@ def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Prob
             splits = ("val", "test", "train")
             reason = check_metric(metric, config["eval"], splits)
             if reason and isinstance(metric, str) and metric.endswith("_size"):  # an average-K set's size
-                reason = reason if check_metric(metric[:-len("_size")], config["eval"], splits) else None
+                reason = reason if check_metric(metric[: -len("_size")], config["eval"], splits) else None
             if reason is None:
                 break
             reasons.append(reason)
@@ -247,9 +329,10 @@ def _topological(exprs: dict[str, Expression], problems: list[Problem]) -> list[
         if state.get(target) == 2:
             return
         if state.get(target) == 1:
-            cycle = " -> ".join(chain[chain.index(target):] + [target])
-            problems.append(Problem(("derived", target), f"derived parameters depend on each other in a "
-                                    f"cycle ({cycle})"))
+            cycle = " -> ".join(chain[chain.index(target) :] + [target])
+            problems.append(
+                Problem(("derived", target), f"derived parameters depend on each other in a cycle ({cycle})")
+            )
             return
         state[target] = 1
         for name in sorted(exprs[target].names):

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from studies.studyfile.schema import StrictModel
 
-__all__ = ["Distribution", "GridBlock", "SensitivityBlock", "RandomBlock", "OptunaBlock", "SingleBlock",
-           "DesignBlock", "BLOCK_CLASSES", "DOTTED_PATH"]
+__all__ = [
+    "Distribution",
+    "GridBlock",
+    "SensitivityBlock",
+    "RandomBlock",
+    "OptunaBlock",
+    "SingleBlock",
+    "DesignBlock",
+    "BLOCK_CLASSES",
+    "DOTTED_PATH",
+]
 
 #: a dotted config path such as loss.epsilon
 DOTTED_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -32,17 +41,19 @@ class Distribution(StrictModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
-    uniform: Optional[list[float]] = None
-    loguniform: Optional[list[float]] = None
-    integer: Optional[list[Annotated[int, Field(strict=True)]]] = Field(None, alias="int")
-    choice: Optional[list[Any]] = None
+    uniform: list[float] | None = None
+    loguniform: list[float] | None = None
+    integer: list[Annotated[int, Field(strict=True)]] | None = Field(None, alias="int")
+    choice: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Distribution":
+    def _one_kind(self) -> Distribution:
         given = [k for k in ("uniform", "loguniform", "int", "choice") if self._get(k) is not None]
         if len(given) != 1:
-            raise ValueError("expected exactly one of uniform: [low, high], loguniform: [low, high], "
-                             f"int: [low, high], choice: [values...]; got {given or 'none'}")
+            raise ValueError(
+                "expected exactly one of uniform: [low, high], loguniform: [low, high], "
+                f"int: [low, high], choice: [values...]; got {given or 'none'}"
+            )
         kind = given[0]
         values = self._get(kind)
         if kind == "choice":
@@ -79,7 +90,7 @@ class Distribution(StrictModel):
 class _Block(StrictModel):
     """What every design block has: the variants it applies to (default: all)."""
 
-    variants: Optional[list[str]] = Field(None, min_length=1)
+    variants: list[str] | None = Field(None, min_length=1)
 
     @field_validator("parameters", check_fields=False)
     @classmethod
@@ -109,9 +120,9 @@ class GridBlock(_Block):
     kind: Literal["grid"]
     parameters: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(min_length=1)
 
-
     def configs_per_variant(self) -> int:
         return math.prod(len(values) for values in self.parameters.values())
+
 
 class SensitivityBlock(_Block):
     """One parameter at a time around each variant's own value; the base config is one cell."""
@@ -119,9 +130,9 @@ class SensitivityBlock(_Block):
     kind: Literal["sensitivity"]
     parameters: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(min_length=1)
 
-
     def configs_per_variant(self) -> int:
         return 1 + sum(len(values) for values in self.parameters.values())
+
 
 class RandomBlock(_Block):
     """``n_configs`` configs sampled from the distributions, deterministic in ``sampler_seed``."""
@@ -131,9 +142,9 @@ class RandomBlock(_Block):
     parameters: dict[str, Distribution] = Field(min_length=1)
     sampler_seed: int = 0
 
-
     def configs_per_variant(self) -> int:
         return self.n_configs
+
 
 class MedianPruner(StrictModel):
     """Optuna's ``MedianPruner``: a config stops when its seed mean at an epoch is worse than
@@ -150,7 +161,7 @@ class SuccessiveHalvingPruner(StrictModel):
     """Optuna's ``SuccessiveHalvingPruner`` (asynchronous successive halving) on the seed means."""
 
     kind: Literal["successive_halving"]
-    min_resource: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"  # epochs
+    min_resource: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"  # epochs
     reduction_factor: int = Field(4, ge=2)
     min_early_stopping_rate: int = Field(0, ge=0)
 
@@ -160,13 +171,12 @@ class HyperbandPruner(StrictModel):
 
     kind: Literal["hyperband"]
     min_resource: int = Field(1, ge=1)  # epochs
-    max_resource: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
+    max_resource: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
     reduction_factor: int = Field(3, ge=2)
 
 
-Pruner = Annotated[Union[MedianPruner, SuccessiveHalvingPruner, HyperbandPruner], Field(discriminator="kind")]
-PRUNER_CLASSES = {"median": MedianPruner, "successive_halving": SuccessiveHalvingPruner,
-                  "hyperband": HyperbandPruner}
+Pruner = Annotated[MedianPruner | SuccessiveHalvingPruner | HyperbandPruner, Field(discriminator="kind")]
+PRUNER_CLASSES = {"median": MedianPruner, "successive_halving": SuccessiveHalvingPruner, "hyperband": HyperbandPruner}
 
 
 class OptunaBlock(_Block):
@@ -178,24 +188,29 @@ class OptunaBlock(_Block):
     n_configs: int = Field(ge=1)
     parameters: dict[str, Distribution] = Field(min_length=1)
     sampler: Literal["tpe", "random", "cmaes", "gp", "qmc"] = "tpe"
-    sampler_seed: Optional[int] = 0
-    pruner: Optional[Pruner] = None
-
+    sampler_seed: int | None = 0
+    pruner: Pruner | None = None
 
     def configs_per_variant(self) -> int:
         return self.n_configs
+
 
 class SingleBlock(_Block):
     """The variants as they are."""
 
     kind: Literal["single"]
 
-
     def configs_per_variant(self) -> int:
         return 1
 
+
 DesignBlock = Annotated[
-    Union[GridBlock, SensitivityBlock, RandomBlock, OptunaBlock, SingleBlock], Field(discriminator="kind")
+    GridBlock | SensitivityBlock | RandomBlock | OptunaBlock | SingleBlock, Field(discriminator="kind")
 ]
-BLOCK_CLASSES = {"grid": GridBlock, "sensitivity": SensitivityBlock, "random": RandomBlock,
-                  "optuna": OptunaBlock, "single": SingleBlock}
+BLOCK_CLASSES = {
+    "grid": GridBlock,
+    "sensitivity": SensitivityBlock,
+    "random": RandomBlock,
+    "optuna": OptunaBlock,
+    "single": SingleBlock,
+}

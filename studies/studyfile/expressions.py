@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 __all__ = ["Expression", "ExpressionError", "parse_expression", "FUNCTIONS"]
 
@@ -105,8 +106,7 @@ def _check(node: ast.AST, text: str, names: set[str]) -> None:
     elif isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             func = ast.get_source_segment(text, node.func)
-            raise ExpressionError(
-                f"unknown function {func!r}; allowed: {', '.join(sorted(FUNCTIONS))}")
+            raise ExpressionError(f"unknown function {func!r}; allowed: {', '.join(sorted(FUNCTIONS))}")
         if node.keywords:
             raise ExpressionError("keyword arguments are not allowed")
         if not node.args:
@@ -117,7 +117,8 @@ def _check(node: ast.AST, text: str, names: set[str]) -> None:
         segment = ast.get_source_segment(text, node) if hasattr(node, "lineno") else None
         raise ExpressionError(
             f"unsupported construct {segment or type(node).__name__!r}; expected arithmetic "
-            "on numbers and dotted config paths")
+            "on numbers and dotted config paths"
+        )
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,13 @@ class Expression:
             if isinstance(node.op, ast.Pow):
                 # Guard against 10**10**10: exact integer powers only for small exponents and
                 # results of at most MAX_INT_BITS bits; the rest in floating point.
-                if (isinstance(left, int) and isinstance(right, int) and 0 <= right <= _MAX_INT_EXPONENT
-                        and left.bit_length() * right <= MAX_INT_BITS):
-                    return left ** right
+                if (
+                    isinstance(left, int)
+                    and isinstance(right, int)
+                    and 0 <= right <= _MAX_INT_EXPONENT
+                    and left.bit_length() * right <= MAX_INT_BITS
+                ):
+                    return left**right
                 result = float(left) ** float(right)
                 if isinstance(result, complex):
                     raise ExpressionError(f"{left} ** {right} is not a real number")

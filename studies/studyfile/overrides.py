@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 
@@ -26,11 +27,20 @@ from analysis.published_number import PublishedNumber
 from studies.studyfile.problems import Path_, Problem, Problems, format_yaml_path
 from studies.studyfile.yaml_source import read_yaml
 
-__all__ = ["Override", "parse_overrides", "apply_overrides", "resolved_text", "OVERRIDE_FORMAT",
-           "looks_like_override", "dump_yaml"]
+__all__ = [
+    "Override",
+    "parse_overrides",
+    "apply_overrides",
+    "resolved_text",
+    "OVERRIDE_FORMAT",
+    "looks_like_override",
+    "dump_yaml",
+]
 
-OVERRIDE_FORMAT = ("KEY=VALUE, KEY a dotted path (optim.lr, seeds, variants.ce.loss.k, "
-                   "design.0.parameters.loss.epsilon) and VALUE a YAML value (0.01, [0, 1], {name: ce})")
+OVERRIDE_FORMAT = (
+    "KEY=VALUE, KEY a dotted path (optim.lr, seeds, variants.ce.loss.k, "
+    "design.0.parameters.loss.epsilon) and VALUE a YAML value (0.01, [0, 1], {name: ce})"
+)
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 #: keys whose entries are dotted paths: what follows them in an override's key is one key
@@ -82,8 +92,9 @@ def parse_overrides(texts: Sequence[str], top_fields: Iterable[str]) -> list[Ove
         try:
             value, _ = read_yaml(raw) if raw.strip() else (None, {})
         except Problems as bad:
-            problems.append(Problem(where, f"the value is not YAML ({bad.problems[0].message}); "
-                                           f"expected {OVERRIDE_FORMAT}"))
+            problems.append(
+                Problem(where, f"the value is not YAML ({bad.problems[0].message}); expected {OVERRIDE_FORMAT}")
+            )
             continue
         out.append(Override(text, _path(key, fields), value))
     if problems:
@@ -108,14 +119,24 @@ def apply_overrides(data: dict, overrides: Sequence[Override], lines: dict) -> d
                 node = node[part]
             else:
                 size = f"a list of {len(node)}" if isinstance(node, list) else type(node).__name__
-                problems.append(Problem((override.source,), f"{here} is not in the file ({format_yaml_path(override.path[:i]) or 'the file'} "
-                                                            f"is {size}); expected {OVERRIDE_FORMAT}"))
+                problems.append(
+                    Problem(
+                        (override.source,),
+                        f"{here} is not in the file ({format_yaml_path(override.path[:i]) or 'the file'} "
+                        f"is {size}); expected {OVERRIDE_FORMAT}",
+                    )
+                )
                 break
         else:
             last = override.path[-1]
             if isinstance(node, list) and not (isinstance(last, int) and last < len(node)):
-                problems.append(Problem((override.source,), f"{format_yaml_path(override.path)} is not in the "
-                                                            f"file (a list of {len(node)}); expected {OVERRIDE_FORMAT}"))
+                problems.append(
+                    Problem(
+                        (override.source,),
+                        f"{format_yaml_path(override.path)} is not in the "
+                        f"file (a list of {len(node)}); expected {OVERRIDE_FORMAT}",
+                    )
+                )
                 continue
             node[last] = override.value
             for path in [p for p in lines if p[: len(override.path)] == override.path]:
@@ -136,8 +157,9 @@ class _Dumper(yaml.SafeDumper):
 
 
 _Dumper.add_representer(list, _Dumper.represent_list)
-_Dumper.add_representer(PublishedNumber, lambda dumper, number: dumper.represent_scalar(
-    "tag:yaml.org,2002:float", number.text))
+_Dumper.add_representer(
+    PublishedNumber, lambda dumper, number: dumper.represent_scalar("tag:yaml.org,2002:float", number.text)
+)
 
 
 def dump_yaml(data: Any) -> str:

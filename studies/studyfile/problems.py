@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Union
 
-__all__ = ["Path_", "Problem", "Problems", "StudyError", "format_yaml_path", "line_of", "dedupe",
-           "MAX_PROBLEMS_SHOWN", "did_you_mean"]
+__all__ = [
+    "Path_",
+    "Problem",
+    "Problems",
+    "StudyError",
+    "format_yaml_path",
+    "line_of",
+    "dedupe",
+    "MAX_PROBLEMS_SHOWN",
+    "did_you_mean",
+]
 
 #: at most this many problems are spelled out in one StudyError
 MAX_PROBLEMS_SHOWN = 8
 
 #: a YAML path as a tuple of keys and list indices: ("design", 0, "parameters", "loss.k")
-Path_ = tuple[Union[str, int], ...]
+Path_ = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class Problems(Exception):
         self.problems = problems
 
 
-def format_yaml_path(path: Iterable[Union[str, int]]) -> str:
+def format_yaml_path(path: Iterable[str | int]) -> str:
     """``("design", 0, "parameters", "loss.epsilon")`` -> ``design[0].parameters.loss.epsilon``."""
     text = ""
     for part in path:
@@ -58,7 +67,7 @@ class StudyError(ValueError):
     value came from, such as ``override optim.lr=-1``).
     """
 
-    def __init__(self, file: str, problems: list[tuple[str, Union[int, str, None], str]]):
+    def __init__(self, file: str, problems: list[tuple[str, int | str | None, str]]):
         self.file = file
         self.problems = problems
         super().__init__(self._paragraph())
@@ -87,7 +96,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def line_of(lines: dict, path: Path_) -> Union[int, str, None]:
+def line_of(lines: dict, path: Path_) -> int | str | None:
     """Line of the longest prefix of ``path`` that is in the file (keys compared as text), or
     the override that set it (``"override optim.lr=-1"``)."""
     path = tuple(path)

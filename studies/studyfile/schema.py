@@ -44,15 +44,17 @@ def pydantic_message(e: dict) -> str:
         n = e["ctx"].get("min_length", 1)
         return f"expected at least {n} item{'s' if n != 1 else ''}, got {short_repr(e.get('input'))}"
     if kind == "string_pattern_mismatch":
-        return (f"expected letters, digits, '_', '.' or '-' only (starting with a letter or digit), "
-                f"got {short_repr(e.get('input'))}")
+        return (
+            f"expected letters, digits, '_', '.' or '-' only (starting with a letter or digit), "
+            f"got {short_repr(e.get('input'))}"
+        )
     msg = e["msg"]
     if msg.startswith("Value error, "):
-        return msg[len("Value error, "):]
+        return msg[len("Value error, ") :]
     if msg.startswith("Assertion failed, "):
-        return msg[len("Assertion failed, "):]
+        return msg[len("Assertion failed, ") :]
     if msg.startswith("Input should be "):
-        msg = "expected " + msg[len("Input should be "):]
+        msg = "expected " + msg[len("Input should be ") :]
     if "input" in e and kind not in ("union_tag_not_found", "union_tag_invalid"):
         msg += f", got {short_repr(e['input'])}"
     return msg

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 from pydantic import ValidationError
 
@@ -38,7 +38,7 @@ from studies.studyfile.yaml_source import MAX_FILE_BYTES, read_yaml
 __all__ = ["load_study", "parse_study", "StudyError"]
 
 
-def load_study(path: Union[str, Path], max_cells: Optional[int] = None, overrides: Sequence[str] = ()) -> Study:
+def load_study(path: str | Path, max_cells: int | None = None, overrides: Sequence[str] = ()) -> Study:
     """Read and validate a study file; raise :class:`StudyError` (one paragraph) when it is wrong.
 
     ``max_cells`` raises the limit on the number of cells (default: the file's ``max_cells``,
@@ -50,8 +50,16 @@ def load_study(path: Union[str, Path], max_cells: Optional[int] = None, override
     try:
         kind = os.stat(path).st_mode
         if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):  # a FIFO would hang the open
-            raise StudyError(file, [("(file)", None, "is not a regular file (a FIFO, device or socket); "
-                                                     "expected the path of a YAML study file")])
+            raise StudyError(
+                file,
+                [
+                    (
+                        "(file)",
+                        None,
+                        "is not a regular file (a FIFO, device or socket); expected the path of a YAML study file",
+                    )
+                ],
+            )
         with open(path, "rb") as handle:  # no more than the limit is read, however large the file
             text = handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except FileNotFoundError:
@@ -59,15 +67,17 @@ def load_study(path: Union[str, Path], max_cells: Optional[int] = None, override
     except IsADirectoryError:
         raise StudyError(file, [("(file)", None, "is a folder; expected the path of a YAML study file")]) from None
     except PermissionError:
-        raise StudyError(file, [("(file)", None, "cannot be read (permission denied); expected a readable "
-                                                 "YAML study file")]) from None
+        raise StudyError(
+            file, [("(file)", None, "cannot be read (permission denied); expected a readable YAML study file")]
+        ) from None
     except UnicodeDecodeError as err:
         raise StudyError(file, [("(file)", None, f"is not UTF-8 text ({err.reason} at byte {err.start})")]) from None
     return parse_study(text, file, max_cells, overrides)
 
 
-def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = None,
-                overrides: Sequence[str] = ()) -> Study:
+def parse_study(
+    text: str, file: str = "<string>", max_cells: int | None = None, overrides: Sequence[str] = ()
+) -> Study:
     """Validate study-file text; ``file`` names it in the error messages (``max_cells`` and
     ``overrides``: see :func:`load_study`). With overrides, the study's ``source_text`` is the
     file with them applied (``studies.studyfile.overrides.resolved_text``)."""
@@ -77,11 +87,11 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
     try:
         data, lines = read_yaml(text)
         if data is None:
-            raise Problems([Problem((), "the file is empty; expected a mapping with at least name, "
-                                        "base and seeds")])
+            raise Problems([Problem((), "the file is empty; expected a mapping with at least name, base and seeds")])
         if not isinstance(data, dict):
-            raise Problems([Problem((), f"expected a mapping with at least name, base and seeds, "
-                                        f"got {type(data).__name__}")])
+            raise Problems(
+                [Problem((), f"expected a mapping with at least name, base and seeds, got {type(data).__name__}")]
+            )
         if overrides:
             parsed = parse_overrides(overrides, Study.model_fields)
             data = apply_overrides(data, parsed, lines)
@@ -116,24 +126,40 @@ def parse_study(text: str, file: str = "<string>", max_cells: Optional[int] = No
             raise Problems(problems)
         study.set_designed_configs(configs)
     except Problems as problems:
+
         def file_path(p: Path_) -> Path_:
             # a block written as one mapping is validated as a list of it: back to its path
-            if len(p) >= 2 and p[1] == 0 and ((p[0] == "design" and not design_is_list)
-                                              or (p[0] == "reference" and not reference_is_list)):
+            if (
+                len(p) >= 2
+                and p[1] == 0
+                and ((p[0] == "design" and not design_is_list) or (p[0] == "reference" and not reference_is_list))
+            ):
                 return (p[0],) + tuple(p[2:])
             return tuple(p)
 
-        raise StudyError(file, [(format_yaml_path(file_path(p.path)), line_of(lines, file_path(p.path)),
-                                 p.message) for p in dedupe(problems.problems)]) from None
+        raise StudyError(
+            file,
+            [
+                (format_yaml_path(file_path(p.path)), line_of(lines, file_path(p.path)), p.message)
+                for p in dedupe(problems.problems)
+            ],
+        ) from None
     return study
 
 
-def _check_size(study: Study, max_cells: Optional[int]) -> None:
+def _check_size(study: Study, max_cells: int | None) -> None:
     """Stage 2b: refuse a design with more cells than allowed, counted from its sizes."""
     limit = max_cells or study.max_cells or DEFAULT_MAX_CELLS
     configs, cells = study.planned_cells()
     if cells > limit:
-        raise Problems([Problem(("design",), f"the design has {cells:,} cells ({configs:,} configs x "
-                                             f"{len(study.seed_list):,} seeds), more than the limit of {limit:,}; "
-                                             "expected a smaller design, or a higher limit (max_cells: N in "
-                                             "the file, or --max-cells N)")])
+        raise Problems(
+            [
+                Problem(
+                    ("design",),
+                    f"the design has {cells:,} cells ({configs:,} configs x "
+                    f"{len(study.seed_list):,} seeds), more than the limit of {limit:,}; "
+                    "expected a smaller design, or a higher limit (max_cells: N in "
+                    "the file, or --max-cells N)",
+                )
+            ]
+        )

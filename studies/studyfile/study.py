@@ -8,24 +8,61 @@ docs/interfaces.md section 6 for the format).
 
 from __future__ import annotations
 
-
 from collections import Counter
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
-from analysis.report_schema import (Reference, ReferenceRow, References, Report, ReportCompare, ReportCurve,  # noqa: F401
-                                    ReportSetSizes, ReportTable)
+from analysis.report_schema import (
+    Reference,
+    ReferenceRow,
+    References,
+    Report,
+    ReportCompare,
+    ReportCurve,
+    ReportSetSizes,
+    ReportTable,
+)
 from setvalued.paths import copy_config
-from studies.studyfile.design import BLOCK_CLASSES, PRUNER_CLASSES, DesignBlock, Distribution, OptunaBlock, SingleBlock, _Block
+from studies.readback import STUDY_NAME_MAX, STUDY_NAME_PATTERN
+from studies.studyfile.design import (
+    BLOCK_CLASSES,
+    PRUNER_CLASSES,
+    DesignBlock,
+    Distribution,
+    OptunaBlock,
+    SingleBlock,
+    _Block,
+)
 from studies.studyfile.expressions import Expression
 from studies.studyfile.problems import Path_, Problem, StudyError, dedupe, did_you_mean, format_yaml_path, line_of
-from studies.readback import STUDY_NAME_MAX, STUDY_NAME_PATTERN
 from studies.studyfile.schema import StrictModel, fields_of, pydantic_message
 
-__all__ = ["DEFAULT_MAX_CELLS", "MAX_SEEDS", "SeedRacing", "RaceUntil", "MAX_FAILURES", "DEFAULT_CHECKPOINT_INTERVAL_S", "Study", "Resources", "Objective", "NoScheduler", "EarlyStopping", "Asha", "Scheduler", "Report",
-           "ReportTable", "ReportCurve", "ReportCompare", "ReportSetSizes", "Reference", "ReferenceRow",
-           "DEFAULT_VARIANT", "NAME_PATTERN", "schema_problem"]
+__all__ = [
+    "DEFAULT_MAX_CELLS",
+    "MAX_SEEDS",
+    "SeedRacing",
+    "RaceUntil",
+    "MAX_FAILURES",
+    "DEFAULT_CHECKPOINT_INTERVAL_S",
+    "Study",
+    "Resources",
+    "Objective",
+    "NoScheduler",
+    "EarlyStopping",
+    "Asha",
+    "Scheduler",
+    "Report",
+    "ReportTable",
+    "ReportCurve",
+    "ReportCompare",
+    "ReportSetSizes",
+    "Reference",
+    "ReferenceRow",
+    "DEFAULT_VARIANT",
+    "NAME_PATTERN",
+    "schema_problem",
+]
 
 #: variant name of the cells of a study without a ``variants`` block
 DEFAULT_VARIANT = "base"
@@ -60,8 +97,9 @@ class Resources(StrictModel):
         """Ray counts resources in steps of 1/10,000: a smaller positive amount is an error
         deep inside Ray, so it is refused here."""
         if 0 < value < RESOURCE_STEP:
-            raise ValueError(f"expected 0 or at least {RESOURCE_STEP} (Ray's smallest fraction of a resource), "
-                             f"got {value}")
+            raise ValueError(
+                f"expected 0 or at least {RESOURCE_STEP} (Ray's smallest fraction of a resource), got {value}"
+            )
         return value
 
     @field_validator("gpus")
@@ -85,8 +123,8 @@ class EarlyStopping(StrictModel):
     """Stop a config (all its seeds together) whose seed-mean metric stopped improving."""
 
     kind: Literal["early_stopping"]
-    metric: Optional[str] = None  # default: the objective's metric
-    mode: Optional[Literal["max", "min"]] = None
+    metric: str | None = None  # default: the objective's metric
+    mode: Literal["max", "min"] | None = None
     grace_epochs: int = Field(5, ge=0)
     patience: int = Field(3, ge=1)
 
@@ -98,13 +136,13 @@ class Asha(StrictModel):
     reached it so far (`studies.scheduling.successive_halving`)."""
 
     kind: Literal["asha"]
-    metric: Optional[str] = None  # default: the objective's metric
-    mode: Optional[Literal["max", "min"]] = None
+    metric: str | None = None  # default: the objective's metric
+    mode: Literal["max", "min"] | None = None
     grace_epochs: int = Field(1, ge=1)
     reduction_factor: int = Field(3, ge=2)
 
 
-Scheduler = Annotated[Union[NoScheduler, EarlyStopping, Asha], Field(discriminator="kind")]
+Scheduler = Annotated[NoScheduler | EarlyStopping | Asha, Field(discriminator="kind")]
 #: the model of each scheduler kind (for the list of accepted fields in errors)
 SCHEDULER_CLASSES = {"none": NoScheduler, "early_stopping": EarlyStopping, "asha": Asha}
 
@@ -113,8 +151,8 @@ class RaceUntil(StrictModel):
     """What decides a race: the metric (default: the objective's), which way is better, and
     the confidence level of the paired intervals (0.95: Holm-adjusted p < 0.05 stops)."""
 
-    metric: Optional[str] = None
-    mode: Optional[Literal["max", "min"]] = None
+    metric: str | None = None
+    mode: Literal["max", "min"] | None = None
     level: float = Field(0.95, gt=0.5, lt=1.0)
 
 
@@ -128,7 +166,7 @@ class SeedRacing(StrictModel):
     initial: int = Field(3, ge=2)
     max: int = Field(ge=2, le=MAX_SEEDS)
     step: int = Field(1, ge=1)
-    sequence: Optional[list[Annotated[int, Field(ge=0, lt=2**32)]]] = None
+    sequence: list[Annotated[int, Field(ge=0, lt=2**32)]] | None = None
     until: RaceUntil = Field(default_factory=RaceUntil)
 
     @field_validator("sequence", mode="before")
@@ -137,7 +175,7 @@ class SeedRacing(StrictModel):
         return _seed_list(value)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SeedRacing":
+    def _consistent(self) -> SeedRacing:
         if self.initial > self.max:
             raise ValueError(f"initial ({self.initial}) must be at most max ({self.max})")
         if self.sequence is not None:
@@ -180,25 +218,27 @@ class Study(StrictModel):
     name: str = Field(pattern=STUDY_NAME_PATTERN, max_length=STUDY_NAME_MAX)
     description: str = ""
     base: dict[str, Any]
-    variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Optional[dict[str, Any]]] = {}
+    variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], dict[str, Any] | None] = {}
     design: list[DesignBlock] = Field(default_factory=lambda: [SingleBlock(kind="single")], min_length=1)
     derived: dict[str, Any] = {}
     # a list: every config runs on every seed; a mapping: racing (SeedRacing)
-    seeds: Annotated[Union[Annotated[list[Annotated[int, Field(ge=0, lt=2**32)]], Tag(SEED_LIST_TAG)],
-                           Annotated[SeedRacing, Tag(SEED_RACING_TAG)]],
-                     Discriminator(_seeds_kind)]
+    seeds: Annotated[
+        Annotated[list[Annotated[int, Field(ge=0, lt=2**32)]], Tag(SEED_LIST_TAG)]
+        | Annotated[SeedRacing, Tag(SEED_RACING_TAG)],
+        Discriminator(_seeds_kind),
+    ]
     resources: Resources = Field(default_factory=Resources)
-    max_concurrent: Optional[int] = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1)
     max_failures: int = Field(1, ge=0, le=MAX_FAILURES)
-    max_cells: Optional[int] = Field(None, ge=1)  # raises DEFAULT_MAX_CELLS for this study
+    max_cells: int | None = Field(None, ge=1)  # raises DEFAULT_MAX_CELLS for this study
     log_models: bool = True  # each cell's selected model as an MLflow model (off for huge studies)
     # at most one checkpoint (and one MLflow write of the epochs since the last) per this many
     # seconds of a cell's training, always after its last epoch; 0: after every epoch
     checkpoint_interval_s: float = Field(DEFAULT_CHECKPOINT_INTERVAL_S, ge=0, le=86_400)
-    objective: Optional[Objective] = None
+    objective: Objective | None = None
     scheduler: Scheduler = Field(default_factory=lambda: NoScheduler(kind="none"))
     report: Report = Field(default_factory=Report)
-    reference: Optional[References] = None  # its sources (one mapping in the file is one source)
+    reference: References | None = None  # its sources (one mapping in the file is one source)
 
     _path: str = PrivateAttr("<string>")
     _source_text: str = PrivateAttr("")
@@ -207,7 +247,7 @@ class Study(StrictModel):
     _derived_order: list[tuple[str, Expression]] = PrivateAttr(default_factory=list)
     _design_is_list: bool = PrivateAttr(True)
     _lines: dict = PrivateAttr(default_factory=dict)
-    _designed: Optional[list] = PrivateAttr(None)  # configs of the design, set by load_study
+    _designed: list | None = PrivateAttr(None)  # configs of the design, set by load_study
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -246,7 +286,7 @@ class Study(StrictModel):
         return self.seeds.seed_list if isinstance(self.seeds, SeedRacing) else list(self.seeds)
 
     @property
-    def racing(self) -> Optional[SeedRacing]:
+    def racing(self) -> SeedRacing | None:
         """The racing block (``seeds: {initial, max, until}``), None for a seed list."""
         return self.seeds if isinstance(self.seeds, SeedRacing) else None
 
@@ -314,23 +354,26 @@ class Study(StrictModel):
             return ("design",) + tuple(path[2:])
         return tuple(path)
 
-    def line_of(self, path: Path_) -> Union[int, str, None]:
+    def line_of(self, path: Path_) -> int | str | None:
         """The line of the file where ``path`` (or its longest prefix in the file) is written, or
         the command-line override that set it."""
         return line_of(self._lines, self._file_path(path))
 
     def error(self, problems: list[Problem]) -> StudyError:
         """A StudyError for problems found after loading (e.g. by optuna_block_suggest)."""
-        return StudyError(self._path, [(self.yaml_path(p.path), self.line_of(p.path), p.message)
-                                       for p in dedupe(problems)])
+        return StudyError(
+            self._path, [(self.yaml_path(p.path), self.line_of(p.path), p.message) for p in dedupe(problems)]
+        )
 
     def planned_cells(self) -> tuple[int, int]:
         """(configs, cells) of the design as written, counted from the sizes of its blocks
         without building anything: an upper bound (identical configs are merged later).
         Optuna blocks count their ``n_configs`` proposals."""
         n_variants = max(1, len(self.variants))
-        configs = sum(block.configs_per_variant() * (len(block.variants) if block.variants else n_variants)
-                      for block in self.design)
+        configs = sum(
+            block.configs_per_variant() * (len(block.variants) if block.variants else n_variants)
+            for block in self.design
+        )
         return configs, configs * len(self.seed_list)
 
     @property
@@ -365,10 +408,15 @@ class Study(StrictModel):
 
 #: the model validated at each path of the file (for the list of accepted fields)
 _MODEL_AT = {
-    (): Study, ("resources",): Resources, ("objective",): Objective, ("report",): Report,
-    ("report", "tables", 0): ReportTable, ("report", "curves", 0): ReportCurve,
+    (): Study,
+    ("resources",): Resources,
+    ("objective",): Objective,
+    ("report",): Report,
+    ("report", "tables", 0): ReportTable,
+    ("report", "curves", 0): ReportCurve,
     ("report", "compare"): ReportCompare,
-    ("reference", 0): Reference, ("reference", 0, "rows", 0): ReferenceRow,
+    ("reference", 0): Reference,
+    ("reference", 0, "rows", 0): ReferenceRow,
 }
 
 
@@ -406,8 +454,7 @@ def schema_problem(e: dict, raw: dict) -> Problem:
     message = pydantic_message(e)
     kind = e["type"]
     if kind == "union_tag_not_found":
-        return Problem(loc + ("kind",), "missing field 'kind'; expected one of: "
-                       + ", ".join(_union_kinds(loc)))
+        return Problem(loc + ("kind",), "missing field 'kind'; expected one of: " + ", ".join(_union_kinds(loc)))
     if kind == "union_tag_invalid":
         expected = e["ctx"]["expected_tags"].replace("'", "")
         return Problem(loc + ("kind",), f"unknown kind {e['ctx']['tag']!r}; expected one of: {expected}")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Annotated, Any, Literal, Mapping, Optional
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
@@ -36,6 +37,7 @@ __all__ = ["validate_config", "declared_param", "data_schema", "TrialConfigSchem
 # pydantic models generated from the declarations
 # --------------------------------------------------------------------------------------------
 
+
 def _annotation(param: Param) -> Any:
     """The pydantic type of a declared parameter (without its default)."""
     bounds: dict[str, Any] = {}
@@ -52,7 +54,7 @@ def _annotation(param: Param) -> Any:
         kind = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}[param.type]
     if bounds:
         kind = Annotated[kind, Field(**bounds)]
-    return Optional[kind] if param.nullable else kind
+    return Optional[kind] if param.nullable else kind  # noqa: UP045 (a runtime type built for pydantic)
 
 
 def _field(param: Param) -> tuple[Any, Any]:
@@ -91,21 +93,23 @@ def _section_validator(rules):
 
 def section_model(name: str, fields: Mapping[str, Param], rules=()) -> type[BaseModel]:
     """A strict pydantic model of one config section from its declarations."""
-    validators = {f"_rule_{key}": field_validator(key)(_rule_validator(p))
-                  for key, p in fields.items() if p.rule is not None}
+    validators = {
+        f"_rule_{key}": field_validator(key)(_rule_validator(p)) for key, p in fields.items() if p.rule is not None
+    }
     if rules:
         validators["_section_rules"] = model_validator(mode="after")(_section_validator(rules))
-    return create_model(name, __base__=StrictModel, __validators__=validators,
-                        **{key: _field(p) for key, p in fields.items()})
+    return create_model(
+        name, __base__=StrictModel, __validators__=validators, **{key: _field(p) for key, p in fields.items()}
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def data_schema(name: str) -> type[BaseModel]:
     """The ``data`` section of a registered data set (built-in or plugin)."""
     return section_model(f"{name}_data", registry.section_fields("dataset", name), SECTION_RULES["data"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plugin_model_schema(name: str) -> type[BaseModel]:
     """The ``model`` section of a plugin model: name, head and its declared parameters."""
     return section_model(f"{name}_model", registry.section_fields("model", name))
@@ -142,11 +146,13 @@ class TrialConfigSchema(StrictModel):
 # validation
 # --------------------------------------------------------------------------------------------
 
-def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]) -> Optional[dict]:
+
+def _validate_loss(raw: Any, num_classes: int | None, problems: list[Problem]) -> dict | None:
     """The loss section checked against its declaration, defaults filled in; None on problems."""
     if not isinstance(raw, dict):
-        problems.append(Problem(("loss",), f"expected a mapping with the loss name and its parameters, "
-                                           f"got {short_repr(raw)}"))
+        problems.append(
+            Problem(("loss",), f"expected a mapping with the loss name and its parameters, got {short_repr(raw)}")
+        )
         return None
     losses = registry.entries("loss")
     known = ", ".join(sorted(losses))
@@ -155,8 +161,13 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
         problems.append(Problem(("loss", "name"), f"missing required field: the loss name; expected one of: {known}"))
         return None
     if not isinstance(name, str) or name not in losses:
-        problems.append(Problem(("loss", "name"), f"unknown loss {name!r}{did_you_mean(name, losses)}"
-                                f"{registry.refusal_note('loss', name)}; expected one of: {known}"))
+        problems.append(
+            Problem(
+                ("loss", "name"),
+                f"unknown loss {name!r}{did_you_mean(name, losses)}"
+                f"{registry.refusal_note('loss', name)}; expected one of: {known}",
+            )
+        )
         return None
     declared = losses[name].parameters
     out: dict[str, Any] = {"name": name}
@@ -168,16 +179,25 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
             problems.append(Problem(("loss", key), f"'{key}' is set by the trainer, not by the study file"))
             bad = True
         elif key not in declared:
-            problems.append(Problem(("loss", key), f"loss '{name}' has no parameter '{key}'"
-                                    f"{did_you_mean(key, declared)}; accepted "
-                                    f"parameters: {', '.join(declared) or '(none)'}"))
+            problems.append(
+                Problem(
+                    ("loss", key),
+                    f"loss '{name}' has no parameter '{key}'"
+                    f"{did_you_mean(key, declared)}; accepted "
+                    f"parameters: {', '.join(declared) or '(none)'}",
+                )
+            )
             bad = True
         else:
             try:
                 out[key] = declared[key].check(key, value)
             except ParameterError as err:
-                problems.append(Problem(("loss", key), f"expected {err.requirement}, got {short_repr(value)}"
-                                        if err.wrong_type else err.text))
+                problems.append(
+                    Problem(
+                        ("loss", key),
+                        f"expected {err.requirement}, got {short_repr(value)}" if err.wrong_type else err.text,
+                    )
+                )
                 bad = True
     for key, param in declared.items():
         if param.implicit and out.get(key, param.default) == param.default:
@@ -199,7 +219,7 @@ def _validate_loss(raw: Any, num_classes: Optional[int], problems: list[Problem]
     return out
 
 
-def declared_param(config: Mapping[str, Any], dotted: str) -> Optional[Param]:
+def declared_param(config: Mapping[str, Any], dotted: str) -> Param | None:
     """The declaration of the field at ``dotted`` in a validated config (the data set's fields,
     the loss's parameters), or None when the path is not a declared field."""
     section, _, key = dotted.partition(".")
@@ -217,16 +237,16 @@ def _model_exists(name: str) -> bool:
     return registry.entry("model", name) is not None or _timm_model(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _timm_model(name: str) -> bool:
     try:
-        import timm  # noqa: WPS433  (slow import, torch included; only for non-builtin names)
+        import timm  # (slow import, torch included; only for non-builtin names)
     except ImportError:  # pragma: no cover - timm is a dependency
         return True
     return bool(timm.is_model(name))
 
 
-def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
+def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
     """Check one trial config (docs/interfaces.md section 1) and fill in its defaults.
 
     Returns ``(config, [])`` or ``(None, problems)``; problem paths are relative to the config.
@@ -235,8 +255,9 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
     if not isinstance(raw, dict):
         return None, [Problem((), f"expected a mapping (the trial config), got {short_repr(raw)}")]
     if "seed" in raw:
-        return None, [Problem(("seed",), "the seed is not part of a config; list the seeds in the "
-                                         "study's top-level 'seeds'")]
+        return None, [
+            Problem(("seed",), "the seed is not part of a config; list the seeds in the study's top-level 'seeds'")
+        ]
     plugin_model = isinstance(raw.get("model"), dict) and _plugin_model(raw["model"].get("name"))
     try:
         top = TrialConfigSchema.model_validate({k: v for k, v in raw.items() if not (plugin_model and k == "model")})
@@ -248,35 +269,52 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
         try:
             config["model"] = _plugin_model_schema(name).model_validate(raw["model"]).model_dump()
         except ValidationError as err:
-            return None, [_unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
-                          for p in pydantic_problems(err, ("model",))]
+            return None, [
+                _unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
+                for p in pydantic_problems(err, ("model",))
+            ]
 
     data_raw = top.data
     data_name = data_raw.get("name", "synthetic")
     datasets = registry.entries("dataset")
     if not isinstance(data_name, str) or data_name not in datasets:
-        problems.append(Problem(("data", "name"), f"unknown data set {data_name!r}"
-                                f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
-                                "expected one of: " + ", ".join(datasets)))
+        problems.append(
+            Problem(
+                ("data", "name"),
+                f"unknown data set {data_name!r}"
+                f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
+                "expected one of: " + ", ".join(datasets),
+            )
+        )
         return None, problems
     schema = data_schema(data_name)
     try:
         data = schema.model_validate({"name": data_name, **data_raw}).model_dump()
     except ValidationError as err:
-        return None, [_unknown_field_hint(p, schema, f"for data set '{data_name}'")
-                      for p in pydantic_problems(err, ("data",))]
+        return None, [
+            _unknown_field_hint(p, schema, f"for data set '{data_name}'") for p in pydantic_problems(err, ("data",))
+        ]
     config["data"] = data
     num_classes = data.get("num_classes", datasets[data_name].num_classes)
 
     model = config["model"]
     if not _model_exists(model["name"]):
-        problems.append(Problem(("model", "name"), f"unknown model {model['name']!r}"
-                                f"{registry.refusal_note('model', model['name'])}; expected one of "
-                                f"{', '.join(registry.entries('model'))} or a timm architecture name"))
-    elif (data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp"
-          and not plugin_model):
-        problems.append(Problem(("model", "name"), f"data.form is 'features' (vectors): only the 'mlp' "
-                                f"model takes them; use data.form: images for {model['name']!r}"))
+        problems.append(
+            Problem(
+                ("model", "name"),
+                f"unknown model {model['name']!r}"
+                f"{registry.refusal_note('model', model['name'])}; expected one of "
+                f"{', '.join(registry.entries('model'))} or a timm architecture name",
+            )
+        )
+    elif data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp" and not plugin_model:
+        problems.append(
+            Problem(
+                ("model", "name"),
+                f"data.form is 'features' (vectors): only the 'mlp' "
+                f"model takes them; use data.form: images for {model['name']!r}",
+            )
+        )
 
     loss = _validate_loss(top.loss, num_classes, problems)
     if loss is not None:
@@ -287,8 +325,13 @@ def validate_config(raw: Any) -> tuple[Optional[dict], list[Problem]]:
         for field in ("ks", "avgk"):
             for i, k in enumerate(ev[field]):
                 if k > num_classes:
-                    problems.append(Problem(("eval", field, i), f"K={k} in eval.{field} exceeds the number "
-                                            f"of classes ({num_classes}); list only K <= {num_classes}"))
+                    problems.append(
+                        Problem(
+                            ("eval", field, i),
+                            f"K={k} in eval.{field} exceeds the number "
+                            f"of classes ({num_classes}); list only K <= {num_classes}",
+                        )
+                    )
     reason = check_metric(ev["selection"], ev)
     if reason:
         problems.append(Problem(("eval", "selection"), reason))
@@ -304,9 +347,12 @@ def _without_implicit_defaults(config: dict) -> dict:
     (``Param.implicit``: a config holds them only when they differ, so adding such a field
     changed no config_id); the trainer fills them in again."""
     model = config["model"].get("name")
-    sections = {"model": registry.section_fields("model", model) if _plugin_model(model) else MODEL_FIELDS,
-                "optim": OPTIM_FIELDS, "eval": EVAL_FIELDS,
-                "data": registry.section_fields("dataset", config["data"].get("name")) or {}}
+    sections = {
+        "model": registry.section_fields("model", model) if _plugin_model(model) else MODEL_FIELDS,
+        "optim": OPTIM_FIELDS,
+        "eval": EVAL_FIELDS,
+        "data": registry.section_fields("dataset", config["data"].get("name")) or {},
+    }
     for section, fields in sections.items():
         for key, param in fields.items():
             if param.implicit and key in config[section] and config[section][key] == param.default:
@@ -334,4 +380,3 @@ def _unknown_field_hint(problem: Problem, model: type[BaseModel], context: str =
     fields = fields_of(target)
     hint = did_you_mean(path[-1], fields.split(", "))
     return Problem(problem.path, f"unknown field '{path[-1]}'{ctx}{hint}; expected one of: {fields}")
-

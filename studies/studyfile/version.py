@@ -27,22 +27,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from studies.studyfile.config_ids import _canonical
 
-__all__ = ["Change", "definition", "version_digest", "changes", "format_changes", "ABSENT",
-           "VERSION_LENGTH", "short_version"]
+__all__ = [
+    "Change",
+    "definition",
+    "version_digest",
+    "changes",
+    "format_changes",
+    "ABSENT",
+    "VERSION_LENGTH",
+    "short_version",
+]
 
 #: hex digits of a version (12: two versions of one study never collide in practice)
 VERSION_LENGTH = 12
 #: how a field that one of two definitions lacks is written
 ABSENT = "(absent)"
 #: fields of a design block that enumerate its configs (changing them adds or drops configs)
-_ENUMERATING = {"grid": {"parameters_values", "variants"}, "sensitivity": {"parameters_values", "variants"},
-                "random": {"n_configs", "variants"}, "optuna": {"n_configs", "variants"},
-                "single": {"variants"}}
+_ENUMERATING = {
+    "grid": {"parameters_values", "variants"},
+    "sensitivity": {"parameters_values", "variants"},
+    "random": {"n_configs", "variants"},
+    "optuna": {"n_configs", "variants"},
+    "single": {"variants"},
+}
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ def short_version(version: str) -> str:
     return str(version)[:7]
 
 
-def definition(study: Any, smoke_epochs: Optional[int] = None) -> dict:
+def definition(study: Any, smoke_epochs: int | None = None) -> dict:
     """What defines the configs of a validated `study` (module docstring), as canonical
     JSON data; `smoke_epochs`: the epochs of a smoke run's cells (None: not a smoke run)."""
     design = []

@@ -9,7 +9,7 @@ never code. The numbers of the `reference` block keep their written text
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -56,8 +56,12 @@ def _index_nodes(node: yaml.Node, path: Path_, lines: dict[Path_, int], problems
             if key == "<<":  # merge key: its entries are not keys of this mapping in the file
                 continue
             if key in seen:
-                problems.append(Problem(path + (key,), f"duplicate key '{key}' (first written on line "
-                                                       f"{seen[key]}); each key may appear once"))
+                problems.append(
+                    Problem(
+                        path + (key,),
+                        f"duplicate key '{key}' (first written on line {seen[key]}); each key may appear once",
+                    )
+                )
             seen.setdefault(key, line)
             lines.setdefault(path + (key,), line)
             _index_nodes(value_node, path + (key,), lines, problems)
@@ -93,21 +97,33 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
     return size[id(root)], depth[id(root)]
 
 
-def _bounded(root: Optional[yaml.Node]) -> None:
+def _bounded(root: yaml.Node | None) -> None:
     """Refuse a file whose expanded content is too large or too deep to validate quickly."""
     if root is None:
         return
     values, depth = _expanded_size(root)
     if values > MAX_YAML_NODES:
-        raise Problems([Problem(("YAML",), f"the file expands to more than {MAX_YAML_NODES:,} values "
-                                           "(aliases included); expected a study file of at most that many")])
+        raise Problems(
+            [
+                Problem(
+                    ("YAML",),
+                    f"the file expands to more than {MAX_YAML_NODES:,} values "
+                    "(aliases included); expected a study file of at most that many",
+                )
+            ]
+        )
     if depth > MAX_YAML_DEPTH:
-        raise Problems([Problem(("YAML",), f"mappings and lists nested {depth} levels deep; expected at most "
-                                           f"{MAX_YAML_DEPTH}")])
+        raise Problems(
+            [Problem(("YAML",), f"mappings and lists nested {depth} levels deep; expected at most {MAX_YAML_DEPTH}")]
+        )
 
 
-_OPENING = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
-            yaml.FlowMappingStartToken)
+_OPENING = (
+    yaml.BlockSequenceStartToken,
+    yaml.BlockMappingStartToken,
+    yaml.FlowSequenceStartToken,
+    yaml.FlowMappingStartToken,
+)
 _CLOSING = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
 
 
@@ -119,14 +135,21 @@ def _check_nesting(text: str) -> None:
         if isinstance(token, _OPENING):
             depth += 1
             if depth > MAX_YAML_DEPTH:
-                raise Problems([Problem(("YAML",), f"mappings and lists nested more than {MAX_YAML_DEPTH} "
-                                                   f"levels deep (line {token.start_mark.line + 1}); expected at "
-                                                   f"most {MAX_YAML_DEPTH}")])
+                raise Problems(
+                    [
+                        Problem(
+                            ("YAML",),
+                            f"mappings and lists nested more than {MAX_YAML_DEPTH} "
+                            f"levels deep (line {token.start_mark.line + 1}); expected at "
+                            f"most {MAX_YAML_DEPTH}",
+                        )
+                    ]
+                )
         elif isinstance(token, _CLOSING):
             depth -= 1
 
 
-def _flow_depth_exceeded(text: str) -> Optional[int]:
+def _flow_depth_exceeded(text: str) -> int | None:
     """The line where flow collections (``[...]``, ``{...}``) nest past MAX_YAML_DEPTH, found
     in one pass over the characters, before any YAML scanner sees the text, so the bound
     holds whatever the scanner's cost per flow level (issue 25 saw 6 s for 2,000 levels;
@@ -177,7 +200,7 @@ class _PyLoader(yaml.SafeLoader):
     """The pure-Python parser, used only to word a syntax error (its messages say what it expected)."""
 
 
-def _python_parser_error(text: str) -> Optional[yaml.MarkedYAMLError]:
+def _python_parser_error(text: str) -> yaml.MarkedYAMLError | None:
     """The syntax error as PyYAML's Python parser words it (the file is known to be bad, and
     its nesting was checked, so this is quick and cannot recurse deeply)."""
     try:
@@ -194,12 +217,25 @@ def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
     """Parse the text; return (data, {yaml path: line}). Raises Problems on syntax errors and
     on files too large or too deep once their aliases are expanded."""
     if len(text) > MAX_FILE_BYTES:
-        raise Problems([Problem(("(file)",), f"the file is larger than {MAX_FILE_BYTES:,} characters; expected a study file "
-                                             "of ordinary size")])
+        raise Problems(
+            [
+                Problem(
+                    ("(file)",),
+                    f"the file is larger than {MAX_FILE_BYTES:,} characters; expected a study file of ordinary size",
+                )
+            ]
+        )
     deep = _flow_depth_exceeded(text)
     if deep is not None:
-        raise Problems([Problem(("YAML",), f"mappings and lists nested more than {MAX_YAML_DEPTH} levels "
-                                           f"deep (line {deep}); expected at most {MAX_YAML_DEPTH}")])
+        raise Problems(
+            [
+                Problem(
+                    ("YAML",),
+                    f"mappings and lists nested more than {MAX_YAML_DEPTH} levels "
+                    f"deep (line {deep}); expected at most {MAX_YAML_DEPTH}",
+                )
+            ]
+        )
     try:
         _check_nesting(text)
         loader = _Loader(text)
@@ -211,18 +247,29 @@ def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
         finally:
             loader.dispose()
     except RecursionError:
-        raise Problems([Problem(("YAML",), f"mappings and lists nested too deep to read; expected at most "
-                                           f"{MAX_YAML_DEPTH} levels")]) from None
+        raise Problems(
+            [
+                Problem(
+                    ("YAML",), f"mappings and lists nested too deep to read; expected at most {MAX_YAML_DEPTH} levels"
+                )
+            ]
+        ) from None
     except ValueError as err:  # an integer of more digits than Python converts (4,300)
-        raise Problems([Problem(("YAML",), f"unreadable value ({str(err).split(';')[0]}); expected "
-                                           "numbers of ordinary size")]) from None
+        raise Problems(
+            [Problem(("YAML",), f"unreadable value ({str(err).split(';')[0]}); expected numbers of ordinary size")]
+        ) from None
     except yaml.MarkedYAMLError as err:
         err = _python_parser_error(text) or err  # PyYAML's own words, whichever parser found it
         mark = err.problem_mark or err.context_mark
         what = " ".join(str(x) for x in (err.context, err.problem) if x)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise Problems([Problem(("YAML syntax",), f"{what} at {where}; expected valid YAML "
-                                                  "(check the indentation and the quoting)")]) from None
+        raise Problems(
+            [
+                Problem(
+                    ("YAML syntax",), f"{what} at {where}; expected valid YAML (check the indentation and the quoting)"
+                )
+            ]
+        ) from None
     except yaml.YAMLError as err:
         raise Problems([Problem(("YAML syntax",), f"{err}")]) from None
     lines: dict[Path_, int] = {}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from analysis.layout import (
     PER_CLASS_ARTIFACT,
@@ -60,9 +61,13 @@ class CellRun:
         self.client = client or _client(context.tracking_uri)
 
     @classmethod
-    def open(cls, context: TrackingContext, cell: Mapping[str, Any],
-             run_id: str | None = None, tags: Mapping[str, str] | None = None
-             ) -> tuple["CellRun", bool]:
+    def open(
+        cls,
+        context: TrackingContext,
+        cell: Mapping[str, Any],
+        run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> tuple[CellRun, bool]:
         """The cell's run: `run_id` if given, else the run this driver session already made
         for the cell (a trial restarted after its worker died), else a new one; `tags` are
         set on it in the same request.
@@ -72,8 +77,11 @@ class CellRun:
         """
         client = _client(context.tracking_uri)
         if run_id is None:
-            existing = _search_all(client, context.experiment_id, tag_filter(
-                {TAG_CELL_ID: cell["cell_id"], TAG_SESSION: context.session_id}))
+            existing = _search_all(
+                client,
+                context.experiment_id,
+                tag_filter({TAG_CELL_ID: cell["cell_id"], TAG_SESSION: context.session_id}),
+            )
             if existing:
                 run_id = existing[-1].info.run_id
         if run_id is not None:
@@ -81,14 +89,18 @@ class CellRun:
             with_retry(lambda: client.update_run(run_id, status="RUNNING"))
             run.set_tags({TAG_STATUS: STATUS_RUNNING, **dict(tags or {})})
             return run, True
-        all_tags = {**dict(context.run_tags),
-                    **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id,
-                              context.version),
-                    **dict(tags or {})}
-        created = with_retry(lambda: client.create_run(
-            context.experiment_id, tags=all_tags,
-            run_name=cell.get("run_name") or f"{cell.get('variant') or 'cell'}-{cell['cell_id']}",
-        ))
+        all_tags = {
+            **dict(context.run_tags),
+            **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id, context.version),
+            **dict(tags or {}),
+        }
+        created = with_retry(
+            lambda: client.create_run(
+                context.experiment_id,
+                tags=all_tags,
+                run_name=cell.get("run_name") or f"{cell.get('variant') or 'cell'}-{cell['cell_id']}",
+            )
+        )
         run = cls(context, created.info.run_id, client)
         params = config_params(cell["config"])
         params["seed"] = str(cell["seed"])
@@ -102,24 +114,22 @@ class CellRun:
 
         items = [RunTag(k, str(v)[:_MAX_TAG_LENGTH]) for k, v in tags.items()]
         for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
-            with_retry(lambda: self.client.log_batch(self.run_id, tags=list(chunk),
-                                                     synchronous=True))
+            with_retry(lambda: self.client.log_batch(self.run_id, tags=list(chunk), synchronous=True))
 
     def log_params(self, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in sorted(params.items())]
         for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
-            with_retry(lambda: self.client.log_batch(self.run_id, params=list(chunk),
-                                                     synchronous=True))
+            with_retry(lambda: self.client.log_batch(self.run_id, params=list(chunk), synchronous=True))
 
-    def log_metrics(self, metrics: Mapping[str, Any], step: int,
-                    tags: Mapping[str, str] | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, Any], step: int, tags: Mapping[str, str] | None = None) -> None:
         """All `metrics` at `step` (and optional tags) in one `log_batch` request."""
         self.log_epochs([(step, metrics)], tags=tags)
 
-    def log_epochs(self, epochs: Sequence[tuple[int, Mapping[str, Any]]],
-                   tags: Mapping[str, str] | None = None) -> None:
+    def log_epochs(
+        self, epochs: Sequence[tuple[int, Mapping[str, Any]]], tags: Mapping[str, str] | None = None
+    ) -> None:
         """The metrics of several steps, each at its step, and optional tags, in as few
         `log_batch` requests as MLflow's limits allow (one for up to 1,000 values); the tags
         go with the last request, so a status tag is never written before the metrics.
@@ -143,19 +153,24 @@ class CellRun:
             last = i == len(chunks) - 1
             with_tags = tag_items if last and len(tag_items) <= _MAX_PARAMS_TAGS_PER_BATCH else []
             if chunk or with_tags:
-                with_retry(lambda: self.client.log_batch(self.run_id, metrics=list(chunk),
-                                                         tags=with_tags, synchronous=True))
+                with_retry(
+                    lambda: self.client.log_batch(self.run_id, metrics=list(chunk), tags=with_tags, synchronous=True)
+                )
         if tag_items and len(tag_items) > _MAX_PARAMS_TAGS_PER_BATCH:
             self.set_tags(dict(tags or {}))
 
     def last_logged_epoch(self) -> int | None:
         """The largest step of the epoch marker metric already in the run (None if none)."""
-        history = with_retry(lambda: self.client.get_metric_history(self.run_id,
-                                                                    EPOCH_MARKER_METRIC))
+        history = with_retry(lambda: self.client.get_metric_history(self.run_id, EPOCH_MARKER_METRIC))
         return max((m.step for m in history), default=None)
 
-    def finish(self, result: Mapping[str, Any], final_step: int,
-               pending: Sequence[tuple[int, Mapping[str, Any]]] = (), clear_error: bool = False) -> None:
+    def finish(
+        self,
+        result: Mapping[str, Any],
+        final_step: int,
+        pending: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        clear_error: bool = False,
+    ) -> None:
         """Log the outcome of `fit`: the per-class Parquet artifact, then the epochs not yet
         logged (`pending`), the test metrics, best epoch/value and `studies.status=finished`
         in one request (the status last, so a crash never marks it done). `clear_error`: an
@@ -192,16 +207,18 @@ class CellRun:
         model = model.cpu().eval()
         version = torch.__version__.split("+")[0]
         client = self.client
-        logged = with_retry(lambda: client.create_logged_model(
-            self.context.experiment_id, name=MODEL_ARTIFACT, source_run_id=self.run_id,
-            model_type="pytorch"))
+        logged = with_retry(
+            lambda: client.create_logged_model(
+                self.context.experiment_id, name=MODEL_ARTIFACT, source_run_id=self.run_id, model_type="pytorch"
+            )
+        )
         model_id = logged.model_id
         try:
             with tempfile.TemporaryDirectory() as folder:
                 path = Path(folder) / MODEL_ARTIFACT
-                mlflow.pytorch.save_model(model, str(path),
-                                          input_example=input_example.cpu().numpy(),
-                                          pip_requirements=[f"torch=={version}"])
+                mlflow.pytorch.save_model(
+                    model, str(path), input_example=input_example.cpu().numpy(), pip_requirements=[f"torch=={version}"]
+                )
                 with_retry(lambda: client.log_model_artifacts(model_id, str(path)))
         except BaseException:
             with_retry(lambda: client.finalize_logged_model(model_id, LoggedModelStatus.FAILED))

@@ -4,11 +4,11 @@ a cell's run (docs/interfaces.md section 5), the experiment's tags, the search h
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from analysis.layout import (  # the MLflow layout, shared with analysis.collect
-    flatten_config,
     PARENT_RUN_TAG,
     ROLE_CELL,
     STATUS_FINISHED,
@@ -28,6 +28,7 @@ from analysis.layout import (  # the MLflow layout, shared with analysis.collect
     UI_VIEW_KEY,
     UI_WORKFLOW,
     cell_runs_view_tag,
+    flatten_config,
 )
 from setvalued import registry
 from setvalued.config import effective_config
@@ -79,16 +80,19 @@ def source_tags(study_file: str | Path) -> dict[str, str]:
     commit = git("rev-parse", "HEAD")
     if commit:
         tags["mlflow.source.git.commit"] = commit
-        for key, args in (("mlflow.source.git.branch", ("rev-parse", "--abbrev-ref", "HEAD")),
-                          ("mlflow.source.git.repoURL", ("config", "--get", "remote.origin.url"))):
+        for key, args in (
+            ("mlflow.source.git.branch", ("rev-parse", "--abbrev-ref", "HEAD")),
+            ("mlflow.source.git.repoURL", ("config", "--get", "remote.origin.url")),
+        ):
             value = git(*args)
             if value:
                 tags[key] = value
     return tags
 
 
-def experiment_tags(description: str, view: Mapping[str, Any] | None = None,
-                    experiment_id: str | None = None) -> dict[str, str]:
+def experiment_tags(
+    description: str, view: Mapping[str, Any] | None = None, experiment_id: str | None = None
+) -> dict[str, str]:
     """A study's experiment: its kind, the view of its cell runs that the report links to
     (`view`, default `analysis.layout.cell_runs_view()`), and its note: once the experiment
     has an id, a link to that view on the first line (`runs_link_note`), then the study's
@@ -111,8 +115,7 @@ RUNS_LINK_TEXT = "The cell runs, grouped by config, with the study's columns and
 def runs_link_note(experiment_id: str) -> str:
     """A Markdown link, relative to the MLflow UI it is shown in, to the experiment's cell
     runs in the model-training UI's runs page (table view; the charts are one click away)."""
-    return (f"[{RUNS_LINK_TEXT}](#/experiments/{experiment_id}/runs?{UI_WORKFLOW}"
-            f"&viewStateShareKey={UI_VIEW_KEY})")
+    return f"[{RUNS_LINK_TEXT}](#/experiments/{experiment_id}/runs?{UI_WORKFLOW}&viewStateShareKey={UI_VIEW_KEY})"
 
 
 def study_description(description: str, source_text: str) -> str:
@@ -153,8 +156,10 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
     Lists stay whole (JSON text); an empty mapping is kept as '{}' so that it is not lost.
     """
     effective = effective_config(config, registry.plugin_sections(config))
-    return {path: param_text(dict(value) if isinstance(value, Mapping) else value)
-            for path, value in flatten_config(effective).items()}
+    return {
+        path: param_text(dict(value) if isinstance(value, Mapping) else value)
+        for path, value in flatten_config(effective).items()
+    }
 
 
 def canonical_json(value: Any) -> str:
@@ -163,7 +168,7 @@ def canonical_json(value: Any) -> str:
 
 def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def _as_float(value: Any) -> float | None:
@@ -188,8 +193,7 @@ def _search_all(client, experiment_id: str, filter_string: str) -> list:
     page's request retried through an outage (`with_retry`)."""
     from analysis.collect import search_all_runs
 
-    return list(search_all_runs(client, experiment_id, filter_string, page_size=_SEARCH_PAGE,
-                                call=with_retry))
+    return list(search_all_runs(client, experiment_id, filter_string, page_size=_SEARCH_PAGE, call=with_retry))
 
 
 def finished_runs(runs: Iterable) -> list:
@@ -198,15 +202,17 @@ def finished_runs(runs: Iterable) -> list:
     return [r for r in runs if r.tags.get(TAG_STATUS) == STATUS_FINISHED]
 
 
-def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
-              session_id: str, version: str = "") -> dict[str, str]:
+def cell_tags(
+    cell: Mapping[str, Any], study_name: str, parent_run_id: str, session_id: str, version: str = ""
+) -> dict[str, str]:
     """The contract tags of a cell's child run (docs/interfaces.md section 5), with its
     config's readable name (from the cell's ``run_name``, else its variant), the study's version
     (the cell's, else `version`: the session's) and its colour in the MLflow UI's charts (the
     cell's ``color``, when it has one)."""
     run_name = cell.get("run_name")
     version = str(cell.get("version") or version or "")
-    return {**({TAG_VERSION: version} if version else {}),
+    return {
+        **({TAG_VERSION: version} if version else {}),
         PARENT_RUN_TAG: parent_run_id,
         TAG_ROLE: ROLE_CELL,
         TAG_STUDY: study_name,
@@ -214,7 +220,8 @@ def cell_tags(cell: Mapping[str, Any], study_name: str, parent_run_id: str,
         TAG_SEED: str(cell["seed"]),
         TAG_CELL_ID: str(cell["cell_id"]),
         TAG_VARIANT: str(cell.get("variant") or ""),
-        TAG_CONFIG_NAME: config_name(run_name, cell["seed"]) if run_name
+        TAG_CONFIG_NAME: config_name(run_name, cell["seed"])
+        if run_name
         else str(cell.get("variant") or cell["config_id"]),
         TAG_SWEPT: canonical_json(cell.get("swept") or {}),
         TAG_STATUS: STATUS_RUNNING,

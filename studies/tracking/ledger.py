@@ -6,9 +6,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from analysis.layout import (
     ROLE_CELL,
@@ -27,10 +28,10 @@ from analysis.layout import (
     VERSIONS_ARTIFACT_DIR,
     tag_filter,
 )
-from studies.tracking.sqlite_store import seed_sqlite_store
 from studies.tracking.cell_run import TrackingContext
 from studies.tracking.contract import _SEARCH_PAGE, _client, _search_all, experiment_tags, finished_runs
 from studies.tracking.retry import with_retry
+from studies.tracking.sqlite_store import seed_sqlite_store
 
 if TYPE_CHECKING:
     from analysis.collect import RunRecord
@@ -50,10 +51,15 @@ class CellState:
 class StudyTracking:
     """Driver-side view of a study in MLflow: experiment, parent run, cell ledger."""
 
-    def __init__(self, tracking_uri: str, study_name: str,
-                 artifact_root: str | Path | None = None, description: str = "",
-                 run_tags: Mapping[str, str] | None = None,
-                 ui_view: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        study_name: str,
+        artifact_root: str | Path | None = None,
+        description: str = "",
+        run_tags: Mapping[str, str] | None = None,
+        ui_view: Mapping[str, Any] | None = None,
+    ):
         self.tracking_uri = tracking_uri
         self.ui_view = ui_view  # the MLflow UI's view of the cell runs (studies.tracking.ui_view)
         self.study_name = study_name
@@ -93,10 +99,13 @@ class StudyTracking:
                 if self.artifact_root is not None:
                     location = Path(self.artifact_root).resolve().as_uri()
                 try:
-                    found = with_retry(lambda: self.client.create_experiment(
-                        self.study_name, artifact_location=location,
-                        tags={TAG_STUDY: self.study_name, **self._experiment_tags(None)},
-                    ))
+                    found = with_retry(
+                        lambda: self.client.create_experiment(
+                            self.study_name,
+                            artifact_location=location,
+                            tags={TAG_STUDY: self.study_name, **self._experiment_tags(None)},
+                        )
+                    )
                 except Exception:
                     # another driver created it in between
                     found = self.find_experiment_id()
@@ -117,18 +126,22 @@ class StudyTracking:
         """
         if self._parent_run_id is not None:
             return self._parent_run_id
-        runs = _search_all(self.client, self.experiment_id, tag_filter(
-            {TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name}))
+        runs = _search_all(
+            self.client, self.experiment_id, tag_filter({TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name})
+        )
         if runs:
             run_id = runs[0].info.run_id
             with_retry(lambda: self.client.update_run(run_id, status="RUNNING"))
             if TAG_STOP_REASON in runs[0].data.tags:  # a stopped study goes on
                 with_retry(lambda: self.client.delete_tag(run_id, TAG_STOP_REASON))
         else:
-            run = with_retry(lambda: self.client.create_run(
-                self.experiment_id, run_name=self.study_name,
-                tags={**self.run_tags, TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name},
-            ))
+            run = with_retry(
+                lambda: self.client.create_run(
+                    self.experiment_id,
+                    run_name=self.study_name,
+                    tags={**self.run_tags, TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name},
+                )
+            )
             run_id = run.info.run_id
         if study_yaml is not None:
             with_retry(lambda: self.client.log_artifact(run_id, str(study_yaml)))
@@ -136,30 +149,31 @@ class StudyTracking:
             with_retry(lambda: self.client.set_tag(run_id, TAG_VERSION, self.version))
             for path in (study_yaml, self.version_definition):
                 if path is not None:
-                    with_retry(lambda: self.client.log_artifact(
-                        run_id, str(path), f"{VERSIONS_ARTIFACT_DIR}/{self.version}"))
+                    with_retry(
+                        lambda: self.client.log_artifact(run_id, str(path), f"{VERSIONS_ARTIFACT_DIR}/{self.version}")
+                    )
         self._parent_run_id = run_id
         return run_id
 
-    def close_parent(self, all_done: bool, stopped: str | None = None,
-                     patience_s: float | None = None) -> None:
+    def close_parent(self, all_done: bool, stopped: str | None = None, patience_s: float | None = None) -> None:
         """End the parent run: FINISHED, FAILED, or KILLED with `stopped` (the reason) when
         a signal stopped the driver."""
         if self._parent_run_id is None:
             return
         run_id = self._parent_run_id
         if stopped is not None:
-            with_retry(lambda: self.client.set_tag(run_id, TAG_STOP_REASON, stopped),
-                       outage_patience_s=patience_s)
+            with_retry(lambda: self.client.set_tag(run_id, TAG_STOP_REASON, stopped), outage_patience_s=patience_s)
         status = "KILLED" if stopped is not None else "FINISHED" if all_done else "FAILED"
-        with_retry(lambda: self.client.set_terminated(run_id, status=status),
-                   outage_patience_s=patience_s)
+        with_retry(lambda: self.client.set_terminated(run_id, status=status), outage_patience_s=patience_s)
 
     def context(self, session_id: str) -> TrackingContext:
         return TrackingContext(
-            tracking_uri=self.tracking_uri, experiment_id=self.experiment_id,
-            parent_run_id=self.parent_run_id(), study_name=self.study_name,
-            session_id=session_id, run_tags=tuple(sorted(self.run_tags.items())),
+            tracking_uri=self.tracking_uri,
+            experiment_id=self.experiment_id,
+            parent_run_id=self.parent_run_id(),
+            study_name=self.study_name,
+            session_id=session_id,
+            run_tags=tuple(sorted(self.run_tags.items())),
             version=self.version,
         )
 
@@ -180,15 +194,16 @@ class StudyTracking:
     def _grouped_runs(self, metrics: Sequence[str], **tags: str) -> dict[str, list[RunRecord]]:
         from analysis.collect import study_runs
 
-        experiment_id = self.find_experiment_id() if self._experiment_id is None \
-            else self._experiment_id
+        experiment_id = self.find_experiment_id() if self._experiment_id is None else self._experiment_id
         if experiment_id is None:
             return {}
         wanted = {TAG_ROLE: ROLE_CELL, TAG_STUDY: self.study_name, **tags}
         grouped: dict[str, list[RunRecord]] = {}
-        for run in with_retry(lambda: study_runs(self.client, experiment_id, wanted, params=False,
-                                                 metrics=tuple(metrics),
-                                                 page_size=_SEARCH_PAGE)):
+        for run in with_retry(
+            lambda: study_runs(
+                self.client, experiment_id, wanted, params=False, metrics=tuple(metrics), page_size=_SEARCH_PAGE
+            )
+        ):
             cell_id = run.tags.get(TAG_CELL_ID)
             if cell_id:
                 grouped.setdefault(cell_id, []).append(run)
@@ -213,8 +228,7 @@ class StudyTracking:
             with_retry(lambda: self.client.set_terminated(state.run_id, status="FAILED"))
         return CellState(state.cell_id, STATUS_FAILED, state.run_id, message)
 
-    def close_stopped(self, states: Iterable[CellState], reason: str,
-                      patience_s: float | None = None) -> list[str]:
+    def close_stopped(self, states: Iterable[CellState], reason: str, patience_s: float | None = None) -> list[str]:
         """End as KILLED, tagged with `reason`, the runs that a stopped driver's trials left
         RUNNING in MLflow (their workers are gone: nothing else would close them). Their
         `studies.status` stays `running`: the ledger deletes or continues them on resume.
@@ -224,10 +238,8 @@ class StudyTracking:
             if state.run_id is None or state.mlflow_status != "RUNNING":
                 continue
             run_id = state.run_id
-            with_retry(lambda: self.client.set_tag(run_id, TAG_STOP_REASON, reason),
-                       outage_patience_s=patience_s)
-            with_retry(lambda: self.client.set_terminated(run_id, status="KILLED"),
-                       outage_patience_s=patience_s)
+            with_retry(lambda: self.client.set_tag(run_id, TAG_STOP_REASON, reason), outage_patience_s=patience_s)
+            with_retry(lambda: self.client.set_terminated(run_id, status="KILLED"), outage_patience_s=patience_s)
             closed.append(run_id)
         return closed
 
@@ -244,14 +256,14 @@ class StudyTracking:
             elif runs:
                 run = runs[-1]
                 status = run.tags.get(TAG_STATUS) or STATUS_RUNNING
-                states[cell_id] = CellState(cell_id, status, run.run_id, run.tags.get(TAG_ERROR),
-                                            run.status)
+                states[cell_id] = CellState(cell_id, status, run.run_id, run.tags.get(TAG_ERROR), run.status)
             else:
                 states[cell_id] = CellState(cell_id, "missing")
         return states
 
-    def prepare(self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None,
-                grouped: Mapping[str, list] | None = None) -> tuple[list[str], list[str]]:
+    def prepare(
+        self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None, grouped: Mapping[str, list] | None = None
+    ) -> tuple[list[str], list[str]]:
         """Split the cells into (done, to_run) and clear what an earlier driver left.
 
         A cell is done when one of its runs is tagged `finished`. Every other active run of a

@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -18,11 +19,20 @@ def _is_locked_error(error: BaseException) -> bool:
 
 
 #: what a tracking server that is down or restarting answers, through requests and MLflow
-_OUTAGE_SIGNS = ("connection refused", "max retries exceeded", "failed to establish a new connection",
-                 "connection aborted", "remote end closed connection", "bad gateway", "service unavailable",
-                 "gateway timeout", "read timed out", "connection reset",
-                 # a server whose database connection pool is used up by concurrent writers
-                 "queuepool limit")
+_OUTAGE_SIGNS = (
+    "connection refused",
+    "max retries exceeded",
+    "failed to establish a new connection",
+    "connection aborted",
+    "remote end closed connection",
+    "bad gateway",
+    "service unavailable",
+    "gateway timeout",
+    "read timed out",
+    "connection reset",
+    # a server whose database connection pool is used up by concurrent writers
+    "queuepool limit",
+)
 #: how long an unanswering tracking server is waited for before the error is raised
 OUTAGE_PATIENCE_S = 15 * 60.0
 _outage_warned = False
@@ -38,9 +48,12 @@ def _warn_outage(error: BaseException) -> None:
     if not _outage_warned:
         _outage_warned = True
         first = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
-        print(f"[studies] warning: the tracking server does not answer ({first}); retrying with backoff "
-              f"for up to {OUTAGE_PATIENCE_S / 60:.0f} minutes, nothing is lost meanwhile", file=sys.stderr,
-              flush=True)
+        print(
+            f"[studies] warning: the tracking server does not answer ({first}); retrying with backoff "
+            f"for up to {OUTAGE_PATIENCE_S / 60:.0f} minutes, nothing is lost meanwhile",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 _locked_warned = False
@@ -52,8 +65,12 @@ def _warn_locked(error: BaseException) -> None:
     global _locked_warned
     if not _locked_warned:
         _locked_warned = True
-        print("[studies] warning: the tracking store is locked by another process; waiting for it "
-              "(nothing is lost meanwhile; MLflow's details with --verbose)", file=sys.stderr, flush=True)
+        print(
+            "[studies] warning: the tracking store is locked by another process; waiting for it "
+            "(nothing is lost meanwhile; MLflow's details with --verbose)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 #: the logger MLflow's SQL store logs each failed request on, with its traceback, before the
@@ -85,8 +102,12 @@ def quiet_locked_store_logs(quiet: bool = True) -> None:
 
 
 def with_retry(
-    action: Callable[[], T], *, attempts: int = 12, first_delay_s: float = 0.05,
-    max_delay_s: float = 5.0, outage_patience_s: float | None = None,
+    action: Callable[[], T],
+    *,
+    attempts: int = 12,
+    first_delay_s: float = 0.05,
+    max_delay_s: float = 5.0,
+    outage_patience_s: float | None = None,
 ) -> T:
     """Run `action`, retrying with jittered exponential backoff while SQLite is locked or the
     tracking server does not answer.

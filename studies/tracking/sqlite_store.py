@@ -56,7 +56,7 @@ def seed_sqlite_store(tracking_uri: str) -> bool:
     True when it was copied. Other URIs, and existing files, are left alone."""
     if not tracking_uri.startswith(SQLITE_PREFIX):
         return False
-    target = Path(tracking_uri[len(SQLITE_PREFIX):])
+    target = Path(tracking_uri[len(SQLITE_PREFIX) :])
     if target.exists() or not target.parent.is_dir():
         return False
     try:

@@ -6,7 +6,8 @@ config's runs (the report's, `analysis.colors`)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from analysis.colors import config_colors
 from analysis.layout import TAG_CONFIG_ID, TAG_VARIANT, TAG_VERSION, cell_runs_view
@@ -48,14 +49,19 @@ def selection_metric(study: Any, cells: Sequence[Any]) -> str | None:
 def study_view(study: Any, cells: Sequence[Any]) -> dict[str, Any]:
     """The view of the study's cell runs that its experiment holds."""
     selection = selection_metric(study, cells)
-    return cell_runs_view(swept=numeric_swept_paths(cells),
-                          metrics=report_metrics(study, selection), curve_metric=selection,
-                          runs=len(cells))
+    return cell_runs_view(
+        swept=numeric_swept_paths(cells),
+        metrics=report_metrics(study, selection),
+        curve_metric=selection,
+        runs=len(cells),
+    )
 
 
-def run_colors(configs_by_variant: Mapping[str, Iterable[str]],
-               variant_order: Sequence[str],
-               earlier: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
+def run_colors(
+    configs_by_variant: Mapping[str, Iterable[str]],
+    variant_order: Sequence[str],
+    earlier: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, str]:
     """``{config_id: colour}`` of the configs known so far (`configs_by_variant`: variant ->
     its config ids, in the order they came): the report's colours. `earlier`: the configs of
     the study's other versions kept in its experiment (`other_version_configs`), which take

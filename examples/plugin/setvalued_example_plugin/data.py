@@ -26,8 +26,9 @@ def _points(rng: np.random.Generator, labels: np.ndarray, rotation: np.ndarray, 
     return torch.from_numpy(x + rng.normal(0.0, noise, x.shape)).float()
 
 
-def build(*, seed: int, num_classes: int, train_size: int, val_size: int, test_size: int,
-          noise: float, split_seed: int) -> DataSplits:
+def build(
+    *, seed: int, num_classes: int, train_size: int, val_size: int, test_size: int, noise: float, split_seed: int
+) -> DataSplits:
     """The three splits; ``seed`` (the trial seed) is not used: the data are fixed by ``split_seed``."""
     rng = np.random.default_rng(split_seed)
     rotation, _ = np.linalg.qr(rng.normal(size=(DIM, DIM)))
@@ -35,8 +36,15 @@ def build(*, seed: int, num_classes: int, train_size: int, val_size: int, test_s
     labels = {split: rng.permutation(np.arange(n) % num_classes) for split, n in sizes.items()}
     counts = counts_of(labels["train"], num_classes)
     names = [f"ring{c // SECTORS}_sector{c % SECTORS}" for c in range(num_classes)]
-    splits = [TensorSplit(_points(rng, labels[split], rotation, noise), torch.from_numpy(labels[split]),
-                          num_classes=num_classes, class_counts=counts, class_names=names, split=split)
-              for split in sizes]
-    return DataSplits(*splits, num_classes=num_classes, class_counts=counts, class_names=names,
-                      input_shape=(DIM,))
+    splits = [
+        TensorSplit(
+            _points(rng, labels[split], rotation, noise),
+            torch.from_numpy(labels[split]),
+            num_classes=num_classes,
+            class_counts=counts,
+            class_names=names,
+            split=split,
+        )
+        for split in sizes
+    ]
+    return DataSplits(*splits, num_classes=num_classes, class_counts=counts, class_names=names, input_shape=(DIM,))

@@ -10,8 +10,14 @@ from setvalued.registry import Declaration
 LS_TOPK_HINGE = Declaration(
     parameters={
         "k": Param("int", 5, "the K of top-K", low=1),
-        "smoothing": Param("float", 0.1, "label smoothing: the share of the hinge spread over all classes",
-                           low=0.0, high=1.0, high_open=True),
+        "smoothing": Param(
+            "float",
+            0.1,
+            "label smoothing: the share of the hinge spread over all classes",
+            low=0.0,
+            high=1.0,
+            high_open=True,
+        ),
         "margin": Param("float", 1.0, "margin of the hinge", low=0.0),
     },
     factory="setvalued_example_plugin.loss:LabelSmoothedTopKHinge",

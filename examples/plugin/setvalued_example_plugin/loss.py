@@ -22,19 +22,26 @@ from setvalued.losses import SetValuedLoss
 class LabelSmoothedTopKHinge(SetValuedLoss):
     """``loss(scores, targets)``: the hinge above, averaged over the batch."""
 
-    def __init__(self, k: int = 5, smoothing: float = 0.1, margin: float = 1.0,
-                 num_classes: int | None = None, reduction: str = "mean"):
+    def __init__(
+        self,
+        k: int = 5,
+        smoothing: float = 0.1,
+        margin: float = 1.0,
+        num_classes: int | None = None,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
         if num_classes is not None and k >= num_classes:
-            raise ValueError(f"ls_topk_hinge parameter k must be smaller than the number of classes "
-                             f"({num_classes}), got {k}")
+            raise ValueError(
+                f"ls_topk_hinge parameter k must be smaller than the number of classes ({num_classes}), got {k}"
+            )
         self.k, self.smoothing, self.margin = int(k), float(smoothing), float(margin)
 
     def hinges(self, scores: torch.Tensor) -> torch.Tensor:
         """(B, L): h_c(s) for every class c. The K-th largest score without c is the (K+1)-th
         largest when c is among the K largest (s_c >= the K-th), else the K-th."""
         top = scores.topk(self.k + 1, dim=1).values
-        kth, next_ = top[:, self.k - 1:self.k], top[:, self.k:self.k + 1]
+        kth, next_ = top[:, self.k - 1 : self.k], top[:, self.k : self.k + 1]
         without = torch.where(scores >= kth, next_, kth)
         return (self.margin + without - scores).clamp_min(0)
 
