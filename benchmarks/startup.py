@@ -110,7 +110,7 @@ class Stamped:
 log = open(sys.argv[1], "w")
 log.write(json.dumps([STARTED, "@main"]) + "\\n")
 sys.stdout = Stamped(sys.stdout, log)
-from studies.cli import main
+from studies.cli import console as main
 sys.argv = ["studies"] + sys.argv[2:]
 code = main()
 log.write(json.dumps([time.time(), "@exit"]) + "\\n")

@@ -658,5 +658,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.handler(args))
 
 
+def console() -> int:
+    """The `studies` console script: `main`, then the heap frozen for the exit. A command's
+    process ends with thousands of modules loaded (MLflow, Ray, pyarrow); the interpreter's
+    last garbage collections over them took 1.0-1.4 s of every command's wall time on a
+    2-core machine (benchmarks/startup.py), for objects the exit frees anyway. Frozen, they
+    are left to the exit; atexit handlers and flushes run as before. Not in `main`: a
+    process that calls `main` and goes on (a test, a notebook) keeps its collector."""
+    import gc
+
+    try:
+        return main()
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -126,3 +126,25 @@ def test_show_prints_the_resolved_config_of_a_variant(capsys):
     assert capsys.readouterr().out.count("# variant ") == 3
     err = refused(capsys, "show", str(QUICKSTART), "noised")
     assert "unknown variant 'noised' (did you mean 'noised_topk'?)" in err
+
+
+def test_the_console_script_leaves_its_heap_to_the_exit(tmp_path):
+    """The `studies` script (pyproject's entry point) freezes the heap once its command is done,
+    so that the interpreter's last collections do not add a second to every command (issue 42,
+    benchmarks/startup.py); `main` itself, which tests and notebooks call, does not."""
+    import subprocess
+    import sys
+    import tomllib
+
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["studies"]
+    module, function = target.split(":")
+    code = (
+        f"import gc, sys; from {module} import {function} as entry; from studies.cli import main; "
+        "sys.argv = ['studies', 'run', sys.argv[1], '--dry-run']; code = main(sys.argv[1:]); "
+        "frozen_by_main = gc.get_freeze_count(); code = entry(); print(frozen_by_main, gc.get_freeze_count(), code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(QUICKSTART)], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    by_main, by_script, exit_code = (int(x) for x in done.stdout.split()[-3:])
+    assert exit_code == 0 and by_main == 0 and by_script > 0, done.stderr[-2000:]
