@@ -6,6 +6,12 @@ keeps it). Before Ray starts it sets the environment that Tune reads: trials kee
 driver's working directory, Ctrl-C reaches the runner as `KeyboardInterrupt`, no Tune
 loggers or tables (MLflow is the log).
 
+Starting a local Ray takes seconds of waiting for its processes, so the runner may `begin` it
+in a background thread while it sets up its tracking store and checks (`start` then waits for
+it), and `stop(background=True)` shuts it down while the summary and the report are written
+(`wait` before the runner returns). A local Ray starts only what a study uses: no worker
+processes started ahead (Tune's trials never run in them: each trial gets a worker of its own).
+
 `ray` is imported only when the session starts.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from typing import IO, Any
 
 from studies.errors import RunnerError
@@ -54,9 +61,53 @@ class RaySession:
         self.object_store_mb = object_store_mb  # local Ray only
         self.started = False
         self.cluster_gpus = 0.0  # the cluster's GPUs, counted by trial_slots
+        self._holder: tuple[threading.Thread, threading.Event, threading.Event] | None = None  # `begin`'s
+        self._start_error: BaseException | None = None
+        self._stopping: threading.Thread | None = None  # the thread that shuts Ray down
+
+    def __getstate__(self) -> dict:
+        """Without its threads: Tune pickles its callbacks, and through them the session."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_holder", "_start_error", "_stopping")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _holder=None, _start_error=None, _stopping=None)
+
+    def begin(self) -> None:
+        """Start (or connect to) Ray in a background thread; `start` waits for it. The thread
+        holds Ray until `stop`: the processes a local Ray starts die with the thread that
+        started them (Linux's parent-death signal is per thread), so it shuts Ray down itself."""
+        if self._holder is not None or self.started:
+            return
+        ready, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            try:
+                self._init()
+            except BaseException as error:  # noqa: BLE001 (raised again by `start`, in the caller's thread)
+                self._start_error = error
+                return
+            finally:
+                ready.set()
+            release.wait()
+            self._shutdown()
+
+        _quiet_thread_warning()
+        self._holder = (threading.Thread(target=hold, name="studies-ray", daemon=True), ready, release)
+        self._holder[0].start()
 
     def start(self) -> None:
-        """Connect to Ray, or start it (nothing when this process already initialised it)."""
+        """Connect to Ray, or start it (nothing when this process already initialised it);
+        after `begin`, wait for its thread and raise what it raised."""
+        if self._holder is None:
+            self._init()
+            return
+        self._holder[1].wait()
+        error, self._start_error = self._start_error, None
+        if error is not None:
+            self._holder = None
+            raise error
+
+    def _init(self) -> None:
         import ray
 
         _set_tune_environment()
@@ -74,6 +125,7 @@ class RaySession:
                 num_cpus=self.num_cpus or os.cpu_count() or 1,
                 num_gpus=self.num_gpus,
                 object_store_memory=(self.object_store_mb * 1024**2 if self.object_store_mb else None),
+                _system_config=LOCAL_SYSTEM_CONFIG,
                 **kwargs,
             )
             url = getattr(context, "dashboard_url", None) if self.dashboard else None
@@ -113,13 +165,52 @@ class RaySession:
         """How many trials share each GPU (0 without GPUs); see `trials_per_gpu`."""
         return trials_per_gpu(gpus_per_trial, slots, self.cluster_gpus)
 
-    def stop(self) -> None:
-        """Shut Ray down if this session started it."""
+    def stop(self, background: bool = False) -> None:
+        """Shut Ray down if this session started it (after a `begin` still under way, once it
+        is up); `background`: without waiting, `wait` joins it (the process waits for it)."""
+        if self._holder is not None:
+            thread, ready, release = self._holder
+            self._holder = None
+            ready.wait()
+            release.set()  # the holding thread shuts down what it started
+            self._stopping = thread
+        elif self.started:
+            self._stopping = threading.Thread(target=self._shutdown, name="studies-ray-stop")
+            self._stopping.start()
+        if not background:
+            self.wait()
+
+    def _shutdown(self) -> None:
         if self.started:
             import ray
 
             ray.shutdown()
             self.started = False
+
+    def wait(self) -> None:
+        """Wait for a shutdown begun by `stop(background=True)`."""
+        if self._stopping is not None:
+            self._stopping.join()
+            self._stopping = None
+
+
+#: the local Ray's system config: Ray prestarts a worker process per CPU for the first driver,
+#: each importing Ray at once with the driver's own start; Tune's trials never use them (each
+#: trial actor gets a new worker, checked with Ray 2.60), so they only cost CPU and memory
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
+def _quiet_thread_warning() -> None:
+    """Ray's warning that `ray.init` outside the main thread sets no SIGTERM handler: the
+    runner installs its own once Ray is up (`studies.running.termination.trap`)."""
+    logger = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _NoSigtermWarning) for f in logger.filters):
+        logger.addFilter(_NoSigtermWarning())
+
+
+class _NoSigtermWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def trials_per_gpu(gpus_per_trial: float, slots: int, cluster_gpus: float) -> int:

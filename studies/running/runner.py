@@ -45,6 +45,7 @@ from typing import IO, Any
 from studies.errors import RunnerError
 from studies.running import termination
 from studies.running.progress import activity, format_duration, plain_line
+from studies.running.ray_session import RaySession
 from studies.running.run_options import RunOptions
 from studies.running.session import StudySession
 from studies.tracking import (
@@ -280,8 +281,27 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
     if not (pending or study.optuna_blocks):
         return
     total_hint = len(cells) + proposals * len(study.seed_list)
+    if session.options.report:  # the report's modules load while the cells run, not after them
+        _import_in_background("analysis.report")
     session.run_cells(pending, total=total_hint, done_before=len(done))
     session.run_optuna_blocks(total_hint, len(done))
+
+
+def _import_in_background(module: str) -> None:
+    """Import `module` in a daemon thread (Tune's modules first: the driver waits on its
+    trials from then on); an error is left to the import that needs the module."""
+    import importlib
+    import threading
+
+    import studies.running.tune_experiment  # noqa: F401 (Tune's modules, in this thread first)
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 (the report says why when it runs)
+            pass
+
+    threading.Thread(target=load, name=f"studies-import-{module}", daemon=True).start()
 
 
 def _check_fusion(study_file: str | Path, study: Any, cells: Sequence) -> None:
@@ -369,22 +389,31 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None,
     )
     cells = versioned_cells(cells, version)
-    with activity(
-        stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
-    ):
-        study_dir, study_copy, tracking_uri = _prepare_study_dir(
-            study_file, name, options, study.source_text, version.version
-        )
-        definition_file = save_versions(study_dir, version)
-        _check_preconditions(study_dir, tracking_uri, options, cells)
-        tracking = StudyTracking(
-            tracking_uri,
-            name,
-            artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
-            description=study_description(study.description, study.source_text),
-            run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
-            ui_view=study_view(study, cells),
-        )
+    ray = RaySession(
+        options.address, options.num_cpus, options.num_gpus, options.object_store_mb, dashboard=options.dashboard
+    )
+    if not os.path.lexists(_settings_path(study_dir_of(options.output, name))):
+        ray.begin()  # a new study runs cells: Ray starts while its tracking store is set up and checked
+    try:
+        with activity(
+            stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
+        ):
+            study_dir, study_copy, tracking_uri = _prepare_study_dir(
+                study_file, name, options, study.source_text, version.version
+            )
+            definition_file = save_versions(study_dir, version)
+            _check_preconditions(study_dir, tracking_uri, options, cells)
+            tracking = StudyTracking(
+                tracking_uri,
+                name,
+                artifact_root=(study_dir / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
+                description=study_description(study.description, study.source_text),
+                run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
+                ui_view=study_view(study, cells),
+            )
+    except BaseException:
+        ray.stop()
+        raise
     from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
@@ -396,7 +425,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             f"[studies] version {version.version[:7]}, {index} of "
             f"{len(version.record)} kept in this study" + (" (new: --new-version)" if version.new else ""),
         )
-    session = StudySession(study, name, study_dir, tracking, options, stream)
+    session = StudySession(study, name, study_dir, tracking, options, stream, ray=ray)
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
         session.say(
@@ -418,7 +447,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                 f"`studies run`) completes what is missing"
             )
         finally:
-            session.ray.stop()
+            session.ray.stop(background=True)  # while the summary and the report are written
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
@@ -431,6 +460,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     if options.report and not interrupted:
         outcome.report_path = _build_report(tracking_uri, name, study_dir, study_copy, stream)
     _print(stream, f"[studies] MLflow UI: {ui_command(tracking_uri)}")
+    session.ray.wait()
     return outcome
 
 

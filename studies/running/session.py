@@ -34,7 +34,14 @@ class StudySession:
     folders)."""
 
     def __init__(
-        self, study, name: str, study_dir: Path, tracking: StudyTracking, options: RunOptions, stream: IO[str]
+        self,
+        study,
+        name: str,
+        study_dir: Path,
+        tracking: StudyTracking,
+        options: RunOptions,
+        stream: IO[str],
+        ray: RaySession | None = None,
     ):
         self.study = study
         self.name = name
@@ -43,9 +50,9 @@ class StudySession:
         self.options = options
         self.stream = stream
         self.session_id = new_session_id()
-        self.ray = RaySession(
+        self.ray = ray or RaySession(
             options.address, options.num_cpus, options.num_gpus, options.object_store_mb, dashboard=options.dashboard
-        )
+        )  # the runner's, when it began starting Ray before the session
         self.scheduling = session_scheduling(study, tracking, self.session_id)
         self.block_scheduling = {}  # optuna block index -> its pruner's scheduling
         for index, block in study.optuna_blocks:
