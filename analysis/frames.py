@@ -51,6 +51,16 @@ def _ids(row: dict, swept_paths: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def _check_logged(collected: Collected, metrics: Iterable[str]) -> None:
+    """KeyError naming the `metrics` that no finished cell of the study logged, and those logged."""
+    missing = [m for m in metrics if m not in collected.metric_columns]
+    if missing:
+        raise KeyError(
+            f"no metric {', '.join(missing)} in study {collected.study_name!r}; "
+            f"logged: {', '.join(collected.metric_columns)}"
+        )
+
+
 def cells_frame(collected: Collected, metrics: Iterable[str] | None = None):
     """One row per finished cell: `_ids` and the `metrics` (default: every logged metric's
     last value), fractions in percent; ``attrs["units"]``."""
@@ -58,12 +68,7 @@ def cells_frame(collected: Collected, metrics: Iterable[str] | None = None):
 
     rows = collected.table.to_pylist()
     metrics = list(metrics) if metrics is not None else collected.metric_columns
-    missing = [m for m in metrics if m not in collected.metric_columns]
-    if missing:
-        raise KeyError(
-            f"no metric {', '.join(missing)} in study {collected.study_name!r}; "
-            f"logged: {', '.join(collected.metric_columns)}"
-        )
+    _check_logged(collected, metrics)
     swept_paths = _swept_columns(rows)
     records = [
         {**_ids(row, swept_paths), **{m: None if row.get(m) is None else row[m] * _scale(m) for m in metrics}}
@@ -83,6 +88,7 @@ def histories_frame(collected: Collected, metrics: Iterable[str]):
     import pandas as pd
 
     metrics = list(dict.fromkeys(metrics))
+    _check_logged(collected, metrics)
     long = collect_histories(collected, metrics).to_pylist()
     swept_paths = _swept_columns(long)
     cell_ids = {(r["config_id"], r["seed"]): r["cell_id"] for r in collected.table.to_pylist()}

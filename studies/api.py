@@ -27,10 +27,13 @@ on every row (column ``unit``).
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
+
+from studies.errors import caller, option
 
 __all__ = [
     "load",
@@ -56,6 +59,21 @@ PathLike = str | Path
 _output: Path | None = None  # set_output's folder
 
 
+F = TypeVar("F", bound=Callable)
+
+
+def _python_arguments(function: F) -> F:
+    """Its errors name this API's arguments (``output=DIR``), not the command line's flags
+    (``--output DIR``); called by the command line, they keep naming the flags."""
+
+    @functools.wraps(function)
+    def named(*args, **kwargs):
+        with caller("python"):
+            return function(*args, **kwargs)
+
+    return named  # type: ignore[return-value]
+
+
 def set_output(path: PathLike | None) -> Path | None:
     """Make `path` the output folder of every later call that names none (None: back to
     ``STUDIES_OUTPUT``, else ``studies_out``); returns it."""
@@ -75,6 +93,7 @@ def output_folder(output: PathLike | None = None) -> Path:
     return Path(output) if output is not None else default_output()
 
 
+@_python_arguments
 def load(path: PathLike, max_cells: int | None = None, overrides: Sequence[str] = ()):
     """The validated :class:`~studies.studyfile.study.Study` of a study file (raises ``StudyError``);
     ``overrides``: ``key=value`` strings as on the command line (``["optim.lr=0.01"]``)."""
@@ -83,6 +102,7 @@ def load(path: PathLike, max_cells: int | None = None, overrides: Sequence[str] 
     return load_study(path, max_cells=max_cells, overrides=overrides)
 
 
+@_python_arguments
 def cells(study, smoke: bool = False, smoke_epochs: int = 1) -> list:
     """The study's cells (``studies.cells.space.Cell``: config, seed, variant, swept values);
     with ``smoke``, those of its smoke run of ``smoke_epochs`` epochs."""
@@ -92,6 +112,7 @@ def cells(study, smoke: bool = False, smoke_epochs: int = 1) -> list:
     return smoke_cells(expanded, smoke_epochs) if smoke else expanded
 
 
+@_python_arguments
 def dry_run(study, smoke: bool = False, smoke_epochs: int = 1) -> str:
     """The ``--dry-run`` table of the study's cells."""
     from studies.cells.space import format_cells_table
@@ -107,6 +128,7 @@ def _options(output: PathLike, tracking_uri: str | None, **given):
     )
 
 
+@_python_arguments
 def run(
     path: PathLike,
     *,
@@ -146,6 +168,7 @@ def run(
     )
 
 
+@_python_arguments
 def resume(
     name: str,
     *,
@@ -160,6 +183,7 @@ def resume(
     return resume_study(name, _options(output, tracking_uri, address=address, stream=stream))
 
 
+@_python_arguments
 def locate(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None) -> tuple[Path, str]:
     """(study folder, tracking URI) of a study run under ``output``. The folder is confined to
     ``output`` and a local store must be a complete SQLite file: ``ReadBackError`` (naming the
@@ -176,13 +200,14 @@ def locate(name: str, *, output: PathLike | None = None, tracking_uri: str | Non
             raise unknown_study(
                 name,
                 output,
-                f"no run.json, no mlflow.db in {study_dir}; or pass --tracking-uri URI where it is tracked",
+                f"no run.json, no mlflow.db in {study_dir}; or pass {option('tracking_uri')} where it is tracked",
             )
         uri = default_tracking_uri(study_dir)
     check_sqlite_store(uri)
     return study_dir, uri
 
 
+@_python_arguments
 def collect(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None):
     """The study's runs from MLflow (``analysis.collect.Collected``: ``table`` holds one row
     per finished cell, ``failed`` the others; ``.table.to_pandas()`` for pandas)."""
@@ -193,6 +218,7 @@ def collect(name: str, *, output: PathLike | None = None, tracking_uri: str | No
     return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
+@_python_arguments
 def report(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None) -> Path:
     """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path."""
     from analysis.report import build_report
@@ -214,6 +240,7 @@ def report(name: str, *, output: PathLike | None = None, tracking_uri: str | Non
     )
 
 
+@_python_arguments
 def table(
     name: str,
     metrics: Sequence[str] | None = None,
@@ -230,6 +257,7 @@ def table(
     return cells_frame(collect(name, output=output, tracking_uri=tracking_uri), metrics)
 
 
+@_python_arguments
 def histories(name: str, metrics: Sequence[str], *, output: PathLike | None = None, tracking_uri: str | None = None):
     """Per-epoch values of any logged `metrics` (``val/top5``, ``train/loss``...) of every
     finished cell, as a tidy pandas DataFrame: one row per (cell, metric, epoch) with the

@@ -655,7 +655,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = list(args.overrides or []) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(args.handler(args))
+    from studies.errors import caller
+
+    with caller("cli"):  # its messages name the flags, also those raised through studies.api
+        return int(args.handler(args))
 
 
 def console() -> int:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from studies.errors import RunnerError
+from studies.errors import RunnerError, option
 
 __all__ = [
     "ReadBackError",
@@ -130,7 +130,7 @@ def unknown_study(name: str, output: str | Path, expected: str) -> UnknownStudy:
     listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
     return UnknownStudy(
         f"no study named {name!r} under {root} ({expected}); {hint}studies there: "
-        f"{listed or '(none)'}; pass --output DIR where it ran, or start it with `studies run FILE`"
+        f"{listed or '(none)'}; pass {option('output')} where it ran, or start it with `studies run FILE`"
     )
 
 

@@ -73,3 +73,44 @@ def _check_what_the_mlflow_ui_shows(server: str, name: str, cells, commit: str) 
         assert "eval.avgk_activation" not in run.data.params  # no average-K
     assert all(len(ids) == 1 for ids in names.values()), names  # one name, one config
     assert len(names) == len({c.config_id for c in cells})
+
+
+def test_the_apis_errors_name_its_arguments_and_the_commands_its_flags(tmp_path, capsys):
+    """A notebook is told to pass ``output=DIR`` / ``tracking_uri=URI``, the command line
+    ``--output DIR``, also where the command goes through the API (issue 42)."""
+    from studies.cli import main
+    from studies.errors import RunnerError
+
+    with pytest.raises(FileNotFoundError) as unknown:
+        api.collect("quickstart", output=tmp_path)
+    assert "output=DIR" in str(unknown.value) and "--output" not in str(unknown.value)
+    assert main(["export", "quickstart", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--output DIR" in err and "output=DIR" not in err.replace("--output DIR", "")
+
+    (tmp_path / "empty").mkdir()  # a study folder without run.json or mlflow.db
+    (tmp_path / "empty" / "study.yaml").write_text("name: empty\n")
+    with pytest.raises(FileNotFoundError, match=r"tracking_uri=URI") as bare:
+        api.table("empty", output=tmp_path)
+    assert "--tracking-uri" not in str(bare.value)
+
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    with pytest.raises(RunnerError) as refused:
+        api.run(QUICKSTART, output=not_a_folder, report=False, stream=io.StringIO())
+    assert "output=DIR" in str(refused.value) and "--output" not in str(refused.value)
+
+
+def test_histories_of_a_metric_never_logged_is_a_key_error_as_the_tables(tmp_path):
+    """`histories` and `table` refuse a metric that no cell logged alike, naming the logged
+    ones (`histories` returned an empty frame, issue 42)."""
+    from test_collect import BASE_CONFIG, _finished, log_study_runs
+
+    study_dir = tmp_path / "tiny"
+    study_dir.mkdir()
+    uri = f"sqlite:///{study_dir / 'mlflow.db'}"
+    log_study_runs(uri, "tiny", [_finished("ce", BASE_CONFIG, seed, {}, 0.5) for seed in (0, 1)])
+    assert set(api.histories("tiny", ["val/top5"], output=tmp_path)["metric"]) == {"val/top5"}
+    for read in (api.table, api.histories):
+        with pytest.raises(KeyError, match=r"no metric val/top50 in study 'tiny'; logged: .*val/top5"):
+            read("tiny", ["val/top50"], output=tmp_path)

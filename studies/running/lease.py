@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from analysis.layout import TAG_LEASE_PREFIX
+from studies.errors import option
 from studies.tracking import with_retry
 
 __all__ = ["StudyLease", "LeaseHeld", "Holder", "HEARTBEAT_S", "STALE_S"]
@@ -65,7 +66,7 @@ class LeaseHeld(RuntimeError):
         self.holder = holder
         super().__init__(
             f"study {study!r} is being run by another driver ({holder.describe()}); wait for "
-            f"it to finish, stop it, or pass --wait to start when it is done"
+            f"it to finish, stop it, or pass {option('wait')} to start when it is done"
         )
 
 

@@ -15,6 +15,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from studies.errors import option
+
 __all__ = ["writable_folder", "tracking_reachable", "data_layouts", "plugin_code", "check_all"]
 
 #: seconds the tracking server has to answer its health check
@@ -56,7 +58,7 @@ def tracking_reachable(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> list[
         status = str(getattr(error, "reason", error))
     return [
         f"the tracking server {display_uri(uri)} does not answer ({status}); expected a running MLflow "
-        f"server (mlflow server ...) or pass --tracking-uri"
+        f"server (mlflow server ...) or pass {option('tracking_uri')}"
     ]
 
 

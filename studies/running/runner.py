@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from studies.errors import RunnerError
+from studies.errors import RunnerError, option
 from studies.running import termination
 from studies.running.progress import activity, format_duration, plain_line
 from studies.running.ray_session import RaySession
@@ -162,7 +162,7 @@ def _prepare_study_dir(
     study_dir = study_dir_of(options.output, name)
     problems = writable_folder(study_dir, "the output folder")
     if problems:
-        raise RunnerError(problems[0] + "; pass --output DIR")
+        raise RunnerError(problems[0] + f"; pass {option('output')}")
     try:
         study_copy = study_dir / STUDY_FILE
         source = Path(study_file).resolve()
@@ -190,7 +190,8 @@ def _prepare_study_dir(
         _settings_path(study_dir).write_text(json.dumps(settings, indent=2) + "\n")
     except OSError as error:  # a full disk, a folder that changed under us
         raise RunnerError(
-            f"cannot write the study folder {study_dir} ({error.strerror or error}); free space or pass --output DIR"
+            f"cannot write the study folder {study_dir} ({error.strerror or error}); free space or pass "
+            f"{option('output')}"
         ) from None
     return study_dir, study_copy, tracking_uri
 
@@ -392,17 +393,18 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     ray = RaySession(
         options.address, options.num_cpus, options.num_gpus, options.object_store_mb, dashboard=options.dashboard
     )
-    if not os.path.lexists(_settings_path(study_dir_of(options.output, name))):
-        ray.begin()  # a new study runs cells: Ray starts while its tracking store is set up and checked
-    try:
-        with activity(
-            stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
-        ):
-            study_dir, study_copy, tracking_uri = _prepare_study_dir(
-                study_file, name, options, study.source_text, version.version
-            )
-            definition_file = save_versions(study_dir, version)
-            _check_preconditions(study_dir, tracking_uri, options, cells)
+    new_study = not os.path.lexists(_settings_path(study_dir_of(options.output, name)))
+    with activity(
+        stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
+    ):
+        study_dir, study_copy, tracking_uri = _prepare_study_dir(
+            study_file, name, options, study.source_text, version.version
+        )
+        definition_file = save_versions(study_dir, version)
+        _check_preconditions(study_dir, tracking_uri, options, cells)
+        if new_study:
+            ray.begin()  # a new study runs cells: Ray starts while its tracking store is set up
+        try:
             tracking = StudyTracking(
                 tracking_uri,
                 name,
@@ -411,9 +413,9 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                 run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
                 ui_view=study_view(study, cells),
             )
-    except BaseException:
-        ray.stop()
-        raise
+        except BaseException:
+            ray.stop()
+            raise
     from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studies.errors import RunnerError
+from studies.errors import RunnerError, option
 from studies.studyfile.version import changes, definition, format_changes, short_version, version_digest
 
 __all__ = [
@@ -156,14 +156,14 @@ def check_version(
                 "  - a new name for the changed study: `name:` in the file, or the override",
                 f"    name={name.removesuffix('-smoke') if smoke_epochs is not None else name}_2",
                 "  - both versions in this study, told apart by their version in its report",
-                "    and in MLflow: the same command with --new-version",
+                f"    and in MLflow: the same command with {option('new_version')}",
                 "More seeds, variants, design blocks or grid values extend a study: no change.",
             ]
         )
         raise RunnerError("\n".join(lines))
     if record and study.optuna_blocks:
         raise RunnerError(
-            f"study {name!r}: --new-version does not apply to a study with an optuna "
+            f"study {name!r}: {option('new_version')} does not apply to a study with an optuna "
             f"block (its sampler's history, optuna.db, belongs to the version that "
             f"ran it); give the changed study a new name (the override "
             f"name={name.removesuffix('-smoke') if smoke_epochs is not None else name}_2). "

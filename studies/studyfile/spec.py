@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from studies.errors import option
 from studies.studyfile.config_bounds import bound_problems
 from studies.studyfile.configs import design_configs
 from studies.studyfile.cross_checks import check_study
@@ -159,7 +160,7 @@ def _check_size(study: Study, max_cells: int | None) -> None:
                     f"the design has {cells:,} cells ({configs:,} configs x "
                     f"{len(study.seed_list):,} seeds), more than the limit of {limit:,}; "
                     "expected a smaller design, or a higher limit (max_cells: N in "
-                    "the file, or --max-cells N)",
+                    f"the file, or {option('max_cells')})",
                 )
             ]
         )
