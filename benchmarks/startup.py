@@ -191,19 +191,18 @@ def cell_runs(db: Path, name: str) -> list[tuple[float, float]]:
     return sorted((r.info.start_time / 1000.0, r.info.end_time / 1000.0) for r in runs)
 
 
-#: the runner's lines that open a phase (the first line that starts with the text), in order
+#: the runner's lines that open a phase (the first line that starts with the text), in order;
+#: None: the end of the activity that the previous mark opened
 MARKS = [
-    ("interpreter and imports", "@main"),
-    ("validation and version", "[studies] study "),
-    ("checks, study folder, tracking store", None),  # the first line's activity ends
-    ("Ray start (and what overlaps it)", "[studies] starting"),
-    ("lease, ledger, parent run", None),  # Ray's activity ends
-    ("Tune, trial worker, its imports", "[studies] running "),
+    ("interpreter, imports, validation", "@main"),
+    ("checks, study folder, tracking store (Ray starting alongside)", "[studies] study "),
+    ("the rest of Ray's start", "[studies] starting"),
+    ("lease, ledger, parent run", None),
+    ("Tune, the trial's worker and its imports", "[studies] running "),
     ("the cell's run (data, model, epoch, test, logging)", "@run-start"),
     ("Tune's end, the ledger's summary", "@run-end"),
-    ("Ray's shutdown", "[studies] summary:"),
-    ("report", "[studies] report"),
-    ("exit", "[studies] MLflow UI:"),
+    ("report (Ray shutting down alongside)", "[studies] summary:"),
+    ("the rest of Ray's shutdown, the exit", "[studies] MLflow UI:"),
 ]
 
 

@@ -71,6 +71,8 @@ def _add_tracking(parser: argparse.ArgumentParser, saved: bool) -> None:
 
 
 def _add_execution(parser: argparse.ArgumentParser) -> None:
+    from studies.running.warm_ray import DEFAULT_MINUTES  # stdlib only at import
+
     parser.add_argument(
         "--address",
         default=None,
@@ -106,6 +108,17 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
         help="print the progress line at least every S seconds (default: %(default)s)",
     )
     parser.add_argument(
+        "--keep-warm",
+        type=_minutes,
+        nargs="?",
+        const=DEFAULT_MINUTES,
+        default=None,
+        metavar="MINUTES",
+        help="local Ray only: keep it running MINUTES after the study (default "
+        f"{DEFAULT_MINUTES:g}; also $STUDIES_KEEP_WARM), so that the next `studies run` in this "
+        "environment starts in seconds; `studies stop --local` ends it",
+    )
+    parser.add_argument(
         "--ray-dashboard",
         dest="dashboard",
         action="store_true",
@@ -131,6 +144,17 @@ def _add_execution(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _minutes(text: str) -> float:
+    """A `--keep-warm` value: minutes, a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected minutes, a number > 0, got {text!r}")
+    return value
+
+
 def _options(args: argparse.Namespace):
     from studies.running.runner import RunOptions
 
@@ -152,6 +176,7 @@ def _options(args: argparse.Namespace):
         dashboard=getattr(args, "dashboard", False),
         overrides=tuple(_overrides(args)),
         new_version=getattr(args, "new_version", False),
+        keep_warm=getattr(args, "keep_warm", None),
     )
 
 

@@ -32,6 +32,22 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
         tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}"
     )
 
+# A warm local Ray (`studies run --keep-warm`, studies.running.warm_ray) is never joined from a
+# user's state folder, and none is kept unless a test asks: the suite has a state folder of its
+# own, whose warm Rays `_no_warm_ray_left` stops at the end.
+os.environ["STUDIES_STATE_DIR"] = tempfile.mkdtemp(prefix="studies-state-")
+os.environ.pop("STUDIES_KEEP_WARM", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_warm_ray_left():
+    yield
+    from studies.running.warm_ray import stop_all
+
+    stop_all()
+    shutil.rmtree(os.environ["STUDIES_STATE_DIR"], ignore_errors=True)
+
+
 _SERVER_START_TIMEOUT_S = 180.0  # a cold start on a loaded 2-core machine takes ~15-40 s
 
 

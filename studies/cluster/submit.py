@@ -537,6 +537,14 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    if args.local:
+        from studies.running.warm_ray import stop_all
+
+        lines = stop_all()
+        print("\n".join(lines) if lines else "no warm local Ray (started by `studies run --keep-warm`) is running")
+        return 0
+    if args.job_id is None:
+        return _fail("stop: expected a JOB id, or --local for the local Ray that --keep-warm keeps")
     was_running = stop_job(args.address, args.job_id, token_file=args.token_file)
     status = job_status(args.address, args.job_id, token_file=args.token_file)
     print(f"job {args.job_id}: {status}" + ("" if was_running else " (was not running)"))
@@ -573,11 +581,15 @@ def add_subcommands(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "stop",
-        help="stop a running job",
+        help="stop a running job, or the local Ray that --keep-warm keeps",
         description="Stop the job's driver (its trials end with "
         "it); finished cells stay in MLflow and a "
-        "later submission skips them.",
+        "later submission skips them. With --local: stop the local Ray that "
+        "`studies run --keep-warm` keeps warm.",
     )
-    parser.add_argument("job_id", metavar="JOB")
+    parser.add_argument("job_id", metavar="JOB", nargs="?", default=None)
+    parser.add_argument(
+        "--local", action="store_true", help="stop the warm local Ray of `studies run --keep-warm` (no JOB)"
+    )
     _add_connection(parser)
     parser.set_defaults(handler=_guard(_stop))

@@ -11,6 +11,7 @@ in a background thread while it sets up its tracking store and checks (`start` t
 it), and `stop(background=True)` shuts it down while the summary and the report are written
 (`wait` before the runner returns). A local Ray starts only what a study uses: no worker
 processes started ahead (Tune's trials never run in them: each trial gets a worker of its own).
+With `--keep-warm` the local Ray is a warm one that later runs join (`studies.running.warm_ray`).
 
 `ray` is imported only when the session starts.
 """
@@ -52,6 +53,7 @@ class RaySession:
         num_gpus: int | None = None,
         object_store_mb: int | None = None,
         dashboard: bool = False,
+        keep_warm_minutes: float | None = None,
     ):
         self.address = address  # None: a local Ray instance
         self.dashboard = dashboard  # local Ray only: start Ray's dashboard (ray[default])
@@ -59,11 +61,33 @@ class RaySession:
         self.num_cpus = num_cpus  # local Ray only; default: the machine's CPUs
         self.num_gpus = num_gpus  # local Ray only; default: detected
         self.object_store_mb = object_store_mb  # local Ray only
+        # local Ray only: keep it warm this many minutes after the study (studies.running.warm_ray)
+        self.keep_warm_minutes = keep_warm_minutes
+        self.warm_lease = None  # the lease of the warm local Ray joined, if one was
         self.started = False
         self.cluster_gpus = 0.0  # the cluster's GPUs, counted by trial_slots
         self._holder: tuple[threading.Thread, threading.Event, threading.Event] | None = None  # `begin`'s
         self._start_error: BaseException | None = None
         self._stopping: threading.Thread | None = None  # the thread that shuts Ray down
+
+    @classmethod
+    def of(cls, options) -> RaySession:
+        """The Ray session of a run's `RunOptions` (`--keep-warm`, else ``STUDIES_KEEP_WARM``,
+        for a local Ray); `RunnerError` for a keep-warm time that is not a positive number."""
+        from studies.running.warm_ray import keep_warm_minutes
+
+        try:
+            minutes = None if options.address else keep_warm_minutes(options.keep_warm)
+        except ValueError as error:
+            raise RunnerError(str(error)) from None
+        return cls(
+            options.address,
+            options.num_cpus,
+            options.num_gpus,
+            options.object_store_mb,
+            dashboard=options.dashboard,
+            keep_warm_minutes=minutes,
+        )
 
     def __getstate__(self) -> dict:
         """Without its threads: Tune pickles its callbacks, and through them the session."""
@@ -117,6 +141,8 @@ class RaySession:
         kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": level}
         if self.address:
             ray.init(address=self.address, include_dashboard=False, **kwargs)
+        elif self._join_warm(kwargs):
+            pass
         else:
             context = ray.init(
                 include_dashboard=self.dashboard,
@@ -131,6 +157,44 @@ class RaySession:
             url = getattr(context, "dashboard_url", None) if self.dashboard else None
             self.dashboard_url = f"http://{url}" if url and "://" not in url else url
         self.started = True
+
+    def _join_warm(self, kwargs: dict[str, Any]) -> bool:
+        """Connect to the warm local Ray of this environment, launching it first when this run
+        keeps one warm (`studies.running.warm_ray`); False: start a Ray of its own (a dashboard
+        asked, nothing warm and nothing to keep, or the warm one could not be joined)."""
+        if self.dashboard:
+            return False
+        from studies.running import warm_ray
+
+        key = warm_ray.environment_key(self.num_cpus, self.num_gpus, self.object_store_mb)
+        idle_s = 60.0 * self.keep_warm_minutes if self.keep_warm_minutes else None
+        warm = warm_ray.find(key)
+        if warm is None and idle_s:
+            warm = warm_ray.launch(key, idle_s, self.num_cpus, self.num_gpus, self.object_store_mb)
+        lease = warm.join(idle_s) if warm is not None else None
+        if lease is None:
+            return False
+        import ray
+
+        try:
+            ray.init(address=warm.address, **kwargs)
+        except Exception:  # noqa: BLE001 (its supervisor ended meanwhile: a Ray of its own)
+            lease.release()
+            return False
+        self.warm_lease = lease
+        return True
+
+    def warm_note(self) -> str | None:
+        """When the warm local Ray this run used stops, as a line for the end of the run."""
+        if self.warm_lease is None:
+            return None
+        import time
+
+        until = time.strftime("%H:%M", time.localtime(self.warm_lease.until()))
+        return (
+            f"{self.warm_lease.warm.describe()} stays warm until {until} unless another study uses it; "
+            f"`studies stop --local` ends it now"
+        )
 
     def trial_slots(self, study, stream: IO[str]) -> int:
         """How many trials of `study` run at once on this cluster (its resources per trial
@@ -181,11 +245,14 @@ class RaySession:
             self.wait()
 
     def _shutdown(self) -> None:
+        """Ray shut down (a warm local Ray: this driver disconnected, its lease released)."""
         if self.started:
             import ray
 
             ray.shutdown()
             self.started = False
+        if self.warm_lease is not None:
+            self.warm_lease.release()
 
     def wait(self) -> None:
         """Wait for a shutdown begun by `stop(background=True)`."""

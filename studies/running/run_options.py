@@ -33,6 +33,7 @@ class RunOptions:
     overrides: tuple[str, ...] = ()  # `key=value` words applied to the study file (studies.studyfile.overrides)
     dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
     new_version: bool = False  # a changed study file is kept as a new version of the study (studies.running.versions)
+    keep_warm: float | None = None  # minutes to keep the local Ray warm after the run (studies.running.warm_ray)
 
 
 def smoke_epochs_of(smoke: bool, epochs: int | None) -> int:

@@ -390,9 +390,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None,
     )
     cells = versioned_cells(cells, version)
-    ray = RaySession(
-        options.address, options.num_cpus, options.num_gpus, options.object_store_mb, dashboard=options.dashboard
-    )
+    ray = RaySession.of(options)
     new_study = not os.path.lexists(_settings_path(study_dir_of(options.output, name)))
     with activity(
         stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
@@ -463,6 +461,8 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         outcome.report_path = _build_report(tracking_uri, name, study_dir, study_copy, stream)
     _print(stream, f"[studies] MLflow UI: {ui_command(tracking_uri)}")
     session.ray.wait()
+    if session.ray.warm_note():  # --keep-warm: how long the local Ray stays, and how to end it
+        _print(stream, f"[studies] {session.ray.warm_note()}")
     return outcome
 
 

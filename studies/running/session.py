@@ -50,9 +50,7 @@ class StudySession:
         self.options = options
         self.stream = stream
         self.session_id = new_session_id()
-        self.ray = ray or RaySession(
-            options.address, options.num_cpus, options.num_gpus, options.object_store_mb, dashboard=options.dashboard
-        )  # the runner's, when it began starting Ray before the session
+        self.ray = ray or RaySession.of(options)  # the runner's, when it began starting Ray before the session
         self.scheduling = session_scheduling(study, tracking, self.session_id)
         self.block_scheduling = {}  # optuna block index -> its pruner's scheduling
         for index, block in study.optuna_blocks:
@@ -159,6 +157,8 @@ class StudySession:
         with activity(self.stream, f"starting {where}"):
             self.ray.start()
         termination.trap()  # ray.init replaced the SIGTERM handler with one that aborts
+        if self.ray.warm_lease is not None:
+            self.say(f"joined {self.ray.warm_lease.warm.describe()} (kept by --keep-warm)")
         if self.ray.dashboard_url:
             self.say(f"Ray dashboard: {self.ray.dashboard_url}")
         self.concurrency = self.ray.trial_slots(self.study, self.stream)
