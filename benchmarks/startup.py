@@ -8,7 +8,7 @@ Each round runs, in alternating order, the commands a person types, each in a fr
 - ``study``: ``studies run`` of a one-cell study (the quickstart's MLP, one epoch, synthetic
   data, its report included) on a local Ray that it starts and stops;
 - ``second`` (``--warm``): the same study under another name, run within a minute of a first
-  ``studies run --keep-ray`` that left its local Ray warm (`studies.running.warm_ray`);
+  ``studies run --keep-warm`` that left its local Ray warm (`studies.running.warm_ray`);
   ``studies stop --local`` ends that Ray after the round.
 
 and, once, a ``--cells``-cell study of the same cell one at a time (``max_concurrent: 1``):
@@ -129,7 +129,7 @@ def env() -> dict[str, str]:
     """The children's environment: this checkout first on the path, no inherited warm Ray."""
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p])
-    out.pop("STUDIES_KEEP_RAY", None)
+    out.pop("STUDIES_KEEP_WARM", None)
     return out
 
 
@@ -151,7 +151,8 @@ def write_study(folder: Path, name: str, cells: int = 1) -> Path:
     study = json.loads(json.dumps(ONE_CELL))
     study["name"] = name
     if cells > 1:  # the same cell, `cells` configs of one seed, one at a time
-        study["design"] = [{"kind": "grid", "parameters": {"optim.lr": [round(0.1 + 0.001 * i, 4) for i in range(cells)]}}]
+        rates = [round(0.1 + 0.001 * i, 4) for i in range(cells)]
+        study["design"] = [{"kind": "grid", "parameters": {"optim.lr": rates}}]
         study["max_concurrent"] = 1
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
@@ -176,7 +177,7 @@ def run_study(folder: Path, name: str, *flags: str, cells: int = 1) -> dict:
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"studies run {name} failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
+        raise RuntimeError(f"studies run {name} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     return {"wall": wall, "start": start_wall, "lines": lines, "runs": cell_runs(output / name / "mlflow.db", name)}
 
@@ -214,7 +215,7 @@ def phases(result: dict) -> list[tuple[str, float]]:
         events += [(result["runs"][0][0], "@run-start"), (result["runs"][0][1], "@run-end")]
     events.sort()
     stamps: list[float | None] = []
-    for label, prefix in MARKS:
+    for _, prefix in MARKS:
         if prefix is None:  # the end of the activity opened by the previous mark
             opened = stamps[-1]
             found = next((t for t, text in events if opened is not None and t >= opened and ": done in " in text), None)
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                 study_s.append(result["wall"])
                 breakdowns.append(phases(result))
         if args.warm:
-            run_study(folder, f"first-{r}", "--keep-ray", "5")
+            run_study(folder, f"first-{r}", "--keep-warm", "5")
             second = run_study(folder, f"second-{r}")
             second_s.append(second["wall"])
             stop_local()
@@ -285,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     ratios = [s / t for s, t in zip(study_s, tune_s)]
-    print(f"\nplain Ray Tune, one trivial trial: median {statistics.median(tune_s):.2f} s ({min(tune_s):.2f}-{max(tune_s):.2f})")
-    print(f"one-cell study:                    median {statistics.median(study_s):.2f} s ({min(study_s):.2f}-{max(study_s):.2f})")
+    for label, values in (("plain Ray Tune, one trivial trial:", tune_s), ("one-cell study:", study_s)):
+        print(f"{label:35s} median {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})")
     print(f"study / plain Tune, round by round: median {statistics.median(ratios):.2f}x (goal <= 1.5x)")
     if second_s:
         print(f"second study on a warm Ray:        median {statistics.median(second_s):.2f} s (goal <= 5 s)")
