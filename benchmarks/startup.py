@@ -125,9 +125,16 @@ def load_average() -> str:
         return "?"
 
 
+#: the warm Rays of this benchmark's commands: a state folder of its own (set by `main`), so that
+#: `studies stop --local` ends only those
+STATE_DIR: Path | None = None
+
+
 def env() -> dict[str, str]:
-    """The children's environment: this checkout first on the path, no inherited warm Ray."""
+    """The children's environment: this checkout first on the path, warm Rays of their own."""
     out = dict(os.environ)
+    if STATE_DIR is not None:
+        out["STUDIES_STATE_DIR"] = str(STATE_DIR)
     out["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p])
     out.pop("STUDIES_KEEP_WARM", None)
     return out
@@ -260,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
 
+    global STATE_DIR
     folder = Path(args.workdir or tempfile.mkdtemp(prefix="studies-startup-"))
     folder.mkdir(parents=True, exist_ok=True)
+    STATE_DIR = folder / "warm-ray"
     print(f"load average at the start: {load_average()}; {os.cpu_count()} CPUs; {folder}", flush=True)
     tune_s, study_s, second_s, breakdowns = [], [], [], []
     for r in range(args.rounds):
