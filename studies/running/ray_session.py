@@ -25,6 +25,7 @@ import threading
 from typing import IO, Any
 
 from studies.errors import RunnerError
+from studies.running.warm_ray import LOCAL_SYSTEM_CONFIG
 
 
 def _set_tune_environment() -> None:
@@ -151,7 +152,7 @@ class RaySession:
                 num_cpus=self.num_cpus or os.cpu_count() or 1,
                 num_gpus=self.num_gpus,
                 object_store_memory=(self.object_store_mb * 1024**2 if self.object_store_mb else None),
-                _system_config=LOCAL_SYSTEM_CONFIG,
+                _system_config=LOCAL_SYSTEM_CONFIG,  # studies.running.warm_ray's
                 **kwargs,
             )
             url = getattr(context, "dashboard_url", None) if self.dashboard else None
@@ -259,12 +260,6 @@ class RaySession:
         if self._stopping is not None:
             self._stopping.join()
             self._stopping = None
-
-
-#: the local Ray's system config: Ray prestarts a worker process per CPU for the first driver,
-#: each importing Ray at once with the driver's own start; Tune's trials never use them (each
-#: trial actor gets a new worker, checked with Ray 2.60), so they only cost CPU and memory
-LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
 def _quiet_thread_warning() -> None:

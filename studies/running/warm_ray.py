@@ -70,6 +70,11 @@ KEY_PREFIXES = (
     "GOOGLE_",
     "AZURE_",
 )
+#: the system config of a local Ray (this module's and `studies.running.ray_session`'s): Ray
+#: prestarts a worker process per CPU for the first driver, each importing Ray at once with the
+#: driver's own start; Tune's trials never use them (each trial actor gets a new worker,
+#: checked with Ray 2.60), so they only cost CPU and memory
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 #: how often the supervisor looks at its leases
 POLL_S = 1.0
 #: how long a driver waits for a supervisor it launched to have Ray up
@@ -358,8 +363,6 @@ def serve(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("asked", True))
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("asked", True))
     import ray
-
-    from studies.running.ray_session import LOCAL_SYSTEM_CONFIG
 
     key = path.stem
     ray.init(
