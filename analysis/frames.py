@@ -2,7 +2,7 @@
 `studies.api.histories`): the swept parameters as columns, accuracies in percent as the report
 shows them, each metric's unit stated.
 
-Units, one choice: a fraction metric (`analysis.stats.is_fraction_metric`: top-K, average-K,
+Units, one choice: a fraction metric (`analysis.units.is_fraction_metric`: top-K, average-K,
 coverage...) is multiplied by 100 and its unit is ``"%"``; any other metric (a loss, a set
 size, a time) is as logged, unit ``""``. ``DataFrame.attrs["units"]`` maps every metric to its
 unit; the long table of histories also has a ``unit`` column.
@@ -16,15 +16,7 @@ from typing import Any
 
 from analysis.collect import Collected, collect_histories
 from analysis.plot_style import config_label
-from analysis.stats import is_fraction_metric
-
-#: the unit of a fraction metric once scaled (`unit`)
-PERCENT = "%"
-
-
-def unit(metric: str) -> str:
-    """``"%"`` for a fraction metric (shown in percent), else ``""`` (as logged)."""
-    return PERCENT if is_fraction_metric(metric) else ""
+from analysis.units import PERCENT, unit
 
 
 def _scale(metric: str) -> float:

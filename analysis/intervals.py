@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,27 +14,13 @@ import numpy as np
 import pyarrow as pa
 from scipy import stats as _sps
 
+from analysis.units import is_fraction_metric
+
 CI_METHODS = ("t", "bootstrap")
 DEFAULT_LEVEL = 0.95
 NOTE_SINGLE = "n=1: no interval (a single seed)"
 NOTE_EMPTY = "no value: no finished seed reported this metric"
 NOTE_DEGENERATE = "degenerate: all differences equal (no test)"
-
-_FRACTION_METRIC = re.compile(
-    r"^(macro_)?(top|avg)\d+$"
-    # the coverage of conformal sets (lac90, aps_class_avg5) and the multi-label precisions and
-    # recalls (prec5, rec5, rprec): setvalued.metrics.names
-    r"|^(macro_)?(lac|aps)(_class|_shot)?(\d+(\.\d+)?|_avg\d+)$|^(macro_)?(prec|rec)\d+$|^rprec$"
-)
-
-
-def is_fraction_metric(metric: str) -> bool:
-    """Accuracies in [0, 1] (`test/top5`, `val/macro_avg3`, `test/few/top1`, `test/lac90`,
-    `val/rprec`): shown in percent."""
-    # best_val is the selection metric's best value: always an accuracy (studies.studyfile.spec
-    # accepts only top-K / average-K metrics as eval.selection)
-    return metric == "best_val" or bool(_FRACTION_METRIC.match(metric.rsplit("/", 1)[-1]))
-
 
 _NON_NEGATIVE = ("time", "duration", "size", "epoch", "count", "grad_nonzero")
 

@@ -77,6 +77,7 @@ def test_on_a_terminal_the_progress_is_one_line_rewritten_in_place():
     assert lines[-2].endswith(reporter.status()) or "done 2/3" in lines[-2]
     # the best config is the seed mean of the seeds' best values: ce 0.75 beats noised (0.8 + 0.6) / 2
     assert reporter.best() == ("ce", pytest.approx(0.75))
+    assert reporter.status().endswith("best ce val/top5=75.0%")  # in percent, as the report (issue 42)
 
 
 def test_without_a_terminal_a_few_plain_lines_and_no_escape_sequences():

@@ -159,17 +159,41 @@ def test_progress_counts_and_eta():
     assert progress.eta_s(now=110.0) is None  # nothing done yet
     progress.start("a")
     progress.start("b")
-    progress.epoch("a", 2)
-    progress.epoch("b", 2)
-    # (0 + 0.5 + 0.5) / 4 of the work in 10 s -> 30 s left
-    assert progress.eta_s(now=110.0) == pytest.approx(30.0)
-    progress.finish("a")
-    progress.fail("b", "NonFiniteLossError: nan")
+    progress.epoch("a", 1, now=110.0)  # the first progress: the pace is measured from here
+    progress.epoch("b", 1, now=110.0)
+    assert progress.eta_s(now=110.0) is None and "ETA" not in progress.line(now=110.0)
+    progress.epoch("a", 2, now=115.0)
+    progress.epoch("b", 2, now=115.0)
+    # from 1/16 (a's first epoch) to 4/16 of the work in 5 s -> 12/16 left in 20 s
+    assert progress.eta_s(now=115.0) == pytest.approx(20.0)
+    progress.finish("a", now=120.0)
+    progress.fail("b", "NonFiniteLossError: nan", now=120.0)
     assert (len(progress.finished), len(progress.failed), len(progress.running), progress.left) == (1, 1, 0, 2)
     line = progress.line(now=120.0)
     assert "done 3/6" in line and "failed 1" in line and "left 2" in line
-    assert "ETA 0:00:20" in line
+    assert "ETA 0:00:11" in line  # 7/16 of the work in 10 s since the first progress, 8/16 left
     assert format_duration(3725) == "1:02:05"
+
+
+def test_the_eta_leaves_the_start_up_out():
+    """The quickstart's first ETA said 1:02:51 for a study of about five minutes (issue 42): 15
+    cells of 15 epochs, two at a time, the first epoch 17 s after the start (Ray, workers,
+    imports). The ETA now waits for a pace and measures it from the first epoch: about the
+    time the epochs left take at the pace the epochs came (one second each, two at a time)."""
+    progress = StudyProgress(total=15, to_run=15, epochs={f"c{i}-s0": 15 for i in range(15)}, started_at=0.0)
+    progress.start("c0-s0")
+    progress.start("c1-s0")
+    progress.epoch("c0-s0", 1, now=17.0)
+    assert progress.eta_s(now=17.0) is None  # one point: no pace yet
+    progress.epoch("c1-s0", 1, now=17.5)
+    for second in range(1, 5):
+        progress.epoch("c0-s0", 1 + second, now=17.0 + second)
+        progress.epoch("c1-s0", 1 + second, now=17.5 + second)
+    eta = progress.eta_s(now=21.5)
+    left = (15 * 15 - 10) / 2.0  # epochs left, two a second
+    assert 0.8 * left <= eta <= 1.25 * left, eta
+    started_then = 21.5 * (1 - progress.fraction_done()) / progress.fraction_done()  # the old estimate
+    assert started_then > 4 * left
 
 
 def test_config_major_order_keeps_seeds_together():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import select
 import struct
 import subprocess
@@ -122,6 +123,7 @@ def test_a_run_on_an_80_column_terminal_fits_and_leaves_one_progress_line(tmp_pa
     progress = [row for row in screen.rows if row.startswith("[studies] done ")]
     assert len(progress) == 1, shown
     assert progress[0].startswith("[studies] done 10/10 |"), progress  # two seeds x 5 configs
+    assert re.search(r" val/top5=\d{1,3}\.\d%$", progress[0]), progress  # in percent, as the report
     assert "[studies] summary: 10/10 cells finished" in shown
     assert any(row.startswith("[studies] report: ") for row in screen.rows), shown
     assert "Traceback" not in text

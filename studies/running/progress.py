@@ -8,8 +8,12 @@ it does not stop the others. Both are plain Python: no Ray here.
 
 ETA: the fraction of the work done in this session is
 (cells finished + sum over running cells of epochs done / epochs) / cells to run; the time
-left is elapsed * (1 - fraction) / fraction. It counts partial epochs of running cells, so
-it is available before the first cell ends, and it follows the real concurrency.
+left is the pace since the first progress (the first epoch or cell reported) applied to what is
+left: (now - then) * (1 - fraction) / (fraction - fraction then). The start-up before the first
+epoch (Ray, workers, imports, the data) is not training pace, so it is left out: measured from
+the start, the quickstart's first ETA said an hour for a five-minute study. No ETA is shown until
+a second progress gives a pace. It counts partial epochs of running cells, so it is available
+before the first cell ends, and it follows the real concurrency.
 
 What a person reads: on a terminal every line fits its width (the progress line is cut, other
 lines wrapped) and the progress is one line rewritten in place; without one (a log file, CI)
@@ -136,6 +140,7 @@ class StudyProgress:
     # the seeds); cells are added to `to_run` as their config is asked (`admit`)
     may_add: Callable[[], int] | None = None
     _admitted: set = field(default_factory=set)  # the optuna cells counted so far
+    _first: tuple[float, float] | None = None  # (time, fraction done) at the first progress
 
     def admit(self, to_run: Iterable[str], done: Iterable[str] = ()) -> None:
         """An optuna config asked: the cells `to_run` will run, those `done` were finished
@@ -171,18 +176,28 @@ class StudyProgress:
         self.running.setdefault(cell_id, 0)
         self.failed.pop(cell_id, None)
 
-    def epoch(self, cell_id: str, epochs_done: int) -> None:
+    def epoch(self, cell_id: str, epochs_done: int, now: float | None = None) -> None:
         if cell_id not in self.finished and cell_id not in self.failed:
             self.running[cell_id] = max(self.running.get(cell_id, 0), int(epochs_done))
+            self._progressed(now)
 
-    def finish(self, cell_id: str) -> None:
+    def finish(self, cell_id: str, now: float | None = None) -> None:
         self.running.pop(cell_id, None)
         self.failed.pop(cell_id, None)
         self.finished.add(cell_id)
+        self._progressed(now)
 
-    def fail(self, cell_id: str, error: str) -> None:
+    def fail(self, cell_id: str, error: str, now: float | None = None) -> None:
         self.running.pop(cell_id, None)
         self.failed[cell_id] = error
+        self._progressed(now)
+
+    def _progressed(self, now: float | None) -> None:
+        """The first progress's time and fraction: where the ETA's pace is measured from."""
+        if self._first is None:
+            fraction = self.fraction_done()
+            if fraction > 0.0:
+                self._first = (time.monotonic() if now is None else now, fraction)
 
     @property
     def left(self) -> int:
@@ -198,11 +213,18 @@ class StudyProgress:
         return (len(self.finished) + len(self.failed) + partial) / to_run
 
     def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds left at the pace since the first progress (module docstring); None until
+        there is a pace, 0 when all is done."""
         fraction = self.fraction_done()
-        if fraction <= 0.0:
+        if fraction >= 1.0:
+            return 0.0
+        if self._first is None or fraction <= self._first[1]:
             return None
-        elapsed = (now if now is not None else time.monotonic()) - self.started_at
-        return elapsed * (1.0 - fraction) / fraction
+        then, done_then = self._first
+        elapsed = (now if now is not None else time.monotonic()) - then
+        if elapsed <= 0.0:
+            return None
+        return elapsed * (1.0 - fraction) / (fraction - done_then)
 
     def short_line(self, now: float | None = None) -> str:
         """The counts for a terminal's line, zeros left out: `[studies] done 3/15, 2 running,
@@ -215,12 +237,14 @@ class StudyProgress:
         if left:
             parts.append(("at most " if race else "") + f"{left} left")
         text = ", ".join(parts)
-        if left or self.running:
-            text += f" | ETA {'at most ' if race else ''}{format_duration(self.eta_s(now))}"
+        eta = self.eta_s(now)
+        if (left or self.running) and eta is not None:
+            text += f" | ETA {'at most ' if race else ''}{format_duration(eta)}"
         return text
 
     def line(self, now: float | None = None) -> str:
         done = self.done_before + len(self.finished)
+        eta = self.eta_s(now)
         if self.race is not None:  # the total is not known in advance: an upper bound
             left = self.left
             return (
@@ -228,13 +252,14 @@ class StudyProgress:
                 + (f" ({self.done_before} before this run)" if self.done_before else "")
                 + f" | running {len(self.running)} | failed {len(self.failed)}"
                 + f" | left at most {left} | race: {self.race.summary()}"
-                + f" | ETA at most {format_duration(self.eta_s(now))}"
+                + ("" if eta is None else f" | ETA at most {format_duration(eta)}")
             )
         return (
             f"{PREFIX} done {done}/{self.total_now()}"
             + (f" ({self.done_before} before this run)" if self.done_before else "")
             + f" | running {len(self.running)} | failed {len(self.failed)}"
-            + f" | left {self.left} | ETA {format_duration(self.eta_s(now))}"
+            + f" | left {self.left}"
+            + ("" if eta is None else f" | ETA {format_duration(eta)}")
         )
 
 
@@ -347,10 +372,17 @@ class ProgressReporter:
             if " | " not in text:
                 text += f" | {elapsed}"
         else:
-            text = self.progress.line().replace(" | ETA", f" | elapsed {elapsed} | ETA", 1)
+            text = self.progress.line()
+            text = (
+                text.replace(" | ETA", f" | elapsed {elapsed} | ETA", 1)
+                if " | ETA" in text
+                else f"{text} | elapsed {elapsed}"
+            )
         best = self.best()
-        if best is not None:
-            text += f" | best {best[0]} {self.metric}={best[1]:.4g}"
+        if best is not None:  # an accuracy in percent, as the report prints it
+            from analysis.units import shown
+
+            text += f" | best {best[0]} {self.metric}={shown(self.metric, best[1])}"
         return fit_line(text, terminal_width(self.stream)) if self.live else text
 
     def _print(self, text: str) -> None:

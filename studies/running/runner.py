@@ -579,7 +579,9 @@ def _optuna_summary(session: StudySession) -> list[str]:
                 if cells
                 else config_id
             )
-            text += f"; best {label}: {proposals.metric}={value:.4g} (seed mean)"
+            from analysis.units import shown
+
+            text += f"; best {label}: {proposals.metric}={shown(proposals.metric, value)} (seed mean)"
         lines.append(text)
     return lines
 
