@@ -31,6 +31,7 @@ class RecordingSession:
         self.namer = SimpleNamespace(names=lambda cells: {c.cell_id: c.cell_id for c in cells})
         self.ray = SimpleNamespace(gpu_sharing=lambda gpus, slots: 0)
         self.say = lambda text: None
+        self.running_line = lambda cells, per_trial: ""
 
     def payload(self, cell, names, resume_from):
         return {"cell_id": cell.cell_id}

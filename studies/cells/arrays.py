@@ -11,6 +11,11 @@
   trials each, never cutting a config (its seeds run together: early stopping compares them
   epoch by epoch); a config of more trials than that is an experiment of its own.
 
+- **Resources**: a cell's trial asks for ``resources.cpus`` and ``resources.gpus``; a fused
+  array takes what the trials it replaces take (`trial_resources`): its members' CPUs summed
+  (their threads), up to what one node has, and their GPU shares summed, up to one GPU (an
+  array trains on one device); ``resources.per_array`` sets either instead.
+
 Cells are taken in config-major order (`studies.cells.cell_queue.config_major`), whatever order
 they come in. Plain Python: no Ray here.
 """
@@ -77,3 +82,23 @@ def experiment_parts(
 def array_id(members: Sequence) -> str:
     """The trial name of an array: its first cell's id and how many cells it holds."""
     return f"{members[0].cell_id}-x{len(members)}" if len(members) > 1 else members[0].cell_id
+
+
+def trial_resources(resources: Any, members: int = 1, node_cpus: float | None = None) -> tuple[float, float]:
+    """(CPUs, GPUs) that a trial of ``members`` cells asks Ray for (``resources``: the study's
+    `Resources`): a cell's are ``cpus`` and ``gpus``; a fused array's (``members`` > 1) are
+    ``per_array``'s where it sets them, else its members' CPUs summed up to ``node_cpus`` (the
+    largest node's, when known; never below one member's) and their GPU shares summed up to one
+    GPU (whole GPUs per member stay a member's)."""
+    cpus, gpus = float(resources.cpus), float(resources.gpus)
+    if members <= 1:
+        return cpus, gpus
+    per_array = getattr(resources, "per_array", None)
+    array_cpus = members * cpus
+    if node_cpus:
+        array_cpus = max(cpus, min(array_cpus, float(node_cpus)))
+    array_gpus = gpus if gpus >= 1 else min(members * gpus, 1.0)
+    if per_array is not None:
+        array_cpus = per_array.cpus if per_array.cpus is not None else array_cpus
+        array_gpus = per_array.gpus if per_array.gpus is not None else array_gpus
+    return array_cpus, array_gpus

@@ -118,8 +118,12 @@ def asha_expected_epochs(epochs: int, grace_epochs: int, reduction_factor: int) 
 
 def trial_slots(study: Any, gpus: int | None, cpus: int | None = None) -> tuple[int, str]:
     """How many trials run at once: on `gpus` GPUs for a study that asks for GPUs, else on
-    `cpus` (default: this machine's); at most `max_concurrent`."""
-    per_gpu, per_cpu = float(study.resources.gpus), float(study.resources.cpus)
+    `cpus` (default: this machine's); at most `max_concurrent`. A fused array's trial takes
+    `studies.cells.arrays.trial_resources` (the runner's rule), `cpus` being one node's."""
+    from studies.cells.arrays import trial_resources
+
+    per_trial = int(getattr(study.resources, "seeds_per_trial", 1))
+    per_cpu, per_gpu = trial_resources(study.resources, per_trial, cpus or os.cpu_count() or 1)
     if per_gpu > 0:
         total = gpus if gpus is not None else 1
         slots = math.floor(total / per_gpu + 1e-9)

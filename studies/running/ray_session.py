@@ -67,6 +67,8 @@ class RaySession:
         self.warm_lease = None  # the lease of the warm local Ray joined, if one was
         self.started = False
         self.cluster_gpus = 0.0  # the cluster's GPUs, counted by trial_slots
+        self.cluster_cpus = 0.0  # the cluster's CPUs, counted by trial_slots
+        self.node_cpus = 0.0  # the largest node's CPUs (a fused array takes at most those)
         self._holder: tuple[threading.Thread, threading.Event, threading.Event] | None = None  # `begin`'s
         self._start_error: BaseException | None = None
         self._stopping: threading.Thread | None = None  # the thread that shuts Ray down
@@ -198,14 +200,20 @@ class RaySession:
         )
 
     def trial_slots(self, study, stream: IO[str]) -> int:
-        """How many trials of `study` run at once on this cluster (its resources per trial
-        and `max_concurrent`). A local Ray too small for one trial raises `RunnerError`; a
-        cluster may still scale up, so there it is a warning and one slot."""
+        """How many trials of `study` run at once on this cluster (its resources per trial, a
+        fused array's `trial_resources`, and `max_concurrent`). A local Ray too small for one
+        trial raises `RunnerError`; a cluster may still scale up, so there it is a warning and
+        one slot."""
         import ray
 
+        from studies.cells.arrays import trial_resources
+
         resources = ray.cluster_resources()
-        cpus = float(study.resources.cpus)
-        gpus = float(study.resources.gpus)
+        self.cluster_cpus = float(resources.get("CPU", 0.0))
+        self.node_cpus = max(
+            (float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")), default=0.0
+        )
+        cpus, gpus = trial_resources(study.resources, int(study.resources.seeds_per_trial), self.node_cpus or None)
         slots = math.floor(resources.get("CPU", 0.0) / cpus + 1e-9)
         if gpus > 0:
             slots = min(slots, math.floor(resources.get("GPU", 0.0) / gpus + 1e-9))

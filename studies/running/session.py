@@ -175,13 +175,8 @@ class StudySession:
         names = self.namer.names(cells)
         resume_from = self.resume.folders()
         payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in cells}
-        sharing = self.ray.gpu_sharing(float(self.study.resources.gpus), self.concurrency)
-        self.say(
-            f"running {len(cells)} cells ({self.concurrency} at a time, "
-            f"{self.study.resources.cpus:g} CPU / {self.study.resources.gpus:g} GPU each"
-            + (f"; {sharing} trials share each GPU)" if sharing > 1 else "; 1 trial per GPU)" if sharing == 1 else ")")
-        )
         per_trial = int(self.study.resources.seeds_per_trial)
+        self.say(self.running_line(cells, per_trial))
         if self.race is not None:  # the race decides which cells start: one experiment
             if per_trial > 1:
                 self.say(
@@ -206,9 +201,8 @@ class StudySession:
                 self.say(f"{PART_LINE} {number}/{len(parts)}: {len(part_cells)} cells")
             if per_trial > 1:
                 trials = self.array_payloads(part, payloads)
-                self.say(
-                    f"{len(part_cells)} cells as {len(trials)} fused arrays of up to {per_trial} seeds (one trial each)"
-                )
+                if len(parts) > 1:
+                    self.say(f"{len(part_cells)} cells as {len(trials)} fused arrays of up to {per_trial} seeds")
             else:
                 trials = {c.cell_id: payloads[c.cell_id] for c in part_cells}
             callback = self.experiment(
@@ -222,6 +216,46 @@ class StudySession:
                 arrays=per_trial > 1,
             )
         self.callback = callback
+
+    def running_line(self, cells: Sequence, per_trial: int) -> str:
+        """What runs and how the machine is used: the cells (as fused arrays: how many, of how
+        many seeds), how many trials at once and so how many cells, each trial's CPUs and GPUs
+        (an array's: `studies.cells.arrays.trial_resources`), the cluster's CPUs and GPUs in use."""
+        from studies.cells.arrays import fused_arrays, trial_resources
+
+        cpus, gpus = trial_resources(self.study.resources, per_trial, self.ray.node_cpus or None)
+        sharing = self.ray.gpu_sharing(gpus, self.concurrency)
+        use = f"{cpus:g} CPU / {gpus:g} GPU each"
+        if self.ray.cluster_cpus:
+            use += f"; {min(self.concurrency * cpus, self.ray.cluster_cpus):g} of {self.ray.cluster_cpus:g} CPUs"
+            if self.ray.cluster_gpus:
+                use += f", {min(self.concurrency * gpus, self.ray.cluster_gpus):g} of {self.ray.cluster_gpus:g} GPUs"
+        if sharing:
+            use += f"; {sharing} trials share each GPU" if sharing > 1 else "; 1 trial per GPU"
+        if per_trial <= 1:
+            return f"running {len(cells)} cells ({self.concurrency} at a time, {use})"
+        round_of = None
+        if self.race is not None:  # a race's arrays are cut by round
+            from studies.scheduling.racing import race_rounds
+
+            round_of = race_rounds(self.study)
+        arrays = len(fused_arrays(cells, per_trial, self.resume.start_epochs(), round_of))
+        at_once = min(self.concurrency, arrays)
+        return (
+            f"running {len(cells)} cells as {arrays} fused array{'s' if arrays != 1 else ''} of up to {per_trial} "
+            f"seeds ({at_once} array{'s' if at_once != 1 else ''} at a time, up to "
+            f"{min(self.concurrency * per_trial, len(cells))} cells; {use.replace(' each', ' an array')})"
+        )
+
+    def trial_resources(self, arrays: bool):
+        """What each trial of an experiment asks Ray for: a dict (cells), or a function of a
+        trial's config (fused arrays: by their members, `studies.cells.arrays.trial_resources`)."""
+        from studies.cells.arrays import trial_resources
+
+        if not arrays:
+            cpus, gpus = trial_resources(self.study.resources)
+            return {"cpu": cpus, "gpu": gpus}
+        return ArrayResources(self.study.resources, self.ray.node_cpus or None)
 
     @staticmethod
     def array_payloads(arrays: Sequence[Sequence], payloads: Mapping[str, dict]) -> dict[str, dict]:
@@ -273,8 +307,12 @@ class StudySession:
         per_trial = int(self.study.resources.seeds_per_trial)
         self.say(
             f"optuna: up to {proposals.max_cells} cells, configs asked as slots free up "
-            f"({self.concurrency} at a time"
-            + (f"; a config's seeds as fused arrays of up to {per_trial})" if per_trial > 1 else ")")
+            + (
+                f"({self.concurrency} fused arrays of up to {per_trial} seeds at a time, up to "
+                f"{self.concurrency * per_trial} cells)"
+                if per_trial > 1
+                else f"({self.concurrency} at a time)"
+            )
         )
         if proposals.index not in self.block_scheduling:
             self.callback = self.experiment(
@@ -387,7 +425,7 @@ class StudySession:
             context=self.context,
             fit_fn=self.options.fit_fn,
             early_stopping=early,
-            resources={"cpu": float(self.study.resources.cpus), "gpu": float(self.study.resources.gpus)},
+            resources=self.trial_resources(arrays),
             concurrency=self.concurrency,
             max_failures=int(self.study.max_failures),
             callbacks=[callback],
@@ -472,6 +510,24 @@ class StudySession:
                 tracking=self.tracking,
                 run_proposals=lambda proposals: self.run_proposals(proposals, total, done_before),
             )
+
+
+class ArrayResources:
+    """A fused array's resources from its trial's config (Tune calls it per trial, and pickles
+    it with the experiment): `studies.cells.arrays.trial_resources` of its members."""
+
+    def __init__(self, resources, node_cpus: float | None):
+        self.resources, self.node_cpus = resources, node_cpus
+
+    def __call__(self, config: Mapping[str, Any]):
+        from ray.tune import PlacementGroupFactory
+
+        from studies.cells.arrays import trial_resources
+        from studies.running.tune_experiment import payload_cell_ids
+
+        members = len(payload_cell_ids(config["cell"]))
+        cpus, gpus = trial_resources(self.resources, members, self.node_cpus)
+        return PlacementGroupFactory([{"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}])
 
 
 #: the metric a finished run holds its selection metric's best value in (setvalued.train.fit)

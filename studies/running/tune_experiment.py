@@ -285,7 +285,7 @@ def run_experiment(
     context: TrackingContext,
     fit_fn: Callable | None,
     early_stopping: Mapping[str, Any] | None,
-    resources: Mapping[str, float],
+    resources: Mapping[str, float] | Callable[[Mapping[str, Any]], Any],
     concurrency: int,
     max_failures: int,
     callbacks: Sequence,
@@ -294,7 +294,8 @@ def run_experiment(
 ) -> None:
     """Run one trial per cell that `searcher` hands out, each payload in its trial's config,
     in the Tune experiment `name` under `storage`, at most `concurrency` at a time and at most
-    `max_trials` in all (a `CellQueueSearcher` hands out its cells in order, a race's
+    `max_trials` in all, each asking for `resources` (a dict, or a function of its config: a
+    fused array's, by its members) (a `CellQueueSearcher` hands out its cells in order, a race's
     `RaceSearcher` only the cells the race needs, an optuna block's `ProposalSearcher` the
     cells of the configs it proposes). `parameters`: the session's, so that consecutive
     experiments share what they pass to their trials. `arrays`: each payload is a fused array
@@ -306,7 +307,7 @@ def run_experiment(
             **parameters.references(context=context, fit_fn=fit_fn, early_stopping=early_stopping),
         )
         tuner = tune.Tuner(
-            tune.with_resources(trainable, dict(resources)),
+            tune.with_resources(trainable, resources if callable(resources) else dict(resources)),
             tune_config=tune.TuneConfig(
                 search_alg=searcher,
                 num_samples=max(1, int(max_trials)),

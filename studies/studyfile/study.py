@@ -82,32 +82,53 @@ MAX_FAILURES = 10
 DEFAULT_CHECKPOINT_INTERVAL_S = 60.0
 
 
+def _ray_granularity(value: float | None) -> float | None:
+    """Ray counts resources in steps of 1/10,000: a smaller positive amount is an error deep
+    inside Ray, so it is refused here."""
+    if value is not None and 0 < value < RESOURCE_STEP:
+        raise ValueError(f"expected 0 or at least {RESOURCE_STEP} (Ray's smallest fraction of a resource), got {value}")
+    return value
+
+
+def _whole_above_one(value: float | None) -> float | None:
+    if value is not None and value > 1 and not float(value).is_integer():
+        raise ValueError(f"expected a fraction of one GPU (0 < gpus <= 1) or a whole number, got {value}")
+    return value
+
+
+class ArrayResources(StrictModel):
+    """What one fused array takes (``resources.per_array``), instead of the trials it replaces."""
+
+    cpus: float | None = Field(None, gt=0)
+    gpus: float | None = Field(None, ge=0)
+
+    _granularity = field_validator("cpus", "gpus")(_ray_granularity)
+    _whole = field_validator("gpus")(_whole_above_one)
+
+
 class Resources(StrictModel):
-    """Per-trial resources for ``tune.with_resources``; fractions share a device."""
+    """Per-trial resources for ``tune.with_resources``; fractions share a device. A fused array
+    (``seeds_per_trial`` > 1) takes those of the trials it replaces, up to what a node has, or
+    ``per_array`` (`studies.cells.arrays.trial_resources`)."""
 
     cpus: float = Field(1.0, gt=0)
     gpus: float = Field(0.0, ge=0)
     #: seeds of one config trained as one fused array in one trial (``setvalued.fused``;
-    #: docs/throughput.md): the resources above are the array's
+    #: docs/throughput.md)
     seeds_per_trial: int = Field(1, ge=1, le=64)
+    #: what one fused array takes (default: its members' cpus and gpus, up to a node's CPUs and one GPU)
+    per_array: ArrayResources | None = None
 
-    @field_validator("cpus", "gpus")
-    @classmethod
-    def _ray_granularity(cls, value: float) -> float:
-        """Ray counts resources in steps of 1/10,000: a smaller positive amount is an error
-        deep inside Ray, so it is refused here."""
-        if 0 < value < RESOURCE_STEP:
+    _granularity = field_validator("cpus", "gpus")(_ray_granularity)
+    _whole = field_validator("gpus")(_whole_above_one)
+
+    @model_validator(mode="after")
+    def _per_array_needs_arrays(self) -> Resources:
+        if self.per_array is not None and self.seeds_per_trial < 2:
             raise ValueError(
-                f"expected 0 or at least {RESOURCE_STEP} (Ray's smallest fraction of a resource), got {value}"
+                "per_array applies to fused arrays only; expected seeds_per_trial of 2 or more, or no per_array"
             )
-        return value
-
-    @field_validator("gpus")
-    @classmethod
-    def _whole_above_one(cls, value: float) -> float:
-        if value > 1 and not float(value).is_integer():
-            raise ValueError(f"expected a fraction of one GPU (0 < gpus <= 1) or a whole number, got {value}")
-        return value
+        return self
 
 
 class Objective(StrictModel):
