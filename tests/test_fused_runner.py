@@ -206,6 +206,7 @@ def test_the_dry_run_probes_the_fused_form_and_refuses_naming_model_and_reason(t
     monkeypatch.setattr(
         setvalued.fused.array, "fusion_problem", lambda models, trial: "RuntimeError: vmap: called random operation"
     )
+    monkeypatch.setenv("STUDIES_STATE_DIR", str(tmp_path / "state"))  # the pass above is not kept here
     with pytest.raises(StudyError) as refused:
         run_study(path, RunOptions(output=tmp_path / "out", dry_run=True, stream=io.StringIO()))
     text = str(refused.value)
@@ -333,3 +334,39 @@ def test_an_arrays_checkpoint_holds_each_member_and_a_restarted_trial_reads_it_b
     assert [state for state, _ in points] == [{"epoch": 0, "seed": 0}, None, {"epoch": 0, "seed": 2}]
     assert [meta.get("run_id") for _, meta in points] == ["run-0", None, "run-2"]
     assert points[0][1]["cell_id"] == "a-s0" and points[0][1]["epoch"] == 0
+
+
+def test_a_model_shape_is_probed_once_and_later_runs_do_not_import_torch(tmp_path):
+    """The fused form's probe (torch imported in the driver before the checks: 4 s of a fused
+    study's start, issue 42) runs once per model shape: a second dry run of the study, or of
+    another loss or data size on the same model and input, reads the pass kept; another input
+    shape probes again."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_runner import tiny_base
+
+    def dry_run(name: str, **base) -> bool:
+        """Whether `studies run --dry-run` of that study imported torch (in a fresh process)."""
+        path = write_study(
+            tmp_path, name, lrs=[0.1], seeds=(0, 1), resources={"cpus": 1, "seeds_per_trial": 2}, base=base
+        )
+        code = (
+            "import sys; from studies.cli import main; "
+            "code = main(['run', sys.argv[1], '--dry-run', '--output', sys.argv[2]]); "
+            "print('torch' in sys.modules); sys.exit(code)"
+        )
+        env = dict(os.environ, STUDIES_STATE_DIR=str(tmp_path / "state"))
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(path), str(tmp_path / "out")], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()[-1] == "True"
+
+    base = tiny_base(2)
+    assert dry_run("first", **base)
+    assert not dry_run("again", **base)
+    other_loss = {**base, "loss": {"name": "noised_topk", "k": 2, "epsilon": 0.1}}
+    assert not dry_run("other-loss-and-size", **{**other_loss, "data": {**base["data"], "train_size": 200}})
+    assert dry_run("wider-input", **{**base, "data": {**base["data"], "feature_dim": 12}})

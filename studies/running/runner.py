@@ -305,42 +305,6 @@ def _import_in_background(module: str) -> None:
     threading.Thread(target=load, name=f"studies-import-{module}", daemon=True).start()
 
 
-def _check_fusion(study_file: str | Path, study: Any, cells: Sequence) -> None:
-    """Refuse (`StudyError` at ``resources.seeds_per_trial``) a study whose configs cannot train
-    as fused arrays: a one-batch probe of each distinct model, data and loss
-    (``setvalued.fused.probe_config``; imports torch, as only a fused study's dry run does)."""
-    from setvalued.fused import probe_config
-    from studies.studyfile.problems import StudyError
-
-    probed: set[str] = set()
-    for cell in cells:
-        config = cell.config
-        key = json.dumps(
-            [config.get("model"), config.get("data"), config.get("loss"), config.get("compile")],
-            sort_keys=True,
-            default=str,
-        )
-        if key in probed:
-            continue
-        probed.add(key)
-        try:
-            reason = probe_config(config)
-        except (ValueError, OSError):  # the config or its data fail; the preconditions or the trial say so
-            continue
-        if reason:
-            where = ("resources", "seeds_per_trial")
-            raise StudyError(
-                str(study_file),
-                [
-                    (
-                        ".".join(where),
-                        study.line_of(where),
-                        f"{reason} (variant {cell.variant!r}); expected seeds_per_trial: 1 for this model",
-                    )
-                ],
-            )
-
-
 def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunOutcome:
     """Run (or complete) the study in `study_file`; see the module docstring.
 
@@ -358,8 +322,10 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     _set_log_levels(options.verbose)
     study, cells, name = _load(study_file, options)
     if int(study.resources.seeds_per_trial) > 1:
+        from studies.running.fusion_check import check_fusion
+
         with activity(stream, "probing the fused form of every model (resources.seeds_per_trial)"):
-            _check_fusion(study_file, study, cells)
+            check_fusion(study_file, study, cells)
     if options.dry_run:
         from studies.cells.space import format_cells_table
 

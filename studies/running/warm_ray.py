@@ -9,7 +9,7 @@ How it is kept, and why nothing outlives its stated time:
 
 - a small supervisor process (``python -m studies.running.warm_ray serve``, in a session of
   its own so that the terminal's Ctrl-C does not reach it) starts Ray with ``ray.init`` and
-  holds it: Ray's processes die with it. It writes a state file (``STATE_DIR``, default
+  holds it: Ray's processes die with it. It writes a state file (`studies.local_state`, default
   ``~/.cache/setvalued-studies/warm-ray/``: its process id, Ray's address, the environment
   it serves, its idle time) and removes it when it ends;
 - a driver that uses it leaves a lease file (its process id and start time) for as long as
@@ -37,8 +37,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-#: the folder of the state and lease files (default below)
-STATE_DIR_ENV = "STUDIES_STATE_DIR"
 #: minutes a local Ray stays warm when `--keep-warm` is not given (unset: not kept)
 KEEP_WARM_ENV = "STUDIES_KEEP_WARM"
 #: `--keep-warm` without a value
@@ -82,13 +80,10 @@ LAUNCH_TIMEOUT_S = 300.0
 
 
 def state_dir() -> Path:
-    """Where the warm Rays' state and lease files are (``STUDIES_STATE_DIR``, else
-    ``$XDG_CACHE_HOME/setvalued-studies/warm-ray``, else ``~/.cache/...``)."""
-    given = os.environ.get(STATE_DIR_ENV)
-    if given:
-        return Path(given).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "setvalued-studies" / "warm-ray"
+    """Where the warm Rays' state and lease files are (`studies.local_state`)."""
+    from studies.local_state import state_root
+
+    return state_root() / "warm-ray"
 
 
 def keep_warm_minutes(asked: float | None) -> float | None:
