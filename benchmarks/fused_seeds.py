@@ -15,8 +15,18 @@ Then the 8-seed MLP study: ``fit`` of 8 seeds one after the other against ``fit_
 8 (``--epochs`` epochs, validation and test included). Every figure is printed beside its
 ratio to the separate trials, measured in the same run (the machine's load cancels out).
 
+``--end-to-end ROUNDS`` (issue 42) runs that study as a person does, ``studies run`` in a fresh
+process (Ray, MLflow, the report and the interpreter included), in three forms taken in turn
+each round: **separate** trials (``cpus: 1`` a trial, as many at once as CPUs), **packed**
+trials (``cpus: 0.25``: four on a CPU) and one **fused** array (``seeds_per_trial: 8``: the
+array takes the eight trials' CPUs, up to the machine's); the ratios to the separate form are
+taken round by round, and each run's seconds are split into the cells (first cell run's start
+to the last one's end, in MLflow) and the rest. The fused form's probe is kept between runs as
+it is between a person's studies (the first round's probe is in its figure).
+
     python benchmarks/fused_seeds.py                  # a few minutes on 2 cores
     python benchmarks/fused_seeds.py --steps 3 --rounds 1 --members 1 2 --study-epochs 1   # plumbing
+    python benchmarks/fused_seeds.py --models --study-epochs 0 --end-to-end 3   # whole studies
 """
 
 from __future__ import annotations
@@ -151,14 +161,111 @@ def study(epochs: int, members: int = 8) -> tuple[float, float]:
     return separate, time.perf_counter() - start
 
 
+#: the three forms of the 8-seed study end to end: their `resources`
+FORMS = {
+    "separate": {"cpus": 1},
+    "packed": {"cpus": 0.25},
+    "fused": {"cpus": 1, "seeds_per_trial": 8},
+}
+
+
+def study_file(folder: Path, form: str, epochs: int, members: int = 8) -> Path:
+    """The 8-seed MLP study (the quickstart's data and MLP, noised top-K) in one `FORMS`' form."""
+    import yaml
+
+    config = {**MLP, "epochs": epochs, "optim": {**MLP["optim"], "milestones": [epochs]}}
+    study = {
+        "name": f"fused-{form}-{time.monotonic_ns()}",
+        "base": config,
+        "variants": {"noised": {}},
+        "seeds": list(range(members)),
+        "resources": FORMS[form],
+    }
+    path = folder / f"{study['name']}.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def run_form(folder: Path, form: str, epochs: int) -> dict:
+    """`studies run` of the study in `form`, in a fresh process: wall seconds, the cells' span."""
+    import json
+    import os
+    import subprocess
+
+    path = study_file(folder, form, epochs)
+    name = path.stem
+    env = dict(os.environ, STUDIES_STATE_DIR=str(folder / "state"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("STUDIES_KEEP_WARM", None)
+    code = "import sys; from studies.cli import console; sys.argv[0] = 'studies'; sys.exit(console())"
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code, "run", str(path), "--output", str(folder / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=folder,
+        timeout=1800,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{form}: studies run failed: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'out' / name / 'mlflow.db'}")
+    runs = client.search_runs(
+        [client.get_experiment_by_name(name).experiment_id], "tags.`studies.role` = 'cell'", max_results=100
+    )
+    span = (max(r.info.end_time for r in runs) - min(r.info.start_time for r in runs)) / 1000.0
+    line = next((x for x in done.stdout.splitlines() if "[studies] running " in x), "")
+    return {"wall": wall, "cells": span, "line": json.dumps(line.split("[studies] ", 1)[-1])}
+
+
+def end_to_end(rounds: int, epochs: int) -> None:
+    """The 8-seed study through `studies run` in its three forms, interleaved (module docstring)."""
+    import statistics
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="fused-end-to-end-"))
+    print(f"\n8-seed MLP study end to end ({epochs} epochs; `studies run` in fresh processes; {folder})")
+    print(f"load average at the start: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    results: dict[str, list[dict]] = {form: [] for form in FORMS}
+    forms = list(FORMS)
+    for r in range(rounds):
+        order = forms[r % len(forms) :] + forms[: r % len(forms)]
+        for form in order:
+            results[form].append(run_form(folder, form, epochs))
+        print(
+            f"round {r + 1}: "
+            + ", ".join(
+                f"{form} {results[form][-1]['wall']:.1f} s (cells {results[form][-1]['cells']:.1f} s)" for form in forms
+            )
+            + f"; load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}",
+            flush=True,
+        )
+    for form in forms:
+        walls = [x["wall"] for x in results[form]]
+        ratios = [x["wall"] / y["wall"] for x, y in zip(results[form], results["separate"])]
+        print(
+            f"  {form:<9} median {statistics.median(walls):5.1f} s ({min(walls):.1f}-{max(walls):.1f}), "
+            f"cells {statistics.median(x['cells'] for x in results[form]):4.1f} s, "
+            f"{statistics.median(ratios):.2f}x the separate trials; {results[form][-1]['line']}"
+        )
+    print(f"load average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--members", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=10, help="steps a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--study-epochs", type=int, default=3, help="epochs of the 8-seed MLP study (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (a Ray trial's CPU)")
+    parser.add_argument(
+        "--end-to-end", type=int, default=0, metavar="ROUNDS", help="the 8-seed study through `studies run` (0: skip)"
+    )
+    parser.add_argument("--end-to-end-epochs", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"fused seeds on the CPU ({args.threads} thread(s)); per member-step, fused / separate")
@@ -180,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             f"8-seed MLP study, {args.study_epochs} epochs: separate {separate:.1f} s, fused {fused:.1f} s "
             f"({fused / separate:.2f}x)"
         )
+    if args.end_to_end > 0:
+        end_to_end(args.end_to_end, args.end_to_end_epochs)
     return 0
 
 

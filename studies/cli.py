@@ -378,9 +378,13 @@ def _show(args: argparse.Namespace) -> int:
             f"{args.file}: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], study.variant_names)}; "
             f"expected one of: {', '.join(study.variant_names)}"
         )
+    from setvalued.config import effective_config
+    from setvalued.registry import plugin_sections
+
     for name in variants or study.variant_names:
-        print(f"# variant {name}: its trial config, defaults filled in (the design sets more)")
-        print(dump_yaml(study.variant_config(name)), end="")
+        config = study.variant_config(name)
+        print(f"# variant {name}: its trial config, the fields that apply, defaults filled in (the design sets more)")
+        print(dump_yaml(effective_config(config, plugin_sections(config))), end="")
     return 0
 
 
@@ -576,7 +580,8 @@ COMMANDS: list[Command] = [
         "show",
         "print the resolved trial config of each variant (or of those named)",
         "Validate the study file (with any KEY=VALUE overrides) and print each variant's "
-        "trial config as the trainer gets it, every default filled in, as YAML.",
+        "trial config as the trainer gets it, every default filled in, as YAML: the fields that "
+        "apply to it (no DenseNet depth for an MLP), as its MLflow params.",
         _add_show,
         _show,
     ),

@@ -134,6 +134,7 @@ def test_the_console_script_leaves_its_heap_to_the_exit(tmp_path):
     benchmarks/startup.py); `main` itself, which tests and notebooks call, does not."""
     import subprocess
     import sys
+
     import tomllib
 
     target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["studies"]
@@ -148,3 +149,30 @@ def test_the_console_script_leaves_its_heap_to_the_exit(tmp_path):
     )
     by_main, by_script, exit_code = (int(x) for x in done.stdout.split()[-3:])
     assert exit_code == 0 and by_main == 0 and by_script > 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "studies" / "catalog").glob("*.yaml")), ids=lambda p: p.stem)
+def test_show_prints_only_the_fields_that_apply_and_keeps_every_config_id(path, capsys):
+    """`studies show` of an MLP printed the DenseNet's depth and growth rate (issue 42): each
+    variant now shows the fields that apply to it (its MLflow params, `effective_config`), and on
+    every catalogue file that is the whole config: filled in again, it has the variant's config
+    id, so the catalogue's ids stay as they were."""
+    import yaml
+
+    from setvalued.config import FIELD_APPLIES
+    from studies.studyfile.config_ids import config_id
+    from studies.studyfile.spec import load_study
+    from studies.studyfile.trial_config import validate_config
+
+    study = load_study(path)
+    assert main(["show", str(path)]) == 0
+    shown = [yaml.safe_load(part.split("\n", 1)[1]) for part in capsys.readouterr().out.split("# variant ")[1:]]
+    assert len(shown) == len(study.variant_names)
+    for name, config in zip(study.variant_names, shown):
+        for (section, field), applies in FIELD_APPLIES.items():
+            holder = config if section == "" else config.get(section, {})
+            assert field not in holder or applies(holder), (name, section, field)
+        if config["model"]["name"] in ("mlp", "small_cnn") or config["model"]["name"].startswith("resnet"):
+            assert "depth" not in config["model"] and "growth_rate" not in config["model"]
+        filled, problems = validate_config(config)
+        assert problems == [] and config_id(filled) == config_id(study.variant_config(name)), name
