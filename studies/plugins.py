@@ -1,6 +1,7 @@
-"""``studies plugins``: what the registries hold, by kind (losses, data sets, models): the
-built-ins by name, each installed plugin with its distribution and its parameters, and every
-refused plugin with the reason. Fits 80 columns.
+"""``studies plugins``: what the registries hold, by kind (losses, data sets, models): every
+entry with its parameters (a built-in model's: those that apply to it, `FIELD_APPLIES`), each
+installed plugin with its distribution, and every refused plugin with the reason. Fits 80
+columns.
 
 The plugins' code is imported (as the trainer would, ``setvalued.registry.load_factory``) so
 that a constructor that does not take its declared parameters shows here, not on a worker.
@@ -38,6 +39,22 @@ def _code_problem(kind: str, name: str) -> str | None:
     return None
 
 
+def _parameters(kind: str, item) -> dict:
+    """An entry's parameters as a study sets them: without ``name`` (the entry itself) and, for
+    a built-in, without the fields that have no effect on it (`setvalued.config.FIELD_APPLIES`:
+    no DenseNet depth for the MLP)."""
+    from setvalued.config import FIELD_APPLIES
+
+    section = SECTION[kind]
+    out = {}
+    for key, param in item.parameters.items():
+        applies = FIELD_APPLIES.get((section, key)) if item.builtin else None
+        if key == "name" or (applies is not None and not applies({"name": item.name})):
+            continue
+        out[key] = param
+    return out
+
+
 def listing(check_code: bool = True) -> tuple[list[str], int]:
     """The lines of ``studies plugins`` and the number of refused plugins."""
     from setvalued import registry
@@ -56,23 +73,24 @@ def listing(check_code: bool = True) -> tuple[list[str], int]:
         lines += _wrap(
             "built-in: " + ", ".join(builtin) + (" and any timm architecture" if kind == "model" else ""), 2, 4
         )
-        for item in plugins:
-            lines += _wrap(f"{item.name}  [{item.origin}]", 2, 4)
+        for item in [items[name] for name in builtin] + plugins:
+            lines += _wrap(f"{item.name}  [{'built-in' if item.builtin else item.origin}]", 2, 4)
             if item.doc:
                 lines += _wrap(item.doc, 4)
-            problem = _code_problem(kind, item.name) if check_code else None
+            problem = _code_problem(kind, item.name) if check_code and not item.builtin else None
             if problem:
                 refused += 1
                 lines += _wrap(f"REFUSED: {problem}", 4)
                 continue
-            for key, param in item.parameters.items():
+            parameters = _parameters(kind, item)
+            for key, param in parameters.items():
                 default = "required" if param.required else f"default {param.default!r}"
                 lines += _wrap(
                     f"{SECTION[kind]}.{key}: {param.describe()}; {default}" + (f"; {param.doc}" if param.doc else ""),
                     4,
                     4,
                 )
-            if not item.parameters:
+            if not parameters:
                 lines += _wrap("(no parameters)", 4)
         for refusal in rejected:
             refused += 1

@@ -607,3 +607,30 @@ def test_the_example_study_runs_on_local_ray_and_records_the_plugin(example, tmp
     assert {r.data.params["loss.name"] for r in runs} == {"ce", "noised_topk", "ls_topk_hinge"}
     report = outcome.report_path.with_suffix(".md").read_text()
     assert f"- **plugins (losses, data sets, models)**: setvalued-example-plugin=={VERSION}" in report
+
+
+def test_studies_plugins_shows_the_parameters_of_every_builtin(capsys):
+    """The built-ins with their parameters, as the plugins (issue 42): each loss's, each data
+    set's, and each model's that apply to it (no DenseNet depth for the MLP)."""
+    from studies.cli import main
+
+    assert main(["plugins", "--no-import"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines()), max(out.splitlines(), key=len)
+    blocks: dict[str, list[str]] = {}  # entry -> the lines under it
+    entry = None
+    for line in out.splitlines():
+        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith("]"):
+            entry = line.split()[0]
+            blocks[entry] = []
+        elif line.startswith("    ") and entry is not None:
+            blocks[entry].append(line)
+        else:
+            entry = None
+    blocks = {name: " ".join(" ".join(lines).split()) for name, lines in blocks.items()}
+    assert "loss.k: an integer >= 1; default 5; the K of top-K" in blocks["noised_topk"]
+    assert "loss.epsilon: a number >= 0.0; default 1.0" in blocks["noised_topk"]
+    assert blocks["ce"] == "(no parameters)"
+    assert "data.num_classes: " in blocks["synthetic"] and "data.label_noise: " in blocks["cifar100"]
+    assert "model.hidden_dim: " in blocks["mlp"] and "model.depth" not in blocks["mlp"]
+    assert "model.depth: " in blocks["densenet_bc_cifar"] and "model.growth_rate: " in blocks["densenet_bc_cifar"]
