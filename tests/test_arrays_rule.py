@@ -98,3 +98,32 @@ def test_an_experiments_size_is_counted_in_trials():
     assert len(parts) == 1 and len(parts[0]) == 1000
     assert len(experiments(cells, 4)) == 1
     assert len(experiments(cells + [cell(1000, 0)], 4)) == 2
+
+
+def test_an_array_takes_the_resources_of_the_trials_it_replaces():
+    """Issue 42: an array of N asked for one trial's CPUs and GPU share; it takes its members'
+    CPUs (up to the largest node's) and GPU shares (up to one GPU), or `per_array`'s."""
+    from studies.cells.arrays import trial_resources
+    from studies.studyfile.study import Resources
+
+    assert trial_resources(Resources(cpus=2, gpus=0.25)) == (2, 0.25)  # a cell's trial
+    eight = Resources(cpus=1, gpus=0.25, seeds_per_trial=8)
+    assert trial_resources(eight, 8, node_cpus=16) == (8, 1.0)
+    assert trial_resources(eight, 8, node_cpus=2) == (2, 1.0)  # up to what a node has
+    assert trial_resources(eight, 3, node_cpus=16) == (3, 0.75)  # the rest array: its own members
+    assert trial_resources(Resources(cpus=4, gpus=1, seeds_per_trial=4), 4, node_cpus=2) == (4, 1)  # never below one
+    assert trial_resources(Resources(cpus=1, gpus=2, seeds_per_trial=4), 4) == (4, 2)  # whole GPUs: a member's
+    own = Resources(cpus=1, gpus=0.25, seeds_per_trial=8, per_array={"cpus": 3})
+    assert trial_resources(own, 8, node_cpus=16) == (3, 1.0)
+    assert trial_resources(Resources(seeds_per_trial=2, per_array={"cpus": 1, "gpus": 0.5}), 2) == (1, 0.5)
+
+
+def test_the_plan_counts_the_slots_of_arrays_by_their_resources():
+    """`studies plan` deals arrays to as many slots as the runner: arrays of their members' CPUs."""
+    from studies.planning.estimate import trial_slots
+    from studies.studyfile.study import Resources
+
+    study = SimpleNamespace(resources=Resources(cpus=1, seeds_per_trial=4), max_concurrent=None)
+    assert trial_slots(study, None, cpus=8)[0] == 2
+    study = SimpleNamespace(resources=Resources(cpus=1, seeds_per_trial=4, per_array={"cpus": 1}), max_concurrent=None)
+    assert trial_slots(study, None, cpus=8)[0] == 8

@@ -156,7 +156,7 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
         lrs=[0.05, 0.1],
         seeds=(0, 1, 2),
         epochs=3,
-        resources={"cpus": 1, "seeds_per_trial": 2},
+        resources={"cpus": 1, "seeds_per_trial": 2, "per_array": {"cpus": 1}},  # 2 arrays at once on 2 CPUs
         log_models=True,
         objective={"metric": "val/top3"},
         scheduler={"kind": "early_stopping", "grace_epochs": 0, "patience": 1},
@@ -167,7 +167,12 @@ def test_a_fused_study_runs_every_member_as_a_cell(local_ray, mlflow_server, tmp
     text = stream.getvalue()
     assert outcome.exit_code == 0, text
     assert (outcome.cells, outcome.finished) == (6, 6)
-    assert "6 cells as 4 fused arrays of up to 2 seeds" in text and "done 6/6" in text
+    assert "done 6/6" in text
+    # arrays and cells counted alike, and how the machine is used (issue 42)
+    assert (
+        "running 6 cells as 4 fused arrays of up to 2 seeds (2 arrays at a time, up to 4 cells; "
+        "1 CPU / 0 GPU an array; 2 of 2 CPUs)" in text
+    ), text
 
     client = MlflowClient(mlflow_server)
     runs = child_runs(mlflow_server, "fused-grid")
