@@ -25,6 +25,12 @@ from tests.test_fused_runner import OPTUNA_BLOCK, cell
 from tests.test_runner import child_runs, options, write_study
 
 
+def one_cpu_arrays(per_trial: int) -> dict:
+    """Arrays of `per_trial` seeds on one CPU each (`per_array`; an array takes its members' CPUs
+    by default, issue 42): a config's arrays run at once on the 2-CPU test Ray, as its schedulers need."""
+    return {"cpus": 1, "seeds_per_trial": per_trial, **({"per_array": {"cpus": 1}} if per_trial > 1 else {})}
+
+
 @contextlib.contextmanager
 def one_thread():
     """torch on one thread, as a trial of ``cpus: 1`` runs: a reference ``fit`` on more threads
@@ -41,9 +47,7 @@ def one_thread():
 
 def raced_study(tmp_path, name: str, lrs, per_trial: int, initial=3, max_seeds=6, step=2, epochs=2, **extra):
     """A racing study of the tiny MLP (test/top1 decides), seeds_per_trial `per_trial`."""
-    path = write_study(
-        tmp_path, name, lrs=lrs, epochs=epochs, resources={"cpus": 1, "seeds_per_trial": per_trial}, **extra
-    )
+    path = write_study(tmp_path, name, lrs=lrs, epochs=epochs, resources=one_cpu_arrays(per_trial), **extra)
     study = yaml.safe_load(path.read_text())
     study["seeds"] = {"initial": initial, "max": max_seeds, "step": step, "until": {"metric": "test/top1"}}
     study["base"]["eval"] = {"ks": [1, 3], "selection": "val/top1"}
@@ -185,7 +189,7 @@ def test_the_plan_counts_a_race_round_or_an_optuna_configs_seeds_as_arrays(tmp_p
         lrs=[0.1],
         seeds=(0, 1, 2),
         epochs=2,
-        resources={"cpus": 1, "seeds_per_trial": 2},
+        resources=one_cpu_arrays(2),
         objective={"metric": "val/top3"},
         design=[OPTUNA_BLOCK],
     )
@@ -316,7 +320,7 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(
         lrs=[0.1],
         seeds=(0, 1, 2),
         epochs=epochs,
-        resources={"cpus": 1, "seeds_per_trial": 2},
+        resources=one_cpu_arrays(2),
         design=[block],
         objective={"metric": "val/top1", "mode": "max"},
     )
