@@ -334,7 +334,7 @@ def test_a_fused_optuna_block_prunes_an_array_as_a_whole_on_its_seed_mean(
     outcome = run_study(path, options(tmp_path, mlflow_server, stream=stream))
     text = stream.getvalue()
     assert outcome.exit_code == 0 and outcome.failed == {}, text
-    assert "a config's seeds as fused arrays of up to 2" in text
+    assert "configs asked as slots free up (2 fused arrays of up to 2 seeds at a time, up to 4 cells)" in text
 
     storage = f"sqlite:///{tmp_path / 'out' / 'fused-optuna' / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
