@@ -18,8 +18,9 @@ ratio to the separate trials, measured in the same run (the machine's load cance
 ``--end-to-end ROUNDS`` (issue 42) runs that study as a person does, ``studies run`` in a fresh
 process (Ray, MLflow, the report and the interpreter included), in three forms taken in turn
 each round: **separate** trials (``cpus: 1`` a trial, as many at once as CPUs), **packed**
-trials (``cpus: 0.25``: four on a CPU) and one **fused** array (``seeds_per_trial: 8``: the
-array takes the eight trials' CPUs, up to the machine's); the ratios to the separate form are
+trials (``cpus: 0.25``: four on a CPU), one **fused** array (``seeds_per_trial: 8``: the array
+takes the eight trials' CPUs, up to the machine's) and **fused-1cpu** (the same array on one
+CPU, ``per_array: {cpus: 1}``; ``--forms`` picks some); the ratios to the separate form are
 taken round by round, and each run's seconds are split into the cells (first cell run's start
 to the last one's end, in MLflow) and the rest. The fused form's probe is kept between runs as
 it is between a person's studies (the first round's probe is in its figure).
@@ -166,6 +167,7 @@ FORMS = {
     "separate": {"cpus": 1},
     "packed": {"cpus": 0.25},
     "fused": {"cpus": 1, "seeds_per_trial": 8},
+    "fused-1cpu": {"cpus": 1, "seeds_per_trial": 8, "per_array": {"cpus": 1}},
 }
 
 
@@ -221,16 +223,18 @@ def run_form(folder: Path, form: str, epochs: int) -> dict:
     return {"wall": wall, "cells": span, "line": json.dumps(line.split("[studies] ", 1)[-1])}
 
 
-def end_to_end(rounds: int, epochs: int) -> None:
-    """The 8-seed study through `studies run` in its three forms, interleaved (module docstring)."""
+def end_to_end(rounds: int, epochs: int, forms: list[str] | None = None) -> None:
+    """The 8-seed study through `studies run` in its forms (`FORMS`), interleaved (module docstring)."""
     import statistics
     import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="fused-end-to-end-"))
     print(f"\n8-seed MLP study end to end ({epochs} epochs; `studies run` in fresh processes; {folder})")
     print(f"load average at the start: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
-    results: dict[str, list[dict]] = {form: [] for form in FORMS}
-    forms = list(FORMS)
+    forms = list(forms or FORMS)
+    if "separate" not in forms:
+        forms.insert(0, "separate")  # the ratios' yardstick
+    results: dict[str, list[dict]] = {form: [] for form in forms}
     for r in range(rounds):
         order = forms[r % len(forms) :] + forms[: r % len(forms)]
         for form in order:
@@ -266,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "--end-to-end", type=int, default=0, metavar="ROUNDS", help="the 8-seed study through `studies run` (0: skip)"
     )
     parser.add_argument("--end-to-end-epochs", type=int, default=3)
+    parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=list(FORMS), help="the forms end to end")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"fused seeds on the CPU ({args.threads} thread(s)); per member-step, fused / separate")
@@ -288,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({fused / separate:.2f}x)"
         )
     if args.end_to_end > 0:
-        end_to_end(args.end_to_end, args.end_to_end_epochs)
+        end_to_end(args.end_to_end, args.end_to_end_epochs, args.forms)
     return 0
 
 
