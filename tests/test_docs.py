@@ -164,3 +164,23 @@ def test_the_estimates_constants_in_the_planning_page_are_the_codes():
     assert set(table) == set(constants)
     for name, value in constants.items():
         assert float(table[name]) == value, name
+
+
+def test_the_quickstart_has_one_time_and_a_cpu_only_first_command():
+    """One measured time in the README and the quickstart file (they said "under a minute" and
+    "under 5 minutes", issue 42), and the first command's alternative for a machine without a
+    GPU: PyTorch's CPU build first, then the same command (pip keeps an installed torch that
+    satisfies the project's range)."""
+    import re
+
+    text = README.read_text(encoding="utf-8")
+    study = (REPO / "studies" / "catalog" / "quickstart.yaml").read_text(encoding="utf-8")
+    said = re.findall(r"(\d+ s) on 2 cores", text)
+    assert said and said == re.findall(r"(\d+ s) on 2 cores", study), (said, study[:600])
+    assert not re.search(r"under (a|\d+) minutes? on 2 cores", text + study)
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    cpu = [b for b in blocks if "--index-url https://download.pytorch.org/whl/cpu" in b]
+    assert cpu, "no CPU-only install in the README"
+    lines = cpu[0].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("pip install torch torchvision "))
+    assert lines[first + 1].startswith('pip install -e ".[test]" && studies run studies/catalog/quickstart.yaml')
