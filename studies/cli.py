@@ -152,6 +152,7 @@ def _options(args: argparse.Namespace):
         dashboard=getattr(args, "dashboard", False),
         overrides=tuple(_overrides(args)),
         new_version=getattr(args, "new_version", False),
+        keep_finished=getattr(args, "keep_finished", False),
     )
 
 
@@ -201,13 +202,22 @@ def _smoke_epochs(args: argparse.Namespace) -> int:
 
 
 def _add_new_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
         "--new-version",
         action="store_true",
         help="the file changed what defines the configs of a study already "
-        "run under its name: keep it as a new version of that study, "
+        "run under its name, or the code or data that trains its finished cells changed: "
+        "keep it as a new version of that study (its cells run again), "
         "told apart by its version in the report and MLflow (default: "
-        "refuse, exit 2, naming each changed field)",
+        "refuse, exit 2, naming each change)",
+    )
+    choice.add_argument(
+        "--keep-finished",
+        action="store_true",
+        help="the code, a plugin or the data that trains the study's finished cells changed: "
+        "keep those cells as they are, knowingly (recorded on the study's parent run and in "
+        "its report; default: refuse, exit 2, naming each change old -> new)",
     )
 
 
