@@ -345,6 +345,36 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    from studies.running.reproduce import EXIT_CODES, reproduce_cell
+
+    try:
+        verdict, _ = reproduce_cell(
+            args.name, args.cell, output=args.output, tracking_uri=args.tracking_uri, tolerance=args.tolerance
+        )
+    except _read_back_errors() as error:
+        return _fail(str(error))
+    return EXIT_CODES[verdict]
+
+
+def _add_reproduce(parser: argparse.ArgumentParser) -> None:
+    from studies.running.reproduce import DEFAULT_TOLERANCE
+
+    parser.add_argument("name", metavar="NAME", help="the study's name")
+    parser.add_argument(
+        "--cell", required=True, metavar="CELL", help="the finished cell: its cell id (CONFIG_ID-sSEED) or run name"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        metavar="T",
+        help="a value is within the tolerance when |new - old| <= T x max(1, |old|) (default: %(default)s)",
+    )
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
 def _show(args: argparse.Namespace) -> int:
     from studies.studyfile.overrides import dump_yaml, looks_like_override
     from studies.studyfile.spec import StudyError, load_study
@@ -587,6 +617,18 @@ COMMANDS: list[Command] = [
         "One row per finished cell: ids, the flattened config, final metrics.",
         _add_export,
         _export,
+    ),
+    Command(
+        "reproduce",
+        "train one finished cell again and compare every metric with its run",
+        "Train the finished cell CELL of study NAME again in this process, in a scratch "
+        "folder (nothing of the study is written), as its run recorded it (config, seed, "
+        "fused array, early stop), and compare every per-epoch and final metric with the "
+        "run's: the largest difference and the verdict. Exit 0 identical, 3 within the "
+        "tolerance, 1 differs (the first epoch and metric named), 2 bad input. What it can "
+        "and cannot prove: docs/commands.md.",
+        _add_reproduce,
+        _reproduce,
     ),
     Command(
         "plan",

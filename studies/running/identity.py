@@ -243,14 +243,17 @@ def _grouped(found: Sequence[Difference]) -> list[tuple[tuple[str, str, str], in
     return sorted(counts.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+_WHOLE_WORDS = {"break_long_words": False, "break_on_hyphens": False}
+
+
 def change_lines(found: Sequence[Difference]) -> list[str]:
     """Each changed item, old -> new, with its number of cells (80 columns)."""
     lines = []
     groups = _grouped(found)
     for (item, old, new), count in groups[:MAX_LISTED]:
         lines.append(f"  {describe_item(item)} ({count:,} cell{'s' if count != 1 else ''}):")
-        lines += textwrap.wrap(old, 76, initial_indent="    ", subsequent_indent="      ")
-        lines += textwrap.wrap(new, 76, initial_indent="    -> ", subsequent_indent="      ")
+        for text, indent in ((old, "    "), (new, "    -> ")):  # a path is not cut
+            lines += textwrap.wrap(text, 78, initial_indent=indent, subsequent_indent="      ", **_WHOLE_WORDS)
     if len(groups) > MAX_LISTED:
         lines.append(f"  ... and {len(groups) - MAX_LISTED} more")
     return lines
@@ -262,7 +265,7 @@ def refusal(name: str, where: str, found: Sequence[Difference]) -> RunnerError:
         f"study {name!r} ({where}): {cells:,} finished cell{'s were' if cells != 1 else ' was'} trained with "
         f"other code or data than this run would train {'them' if cells != 1 else 'it'} with (old -> new):"
     )
-    lines = textwrap.wrap(head, 78, initial_indent=" " * 16)  # after the CLI's "studies: error: "
+    lines = textwrap.wrap(head, 78, initial_indent=" " * 16, **_WHOLE_WORDS)  # after "studies: error: "
     lines = [lines[0].lstrip(), *lines[1:], *change_lines(found)]
     lines += [
         "Nothing was started. Ways forward:",
