@@ -75,6 +75,9 @@ def file_digest(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+_AST_LOCK = threading.Lock()
+
+
 def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -89,11 +92,13 @@ def python_digest(path: str | os.PathLike) -> str:
     """The SHA-256 of a Python source's syntax tree without its docstrings (comments and layout
     are not in it); the file's bytes when it does not parse."""
     data = Path(path).read_bytes()
-    try:
-        tree = ast.parse(data)
-    except (SyntaxError, ValueError):
-        return hashlib.sha256(data).hexdigest()
-    return hashlib.sha256(ast.dump(_without_docstrings(tree)).encode("utf-8")).hexdigest()
+    with _AST_LOCK:  # CPython 3.11's parser is not safe in two threads at once (SystemError)
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
+            return hashlib.sha256(data).hexdigest()
+        text = ast.dump(_without_docstrings(tree))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 _DIGESTERS: dict[str, Callable[[str], str]] = {"bytes": file_digest, "python": python_digest}

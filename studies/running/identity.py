@@ -154,7 +154,10 @@ def fingerprint_data(cells: Sequence, say: Callable[[str], None] = lambda text: 
         if key in found:
             continue
         label = f"data.root {data.get('root')}" if data.get("root") else f"the {data.get('name')} data"
-        found[key] = data_fingerprint(data, cache, progress=_progress_lines(label, say))
+        try:
+            found[key] = data_fingerprint(data, cache, progress=_progress_lines(label, say))
+        except (OSError, ValueError) as error:  # a file that vanished, a FIFO among the images
+            raise RunnerError(f"{label}: cannot fingerprint its files ({error}). Nothing was started.") from None
     if cache.warning:
         say(f"warning: {cache.warning}")
     return found
