@@ -441,3 +441,18 @@ def test_the_issues_run_recorded_refused_and_reproduced(local_ray, tmp_path, cap
     text = stream.getvalue()
     assert verdict == "differs" and "note: data differs from what trained it" in text, text
     assert "verdict: differs; first at epoch 0, " in text, text
+
+
+def test_a_fifo_among_the_listed_images_is_refused_by_name_unread(tmp_path, capsys, no_ray):
+    from tests.test_data import write_fake_imagenet_lt
+
+    root = tmp_path / "imagenet"
+    write_fake_imagenet_lt(root)
+    lists = sorted(root.rglob("ImageNet_LT_test.txt"))
+    image = root / lists[0].read_text().split()[0]
+    image.unlink()
+    os.mkfifo(image)  # opening it would block the driver
+    path = study_file(tmp_path, "fifo", {"name": "imagenet_lt", "root": str(root)})
+    code, text = run_cli(str(path), "--output", str(tmp_path / "out"), capsys=capsys)
+    assert code == 2 and f"{image}' is not a regular file" in text and "Nothing was started" in text, text
+    assert not (tmp_path / "out").exists()
