@@ -286,14 +286,20 @@ def _torch_build() -> dict[str, Any]:
 
 @functools.cache
 def _distributions() -> dict[str, str]:
-    import importlib.metadata
-
-    found = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found[name] = dist.version
-    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
+    """Every installed distribution and its version, by the names of the ``*.dist-info`` folders
+    on ``sys.path`` (PEP 427's ``name-version``, name normalised; the first on the path wins,
+    as for imports): a listing per folder, where reading every METADATA takes 0.1-0.2 s."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                project, _, version = name[: -len(".dist-info")].partition("-")
+                found.setdefault(project.lower().replace("-", "_").replace(".", "_"), version)
+    return dict(sorted(found.items()))
 
 
 def environment_manifest(session_id: str = "") -> dict[str, Any]:
@@ -304,7 +310,7 @@ def environment_manifest(session_id: str = "") -> dict[str, Any]:
     from setvalued.provenance import setvalued_fingerprint
 
     distributions = _distributions()
-    cudnn = {name: v for name, v in distributions.items() if name.lower().startswith("nvidia-cudnn")}
+    cudnn = {name: v for name, v in distributions.items() if name.startswith("nvidia_cudnn")}
     return {
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "session": session_id,
