@@ -456,3 +456,22 @@ def test_a_fifo_among_the_listed_images_is_refused_by_name_unread(tmp_path, caps
     code, text = run_cli(str(path), "--output", str(tmp_path / "out"), capsys=capsys)
     assert code == 2 and f"{image}' is not a regular file" in text and "Nothing was started" in text, text
     assert not (tmp_path / "out").exists()
+
+
+def test_a_long_first_fingerprinting_says_what_it_reads_and_a_rerun_says_nothing(tmp_path, monkeypatch):
+    from studies.cells.space import expand
+    from studies.running import identity
+    from studies.studyfile.spec import load_study
+    from tests.test_data_formats import write_folder
+
+    write_folder(tmp_path / "images", {"train": {"a": 30, "b": 30}})
+    monkeypatch.setattr(identity, "ANNOUNCE_FILES", 50)
+    monkeypatch.setattr(identity, "PROGRESS_EVERY_S", 0.0)
+    path = study_file(tmp_path, "long", {"name": "image_folder", "root": str(tmp_path / "images")})
+    cells = expand(load_study(path))
+    said: list[str] = []
+    first = identity.fingerprint_data(cells, said.append)
+    assert said[0].startswith(f"fingerprinting data.root {tmp_path / 'images'}: reading 60 of its 60 files")
+    assert "cached by path, size and time" in said[0] and said[-1].endswith("/s)") and " 60 files read in " in said[-1]
+    said.clear()
+    assert identity.fingerprint_data(cells, said.append) == first and said == []
