@@ -475,3 +475,40 @@ def test_a_long_first_fingerprinting_says_what_it_reads_and_a_rerun_says_nothing
     assert "cached by path, size and time" in said[0] and said[-1].endswith("/s)") and " 60 files read in " in said[-1]
     said.clear()
     assert identity.fingerprint_data(cells, said.append) == first and said == []
+
+
+def test_an_optuna_proposals_finished_cell_is_checked_from_its_run(tmp_path, capsys, no_ray):
+    """An optuna block's configs are not in the study's cells until its sampler asks them: a
+    proposal's finished run is checked from the config its params hold."""
+    from studies.cells.space import Cell
+    from studies.running.tune_experiment import cell_payload
+    from studies.running.versions import check_version, save_versions
+    from studies.studyfile.spec import load_study
+    from studies.tracking import CellRun, StudyTracking, default_tracking_uri
+
+    data = write_arrays(tmp_path / "digits.npz")
+    path = study_file(
+        tmp_path,
+        "asked",
+        {"name": "arrays", "root": str(data), "val_fraction": 0.25},
+        design=[{"kind": "optuna", "n_configs": 2, "parameters": {"optim.lr": {"loguniform": [0.01, 0.1]}}}],
+        objective={"metric": "test/top1", "mode": "max"},
+    )
+    study = load_study(path)
+    folder = tmp_path / "out" / "asked"
+    folder.mkdir(parents=True)
+    version = check_version(study, "asked", folder, False)
+    save_versions(folder, version)
+    uri = default_tracking_uri(folder)
+    (folder / "run.json").write_text(json.dumps({"name": "asked", "source": str(path), "tracking_uri": uri}))
+    tracking = StudyTracking(uri, "asked", artifact_root=folder / "mlartifacts")
+    tracking.version = version.version
+    config = study.variant_config("base")
+    config["optim"]["lr"] = 0.05
+    cell = Cell("proposal-0", 0, "base", config, {"optim.lr": 0.05}, version.version)
+    run, _ = CellRun.open(tracking.context("earlier"), cell_payload(cell))
+    run.finish({"test": {"top1": 0.5}, "best_epoch": 0, "best_val": 0.5}, final_step=0)
+    write_arrays(data, seed=1)
+    code, text = run_cli(str(path), "--output", str(tmp_path / "out"), "--no-report", capsys=capsys)
+    assert code == 2 and "1 finished cell was trained" in " ".join(text.split()), text
+    assert "the data (1 cell):" in text, text

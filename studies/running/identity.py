@@ -163,6 +163,18 @@ def fingerprint_data(cells: Sequence, say: Callable[[str], None] = lambda text: 
     return found
 
 
+@dataclass(frozen=True)
+class _Proposal:
+    """A finished cell known only from its run (an optuna proposal): its id and config."""
+
+    cell_id: str
+    config: dict
+
+    @property
+    def config_id(self) -> str:
+        return self.cell_id
+
+
 def today_identities(cells: Sequence, data: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
     """Each cell's identity today, by cell id (computed once per config)."""
     from setvalued.provenance import data_key
@@ -180,41 +192,61 @@ def today_identities(cells: Sequence, data: Mapping[str, Any]) -> dict[str, dict
 # ----------------------------------------------------------------------------- what MLflow holds
 
 
-def recorded_identities(tracking_uri: str, name: str, cell_ids: set[str]) -> tuple[dict[str, dict], KeptCells]:
-    """({cell id: recorded identity} of the latest finished run of each of ``cell_ids``, the
-    cells kept knowingly before) from the store, read only: a local store that does not exist
-    yet is not created (nothing finished there)."""
+@dataclass
+class Recorded:
+    """What the store says of the finished cells: each one's recorded identity, the configs of
+    those of this version that are not among the run's cells (an optuna block's proposals,
+    from their params), and the cells kept knowingly before."""
+
+    identities: dict[str, dict] = field(default_factory=dict)
+    configs: dict[str, dict] = field(default_factory=dict)
+    kept: KeptCells = field(default_factory=KeptCells)
+
+
+def recorded_identities(
+    tracking_uri: str, name: str, cell_ids: set[str], version: StudyVersion | None = None
+) -> Recorded:
+    """The latest finished run of each of ``cell_ids`` and, with ``version`` (a study with
+    optuna blocks, whose proposals are not in ``cell_ids``), of every other cell of that
+    version, from the store, read only: a local store that does not exist yet is not created
+    (nothing finished there). One bulk read of the cell runs' tags (and params with
+    ``version``), one of the parent run's."""
     from analysis.collect import study_runs
-    from analysis.layout import ROLE_CELL, ROLE_PARENT, STATUS_FINISHED, TAG_CELL_ID, TAG_ROLE, TAG_STATUS
+    from analysis.layout import ROLE_CELL, ROLE_PARENT, STATUS_FINISHED, TAG_CELL_ID, TAG_ROLE, TAG_STATUS, TAG_VERSION
     from studies.readback import sqlite_path
+    from studies.tracking.contract import config_of_params
     from studies.tracking.retry import with_retry
 
     local = sqlite_path(tracking_uri)
     if local is not None and not local.is_file():
-        return {}, KeptCells()
+        return Recorded()
     from mlflow import MlflowClient
 
     client = with_retry(lambda: MlflowClient(tracking_uri))
     experiment = with_retry(lambda: client.get_experiment_by_name(name))
     if experiment is None:
-        return {}, KeptCells()
+        return Recorded()
+    wanted = {TAG_ROLE: ROLE_CELL, TAG_STATUS: STATUS_FINISHED}
     runs = with_retry(
-        lambda: study_runs(
-            client,
-            experiment.experiment_id,
-            {TAG_ROLE: ROLE_CELL, TAG_STATUS: STATUS_FINISHED},
-            params=False,
-            metrics=(),
-        )
+        lambda: study_runs(client, experiment.experiment_id, wanted, params=version is not None, metrics=())
     )
+
+    def this_version(tags: Mapping[str, str]) -> bool:  # a run without a version is of the first
+        return version is not None and tags.get(TAG_VERSION, "" if version.qualified else version.version) == (
+            version.version
+        )
+
     latest: dict[str, Any] = {}
     for run in runs:  # oldest first: the latest finished run of a cell is the one reused
         cell_id = run.tags.get(TAG_CELL_ID)
-        if cell_id in cell_ids:
+        if cell_id in cell_ids or (cell_id and this_version(run.tags)):
             latest[cell_id] = run
     parents = with_retry(lambda: study_runs(client, experiment.experiment_id, {TAG_ROLE: ROLE_PARENT}, params=False))
-    kept = KeptCells.read(parents[-1].tags) if parents else KeptCells()
-    return {cell_id: read_identity(run.tags) for cell_id, run in latest.items()}, kept
+    return Recorded(
+        {cell_id: read_identity(run.tags) for cell_id, run in latest.items()},
+        {cell_id: config_of_params(run.params) for cell_id, run in latest.items() if cell_id not in cell_ids},
+        KeptCells.read(parents[-1].tags) if parents else KeptCells(),
+    )
 
 
 def differences(
@@ -316,8 +348,13 @@ def check_identity(
     this version recorded, and refuse (RunnerError) or go on as the module docstring says."""
     data = fingerprint_data(cells, say)
     today = today_identities(cells, data)
-    recorded, kept = recorded_identities(tracking_uri, name, set(today))
-    found = differences(today, recorded, kept)
+    recorded = recorded_identities(tracking_uri, name, set(today), version if study.optuna_blocks else None)
+    if recorded.configs:  # an optuna block's proposals: today's identity of their configs
+        proposals = [_Proposal(cell_id, config) for cell_id, config in recorded.configs.items()]
+        data.update(fingerprint_data(proposals, say))
+        today.update(today_identities(proposals, data))
+    kept = recorded.kept
+    found = differences(today, recorded.identities, kept)
     check = IdentityCheck(version, list(cells), data, ParentRecord(), found)
     if not found:
         return check

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from studies.errors import RunnerError
+from studies.tracking.contract import config_of_params
 
 __all__ = ["Comparison", "reproduce_cell", "config_of_params", "compare_metrics", "DEFAULT_TOLERANCE", "EXIT_CODES"]
 
@@ -42,29 +43,6 @@ DEFAULT_TOLERANCE = 1e-6
 EXIT_CODES = {"identical": 0, "within": 3, "differs": 1}
 #: where final metrics are compared (they have no epoch of their own)
 FINAL = "final"
-
-
-def _value(text: str) -> Any:
-    """A param's value: JSON where it reads as JSON (numbers, booleans, null, lists, mappings),
-    else the string (`studies.tracking.param_text` writes strings as they are)."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def config_of_params(params: Mapping[str, str]) -> dict[str, Any]:
-    """The nested trial config of a cell run's params (dotted paths; ``seed`` left out)."""
-    config: dict[str, Any] = {}
-    for path, text in sorted(params.items()):
-        if path == "seed":
-            continue
-        *parents, leaf = path.split(".")
-        node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = _value(text)
-    return config
 
 
 @dataclass
