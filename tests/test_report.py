@@ -792,7 +792,8 @@ def test_a_parameter_is_written_one_way_with_the_papers_symbol(report_study):
 def test_a_variant_has_one_colour_in_every_figure(report_study):
     """ce (the study's first variant) and noised keep their colours in the curves and the
     bars; a variant's other configs are shades of its colour, never another variant's."""
-    from analysis.plot_style import _PALETTE, _SHADES, _shade, variant_colors
+    from analysis.colors import SHADES as _SHADES
+    from analysis.plot_style import _PALETTE, _shade, variant_colors
 
     colors = variant_colors(["ce", "noised"])
     shades = {v: {_shade(c, i) for i in range(len(_SHADES))} for v, c in colors.items()}
