@@ -91,7 +91,8 @@ def table_tex(table: Table, label: str) -> str:
     columns = "".join("l" if i < table.label_columns else "r" for i in range(len(table.header)))
     header = _row([escape(h) for h in table.header])
     body = [_row([_entry(e) for e in row]) for row in table.rows]
-    caption = rf"\caption{{{escape(table.title)}. {escape(table.caption)}}}\label{{{label}}}"
+    note = f" {escape(table.note)}" if table.note else ""
+    caption = rf"\caption{{{escape(table.title)}. {escape(table.caption)}{note}}}\label{{{label}}}"
     if len(table.rows) > LONG_ROWS:
         return "\n".join(
             [
