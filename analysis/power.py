@@ -193,7 +193,9 @@ class SeedsNeeded:
         """`6`, or `6–14`: with the pilot's sd, and with its upper limit; `–` without a plan."""
         if not math.isfinite(self.sd_upper):
             return "–" if self.seeds_power is None else str(self.seeds_power)
-        low, high = (str(n) if n is not None else f">{MAX_PLAN_SEEDS}" for n in (self.seeds_power, self.seeds_power_upper))
+        low, high = (
+            str(n) if n is not None else f">{MAX_PLAN_SEEDS}" for n in (self.seeds_power, self.seeds_power_upper)
+        )
         return low if low == high else f"{low}–{high}"
 
 

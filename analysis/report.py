@@ -67,7 +67,9 @@ def build_report(
     `report.difference` (defaults 0.95, Student's t and 1 percentage point).
     """
     if difference is not None and not (difference > 0 and math.isfinite(difference)):
-        raise ReportError(f"--difference: expected a number above 0 (percentage points for accuracies), got {difference!r}")
+        raise ReportError(
+            f"--difference: expected a number above 0 (percentage points for accuracies), got {difference!r}"
+        )
     out_dir = Path(out_dir)
     figures_dir = out_dir / "figures"
     collected = collect(tracking_uri, study_name)  # first: a study that is not there makes no folder

@@ -19,7 +19,14 @@ from analysis.comparison.aggregates import (
     stratified_iqm,
 )
 from analysis.comparison.ranks import RankTests, average_ranks, rank_tests, smallest_wilcoxon_p
-from analysis.comparison.report import Comparison, build_comparison, compare, study_runs_of, write_comparison
+from analysis.comparison.report import (
+    Comparison,
+    build_comparison,
+    compare,
+    sources_of,
+    study_runs_of,
+    write_comparison,
+)
 from analysis.comparison.tasks import DEFAULT_METRICS, CompareError, Entry, Scores, StudyRuns, Task, task_scores
 
 __all__ = [
@@ -40,6 +47,7 @@ __all__ = [
     "probability_of_improvement",
     "rank_tests",
     "smallest_wilcoxon_p",
+    "sources_of",
     "stratified_improvement",
     "stratified_iqm",
     "study_runs_of",

@@ -96,7 +96,9 @@ def stratified_iqm(
         return iqm(samples, axis=axis)
 
     interval = _bootstrap(tasks, statistic, level, n_resamples, seed)
-    return Aggregate(float(iqm(tasks)), float(interval.low), float(interval.high), len(tasks), sum(t.size for t in tasks))
+    return Aggregate(
+        float(iqm(tasks)), float(interval.low), float(interval.high), len(tasks), sum(t.size for t in tasks)
+    )
 
 
 def stratified_improvement(
@@ -118,6 +120,4 @@ def stratified_improvement(
 
     interval = _bootstrap(x_tasks + y_tasks, statistic, level, n_resamples, seed)
     point = probability_of_improvement(x_tasks, y_tasks, lower_is_better)
-    return Aggregate(
-        float(point), float(interval.low), float(interval.high), m, sum(t.size for t in x_tasks + y_tasks)
-    )
+    return Aggregate(float(point), float(interval.low), float(interval.high), m, sum(t.size for t in x_tasks + y_tasks))

@@ -80,7 +80,9 @@ def compare(
     for t in range(n_tasks):
         if t not in complete:
             missing = [v for v in ranked if (t, v) not in scores.entries]
-            notes.append(f"{scores.tasks[t].label}: no value of {', '.join(missing)}; left out of the ranks and aggregates.")
+            notes.append(
+                f"{scores.tasks[t].label}: no value of {', '.join(missing)}; left out of the ranks and aggregates."
+            )
     ranks = rank_tests(scores, ranked, level)
     found = Comparison(scores, reference, level, ranked, ranks, n_resamples=n_resamples, notes=notes)
     _aggregates(found, complete, seed)
@@ -94,7 +96,9 @@ def _aggregates(comparison: Comparison, complete: Sequence[int], seed: int) -> N
     single = [scores.tasks[t].label for t in complete if t not in tasks]
     if single:
         comparison.notes.append(
-            f"Left out of the aggregates (a variant with a single seed there: nothing to resample): {', '.join(single)}."
+            "Left out of the aggregates (a variant with a single seed there: nothing to resample): "
+            + ", ".join(single)
+            + "."
         )
     comparison.aggregate_tasks = tasks
     if not tasks:
@@ -216,8 +220,13 @@ def build_comparison(
     """`compare` the collected studies (options: `compare`'s) and `write_comparison`; the
     HTML's path."""
     comparison = compare([study_runs_of(c) for c in collected], metric, **options)
-    sources = [
-        f"{c.study_name}: experiment {c.experiment_id} at {display_uri(c.tracking_uri)}, {c.table.num_rows} finished cells"
+    return write_comparison(comparison, out_dir, sources_of(collected))
+
+
+def sources_of(collected: Sequence[Collected]) -> list[str]:
+    """Where each compared study's runs come from, for the report's provenance."""
+    return [
+        f"{c.study_name}: experiment {c.experiment_id} at {display_uri(c.tracking_uri)}, "
+        f"{c.table.num_rows} finished cells"
         for c in collected
     ]
-    return write_comparison(comparison, out_dir, sources)

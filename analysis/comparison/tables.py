@@ -77,9 +77,7 @@ def paper_table(scores: Scores, ranks: RankTests, level: float) -> Table:
                 text = format_mean_ci(ci.mean * factor, ci.half_width * factor, digits)
             if entry.n != _typical(scores):
                 text += f" (n={entry.n})"
-            row.append(
-                TableEntry(text, bold=variant == best, detail=seed_values_text(entry.values, factor, digits))
-            )
+            row.append(TableEntry(text, bold=variant == best, detail=seed_values_text(entry.values, factor, digits)))
         rows.append(row)
     average = ranks.average
     rows.append(
@@ -211,7 +209,8 @@ def aggregate_table(
             [
                 TableEntry(variant),
                 TableEntry(
-                    f"{found.value * factor:.{digits}f} [{found.low * factor:.{digits}f}, {found.high * factor:.{digits}f}]",
+                    f"{found.value * factor:.{digits}f} "
+                    f"[{found.low * factor:.{digits}f}, {found.high * factor:.{digits}f}]",
                     detail=_task_means_text((per_task or {}).get(variant), factor, digits),
                 ),
                 TableEntry(

@@ -121,7 +121,9 @@ def _latest_version(study: StudyRuns, notes: list[str]) -> list[Mapping[str, Any
         return rows
     import pyarrow as pa
 
-    versions = versions_of(pa.Table.from_pylist([{VERSION_COLUMN: r.get(VERSION_COLUMN), "start_time": r.get("start_time")} for r in rows]))
+    versions = versions_of(
+        pa.Table.from_pylist([{VERSION_COLUMN: r.get(VERSION_COLUMN), "start_time": r.get("start_time")} for r in rows])
+    )
     if len(versions) < 2:
         return rows
     latest = versions[-1]
@@ -153,7 +155,11 @@ def _task_paths(rows: Sequence[Mapping[str, Any]], variants: Sequence[str]) -> l
 
 
 def _context_key(value: Any) -> tuple:
-    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+    return (
+        (0, float(value), "")
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else (1, 0.0, str(value))
+    )
 
 
 def task_scores(
@@ -229,7 +235,9 @@ def _entry(rows: Sequence[Mapping[str, Any]], metric: str, selection: str, task:
     if len(configs) > 1:
         means = {}
         for config_id, members in configs.items():
-            found = [float(r[selection]) for r in members if r.get(selection) is not None and math.isfinite(r[selection])]
+            found = [
+                float(r[selection]) for r in members if r.get(selection) is not None and math.isfinite(r[selection])
+            ]
             means[config_id] = math.fsum(found) / len(found) if found else math.nan
         usable = {c: m for c, m in means.items() if math.isfinite(m)}
         if not usable:
@@ -242,7 +250,9 @@ def _entry(rows: Sequence[Mapping[str, Any]], metric: str, selection: str, task:
         best = pick(usable.values())
         chosen = next(c for c, m in usable.items() if m == best)
     members = sorted(configs[chosen], key=lambda r: r["seed"])
-    kept = [(int(r["seed"]), float(r[metric])) for r in members if r.get(metric) is not None and math.isfinite(r[metric])]
+    kept = [
+        (int(r["seed"]), float(r[metric])) for r in members if r.get(metric) is not None and math.isfinite(r[metric])
+    ]
     return Entry(
         chosen,
         members[0].get("swept") or "{}",
