@@ -83,7 +83,8 @@ def _row(cells: Sequence[str]) -> str:
 
 def _entry(entry) -> str:
     text = escape(entry.text)
-    return rf"\textbf{{{text}}}" if entry.bold and entry.text else text
+    text = rf"\textbf{{{text}}}" if entry.bold and entry.text else text
+    return text + (rf" {{\scriptsize {escape(entry.detail)}}}" if entry.detail else "")
 
 
 def table_tex(table: Table, label: str) -> str:

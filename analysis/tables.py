@@ -37,8 +37,8 @@ MAX_ERROR_CHARS = 300  # of the first line of an error, in the failed-cells tabl
 @dataclass
 class TableEntry:
     """The text of one entry of a table, bold (best of its column or row) or muted; `detail`:
-    what stands behind it, shown under it in HTML and after it in Markdown (the per-seed values
-    of a mean over at most `SEED_VALUES_UP_TO` seeds), left out of the LaTeX tables."""
+    what stands behind it, shown under it in HTML, after it in Markdown and in small type in LaTeX
+    (the per-seed values of a mean over at most `SEED_VALUES_UP_TO` seeds)."""
 
     text: str
     bold: bool = False

@@ -241,6 +241,18 @@ def test_tables_hold_the_independently_computed_values(report_study):
 
 
 @pytest.mark.slow
+def test_small_seed_honesty_and_no_observed_power_in_the_study_report(report_study):
+    """Issue 40: each interval over three seeds shows the three values, a one-line note says
+    so, and the power section plans for the stated difference with a range, without "power now"."""
+    md = report_study["md"]
+    for key in (("ce", 0.0, 0.2, "top5"), ("noised", 0.1, 0.2, "top1")):
+        assert "seeds: " + ", ".join(f"{v * 100:.1f}" for v in report_study["expected"][key]) in md
+    assert "> Note: " in md and "rest on fewer than 5 seeds" in md
+    assert "power now" not in md and "upper 80% limit" in md and "detect ±1" in md
+    assert 'class="detail">seeds: ' in report_study["html"]
+
+
+@pytest.mark.slow
 def test_paired_comparison_matches_scipy(report_study):
     md, expected = report_study["md"], report_study["expected"]
     a = expected[("noised", 0.1, 0.2, "top5")]
