@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import permutations
 
 import numpy as np
 import pytest
@@ -204,7 +203,13 @@ def test_tasks_are_the_values_every_variant_sweeps_and_configs_are_chosen_on_val
         ("noised", "a2"): [0.90, 0.91, 0.92],
         ("noised", "b1"): [0.85, 0.86, 0.87],
     }
-    best_val = {("ce", "a"): 0.7, ("ce", "b"): 0.8, ("noised", "a1"): 0.75, ("noised", "a2"): 0.6, ("noised", "b1"): 0.9}
+    best_val = {
+        ("ce", "a"): 0.7,
+        ("ce", "b"): 0.8,
+        ("noised", "a1"): 0.75,
+        ("noised", "a2"): 0.6,
+        ("noised", "b1"): 0.9,
+    }
     scores = task_scores([StudyRuns("imb", _rows(values, swept, best_val), ["ce", "noised"])])
     assert [t.label for t in scores.tasks] == ["imb (pareto_shape=1)", "imb (pareto_shape=2)"]
     assert scores.metric == "test/top5"
@@ -237,7 +242,9 @@ def test_variants_are_matched_by_name_or_mapping_and_missing_ones_are_said():
 
 def test_a_study_of_several_versions_is_compared_on_its_latest():
     rows = _rows({("ce", "x"): [0.7, 0.71], ("topk", "x"): [0.75, 0.74]})
-    old = [dict(r, version="aaaaaaa1", start_time=1, config_id=r["config_id"] + "-old", **{"test/top5": 0.1}) for r in rows]
+    old = [
+        dict(r, version="aaaaaaa1", start_time=1, config_id=r["config_id"] + "-old", **{"test/top5": 0.1}) for r in rows
+    ]
     new = [dict(r, version="bbbbbbb2", start_time=2) for r in rows]
     scores = task_scores([StudyRuns("v", old + new, ["ce", "topk"])])
     assert scores.entry(0, "ce").values == (0.7, 0.71)
@@ -260,7 +267,9 @@ def test_bold_only_where_the_paired_test_says_the_best_is_best():
     t = sps.ttest_rel([0.75, 0.771, 0.759, 0.781, 0.742], [0.70, 0.72, 0.71, 0.73, 0.69])
     assert t.pvalue < 0.05 and best_by_test(scores, 0, 0.95) == "topk"
     assert sps.ttest_rel([0.72, 0.55, 0.85], [0.70, 0.60, 0.80]).pvalue > 0.05 and best_by_test(scores, 1, 0.95) is None
-    found = compare([StudyRuns("clear", clear, ["ce", "topk"]), StudyRuns("noisy", noisy, ["ce", "topk"])], n_resamples=200)
+    found = compare(
+        [StudyRuns("clear", clear, ["ce", "topk"]), StudyRuns("noisy", noisy, ["ce", "topk"])], n_resamples=200
+    )
     table = paper_table(scores, found.ranks, 0.95)
     assert [e.bold for e in table.rows[0][1:]] == [False, True]
     assert [e.bold for e in table.rows[1][1:]] == [False, False]
@@ -286,7 +295,11 @@ def test_the_report_is_written_in_html_markdown_and_latex(tmp_path):
         values = {(v, "x"): list(0.6 + 0.03 * j + 0.05 * s + rng.normal(0, 0.01, 4)) for j, v in enumerate("abc")}
         studies.append(StudyRuns(f"st{s}", _rows(values), ["a", "b", "c"]))
     path = write_comparison(compare(studies, reference="a", n_resamples=500), tmp_path / "cmp")
-    html, md, tex = path.read_text(), (tmp_path / "cmp" / "report.md").read_text(), (tmp_path / "cmp" / "tables.tex").read_text()
+    html, md, tex = (
+        path.read_text(),
+        (tmp_path / "cmp" / "report.md").read_text(),
+        (tmp_path / "cmp" / "tables.tex").read_text(),
+    )
     for heading in ("Results by task", "Ranks across tasks", "Aggregates over tasks and seeds"):
         assert heading in html and heading in md
     assert "Critical-difference diagram" in html and "seeds: " in html and "Friedman" in md
@@ -295,3 +308,100 @@ def test_the_report_is_written_in_html_markdown_and_latex(tmp_path):
         assert (tmp_path / "cmp" / "figures" / f"{name}.png").stat().st_size > 5000
     assert r"\begin{tabular}" in tex and "average rank" in tex and r"{\scriptsize seeds: " in tex
     assert "2/2^3 = 0.25" in md  # three tasks: no pair can be significant, and the report says so
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _log_two_studies(uri: str) -> dict:
+    """Two studies on the tracking server in the runner's layout: `a` sweeps data.label_noise
+    for both its variants (two tasks), `b` names the noised loss `topk` (one task)."""
+    try:
+        from test_collect import BASE_CONFIG, CellRun, log_study_runs, set_path, unique_name
+    except ImportError:
+        from tests.test_collect import BASE_CONFIG, CellRun, log_study_runs, set_path, unique_name
+
+    names = {"a": unique_name("cmpa"), "b": unique_name("cmpb")}
+    ce = set_path(BASE_CONFIG, "loss", {"name": "ce"})
+    values = {}
+    cells = []
+    for p in (0.0, 0.2):
+        for variant, config in (("ce", ce), ("noised", BASE_CONFIG)):
+            config = set_path(config, "data.label_noise", p)
+            for seed in range(3):
+                value = round(0.8 - p + (0.02 if variant == "noised" else 0.0) + 0.003 * seed * (1 + p), 6)
+                values.setdefault((names["a"], p, variant), []).append(value)
+                cells.append(
+                    CellRun(variant, config, seed, {"data.label_noise": p}, test={"top5": value}, best_val=0.5)
+                )
+    study_a = f"name: {names['a']}\nvariants: {{ce: {{}}, noised: {{}}}}\n"
+    log_study_runs(uri, names["a"], cells, study_yaml=study_a)
+    cells = []
+    for variant, config in (("ce", ce), ("topk", BASE_CONFIG)):
+        for seed in range(3):
+            value = round(0.6 + (0.01 if variant == "topk" else 0.0) - 0.004 * seed, 6)
+            values.setdefault((names["b"], None, "noised" if variant == "topk" else variant), []).append(value)
+            cells.append(CellRun(variant, config, seed, {}, test={"top5": value}, best_val=0.5))
+    log_study_runs(uri, names["b"], cells, study_yaml=f"name: {names['b']}\nvariants: {{ce: {{}}, topk: {{}}}}\n")
+    return {"names": names, "values": values}
+
+
+def _cli(*argv: str) -> int:
+    from studies.cli import main
+
+    return main(list(argv))
+
+
+@pytest.mark.slow
+def test_studies_compare_reads_a_tracking_server_and_writes_the_report(mlflow_server, tmp_path, capsys):
+    logged = _log_two_studies(mlflow_server)
+    a, b = logged["names"]["a"], logged["names"]["b"]
+    capsys.readouterr()  # MLflow's lines while logging
+    out = tmp_path / "cmp"
+    code = _cli(
+        "compare",
+        a,
+        b,
+        "--tracking-uri",
+        mlflow_server,
+        "--map",
+        f"{b}:topk=noised",
+        "--to",
+        str(out),
+        "--resamples",
+        "500",
+        "--output",
+        str(tmp_path / "studies"),
+    )
+    assert code == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.strip() == str(out / "report.html")
+    md = (out / "report.md").read_text()
+    # the paper table holds the t intervals computed here from the logged values, with the seeds
+    for (study, p, variant), values in logged["values"].items():
+        x = np.asarray(values) * 100
+        half = sps.t.ppf(0.975, 2) * x.std(ddof=1) / math.sqrt(3)
+        assert f"{x.mean():.1f} ± {half:.1f} (seeds: {', '.join(f'{v:.1f}' for v in x)})" in md, (study, p, variant)
+    assert f"| {a} (p=0) |" in md and f"| {a} (p=0.2) |" in md and f"| {b} |" in md
+    assert "P(improves on ce)" in md and (out / "figures" / "critical_difference.png").exists()
+    # bad input: exit 2, one line naming what was expected, nothing written
+    assert _cli("compare", a, "--tracking-uri", mlflow_server, "--reference", "sgd", "--to", str(tmp_path / "x")) == 2
+    err = capsys.readouterr().err
+    assert "--reference 'sgd' is not a variant" in err and "ce, noised" in err and not (tmp_path / "x").exists()
+    assert _cli("compare", a, "--tracking-uri", mlflow_server, "--metric", "test/top9") == 2
+    assert f"study {a!r} logged no 'test/top9'" in capsys.readouterr().err
+    assert _cli("compare", a, "--map", "nonsense", "--tracking-uri", mlflow_server) == 2
+
+
+@pytest.mark.slow
+def test_the_notebook_api_gives_the_same_values(mlflow_server, tmp_path):
+    from studies import api
+
+    logged = _log_two_studies(mlflow_server)
+    a, b = logged["names"]["a"], logged["names"]["b"]
+    frame = api.compare_scores([a, b], tracking_uri=mlflow_server, rename={"topk": "noised"})
+    assert list(frame.columns) == ["task", "study", "variant", "config", "seed", "value", "metric"]
+    assert frame.attrs["units"] == {"test/top5": "%"}
+    got = frame[frame.study == b].groupby("variant")["value"].apply(list).to_dict()
+    assert got["noised"] == pytest.approx([v * 100 for v in logged["values"][(b, None, "noised")]])
+    path = api.compare([a, b], tracking_uri=mlflow_server, rename={"topk": "noised"}, to=tmp_path / "c", resamples=200)
+    assert path == tmp_path / "c" / "report.html" and "Aggregates over tasks and seeds" in path.read_text()
