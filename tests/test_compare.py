@@ -405,3 +405,44 @@ def test_the_notebook_api_gives_the_same_values(mlflow_server, tmp_path):
     assert got["noised"] == pytest.approx([v * 100 for v in logged["values"][(b, None, "noised")]])
     path = api.compare([a, b], tracking_uri=mlflow_server, rename={"topk": "noised"}, to=tmp_path / "c", resamples=200)
     assert path == tmp_path / "c" / "report.html" and "Aggregates over tasks and seeds" in path.read_text()
+
+
+@pytest.mark.slow
+def test_the_worked_example_of_docs_comparison_runs_as_written(tmp_path):
+    """docs/comparison.md's two commands, as written there, on the catalogue's three imbalance
+    ratios: the study runs, and the comparison reads three tasks of three variants over three seeds."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    page = (repo / "docs" / "comparison.md").read_text(encoding="utf-8")
+    example = page[page.index("## A worked example") :]
+    block = example[example.index("```bash") + len("```bash") : example.index("```", example.index("```bash") + 7)]
+    commands = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("studies ")]
+    assert [c[:2] for c in commands] == [["studies", "run"], ["studies", "compare"]]
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = "import sys; from studies.cli import main; sys.exit(main())"
+    outputs = []
+    for command in commands:
+        result = subprocess.run(
+            [sys.executable, "-c", code, *command[1:], "--output", str(tmp_path)],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        outputs.append(result.stdout)
+    report = Path(outputs[-1].strip().splitlines()[-1])
+    assert report == tmp_path / "comparisons" / "compare_imbalance" / "report.html"
+    md = report.with_name("report.md").read_text()
+    for shape in ("0.8", "1.5", "3"):
+        assert f"| compare_imbalance (pareto_shape={shape}) |" in md
+    assert "| task | ce | noised_topk | smooth_topk_svm |" in md and "average rank (3 tasks)" in md
+    assert len(re.findall(r"\(seeds: [0-9.]+, [0-9.]+, [0-9.]+\)", md)) == 9
+    assert "2/2^3 = 0.25" in md and "P(improves on ce)" in md
+    for name in ("critical_difference", "differences_by_task", "aggregates"):
+        assert (report.parent / "figures" / f"{name}.png").is_file()

@@ -160,15 +160,18 @@ def write_comparison(comparison: Comparison, out_dir: str | Path, sources: Seque
 
     doc.heading("Ranks across tasks")
     ranks = comparison.ranks
+    pairwise_shown = False
     if ranks.tasks:
         doc.table(rank_table(ranks, level))
         factor = 100.0 if is_fraction_metric(scores.metric) else 1.0
         pairwise = pairwise_table(ranks, level, scores.lower_is_better, factor)
         if pairwise is not None:
+            pairwise_shown = True
             doc.table(pairwise)
             figure(cd_diagram, ranks, level, colors, figures_dir / "critical_difference")
     for note in ranks.notes:
-        doc.paragraph(note, note=True)
+        if not (pairwise_shown and "Wilcoxon" in note):  # the pairwise table's note says it already
+            doc.paragraph(note, note=True)
 
     doc.heading("Aggregates over tasks and seeds")
     if comparison.iqms:

@@ -231,7 +231,7 @@ def aggregate_table(
         f"Bold: the interval excludes 0.5."
     )
     header = ["variant", f"IQM [{level:.0%} CI]", f"P(improves on {reference}) [{level:.0%} CI]", "tasks × seeds"]
-    return Table("Aggregates over tasks and seeds", header, rows, caption)
+    return Table("Interquartile mean and probability of improvement", header, rows, caption)
 
 
 def _task_means_text(values: Sequence[float] | None, factor: float, digits: int) -> str:
