@@ -232,7 +232,7 @@ def test_tables_hold_the_independently_computed_values(report_study):
     # the variant layout: at p = 0.1 noised (0.945 base) beats ce: bold in that row
     row = next(line for line in md.splitlines() if line.startswith("| 0.1 |"))
     assert f"**{_cell_text(expected[('noised', 0.1, 0.2, 'top5')])}**" in row
-    assert f"| {_cell_text(expected[('ce', 0.1, 0.2, 'top5')])} |" in row
+    assert f"| {_cell_text(expected[('ce', 0.1, 0.2, 'top5')])} (seeds: " in row
     # the published number sits beside the reproduced one, with its source
     assert "94.2 ± 0.1" in html_text and "94.2 ± 0.1" in md
     assert "Thesis Table 4.4" in md
@@ -335,7 +335,8 @@ def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_s
     expected = report_study["expected"]
     ce = _cell_text(expected[("ce", 0.0, 0.2, "top5")]).replace(" ± ", r" $\pm$ ")
     row = next(r for r in first["rows"] if r[0] == "ce" and r[1] == "0.0")
-    assert ce in row and r"94.2 $\pm$ 0.1" in row
+    seeds = ", ".join(f"{v * 100:.1f}" for v in expected[("ce", 0.0, 0.2, "top5")])
+    assert ce + rf" {{\scriptsize seeds: {seeds}}}" in row and r"94.2 $\pm$ 0.1" in row  # the seeds too (issue 40)
     assert any(r"\textbf{" in cell for row in first["rows"] for cell in row)
     assert "baseline config" in tables[2]["header"]
     assert "NonFiniteLossError" not in tex
