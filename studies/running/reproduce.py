@@ -54,6 +54,7 @@ class Comparison:
     largest_at: tuple[str, str] | None = None  # (epoch, metric)
     first_differing: tuple[str, str, float | None, float | None] | None = None  # epoch, metric, old, new
     missing: list[tuple[str, str]] = field(default_factory=list)  # recorded, not produced again
+    unrecorded: int = 0  # values produced that the run did not record (a metric added since)
     verdict: str = "identical"
 
 
@@ -64,15 +65,16 @@ def _order(epoch: str) -> tuple[int, int]:
 def compare_metrics(
     old: Mapping[tuple[str, str], float], new: Mapping[tuple[str, str], float], tolerance: float
 ) -> Comparison:
-    """Compare values keyed by (epoch or `FINAL`, metric): the largest difference, the first
-    (by epoch, then metric) beyond ``tolerance`` x max(1, |old|), and the verdict."""
-    found = Comparison()
+    """Compare the recorded values ``old`` with ``new``, keyed by (epoch or `FINAL`, metric):
+    the largest difference, the first (by epoch, then metric) beyond ``tolerance`` x
+    max(1, |old|) or not produced again, and the verdict. A value the run did not record (a
+    metric the trainer added since) is counted, not compared."""
+    found = Comparison(unrecorded=len(set(new) - set(old)))
     exact = True
-    for key in sorted(set(old) | set(new), key=lambda k: (_order(k[0]), k[1])):
-        a, b = old.get(key), new.get(key)
-        if a is None or b is None:
-            if a is not None:
-                found.missing.append(key)
+    for key in sorted(old, key=lambda k: (_order(k[0]), k[1])):
+        a, b = old[key], new.get(key)
+        if b is None:
+            found.missing.append(key)
             if found.first_differing is None:
                 found.first_differing = (key[0], key[1], a, b)
             exact = False
@@ -280,6 +282,7 @@ def describe(found: Comparison, tolerance: float) -> list[str]:
         f"compared {found.compared:,} recorded values (per-epoch and final metrics, times left out); "
         f"largest difference {found.largest:.3g}"
         + (f" ({found.largest_at[1]} at epoch {found.largest_at[0]})" if found.largest_at else "")
+        + (f"; {found.unrecorded:,} values the run did not record left out" if found.unrecorded else "")
     ]
     if found.verdict == "identical":
         lines.append("verdict: identical (every value equal, bit for bit)")
