@@ -512,3 +512,20 @@ def test_an_optuna_proposals_finished_cell_is_checked_from_its_run(tmp_path, cap
     code, text = run_cli(str(path), "--output", str(tmp_path / "out"), "--no-report", capsys=capsys)
     assert code == 2 and "1 finished cell was trained" in " ".join(text.split()), text
     assert "the data (1 cell):" in text, text
+
+
+def test_the_report_lists_where_the_cells_differ():
+    from analysis.run_provenance import CellsProvenance, provenance_rows
+
+    def cell(torch: str, host: str, code: str) -> dict[str, str]:
+        env = {"host": host, "python": "3.11.7", "torch": torch, "device": "cuda:0", "gpu": "NVIDIA H200"}
+        return {TAG_ENVIRONMENT: json.dumps(env), TAG_IDENTITY: json.dumps({"code": ["d" + code, f"code {code}"]})}
+
+    cells = [cell("2.14.1", "node-a", "1"), cell("2.14.1", "node-a", "1"), cell("2.15.0", "node-b", "1")]
+    found = CellsProvenance.of(cells, {TAG_KEPT: "not json"})
+    rows = dict(provenance_rows(found, None))
+    assert rows["cells differ in torch"] == "2.14.1 (2 cells); 2.15.0 (1 cell)"
+    assert rows["cells differ in host"] == "node-a (2 cells); node-b (1 cell)"
+    assert rows["environment of the cells (3)"] == "python 3.11.7, gpu NVIDIA H200, device cuda:0"
+    assert rows["code of the cells"] == "code 1" and "finished cells kept knowingly" not in rows
+    assert "environment of the driver" not in rows  # no manifest: a study run before them

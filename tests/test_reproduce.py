@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from studies.running.reproduce import EXIT_CODES, FINAL, compare_metrics, config_of_params, describe
+from studies.running.reproduce import EXIT_CODES, FINAL, compare_metrics, describe
+from studies.tracking.contract import config_of_params
 
 CATALOG = Path(__file__).resolve().parents[1] / "studies" / "catalog"
 

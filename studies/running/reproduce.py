@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from studies.errors import RunnerError
-from studies.tracking.contract import config_of_params
 
-__all__ = ["Comparison", "reproduce_cell", "config_of_params", "compare_metrics", "DEFAULT_TOLERANCE", "EXIT_CODES"]
+__all__ = ["Comparison", "reproduce_cell", "compare_metrics", "DEFAULT_TOLERANCE", "EXIT_CODES"]
 
 #: the default relative tolerance (of max(1, |old|)) of ``within``
 DEFAULT_TOLERANCE = 1e-6
@@ -217,6 +216,7 @@ def reproduce_cell(
 
     from analysis.layout import TAG_ARRAY, TAG_CELL_ID, TAG_SEED, TAG_STOPPED_EPOCH
     from studies.api import locate
+    from studies.tracking.contract import config_of_params
     from studies.tracking.provenance import read_identity
     from studies.tracking.retry import with_retry
 
