@@ -353,34 +353,47 @@ def check_identity(
         proposals = [_Proposal(cell_id, config) for cell_id, config in recorded.configs.items()]
         data.update(fingerprint_data(proposals, say))
         today.update(today_identities(proposals, data))
-    kept = recorded.kept
-    found = differences(today, recorded.identities, kept)
+    found = differences(today, recorded.identities, recorded.kept)
     check = IdentityCheck(version, list(cells), data, ParentRecord(), found)
     if not found:
         return check
     if getattr(options, "keep_finished", False):
-        changes = sorted({(d.item, d.old_digest, d.new_digest) for d in found}, key=str)
-        described = [f"{describe_item(i)}: {o} -> {n} ({c} cells)" for (i, o, n), c in _grouped(found)]
-        check.parent = ParentRecord(kept=kept, decision=kept.keep(changes, described, len({d.cell_id for d in found})))
-        say(
-            f"keeping {len({d.cell_id for d in found}):,} finished cells although what trains them changed "
-            f"(--keep-finished; recorded on the parent run and in the report):"
-        )
-        for line in change_lines(found):
-            say(line)
+        check.parent = _keep(recorded.kept, found, say)
         return check
     if getattr(options, "new_version", False):
-        if study.optuna_blocks:
-            raise RunnerError(
-                f"study {name!r}: --new-version does not apply to a study with an optuna block "
-                f"(its sampler's history belongs to the version that ran it); give it a new name, "
-                f"or keep the finished cells with --keep-finished. Nothing was started."
-            )
-        new = identity_version(version, found, study.source_text)
-        say(
-            f"what trains {len({d.cell_id for d in found}):,} finished cells changed: version "
-            f"{short_version(new.version)} runs them again beside version {short_version(version.version)} "
-            f"(--new-version)"
-        )
-        return dataclasses.replace(check, version=new, cells=versioned_cells(unversioned, new))
+        return _renew(check, study, name, unversioned, say)
     raise refusal(name, str(where), found)
+
+
+def _keep(kept: KeptCells, found: Sequence[Difference], say: Callable[[str], None]) -> ParentRecord:
+    """``--keep-finished``: the decision (for the parent run), said on the console."""
+    cells = len({d.cell_id for d in found})
+    changes = sorted({(d.item, d.old_digest, d.new_digest) for d in found}, key=str)
+    described = [f"{describe_item(i)}: {o} -> {n} ({c} cells)" for (i, o, n), c in _grouped(found)]
+    record = ParentRecord(kept=kept, decision=kept.keep(changes, described, cells))
+    say(
+        f"keeping {cells:,} finished cells although what trains them changed "
+        "(--keep-finished; recorded on the parent run and in the report):"
+    )
+    for line in change_lines(found):
+        say(line)
+    return record
+
+
+def _renew(
+    check: IdentityCheck, study: Any, name: str, unversioned: Sequence, say: Callable[[str], None]
+) -> IdentityCheck:
+    """``--new-version``: a version whose cells run again beside the finished ones."""
+    if study.optuna_blocks:
+        raise RunnerError(
+            f"study {name!r}: --new-version does not apply to a study with an optuna block "
+            f"(its sampler's history belongs to the version that ran it); give it a new name, "
+            f"or keep the finished cells with --keep-finished. Nothing was started."
+        )
+    new = identity_version(check.version, check.differences, study.source_text)
+    say(
+        f"what trains {len({d.cell_id for d in check.differences}):,} finished cells changed: version "
+        f"{short_version(new.version)} runs them again beside version {short_version(check.version.version)} "
+        f"(--new-version)"
+    )
+    return dataclasses.replace(check, version=new, cells=versioned_cells(unversioned, new))
