@@ -15,7 +15,17 @@ from dataclasses import dataclass
 
 from analysis.collect import PARAM_PREFIX
 from analysis.distinct import VERSION_PARAM
-from analysis.formatting import NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text, value_text
+from analysis.formatting import (
+    NO_SWEPT_TEXT,
+    auto_digits,
+    format_mean_ci,
+    p_text,
+    param_label,
+    seed_values_text,
+    small_seed_note,
+    swept_text,
+    value_text,
+)
 from analysis.published import column_header, published_value, sources_caption
 from analysis.report_schema import ReportTable
 from analysis.results import StudyResults, swept_of
@@ -26,11 +36,14 @@ MAX_ERROR_CHARS = 300  # of the first line of an error, in the failed-cells tabl
 
 @dataclass
 class TableEntry:
-    """The text of one entry of a table, bold (best of its column or row) or muted."""
+    """The text of one entry of a table, bold (best of its column or row) or muted; `detail`:
+    what stands behind it, shown under it in HTML, after it in Markdown and in small type in LaTeX
+    (the per-seed values of a mean over at most `SEED_VALUES_UP_TO` seeds)."""
 
     text: str
     bold: bool = False
     muted: bool = False
+    detail: str = ""
 
 
 @dataclass
@@ -44,6 +57,7 @@ class Table:
     caption: str = ""
     label_columns: int = 1
     paper: bool = True  # written to tables.tex too (the failed cells are not)
+    note: str = ""  # one line set apart under the caption: few seeds, clipped intervals
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -73,6 +87,7 @@ def without_idle_columns(table: Table, droppable: Sequence[str]) -> tuple[Table,
         table.caption,
         label_columns=max(1, labels),
         paper=table.paper,
+        note=table.note,
     ), facts
 
 
@@ -172,7 +187,16 @@ def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int |
         text = format_mean_ci(mean, half, digits)
     if typical_n is not None and row["n"] != typical_n:
         text += f" (n={row['n']})"
-    return TableEntry(text, bold=bold)
+    factor = 100.0 if is_fraction_metric(metric) else 1.0
+    return TableEntry(text, bold=bold, detail=seed_values_text(row.get("values") or [], factor, digits))
+
+
+def _seed_note(summary_rows: Sequence[Mapping]) -> str:
+    """The one-line note under a result table (`small_seed_note`) of its summary rows."""
+    return small_seed_note(
+        [r["n"] for r in summary_rows if not r["no_interval"]],
+        sum(1 for r in summary_rows if r.get("clipped")),
+    )
 
 
 def _only_swept(summary: list[dict], spec: ReportTable) -> list[dict]:
@@ -278,7 +302,7 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     caption += sources_caption(_shown(sources, published))
     if missing:
         caption += f" Not logged by any finished cell: {', '.join(missing)}."
-    return Table(title, header, rows, caption, label_columns=1 + len(swept_cols))
+    return Table(title, header, rows, caption, label_columns=1 + len(swept_cols), note=_seed_note(summary))
 
 
 def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table | None:
@@ -350,7 +374,7 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
                 row.append(TableEntry(text or "", muted=True))
         rows.append(row)
     caption += sources_caption(_shown(sources, published))
-    return Table(title, header, rows, caption, label_columns=max(1, len(context_paths)))
+    return Table(title, header, rows, caption, label_columns=max(1, len(context_paths)), note=_seed_note(summary))
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -439,7 +463,11 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tup
                 TableEntry(swept_text(r["swept"])),
                 TableEntry(swept_text(r["reference_swept"])),
                 TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
-                TableEntry(diff, bold=_significant(r["p_holm"], results.level)),
+                TableEntry(
+                    diff,
+                    bold=_significant(r["p_holm"], results.level),
+                    detail=seed_values_text(r["differences"] or [], factor, digits),
+                ),
                 TableEntry(p_text(r["p_value"])),
                 TableEntry(p_text(r["p_holm"])),
                 TableEntry(r["note"] or ""),
@@ -463,7 +491,14 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tup
     )
     baseline = "baseline config"
     table, facts = without_idle_columns(
-        Table(f"Each variant against the baseline {reference!r}", header, rows, caption, label_columns=4),
+        Table(
+            f"Each variant against the baseline {reference!r}",
+            header,
+            rows,
+            caption,
+            label_columns=4,
+            note=small_seed_note([r["n"] for r in compared], sum(1 for r in compared if r["clipped"])),
+        ),
         droppable=("metric", "variant", baseline, "note"),
     )
     if facts:  # one metric, variant or baseline config throughout: said once, in the title

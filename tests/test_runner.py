@@ -276,7 +276,8 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
     children = [r for r in runs if r.data.tags.get("studies.role") == "cell"]
     assert len(parents) == 1 and len(children) == 4
     parent = parents[0]
-    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["study.yaml", "versions"]
+    artifacts = [a.path for a in client.list_artifacts(parent.info.run_id)]
+    assert artifacts == ["environment.json", "study.yaml", "versions"]  # the driver's manifest (#39)
     version = parent.data.tags["studies.version"]  # the study's version, on every run (#33)
     assert [a.path for a in client.list_artifacts(parent.info.run_id, f"versions/{version}")] == [
         f"versions/{version}/definition.json",

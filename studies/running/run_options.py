@@ -34,6 +34,7 @@ class RunOptions:
     dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
     new_version: bool = False  # a changed study file is kept as a new version of the study (studies.running.versions)
     keep_warm: float | None = None  # minutes to keep the local Ray warm after the run (studies.running.warm_ray)
+    keep_finished: bool = False  # finished cells trained by other code or data are kept knowingly (.identity)
 
 
 def smoke_epochs_of(smoke: bool, epochs: int | None) -> int:

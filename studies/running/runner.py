@@ -44,7 +44,7 @@ from typing import IO, Any
 
 from studies.errors import RunnerError, option
 from studies.running import termination
-from studies.running.progress import activity, format_duration, plain_line
+from studies.running.progress import activity, format_duration, plain_line, say
 from studies.running.ray_session import RaySession
 from studies.running.run_options import RunOptions
 from studies.running.session import StudySession
@@ -160,7 +160,7 @@ def _prepare_study_dir(
     from studies.running.preconditions import writable_folder
 
     study_dir = study_dir_of(options.output, name)
-    problems = writable_folder(study_dir, "the output folder")
+    problems = writable_folder(study_dir, "the output folder", keep=True)
     if problems:
         raise RunnerError(problems[0] + f"; pass {option('output')}")
     try:
@@ -171,7 +171,7 @@ def _prepare_study_dir(
         elif source != study_copy.resolve():
             shutil.copyfile(source, study_copy)
         saved = read_settings(study_dir)
-        tracking_uri = options.tracking_uri or saved.get("tracking_uri") or default_tracking_uri(study_dir)
+        tracking_uri = _tracking_uri(study_dir, options)
         settings = {
             "name": name,
             "source": str(saved.get("source") or source),
@@ -194,6 +194,11 @@ def _prepare_study_dir(
             f"{option('output')}"
         ) from None
     return study_dir, study_copy, tracking_uri
+
+
+def _tracking_uri(study_dir: Path, options: RunOptions) -> str:
+    """The run's tracking store: --tracking-uri, else the one the study ran with, else its folder's."""
+    return options.tracking_uri or read_settings(study_dir).get("tracking_uri") or default_tracking_uri(study_dir)
 
 
 def _set_log_levels(verbose: bool) -> None:
@@ -224,6 +229,21 @@ def _check_preconditions(study_dir: Path, tracking_uri: str, options: RunOptions
     )
     if problems:
         raise RunnerError("; ".join(problems) + ". Nothing was started.")
+
+
+def _check_before_writing(study, name: str, version, unversioned: Sequence, cells: Sequence, options, stream):
+    """Every refusal of the preflight, before the study folder, its versions or MLflow is
+    written (a refused run leaves nothing that blocks the corrected file): the preconditions,
+    then what trains the finished cells (`studies.running.identity`; its `IdentityCheck` is how
+    the run goes on: a new version with --new-version)."""
+    from studies.running.identity import check_identity
+
+    study_dir = study_dir_of(options.output, name)
+    tracking_uri = _tracking_uri(study_dir, options)
+    _check_preconditions(study_dir, tracking_uri, options, cells)
+    return check_identity(
+        study, name, study_dir, tracking_uri, version, unversioned, cells, options, lambda text: say(stream, text)
+    )
 
 
 def _take_lease(tracking: StudyTracking, name: str, options: RunOptions, say: Callable[[str], None]):
@@ -355,17 +375,18 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         options.smoke_epochs if options.smoke else None,
         elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None,
     )
-    cells = versioned_cells(cells, version)
+    unversioned, cells = cells, versioned_cells(cells, version)
     ray = RaySession.of(options)
     new_study = not os.path.lexists(_settings_path(study_dir_of(options.output, name)))
     with activity(
         stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
     ):
+        identity = _check_before_writing(study, name, version, unversioned, cells, options, stream)  # issue 39
+        version, cells = identity.version, identity.cells
         study_dir, study_copy, tracking_uri = _prepare_study_dir(
             study_file, name, options, study.source_text, version.version
         )
         definition_file = save_versions(study_dir, version)
-        _check_preconditions(study_dir, tracking_uri, options, cells)
         if new_study:
             ray.begin()  # a new study runs cells: Ray starts while its tracking store is set up
         try:
@@ -384,6 +405,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
     tracking.version, tracking.version_definition = version.version, definition_file
+    tracking.data_fingerprints, tracking.parent_record = identity.data_json(), identity.parent
     if version.several:
         index = [v["version"] for v in version.record].index(version.version) + 1
         _print(
@@ -392,6 +414,8 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             f"{len(version.record)} kept in this study" + (" (new: --new-version)" if version.new else ""),
         )
     session = StudySession(study, name, study_dir, tracking, options, stream, ray=ray)
+    identity.parent.session_id = session.session_id
+    identity.parent.start()  # the environment manifest, gathered while Ray starts
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
         session.say(
