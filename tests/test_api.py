@@ -79,7 +79,6 @@ def test_the_apis_errors_name_its_arguments_and_the_commands_its_flags(tmp_path,
     """A notebook is told to pass ``output=DIR`` / ``tracking_uri=URI``, the command line
     ``--output DIR``, also where the command goes through the API (issue 42)."""
     from studies.cli import main
-    from studies.errors import RunnerError
 
     with pytest.raises(FileNotFoundError) as unknown:
         api.collect("quickstart", output=tmp_path)
@@ -94,11 +93,13 @@ def test_the_apis_errors_name_its_arguments_and_the_commands_its_flags(tmp_path,
         api.table("empty", output=tmp_path)
     assert "--tracking-uri" not in str(bare.value)
 
-    not_a_folder = tmp_path / "a-file"
-    not_a_folder.write_text("")
-    with pytest.raises(RunnerError) as refused:
-        api.run(QUICKSTART, output=not_a_folder, report=False, stream=io.StringIO())
-    assert "output=DIR" in str(refused.value) and "--output" not in str(refused.value)
+    from studies.studyfile.problems import StudyError
+
+    with pytest.raises(StudyError) as too_big:
+        api.load(QUICKSTART, max_cells=10)  # 15 cells
+    assert "or max_cells=N)" in str(too_big.value) and "--max-cells" not in str(too_big.value)
+    assert main(["run", str(QUICKSTART), "--dry-run", "--max-cells", "10"]) == 2
+    assert "or --max-cells N)" in capsys.readouterr().err
 
 
 def test_histories_of_a_metric_never_logged_is_a_key_error_as_the_tables(tmp_path):

@@ -135,4 +135,4 @@ def test_a_rerun_progress_line_counts_the_cells_finished_before_it(tmp_path):
     for cell in pending:  # this invocation's cells do worse: the best stays the earlier one
         callback._record(cell.cell_id, 0.53)
     assert callback.best() == (label, pytest.approx(0.85))
-    assert "best ce" in callback.status() and "val/top5=0.85" in callback.status()
+    assert "best ce" in callback.status() and "val/top5=85.0%" in callback.status()  # percent, as the report
