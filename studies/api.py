@@ -147,10 +147,12 @@ def run(
     stream: IO[str] | None = None,
     overrides: Sequence[str] = (),
     new_version: bool = False,
+    wait: bool = False,
+    keep_warm: float | None = None,
 ):
     """Run (or complete) a study file, as ``studies run`` (``overrides``: its ``key=value``
     words; ``smoke``, ``smoke_epochs``: ``--smoke``, ``--smoke-epochs``; ``new_version``:
-    ``--new-version``); returns the
+    ``--new-version``; ``wait``: ``--wait``; ``keep_warm``: ``--keep-warm MINUTES``); returns the
     ``RunOutcome`` (``exit_code``, ``study_name``, ``finished``, ``failed``, ``report_path``...)."""
     from studies.running.runner import run_study
 
@@ -168,6 +170,8 @@ def run(
             stream=stream,
             overrides=tuple(overrides),
             new_version=new_version,
+            wait=wait,
+            keep_warm=keep_warm,
         ),
     )
 

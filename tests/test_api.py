@@ -115,3 +115,16 @@ def test_histories_of_a_metric_never_logged_is_a_key_error_as_the_tables(tmp_pat
     for read in (api.table, api.histories):
         with pytest.raises(KeyError, match=r"no metric val/top50 in study 'tiny'; logged: .*val/top5"):
             read("tiny", ["val/top50"], output=tmp_path)
+
+
+def test_every_argument_an_api_error_may_name_is_one_of_the_apis():
+    """A message raised under the API names an argument (`studies.errors.OPTION_NAMES`): each is
+    a parameter of `api.run` or of the function that reads it (`load`'s ``max_cells``)."""
+    import inspect
+
+    from studies.errors import OPTION_NAMES
+
+    parameters = set(inspect.signature(api.run).parameters) | set(inspect.signature(api.load).parameters)
+    for name, (flag, argument) in OPTION_NAMES.items():
+        assert argument.split("=")[0] == name and flag.startswith("--"), (name, flag, argument)
+        assert name in parameters, f"an API error may say {argument!r}, which no API function takes"
