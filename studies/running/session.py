@@ -221,7 +221,7 @@ class StudySession:
         """What runs and how the machine is used: the cells (as fused arrays: how many, of how
         many seeds), how many trials at once and so how many cells, each trial's CPUs and GPUs
         (an array's: `studies.cells.arrays.trial_resources`), the cluster's CPUs and GPUs in use."""
-        from studies.cells.arrays import fused_arrays, trial_resources
+        from studies.cells.arrays import trial_resources
 
         cpus, gpus = trial_resources(self.study.resources, per_trial, self.ray.node_cpus or None)
         sharing = self.ray.gpu_sharing(gpus, self.concurrency)
