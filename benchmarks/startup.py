@@ -208,9 +208,9 @@ MARKS = [
     ("lease, ledger, parent run", None),
     ("Tune, the trial's worker and its imports", "[studies] running "),
     ("the cell's run (data, model, epoch, test, logging)", "@run-start"),
-    ("Tune's end, the ledger's summary", "@run-end"),
-    ("report (Ray shutting down alongside)", "[studies] summary:"),
-    ("the rest of Ray's shutdown, the exit", "[studies] MLflow UI:"),
+    ("Tune's end, Ray's shutdown, the ledger's summary", "@run-end"),
+    ("report", "[studies] summary:"),
+    ("the exit", "[studies] MLflow UI:"),
 ]
 
 

@@ -7,11 +7,11 @@ driver's working directory, Ctrl-C reaches the runner as `KeyboardInterrupt`, no
 loggers or tables (MLflow is the log).
 
 Starting a local Ray takes seconds of waiting for its processes, so the runner may `begin` it
-in a background thread while it sets up its tracking store and checks (`start` then waits for
-it), and `stop(background=True)` shuts it down while the summary and the report are written
-(`wait` before the runner returns). A local Ray starts only what a study uses: no worker
-processes started ahead (Tune's trials never run in them: each trial gets a worker of its own).
-With `--keep-warm` the local Ray is a warm one that later runs join (`studies.running.warm_ray`).
+in a background thread while it sets up its tracking store (`start` then waits for it); `stop`
+shuts it down before the summary and the report, the driver waiting (see `stop`). A local Ray
+starts only what a study uses: no worker processes started ahead (Tune's trials never run in
+them: each trial gets a worker of its own). With `--keep-warm` the local Ray is a warm one that
+later runs join (`studies.running.warm_ray`).
 
 `ray` is imported only when the session starts.
 """
@@ -71,7 +71,6 @@ class RaySession:
         self.node_cpus = 0.0  # the largest node's CPUs (a fused array takes at most those)
         self._holder: tuple[threading.Thread, threading.Event, threading.Event] | None = None  # `begin`'s
         self._start_error: BaseException | None = None
-        self._stopping: threading.Thread | None = None  # the thread that shuts Ray down
 
     @classmethod
     def of(cls, options) -> RaySession:
@@ -94,10 +93,10 @@ class RaySession:
 
     def __getstate__(self) -> dict:
         """Without its threads: Tune pickles its callbacks, and through them the session."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_holder", "_start_error", "_stopping")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_holder", "_start_error")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _holder=None, _start_error=None, _stopping=None)
+        self.__dict__.update(state, _holder=None, _start_error=None)
 
     def begin(self) -> None:
         """Start (or connect to) Ray in a background thread; `start` waits for it. The thread
@@ -238,20 +237,19 @@ class RaySession:
         """How many trials share each GPU (0 without GPUs); see `trials_per_gpu`."""
         return trials_per_gpu(gpus_per_trial, slots, self.cluster_gpus)
 
-    def stop(self, background: bool = False) -> None:
+    def stop(self) -> None:
         """Shut Ray down if this session started it (after a `begin` still under way, once it
-        is up); `background`: without waiting, `wait` joins it (the process waits for it)."""
+        is up) and wait for it: nothing of the driver may run meanwhile (Ray 2.60 ends the
+        process when another thread drops an object reference while Ray shuts down: measured,
+        a report drawn during the shutdown killed the driver)."""
         if self._holder is not None:
             thread, ready, release = self._holder
             self._holder = None
             ready.wait()
             release.set()  # the holding thread shuts down what it started
-            self._stopping = thread
-        elif self.started:
-            self._stopping = threading.Thread(target=self._shutdown, name="studies-ray-stop")
-            self._stopping.start()
-        if not background:
-            self.wait()
+            thread.join()
+        else:
+            self._shutdown()
 
     def _shutdown(self) -> None:
         """Ray shut down (a warm local Ray: this driver disconnected, its lease released)."""
@@ -262,12 +260,6 @@ class RaySession:
             self.started = False
         if self.warm_lease is not None:
             self.warm_lease.release()
-
-    def wait(self) -> None:
-        """Wait for a shutdown begun by `stop(background=True)`."""
-        if self._stopping is not None:
-            self._stopping.join()
-            self._stopping = None
 
 
 def _quiet_thread_warning() -> None:

@@ -437,7 +437,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                 f"`studies run`) completes what is missing"
             )
         finally:
-            session.ray.stop(background=True)  # while the summary and the report are written
+            session.ray.stop()
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
@@ -450,7 +450,6 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     if options.report and not interrupted:
         outcome.report_path = _build_report(tracking_uri, name, study_dir, study_copy, stream)
     _print(stream, f"[studies] MLflow UI: {ui_command(tracking_uri)}")
-    session.ray.wait()
     if session.ray.warm_note():  # --keep-warm: how long the local Ray stays, and how to end it
         _print(stream, f"[studies] {session.ray.warm_note()}")
     return outcome
