@@ -328,37 +328,60 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     """
     options = options or RunOptions()
     stream = options.stream or sys.stdout
-    # MLflow's client retries a failed request silently for minutes; a few quick retries, then
-    # the runner's own backoff (studies.tracking.with_retry) that says so (workers inherit this)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-    # no "View run ... at ..." line per ended run: with a server it costs a request per cell
-    # and two console lines per cell from every worker (docs/scale.md)
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    _quiet_mlflow_client()
     _set_log_levels(options.verbose)
     study, cells, name = _load(study_file, options)
     if int(study.resources.seeds_per_trial) > 1:
         with activity(stream, "probing the fused form of every model (resources.seeds_per_trial)"):
             _check_fusion(study_file, study, cells)
     if options.dry_run:
-        from studies.cells.space import format_cells_table
-
-        print(format_cells_table(cells, study), file=stream, flush=True)
-        if int(study.resources.seeds_per_trial) > 1 and cells:
-            from studies.cells.arrays import fused_arrays
-            from studies.scheduling.racing import race_rounds
-
-            arrays = fused_arrays(cells, int(study.resources.seeds_per_trial), round_of=race_rounds(study))
-            print(
-                f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds (one trial each)",
-                file=stream,
-                flush=True,
-            )
+        _print_dry_run(study, cells, stream)
         return RunOutcome(0, name, cells=len(cells))
+    version, cells = _versioned(study, cells, name, options)
+    session, study_copy = _open_session(study_file, study, cells, name, version, options, stream)
+    outcome, interrupted = _run_trapped(session, cells, study_copy, stream)
+    if not outcome.failed:
+        for folder in session.tune_dirs:  # Tune's folder is a per-session cache
+            shutil.rmtree(folder, ignore_errors=True)
+    if options.report and not interrupted:
+        outcome.report_path = _build_report(session.tracking.tracking_uri, name, session.study_dir, study_copy, stream)
+    _print(stream, f"[studies] MLflow UI: {ui_command(session.tracking.tracking_uri)}")
+    return outcome
 
-    from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow
 
-    # a changed file under this name is refused here: before Ray or any file is touched, and
-    # before MLflow unless the folder is new and a tracking store is given (it may hold versions)
+def _quiet_mlflow_client() -> None:
+    """MLflow's client without its silent retries and its per-run console lines (workers inherit this)."""
+    # MLflow's client retries a failed request silently for minutes; a few quick retries, then
+    # the runner's own backoff (studies.tracking.with_retry) that says so
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    # no "View run ... at ..." line per ended run: with a server it costs a request per cell
+    # and two console lines per cell from every worker (docs/scale.md)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def _print_dry_run(study: Any, cells: Sequence, stream: IO[str]) -> None:
+    """`--dry-run`: the table of cells, and the fused arrays they would train as."""
+    from studies.cells.space import format_cells_table
+
+    print(format_cells_table(cells, study), file=stream, flush=True)
+    if int(study.resources.seeds_per_trial) > 1 and cells:
+        from studies.cells.arrays import fused_arrays
+        from studies.scheduling.racing import race_rounds
+
+        arrays = fused_arrays(cells, int(study.resources.seeds_per_trial), round_of=race_rounds(study))
+        print(
+            f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds (one trial each)",
+            file=stream,
+            flush=True,
+        )
+
+
+def _versioned(study: Any, cells: Sequence, name: str, options: RunOptions) -> tuple[Any, list]:
+    """(the study's version, the cells tagged with it) (`studies.running.versions`): a changed
+    file under this name is refused here, before Ray or any file is touched, and before MLflow
+    unless the folder is new and a tracking store is given (it may hold versions)."""
+    from studies.running.versions import check_version, versioned_cells, versions_in_mlflow
+
     given = options.tracking_uri
     version = check_version(
         study,
@@ -368,7 +391,16 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         options.smoke_epochs if options.smoke else None,
         elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None,
     )
-    cells = versioned_cells(cells, version)
+    return version, versioned_cells(cells, version)
+
+
+def _open_session(
+    study_file: str | Path, study: Any, cells: Sequence, name: str, version: Any, options: RunOptions, stream: IO[str]
+) -> tuple[StudySession, Path]:
+    """(the session, the study folder's copy of the study file): the study folder written and
+    checked, the tracking store opened, the estimate and version lines printed."""
+    from studies.running.versions import save_versions
+
     with activity(
         stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
     ):
@@ -404,7 +436,13 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             f"workers on other nodes cannot reach it; pass "
             f"--tracking-uri http://<mlflow server>"
         )
+    return session, study_copy
 
+
+def _run_trapped(session: StudySession, cells: Sequence, study_copy: Path, stream: IO[str]) -> tuple[RunOutcome, bool]:
+    """(the summary's outcome, whether a signal stopped the run): the cells run with SIGTERM
+    and SIGHUP raised as Ctrl-C; Ray stopped and the leases released whatever happens; the
+    exit code of a stopped run its signal's."""
     started = time.monotonic()
     stop: KeyboardInterrupt | None = None
     leases: list = []
@@ -414,7 +452,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         except KeyboardInterrupt as error:
             stop = error
             session.say(
-                f"{termination.describe(error)}; `studies resume {name}` (or the same "
+                f"{termination.describe(error)}; `studies resume {session.name}` (or the same "
                 f"`studies run`) completes what is missing"
             )
         finally:
@@ -425,13 +463,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         outcome = _summarise(session, started, stream, termination.describe(stop) if interrupted else None)
     if stop is not None:
         outcome.exit_code = termination.exit_code(stop)
-    if not outcome.failed:
-        for folder in session.tune_dirs:  # Tune's folder is a per-session cache
-            shutil.rmtree(folder, ignore_errors=True)
-    if options.report and not interrupted:
-        outcome.report_path = _build_report(tracking_uri, name, study_dir, study_copy, stream)
-    _print(stream, f"[studies] MLflow UI: {ui_command(tracking_uri)}")
-    return outcome
+    return outcome, interrupted
 
 
 def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
