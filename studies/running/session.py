@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from studies.cells.arrays import array_id, experiment_parts
+from studies.cells.arrays import array_id, experiment_parts, fused_arrays
 from studies.cells.cell_queue import config_major
 from studies.cells.run_names import RunNamer
 from studies.running import termination
@@ -260,7 +260,8 @@ class StudySession:
                 epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
             payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in pending}
             if per_trial > 1:  # the config's seeds as fused arrays, each one trial
-                payloads = self.array_payloads(pending, payloads, per_trial)
+                arrays = fused_arrays(pending, per_trial, self.resume.start_epochs())
+                payloads = self.array_payloads(arrays, payloads)
             return list(payloads.values())
 
         per_trial = int(self.study.resources.seeds_per_trial)
