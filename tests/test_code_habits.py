@@ -94,3 +94,77 @@ def test_the_length_check_counts_a_long_function():
     tree = ast.parse(f"class A:\n    def f(self):\n{body}\n")
     ((name, node),) = _functions(tree)
     assert name == "A.f" and node.end_lineno - node.lineno + 1 == 81
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _attribute_writes(tree: ast.AST) -> list[ast.Attribute]:
+    """Every attribute assigned (``x.a = ...``, ``x.a += ...``, ``del x.a``) in `tree`."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load)]
+
+
+def _owner(node: ast.Attribute) -> str | None:
+    return node.value.id if isinstance(node.value, ast.Name) else None
+
+
+def test_no_module_writes_another_objects_private_attribute():
+    """A private attribute (``obj._name``) is assigned by its own object's methods (``self``,
+    ``cls``) only: a collaborator that needs to set it gets a public name or a method."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}"
+        for _, path, tree in _sources()
+        for node in _attribute_writes(tree)
+        if _private(node.attr) and _owner(node) not in ("self", "cls")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    return next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+
+
+def _self_writes(function: ast.AST) -> set[str]:
+    return {node.attr for node in _attribute_writes(function) if _owner(node) == "self"}
+
+
+def _session_names(function: ast.AST) -> set[str]:
+    """The names a function binds to a `StudySession`: built there, or a parameter annotated so."""
+    names = {
+        arg.arg
+        for arg in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)
+        if arg.annotation is not None and "StudySession" in ast.unparse(arg.annotation)
+    }
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and "StudySession(" in ast.unparse(node.value):
+            for target in node.targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_the_sessions_state_is_set_in_one_place():
+    """`StudySession` declares its whole state in ``__init__`` (its other methods assign only
+    what is declared there), and no other module of the runner assigns a session's attribute."""
+    path = ROOT / "studies" / "running" / "session.py"
+    session = _class(ast.parse(path.read_text(encoding="utf-8")), "StudySession")
+    methods = [node for node in session.body if isinstance(node, ast.FunctionDef)]
+    declared = _self_writes(next(m for m in methods if m.name == "__init__"))
+    undeclared = {f"{m.name}: self.{a}" for m in methods if m.name != "__init__" for a in _self_writes(m) - declared}
+    assert not undeclared, f"StudySession's state outside __init__: {sorted(undeclared)}"
+    outside = [
+        f"{module}.{name}:{node.lineno} {ast.unparse(node)}"
+        for module, file, tree in _sources()
+        if file != path
+        for name, function in _functions(tree)
+        for node in _attribute_writes(function)
+        if _owner(node) in _session_names(function)
+    ]
+    assert not outside, "a session's attributes set outside it:\n" + "\n".join(outside)
+
+
+def test_the_session_checker_sees_a_write_from_outside():
+    tree = ast.parse("def run(session: StudySession):\n    session.context = 1\n    other.context = 2\n")
+    ((_, function),) = _functions(tree)
+    writes = [ast.unparse(n) for n in _attribute_writes(function) if _owner(n) in _session_names(function)]
+    assert writes == ["session.context"]

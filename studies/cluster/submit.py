@@ -373,7 +373,7 @@ def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except (SubmitError, StudyError) as error:
             return _fail(str(error))
         except KeyboardInterrupt:
-            job = getattr(args, "job_id", None) or getattr(args, "_submitted", None)
+            job = getattr(args, "job_id", None)  # `studies logs JOB`, or the job `submit --follow` follows
             if job:
                 print(
                     f"\n[studies] stopped following; job {job} keeps running on the "
@@ -431,7 +431,7 @@ def _submit(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 0
-    args._submitted = job_id
+    args.job_id = job_id  # named by `_guard` when Ctrl-C stops the following
     status = job_logs(args.address, job_id, follow=True, token_file=args.token_file)
     print(f"[studies] job {job_id}: {status}", file=sys.stderr, flush=True)
     return _exit_code(status)

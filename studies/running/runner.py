@@ -256,8 +256,7 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
     done, pending = session.plan(cells)
     if (pending or study.optuna_blocks) and not fresh:
         session.start()
-    parent_run = tracking.parent_run_id(study_copy)
-    session.context = tracking.context(session.session_id)
+    parent_run = session.open_parent_run(study_copy)
     proposals = sum(b.n_configs for _, b in study.optuna_blocks)
     session.say(
         f"study {session.name}: {len(cells)} cells"
@@ -416,11 +415,12 @@ def _open_session(
             description=study_description(study.description, study.source_text),
             run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
             ui_view=study_view(study, cells),
+            version=version.version,
+            version_definition=definition_file,
         )
     from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
-    tracking.version, tracking.version_definition = version.version, definition_file
     if version.several:
         index = [v["version"] for v in version.record].index(version.version) + 1
         _print(

@@ -25,7 +25,7 @@ from studies.running.progress import StudyProgress, activity, say
 from studies.running.ray_session import RaySession
 from studies.running.run_options import RunOptions
 from studies.scheduling import session_scheduling
-from studies.tracking import StudyTracking, finished_runs, new_session_id
+from studies.tracking import StudyTracking, TrackingContext, finished_runs, new_session_id
 
 
 class StudySession:
@@ -54,13 +54,14 @@ class StudySession:
 
                 self.block_scheduling[index] = block_scheduling(study, tracking, self.session_id, index)
         self.concurrency = 1
-        self.context = None
+        self.context: TrackingContext | None = None  # what the trials write under, by `open_parent_run`
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.namer = RunNamer()  # their run names
         self._colors: tuple[int, dict[str, str]] = (0, {})  # (configs named, their colours)
         self.other_versions: dict[str, list[str]] = {}  # variant -> configs of the study's other versions
         self.resume = ResumePoints()  # cells that continue from an earlier session
+        self.checkpoints_left = ResumePoints()  # every cell's, for an optuna block's proposals
         self.race = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
         self.parameters = None  # what its Tune experiments pass to their trials, put once
         self.callback = None  # the progress line's callback: its counts go on from one experiment to the next
@@ -70,6 +71,13 @@ class StudySession:
 
     def say(self, text: str) -> None:
         say(self.stream, text)
+
+    def open_parent_run(self, study_copy: Path) -> str:
+        """The study's parent run (found, else created; `study_copy` logged to it), and the
+        tracking context its trials write their runs under."""
+        parent_run = self.tracking.parent_run_id(study_copy)
+        self.context = self.tracking.context(self.session_id)
+        return parent_run
 
     def warn_refused(self, found: ResumePoints) -> None:
         """One warning line per checkpoint skipped as unreadable (at most 5, then a count):
@@ -363,7 +371,7 @@ class StudySession:
 
         if callback is None:
             callback = self.progress_callback(cells, total=total, done_before=done_before, epochs=epochs, names=names)
-        callback._on_error = on_error  # this experiment's scheduler learns of a failed cell
+        callback.on_error = on_error  # this experiment's scheduler learns of a failed cell
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
         root = self.storage_root()
         if root is not None:

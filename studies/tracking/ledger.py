@@ -59,6 +59,8 @@ class StudyTracking:
         description: str = "",
         run_tags: Mapping[str, str] | None = None,
         ui_view: Mapping[str, Any] | None = None,
+        version: str = "",
+        version_definition: Path | None = None,
     ):
         self.tracking_uri = tracking_uri
         self.ui_view = ui_view  # the MLflow UI's view of the cell runs (studies.tracking.ui_view)
@@ -72,8 +74,8 @@ class StudyTracking:
         self._parent_run_id: str | None = None
         #: the version of the study this driver runs (`studies.running.versions`): tagged on
         #: the parent run and on every cell run, its study file kept under `versions/`
-        self.version = ""
-        self.version_definition: Path | None = None  # its entry (studies.running.versions)
+        self.version = version
+        self.version_definition = version_definition  # its entry (studies.running.versions)
 
     # -- experiment and parent run
 
