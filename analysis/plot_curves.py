@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,47 +76,10 @@ def plot_series(
         raise ValueError(f"nothing to plot for {metric} against {x}: no config has both")
     factor = _scale(metric, percent)
     lower = lower_is_better(metric)
-    xcol = PARAM_PREFIX + x
     lines = _ranked([s for s in series if not s.flat], lower)
-    flats = _ranked([s for s in series if s.flat], lower)
-    if len(flats) > MAX_REFERENCES:
-        _note(
-            notes,
-            f"{len(flats) - MAX_REFERENCES} single-config variant(s) not drawn as "
-            f"reference lines (the {MAX_REFERENCES} with the best mean are).",
-        )
-        flats = flats[:MAX_REFERENCES]
-    xs_all = [p.get(xcol) for s in lines for p in s.points]
-    categorical = any(not _is_number(v) for v in xs_all if v is not None)
-    categories = sorted({json.dumps(v) for v in xs_all if v is not None}) if categorical else []
-
-    def xpos(value):
-        return categories.index(json.dumps(value)) if categorical else float(value)
-
-    if len(lines) <= MAX_LINES:
-        fig, ax = _new_axes(PANEL_FIGSIZE)
-        panels = [(ax, None, lines, [])]
-    else:
-        by_variant: dict[Any, list[CurveSeries]] = {}
-        for s in lines:  # best first within each variant, variants by their best line
-            by_variant.setdefault(s.variant, []).append(s)
-        groups = list(by_variant.items())
-        if len(groups) > MAX_PANELS:
-            _note(
-                notes,
-                f"{len(groups) - MAX_PANELS} variant(s) not drawn (the {MAX_PANELS} with the best mean {metric} are).",
-            )
-            groups = groups[:MAX_PANELS]
-        _note(
-            notes,
-            f"More than {MAX_LINES} lines: one panel per variant with its "
-            f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
-            f"means of its other lines.",
-        )
-        fig = _new_figure(PANEL_FIGSIZE)
-        grid = _panel_grid(fig, len(groups), 3, sharey=True)
-        panels = [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:]) for ax, (variant, group) in zip(grid, groups)]
-
+    flats = _reference_series(_ranked([s for s in series if s.flat], lower), notes)
+    axis = _SweptAxis.of(lines, PARAM_PREFIX + x)
+    fig, panels = _curve_panels(lines, metric, notes)
     references: dict[Any, list[tuple[float, str, str]]] = {}
     cut_bands = False
     flat_colors = (
@@ -125,106 +89,211 @@ def plot_series(
     )
     for ax, variant, drawn, rest in panels:
         ax.grid(True, which="major", alpha=0.3)
-        means_drawn: list[float] = []
-        bands_drawn: list[float] = []
-        line_colors = _config_colors([d.variant for d in drawn], colors)
-        for index, s in enumerate(drawn):
-            color = line_colors[index]
-            label = s.label
-            if variant is not None and label.startswith(f"{variant}, "):
-                label = label[len(f"{variant}, ") :]
-            points = [p for p in s.points if p.get(xcol) is not None]
-            xv = [xpos(p[xcol]) for p in points]
-            mean = [p["mean"] * factor for p in points]
-            low, high = _band(points, metric, factor)
-            means_drawn += [m for m in mean if math.isfinite(m)]
-            bands_drawn += [b for b in low + high if math.isfinite(b)]
-            ax.plot(
-                xv,
-                mean,
-                marker="o",
-                markersize=3.5,
-                color=color,
-                linewidth=1.5,
-                label=short(f"{label} ({_n_label(s)})"),
-            )
-            ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
-            single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
-            if single:  # points without an interval: hollow markers
-                ax.plot(
-                    [a for a, _ in single],
-                    [b for _, b in single],
-                    linestyle="none",
-                    marker="o",
-                    markersize=6,
-                    markerfacecolor="white",
-                    color=color,
-                )
+        means, bands = _draw_lines(ax, variant, drawn, axis, metric, factor, colors)
         if rest:
-            envelope: dict[float, list[float]] = {}
-            for s in rest:
-                for p in s.points:
-                    if p.get(xcol) is not None and _is_number(p.get("mean")):
-                        envelope.setdefault(xpos(p[xcol]), []).append(p["mean"] * factor)
-            xe = sorted(envelope)
-            ax.fill_between(
-                xe,
-                [min(envelope[v]) for v in xe],
-                [max(envelope[v]) for v in xe],
-                color="#999999",
-                alpha=0.22,
-                linewidth=0,
-                zorder=0.5,
-                label=f"range of {len(rest)} other line(s)",
-            )
+            _draw_envelope(ax, rest, axis, factor)
         for index, s in enumerate(flats):
-            color = flat_colors[index]
-            p = s.points[0]
-            ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.2)
-            means_drawn.append(p["mean"] * factor)
-            if p["ci_low"] is not None and math.isfinite(p["ci_low"]):
-                low, high = _band([p], metric, factor)
-                ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
-                bands_drawn += [b for b in (low[0], high[0]) if math.isfinite(b)]
-            references.setdefault(ax, []).append((p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color))
-        if categorical:
-            shown = _thin(categories)
-            ax.set_xticks([categories.index(c) for c in shown], [short(str(json.loads(c)), 12) for c in shown])
-        else:
-            scale, kwargs = choose_xscale(xs_all)
-            ax.set_xscale(scale, **kwargs)
-            values = sorted({float(v) for v in xs_all if _is_number(v)})
-            if scale != "linear" and len(values) <= 12:  # the swept values, not 10^k ticks
-                ax.set_xticks(values, [_tick(v) for v in values])
-                ax.minorticks_off()
-            if scale == "symlog" and values[0] >= 0:  # no empty negative half
-                ax.set_xlim(-0.5 * kwargs["linthresh"], values[-1] * 1.6)
-        cut_bands |= _fit_y(ax, means_drawn, bands_drawn)
+            line = _draw_reference(ax, s, flat_colors[index], metric, factor, means, bands)
+            references.setdefault(ax, []).append(line)
+        axis.set_ticks(ax)
+        cut_bands |= _fit_y(ax, means, bands)
         ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
             total = len(drawn) + len(rest)
             ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""), fontsize=9)
             ax.legend(fontsize=6.5, loc="best")
-    band = f"band: {level:.0%} CI" if level else "band: CI"
-    heading = title or f"{metric} vs {param_label(x)} ({band})"
     if cut_bands:
         _note(
             notes,
             "Intervals far wider than the spread of the means (few seeds) are cut "
             "by the axes; the tables give them whole.",
         )
-    if panels[0][1] is None:
-        panels[0][0].set_title(heading, fontsize=10)
-        panels[0][0].set_ylabel(ylabel or _axis_label(metric, factor))
-        if lines:
-            panels[0][0].legend(fontsize=7, loc="best", framealpha=0.9)
-    else:
-        fig.suptitle(heading, fontsize=10)
-        for ax, *_ in panels:
-            if ax.get_subplotspec().is_first_col():
-                ax.set_ylabel(ylabel or _axis_label(metric, factor))
+    band = f"band: {level:.0%} CI" if level else "band: CI"
+    _label_curve_figure(
+        fig, panels, title or f"{metric} vs {param_label(x)} ({band})", ylabel or _axis_label(metric, factor)
+    )
     label_reference_lines(fig, references)
     return save_figure(fig, out_base)
+
+
+#: one axes of a curve figure: (axes, its variant or None for a single panel, the lines drawn,
+#: the lines summed up by a grey band)
+_CurvePanel = tuple[Any, Any, list[CurveSeries], list[CurveSeries]]
+
+
+@dataclass
+class _SweptAxis:
+    """The x axis of a curve figure: the swept values of its lines (numbers, or categories
+    placed at 0, 1, ... in their JSON order)."""
+
+    column: str
+    values: list[Any]
+    categories: list[str]
+
+    @classmethod
+    def of(cls, lines: Sequence[CurveSeries], column: str) -> _SweptAxis:
+        values = [p.get(column) for s in lines for p in s.points]
+        categorical = any(not _is_number(v) for v in values if v is not None)
+        categories = sorted({json.dumps(v) for v in values if v is not None}) if categorical else []
+        return cls(column, values, categories)
+
+    def position(self, value: Any) -> float:
+        return self.categories.index(json.dumps(value)) if self.categories else float(value)
+
+    def set_ticks(self, ax) -> None:
+        """Categories by name (thinned); numbers on a linear, log or symlog scale, ticked at
+        the swept values when there are few."""
+        if self.categories:
+            shown = _thin(self.categories)
+            ax.set_xticks([self.categories.index(c) for c in shown], [short(str(json.loads(c)), 12) for c in shown])
+            return
+        scale, kwargs = choose_xscale(self.values)
+        ax.set_xscale(scale, **kwargs)
+        values = sorted({float(v) for v in self.values if _is_number(v)})
+        if scale != "linear" and len(values) <= 12:  # the swept values, not 10^k ticks
+            ax.set_xticks(values, [_tick(v) for v in values])
+            ax.minorticks_off()
+        if scale == "symlog" and values[0] >= 0:  # no empty negative half
+            ax.set_xlim(-0.5 * kwargs["linthresh"], values[-1] * 1.6)
+
+
+def _reference_series(flats: list[CurveSeries], notes: list[str] | None) -> list[CurveSeries]:
+    """The flat reference lines drawn: the `MAX_REFERENCES` best, the rest said in `notes`."""
+    if len(flats) > MAX_REFERENCES:
+        _note(
+            notes,
+            f"{len(flats) - MAX_REFERENCES} single-config variant(s) not drawn as "
+            f"reference lines (the {MAX_REFERENCES} with the best mean are).",
+        )
+        flats = flats[:MAX_REFERENCES]
+    return flats
+
+
+def _curve_panels(lines: list[CurveSeries], metric: str, notes: list[str] | None) -> tuple[Any, list[_CurvePanel]]:
+    """(figure, its panels): one axes for up to MAX_LINES lines; else a panel per variant
+    (at most MAX_PANELS) with its PANEL_LINES best lines, the others as a grey band."""
+    if len(lines) <= MAX_LINES:
+        fig, ax = _new_axes(PANEL_FIGSIZE)
+        return fig, [(ax, None, lines, [])]
+    by_variant: dict[Any, list[CurveSeries]] = {}
+    for s in lines:  # best first within each variant, variants by their best line
+        by_variant.setdefault(s.variant, []).append(s)
+    groups = list(by_variant.items())
+    if len(groups) > MAX_PANELS:
+        _note(
+            notes,
+            f"{len(groups) - MAX_PANELS} variant(s) not drawn (the {MAX_PANELS} with the best mean {metric} are).",
+        )
+        groups = groups[:MAX_PANELS]
+    _note(
+        notes,
+        f"More than {MAX_LINES} lines: one panel per variant with its "
+        f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
+        f"means of its other lines.",
+    )
+    fig = _new_figure(PANEL_FIGSIZE)
+    grid = _panel_grid(fig, len(groups), 3, sharey=True)
+    return fig, [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:]) for ax, (variant, group) in zip(grid, groups)]
+
+
+def _draw_lines(
+    ax,
+    variant: Any,
+    drawn: Sequence[CurveSeries],
+    axis: _SweptAxis,
+    metric: str,
+    factor: float,
+    colors: Mapping[Any, str] | None,
+) -> tuple[list[float], list[float]]:
+    """Each line's means with its CI band (points without an interval hollow); returns the
+    (means, band bounds) drawn, for the y axis."""
+    means_drawn: list[float] = []
+    bands_drawn: list[float] = []
+    line_colors = _config_colors([d.variant for d in drawn], colors)
+    for index, s in enumerate(drawn):
+        color = line_colors[index]
+        label = s.label
+        if variant is not None and label.startswith(f"{variant}, "):
+            label = label[len(f"{variant}, ") :]
+        points = [p for p in s.points if p.get(axis.column) is not None]
+        xv = [axis.position(p[axis.column]) for p in points]
+        mean = [p["mean"] * factor for p in points]
+        low, high = _band(points, metric, factor)
+        means_drawn += [m for m in mean if math.isfinite(m)]
+        bands_drawn += [b for b in low + high if math.isfinite(b)]
+        ax.plot(
+            xv,
+            mean,
+            marker="o",
+            markersize=3.5,
+            color=color,
+            linewidth=1.5,
+            label=short(f"{label} ({_n_label(s)})"),
+        )
+        ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
+        single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
+        if single:  # points without an interval: hollow markers
+            ax.plot(
+                [a for a, _ in single],
+                [b for _, b in single],
+                linestyle="none",
+                marker="o",
+                markersize=6,
+                markerfacecolor="white",
+                color=color,
+            )
+    return means_drawn, bands_drawn
+
+
+def _draw_envelope(ax, rest: Sequence[CurveSeries], axis: _SweptAxis, factor: float) -> None:
+    """The grey band spanning the means of a panel's lines not drawn."""
+    envelope: dict[float, list[float]] = {}
+    for s in rest:
+        for p in s.points:
+            if p.get(axis.column) is not None and _is_number(p.get("mean")):
+                envelope.setdefault(axis.position(p[axis.column]), []).append(p["mean"] * factor)
+    xe = sorted(envelope)
+    ax.fill_between(
+        xe,
+        [min(envelope[v]) for v in xe],
+        [max(envelope[v]) for v in xe],
+        color="#999999",
+        alpha=0.22,
+        linewidth=0,
+        zorder=0.5,
+        label=f"range of {len(rest)} other line(s)",
+    )
+
+
+def _draw_reference(
+    ax, s: CurveSeries, color: str, metric: str, factor: float, means: list[float], bands: list[float]
+) -> tuple[float, str, str]:
+    """A flat reference line (dashed, its interval shaded); its mean and bounds appended to
+    `means` and `bands`. Returns its (height, label, colour) for `label_reference_lines`."""
+    p = s.points[0]
+    ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.2)
+    means.append(p["mean"] * factor)
+    if p["ci_low"] is not None and math.isfinite(p["ci_low"]):
+        low, high = _band([p], metric, factor)
+        ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
+        bands += [b for b in (low[0], high[0]) if math.isfinite(b)]
+    return (p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color)
+
+
+def _label_curve_figure(fig, panels: Sequence[_CurvePanel], heading: str, ylabel: str) -> None:
+    """The heading and the y label: on the single axes (with its legend), else the figure's
+    title and the y label of each row's first panel."""
+    ax, variant, lines, _ = panels[0]
+    if variant is None:
+        ax.set_title(heading, fontsize=10)
+        ax.set_ylabel(ylabel)
+        if lines:
+            ax.legend(fontsize=7, loc="best", framealpha=0.9)
+        return
+    fig.suptitle(heading, fontsize=10)
+    for ax, *_ in panels:
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel(ylabel)
 
 
 def sensitivity_curve(
