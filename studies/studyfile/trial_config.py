@@ -251,76 +251,112 @@ def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
 
     Returns ``(config, [])`` or ``(None, problems)``; problem paths are relative to the config.
     """
-    problems: list[Problem] = []
     if not isinstance(raw, dict):
         return None, [Problem((), f"expected a mapping (the trial config), got {short_repr(raw)}")]
     if "seed" in raw:
         return None, [
             Problem(("seed",), "the seed is not part of a config; list the seeds in the study's top-level 'seeds'")
         ]
-    plugin_model = isinstance(raw.get("model"), dict) and _plugin_model(raw["model"].get("name"))
+    plugin_model = bool(isinstance(raw.get("model"), dict) and _plugin_model(raw["model"].get("name")))
+    top, config, problems = _sections(raw, plugin_model)
+    if problems:
+        return None, problems
+    data, num_classes, problems = _data_section(top.data)
+    if problems:
+        return None, problems
+    config["data"] = data
+    problems = _model_problems(config["model"], data, plugin_model)
+    loss = _validate_loss(top.loss, num_classes, problems)
+    if loss is not None:
+        config["loss"] = loss
+    problems += _eval_problems(config["eval"], num_classes)
+    if not problems:
+        problems.extend(Problem(path, message) for path, message in label_kind_problems(config))
+    if problems:
+        return None, problems
+    return _without_implicit_defaults(config), []
+
+
+def _sections(raw: dict, plugin_model: bool) -> tuple[Any, dict, list[Problem]]:
+    """(the validated top level, its config with defaults, problems): a plugin model's
+    section validated by its own schema (name, head and the plugin's parameters)."""
     try:
         top = TrialConfigSchema.model_validate({k: v for k, v in raw.items() if not (plugin_model and k == "model")})
     except ValidationError as err:
-        return None, [_unknown_field_hint(p, TrialConfigSchema) for p in pydantic_problems(err)]
+        return None, {}, [_unknown_field_hint(p, TrialConfigSchema) for p in pydantic_problems(err)]
     config = top.model_dump()
-    if plugin_model:  # its own section: name, head and the plugin's parameters
+    if plugin_model:
         name = raw["model"]["name"]
         try:
             config["model"] = _plugin_model_schema(name).model_validate(raw["model"]).model_dump()
         except ValidationError as err:
-            return None, [
-                _unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
-                for p in pydantic_problems(err, ("model",))
-            ]
+            return (
+                top,
+                config,
+                [
+                    _unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
+                    for p in pydantic_problems(err, ("model",))
+                ],
+            )
+    return top, config, []
 
-    data_raw = top.data
+
+def _data_section(data_raw: dict) -> tuple[dict, int | None, list[Problem]]:
+    """(the data section with its data set's defaults, its number of classes, problems): the
+    data set registered, its parameters its own."""
     data_name = data_raw.get("name", "synthetic")
     datasets = registry.entries("dataset")
     if not isinstance(data_name, str) or data_name not in datasets:
-        problems.append(
-            Problem(
-                ("data", "name"),
-                f"unknown data set {data_name!r}"
-                f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
-                "expected one of: " + ", ".join(datasets),
-            )
+        return (
+            {},
+            None,
+            [
+                Problem(
+                    ("data", "name"),
+                    f"unknown data set {data_name!r}"
+                    f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
+                    "expected one of: " + ", ".join(datasets),
+                )
+            ],
         )
-        return None, problems
     schema = data_schema(data_name)
     try:
         data = schema.model_validate({"name": data_name, **data_raw}).model_dump()
     except ValidationError as err:
-        return None, [
-            _unknown_field_hint(p, schema, f"for data set '{data_name}'") for p in pydantic_problems(err, ("data",))
-        ]
-    config["data"] = data
-    num_classes = data.get("num_classes", datasets[data_name].num_classes)
+        return (
+            {},
+            None,
+            [_unknown_field_hint(p, schema, f"for data set '{data_name}'") for p in pydantic_problems(err, ("data",))],
+        )
+    return data, data.get("num_classes", datasets[data_name].num_classes), []
 
-    model = config["model"]
+
+def _model_problems(model: dict, data: dict, plugin_model: bool) -> list[Problem]:
+    """The model registered (or a timm architecture), and able to read the data's form."""
     if not _model_exists(model["name"]):
-        problems.append(
+        return [
             Problem(
                 ("model", "name"),
                 f"unknown model {model['name']!r}"
                 f"{registry.refusal_note('model', model['name'])}; expected one of "
                 f"{', '.join(registry.entries('model'))} or a timm architecture name",
             )
-        )
-    elif data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp" and not plugin_model:
-        problems.append(
+        ]
+    if data["name"] == "synthetic" and data["form"] == "features" and model["name"] != "mlp" and not plugin_model:
+        return [
             Problem(
                 ("model", "name"),
                 f"data.form is 'features' (vectors): only the 'mlp' "
                 f"model takes them; use data.form: images for {model['name']!r}",
             )
-        )
+        ]
+    return []
 
-    loss = _validate_loss(top.loss, num_classes, problems)
-    if loss is not None:
-        config["loss"] = loss
 
-    ev = config["eval"]
+def _eval_problems(ev: dict, num_classes: int | None) -> list[Problem]:
+    """Every K of ``eval.ks`` and ``eval.avgk`` at most the number of classes; the selection
+    metric one the trial logs."""
+    problems = []
     if num_classes is not None:
         for field in ("ks", "avgk"):
             for i, k in enumerate(ev[field]):
@@ -335,11 +371,7 @@ def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
     reason = check_metric(ev["selection"], ev)
     if reason:
         problems.append(Problem(("eval", "selection"), reason))
-    if not problems:
-        problems.extend(Problem(path, message) for path, message in label_kind_problems(config))
-    if problems:
-        return None, problems
-    return _without_implicit_defaults(config), []
+    return problems
 
 
 def _without_implicit_defaults(config: dict) -> dict:
