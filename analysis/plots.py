@@ -274,19 +274,7 @@ def count_bin_accuracy(
     drawn_published = False
     line_colors = _config_colors([firsts[c].get("variant") for c in configs], colors)
     for ci, config_id in enumerate(configs):
-        means, err_low, err_high, n_values = [], [], [], set()
-        for _, metric in present:
-            row = by_key.get((config_id, metric))
-            if row is None or row["n"] == 0 or row["mean"] is None:
-                means.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
-                continue
-            n_values.add(row["n"])
-            mean = row["mean"] * factor
-            (low,), (high,) = _band([row], metric, factor)
-            means.append(mean)
-            err_low.append(mean - low if math.isfinite(low) else 0.0)
-            err_high.append(high - mean if math.isfinite(high) else 0.0)
-        color = line_colors[ci]
+        means, err_low, err_high, n_values = _bin_means(by_key, config_id, present, factor)
         n_text = "/".join(str(n) for n in sorted(n_values))
         label = f"{config_label(firsts[config_id])} (n={n_text} seed{'' if n_values == {1} else 's'})"
         offset = (ci - (len(configs) - 1) / 2) * 0.06
@@ -294,7 +282,7 @@ def count_bin_accuracy(
             [x + offset for x in xs],
             means,
             yerr=[err_low, err_high],
-            color=color,
+            color=line_colors[ci],
             marker="o",
             markersize=4,
             capsize=3,
@@ -315,15 +303,40 @@ def count_bin_accuracy(
                 label=None if drawn_published else short(f"published{': ' + source if source else ''}", 70),
             )
             drawn_published = True
-    ax.set_xticks(xs, [label for label, _ in present])
+    _label_bin_axes(ax, present, factor)
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+    return save_figure(fig, out_base)
+
+
+def _bin_means(
+    by_key: Mapping[tuple[str, str], Mapping], config_id: str, present: Sequence[tuple[str, str]], factor: float
+) -> tuple[list[float], list[float], list[float], set[int]]:
+    """(means, error bars below, error bars above, seed counts) of a config over the bins
+    (NaN where it has no value, no bar where its interval is unknown)."""
+    means, err_low, err_high, n_values = [], [], [], set()
+    for _, metric in present:
+        row = by_key.get((config_id, metric))
+        if row is None or row["n"] == 0 or row["mean"] is None:
+            means.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
+            continue
+        n_values.add(row["n"])
+        mean = row["mean"] * factor
+        (low,), (high,) = _band([row], metric, factor)
+        means.append(mean)
+        err_low.append(mean - low if math.isfinite(low) else 0.0)
+        err_high.append(high - mean if math.isfinite(high) else 0.0)
+    return means, err_low, err_high, n_values
+
+
+def _label_bin_axes(ax, present: Sequence[tuple[str, str]], factor: float) -> None:
+    """The bins as x ticks, the metric's name and unit, the title."""
+    ax.set_xticks(list(range(len(present))), [label for label, _ in present])
     ax.set_xlabel("training images of the class")
     base = present[0][1].rsplit("/", 1)[-1]
     ax.set_ylabel(f"mean per-class {base} (%)" if factor == 100.0 else f"mean per-class {base}")
     if factor == 100.0:
         ax.set_ylim(0.0, 100.0)
     ax.set_title(f"{present[0][1].split('/', 1)[0]}/{base} by number of training images (error bars: CI)", fontsize=10)
-    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
-    return save_figure(fig, out_base)
 
 
 def _thin_points(counts: Sequence[float], values: Sequence[float], most: int) -> tuple[list[float], list[float]]:
