@@ -464,68 +464,98 @@ def heatmaps(
     rows = [r for r in _rows(summary) if r["metric"] == metric and _is_number(r.get("mean"))]
     factor = _scale(metric, percent)
     lower = lower_is_better(metric)
-    grids = []
-    for variant, (x, y) in pairs.items():
-        cells: dict[tuple[str, str], float] = {}
-        values_x, values_y = {}, {}
-        for r in rows:
-            vx, vy = r.get(PARAM_PREFIX + x), r.get(PARAM_PREFIX + y)
-            if r.get("variant") != variant or vx is None or vy is None:
-                continue
-            kx, ky = json.dumps(vx), json.dumps(vy)
-            values_x[kx], values_y[ky] = vx, vy
-            mean = r["mean"] * factor
-            old = cells.get((kx, ky))
-            if old is None or (mean < old if lower else mean > old):
-                cells[(kx, ky)] = mean
-        if len(values_x) >= 2 and len(values_y) >= 2:
-            grids.append((variant, x, y, cells, values_x, values_y))
+    grids = [
+        grid for grid in (_heat_grid(rows, variant, x, y, factor, lower) for variant, (x, y) in pairs.items()) if grid
+    ]
     if not grids:
         raise ValueError(f"no variant has {metric} on a grid of two swept parameters")
     if len(grids) > MAX_PANELS:
         _note(notes, f"{len(grids) - MAX_PANELS} variant(s) not drawn (at most {MAX_PANELS} panels).")
         grids = grids[:MAX_PANELS]
-    every = [v for *_, cells, _, _ in grids for v in cells.values()]
+    every = [v for grid in grids for v in grid.cells.values()]
     vmin, vmax = min(every), max(every)
     if vmin == vmax:
         vmin, vmax = vmin - 0.5, vmax + 0.5
     fig = _new_figure(PANEL_FIGSIZE)
     axes = _panel_grid(fig, len(grids), 3)
     image = None
-    cmap = "viridis_r" if lower else "viridis"
-    for ax, (variant, x, y, cells, values_x, values_y) in zip(axes, grids):
-        kxs = sorted(values_x, key=lambda k: _sort_value(values_x[k]))
-        kys = sorted(values_y, key=lambda k: _sort_value(values_y[k]))
-        data = [[cells.get((kx, ky), math.nan) for kx in kxs] for ky in kys]
-        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-        shown_x, shown_y = _thin(range(len(kxs)), 8), _thin(range(len(kys)), 8)
-        ax.set_xticks(
-            shown_x, [_tick(values_x[kxs[i]]) for i in shown_x], fontsize=7, rotation=45 if len(shown_x) > 5 else 0
-        )
-        ax.set_yticks(shown_y, [_tick(values_y[kys[i]]) for i in shown_y], fontsize=7)
-        ax.set_xlabel(x, fontsize=8)
-        ax.set_ylabel(y, fontsize=8)
-        ax.set_title(f"{variant} ({len(cells)} configs)", fontsize=9)
-        best = (min if lower else max)(cells, key=cells.get)
-        bx, by = kxs.index(best[0]), kys.index(best[1])
-        ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.6))
-        if len(kxs) <= 8 and len(kys) <= 8:
-            for j, ky in enumerate(kys):
-                for i, kx in enumerate(kxs):
-                    if (kx, ky) in cells:
-                        value = cells[(kx, ky)]
-                        light = (value - vmin) / (vmax - vmin) < 0.5
-                        ax.text(
-                            i,
-                            j,
-                            f"{value:.1f}" if factor == 100.0 else f"{value:.3g}",
-                            ha="center",
-                            va="center",
-                            fontsize=6.5,
-                            color="white" if light != lower else "black",
-                        )
+    for ax, grid in zip(axes, grids):
+        image = _draw_heat_map(ax, grid, vmin, vmax, factor, lower)
     fig.colorbar(
         image, ax=list(axes[: len(grids)]), shrink=0.9, label=_axis_label(metric, factor) + " (mean over seeds)"
     )
     fig.suptitle(f"Mean {metric} over two swept parameters (outlined: best)", fontsize=10)
     return save_figure(fig, out_base)
+
+
+@dataclass
+class _HeatGrid:
+    """A variant's heat map: the best mean of each (x, y) pair of values, keyed by their JSON
+    texts, and the values behind those texts."""
+
+    variant: str
+    x: str
+    y: str
+    cells: dict[tuple[str, str], float]
+    values_x: dict[str, Any]
+    values_y: dict[str, Any]
+
+
+def _heat_grid(
+    rows: Sequence[Mapping[str, Any]], variant: str, x: str, y: str, factor: float, lower: bool
+) -> _HeatGrid | None:
+    """The variant's grid over (x, y), the best mean over its other parameters in each cell;
+    None unless it has at least two values of each."""
+    cells: dict[tuple[str, str], float] = {}
+    values_x, values_y = {}, {}
+    for r in rows:
+        vx, vy = r.get(PARAM_PREFIX + x), r.get(PARAM_PREFIX + y)
+        if r.get("variant") != variant or vx is None or vy is None:
+            continue
+        kx, ky = json.dumps(vx), json.dumps(vy)
+        values_x[kx], values_y[ky] = vx, vy
+        mean = r["mean"] * factor
+        old = cells.get((kx, ky))
+        if old is None or (mean < old if lower else mean > old):
+            cells[(kx, ky)] = mean
+    if len(values_x) >= 2 and len(values_y) >= 2:
+        return _HeatGrid(variant, x, y, cells, values_x, values_y)
+    return None
+
+
+def _draw_heat_map(ax, grid: _HeatGrid, vmin: float, vmax: float, factor: float, lower: bool):
+    """One panel: the grid on the shared colour scale, thinned ticks, the best cell outlined,
+    the values written in the cells up to 8 x 8. Returns its image (for the colour bar)."""
+    kxs = sorted(grid.values_x, key=lambda k: _sort_value(grid.values_x[k]))
+    kys = sorted(grid.values_y, key=lambda k: _sort_value(grid.values_y[k]))
+    cells = grid.cells
+    data = [[cells.get((kx, ky), math.nan) for kx in kxs] for ky in kys]
+    cmap = "viridis_r" if lower else "viridis"
+    image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    shown_x, shown_y = _thin(range(len(kxs)), 8), _thin(range(len(kys)), 8)
+    ax.set_xticks(
+        shown_x, [_tick(grid.values_x[kxs[i]]) for i in shown_x], fontsize=7, rotation=45 if len(shown_x) > 5 else 0
+    )
+    ax.set_yticks(shown_y, [_tick(grid.values_y[kys[i]]) for i in shown_y], fontsize=7)
+    ax.set_xlabel(grid.x, fontsize=8)
+    ax.set_ylabel(grid.y, fontsize=8)
+    ax.set_title(f"{grid.variant} ({len(cells)} configs)", fontsize=9)
+    best = (min if lower else max)(cells, key=cells.get)
+    bx, by = kxs.index(best[0]), kys.index(best[1])
+    ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.6))
+    if len(kxs) <= 8 and len(kys) <= 8:
+        for j, ky in enumerate(kys):
+            for i, kx in enumerate(kxs):
+                if (kx, ky) in cells:
+                    value = cells[(kx, ky)]
+                    light = (value - vmin) / (vmax - vmin) < 0.5
+                    ax.text(
+                        i,
+                        j,
+                        f"{value:.1f}" if factor == 100.0 else f"{value:.3g}",
+                        ha="center",
+                        va="center",
+                        fontsize=6.5,
+                        color="white" if light != lower else "black",
+                    )
+    return image
