@@ -146,23 +146,36 @@ def match_average_size(
     grouping = _class_groups(mondrian, probs.shape[1], class_counts, shot_thresholds)
     # sizes on the calibration data use the same draw of U as the calibration scores
     size_scores = calibration_scores if size_probs is None else nonconformity(sized, score, randomized, generator)
-    n_cal, n_size = probs.shape[0], sized.shape[0]
-
     if grouping is None:
-        flat = torch.sort(size_scores.reshape(-1)).values
-        candidates = torch.cat(
-            [torch.sort(label_scores).values, torch.tensor([math.inf], dtype=torch.float64, device=probs.device)]
-        )
-        sizes = torch.searchsorted(flat, candidates, right=True).to(torch.float64) / n_size
-        best = int(torch.argmin((sizes - target_size).abs()))  # the first, i.e. the smaller, on a tie
-        k = best + 1
-        alpha = 1.0 - k / (n_cal + 1) if k <= n_cal else 0.5 / (n_cal + 1)
-        thresholds = conformal_quantile(label_scores, alpha)
-        return MatchedLevel(alpha, thresholds, float(sizes[best]))
-
+        return _matched_marginal(label_scores, size_scores, target_size)
     class_group, num_groups = grouping
     class_group = class_group.to(probs.device)
     grouped = _GroupedScores(label_scores, class_group[labels], num_groups)
+    return _matched_by_bisection(grouped, class_group, size_scores, target_size, int(steps))
+
+
+def _matched_marginal(label_scores: torch.Tensor, size_scores: torch.Tensor, target_size: float) -> MatchedLevel:
+    """Marginal sets: every attainable threshold tried at once, the nearest the target kept
+    (the smaller on a tie); see `match_average_size`."""
+    n_cal, n_size = label_scores.shape[0], size_scores.shape[0]
+    flat = torch.sort(size_scores.reshape(-1)).values
+    candidates = torch.cat(
+        [torch.sort(label_scores).values, torch.tensor([math.inf], dtype=torch.float64, device=label_scores.device)]
+    )
+    sizes = torch.searchsorted(flat, candidates, right=True).to(torch.float64) / n_size
+    best = int(torch.argmin((sizes - target_size).abs()))  # the first, i.e. the smaller, on a tie
+    k = best + 1
+    alpha = 1.0 - k / (n_cal + 1) if k <= n_cal else 0.5 / (n_cal + 1)
+    thresholds = conformal_quantile(label_scores, alpha)
+    return MatchedLevel(alpha, thresholds, float(sizes[best]))
+
+
+def _matched_by_bisection(
+    grouped: _GroupedScores, class_group: torch.Tensor, size_scores: torch.Tensor, target_size: float, steps: int
+) -> MatchedLevel:
+    """Mondrian sets: bisection on alpha (`steps` halvings), the end of the final bracket
+    nearest the target kept."""
+    n_size = size_scores.shape[0]
     columns = _sorted_columns(size_scores)
 
     def size_at(alpha: float) -> tuple[float, torch.Tensor]:
@@ -177,7 +190,7 @@ def match_average_size(
     elif target_size <= size_high:
         low = high
     else:
-        for _ in range(int(steps)):
+        for _ in range(steps):
             middle = 0.5 * (low + high)
             size_middle, _ = size_at(middle)
             if size_middle >= target_size:
