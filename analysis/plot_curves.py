@@ -18,35 +18,35 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis.collect import PARAM_PREFIX
 from analysis.formatting import param_label
+from analysis.intervals import table_rows
 from analysis.plot_style import (
-    _REFERENCE_PALETTE,
     FIGSIZE,
     MAX_LINES,
     MAX_PANELS,
     MAX_REFERENCES,
     PANEL_FIGSIZE,
     PANEL_LINES,
-    _axis_label,
-    _band,
-    _config_colors,
-    _fit_y,
-    _is_number,
-    _n_label,
-    _new_axes,
-    _new_figure,
-    _note,
-    _panel_grid,
-    _ranked,
-    _rows,
-    _scale,
-    _sort_value,
-    _thin,
-    _tick,
+    REFERENCE_PALETTE,
+    add_note,
+    axis_label,
+    best_first,
     choose_xscale,
+    ci_band,
     config_label,
+    display_factor,
+    fit_y_axis,
+    is_number,
     label_reference_lines,
+    new_axes,
+    new_figure,
+    panel_grid,
     save_figure,
+    seeds_label,
+    series_colors,
     short,
+    sort_value,
+    thinned,
+    tick_label,
 )
 from analysis.stats import CurveSeries, curve_series, lower_is_better
 
@@ -74,18 +74,18 @@ def plot_series(
     said so in `notes`. What is left out is appended to `notes`."""
     if not series:
         raise ValueError(f"nothing to plot for {metric} against {x}: no config has both")
-    factor = _scale(metric, percent)
+    factor = display_factor(metric, percent)
     lower = lower_is_better(metric)
-    lines = _ranked([s for s in series if not s.flat], lower)
-    flats = _reference_series(_ranked([s for s in series if s.flat], lower), notes)
+    lines = best_first([s for s in series if not s.flat], lower)
+    flats = _reference_series(best_first([s for s in series if s.flat], lower), notes)
     axis = _SweptAxis.of(lines, PARAM_PREFIX + x)
     fig, panels = _curve_panels(lines, metric, notes)
     references: dict[Any, list[tuple[float, str, str]]] = {}
     cut_bands = False
     flat_colors = (
-        _config_colors([f.variant for f in flats], colors)
+        series_colors([f.variant for f in flats], colors)
         if colors is not None
-        else [_REFERENCE_PALETTE[i % len(_REFERENCE_PALETTE)] for i in range(len(flats))]
+        else [REFERENCE_PALETTE[i % len(REFERENCE_PALETTE)] for i in range(len(flats))]
     )
     for ax, variant, drawn, rest in panels:
         ax.grid(True, which="major", alpha=0.3)
@@ -96,21 +96,21 @@ def plot_series(
             line = _draw_reference(ax, s, flat_colors[index], metric, factor, means, bands)
             references.setdefault(ax, []).append(line)
         axis.set_ticks(ax)
-        cut_bands |= _fit_y(ax, means, bands)
+        cut_bands |= fit_y_axis(ax, means, bands)
         ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
             total = len(drawn) + len(rest)
             ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""), fontsize=9)
             ax.legend(fontsize=6.5, loc="best")
     if cut_bands:
-        _note(
+        add_note(
             notes,
             "Intervals far wider than the spread of the means (few seeds) are cut "
             "by the axes; the tables give them whole.",
         )
     band = f"band: {level:.0%} CI" if level else "band: CI"
     _label_curve_figure(
-        fig, panels, title or f"{metric} vs {param_label(x)} ({band})", ylabel or _axis_label(metric, factor)
+        fig, panels, title or f"{metric} vs {param_label(x)} ({band})", ylabel or axis_label(metric, factor)
     )
     label_reference_lines(fig, references)
     return save_figure(fig, out_base)
@@ -133,7 +133,7 @@ class _SweptAxis:
     @classmethod
     def of(cls, lines: Sequence[CurveSeries], column: str) -> _SweptAxis:
         values = [p.get(column) for s in lines for p in s.points]
-        categorical = any(not _is_number(v) for v in values if v is not None)
+        categorical = any(not is_number(v) for v in values if v is not None)
         categories = sorted({json.dumps(v) for v in values if v is not None}) if categorical else []
         return cls(column, values, categories)
 
@@ -144,14 +144,14 @@ class _SweptAxis:
         """Categories by name (thinned); numbers on a linear, log or symlog scale, ticked at
         the swept values when there are few."""
         if self.categories:
-            shown = _thin(self.categories)
+            shown = thinned(self.categories)
             ax.set_xticks([self.categories.index(c) for c in shown], [short(str(json.loads(c)), 12) for c in shown])
             return
         scale, kwargs = choose_xscale(self.values)
         ax.set_xscale(scale, **kwargs)
-        values = sorted({float(v) for v in self.values if _is_number(v)})
+        values = sorted({float(v) for v in self.values if is_number(v)})
         if scale != "linear" and len(values) <= 12:  # the swept values, not 10^k ticks
-            ax.set_xticks(values, [_tick(v) for v in values])
+            ax.set_xticks(values, [tick_label(v) for v in values])
             ax.minorticks_off()
         if scale == "symlog" and values[0] >= 0:  # no empty negative half
             ax.set_xlim(-0.5 * kwargs["linthresh"], values[-1] * 1.6)
@@ -160,7 +160,7 @@ class _SweptAxis:
 def _reference_series(flats: list[CurveSeries], notes: list[str] | None) -> list[CurveSeries]:
     """The flat reference lines drawn: the `MAX_REFERENCES` best, the rest said in `notes`."""
     if len(flats) > MAX_REFERENCES:
-        _note(
+        add_note(
             notes,
             f"{len(flats) - MAX_REFERENCES} single-config variant(s) not drawn as "
             f"reference lines (the {MAX_REFERENCES} with the best mean are).",
@@ -173,26 +173,26 @@ def _curve_panels(lines: list[CurveSeries], metric: str, notes: list[str] | None
     """(figure, its panels): one axes for up to MAX_LINES lines; else a panel per variant
     (at most MAX_PANELS) with its PANEL_LINES best lines, the others as a grey band."""
     if len(lines) <= MAX_LINES:
-        fig, ax = _new_axes(PANEL_FIGSIZE)
+        fig, ax = new_axes(PANEL_FIGSIZE)
         return fig, [(ax, None, lines, [])]
     by_variant: dict[Any, list[CurveSeries]] = {}
     for s in lines:  # best first within each variant, variants by their best line
         by_variant.setdefault(s.variant, []).append(s)
     groups = list(by_variant.items())
     if len(groups) > MAX_PANELS:
-        _note(
+        add_note(
             notes,
             f"{len(groups) - MAX_PANELS} variant(s) not drawn (the {MAX_PANELS} with the best mean {metric} are).",
         )
         groups = groups[:MAX_PANELS]
-    _note(
+    add_note(
         notes,
         f"More than {MAX_LINES} lines: one panel per variant with its "
         f"{PANEL_LINES} lines of best mean {metric}; the grey band spans the "
         f"means of its other lines.",
     )
-    fig = _new_figure(PANEL_FIGSIZE)
-    grid = _panel_grid(fig, len(groups), 3, sharey=True)
+    fig = new_figure(PANEL_FIGSIZE)
+    grid = panel_grid(fig, len(groups), 3, sharey=True)
     return fig, [(ax, variant, group[:PANEL_LINES], group[PANEL_LINES:]) for ax, (variant, group) in zip(grid, groups)]
 
 
@@ -209,7 +209,7 @@ def _draw_lines(
     (means, band bounds) drawn, for the y axis."""
     means_drawn: list[float] = []
     bands_drawn: list[float] = []
-    line_colors = _config_colors([d.variant for d in drawn], colors)
+    line_colors = series_colors([d.variant for d in drawn], colors)
     for index, s in enumerate(drawn):
         color = line_colors[index]
         label = s.label
@@ -218,7 +218,7 @@ def _draw_lines(
         points = [p for p in s.points if p.get(axis.column) is not None]
         xv = [axis.position(p[axis.column]) for p in points]
         mean = [p["mean"] * factor for p in points]
-        low, high = _band(points, metric, factor)
+        low, high = ci_band(points, metric, factor)
         means_drawn += [m for m in mean if math.isfinite(m)]
         bands_drawn += [b for b in low + high if math.isfinite(b)]
         ax.plot(
@@ -228,7 +228,7 @@ def _draw_lines(
             markersize=3.5,
             color=color,
             linewidth=1.5,
-            label=short(f"{label} ({_n_label(s)})"),
+            label=short(f"{label} ({seeds_label(s)})"),
         )
         ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
         single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
@@ -250,7 +250,7 @@ def _draw_envelope(ax, rest: Sequence[CurveSeries], axis: _SweptAxis, factor: fl
     envelope: dict[float, list[float]] = {}
     for s in rest:
         for p in s.points:
-            if p.get(axis.column) is not None and _is_number(p.get("mean")):
+            if p.get(axis.column) is not None and is_number(p.get("mean")):
                 envelope.setdefault(axis.position(p[axis.column]), []).append(p["mean"] * factor)
     xe = sorted(envelope)
     ax.fill_between(
@@ -274,7 +274,7 @@ def _draw_reference(
     ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.2)
     means.append(p["mean"] * factor)
     if p["ci_low"] is not None and math.isfinite(p["ci_low"]):
-        low, high = _band([p], metric, factor)
+        low, high = ci_band([p], metric, factor)
         ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
         bands += [b for b in (low[0], high[0]) if math.isfinite(b)]
     return (p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color)
@@ -313,7 +313,7 @@ def sensitivity_curve(
     `summary` is `analysis.stats.summarize(...)`; lines are chosen by `stats.curve_series`
     (more than MAX_LINES: small multiples, see `plot_series`).
     """
-    rows = _rows(summary)
+    rows = table_rows(summary)
     series = curve_series(rows, x, metric, series_by=series_by)
     if not any(not s.flat for s in series):
         raise ValueError(f"no config sweeps {x!r} for metric {metric!r}: nothing to draw")
@@ -358,7 +358,7 @@ def epoch_time_vs_k(
     Lines come from the configs that sweep K; when no config sweeps K (K set by the
     variants), every config of a loss is a point at its own K.
     """
-    rows = [r for r in _rows(summary) if r["metric"] == metric]
+    rows = [r for r in table_rows(summary) if r["metric"] == metric]
     series = curve_series(rows, x, metric, series_by=series_by)
     if not any(not s.flat for s in series):
         by_loss: dict[Any, list[dict]] = {}
@@ -410,11 +410,11 @@ def learning_curves(
         raise ValueError(f"no config logged {metric} at any epoch")
     ids = [c for c in (order or []) if c in by_config] + [c for c in by_config if c not in (order or [])]
     if len(ids) > MAX_LINES:
-        _note(notes, f"{len(ids) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
+        add_note(notes, f"{len(ids) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
         ids = ids[:MAX_LINES]
-    factor = _scale(metric, None)
-    fig, ax = _new_axes(FIGSIZE)
-    line_colors = _config_colors([by_config[c][0].get("variant") for c in ids], colors)
+    factor = display_factor(metric, None)
+    fig, ax = new_axes(FIGSIZE)
+    line_colors = series_colors([by_config[c][0].get("variant") for c in ids], colors)
     for index, config_id in enumerate(ids):
         points = sorted(by_config[config_id], key=lambda r: r["epoch"])
         color = line_colors[index]
@@ -430,14 +430,14 @@ def learning_curves(
             markersize=3,
             label=short(f"{config_label(points[0])} ({n_text})"),
         )
-        low, high = _band(points, metric, factor)
+        low, high = ci_band(points, metric, factor)
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     first, last = ax.dataLim.intervalx
     if first == last:  # one epoch: a point at it, not a stretch of fractions around it
         ax.set_xlim(first - 1, last + 1)
-    ax.set_ylabel(_axis_label(metric, factor))
+    ax.set_ylabel(axis_label(metric, factor))
     band = f"band: {level:.0%} CI" if level else "band: CI"
     ax.set_title(f"{metric} over the epochs ({band})", fontsize=10)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2)
@@ -461,8 +461,8 @@ def heatmaps(
     variants share one colour scale; the best cell of each is outlined. At most MAX_PANELS
     variants (in the order of `pairs`); the figure's size is fixed, so a grid of many
     values has small cells and thinned tick labels (values written in the cells up to 8 x 8)."""
-    rows = [r for r in _rows(summary) if r["metric"] == metric and _is_number(r.get("mean"))]
-    factor = _scale(metric, percent)
+    rows = [r for r in table_rows(summary) if r["metric"] == metric and is_number(r.get("mean"))]
+    factor = display_factor(metric, percent)
     lower = lower_is_better(metric)
     grids = [
         grid for grid in (_heat_grid(rows, variant, x, y, factor, lower) for variant, (x, y) in pairs.items()) if grid
@@ -470,19 +470,19 @@ def heatmaps(
     if not grids:
         raise ValueError(f"no variant has {metric} on a grid of two swept parameters")
     if len(grids) > MAX_PANELS:
-        _note(notes, f"{len(grids) - MAX_PANELS} variant(s) not drawn (at most {MAX_PANELS} panels).")
+        add_note(notes, f"{len(grids) - MAX_PANELS} variant(s) not drawn (at most {MAX_PANELS} panels).")
         grids = grids[:MAX_PANELS]
     every = [v for grid in grids for v in grid.cells.values()]
     vmin, vmax = min(every), max(every)
     if vmin == vmax:
         vmin, vmax = vmin - 0.5, vmax + 0.5
-    fig = _new_figure(PANEL_FIGSIZE)
-    axes = _panel_grid(fig, len(grids), 3)
+    fig = new_figure(PANEL_FIGSIZE)
+    axes = panel_grid(fig, len(grids), 3)
     image = None
     for ax, grid in zip(axes, grids):
         image = _draw_heat_map(ax, grid, vmin, vmax, factor, lower)
     fig.colorbar(
-        image, ax=list(axes[: len(grids)]), shrink=0.9, label=_axis_label(metric, factor) + " (mean over seeds)"
+        image, ax=list(axes[: len(grids)]), shrink=0.9, label=axis_label(metric, factor) + " (mean over seeds)"
     )
     fig.suptitle(f"Mean {metric} over two swept parameters (outlined: best)", fontsize=10)
     return save_figure(fig, out_base)
@@ -526,17 +526,20 @@ def _heat_grid(
 def _draw_heat_map(ax, grid: _HeatGrid, vmin: float, vmax: float, factor: float, lower: bool):
     """One panel: the grid on the shared colour scale, thinned ticks, the best cell outlined,
     the values written in the cells up to 8 x 8. Returns its image (for the colour bar)."""
-    kxs = sorted(grid.values_x, key=lambda k: _sort_value(grid.values_x[k]))
-    kys = sorted(grid.values_y, key=lambda k: _sort_value(grid.values_y[k]))
+    kxs = sorted(grid.values_x, key=lambda k: sort_value(grid.values_x[k]))
+    kys = sorted(grid.values_y, key=lambda k: sort_value(grid.values_y[k]))
     cells = grid.cells
     data = [[cells.get((kx, ky), math.nan) for kx in kxs] for ky in kys]
     cmap = "viridis_r" if lower else "viridis"
     image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-    shown_x, shown_y = _thin(range(len(kxs)), 8), _thin(range(len(kys)), 8)
+    shown_x, shown_y = thinned(range(len(kxs)), 8), thinned(range(len(kys)), 8)
     ax.set_xticks(
-        shown_x, [_tick(grid.values_x[kxs[i]]) for i in shown_x], fontsize=7, rotation=45 if len(shown_x) > 5 else 0
+        shown_x,
+        [tick_label(grid.values_x[kxs[i]]) for i in shown_x],
+        fontsize=7,
+        rotation=45 if len(shown_x) > 5 else 0,
     )
-    ax.set_yticks(shown_y, [_tick(grid.values_y[kys[i]]) for i in shown_y], fontsize=7)
+    ax.set_yticks(shown_y, [tick_label(grid.values_y[kys[i]]) for i in shown_y], fontsize=7)
     ax.set_xlabel(grid.x, fontsize=8)
     ax.set_ylabel(grid.y, fontsize=8)
     ax.set_title(f"{grid.variant} ({len(cells)} configs)", fontsize=9)

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from analysis.collect import PARAM_PREFIX
-from analysis.intervals import DEFAULT_LEVEL, _rows, mean_ci, metric_bounds
+from analysis.intervals import DEFAULT_LEVEL, mean_ci, metric_bounds, table_rows
 
 
 def _swept(row: Mapping[str, Any]) -> dict:
@@ -65,7 +65,7 @@ def curve_series(
     version) each is drawn, labelled by what sets it apart. Params that no design sweeps but
     that differ between configs at one value of `x` split the lines too.
     """
-    rows = [r for r in _rows(summary) if r["metric"] == metric]
+    rows = [r for r in table_rows(summary) if r["metric"] == metric]
     if not rows:
         return []
     by_variant: dict[Any, list[dict]] = {}
@@ -211,7 +211,7 @@ def epoch_curves(
     epoch. A config's seeds are replicates
     epoch by epoch, so n may drop at the last epochs of a config whose seeds stopped early.
     """
-    rows = [r for r in _rows(history) if r["metric"] == metric]
+    rows = [r for r in table_rows(history) if r["metric"] == metric]
     groups: dict[tuple[str, int], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["config_id"], int(row["epoch"])), []).append(row)
@@ -250,7 +250,7 @@ def set_size_fractions(
     counts as 0 for it), as in thesis Figure 5.4.
     """
     per_run: dict[tuple[str, str], dict[int, float]] = {}
-    for row in _rows(sizes):
+    for row in table_rows(sizes):
         if str(row["avgk"]) != str(k) or row["run_id"] not in config_of_run:
             continue
         for group in ("all", row["shot"]):
@@ -284,7 +284,7 @@ def per_class_means(
     mean over the runs that have a finite value for the class (NaN when none has). Runs
     without the metric's column are left out.
     """
-    rows = _rows(per_class)
+    rows = table_rows(per_class)
     sums: dict[str, dict[int, list]] = {}
     runs_of: dict[str, set] = {}
     for row in rows:

@@ -45,9 +45,8 @@ from analysis.intervals import (
     CI_METHODS,
     DEFAULT_LEVEL,
     NOTE_SINGLE,
-    _check_level,
-    _check_method,
-    _rows,
+    check_level,
+    check_method,
     difference_bounds,
     holm,
     is_fraction_metric,
@@ -56,6 +55,7 @@ from analysis.intervals import (
     metric_bounds,
     paired_test,
     t_quantile,
+    table_rows,
 )
 from analysis.series import (
     CurveSeries,
@@ -148,8 +148,8 @@ def summarize(
     that curves and tables can use the parameter values. `bounded`: intervals of a bounded
     metric are cut at its bounds (`metric_bounds`; `clipped` says where that cut one).
     """
-    level, method = _check_level(level), _check_method(method)
-    rows = _rows(table)
+    level, method = check_level(level), check_method(method)
+    rows = table_rows(table)
     params = _param_columns(rows)
     missing = [m for m in metrics if rows and not any(m in r for r in rows)]
     if missing:
@@ -293,8 +293,8 @@ def paired_comparisons(
     the losses differ, the `loss.*` parameters. Holm's correction is applied per metric over
     all comparisons against the same reference config.
     """
-    level = _check_level(level)
-    rows = _rows(table)
+    level = check_level(level)
+    rows = table_rows(table)
     variants = list(dict.fromkeys(r.get("variant") for r in rows))
     if reference not in variants:
         raise ValueError(f"reference variant {reference!r} not among the finished variants {variants}")

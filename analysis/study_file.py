@@ -135,17 +135,17 @@ def version_files(collected: Collected, versions: list[str]) -> dict[str, str | 
     (`analysis.layout.VERSIONS_ARTIFACT_DIR`); None where it cannot be read."""
     import tempfile
 
-    from analysis.collect_store import _client, _quiet_downloads
+    from analysis.collect_store import quiet_downloads, tracking_client
     from analysis.layout import STUDY_ARTIFACT, VERSIONS_ARTIFACT_DIR
 
     texts: dict[str, str | None] = {v: None for v in versions}
     if collected.parent_run_id is None:
         return texts
     try:
-        client = _client(collected.tracking_uri)
+        client = tracking_client(collected.tracking_uri)
     except Exception:  # noqa: BLE001 (no store reachable: the report says the files are missing)
         return texts
-    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
         for version in versions:
             try:
                 local = client.download_artifacts(

@@ -424,7 +424,7 @@ def test_a_run_again_with_more_seeds_prints_the_time_left_without_reading_histor
 
     reads = []  # every history request of the driver (counted, not refused: a refusal
     # could be swallowed by a caller that tolerates a failed read)
-    for name in ("_fetch_histories", "_histories_per_run"):
+    for name in ("fetch_histories", "_histories_per_run"):
         original = getattr(store, name)
         monkeypatch.setattr(store, name, lambda *a, _f=original, _n=name, **k: reads.append(_n) or _f(*a, **k))
     first = io.StringIO()
