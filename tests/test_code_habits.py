@@ -6,6 +6,7 @@ in one place."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def _sources() -> list[tuple[str, Path, ast.Module]]:
     """(module name, path, syntax tree) of every module of the three packages."""
     return [
@@ -155,3 +157,37 @@ def test_the_session_checker_sees_a_write_from_outside():
     ((_, function),) = _functions(tree)
     writes = [ast.unparse(n) for n in _attribute_writes(function) if _owner(n) in _session_names(function)]
     assert writes == ["session.context"]
+
+
+def _private_imports(module: str, tree: ast.Module, is_package: bool = False) -> list[str]:
+    """``from M import _name`` of a project module M other than `module` itself (`is_package`:
+    `module` is a package's ``__init__``, the base of its relative imports)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        source = node.module or ""
+        if node.level:  # relative: resolved against the importing package
+            parts = package.split(".")
+            source = ".".join(parts[: len(parts) - node.level + 1] + ([source] if source else []))
+        if source.split(".")[0] in PACKAGES and source != module:
+            found += [f"{source}.{alias.name}" for alias in node.names if _private(alias.name)]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name another module of the project needs is public (no leading underscore), or it
+    moves to the module that needs it: ``from M import _name`` is refused everywhere in the
+    three packages (tests may still reach a module's internals)."""
+    bad = [
+        f"{module} imports {name}"
+        for module, path, tree in _sources()
+        for name in _private_imports(module, tree, path.name == "__init__.py")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_import_checker_sees_relative_and_absolute_imports():
+    tree = ast.parse("from analysis.plot_style import _band, short\nfrom .stats import _rows\n")
+    assert _private_imports("analysis.plots", tree) == ["analysis.plot_style._band", "analysis.stats._rows"]

@@ -26,9 +26,9 @@ from setvalued.losses.single_positive import (
     AssumeNegativeLoss,
     EPRLoss,
     ROLELoss,
-    _check_logits,
-    _num_classes,
-    _number,
+    check_logits,
+    checked_num_classes,
+    checked_number,
 )
 
 __all__ = [
@@ -359,12 +359,12 @@ class AvgKTwoHeadLoss(SetValuedLoss):
         reduction: str = "mean",
     ):
         super().__init__(reduction)
-        self.k = _number("k", k, 2, integer=True, what="avgk_two_head")
-        self.alpha = _number("alpha", alpha, 0, what="avgk_two_head")
+        self.k = checked_number("k", k, 2, integer=True, what="avgk_two_head")
+        self.alpha = checked_number("alpha", alpha, 0, what="avgk_two_head")
         if prediction_head not in ("ml", "sccp"):
             raise ValueError(f"avgk_two_head parameter prediction_head must be 'ml' or 'sccp', got {prediction_head!r}")
         self.prediction_head = prediction_head
-        self.num_classes = _num_classes("avgk_two_head", num_classes)
+        self.num_classes = checked_num_classes("avgk_two_head", num_classes)
         if self.num_classes is not None:
             self._check_fits(1, self.num_classes)
 
@@ -386,7 +386,7 @@ class AvgKTwoHeadLoss(SetValuedLoss):
                 "avgk_two_head needs a TwoHeadOutput(sccp=..., ml=...) from a two-head model (model.head: two_head)"
             )
         sccp, ml = output.sccp, output.ml
-        _check_logits("avgk_two_head", ml, targets)
+        check_logits("avgk_two_head", ml, targets)
         if sccp.shape != ml.shape:
             raise ValueError(
                 f"avgk_two_head: the heads differ in shape: sccp {tuple(sccp.shape)}, ml {tuple(ml.shape)}"

@@ -56,15 +56,15 @@ from studies.cluster.connection import (
     TOKEN_PATH_ENV,
     RayToken,
     SubmitError,
-    _local_secrets,
     job_client,
+    local_secrets,
     mask_secrets,
     normalize_address,
     resolve_ray_token,
 )
 from studies.cluster.jobs import (
     TERMINAL_STATUSES,
-    _follow,
+    follow_job,
     job_logs,
     job_status,
     list_jobs,
@@ -228,7 +228,7 @@ def _submission_id(name: str) -> str:
 
 
 def _refuse_secrets(token: RayToken | None, **parts: Any) -> None:
-    secrets_here = _local_secrets(token)
+    secrets_here = local_secrets(token)
     for label, value in parts.items():
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         for secret in secrets_here:
@@ -313,7 +313,7 @@ def submit_study(
             entrypoint_resources=entrypoint_resources,
         )
     if follow:
-        _follow(client, job_id, stream or sys.stdout, _local_secrets(token))
+        follow_job(client, job_id, stream or sys.stdout, local_secrets(token))
     return job_id
 
 
@@ -360,7 +360,7 @@ def _submit_job(
     try:
         return client.submit_job(**job, **kwargs)
     except RuntimeError as error:
-        detail = mask_secrets(str(error), _local_secrets(token))
+        detail = mask_secrets(str(error), local_secrets(token))
         raise SubmitError(f"the Ray cluster refused the job: {detail}") from None
 
 

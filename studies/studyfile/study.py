@@ -28,11 +28,11 @@ from studies.readback import STUDY_NAME_MAX, STUDY_NAME_PATTERN
 from studies.studyfile.design import (
     BLOCK_CLASSES,
     PRUNER_CLASSES,
+    BlockBase,
     DesignBlock,
     Distribution,
     OptunaBlock,
     SingleBlock,
-    _Block,
 )
 from studies.studyfile.expressions import Expression
 from studies.studyfile.problems import Path_, Problem, StudyError, dedupe, did_you_mean, format_yaml_path, line_of
@@ -331,7 +331,7 @@ class Study(StrictModel):
         """``base`` deep-merged with the variant's overlay, as written (no defaults filled in)."""
         return copy_config(self._variant_raw[name])
 
-    def block_variants(self, block: _Block) -> list[str]:
+    def block_variants(self, block: BlockBase) -> list[str]:
         """The variants a design block applies to (its filter, or every variant)."""
         return list(block.variants) if block.variants else self.variant_names
 

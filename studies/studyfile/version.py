@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from studies.studyfile.config_ids import _canonical
+from studies.studyfile.config_ids import canonical
 
 __all__ = [
     "Change",
@@ -102,12 +102,12 @@ def definition(study: Any, smoke_epochs: int | None = None) -> dict:
         content["objective"] = study.objective.model_dump(mode="json")
     if smoke_epochs is not None:
         content["smoke_epochs"] = int(smoke_epochs)
-    return _canonical(content)
+    return canonical(content)
 
 
 def version_digest(content: Mapping[str, Any]) -> str:
     """The first `VERSION_LENGTH` hex digits of the sha256 of the definition's canonical JSON."""
-    text = json.dumps(_canonical(dict(content)), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(canonical(dict(content)), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:VERSION_LENGTH]
 
 

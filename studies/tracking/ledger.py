@@ -29,7 +29,7 @@ from analysis.layout import (
     tag_filter,
 )
 from studies.tracking.cell_run import TrackingContext
-from studies.tracking.contract import _SEARCH_PAGE, _client, _search_all, experiment_tags, finished_runs
+from studies.tracking.contract import SEARCH_PAGE, experiment_tags, finished_runs, search_all, tracking_client
 from studies.tracking.retry import with_retry
 from studies.tracking.sqlite_store import seed_sqlite_store
 
@@ -68,7 +68,7 @@ class StudyTracking:
         self.description = description
         self.run_tags = dict(run_tags or {})
         seed_sqlite_store(tracking_uri)  # a new local store: a copy, not 70 migrations
-        self.client = _client(tracking_uri)
+        self.client = tracking_client(tracking_uri)
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
         self._parent_run_id: str | None = None
@@ -128,7 +128,7 @@ class StudyTracking:
         """
         if self._parent_run_id is not None:
             return self._parent_run_id
-        runs = _search_all(
+        runs = search_all(
             self.client, self.experiment_id, tag_filter({TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name})
         )
         if runs:
@@ -203,7 +203,7 @@ class StudyTracking:
         grouped: dict[str, list[RunRecord]] = {}
         for run in with_retry(
             lambda: study_runs(
-                self.client, experiment_id, wanted, params=False, metrics=tuple(metrics), page_size=_SEARCH_PAGE
+                self.client, experiment_id, wanted, params=False, metrics=tuple(metrics), page_size=SEARCH_PAGE
             )
         ):
             cell_id = run.tags.get(TAG_CELL_ID)
