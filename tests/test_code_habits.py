@@ -191,3 +191,32 @@ def test_no_module_imports_another_modules_private_name():
 def test_the_private_import_checker_sees_relative_and_absolute_imports():
     tree = ast.parse("from analysis.plot_style import _band, short\nfrom .stats import _rows\n")
     assert _private_imports("analysis.plots", tree) == ["analysis.plot_style._band", "analysis.stats._rows"]
+
+
+def _unused_private_functions(trees: list[ast.Module]) -> list[str]:
+    """Private functions and methods (undecorated: a decorator may register them) whose name
+    no code of `trees` reads."""
+    read = {
+        node.id if isinstance(node, ast.Name) else node.attr
+        for tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load)
+    }
+    return [
+        name
+        for tree in trees
+        for name, node in _functions(tree)
+        if _private(node.name) and not node.decorator_list and node.name not in read
+    ]
+
+
+def test_no_private_function_is_dead():
+    """A private function or method that nothing in the three packages calls is dead code
+    (a helper only the tests use belongs to the tests)."""
+    dead = _unused_private_functions([tree for _, _, tree in _sources()])
+    assert not dead, f"private functions nothing calls: {dead}"
+
+
+def test_the_dead_code_checker_sees_an_uncalled_method():
+    tree = ast.parse("class A:\n    def _used(self): ...\n    def _unused(self): ...\n    def f(self): self._used()\n")
+    assert _unused_private_functions([tree]) == ["A._unused"]

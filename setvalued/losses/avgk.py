@@ -168,16 +168,6 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     return positions if where is None else where.index_select(0, positions)
 
 
-def _top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
-    """Bool mask (shape of ``values``) of the ``count`` largest entries of ``values``, ties at
-    the threshold by flat position (lower first): :func:`_largest_entries` as a mask."""
-    chosen = torch.zeros(values.numel(), dtype=torch.bool, device=values.device)
-    # index_fill_ and scatter_ of a Python value here and below: an indexed write of one would
-    # copy a CPU value to the device, blocking (issue #34)
-    chosen.index_fill_(0, _largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count), True)
-    return chosen.view(values.shape)
-
-
 def _masked_log_probs(sccp_logits: torch.Tensor, targets: torch.Tensor, log_probs: torch.Tensor | None) -> torch.Tensor:
     """Detached ``log varsigma(Z')`` (float32 at least) with -inf at the labels (eq. 5.11)."""
     if log_probs is None:
@@ -222,6 +212,8 @@ def candidate_masks(
     """
     batch, num_classes = sccp_logits.shape
     device = sccp_logits.device
+    # scatter_ and index_fill_ of a Python value: an indexed write of one would copy a CPU
+    # value to the device, blocking (issue #34)
     positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=device).scatter_(1, targets.unsqueeze(1), True)
     candidate = torch.zeros(batch * num_classes, dtype=torch.bool, device=device)
     candidate.index_fill_(0, candidate_indices(sccp_logits, targets, k, log_probs), True)

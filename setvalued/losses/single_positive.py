@@ -220,10 +220,6 @@ class ROLELoss(SetValuedLoss):
         self.label_logits = nn.Parameter(init)
         self.register_buffer("seen", torch.zeros(self.num_examples, dtype=torch.bool))
 
-    def label_estimates(self, indices: torch.Tensor) -> torch.Tensor:
-        """g = sigma(Theta[indices])."""
-        return torch.sigmoid(self.label_logits[indices])
-
     def _regulariser(self, probs: torch.Tensor) -> torch.Tensor:
         return (probs.sum(dim=1).mean() - self.k) ** 2 / self.num_classes**2
 

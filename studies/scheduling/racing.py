@@ -426,10 +426,6 @@ class SeedRace:
         p = np.where((k >= 2) & np.isfinite(p) & ~degenerate, p, np.nan)
         return p, np.where(k >= 1, mean, np.nan), k
 
-    def _round(self, index: int) -> int:
-        """Round of the seed at `index` of the sequence: 0 for the initial seeds."""
-        return seed_round(index, self.initial, self.step)
-
     def _signed(self, diff: float) -> float:
         """A difference of scores back in the metric's direction."""
         return diff if self.mode == "max" else -diff
