@@ -271,7 +271,7 @@ class _TwoHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, sccp, ml, targets, k, alpha):
+    def forward(ctx: Any, sccp: Any, ml: Any, targets: Any, k: Any, alpha: Any) -> torch.Tensor:
         batch, num_classes = ml.shape
         column = targets.unsqueeze(1)
         log_probs = torch.log_softmax(sccp, dim=1)
@@ -304,7 +304,7 @@ class _TwoHeadLoss(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         sccp, ml, targets, positives, rows = ctx.saved_tensors
         if ctx.buffers is None:  # a second backward pass: the first one wrote over the buffers
             log_probs, sigmoid = torch.log_softmax(sccp, dim=1), torch.sigmoid(ml)

@@ -195,6 +195,9 @@ class ROLELoss(SetValuedLoss):
     head = "linear"
     requires_indices = True
 
+    #: which training examples' estimates have been initialised (a buffer)
+    seen: torch.Tensor
+
     def __init__(
         self,
         k: float = 5,

@@ -37,20 +37,14 @@ differentiable operations, so second derivatives work too.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from setvalued.losses.base import SetValuedLoss, register_loss
-from setvalued.losses.topk import (
-    check_float,
-    check_int,
-    check_k_for_classes,
-    check_targets,
-    kth_largest,
-    score_tensor,
-    scores_of_targets,
-)
+from setvalued.losses.topk import kth_largest, scores_of_targets
+from setvalued.losses.topk_operator import check_float, check_int, check_k_for_classes, check_targets, score_tensor
 
 __all__ = ["SmoothTopKSVM", "log_elementary_symmetric", "hard_topk_svm", "LOG_ZERO"]
 
@@ -177,7 +171,7 @@ class _BodyLogSigma(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, shift, k):
+    def forward(ctx: Any, x: Any, shift: Any, k: Any) -> torch.Tensor:
         with torch.no_grad():
             sigma = elementary_symmetric_unit(torch.exp(x - shift), k)
             degrees = torch.arange(k + 1, dtype=x.dtype, device=x.device)
@@ -188,7 +182,7 @@ class _BodyLogSigma(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, shift, out, kept = ctx.saved_tensors
         k = ctx.k
         degrees = torch.arange(k + 1, dtype=x.dtype, device=x.device)
@@ -328,5 +322,5 @@ class SmoothTopKSVM(SetValuedLoss):
         use_hard = (top[:, k - 1] - top[:, k]) >= k * tau * math.log(HARD_SWITCH_RATIO)
         return torch.where(use_hard, hard_topk_svm(scores, targets, k, self.alpha), smooth)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         return self.reduce(self.per_sample(output, targets))

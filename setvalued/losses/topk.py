@@ -20,7 +20,8 @@ Public helpers:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -73,7 +74,18 @@ class _NoisedHinge(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, scores, targets, margin, k, epsilon, n_samples, scale, noise, exact):
+    def forward(
+        ctx: Any,
+        scores: Any,
+        targets: Any,
+        margin: Any,
+        k: Any,
+        epsilon: Any,
+        n_samples: Any,
+        scale: Any,
+        noise: Any,
+        exact: Any,
+    ) -> torch.Tensor:
         smoothed, indices = perturbed_kth_largest(scores, k, epsilon, n_samples, noise, exact)
         target_scores = scores.detach().gather(1, targets.unsqueeze(1)).squeeze(1)
         hinge = smoothed.add_(margin).sub_(target_scores)
@@ -92,7 +104,7 @@ class _NoisedHinge(torch.autograd.Function):
         return hinge.clamp_(min=0.0)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         picks, weights = ctx.saved_tensors
         grad = weights.new_zeros(picks.shape[0], ctx.num_classes)
         grad.scatter_add_(1, picks, weights * grad_output.unsqueeze(1).to(weights.dtype))
@@ -145,6 +157,8 @@ def ldam_margins(
 class _MarginLoss(SetValuedLoss):
     """Shared part of the losses that hold per-class margins as a buffer."""
 
+    margins: torch.Tensor
+
     def _init_margins(self, class_counts: Any, max_margin: float, num_classes: int | None) -> None:
         if num_classes is not None:
             num_classes = check_int("num_classes", num_classes, 2)
@@ -174,7 +188,7 @@ class CrossEntropy(SetValuedLoss):
     def __init__(self, reduction: str = "mean"):
         super().__init__(reduction)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores = score_tensor(output, "ce")
         targets = check_targets(targets, scores, "ce")
         return self.reduce(F.cross_entropy(working_dtype(scores), targets, reduction="none"))
@@ -194,7 +208,7 @@ class Focal(SetValuedLoss):
         super().__init__(reduction)
         self.gamma = check_float("gamma", gamma, 0.0)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores = score_tensor(output, "focal")
         targets = check_targets(targets, scores, "focal")
         ce = F.cross_entropy(working_dtype(scores), targets, reduction="none")
@@ -224,7 +238,7 @@ class LDAM(_MarginLoss):
         self,
         max_margin: float = 0.5,
         scale: float = 30.0,
-        class_counts=None,
+        class_counts: Any = None,
         num_classes: int | None = None,
         reduction: str = "mean",
     ):
@@ -232,7 +246,7 @@ class LDAM(_MarginLoss):
         self.scale = check_float("scale", scale, 0.0, strict=True)
         self._init_margins(class_counts, max_margin, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores = working_dtype(score_tensor(output, "ldam"))
         targets = check_targets(targets, scores, "ldam")
         margin = self._target_margins(scores, targets)
@@ -267,7 +281,7 @@ class _TopKLoss(SetValuedLoss):
             num_classes = check_int("num_classes", num_classes, 2)
             check_k_for_classes(self.k, num_classes, self.registry_name, self.k_reason)
 
-    def _scores_and_targets(self, output, targets):
+    def _scores_and_targets(self, output: Any, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = working_dtype(score_tensor(output, self.registry_name))
         targets = check_targets(targets, scores, self.registry_name)
         check_k_for_classes(self.k, scores.shape[1], self.registry_name, self.k_reason)
@@ -286,7 +300,7 @@ class HingeTopK(_TopKLoss):
         super().__init__(reduction)
         self._init_k(k, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores, targets = self._scores_and_targets(output, targets)
         is_target = F.one_hot(targets, scores.shape[1]).bool()
         others = scores.masked_fill(is_target, float("-inf"))
@@ -308,7 +322,7 @@ class ConvexHingeTopK(_TopKLoss):
         super().__init__(reduction)
         self._init_k(k, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores, targets = self._scores_and_targets(output, targets)
         shifted = scores + 1.0 - F.one_hot(targets, scores.shape[1]).to(scores.dtype)
         top_mean = torch.topk(shifted, self.k, dim=1).values.mean(dim=1)
@@ -329,7 +343,7 @@ class CalibratedHingeTopK(_TopKLoss):
         super().__init__(reduction)
         self._init_k(k, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores, targets = self._scores_and_targets(output, targets)
         return self.reduce(F.relu(1.0 + kth_largest(scores, self.k + 1) - scores_of_targets(scores, targets)))
 
@@ -340,7 +354,12 @@ class CalibratedHingeTopK(_TopKLoss):
 
 
 def _noised_member_losses(
-    loss, output: Any, targets: torch.Tensor, indices: torch.Tensor | None, draws: Sequence[Any], margin_of
+    loss: NoisedTopK | NoisedTopKImbalanced,
+    output: Any,
+    targets: torch.Tensor,
+    indices: torch.Tensor | None,
+    draws: Sequence[Any],
+    margin_of: Callable[[torch.Tensor, torch.Tensor], Any],
 ) -> torch.Tensor:
     """``member_losses`` of the noised top-K losses: where the draw is one ``randn(B, M, L)``
     per call whatever the scores (:func:`draws_every_class`), each member draws it under its own
@@ -424,12 +443,18 @@ class NoisedTopK(_TopKLoss):
             scores, targets, 1.0, self.k + 1, self.epsilon, self.n_samples, 1.0, noise, self.exact
         )
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         return self.reduce(self.per_sample(output, targets))
 
     draws_torch_only = True
 
-    def member_losses(self, output, targets, indices, draws):
+    def member_losses(
+        self,
+        output: Any,
+        targets: torch.Tensor,
+        indices: torch.Tensor | None,
+        draws: Sequence[AbstractContextManager[Any] | None],
+    ) -> torch.Tensor:
         return _noised_member_losses(self, output, targets, indices, draws, lambda scores, targets: (1.0, 1.0))
 
 
@@ -454,7 +479,7 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
         n_samples: int = 5,
         max_margin: float = 0.2,
         scale: float = 50.0,
-        class_counts=None,
+        class_counts: Any = None,
         num_classes: int | None = None,
         reduction: str = "mean",
         exact: bool = False,
@@ -479,12 +504,18 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
             scores, targets, margin, self.k + 1, self.epsilon, self.n_samples, self.scale, noise, self.exact
         )
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         return self.reduce(self.per_sample(output, targets))
 
     draws_torch_only = True
 
-    def member_losses(self, output, targets, indices, draws):
+    def member_losses(
+        self,
+        output: Any,
+        targets: torch.Tensor,
+        indices: torch.Tensor | None,
+        draws: Sequence[AbstractContextManager[Any] | None],
+    ) -> torch.Tensor:
         return _noised_member_losses(
             self,
             output,

@@ -417,19 +417,19 @@ class _PerturbedKthLargest(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, flat, k, epsilon, n_samples, noise, exact):
+    def forward(ctx: Any, flat: Any, k: Any, epsilon: Any, n_samples: Any, noise: Any, exact: Any) -> torch.Tensor:
         smoothed, indices = perturbed_kth_largest(flat, k, epsilon, n_samples, noise, exact)
         ctx.save_for_backward(indices)
         ctx.num_classes = flat.shape[-1]
         return smoothed
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (indices,) = ctx.saved_tensors
         return _scatter_mean_one_hot(grad_output, indices, ctx.num_classes), None, None, None, None, None
 
 
-def check_noise(noise: torch.Tensor, lead_shape: tuple, n_samples: int, like: torch.Tensor) -> torch.Tensor:
+def check_noise(noise: torch.Tensor, lead_shape: tuple[int, ...], n_samples: int, like: torch.Tensor) -> torch.Tensor:
     num_classes = like.shape[-1]
     expected = tuple(lead_shape) + (n_samples, num_classes)
     if tuple(noise.shape) != expected:
