@@ -41,12 +41,12 @@ def canonical(value: Any) -> Any:
     raise TypeError(f"a config holds only YAML values (mappings, lists, numbers, strings), got {type(value).__name__}")
 
 
-def canonical_json(config: dict) -> str:
+def canonical_json(config: dict[str, Any]) -> str:
     """The canonical JSON text of a config without its seed (sorted keys, no spaces)."""
     body = {k: v for k, v in config.items() if k != "seed"}
     return json.dumps(canonical(body), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def config_id(config: dict) -> str:
+def config_id(config: dict[str, Any]) -> str:
     """First 10 hex digits of the sha256 of :func:`canonical_json` (docs/interfaces.md §6)."""
     return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:10]

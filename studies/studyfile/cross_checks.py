@@ -54,12 +54,12 @@ def check_study(study: Study) -> None:
         raise Problems(problems)
 
 
-def _variant_configs(study: Study) -> tuple[dict[str, dict], dict[str, dict]]:
+def _variant_configs(study: Study) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """({variant: base deep-merged with its overlay}, {variant: its validated config}); every
     problem at the YAML path where it was written, raised together."""
     problems: list[Problem] = []
-    raws: dict[str, dict] = {}
-    configs: dict[str, dict] = {}
+    raws: dict[str, dict[str, Any]] = {}
+    configs: dict[str, dict[str, Any]] = {}
     overlays = {name: (overlay or {}) for name, overlay in study.variants.items()} or {DEFAULT_VARIANT: {}}
     for name, overlay in overlays.items():
         raw = deep_merge(study.base, overlay)
@@ -84,11 +84,11 @@ def _variant_configs(study: Study) -> tuple[dict[str, dict], dict[str, dict]]:
     return raws, configs
 
 
-def _unknown_variant(variant: str, configs: dict[str, dict]) -> str:
+def _unknown_variant(variant: str, configs: dict[str, dict[str, Any]]) -> str:
     return f"unknown variant {variant!r}; expected one of: {', '.join(configs)}"
 
 
-def _design_variant_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _design_variant_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """The variants each design block names exist."""
     return [
         Problem(("design", i, "variants", j), _unknown_variant(variant, configs))
@@ -125,7 +125,7 @@ def _derived_problems(study: Study) -> list[Problem]:
     return problems
 
 
-def _objective_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _objective_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """The objective: by default the first variant's selection metric (set on `study`), else a
     metric every variant logs."""
     if study.objective is None:
@@ -139,19 +139,20 @@ def _objective_problems(study: Study, configs: dict[str, dict]) -> list[Problem]
     return []
 
 
-def _scheduler_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _scheduler_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """Early stopping and ASHA: their metric (default: the objective's) a validation metric of
     every variant; metric and mode resolved on `study.scheduler`."""
+    objective = _objective(study)
     scheduler = study.scheduler
     if not isinstance(scheduler, (EarlyStopping, Asha)):
         return []
     problems = []
     rule = "early stopping" if isinstance(scheduler, EarlyStopping) else "asha"
-    metric = scheduler.metric or study.objective.metric
+    metric = scheduler.metric or objective.metric
     if scheduler.mode is None:
         scheduler.mode = (
-            study.objective.mode
-            if scheduler.metric in (None, study.objective.metric)
+            objective.mode
+            if scheduler.metric in (None, objective.metric)
             else ("min" if metric == "train/loss" else "max")
         )
     for config in configs.values():
@@ -164,7 +165,14 @@ def _scheduler_problems(study: Study, configs: dict[str, dict]) -> list[Problem]
     return problems
 
 
-def _asha_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _objective(study: Study) -> Objective:
+    """The study's objective, resolved by `_objective_problems` before the checks that read it."""
+    if study.objective is None:
+        raise RuntimeError("the objective is resolved before the checks that read it")
+    return study.objective
+
+
+def _asha_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """ASHA's first rung comes before every variant's last epoch."""
     if not isinstance(study.scheduler, Asha):
         return []
@@ -184,8 +192,9 @@ def _asha_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     return []
 
 
-def _pruner_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _pruner_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """An optuna block's pruner: alone to stop its configs, on a validation objective."""
+    objective = _objective(study)
     problems = []
     for index, block in study.optuna_blocks:
         if block.pruner is None:
@@ -201,7 +210,7 @@ def _pruner_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
                 )
             )
         for config in configs.values():
-            reason = check_metric(study.objective.metric, config["eval"], ("val",))
+            reason = check_metric(objective.metric, config["eval"], ("val",))
             if reason:
                 problems.append(
                     Problem(
@@ -216,21 +225,20 @@ def _pruner_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     return problems
 
 
-def _racing_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _racing_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """Racing: the metric that decides it (default: the objective's) logged by every variant,
     metric and mode resolved on `study.racing.until`; no optuna block beside it."""
+    objective = _objective(study)
     racing = study.racing
     if racing is None:
         return []
     problems = []
     until = racing.until
-    metric = until.metric or study.objective.metric
+    metric = until.metric or objective.metric
     if until.mode is None:
         from analysis.stats import lower_is_better  # (scipy: only for a race)
 
-        until.mode = (
-            study.objective.mode if metric == study.objective.metric else ("min" if lower_is_better(metric) else "max")
-        )
+        until.mode = objective.mode if metric == objective.metric else ("min" if lower_is_better(metric) else "max")
     for config in configs.values():
         reason = check_metric(metric, config["eval"], ("val", "test", "train"))
         if reason:
@@ -250,7 +258,7 @@ def _racing_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     return problems
 
 
-def _report_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _report_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """The report block: the variants it names exist, a curve's x is swept, every metric it
     reads is logged by some variant."""
     return [
@@ -263,7 +271,7 @@ def _report_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     ]
 
 
-def _compare_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _compare_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     compare = study.report.compare
     if compare is not None and compare.reference is not None and compare.reference not in configs:
         return [Problem(("report", "compare", "reference"), _unknown_variant(compare.reference, configs))]
@@ -282,7 +290,7 @@ def _curve_x_problems(study: Study) -> list[Problem]:
     ]
 
 
-def _set_size_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _set_size_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """``report.set_sizes``: its shot-group variant exists, its Ks are computed (``eval.avgk``)."""
     set_sizes = study.report.set_sizes
     if not isinstance(set_sizes, ReportSetSizes):
@@ -302,7 +310,7 @@ def _set_size_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
     return problems
 
 
-def _per_group_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _per_group_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """``report.count_bins`` and ``report.per_class``: some variant computes each metric (for
     count_bins, on one of its bins of training images)."""
     problems = []
@@ -330,7 +338,7 @@ def _per_group_problems(study: Study, configs: dict[str, dict]) -> list[Problem]
     return problems
 
 
-def _learning_curve_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _learning_curve_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """``report.learning_curves``: per-epoch metrics that every variant logs."""
     problems = []
     for i, metric in enumerate(study.report.learning_curves or []):
@@ -351,7 +359,7 @@ def _learning_curve_problems(study: Study, configs: dict[str, dict]) -> list[Pro
     return problems
 
 
-def _reference_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _reference_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """The variants the reference numbers' rows name exist."""
     return [
         Problem(("reference", s, "rows", i, "variant"), _unknown_variant(row.variant, configs))
@@ -361,7 +369,7 @@ def _reference_problems(study: Study, configs: dict[str, dict]) -> list[Problem]
     ]
 
 
-def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _report_metric_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """The metric paths of the report's tables, curves and comparison: each one some variant
     logs (a typo such as ``tset/top5`` would leave its column out of the report)."""
     report = study.report
@@ -393,7 +401,7 @@ def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Prob
     return problems
 
 
-def _overlay_touches(overlay: dict, config_path: Path_) -> bool:
+def _overlay_touches(overlay: dict[str, Any], config_path: Path_) -> bool:
     """Whether the overlay sets anything in the config section of ``config_path`` (so that a
     problem found in base may come from the combination with this variant)."""
     return bool(config_path) and config_path[0] in overlay

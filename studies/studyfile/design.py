@@ -94,7 +94,7 @@ class BlockBase(StrictModel):
 
     @field_validator("parameters", check_fields=False)
     @classmethod
-    def _dotted_paths(cls, parameters: dict) -> dict:
+    def _dotted_paths(cls, parameters: dict[str, Any]) -> dict[str, Any]:
         return _check_paths(parameters)
 
     def configs_per_variant(self) -> int:
@@ -107,7 +107,7 @@ class BlockBase(StrictModel):
         return list(getattr(self, "parameters", {}) or {})
 
 
-def _check_paths(parameters: dict) -> dict:
+def _check_paths(parameters: dict[str, Any]) -> dict[str, Any]:
     for path in parameters:
         if not re.match(DOTTED_PATH, path):
             raise ValueError(f"{path!r} is not a dotted config path such as loss.epsilon")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, Optional, cast
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
@@ -29,6 +29,9 @@ from setvalued.metrics import check_metric
 from setvalued.params import REQUIRED, Param, ParameterError
 from studies.studyfile.problems import Problem, did_you_mean
 from studies.studyfile.schema import StrictModel, fields_of, pydantic_problems, short_repr
+
+#: a rule over a whole config section (``setvalued.config.SECTION_RULES``): why not, or None
+SectionRule = Callable[[Mapping[str, Any]], str | None]
 
 __all__ = ["validate_config", "declared_param", "data_schema", "TrialConfigSchema"]
 
@@ -49,7 +52,7 @@ def _annotation(param: Param) -> Any:
         kind: Any = Literal[param.options]
     elif param.type == "list":
         item = _annotation(param.item) if param.item else Any
-        kind = list[item]
+        kind = list[item]  # type: ignore[valid-type]  # a type built at run time, for pydantic
     else:
         kind = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}[param.type]
     if bounds:
@@ -59,7 +62,7 @@ def _annotation(param: Param) -> Any:
 
 def _field(param: Param) -> tuple[Any, Any]:
     """``(annotation, FieldInfo)`` of a declared parameter for ``create_model``."""
-    length = {}
+    length: dict[str, Any] = {}
     if param.length is not None:
         length["min_length"] = param.length[0]
         if param.length[1] is not None:
@@ -70,18 +73,20 @@ def _field(param: Param) -> tuple[Any, Any]:
     return _annotation(param), Field(default_factory=lambda: copy.deepcopy(default), **length)
 
 
-def _rule_validator(param: Param):
-    def check(cls, value: Any) -> Any:
+def _rule_validator(param: Param) -> Any:
+    rule = cast(Callable[[Any], Any], param.rule)  # a parameter with a rule
+
+    def check(cls: Any, value: Any) -> Any:
         try:
-            return param.rule(value)
+            return rule(value)
         except ValueError as err:
             raise ValueError(f"expected {err}, got {value!r}") from None
 
     return classmethod(check)
 
 
-def _section_validator(rules):
-    def check(self):
+def _section_validator(rules: Sequence[SectionRule]) -> Callable[[Any], Any]:
+    def check(self: Any) -> Any:
         for rule in rules:
             reason = rule(self.model_dump())
             if reason:
@@ -91,28 +96,28 @@ def _section_validator(rules):
     return check
 
 
-def section_model(name: str, fields: Mapping[str, Param], rules=()) -> type[BaseModel]:
+def section_model(name: str, fields: Mapping[str, Param], rules: Sequence[SectionRule] = ()) -> type[BaseModel]:
     """A strict pydantic model of one config section from its declarations."""
-    validators = {
+    validators: dict[str, Any] = {
         f"_rule_{key}": field_validator(key)(_rule_validator(p)) for key, p in fields.items() if p.rule is not None
     }
     if rules:
         validators["_section_rules"] = model_validator(mode="after")(_section_validator(rules))
-    return create_model(
-        name, __base__=StrictModel, __validators__=validators, **{key: _field(p) for key, p in fields.items()}
-    )
+    declared: dict[str, Any] = {key: _field(p) for key, p in fields.items()}
+    return create_model(name, __base__=StrictModel, __validators__=validators, **declared)
 
 
 @functools.cache
 def data_schema(name: str) -> type[BaseModel]:
     """The ``data`` section of a registered data set (built-in or plugin)."""
-    return section_model(f"{name}_data", registry.section_fields("dataset", name), SECTION_RULES["data"])
+    fields = cast(dict[str, Param], registry.section_fields("dataset", name))  # a registered name
+    return section_model(f"{name}_data", fields, SECTION_RULES["data"])
 
 
 @functools.cache
 def _plugin_model_schema(name: str) -> type[BaseModel]:
     """The ``model`` section of a plugin model: name, head and its declared parameters."""
-    return section_model(f"{name}_model", registry.section_fields("model", name))
+    return section_model(f"{name}_model", cast(dict[str, Param], registry.section_fields("model", name)))
 
 
 def _plugin_model(name: Any) -> bool:
@@ -130,14 +135,15 @@ class TrialConfigSchema(StrictModel):
     """The top level of a trial config; ``data`` and ``loss`` are checked by their own schemas."""
 
     data: dict[str, Any] = Field(default_factory=lambda: {"name": "synthetic"})
-    model: ModelSection = Field(default_factory=ModelSection)
+    # the section models are built at import from the declarations: mypy sees variables
+    model: ModelSection = Field(default_factory=ModelSection)  # type: ignore[valid-type]
     loss: dict[str, Any]
-    optim: OptimSection = Field(default_factory=OptimSection)
-    epochs: _annotation(TOP_FIELDS["epochs"]) = TOP_FIELDS["epochs"].default
-    eval: EvalSection = Field(default_factory=EvalSection)
-    device: _annotation(TOP_FIELDS["device"]) = TOP_FIELDS["device"].default
-    amp: _annotation(TOP_FIELDS["amp"]) = TOP_FIELDS["amp"].default
-    compile: _annotation(TOP_FIELDS["compile"]) = TOP_FIELDS["compile"].default
+    optim: OptimSection = Field(default_factory=OptimSection)  # type: ignore[valid-type]
+    epochs: _annotation(TOP_FIELDS["epochs"]) = TOP_FIELDS["epochs"].default  # type: ignore[valid-type]
+    eval: EvalSection = Field(default_factory=EvalSection)  # type: ignore[valid-type]
+    device: _annotation(TOP_FIELDS["device"]) = TOP_FIELDS["device"].default  # type: ignore[valid-type]
+    amp: _annotation(TOP_FIELDS["amp"]) = TOP_FIELDS["amp"].default  # type: ignore[valid-type]
+    compile: _annotation(TOP_FIELDS["compile"]) = TOP_FIELDS["compile"].default  # type: ignore[valid-type]
 
     _device = field_validator("device")(_rule_validator(TOP_FIELDS["device"]))
 
@@ -147,7 +153,7 @@ class TrialConfigSchema(StrictModel):
 # --------------------------------------------------------------------------------------------
 
 
-def _validate_loss(raw: Any, num_classes: int | None, problems: list[Problem]) -> dict | None:
+def _validate_loss(raw: Any, num_classes: int | None, problems: list[Problem]) -> dict[str, Any] | None:
     """The loss section checked against its declaration, defaults filled in; None on problems."""
     if not isinstance(raw, dict):
         problems.append(
@@ -246,7 +252,7 @@ def _timm_model(name: str) -> bool:
     return bool(timm.is_model(name))
 
 
-def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
+def validate_config(raw: Any) -> tuple[dict[str, Any] | None, list[Problem]]:
     """Check one trial config (docs/interfaces.md section 1) and fill in its defaults.
 
     Returns ``(config, [])`` or ``(None, problems)``; problem paths are relative to the config.
@@ -277,7 +283,7 @@ def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
     return _without_implicit_defaults(config), []
 
 
-def _sections(raw: dict, plugin_model: bool) -> tuple[Any, dict, list[Problem]]:
+def _sections(raw: dict[str, Any], plugin_model: bool) -> tuple[Any, dict[str, Any], list[Problem]]:
     """(the validated top level, its config with defaults, problems): a plugin model's
     section validated by its own schema (name, head and the plugin's parameters)."""
     try:
@@ -301,7 +307,7 @@ def _sections(raw: dict, plugin_model: bool) -> tuple[Any, dict, list[Problem]]:
     return top, config, []
 
 
-def _data_section(data_raw: dict) -> tuple[dict, int | None, list[Problem]]:
+def _data_section(data_raw: dict[str, Any]) -> tuple[dict[str, Any], int | None, list[Problem]]:
     """(the data section with its data set's defaults, its number of classes, problems): the
     data set registered, its parameters its own."""
     data_name = data_raw.get("name", "synthetic")
@@ -331,7 +337,7 @@ def _data_section(data_raw: dict) -> tuple[dict, int | None, list[Problem]]:
     return data, data.get("num_classes", datasets[data_name].num_classes), []
 
 
-def _model_problems(model: dict, data: dict, plugin_model: bool) -> list[Problem]:
+def _model_problems(model: dict[str, Any], data: dict[str, Any], plugin_model: bool) -> list[Problem]:
     """The model registered (or a timm architecture), and able to read the data's form."""
     if not _model_exists(model["name"]):
         return [
@@ -353,7 +359,7 @@ def _model_problems(model: dict, data: dict, plugin_model: bool) -> list[Problem
     return []
 
 
-def _eval_problems(ev: dict, num_classes: int | None) -> list[Problem]:
+def _eval_problems(ev: dict[str, Any], num_classes: int | None) -> list[Problem]:
     """Every K of ``eval.ks`` and ``eval.avgk`` at most the number of classes; the selection
     metric one the trial logs."""
     problems = []
@@ -374,13 +380,13 @@ def _eval_problems(ev: dict, num_classes: int | None) -> list[Problem]:
     return problems
 
 
-def _without_implicit_defaults(config: dict) -> dict:
+def _without_implicit_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """The config without the section fields declared ``implicit`` that hold their default
     (``Param.implicit``: a config holds them only when they differ, so adding such a field
     changed no config_id); the trainer fills them in again."""
     model = config["model"].get("name")
     sections = {
-        "model": registry.section_fields("model", model) if _plugin_model(model) else MODEL_FIELDS,
+        "model": (registry.section_fields("model", model) or {}) if _plugin_model(model) else MODEL_FIELDS,
         "optim": OPTIM_FIELDS,
         "eval": EVAL_FIELDS,
         "data": registry.section_fields("dataset", config["data"].get("name")) or {},
@@ -399,7 +405,7 @@ def _unknown_field_hint(problem: Problem, model: type[BaseModel], context: str =
     """Add the accepted field names to an 'unknown field' problem of a trial-config section."""
     if problem.message != "unknown field":
         return problem
-    path: list = [p for p in problem.path if isinstance(p, str)]
+    path: list[str] = [p for p in problem.path if isinstance(p, str)]
     target: Any = model
     section = path[:-1]
     if model is TrialConfigSchema and section:
