@@ -216,7 +216,7 @@ def mean_ci(
     return Interval(n, mean, sd, low, high, level, method, dropped_note, clipped)
 
 
-def holm(pvalues: Sequence[float]) -> np.ndarray:
+def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values; NaN entries stay NaN and do not count in m.
 
     Sorted p_(1) <= ... <= p_(m): adj_(i) = max_{j<=i} min(1, (m - j + 1) p_(j)).

@@ -478,7 +478,7 @@ def heatmaps(
         vmin, vmax = vmin - 0.5, vmax + 0.5
     fig = new_figure(PANEL_FIGSIZE)
     axes = panel_grid(fig, len(grids), 3)
-    image = None
+    image: Any = None
     for ax, grid in zip(axes, grids):
         image = _draw_heat_map(ax, grid, vmin, vmax, factor, lower)
     fig.colorbar(
@@ -543,7 +543,7 @@ def _draw_heat_map(ax, grid: _HeatGrid, vmin: float, vmax: float, factor: float,
     ax.set_xlabel(grid.x, fontsize=8)
     ax.set_ylabel(grid.y, fontsize=8)
     ax.set_title(f"{grid.variant} ({len(cells)} configs)", fontsize=9)
-    best = (min if lower else max)(cells, key=cells.get)
+    best = (min if lower else max)(cells, key=lambda cell: cells[cell])
     bx, by = kxs.index(best[0]), kys.index(best[1])
     ax.add_patch(Rectangle((bx - 0.5, by - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.6))
     if len(kxs) <= 8 and len(kys) <= 8:

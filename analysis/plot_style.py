@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -165,7 +165,7 @@ def label_reference_lines(
         return []
     fig.canvas.draw()  # final axes positions and limits
     fig.set_layout_engine("none")
-    renderer = fig.canvas.get_renderer()
+    renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # new_figure's canvas
     texts = []
     for ax, entries in items.items():
         placed = [

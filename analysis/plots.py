@@ -177,7 +177,7 @@ def shot_group_bars(
     present = [m for m in metrics if any(r["metric"] == m for r in rows)]
     if not present:
         raise ValueError(f"no shot-group metric among {metrics} in the summary")
-    firsts = {}
+    firsts: dict[str, Mapping[str, Any]] = {}
     for r in rows:
         if r["metric"] in present:
             firsts.setdefault(r["config_id"], r)
@@ -198,7 +198,9 @@ def shot_group_bars(
         for metric in present:
             row = by_key.get((config_id, metric))
             if row is None or row["n"] == 0:
-                heights.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
+                heights.append(math.nan)
+                err_low.append(math.nan)
+                err_high.append(math.nan)
                 continue
             label = label or config_label(row)
             n_values.add(row["n"])
@@ -315,7 +317,9 @@ def _bin_means(
     for _, metric in present:
         row = by_key.get((config_id, metric))
         if row is None or row["n"] == 0 or row["mean"] is None:
-            means.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
+            means.append(math.nan)
+            err_low.append(math.nan)
+            err_high.append(math.nan)
             continue
         n_values.add(row["n"])
         mean = row["mean"] * factor

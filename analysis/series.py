@@ -97,7 +97,7 @@ def _curve_context(rows: Sequence[Mapping[str, Any]], x: str) -> tuple[dict[str,
 
 
 def _baseline_lines(
-    variant: Any, vrows: Sequence[Mapping[str, Any]], context: Mapping[str, str], varying: set[str]
+    variant: Any, vrows: Sequence[dict[str, Any]], context: Mapping[str, str], varying: set[str]
 ) -> list[CurveSeries]:
     """A variant with no config on x (a baseline): each config in the curve's context becomes
     a flat line, labelled by what sets it apart from the others when there are several."""
@@ -110,7 +110,7 @@ def _baseline_lines(
     return [CurveSeries(label, variant, [r], flat=True) for r, label in zip(candidates, labels)]
 
 
-def _variant_lines(variant: Any, vrows: Sequence[Mapping[str, Any]], x: str) -> list[CurveSeries]:
+def _variant_lines(variant: Any, vrows: Sequence[dict[str, Any]], x: str) -> list[CurveSeries]:
     """A variant's lines on x: its configs on x split by their other params (swept, or hidden
     ones that differ), each joined by the variant's config that sits at the line's other
     values without sweeping x (a sensitivity design's base cell); points sorted by x."""
@@ -288,7 +288,7 @@ def per_class_means(
     sums: dict[str, dict[int, list]] = {}
     runs_of: dict[str, set] = {}
     for row in rows:
-        run_id = row.get("run_id")
+        run_id: Any = row.get("run_id")
         if run_id not in config_of_run or row.get(metric) is None:
             continue
         config_id = config_of_run[run_id]

@@ -224,7 +224,7 @@ def variant_defining_paths(rows: Sequence[Mapping[str, Any]]) -> set[str]:
     These are what a variant overlay sets (loss name, its parameters, ...); they are not
     part of the context on which a variant is matched with the reference.
     """
-    per_variant: dict[str, dict[str, set]] = {}
+    per_variant: dict[Any, dict[str, set[Any]]] = {}
     for row in rows:
         values = per_variant.setdefault(row.get("variant"), {})
         for key, value in row.items():
@@ -266,7 +266,8 @@ def _context_key(row: Mapping[str, Any], ignore: set[str]) -> tuple[tuple, Any, 
     """(the params outside `loss.*`, the loss name, the `loss.*` params), the ignored paths
     and None values left out: `configs_match(a, b)` holds exactly when the first parts are
     equal and either the loss names differ or the last parts are equal too."""
-    outer, inner = [], []
+    outer: list[tuple[str, Any]] = []
+    inner: list[tuple[str, Any]] = []
     for key, value in row.items():
         if not key.startswith(PARAM_PREFIX) or value is None:
             continue
@@ -345,8 +346,8 @@ def _paired_record(
 ) -> dict[str, Any]:
     """One config against one reference config on `metric`: the paired test over the seeds
     both have a finite value for (the others counted in the note); `p_holm` comes later."""
-    a = {r["seed"]: r.get(metric) for r in group}
-    b = {r["seed"]: r.get(metric) for r in ref_group}
+    a: dict[Any, Any] = {r["seed"]: r.get(metric) for r in group}
+    b: dict[Any, Any] = {r["seed"]: r.get(metric) for r in ref_group}
     common = sorted(
         s
         for s in a.keys() & b.keys()

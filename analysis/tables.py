@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from analysis.collect import PARAM_PREFIX
 from analysis.distinct import VERSION_PARAM
@@ -183,7 +184,7 @@ def _only_swept(summary: list[dict], spec: ReportTable) -> list[dict]:
     return [r for r in summary if set(swept_of(r)) <= allowed]
 
 
-def _shown(sources: Sequence, published: Mapping[object, list]) -> list:
+def _shown(sources: Sequence[Any], published: Mapping[Any, list[Any]]) -> list[Any]:
     """The sources that have a column in the table, in the file's order (for the caption)."""
     return [s for s in sources if any(s is u for used in published.values() for u in used)]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 __all__ = [
     "load",
@@ -99,7 +99,7 @@ def dry_run(study, smoke: bool = False, smoke_epochs: int = 1) -> str:
     return format_cells_table(cells(study, smoke, smoke_epochs), study)
 
 
-def _options(output: PathLike, tracking_uri: str | None, **given):
+def _options(output: PathLike | None, tracking_uri: str | None, **given: Any) -> Any:
     from studies.running.runner import RunOptions
 
     return RunOptions(

@@ -274,7 +274,7 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
-def _read_back_errors() -> tuple[type, ...]:
+def _read_back_errors() -> tuple[type[Exception], ...]:
     """What a read-only command refuses with exit code 2: a study or store that is not there
     or not what the tool wrote (studies.readback), a store without the study (CollectError)."""
     from analysis.collect import CollectError

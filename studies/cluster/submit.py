@@ -46,7 +46,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 from urllib.parse import urlparse
 
 from studies.cluster.connection import (
@@ -324,13 +324,13 @@ def _project_to_ship(project_dir: str | os.PathLike | None | bool) -> Path | Non
         return find_project_dir()
     if project_dir in (False, None):
         return None
-    project = Path(project_dir).resolve()
+    project = Path(cast("str | os.PathLike[str]", project_dir)).resolve()
     if not project.is_dir():
         raise SubmitError(f"project folder {project} does not exist")
     return project
 
 
-def _check_submission(study_path: Path, tracking_uri: str | None, extra_args: Sequence[str]) -> None:
+def _check_submission(study_path: Path, tracking_uri: str, extra_args: Sequence[str]) -> None:
     """A changed study refused before the job, from the server's versions."""
     from studies.errors import RunnerError
     from studies.running.versions import check_submission

@@ -298,7 +298,7 @@ def estimate(
     )
 
 
-def _expected_epochs(scheduler: Any, cells: Sequence[Any]) -> list[float]:
+def _expected_epochs(scheduler: Any, cells: Sequence[Any]) -> Sequence[float]:
     """The epochs each cell is expected to train: its `epochs`, under ASHA the expected share."""
     epochs = [int(c.config.get("epochs", 1)) for c in cells]
     if scheduler.kind == "asha":

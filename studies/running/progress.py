@@ -334,7 +334,7 @@ class ProgressReporter:
         if not means:
             return None
         pick = max if self.mode == "max" else min
-        key = pick(means, key=means.get)
+        key = pick(means, key=lambda config: means[config])
         label = next((self.labels[c] for c in self._best_of if _config_key(c) == key and c in self.labels), key)
         return label, means[key]
 

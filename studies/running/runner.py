@@ -358,7 +358,7 @@ def _quiet_mlflow_client() -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
-def _print_dry_run(study: Any, cells: Sequence, stream: IO[str]) -> None:
+def _print_dry_run(study: Any, cells: list[Any], stream: IO[str]) -> None:
     """`--dry-run`: the table of cells, and the fused arrays they would train as."""
     from studies.cells.space import format_cells_table
 
@@ -460,7 +460,7 @@ def _run_trapped(session: StudySession, cells: Sequence, study_copy: Path, strea
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
-        outcome = _summarise(session, started, stream, termination.describe(stop) if interrupted else None)
+        outcome = _summarise(session, started, stream, termination.describe(stop) if stop is not None else None)
     if stop is not None:
         outcome.exit_code = termination.exit_code(stop)
     return outcome, interrupted
@@ -494,7 +494,7 @@ def _summarise(session: StudySession, started: float, stream: IO[str], stopped: 
     interrupted = stopped is not None
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
-    if interrupted:
+    if stopped is not None:
         _close_stopped(session, states, stopped, stream)
     not_needed: list[str] = []
     if session.race is not None:  # cells of configs the race decided: never started, not failures

@@ -14,7 +14,7 @@ import functools
 import gc
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from studies.cells.arrays import array_id, experiment_parts, fused_arrays
 from studies.cells.cell_queue import config_major
@@ -26,6 +26,10 @@ from studies.running.ray_session import RaySession
 from studies.running.run_options import RunOptions
 from studies.scheduling import session_scheduling
 from studies.tracking import StudyTracking, TrackingContext, finished_runs, new_session_id
+
+if TYPE_CHECKING:
+    from studies.running.tune_experiment import ExperimentParameters
+    from studies.scheduling.race_driver import RaceDriver
 
 
 class StudySession:
@@ -62,8 +66,8 @@ class StudySession:
         self.other_versions: dict[str, list[str]] = {}  # variant -> configs of the study's other versions
         self.resume = ResumePoints()  # cells that continue from an earlier session
         self.checkpoints_left = ResumePoints()  # every cell's, for an optuna block's proposals
-        self.race = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
-        self.parameters = None  # what its Tune experiments pass to their trials, put once
+        self.race: RaceDriver | None = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
+        self.parameters: ExperimentParameters | None = None  # what its Tune experiments pass to their trials, put once
         self.callback = None  # the progress line's callback: its counts go on from one experiment to the next
         self.proposals: list = []  # the optuna blocks run (studies.scheduling.optuna_rounds.OptunaProposals)
         self.finished_runs: list = []  # the finished run of each done cell, by `plan` (with its times)
@@ -131,8 +135,9 @@ class StudySession:
         if self.study.racing is not None:  # only the cells of configs still racing may run
             from studies.scheduling.race_driver import RaceDriver
 
-            self.race = RaceDriver.rebuild(self.study, cells, self.tracking, resumable=self.resume.folders())
-            wanted = set(self.race.runnable(to_run))
+            race = RaceDriver.rebuild(self.study, cells, self.tracking, resumable=self.resume.folders())
+            self.race = race
+            wanted = set(race.runnable(to_run))
         return done, [c for c in cells if c.cell_id in wanted]
 
     def best_values(self, runs: Sequence) -> dict[str, float]:
@@ -306,7 +311,7 @@ class StudySession:
                 arrays=per_trial > 1,
             )
 
-    def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
+    def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str | None], list]:
         """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
         the runs of its config alone (one query, whatever the size of the study); an
         unfinished cell continues from the checkpoint an earlier session left, if any."""
@@ -386,7 +391,7 @@ class StudySession:
             parameters=self.parameters,
             name=run_name,
             storage=str(root) if root is not None else str(self.options.storage),
-            context=self.context,
+            context=cast(TrackingContext, self.context),  # set by open_parent_run
             fit_fn=self.options.fit_fn,
             early_stopping=early,
             resources={"cpu": float(self.study.resources.cpus), "gpu": float(self.study.resources.gpus)},

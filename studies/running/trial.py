@@ -532,7 +532,7 @@ def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -
         except StopTraining:
             stopped_at = reporter.epochs_done
     tags = {TAG_STOPPED_EPOCH: str(stopped_at)}
-    if coordinator.prunes:
+    if coordinator is not None and coordinator.prunes:  # a stop comes from a coordinator
         tags[TAG_PRUNED] = coordinator.prunes
     reporter.run.set_tags(tags)
     # epochs cut to those done: fit resumes after the last one, trains nothing more and

@@ -264,7 +264,7 @@ class StudyTracking:
         return states
 
     def prepare(
-        self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None, grouped: Mapping[str, list] | None = None
+        self, cell_ids: Sequence[str], keep: dict[str, str] | None = None, grouped: Mapping[str, list] | None = None
     ) -> tuple[list[str], list[str]]:
         """Split the cells into (done, to_run) and clear what an earlier driver left.
 
@@ -278,7 +278,8 @@ class StudyTracking:
         """
         grouped = self.cell_runs() if grouped is None else grouped
         keep = keep if keep is not None else {}
-        done, to_run = [], []
+        done: list[str] = []
+        to_run: list[str] = []
         for cell_id in cell_ids:
             runs = grouped.get(cell_id, [])
             finished = finished_runs(runs)
