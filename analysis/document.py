@@ -177,10 +177,16 @@ def _md_table(table: Table) -> str:
         "|" + "|".join("---" for _ in table.header) + "|",
     ]
     for row in table.rows:
-        entries = [f"**{_md_escape(e.text)}**" if e.bold and e.text else _md_escape(e.text) for e in row]
+        entries = [
+            (f"**{_md_escape(e.text)}**" if e.bold and e.text else _md_escape(e.text))
+            + (f" ({_md_escape(e.detail)})" if e.detail else "")
+            for e in row
+        ]
         lines.append("| " + " | ".join(entries) + " |")
     if table.caption:
         lines += ["", f"*{_md_escape(table.caption)}*"]
+    if table.note:
+        lines += ["", f"> {_md_escape(table.note)}"]
     return "\n".join(lines)
 
 

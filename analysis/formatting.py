@@ -108,3 +108,35 @@ def p_text(p: float | None) -> str:
     if p is None or not math.isfinite(p):
         return "–"
     return f"{p:.3g}" if p >= 1e-4 else f"{p:.1e}"
+
+
+#: a mean over at most this many seeds shows its per-seed values beside its interval: with few
+#: seeds the values say more than the interval (issue 40)
+SEED_VALUES_UP_TO = 10
+#: fewer seeds than this behind an interval earn a note under its table
+FEW_SEEDS = 5
+
+
+def seed_values_text(values: Sequence[float], factor: float, digits: int) -> str:
+    """`seeds: 41.0, 95.1, 99.2`: the per-seed values of a mean over 2 to `SEED_VALUES_UP_TO`
+    seeds, in the printed unit (`factor` 100 for an accuracy); empty otherwise."""
+    if not 2 <= len(values) <= SEED_VALUES_UP_TO:
+        return ""
+    return "seeds: " + ", ".join(f"{v * factor:.{digits}f}" for v in values)
+
+
+def small_seed_note(ns: Sequence[int], clipped: int) -> str:
+    """The one line under a table of intervals over seeds: how many rest on fewer than
+    `FEW_SEEDS` seeds, how many are clipped to the metric's range; empty when neither."""
+    few = sum(1 for n in ns if 2 <= n < FEW_SEEDS)
+    parts = []
+    if few:
+        parts.append(
+            f"{few} interval{'s' if few != 1 else ''} rest{'' if few != 1 else 's'} on fewer than "
+            f"{FEW_SEEDS} seeds: wide, and {'their' if few != 1 else 'its'} per-seed values are shown"
+        )
+    if clipped:
+        parts.append(
+            f"{clipped} interval{'s' if clipped != 1 else ''} clipped to the metric's range (shown as [low, high])"
+        )
+    return ("Note: " + "; ".join(parts) + ".") if parts else ""

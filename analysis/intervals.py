@@ -251,7 +251,10 @@ class PairedResult:
 
 
 def paired_test(
-    a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL, bounds: tuple[float, float] | None = None
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    level: float = DEFAULT_LEVEL,
+    bounds: tuple[float, float] | None = None,
 ) -> PairedResult:
     """Paired t-test of a against b (same order = same seed): scipy.stats.ttest_rel's statistic.
 

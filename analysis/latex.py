@@ -83,7 +83,8 @@ def _row(cells: Sequence[str]) -> str:
 
 def _entry(entry) -> str:
     text = escape(entry.text)
-    return rf"\textbf{{{text}}}" if entry.bold and entry.text else text
+    text = rf"\textbf{{{text}}}" if entry.bold and entry.text else text
+    return text + (rf" {{\scriptsize {escape(entry.detail)}}}" if entry.detail else "")
 
 
 def table_tex(table: Table, label: str) -> str:
@@ -91,7 +92,8 @@ def table_tex(table: Table, label: str) -> str:
     columns = "".join("l" if i < table.label_columns else "r" for i in range(len(table.header)))
     header = _row([escape(h) for h in table.header])
     body = [_row([_entry(e) for e in row]) for row in table.rows]
-    caption = rf"\caption{{{escape(table.title)}. {escape(table.caption)}}}\label{{{label}}}"
+    note = f" {escape(table.note)}" if table.note else ""
+    caption = rf"\caption{{{escape(table.title)}. {escape(table.caption)}{note}}}\label{{{label}}}"
     if len(table.rows) > LONG_ROWS:
         return "\n".join(
             [

@@ -18,6 +18,19 @@ sd / sqrt(n); the seeds needed for a target half-width w are the smallest n with
 t_{(1+level)/2, n-1} · sigma / sqrt(n) <= w, sigma the pilot's sd (a planning value: the
 half-width a study will get varies with its own sd).
 
+The difference planned for is a stated smallest difference of interest: `--difference`, else
+the study file's `report.difference`, else `DEFAULT_DIFFERENCE` (1 percentage point for an
+accuracy), never the pilot's observed difference (planning for it is planning to detect
+whatever the pilot happened to see), and no "observed power" is printed: the power at the
+observed difference is a function of the p-value and says nothing more (Hoenig and Heisey,
+The American Statistician 55, 2001).
+
+The pilot's sd is itself uncertain: with n seeds, (n - 1) s² / sigma² follows chi-square on
+n - 1 df, so the one-sided upper `SD_CONFIDENCE` (80 %) confidence limit of sigma is
+s · sqrt((n - 1) / chi2_{1-0.8, n-1}) (Browne, Statistics in Medicine 14, 1995: planning with
+the 80 % upper limit reaches the intended power in at least 80 % of pilots). The seeds needed
+are quoted as a range: for sigma = s, and for sigma at its upper limit.
+
 The pilot gives sigma: the sd of the per-seed paired differences of a finished or partial
 study (`paired_comparisons`), or, from the published intervals of a study file's
 `reference:` block, sigma_a and sigma_b of the two configs (sd = half-width · sqrt(n) /
@@ -40,6 +53,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as _sps
 
+from analysis.report_schema import DEFAULT_DIFFERENCE
 from analysis.stats import DEFAULT_LEVEL, is_fraction_metric, t_quantile
 
 #: fewer paired seeds than this give no plan ("pilot too small")
@@ -48,7 +62,37 @@ DEFAULT_POWER = 0.8
 #: the largest number of seeds searched; a need above it is reported as "more than"
 MAX_PLAN_SEEDS = 1000
 NOTE_TOO_SMALL = f"pilot too small: fewer than {MIN_PILOT_SEEDS} paired seeds"
-NOTE_NO_DIFFERENCE = "no difference to detect (observed 0 and none stated)"
+#: the one-sided confidence of the pilot sd's upper limit the plan also uses (Browne 1995)
+SD_CONFIDENCE = 0.8
+__all__ = [
+    "DEFAULT_DIFFERENCE",
+    "DEFAULT_POWER",
+    "MAX_PLAN_SEEDS",
+    "MIN_PILOT_SEEDS",
+    "NOTE_TOO_SMALL",
+    "SD_CONFIDENCE",
+    "Cost",
+    "SeedsNeeded",
+    "paired_power",
+    "plan_comparison",
+    "published_half_width",
+    "published_seeds_needed",
+    "run_costs",
+    "sd_of_interval",
+    "sd_upper_limit",
+    "seeds_for_half_width",
+    "seeds_for_power",
+    "seeds_needed",
+    "unit_scale",
+]
+
+
+def sd_upper_limit(sd: float, n: int, confidence: float = SD_CONFIDENCE) -> float:
+    """The one-sided upper `confidence` limit of a standard deviation `sd` estimated from n
+    values: sd · sqrt((n - 1) / chi2_{1-confidence, n-1}) (module docstring)."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return float(sd) * math.sqrt((n - 1) / _sps.chi2.ppf(1.0 - confidence, n - 1))
 
 
 def _check(level: float, power: float) -> None:
@@ -136,13 +180,23 @@ class SeedsNeeded:
     n_pilot: int
     observed: float  # the pilot's mean difference
     sd: float  # of the paired differences
-    difference: float  # the one planned for (stated, else |observed|)
+    difference: float  # the smallest difference of interest planned for (stated, else DEFAULT_DIFFERENCE)
     half_width: float  # the target half-width
-    seeds_power: int | None
+    seeds_power: int | None  # for the power, with the pilot's sd
     seeds_half_width: int | None
-    power_now: float  # the power at the pilot's n for `difference`
+    sd_upper: float = math.nan  # the sd's upper SD_CONFIDENCE limit (`sd_upper_limit`)
+    seeds_power_upper: int | None = None  # for the power, with `sd_upper`
     note: str = ""
     source: str = "pilot"
+
+    def seeds_text(self) -> str:
+        """`6`, or `6–14`: with the pilot's sd, and with its upper limit; `–` without a plan."""
+        if not math.isfinite(self.sd_upper):
+            return "–" if self.seeds_power is None else str(self.seeds_power)
+        low, high = (
+            str(n) if n is not None else f">{MAX_PLAN_SEEDS}" for n in (self.seeds_power, self.seeds_power_upper)
+        )
+        return low if low == high else f"{low}–{high}"
 
 
 def plan_comparison(
@@ -164,11 +218,11 @@ def plan_comparison(
 ) -> SeedsNeeded:
     """Seeds for `power` and for the half-width of one comparison. `observed`, `sd` are in
     the metric's stored unit; `difference` and `half_width` in the printed one (default:
-    |observed|, and half of the difference)."""
+    `DEFAULT_DIFFERENCE`, and half of the difference)."""
     _check(level, power)
     scale = unit_scale(metric)
     obs, sd_p = observed * scale, sd * scale
-    planned = abs(difference) if difference is not None else abs(obs)
+    planned = abs(difference) if difference is not None else DEFAULT_DIFFERENCE
     width = half_width if half_width is not None else planned / 2.0
     notes = [note] if note else []
     if n < min_seeds or not math.isfinite(sd_p):
@@ -185,16 +239,16 @@ def plan_comparison(
             width,
             None,
             None,
-            math.nan,
-            "; ".join(notes),
-            source,
+            note="; ".join(notes),
+            source=source,
         )
     if not planned:
-        notes.append(NOTE_NO_DIFFERENCE)
-    seeds = seeds_for_power(planned, sd_p, power, level) if planned else None
-    if planned and seeds is None:
+        raise ValueError(f"the difference to detect must be above 0, got {difference!r}")
+    seeds = seeds_for_power(planned, sd_p, power, level)
+    upper = sd_upper_limit(sd_p, n)
+    seeds_upper = seeds_for_power(planned, upper, power, level)
+    if seeds is None:
         notes.append(f"more than {MAX_PLAN_SEEDS} seeds")
-    now = float(paired_power(n, planned, sd_p, level)) if planned and sd_p > 0 else (1.0 if planned else math.nan)
     return SeedsNeeded(
         metric,
         variant,
@@ -207,7 +261,8 @@ def plan_comparison(
         width,
         seeds,
         seeds_for_half_width(sd_p, width, level) if width else None,
-        now,
+        upper,
+        seeds_upper,
         "; ".join(notes),
         source,
     )

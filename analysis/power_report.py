@@ -1,6 +1,7 @@
-"""The report's "Power and cost" section: the seeds a reader would need to confirm each
-paired comparison at the report's level with 80 % power (`analysis.power`, from the
-study's own per-seed paired differences), and the GPU-hours the study's runs took (their
+"""The report's "Power and cost" section: the seeds a reader would need to detect the
+smallest difference of interest in each paired comparison at the report's level with 80 %
+power (`analysis.power`, from the study's own per-seed paired differences, as a range over the
+uncertainty of their sd), and the GPU-hours the study's runs took (their
 durations times the GPUs the study file requests per trial), per variant and in total."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 
 from analysis.document import Document
 from analysis.formatting import swept_text
-from analysis.power import DEFAULT_POWER, run_costs, seeds_needed
+from analysis.power import DEFAULT_DIFFERENCE, DEFAULT_POWER, SD_CONFIDENCE, run_costs, seeds_needed
 from analysis.results import StudyResults
 from analysis.stats import paired_comparisons
 from analysis.tables import Table, TableEntry, baseline_variant, compared_metrics
@@ -25,19 +26,19 @@ def _resources(results: StudyResults) -> tuple[float, float]:
         return 0.0, 1.0
 
 
-def power_table(results: StudyResults, metrics: Sequence[str], reference: str) -> Table | None:
-    """Seeds for DEFAULT_POWER to detect each comparison's observed difference."""
+def power_table(results: StudyResults, metrics: Sequence[str], reference: str, difference: float) -> Table | None:
+    """Seeds for DEFAULT_POWER to detect the smallest difference of interest `difference`
+    (printed unit), from the pilot's sd and from its upper confidence limit."""
     if not metrics:
         return None
     compared = paired_comparisons(
         results.rows, metrics, reference, results.level, variant_paths=results.study.variant_paths()
     ).to_pylist()
-    plans = seeds_needed(compared, power=DEFAULT_POWER, level=results.level)
+    plans = seeds_needed(compared, difference=difference, power=DEFAULT_POWER, level=results.level)
     if not plans:
         return None
     rows = []
     for plan in plans:
-        seeds = "–" if plan.seeds_power is None else str(plan.seeds_power)
         rows.append(
             [
                 TableEntry(plan.metric),
@@ -46,8 +47,8 @@ def power_table(results: StudyResults, metrics: Sequence[str], reference: str) -
                 TableEntry(str(plan.n_pilot)),
                 TableEntry(f"{plan.observed:+.2f}" if math.isfinite(plan.observed) else "–"),
                 TableEntry(f"{plan.sd:.2f}" if math.isfinite(plan.sd) else "–"),
-                TableEntry(f"{plan.power_now:.2f}" if math.isfinite(plan.power_now) else "–"),
-                TableEntry(seeds),
+                TableEntry(f"{plan.sd_upper:.2f}" if math.isfinite(plan.sd_upper) else "–"),
+                TableEntry(plan.seeds_text()),
                 TableEntry(plan.note),
             ]
         )
@@ -58,19 +59,28 @@ def power_table(results: StudyResults, metrics: Sequence[str], reference: str) -
         "seeds (pairs)",
         "difference",
         "sd of differences",
-        "power now",
-        f"seeds for {DEFAULT_POWER:.0%} power",
+        f"sd, upper {SD_CONFIDENCE:.0%} limit",
+        f"seeds for {DEFAULT_POWER:.0%} power to detect ±{difference:g}",
         "note",
     ]
     caption = (
         f"Seeds a paired t-test (two-sided at {1 - results.level:.2g}) needs for "
-        f"{DEFAULT_POWER:.0%} power to detect the observed difference, the sd of the "
-        f"per-seed paired differences taken as known: power(n) from the non-central t "
-        f"with df = n−1 and ncp = d·√n / sd. Differences and sds of accuracies in "
-        f"percentage points. `studies plan` gives them for a stated difference."
+        f"{DEFAULT_POWER:.0%} power to detect a difference of {difference:g} (the smallest "
+        f"difference of interest: `report.difference` or --difference, default "
+        f"{DEFAULT_DIFFERENCE:g}; not the observed one): power(n) from the non-central t with "
+        f"df = n−1 and ncp = d·√n / sd. The sd of a few paired seeds is uncertain: the range "
+        f"runs from the seeds for the observed sd to those for its one-sided upper "
+        f"{SD_CONFIDENCE:.0%} confidence limit (chi-square on n−1 df; Browne 1995). No power at "
+        f"the observed difference is shown: it only restates the p-value (Hoenig and Heisey "
+        f"2001). Differences and sds of accuracies in percentage points."
     )
     return Table(
-        f"Seeds to confirm each comparison against {reference!r}", header, rows, caption, label_columns=3, paper=False
+        f"Seeds to detect a difference of {difference:g} against {reference!r}",
+        header,
+        rows,
+        caption,
+        label_columns=3,
+        paper=False,
     )
 
 
@@ -95,13 +105,17 @@ def cost_table(results: StudyResults) -> Table:
     return Table("Compute used", ["variant", "runs", "hours", "GPU-hours", "CPU-hours"], rows, caption, paper=False)
 
 
-def power_and_cost(doc: Document, results: StudyResults, metrics: Sequence[str]) -> None:
-    """Add the section to `doc` (after the paired comparisons)."""
+def power_and_cost(
+    doc: Document, results: StudyResults, metrics: Sequence[str], difference: float | None = None
+) -> None:
+    """Add the section to `doc` (after the paired comparisons); `difference` overrides the
+    study file's `report.difference`."""
     doc.heading("Power and cost")
     reference = baseline_variant(results)
     metrics = compared_metrics(results, metrics)
+    difference = difference if difference is not None else results.study.report.difference
     table = (
-        power_table(results, metrics, reference)
+        power_table(results, metrics, reference, difference)
         if len(results.variants) >= 2 and reference in results.variants
         else None
     )

@@ -20,6 +20,7 @@ What is shown is chosen by the study file's `report` block; its keys, and those 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from analysis.collect import Collected, collect, display_uri
@@ -58,12 +59,17 @@ def build_report(
     level: float | None = None,
     ci_method: str | None = None,
     n_boot: int = 10_000,
+    difference: float | None = None,
 ) -> Path:
     """Write `report.html`, `report.md` and `figures/` into `out_dir`; return the HTML path.
 
-    `level` and `ci_method` override the study's `report.level` / `report.ci`
-    (defaults 0.95 and Student's t).
+    `level`, `ci_method` and `difference` override the study's `report.level` / `report.ci` /
+    `report.difference` (defaults 0.95, Student's t and 1 percentage point).
     """
+    if difference is not None and not (difference > 0 and math.isfinite(difference)):
+        raise ReportError(
+            f"--difference: expected a number above 0 (percentage points for accuracies), got {difference!r}"
+        )
     out_dir = Path(out_dir)
     figures_dir = out_dir / "figures"
     collected = collect(tracking_uri, study_name)  # first: a study that is not there makes no folder
@@ -96,7 +102,7 @@ def build_report(
             doc.table(table)
         else:
             doc.paragraph(message, note=message.startswith(NO_BASELINE))
-        power_and_cost(doc, results, table_metrics)
+        power_and_cost(doc, results, table_metrics, difference)
 
     results.notes += unmatched_rows(study.reference, results.rows)
     for note in results.notes:

@@ -20,6 +20,9 @@ report:
   epoch_time: {x: loss.k}      # or true; default when loss.k is swept
   shot_groups: [top5]          # bars of test/{few,medium,many}/top5; default when logged
   compare: {reference: ce, metrics: [test/top5]}   # default: the first variant
+  difference: 1.0              # the smallest difference of interest the seeds are planned for,
+                               #   in the printed unit (percentage points for accuracies);
+                               #   `studies report/plan/compare --difference` overrides it
   learning_curves: [val/top5, train/top5]  # a per-epoch metric against the epoch, a line
                                #   per config (one request per run and metric; none by default)
   set_sizes: {ks: [5], by_shot: avg}  # or true / false; average-K set-size histograms
@@ -79,7 +82,13 @@ __all__ = [
     "ReferenceRow",
     "References",
     "SINGLE_SOURCE_LABEL",
+    "DEFAULT_DIFFERENCE",
 ]
+
+
+#: the smallest difference of interest when none is stated: 1 percentage point of an accuracy
+#: (`report.difference`; the power plans of `analysis.power`)
+DEFAULT_DIFFERENCE = 1.0
 
 
 class _Strict(BaseModel):
@@ -138,6 +147,7 @@ class Report(_Strict):
     epoch_time: Any = None  # true, or {x: dotted path}; default when loss.k is swept
     shot_groups: list[Any] | None = None  # [top5, ...] or [{metric: top5, split: test}]
     compare: ReportCompare | None = None
+    difference: float = Field(DEFAULT_DIFFERENCE, gt=0)  # smallest difference of interest (printed unit)
     count_bins: list[str] | None = None  # base metrics (top1, avg5) per bin of training images
     per_class: list[str] | None = None  # base metrics per class against its training images
     show_pruned: bool = False  # pruned configs (studies.pruned) in the tables and figures

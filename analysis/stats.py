@@ -376,6 +376,7 @@ def _paired_record(
         "p_value": result.p_value,
         "level": level,
         "seeds": common,
+        "differences": [a[s] - b[s] for s in common],
         "note": note,
         "clipped": result.clipped,
     }
@@ -417,6 +418,7 @@ _PAIRED_SCHEMA = pa.schema(
         ("p_holm", pa.float64()),
         ("level", pa.float64()),
         ("seeds", pa.list_(pa.int64())),
+        ("differences", pa.list_(pa.float64())),  # a - b per common seed
         ("note", pa.string()),
         ("clipped", pa.bool_()),
     ]

@@ -16,7 +16,17 @@ from typing import Any
 
 from analysis.collect import PARAM_PREFIX
 from analysis.distinct import VERSION_PARAM
-from analysis.formatting import NO_SWEPT_TEXT, auto_digits, format_mean_ci, p_text, param_label, swept_text, value_text
+from analysis.formatting import (
+    NO_SWEPT_TEXT,
+    auto_digits,
+    format_mean_ci,
+    p_text,
+    param_label,
+    seed_values_text,
+    small_seed_note,
+    swept_text,
+    value_text,
+)
 from analysis.published import column_header, published_value, sources_caption
 from analysis.report_schema import ReportTable
 from analysis.results import StudyResults, swept_of
@@ -27,11 +37,14 @@ MAX_ERROR_CHARS = 300  # of the first line of an error, in the failed-cells tabl
 
 @dataclass
 class TableEntry:
-    """The text of one entry of a table, bold (best of its column or row) or muted."""
+    """The text of one entry of a table, bold (best of its column or row) or muted; `detail`:
+    what stands behind it, shown under it in HTML, after it in Markdown and in small type in LaTeX
+    (the per-seed values of a mean over at most `SEED_VALUES_UP_TO` seeds)."""
 
     text: str
     bold: bool = False
     muted: bool = False
+    detail: str = ""
 
 
 @dataclass
@@ -45,6 +58,7 @@ class Table:
     caption: str = ""
     label_columns: int = 1
     paper: bool = True  # written to tables.tex too (the failed cells are not)
+    note: str = ""  # one line set apart under the caption: few seeds, clipped intervals
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -74,6 +88,7 @@ def without_idle_columns(table: Table, droppable: Sequence[str]) -> tuple[Table,
         table.caption,
         label_columns=max(1, labels),
         paper=table.paper,
+        note=table.note,
     ), facts
 
 
@@ -173,7 +188,16 @@ def _value_entry(row: Mapping | None, metric: str, digits: int, typical_n: int |
         text = format_mean_ci(mean, half, digits)
     if typical_n is not None and row["n"] != typical_n:
         text += f" (n={row['n']})"
-    return TableEntry(text, bold=bold)
+    factor = 100.0 if is_fraction_metric(metric) else 1.0
+    return TableEntry(text, bold=bold, detail=seed_values_text(row.get("values") or [], factor, digits))
+
+
+def _seed_note(summary_rows: Sequence[Mapping]) -> str:
+    """The one-line note under a result table (`small_seed_note`) of its summary rows."""
+    return small_seed_note(
+        [r["n"] for r in summary_rows if not r["no_interval"]],
+        sum(1 for r in summary_rows if r.get("clipped")),
+    )
 
 
 def _only_swept(summary: list[dict], spec: ReportTable) -> list[dict]:
@@ -279,7 +303,7 @@ def metrics_table(results: StudyResults, spec: ReportTable, index: int) -> Table
     caption += sources_caption(_shown(sources, published))
     if missing:
         caption += f" Not logged by any finished cell: {', '.join(missing)}."
-    return Table(title, header, rows, caption, label_columns=1 + len(swept_cols))
+    return Table(title, header, rows, caption, label_columns=1 + len(swept_cols), note=_seed_note(summary))
 
 
 def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table | None:
@@ -351,7 +375,7 @@ def variant_table(results: StudyResults, spec: ReportTable, index: int) -> Table
                 row.append(TableEntry(text or "", muted=True))
         rows.append(row)
     caption += sources_caption(_shown(sources, published))
-    return Table(title, header, rows, caption, label_columns=max(1, len(context_paths)))
+    return Table(title, header, rows, caption, label_columns=max(1, len(context_paths)), note=_seed_note(summary))
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -422,6 +446,7 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tup
             rows,
             _comparison_caption(results, reference),
             label_columns=4,
+            note=small_seed_note([r["n"] for r in compared], sum(1 for r in compared if r["clipped"])),
         ),
         droppable=("metric", "variant", baseline, "note"),
     )
@@ -451,7 +476,8 @@ def _nothing_to_compare(results: StudyResults, reference: str) -> str:
 
 def _comparison_row(r: Mapping, level: float) -> list[TableEntry]:
     """One paired comparison: the configs, the seeds paired, the mean difference with its
-    interval (percentage points for an accuracy; bold when Holm's p is significant), the p-values."""
+    interval (percentage points for an accuracy; bold when Holm's p is significant; the
+    per-seed differences as its detail), the p-values."""
     factor = 100.0 if is_fraction_metric(r["metric"]) else 1.0
     digits = 2 if factor == 100.0 else auto_digits([r["mean_diff"]]) + 1
     if math.isfinite(r["mean_diff"]):
@@ -466,7 +492,11 @@ def _comparison_row(r: Mapping, level: float) -> list[TableEntry]:
         TableEntry(swept_text(r["swept"])),
         TableEntry(swept_text(r["reference_swept"])),
         TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
-        TableEntry(diff, bold=_significant(r["p_holm"], level)),
+        TableEntry(
+            diff,
+            bold=_significant(r["p_holm"], level),
+            detail=seed_values_text(r["differences"] or [], factor, digits),
+        ),
         TableEntry(p_text(r["p_value"])),
         TableEntry(p_text(r["p_holm"])),
         TableEntry(r["note"] or ""),

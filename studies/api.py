@@ -12,6 +12,7 @@ and a study's results as pandas tables (docs/notebook.md walks through it).
     cells = api.table(outcome.study_name)                  # one row per finished cell
     curves = api.histories(outcome.study_name, ["val/top5"])  # per epoch, tidy
     api.report(outcome.study_name)                         # path of report.html
+    api.compare(["imbalance_a", "imbalance_b"], reference="ce")  # studies side by side
 
 Every function takes the same ``output`` folder and ``tracking_uri`` as the command line. The
 output folder is, in this order: the ``output`` argument, the folder given to `set_output`,
@@ -43,6 +44,9 @@ __all__ = [
     "report",
     "table",
     "histories",
+    "compare",
+    "compare_scores",
+    "comparison_folder",
     "set_output",
     "output_folder",
     "DEFAULT_OUTPUT",
@@ -193,8 +197,11 @@ def collect(name: str, *, output: PathLike | None = None, tracking_uri: str | No
     return with_retry(lambda: collect_runs(uri, name))  # a locked store is waited for, as `run` does
 
 
-def report(name: str, *, output: PathLike | None = None, tracking_uri: str | None = None) -> Path:
-    """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path."""
+def report(
+    name: str, *, output: PathLike | None = None, tracking_uri: str | None = None, difference: float | None = None
+) -> Path:
+    """Build the study's HTML + Markdown report, as ``studies report``; the HTML's path
+    (``difference``: ``--difference``, the smallest difference of interest of the power plans)."""
     from analysis.report import build_report
 
     study_dir, uri = locate(name, output=output, tracking_uri=tracking_uri)
@@ -210,6 +217,7 @@ def report(name: str, *, output: PathLike | None = None, tracking_uri: str | Non
             name,
             study_dir / "report",  # waits on a locked store
             study_file=study_file if os.path.lexists(study_file) else None,
+            difference=difference,
         )
     )
 
@@ -242,3 +250,98 @@ def histories(name: str, metrics: Sequence[str], *, output: PathLike | None = No
     if isinstance(metrics, str):
         metrics = [metrics]
     return with_retry(lambda: histories_frame(collected, metrics))
+
+
+def _compared(names: Sequence[str], output: PathLike | None, tracking_uri: str | None) -> tuple[list, list]:
+    """The collected studies (`analysis.collect.Collected`) and their runs as the comparison
+    reads them (`analysis.comparison.StudyRuns`)."""
+    from analysis.comparison import study_runs_of
+
+    if isinstance(names, str):
+        names = [names]
+    collected = [collect(name, output=output, tracking_uri=tracking_uri) for name in names]
+    return collected, [study_runs_of(c) for c in collected]
+
+
+def comparison_folder(names: Sequence[str], output: PathLike | None = None) -> Path:
+    """Where `compare` writes by default: ``OUTPUT/comparisons/<a>+<b>+...`` (the names cut
+    short with a digest of all of them when long)."""
+    import hashlib
+
+    joined = "+".join(names)
+    if len(joined) > 100:
+        digest = hashlib.sha256(joined.encode()).hexdigest()[:8]
+        joined = f"{names[0][:60]}+{len(names) - 1}-more-{digest}"
+    return output_folder(output) / "comparisons" / joined
+
+
+def compare(
+    names: Sequence[str],
+    *,
+    metric: str | None = None,
+    reference: str | None = None,
+    rename: dict[str, str] | None = None,
+    level: float = 0.95,
+    resamples: int | None = None,
+    to: PathLike | None = None,
+    output: PathLike | None = None,
+    tracking_uri: str | None = None,
+) -> Path:
+    """Compare finished studies side by side, as ``studies compare`` (docs/comparison.md): each
+    study, or each value of a parameter all its variants sweep, is a task; the HTML report's path
+    (``to``, default `comparison_folder`). ``rename``: ``{"old": "new"}`` or
+    ``{"study:old": "new"}`` to match variants named differently; ``CompareError`` when the
+    studies cannot be compared as asked."""
+    from analysis.comparison import DEFAULT_RESAMPLES, sources_of, write_comparison
+    from analysis.comparison import compare as compare_studies
+
+    collected, runs = _compared(names, output, tracking_uri)
+    comparison = compare_studies(
+        runs,
+        metric,
+        reference=reference,
+        level=level,
+        rename=rename,
+        n_resamples=resamples or DEFAULT_RESAMPLES,
+    )
+    target = Path(to) if to is not None else comparison_folder([c.study_name for c in collected], output)
+    return write_comparison(comparison, target, sources_of(collected))
+
+
+def compare_scores(
+    names: Sequence[str],
+    metric: str | None = None,
+    *,
+    rename: dict[str, str] | None = None,
+    output: PathLike | None = None,
+    tracking_uri: str | None = None,
+):
+    """The values a comparison ranks, as a tidy pandas DataFrame: one row per (task, variant,
+    seed) with ``task``, ``study``, ``variant``, ``config`` (the config that stands for the
+    variant on the task), ``seed``, ``value`` (accuracies in percent) and ``metric``."""
+    import pandas as pd
+
+    from analysis.comparison import task_scores
+    from analysis.intervals import is_fraction_metric
+
+    _, runs = _compared(names, output, tracking_uri)
+    scores = task_scores(runs, metric, rename=rename)
+    factor = 100.0 if is_fraction_metric(scores.metric) else 1.0
+    rows = [
+        {
+            "task": scores.tasks[t].label,
+            "study": scores.tasks[t].study,
+            "variant": variant,
+            "config": entry.config_id,
+            "seed": seed,
+            "value": value * factor,
+            "metric": scores.metric,
+        }
+        for (t, variant), entry in sorted(
+            scores.entries.items(), key=lambda item: (item[0][0], scores.variants.index(item[0][1]))
+        )
+        for seed, value in zip(entry.seeds, entry.values)
+    ]
+    frame = pd.DataFrame(rows, columns=["task", "study", "variant", "config", "seed", "value", "metric"])
+    frame.attrs["units"] = {scores.metric: "%" if factor == 100.0 else ""}
+    return frame

@@ -30,6 +30,7 @@ examples:
   studies resume quickstart                               # complete what is missing
   studies report quickstart                               # HTML + Markdown report
   studies export quickstart --to cells.parquet            # one row per finished cell
+  studies compare imbalance_a imbalance_b --reference ce  # studies side by side
   studies plan studies/catalog/quickstart.yaml --pilot quickstart --difference 0.5
   studies landscape --figure fig1 --out fig1.png          # a loss-landscape figure of the papers
   studies plugins                                         # losses, data sets, models installed
@@ -211,6 +212,17 @@ def _add_new_version(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_difference(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--difference",
+        type=float,
+        default=None,
+        metavar="D",
+        help="the smallest difference of interest the seeds are planned for, in percentage points "
+        "for accuracies (default: the study file's report.difference, else 1)",
+    )
+
+
 def _fail(message: str) -> int:
     print(f"studies: error: {message}", file=sys.stderr, flush=True)
     return 2
@@ -291,7 +303,7 @@ def _report(args: argparse.Namespace) -> int:
         from studies.running.progress import activity
 
         with activity(sys.stderr, f"report of {args.name}: reading MLflow, drawing tables and figures"):
-            path = report(args.name, output=args.output, tracking_uri=uri)
+            path = report(args.name, output=args.output, tracking_uri=uri, difference=args.difference)
     except _read_back_errors() as error:
         return _fail(str(error))
     print(path)
@@ -300,6 +312,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _add_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the study's name")
+    _add_difference(parser)
     _add_tracking(parser, saved=True)
     _add_output(parser)
 
@@ -413,13 +426,7 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
         "seconds per epoch and the sd of the paired differences "
         "(default: probe a few steps; the file's reference intervals)",
     )
-    parser.add_argument(
-        "--difference",
-        type=float,
-        default=None,
-        metavar="D",
-        help="the difference to detect, in percentage points for accuracies (default: the one observed)",
-    )
+    _add_difference(parser)
     parser.add_argument(
         "--half-width",
         type=float,
@@ -525,6 +532,76 @@ def _add_landscape(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from analysis.comparison import CompareError
+    from studies.api import compare
+    from studies.running.progress import activity
+
+    rename = {}
+    for word in args.map:
+        old, sep, new = word.partition("=")
+        if not sep or not old or not new:
+            return _fail(f"--map {word!r}: expected OLD=NEW or STUDY:OLD=NEW (a variant's name in the comparison)")
+        rename[old] = new
+    try:
+        with activity(sys.stderr, f"comparison of {', '.join(args.names)}: reading MLflow, ranks, bootstrap, figures"):
+            path = compare(
+                args.names,
+                metric=args.metric,
+                reference=args.reference,
+                rename=rename,
+                level=args.level,
+                resamples=args.resamples,
+                to=args.to,
+                output=args.output,
+                tracking_uri=args.tracking_uri,
+            )
+    except _read_back_errors() + (CompareError,) as error:
+        return _fail(str(error))
+    print(path)
+    return 0
+
+
+def _add_compare(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "names", nargs="+", metavar="STUDY", help="finished studies under --output (or at --tracking-uri)"
+    )
+    parser.add_argument(
+        "--metric",
+        default=None,
+        metavar="M",
+        help="the metric compared (default: test/top5, else test/avg5, else test/top1: the first every study logged)",
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        metavar="VARIANT",
+        help="the variant the others are compared with (default: the first study's first variant)",
+    )
+    parser.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="[STUDY:]OLD=NEW",
+        help="match variants named differently: OLD (in STUDY, or in every study) is compared as NEW (repeatable)",
+    )
+    parser.add_argument(
+        "--level",
+        type=float,
+        default=0.95,
+        metavar="L",
+        help="confidence level of every interval and test (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--resamples", type=int, default=None, metavar="N", help="stratified-bootstrap resamples (default: 10000)"
+    )
+    parser.add_argument(
+        "--to", default=None, metavar="DIR", help="the report's folder (default: DIR/comparisons/STUDY+STUDY...)"
+    )
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
 def _add_plugins(parser: argparse.ArgumentParser) -> None:
     from studies.plugins import add_arguments
 
@@ -588,6 +665,17 @@ COMMANDS: list[Command] = [
         "docs/planning.md.",
         _add_plan,
         _plan,
+    ),
+    Command(
+        "compare",
+        "compare finished studies side by side and print the report's path",
+        "Each study, or each value of a parameter all its variants sweep, is a task: the table "
+        "by task (mean, interval, per-seed values), average ranks with Friedman's test, a "
+        "critical-difference diagram, pairwise Wilcoxon tests with Holm's correction, and the "
+        "interquartile mean and probability of improvement with stratified-bootstrap intervals; "
+        "HTML, Markdown and LaTeX. docs/comparison.md.",
+        _add_compare,
+        _compare,
     ),
     Command(
         "plugins",

@@ -39,6 +39,8 @@ EXPECTED_CELLS = {
     "racing_quickstart": (2 + 3) * 10,
     # ASHA quickstart: noised top-K on 3 learning rates x 3 epsilon values, 2 seeds
     "asha_quickstart": 3 * 3 * 2,
+    # the worked example of `studies compare`: 3 losses x 3 imbalance ratios, 3 seeds
+    "compare_imbalance": 3 * 3 * 3,
     # thesis Table 4.2: 8 epsilon values x 4 seeds
     "topk_epsilon": 8 * 4,
     # thesis Table 4.3: 7 values of M x 4 seeds
@@ -105,9 +107,17 @@ EXPECTED_CELLS = {
 
 # Files on synthetic data, run on a CPU (no data folder, no GPU), and files without published
 # numbers (the thesis states their argument without an experiment).
-SYNTHETIC = {"quickstart", "racing_quickstart", "asha_quickstart", "conformal_vs_avgk", "sparse_top_multilabel"}
+SYNTHETIC = {
+    "quickstart",
+    "racing_quickstart",
+    "asha_quickstart",
+    "compare_imbalance",
+    "conformal_vs_avgk",
+    "sparse_top_multilabel",
+}
 NO_PUBLISHED_NUMBERS = {
     "quickstart",
+    "compare_imbalance",
     "racing_quickstart",
     "asha_quickstart",
     "conformal_vs_avgk",

@@ -232,12 +232,24 @@ def test_tables_hold_the_independently_computed_values(report_study):
     # the variant layout: at p = 0.1 noised (0.945 base) beats ce: bold in that row
     row = next(line for line in md.splitlines() if line.startswith("| 0.1 |"))
     assert f"**{_cell_text(expected[('noised', 0.1, 0.2, 'top5')])}**" in row
-    assert f"| {_cell_text(expected[('ce', 0.1, 0.2, 'top5')])} |" in row
+    assert f"| {_cell_text(expected[('ce', 0.1, 0.2, 'top5')])} (seeds: " in row
     # the published number sits beside the reproduced one, with its source
     assert "94.2 ± 0.1" in html_text and "94.2 ± 0.1" in md
     assert "Thesis Table 4.4" in md
     assert "n = 1 to 3 seeds per cell" in md and "seeds 0, 1, 2" in md
     assert "Student's t" in md
+
+
+@pytest.mark.slow
+def test_small_seed_honesty_and_no_observed_power_in_the_study_report(report_study):
+    """Issue 40: each interval over three seeds shows the three values, a one-line note says
+    so, and the power section plans for the stated difference with a range, without "power now"."""
+    md = report_study["md"]
+    for key in (("ce", 0.0, 0.2, "top5"), ("noised", 0.1, 0.2, "top1")):
+        assert "seeds: " + ", ".join(f"{v * 100:.1f}" for v in report_study["expected"][key]) in md
+    assert "> Note: " in md and "rest on fewer than 5 seeds" in md
+    assert "power now" not in md and "upper 80% limit" in md and "detect ±1" in md
+    assert 'class="detail">seeds: ' in report_study["html"]
 
 
 @pytest.mark.slow
@@ -323,7 +335,8 @@ def test_latex_tables_hold_the_report_values_with_the_published_numbers(report_s
     expected = report_study["expected"]
     ce = _cell_text(expected[("ce", 0.0, 0.2, "top5")]).replace(" ± ", r" $\pm$ ")
     row = next(r for r in first["rows"] if r[0] == "ce" and r[1] == "0.0")
-    assert ce in row and r"94.2 $\pm$ 0.1" in row
+    seeds = ", ".join(f"{v * 100:.1f}" for v in expected[("ce", 0.0, 0.2, "top5")])
+    assert ce + rf" {{\scriptsize seeds: {seeds}}}" in row and r"94.2 $\pm$ 0.1" in row  # the seeds too (issue 40)
     assert any(r"\textbf{" in cell for row in first["rows"] for cell in row)
     assert "baseline config" in tables[2]["header"]
     assert "NonFiniteLossError" not in tex

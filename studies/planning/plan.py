@@ -147,30 +147,32 @@ def compute_table(est: ComputeEstimate) -> str:
 
 
 def seeds_table(plans: Sequence[Any], power: float, level: float) -> str:
-    """The seeds needed per comparison (`analysis.power.SeedsNeeded`), at most 80 columns."""
+    """The seeds needed per comparison (`analysis.power.SeedsNeeded`), at most 80 columns: for
+    the power with the pilot's sd, then with its upper confidence limit (a range)."""
     from analysis.formatting import value_text
+    from analysis.power import SD_CONFIDENCE
 
     lines = [
-        f"{'comparison':<31}{'metric':<10}{'n':>3}{'diff':>7}{'sd':>6}{'plan d':>7}{'power':>6}{'seeds':>6}{'+-w':>4}",
-        f"{'':<31}{'':<10}{'':>3}{'':>7}{'':>6}{'':>7}{'now':>6}{f'{power:.0%}':>6}{'':>4}",
+        f"{'comparison':<29}{'metric':<10}{'n':>3}{'diff':>7}{'sd':>6}{'plan d':>7}{'seeds':>12}{'+-w':>5}",
+        f"{'':<29}{'':<10}{'':>3}{'':>7}{'':>6}{'':>7}{f'{power:.0%} power':>12}{'':>5}",
     ]
     notes = []
     for p in plans:
         swept = json.loads(p.swept or "{}")
         label = " ".join([p.variant] + [f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in sorted(swept.items())])
-        seeds = "?" if p.seeds_power is None else str(p.seeds_power)
         width = "?" if p.seeds_half_width is None else str(p.seeds_half_width)
-        now = "?" if not math.isfinite(p.power_now) else f"{p.power_now:.2f}"
         lines.append(
-            f"{_cut(label, 30):<31}{_cut(p.metric, 9):<10}{p.n_pilot:>3}"
+            f"{_cut(label, 28):<29}{_cut(p.metric, 9):<10}{p.n_pilot:>3}"
             f"{_number(p.observed):>7}{_number(p.sd):>6}{_number(p.difference):>7}"
-            f"{now:>6}{seeds:>6}{width:>4}"
+            f"{_cut(p.seeds_text(), 11):>12}{width:>5}"
         )
         if p.note:
             notes.append(f"{label}: {p.note}")
     lines.append(f"Paired t-test, two-sided at {1 - level:.2g} (non-central t, df = n-1, ncp = d*sqrt(n)/sd);")
-    lines.append("diff, sd, plan d in percentage points for accuracies; seeds: for the power; +-w:")
-    lines.append("for an interval half-width of w (default: plan d / 2).")
+    lines.append("plan d: the smallest difference of interest (--difference, else report.difference,")
+    lines.append("else 1); diff, sd, plan d in percentage points for accuracies. seeds: with the")
+    lines.append(f"pilot's sd - with its upper {SD_CONFIDENCE:.0%} confidence limit (chi-square, n-1 df);")
+    lines.append("+-w: for an interval half-width of w (default: plan d / 2).")
     sources = sorted({p.source for p in plans})
     lines += [f"source: {s}" for s in sources]
     lines = [_cut(line, 80) for line in lines]
@@ -198,6 +200,7 @@ def plan_seeds(
 
     compare = study.report.compare
     variants = list(study.variants) or []
+    difference = difference if difference is not None else study.report.difference
     if rows:
         found = list(dict.fromkeys(r["variant"] for r in rows))
         reference = (compare.reference if compare else None) or next((v for v in variants if v in found), found[0])
