@@ -1,7 +1,7 @@
 """The habits of CONTRIBUTING.md, checked on the source with ``ast`` (as tests/test_layers.py
 checks the layering): functions short enough to read as their phases, no private name shared
 between modules, no module writing another's private attribute, the runner's session state set
-in one place."""
+in one place, no private function that nothing calls."""
 
 from __future__ import annotations
 
