@@ -95,6 +95,7 @@ from analysis.layout import (
     cell_runs_view_tag,
     read_plugins_tag,
 )
+from analysis.run_provenance import CellsProvenance
 
 __all__ = [
     "CollectError",
@@ -153,6 +154,8 @@ class Collected:
     ui_view: bool = False
     #: the plugin distributions the finished cells used, ``name==version`` (`TAG_PLUGINS`), sorted
     plugins: list[str] = field(default_factory=list)
+    #: what trained the finished cells: environments, identities, cells kept knowingly
+    provenance: CellsProvenance = field(default_factory=CellsProvenance)
 
     @property
     def metric_columns(self) -> list[str]:
@@ -358,6 +361,7 @@ def collect(
         n_runs=len(cells),
         ui_view=cell_runs_view_tag()[0] in (experiment.tags or {}),
         plugins=sorted({item for run in finished for item in read_plugins_tag(run.tags.get(TAG_PLUGINS))}),
+        provenance=CellsProvenance.of((run.tags for run in finished), parent.tags if parent else None),
     )
 
 

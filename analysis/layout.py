@@ -30,6 +30,25 @@ TAG_NODE_ID = "studies.node_id"  # the Ray node of the trial's latest attempt
 #: worker imported (``setvalued.registry``): ``name==version`` joined by ``, `` (``plugins_tag``);
 #: absent on a run of built-ins only
 TAG_PLUGINS = "studies.plugins"
+#: what trained the cell (`studies.tracking.provenance`): canonical JSON ``{item: [digest, label]}``
+#: of the training core's code (``code``), each plugin distribution its config names
+#: (``plugin <distribution>``) and its data (``data``); a finished cell whose identity differs
+#: from today's is not reused silently (`studies.running.identity`)
+TAG_IDENTITY = "studies.identity"
+#: the training core's code as a person reads it: ``setvalued-studies 0.1.0, git <commit>, code <digest>``
+TAG_CODE = "studies.code"
+#: a fused array's member: the trial it trained in, JSON ``{array, seeds, member}``
+TAG_ARRAY = "studies.array"
+#: where the cell finished: JSON of its worker's host, Python, torch, CUDA, cuDNN, GPU and driver,
+#: device and determinism flags (`studies.tracking.provenance.environment_tags`)
+TAG_ENVIRONMENT = "studies.environment"
+#: on the parent run: finished cells kept knowingly (``--keep-finished``) although what trained
+#: them differs from a later run's: JSON ``{accepted: {item: {old digest: new digest}},
+#: decisions: [{when, user, host, cells, changes}]}``
+TAG_KEPT = "studies.identity_kept"
+#: the parent run's manifest of the driver's environment (Python, torch, CUDA, GPUs and driver,
+#: Ray, MLflow, every installed distribution, determinism settings, host), as last run
+ENVIRONMENT_ARTIFACT = "environment.json"
 #: a racing study's final decision about a config (JSON: state, seeds, max, reason, p_holm,
 #: best), on the run of the config's last finished seed (studies.scheduling.race_driver)
 TAG_RACE = "studies.race"

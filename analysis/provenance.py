@@ -1,5 +1,7 @@
 """Where a report's numbers come from: date, MLflow store and runs, study file, code and
-package versions, and the interval method, so that a reader can reproduce the report."""
+package versions, what trained the cells (the driver's environment, the cells' environments,
+code and data, and where they differ; cells kept knowingly: `analysis.run_provenance`) and
+the interval method, so that a reader can reproduce the report."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from analysis.collect import Collected, display_uri
 from analysis.layout import UI_ORDER_BY, UI_VIEW_KEY, UI_WORKFLOW, cell_runs_filter
 from analysis.results import StudyResults
+from analysis.run_provenance import provenance_rows, read_manifest
 
 #: Where `mlflow ui` serves by default.
 LOCAL_UI = "http://127.0.0.1:5000"
@@ -85,6 +88,12 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     return command, url, search
 
 
+def _client(tracking_uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri)
+
+
 def provenance(results: StudyResults) -> list[tuple[str, str]]:
     """(name, value) pairs for the report's provenance section."""
     versions = []
@@ -95,6 +104,7 @@ def provenance(results: StudyResults) -> list[tuple[str, str]]:
             continue
     collected = results.collected
     plugins = [("plugins (losses, data sets, models)", ", ".join(collected.plugins))] if collected.plugins else []
+    manifest = read_manifest(_client(collected.tracking_uri), collected.parent_run_id)
     return [
         ("date (UTC)", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")),
         ("MLflow tracking URI", display_uri(collected.tracking_uri)),
@@ -106,10 +116,11 @@ def provenance(results: StudyResults) -> list[tuple[str, str]]:
             f"{collected.failed.num_rows} failed or unfinished cells",
         ),
         ("study file", results.study.origin),
-        ("project git commit", _git_commit(PROJECT_ROOT)),
+        ("project git commit (the report's code)", _git_commit(PROJECT_ROOT)),
         ("python", platform.python_version()),
         ("packages", ", ".join(versions)),
         *plugins,
+        *provenance_rows(collected.provenance, manifest),
         (
             "intervals",
             f"{results.level:.0%}, "

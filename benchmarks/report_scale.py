@@ -319,6 +319,7 @@ def synthesize(
         TAG_STUDY,
     )
     from studies.tracking import cell_tags, config_params, experiment_tags, new_session_id, study_description
+    from studies.tracking.provenance import CellProvenance, environment_tags
 
     started = time.perf_counter()
     if not tracking_uri.startswith("sqlite:"):
@@ -401,9 +402,12 @@ def synthesize(
             "swept": cell.swept,
         }
         tags = cell_tags(cell_dict, name, parent_id, session)
+        tags.update(CellProvenance.of({"config": cell.config}, ()).tags)  # what its worker would record
         tags["mlflow.runName"] = run_name
         tags[TAG_NODE_ID] = node
         tags[TAG_STATUS] = STATUS_FAILED if is_failed else STATUS_FINISHED
+        if not is_failed:
+            tags.update(environment_tags())  # where a finished cell trained (this host)
         if is_failed:
             tags[TAG_ERROR] = (
                 f"NonFiniteLossError: loss is nan at epoch {len(per_epoch)}, "

@@ -153,6 +153,7 @@ def _options(args: argparse.Namespace):
         dashboard=getattr(args, "dashboard", False),
         overrides=tuple(_overrides(args)),
         new_version=getattr(args, "new_version", False),
+        keep_finished=getattr(args, "keep_finished", False),
     )
 
 
@@ -202,13 +203,22 @@ def _smoke_epochs(args: argparse.Namespace) -> int:
 
 
 def _add_new_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
         "--new-version",
         action="store_true",
         help="the file changed what defines the configs of a study already "
-        "run under its name: keep it as a new version of that study, "
+        "run under its name, or the code or data that trains its finished cells changed: "
+        "keep it as a new version of that study (its cells run again), "
         "told apart by its version in the report and MLflow (default: "
-        "refuse, exit 2, naming each changed field)",
+        "refuse, exit 2, naming each change)",
+    )
+    choice.add_argument(
+        "--keep-finished",
+        action="store_true",
+        help="the code, a plugin or the data that trains the study's finished cells changed: "
+        "keep those cells as they are, knowingly (recorded on the study's parent run and in "
+        "its report; default: refuse, exit 2, naming each change old -> new)",
     )
 
 
@@ -343,6 +353,36 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the Parquet file to write (default: DIR/NAME/cells.parquet; "
         "failed cells go to <stem>.failed.parquet beside it)",
+    )
+    _add_tracking(parser, saved=True)
+    _add_output(parser)
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from studies.running.reproduce import EXIT_CODES, reproduce_cell
+
+    try:
+        verdict, _ = reproduce_cell(
+            args.name, args.cell, output=args.output, tracking_uri=args.tracking_uri, tolerance=args.tolerance
+        )
+    except _read_back_errors() as error:
+        return _fail(str(error))
+    return EXIT_CODES[verdict]
+
+
+def _add_reproduce(parser: argparse.ArgumentParser) -> None:
+    from studies.running.reproduce import DEFAULT_TOLERANCE
+
+    parser.add_argument("name", metavar="NAME", help="the study's name")
+    parser.add_argument(
+        "--cell", required=True, metavar="CELL", help="the finished cell: its cell id (CONFIG_ID-sSEED) or run name"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        metavar="T",
+        help="a value is within the tolerance when |new - old| <= T x max(1, |old|) (default: %(default)s)",
     )
     _add_tracking(parser, saved=True)
     _add_output(parser)
@@ -654,6 +694,18 @@ COMMANDS: list[Command] = [
         "One row per finished cell: ids, the flattened config, final metrics.",
         _add_export,
         _export,
+    ),
+    Command(
+        "reproduce",
+        "train one finished cell again and compare every metric with its run",
+        "Train the finished cell CELL of study NAME again in this process, in a scratch "
+        "folder (nothing of the study is written), as its run recorded it (config, seed, "
+        "fused array, early stop), and compare every per-epoch and final metric with the "
+        "run's: the largest difference and the verdict. Exit 0 identical, 3 within the "
+        "tolerance, 1 differs (the first epoch and metric named), 2 bad input. What it can "
+        "and cannot prove: docs/commands.md.",
+        _add_reproduce,
+        _reproduce,
     ),
     Command(
         "plan",

@@ -331,6 +331,18 @@ HOSTILE_ARRAYS = {
         "expected integer labels",
     ),
     "no y": (lambda p: _write(p, x=np.zeros((4, 2))), "no array 'y'"),
+    "a NaN feature": (
+        lambda p: _write(p, x=np.array([[0, 1], [2, 3], [4, np.nan], [5, 6]]), y=np.array([0, 1, 0, 1])),
+        "'x' of {path!r} has a NaN or infinite value at example 2",
+    ),
+    "an infinite feature": (
+        lambda p: _write(p, x=np.array([[0, 1], [np.inf, 3], [4, 5], [5, -np.inf]], "f4"), y=np.array([0, 1, 0, 1])),
+        "'x' of {path!r} has a NaN or infinite value at example 1",
+    ),
+    "a NaN label": (
+        lambda p: _write(p, x=np.zeros((4, 2)), y=np.array([0.0, np.nan, 0.0, 1.0])),
+        "'y' of {path!r} has dtype float64 and a NaN or infinite label at example 1",
+    ),
     "huge declared shape": (_declares_more_than_it_holds, "declares shape (1000000000000,)"),
     "too many members": (_many_members, "lists 65 members"),
     "zip64 record with many members": (_zip64_claiming_many_members, "lists 10000000 members"),
@@ -352,7 +364,7 @@ def test_hostile_arrays_are_refused_naming_the_file(tmp_path, kind):
     for check in (check_layout, build_datasets):
         with pytest.raises(DataLayoutError) as err:
             check({"name": "arrays", "root": str(path)})
-        assert str(path) in str(err.value) and problem in str(err.value), str(err.value)
+        assert str(path) in str(err.value) and problem.format(path=str(path)) in str(err.value), str(err.value)
 
 
 def test_a_compressed_array_past_the_size_bound_is_refused_before_it_is_inflated(tmp_path, monkeypatch):

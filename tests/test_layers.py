@@ -26,6 +26,8 @@ TORCH_FREE = (
     "setvalued.reference_tables",
     "setvalued.label_kinds",
     "setvalued.registry",
+    "setvalued.provenance.file_digests",
+    "setvalued.provenance.code",
 )
 
 

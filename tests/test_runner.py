@@ -186,7 +186,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     import torch
 
     from setvalued.training import fit
-    from studies.running.trial import _with_epochs
+    from studies.running.trial import with_epochs
 
     torch.set_num_threads(1)
     config = tiny_base(epochs=3)
@@ -194,7 +194,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     fit(config, 0, on_epoch=lambda e, m, s: states.__setitem__(e, s))
     short = dict(config, epochs=2)
     calls = []
-    stopped = fit(short, 0, on_epoch=lambda *a: calls.append(a), checkpoint=_with_epochs(states[1], 2))
+    stopped = fit(short, 0, on_epoch=lambda *a: calls.append(a), checkpoint=with_epochs(states[1], 2))
     assert calls == []  # nothing trained
     reference = fit(short, 0)
     assert stopped["best_epoch"] == reference["best_epoch"]
@@ -252,7 +252,8 @@ def test_two_configs_two_seeds_complete_and_rerun_adds_nothing(local_ray, mlflow
     children = [r for r in runs if r.data.tags.get("studies.role") == "cell"]
     assert len(parents) == 1 and len(children) == 4
     parent = parents[0]
-    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["study.yaml", "versions"]
+    artifacts = [a.path for a in client.list_artifacts(parent.info.run_id)]
+    assert artifacts == ["environment.json", "study.yaml", "versions"]  # the driver's manifest (#39)
     version = parent.data.tags["studies.version"]  # the study's version, on every run (#33)
     assert [a.path for a in client.list_artifacts(parent.info.run_id, f"versions/{version}")] == [
         f"versions/{version}/definition.json",

@@ -145,7 +145,7 @@ def _header(archive: zipfile.ZipFile, path: str, member: str) -> tuple[np.dtype,
             f"array {member!r} of {path!r} is an object array (dtype {dtype}): it could "
             "only be read by unpickling, which is refused"
         )
-    numeric = "uif" if member == "x" else "ui"
+    numeric = "uif"  # a float y is refused once read, naming a NaN label if it holds one (_float_labels)
     if dtype.kind not in numeric:
         raise DataLayoutError(
             f"array {member!r} of {path!r} has dtype {dtype}; expected "
@@ -177,11 +177,75 @@ def read_npz(path: str, load_x: bool = True) -> tuple[np.ndarray | tuple[int, ..
             for member in MEMBERS if load_x else ("y",):
                 with archive.open(f"{member}.npy") as f:
                     out[member] = np.lib.format.read_array(f, allow_pickle=False)
+            _float_labels(path, out["y"])
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as err:
         if isinstance(err, DataLayoutError):
             raise
         raise DataLayoutError(f"cannot read arrays file {path!r}: {err}") from None
     return (out["x"] if load_x else shapes["x"]), out["y"]
+
+
+def _float_labels(path: str, y: np.ndarray) -> None:
+    """Refuse labels that are not integers, naming the first NaN or infinite one if any."""
+    if y.dtype.kind in "ui":
+        return
+    bad = np.flatnonzero(~np.isfinite(y))
+    where = f" and a NaN or infinite label at example {int(bad[0])}" if len(bad) else ""
+    raise DataLayoutError(f"array 'y' of {path!r} has dtype {y.dtype}{where}; expected integer labels 0..L-1")
+
+
+#: bytes of x scanned at a time for NaN and infinity (the preflight holds no more of it)
+_SCAN_BYTES = 16 * 2**20
+#: the kind under which the file-digest cache remembers a file whose x is finite
+_FINITE_KIND = "arrays-x-finite-v1"
+
+
+def first_non_finite(path: str) -> tuple[int, ...] | None:
+    """The index in ``x`` of the first NaN or infinite value of the .npz file (the smallest
+    example holding one), None when every value is finite (integer ``x`` always is); read a
+    chunk at a time, after `read_npz`'s checks of the file."""
+    with zipfile.ZipFile(path) as archive:
+        dtype, shape = _header(archive, path, "x")
+        if dtype.kind != "f":
+            return None
+        with archive.open("x.npy") as f:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            _, fortran, _ = header(f)
+            count, first = max(1, _SCAN_BYTES // dtype.itemsize), None
+            offset = 0
+            while raw := f.read(count * dtype.itemsize):
+                chunk = np.frombuffer(raw[: len(raw) - len(raw) % dtype.itemsize], dtype=dtype)
+                bad = np.flatnonzero(~np.isfinite(chunk))
+                if len(bad):
+                    found = np.unravel_index(offset + bad, shape, order="F" if fortran else "C")
+                    at = int(np.argmin(found[0]))
+                    index = tuple(int(axis[at]) for axis in found)
+                    if first is None or index[0] < first[0]:
+                        first = index
+                    if not fortran:  # in C order the first found is the first example's
+                        return first
+                offset += len(chunk)
+    return first
+
+
+def _finite_fact(path: str) -> str:
+    """``finite``, or DataLayoutError naming the file, the array and the first index."""
+    index = first_non_finite(path)
+    if index is not None:
+        raise DataLayoutError(
+            f"array 'x' of {path!r} has a NaN or infinite value at example {index[0]} "
+            f"(x[{', '.join(map(str, index))}]); expected finite numbers"
+        )
+    return "finite"
+
+
+def check_finite(files: dict[str, str]) -> None:
+    """Every file's ``x`` holds finite numbers (DataLayoutError naming the first that does not);
+    a file found finite before, unchanged since, is not read again (the file-digest cache)."""
+    from setvalued.provenance.file_digests import DigestCache
+
+    DigestCache().digests(list(files.values()), kind=_FINITE_KIND, digester=_finite_fact)
 
 
 def check_shapes(path: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> None:
@@ -245,7 +309,8 @@ def _labels(files: dict[str, str], ys: dict[str, np.ndarray], num_classes: int |
 
 
 def check_layout(cfg: dict[str, Any]) -> None:
-    """The preflight: every file's bounds, headers, lengths and labels (x's data is not read)."""
+    """The preflight: every file's bounds, headers, lengths and labels, then x's values, a chunk
+    at a time, for NaN and infinity (once per version of a file: `check_finite`)."""
     v = settings(cfg)
     files = find_files(v["root"])
     shapes: dict[str, tuple[int, ...]] = {}
@@ -255,6 +320,7 @@ def check_layout(cfg: dict[str, Any]) -> None:
         shapes[split] = cast(tuple[int, ...], shape)  # load_x=False: the shape, not the array
         example_shape(path, shapes[split], v["layout"])
     _same_example_shape(files, {s: example_shape(files[s], shape, v["layout"]) for s, shape in shapes.items()})
+    check_finite(files)
     _labels(files, ys, v["num_classes"])
     _held_out(files, ys["train"], v)
 

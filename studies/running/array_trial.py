@@ -46,6 +46,7 @@ from studies.running.trial import (
 )
 from studies.scheduling.coordinator import CoordinatorClient
 from studies.tracking import TAG_NODE_ID, TAG_PRUNED, TAG_STOPPED_EPOCH, CellRun, TrackingContext
+from studies.tracking.provenance import array_tag
 
 
 class MemberReporter(EpochReporter):
@@ -146,7 +147,10 @@ def run_array(
         if meta.get("discard_run_id"):
             discard_run(context, meta["discard_run_id"])
         run, reused = CellRun.open(
-            context, cell, run_id=meta.get("run_id"), tags={TAG_NODE_ID: node, **plugin_tags(cell)}
+            context,
+            cell,
+            run_id=meta.get("run_id"),
+            tags={TAG_NODE_ID: node, **plugin_tags(cell), **array_tag(cells, cell)},
         )
         if reused and already_finished(run):
             ray.tune.report({**cell_ids(cell, run), "cell_status": "finished"})

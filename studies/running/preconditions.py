@@ -9,6 +9,7 @@ all is well); the runner reports them together.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import urllib.error
 import urllib.request
@@ -21,8 +22,15 @@ __all__ = ["writable_folder", "tracking_reachable", "data_layouts", "plugin_code
 TRACKING_TIMEOUT_S = 15.0
 
 
-def writable_folder(path: Path, what: str) -> list[str]:
-    """The folder (created if missing) accepts a new file; else why not."""
+def writable_folder(path: Path, what: str, keep: bool = False) -> list[str]:
+    """The folder (created if missing) accepts a new file; else why not. The folders made for
+    the check are removed again unless ``keep``: a run refused later leaves none behind."""
+    path = Path(path)
+    missing = []
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".studies-write-check-"):
@@ -30,6 +38,12 @@ def writable_folder(path: Path, what: str) -> list[str]:
     except OSError as error:
         reason = error.strerror or str(error)
         return [f"{what} {path} is not writable ({reason}); expected a folder this user can write to"]
+    finally:
+        for folder in missing if not keep else ():
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     return []
 
 

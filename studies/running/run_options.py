@@ -33,6 +33,7 @@ class RunOptions:
     overrides: tuple[str, ...] = ()  # `key=value` words applied to the study file (studies.studyfile.overrides)
     dashboard: bool = False  # local Ray only: start Ray's dashboard (on 127.0.0.1) and print its address
     new_version: bool = False  # a changed study file is kept as a new version of the study (studies.running.versions)
+    keep_finished: bool = False  # finished cells trained by other code or data are kept knowingly (.identity)
 
 
 def smoke_epochs_of(smoke: bool, epochs: int | None) -> int:

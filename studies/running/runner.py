@@ -44,7 +44,7 @@ from typing import IO, Any
 
 from studies.errors import RunnerError
 from studies.running import termination
-from studies.running.progress import activity, format_duration, plain_line
+from studies.running.progress import activity, format_duration, plain_line, say
 from studies.running.run_options import RunOptions
 from studies.running.session import StudySession
 from studies.tracking import (
@@ -159,7 +159,7 @@ def _prepare_study_dir(
     from studies.running.preconditions import writable_folder
 
     study_dir = study_dir_of(options.output, name)
-    problems = writable_folder(study_dir, "the output folder")
+    problems = writable_folder(study_dir, "the output folder", keep=True)
     if problems:
         raise RunnerError(problems[0] + "; pass --output DIR")
     try:
@@ -170,7 +170,7 @@ def _prepare_study_dir(
         elif source != study_copy.resolve():
             shutil.copyfile(source, study_copy)
         saved = read_settings(study_dir)
-        tracking_uri = options.tracking_uri or saved.get("tracking_uri") or default_tracking_uri(study_dir)
+        tracking_uri = _tracking_uri(study_dir, options)
         settings = {
             "name": name,
             "source": str(saved.get("source") or source),
@@ -192,6 +192,11 @@ def _prepare_study_dir(
             f"cannot write the study folder {study_dir} ({error.strerror or error}); free space or pass --output DIR"
         ) from None
     return study_dir, study_copy, tracking_uri
+
+
+def _tracking_uri(study_dir: Path, options: RunOptions) -> str:
+    """The run's tracking store: --tracking-uri, else the one the study ran with, else its folder's."""
+    return options.tracking_uri or read_settings(study_dir).get("tracking_uri") or default_tracking_uri(study_dir)
 
 
 def _set_log_levels(verbose: bool) -> None:
@@ -222,6 +227,21 @@ def _check_preconditions(study_dir: Path, tracking_uri: str, options: RunOptions
     )
     if problems:
         raise RunnerError("; ".join(problems) + ". Nothing was started.")
+
+
+def _check_before_writing(study, name: str, version, unversioned: Sequence, cells: Sequence, options, stream):
+    """Every refusal of the preflight, before the study folder, its versions or MLflow is
+    written (a refused run leaves nothing that blocks the corrected file): the preconditions,
+    then what trains the finished cells (`studies.running.identity`; its `IdentityCheck` is how
+    the run goes on: a new version with --new-version)."""
+    from studies.running.identity import check_identity
+
+    study_dir = study_dir_of(options.output, name)
+    tracking_uri = _tracking_uri(study_dir, options)
+    _check_preconditions(study_dir, tracking_uri, options, cells)
+    return check_identity(
+        study, name, study_dir, tracking_uri, version, unversioned, cells, options, lambda text: say(stream, text)
+    )
 
 
 def _take_lease(tracking: StudyTracking, name: str, options: RunOptions, say: Callable[[str], None]):
@@ -336,9 +356,10 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     if options.dry_run:
         _print_dry_run(study, cells, stream)
         return RunOutcome(0, name, cells=len(cells))
+    unversioned = cells
     version, cells = _versioned(study, cells, name, options)
-    session, study_copy = _open_session(study_file, study, cells, name, version, options, stream)
-    outcome, interrupted = _run_trapped(session, cells, study_copy, stream)
+    session, study_copy, to_run = _open_session(study_file, study, unversioned, cells, name, version, options, stream)
+    outcome, interrupted = _run_trapped(session, to_run, study_copy, stream)
     if not outcome.failed:
         for folder in session.tune_dirs:  # Tune's folder is a per-session cache
             shutil.rmtree(folder, ignore_errors=True)
@@ -394,20 +415,29 @@ def _versioned(study: Any, cells: Sequence, name: str, options: RunOptions) -> t
 
 
 def _open_session(
-    study_file: str | Path, study: Any, cells: Sequence, name: str, version: Any, options: RunOptions, stream: IO[str]
-) -> tuple[StudySession, Path]:
-    """(the session, the study folder's copy of the study file): the study folder written and
-    checked, the tracking store opened, the estimate and version lines printed."""
+    study_file: str | Path,
+    study: Any,
+    unversioned: Sequence,
+    cells: Sequence,
+    name: str,
+    version: Any,
+    options: RunOptions,
+    stream: IO[str],
+) -> tuple[StudySession, Path, Sequence]:
+    """(the session, the study folder's copy of the study file, the cells to run): what trains
+    the finished cells checked (issue 39), the study folder written and checked, the tracking
+    store opened, the estimate and version lines printed."""
     from studies.running.versions import save_versions
 
     with activity(
         stream, f"study {name}: {len(cells)} cells; checking the study folder, the tracking server and the data"
     ):
+        identity = _check_before_writing(study, name, version, unversioned, cells, options, stream)  # issue 39
+        version, cells = identity.version, identity.cells
         study_dir, study_copy, tracking_uri = _prepare_study_dir(
             study_file, name, options, study.source_text, version.version
         )
         definition_file = save_versions(study_dir, version)
-        _check_preconditions(study_dir, tracking_uri, options, cells)
         tracking = StudyTracking(
             tracking_uri,
             name,
@@ -417,6 +447,8 @@ def _open_session(
             ui_view=study_view(study, cells),
             version=version.version,
             version_definition=definition_file,
+            data_fingerprints=identity.data_json(),
+            parent_record=identity.parent,
         )
     from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
@@ -429,6 +461,8 @@ def _open_session(
             f"{len(version.record)} kept in this study" + (" (new: --new-version)" if version.new else ""),
         )
     session = StudySession(study, name, study_dir, tracking, options, stream)
+    identity.parent.session_id = session.session_id
+    identity.parent.start()  # the environment manifest, gathered while Ray starts
     session.know(cells)
     if options.address and tracking_uri.startswith("sqlite:"):
         session.say(
@@ -436,7 +470,7 @@ def _open_session(
             f"workers on other nodes cannot reach it; pass "
             f"--tracking-uri http://<mlflow server>"
         )
-    return session, study_copy
+    return session, study_copy, cells
 
 
 def _run_trapped(session: StudySession, cells: Sequence, study_copy: Path, stream: IO[str]) -> tuple[RunOutcome, bool]:

@@ -539,10 +539,10 @@ def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -
     # evaluates the checkpoint it selected on validation
     truncated = copy.deepcopy(config)
     truncated["epochs"] = stopped_at
-    return fit(truncated, seed, on_epoch=None, checkpoint=_with_epochs(reporter.state, stopped_at))
+    return fit(truncated, seed, on_epoch=None, checkpoint=with_epochs(reporter.state, stopped_at))
 
 
-def _with_epochs(state: Any, epochs: int) -> Any:
+def with_epochs(state: Any, epochs: int) -> Any:
     """The fit state with its recorded config's `epochs` set to `epochs`.
 
     `setvalued.train.fit` refuses a checkpoint whose config differs from the run's config;

@@ -38,7 +38,8 @@ SQLite with parallel writers can answer "database is locked"; every write here i
 with a backoff (`with_retry`).
 
 Modules: `contract` (the tags and params written, the search helpers), `retry`, `cell_run`
-(worker side), `ledger` (driver side).
+(worker side), `ledger` (driver side), `provenance` (what trained a cell: its identity, data
+set input and environment; the parent run's environment manifest and cells kept knowingly).
 """
 
 from __future__ import annotations

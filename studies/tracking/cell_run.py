@@ -34,6 +34,7 @@ from studies.tracking.contract import (
     search_all,
     tracking_client,
 )
+from studies.tracking.provenance import CellProvenance, environment_tags
 from studies.tracking.retry import with_retry
 
 
@@ -50,6 +51,8 @@ class TrackingContext:
     run_tags: tuple[tuple[str, str], ...] = ()
     #: the version of the study this session runs (`studies.running.versions`)
     version: str = ""
+    #: the driver's data fingerprints, (data key, JSON) pairs (`studies.tracking.provenance`)
+    data: tuple[tuple[str, str], ...] = ()
 
 
 class CellRun:
@@ -89,9 +92,11 @@ class CellRun:
             with_retry(lambda: client.update_run(run_id, status="RUNNING"))
             run.set_tags({TAG_STATUS: STATUS_RUNNING, **dict(tags or {})})
             return run, True
+        provenance = CellProvenance.of(cell, context.data)  # what trains it: code, plugins, data
         all_tags = {
             **dict(context.run_tags),
             **cell_tags(cell, context.study_name, context.parent_run_id, context.session_id, context.version),
+            **provenance.tags,
             **dict(tags or {}),
         }
         created = with_retry(
@@ -105,6 +110,7 @@ class CellRun:
         params = config_params(cell["config"])
         params["seed"] = str(cell["seed"])
         run.log_params(params)
+        provenance.log_data_input(client, run.run_id)
         return run, False
 
     # -- writes (every one retried while SQLite is locked)
@@ -189,7 +195,8 @@ class CellRun:
             final["best_val"] = result["best_val"]
         # the final metrics and the status in one request: a cell is never marked finished
         # without its test metrics
-        self.log_epochs([*pending, (final_step, final)], tags={TAG_STATUS: STATUS_FINISHED})
+        tags = {**environment_tags(result.get("device")), TAG_STATUS: STATUS_FINISHED}  # where it trained
+        self.log_epochs([*pending, (final_step, final)], tags=tags)
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
 
     def log_model(self, model: Any, input_example: Any, step: int = 0) -> str:

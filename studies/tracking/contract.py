@@ -162,6 +162,25 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def config_of_params(params: Mapping[str, str]) -> dict[str, Any]:
+    """The nested trial config of a cell run's params, `config_params`'s inverse: dotted paths
+    nested, each value read as JSON where it reads as JSON (numbers, booleans, null, lists,
+    mappings), else the string (`param_text` writes strings as they are); ``seed`` left out."""
+    config: dict[str, Any] = {}
+    for path, text in sorted(params.items()):
+        if path == "seed":
+            continue
+        *parents, leaf = path.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        try:
+            node[leaf] = json.loads(text)
+        except ValueError:
+            node[leaf] = text
+    return config
+
+
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 

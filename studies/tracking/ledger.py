@@ -30,6 +30,7 @@ from analysis.layout import (
 )
 from studies.tracking.cell_run import TrackingContext
 from studies.tracking.contract import SEARCH_PAGE, experiment_tags, finished_runs, search_all, tracking_client
+from studies.tracking.provenance import ParentRecord
 from studies.tracking.retry import with_retry
 from studies.tracking.sqlite_store import seed_sqlite_store
 
@@ -61,6 +62,8 @@ class StudyTracking:
         ui_view: Mapping[str, Any] | None = None,
         version: str = "",
         version_definition: Path | None = None,
+        data_fingerprints: Mapping[str, str] | None = None,
+        parent_record: ParentRecord | None = None,
     ):
         self.tracking_uri = tracking_uri
         self.ui_view = ui_view  # the MLflow UI's view of the cell runs (studies.tracking.ui_view)
@@ -76,6 +79,10 @@ class StudyTracking:
         #: the parent run and on every cell run, its study file kept under `versions/`
         self.version = version
         self.version_definition = version_definition  # its entry (studies.running.versions)
+        #: the driver's data fingerprints by data key (JSON), sent to the trials; what the parent
+        #: run gets of this run's provenance (studies.tracking.provenance)
+        self.data_fingerprints: dict[str, str] = dict(data_fingerprints or {})
+        self.parent_record = parent_record
 
     # -- experiment and parent run
 
@@ -154,6 +161,9 @@ class StudyTracking:
                     with_retry(
                         lambda: self.client.log_artifact(run_id, str(path), f"{VERSIONS_ARTIFACT_DIR}/{self.version}")
                     )
+        if self.parent_record is not None:  # the environment manifest, cells kept knowingly (once)
+            self.parent_record.write(self.client, run_id)
+            self.parent_record = None
         self._parent_run_id = run_id
         return run_id
 
@@ -177,6 +187,7 @@ class StudyTracking:
             session_id=session_id,
             run_tags=tuple(sorted(self.run_tags.items())),
             version=self.version,
+            data=tuple(sorted(self.data_fingerprints.items())),
         )
 
     # -- the cell ledger
