@@ -62,14 +62,14 @@ from analysis.collect_store import (
     REST_BULK_POINTS,
     CollectError,
     RunRecord,
-    _client,
-    _fetch_histories,
-    _mean_histories,
-    _quiet_downloads,
     collect_per_class,
+    fetch_histories,
+    mean_histories,
+    quiet_downloads,
     read_artifact_table,
     search_all_runs,
     study_runs,
+    tracking_client,
 )
 from analysis.distinct import VERSION_COLUMN, tell_apart
 from analysis.layout import (
@@ -284,7 +284,7 @@ def _study_yaml(client, parent_run_id: str) -> str | None:
     else:
         names = [STUDY_ARTIFACT]
     try:
-        with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+        with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
             local = client.download_artifacts(parent_run_id, names[0], tmp)
             return Path(local).read_text(encoding="utf-8")
     except Exception:  # noqa: BLE001 (no study file artifact: the report goes on without it)
@@ -313,7 +313,7 @@ def collect(
     read an SQL store's tables and histories in bulk (module docstring); False searches
     page by page and reads one history per request (the reference path).
     """
-    client = _client(tracking_uri)
+    client = tracking_client(tracking_uri)
     experiment = _experiment(client, tracking_uri, study_name)
     experiment_id = experiment.experiment_id
 
@@ -342,7 +342,7 @@ def collect(
     duplicates = sorted(c for c, runs in finished_by_cell.items() if len(runs) > 1)
 
     histories = list(dict.fromkeys(histories))
-    means = _mean_histories(client, [r.run_id for r in finished], histories, experiment_id, bulk)
+    means = mean_histories(client, [r.run_id for r in finished], histories, experiment_id, bulk)
     table = tell_apart(_finished_table(finished, histories, means))  # analysis.distinct
 
     unfinished = [latest(runs) for cell, runs in other_by_cell.items() if cell not in finished_by_cell]
@@ -478,7 +478,7 @@ def add_history_means(collected: Collected, keys: Iterable[str], *, bulk: bool =
     if not keys or collected.table.num_rows == 0:
         return collected
     run_ids = collected.table.column("run_id").to_pylist()
-    means = _mean_histories(_client(collected.tracking_uri), run_ids, keys, collected.experiment_id, bulk)
+    means = mean_histories(tracking_client(collected.tracking_uri), run_ids, keys, collected.experiment_id, bulk)
     table = collected.table
     for key in keys:
         table = table.append_column(MEAN_PREFIX + key, pa.array([means.get((r, key)) for r in run_ids], pa.float64()))
@@ -516,8 +516,8 @@ def collect_histories(
 
         table = table.filter(pc.is_in(table.column("run_id"), value_set=pa.array(list(run_ids), pa.string())))
     rows = table.select(["run_id", "config_id", "seed", "variant", "swept"]).to_pylist() if table.num_rows else []
-    histories = _fetch_histories(
-        _client(collected.tracking_uri), [r["run_id"] for r in rows], keys, collected.experiment_id, bulk
+    histories = fetch_histories(
+        tracking_client(collected.tracking_uri), [r["run_id"] for r in rows], keys, collected.experiment_id, bulk
     )
     columns: dict[str, list] = {name: [] for name in HISTORY_SCHEMA.names}
     for row in rows:

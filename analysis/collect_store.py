@@ -37,7 +37,7 @@ class CollectError(ValueError):
 
 
 @contextlib.contextmanager
-def _quiet_downloads() -> Iterator[None]:
+def quiet_downloads() -> Iterator[None]:
     """No MLflow download progress bar (one per run would flood the terminal of a report)."""
     from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 
@@ -53,7 +53,7 @@ def _quiet_downloads() -> Iterator[None]:
             os.environ[name] = previous
 
 
-def _client(tracking_uri: str):
+def tracking_client(tracking_uri: str):
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri)
@@ -345,7 +345,7 @@ def _histories_rest(client, store, run_ids: Sequence[str], keys: Sequence[str]) 
     return out
 
 
-def _fetch_histories(
+def fetch_histories(
     client, run_ids: Sequence[str], keys: Sequence[str], experiment_id: str | None = None, bulk: bool = True
 ) -> dict:
     """{(run_id, key): [(epoch, value), ...] sorted by epoch} for every run and key.
@@ -371,11 +371,11 @@ def _fetch_histories(
     return _histories_per_run(client, run_ids, keys)
 
 
-def _mean_histories(
+def mean_histories(
     client, run_ids: Sequence[str], keys: Sequence[str], experiment_id: str | None = None, bulk: bool = True
 ) -> dict:
     """{(run_id, key): mean over logged epochs (None when none)}."""
-    histories = _fetch_histories(client, run_ids, keys, experiment_id, bulk)
+    histories = fetch_histories(client, run_ids, keys, experiment_id, bulk)
     return {job: (sum(v for _, v in points) / len(points) if points else None) for job, points in histories.items()}
 
 
@@ -405,8 +405,8 @@ def read_artifact_table(local: str | Path, what: str) -> pa.Table:
 def collect_per_class(tracking_uri: str, run_ids: Iterable[str], artifact: str = PER_CLASS_ARTIFACT) -> pa.Table:
     """The per-class test results of the given runs (or another Parquet artifact of theirs,
     such as `set_sizes_test.parquet`), concatenated, with a `run_id` column."""
-    client = _client(tracking_uri)
-    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+    client = tracking_client(tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
 
         def one(job: tuple[int, str]) -> pa.Table:
             index, run_id = job

@@ -146,7 +146,7 @@ class Document:
     def render_latex(self) -> str:
         from analysis.latex import tables_tex
 
-        return tables_tex([b.table for b in self.blocks if b.kind == "table"], self.title)
+        return tables_tex([b.table for b in self.blocks if isinstance(b, TableBlock)], self.title)
 
     def render_md(self) -> str:
         lines = [f"# {self.title}", ""]

@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from analysis import plots
 from analysis.collect import MEAN_PREFIX, PARAM_PREFIX, collect_histories, collect_per_class
@@ -373,7 +374,7 @@ def _shot_groups(results: StudyResults, figures_dir: Path, figures: Figures) -> 
         specs = [base] if base and f"test/few/{base}" in results.metric_names else []
     shown, which = results.showcase(plots.MAX_BARS)
     for spec in specs:
-        base = spec.get("metric") if isinstance(spec, dict) else spec
+        base = cast(str, spec.get("metric") if isinstance(spec, dict) else spec)  # the schema requires it
         split = spec.get("split", "test") if isinstance(spec, dict) else "test"
         metrics = [f"{split}/{g}/{base}" for g in plots.SHOT_GROUPS]
         summary = [r for r in results.summary(metrics) if r["config_id"] in set(shown)]

@@ -95,7 +95,7 @@ def assignments(values: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def swept_text(swept_json: str) -> str:
+def swept_text(swept_json: str | None) -> str:
     """A config by its swept values (`p=0.1, K=5`), NO_SWEPT_TEXT if none."""
     swept = json.loads(swept_json or "{}")
     if not swept:

@@ -51,14 +51,14 @@ def lower_is_better(metric: str) -> bool:
     return any(word in last for word in ("loss", "time", "size", "error", "duration"))
 
 
-def _check_level(level: float) -> float:
+def check_level(level: float) -> float:
     level = float(level)
     if not 0.0 < level < 1.0:
         raise ValueError(f"confidence level must be in (0, 1), e.g. 0.95; got {level!r}")
     return level
 
 
-def _check_method(method: str) -> str:
+def check_method(method: str) -> str:
     if method not in CI_METHODS:
         raise ValueError(f"CI method must be one of {CI_METHODS}, got {method!r}")
     return method
@@ -170,7 +170,7 @@ def mean_ci(
 
     `bounds`: the range of the values (e.g. `metric_bounds(metric)`); the interval is
     intersected with it (module docstring)."""
-    level, method = _check_level(level), _check_method(method)
+    level, method = check_level(level), check_method(method)
     x, dropped = _finite(values)
     dropped_note = f"{dropped} non-finite value(s) ignored" if dropped else ""
     n = int(x.size)
@@ -201,7 +201,7 @@ def mean_ci(
     return Interval(n, mean, sd, low, high, level, method, dropped_note, clipped)
 
 
-def holm(pvalues: Sequence[float]) -> np.ndarray:
+def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values; NaN entries stay NaN and do not count in m.
 
     Sorted p_(1) <= ... <= p_(m): adj_(i) = max_{j<=i} min(1, (m - j + 1) p_(j)).
@@ -236,7 +236,10 @@ class PairedResult:
 
 
 def paired_test(
-    a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL, bounds: tuple[float, float] | None = None
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    level: float = DEFAULT_LEVEL,
+    bounds: tuple[float, float] | None = None,
 ) -> PairedResult:
     """Paired t-test of a against b (same order = same seed): scipy.stats.ttest_rel's statistic.
 
@@ -245,7 +248,7 @@ def paired_test(
     does a degenerate test, all differences equal (sd 0: `NOTE_DEGENERATE`, t and p NaN, so
     never significant and outside Holm's family).
     """
-    level = _check_level(level)
+    level = check_level(level)
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a_arr.shape != b_arr.shape or a_arr.ndim != 1:
         raise ValueError(f"paired samples must be 1-D of equal length, got {a_arr.shape} and {b_arr.shape}")
@@ -280,7 +283,7 @@ def paired_test(
     return PairedResult(n, mean, sd, low, high, t, n - 1, p, level, "", clipped)
 
 
-def _rows(table: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
+def table_rows(table: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
     if isinstance(table, pa.Table):
         return table.to_pylist()
     return [dict(r) for r in table]

@@ -8,15 +8,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import pyarrow as pa
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.colors import PALETTE as _PALETTE
-from analysis.colors import shade as _shade
-from analysis.colors import variant_colors  # noqa: F401 (the figures' colours, shared)
+from analysis.colors import (
+    PALETTE,
+    shade,
+    variant_colors,  # noqa: F401 (the figures' colours, shared)
+)
 from analysis.formatting import assignments
 from analysis.stats import CurveSeries, is_fraction_metric
 
@@ -32,31 +33,27 @@ MAX_BARS = 8
 MAX_REFERENCES = 4
 MAX_LABEL = 52
 SHOT_GROUPS = ("few", "medium", "many")
-_REFERENCE_PALETTE = ["#444444", "#8c564b", "#bcbd22", "#17becf"]
+REFERENCE_PALETTE = ["#444444", "#8c564b", "#bcbd22", "#17becf"]
 #: Most lines one axes draws; more would be an unreadable tangle (and the palette repeats).
-MAX_LINES = len(_PALETTE)
+MAX_LINES = len(PALETTE)
 
 
-def _config_colors(variants: Sequence[Any], colors: Mapping[Any, str] | None) -> list[str]:
+def series_colors(variants: Sequence[Any], colors: Mapping[Any, str] | None) -> list[str]:
     """The colour of each of a figure's lines or bars, given their variants in drawing order:
     the variant's colour (`colors`), shaded apart for its second, third... config; the
     palette in order when there is no map."""
     if colors is None:
-        return [_PALETTE[i % len(_PALETTE)] for i in range(len(variants))]
+        return [PALETTE[i % len(PALETTE)] for i in range(len(variants))]
     seen: dict[Any, int] = {}
     out = []
     for i, variant in enumerate(variants):
-        base = colors.get(variant) or _PALETTE[i % len(_PALETTE)]
-        out.append(_shade(base, seen.get(variant, 0)))
+        base = colors.get(variant) or PALETTE[i % len(PALETTE)]
+        out.append(shade(base, seen.get(variant, 0)))
         seen[variant] = seen.get(variant, 0) + 1
     return out
 
 
-def _rows(summary: pa.Table | Sequence[Mapping[str, Any]]) -> list[dict]:
-    return summary.to_pylist() if isinstance(summary, pa.Table) else [dict(r) for r in summary]
-
-
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -67,7 +64,7 @@ def choose_xscale(values: Sequence[Any]) -> tuple[str, dict]:
     smallest non-zero |x|) when they include 0 or negatives and the non-zero ones span
     >= LOG_SPAN, so that 0 (e.g. epsilon = 0 in thesis Table 4.2) stays on the axis.
     """
-    numbers = [float(v) for v in values if _is_number(v)]
+    numbers = [float(v) for v in values if is_number(v)]
     nonzero = [abs(v) for v in numbers if v != 0.0]
     if len(nonzero) < 2:
         return "linear", {}
@@ -79,24 +76,24 @@ def choose_xscale(values: Sequence[Any]) -> tuple[str, dict]:
     return "symlog", {"linthresh": min(nonzero), "linscale": 0.5}
 
 
-def _n_label(series: CurveSeries) -> str:
+def seeds_label(series: CurveSeries) -> str:
     low, high = series.n_range
     if low == high:
         return f"n={low} seed" + ("" if low == 1 else "s")
     return f"n={low}\u2013{high} seeds"
 
 
-def _scale(metric: str, percent: bool | None) -> float:
+def display_factor(metric: str, percent: bool | None) -> float:
     if percent is None:
         percent = is_fraction_metric(metric)
     return 100.0 if percent else 1.0
 
 
-def _axis_label(metric: str, factor: float) -> str:
+def axis_label(metric: str, factor: float) -> str:
     return f"{metric} (%)" if factor == 100.0 else metric
 
 
-def _band(points: Sequence[Mapping[str, Any]], metric: str, factor: float) -> tuple[list[float], list[float]]:
+def ci_band(points: Sequence[Mapping[str, Any]], metric: str, factor: float) -> tuple[list[float], list[float]]:
     """Lower and upper CI bounds to shade (NaN where there is no interval). An accuracy's
     t-interval over a few seeds can pass 0 or 100%; the band stops at the possible range."""
     lo, hi = (0.0, factor) if is_fraction_metric(metric) else (-math.inf, math.inf)
@@ -119,13 +116,13 @@ def save_figure(fig: Figure, out_base: str | Path) -> list[Path]:
     return [png, svg]
 
 
-def _new_figure(size: tuple[float, float] = FIGSIZE) -> Figure:
+def new_figure(size: tuple[float, float] = FIGSIZE) -> Figure:
     fig = Figure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)  # the Agg canvas renders the PNG; SVG uses matplotlib's SVG writer
     return fig
 
 
-def _panel_grid(fig: Figure, panels: int, max_columns: int, sharey: bool = False) -> list:
+def panel_grid(fig: Figure, panels: int, max_columns: int, sharey: bool = False) -> list:
     """The axes of `panels` small multiples, at most `max_columns` a row; the cells of the
     last row left over are hidden."""
     ncols = min(max_columns, panels)
@@ -136,8 +133,8 @@ def _panel_grid(fig: Figure, panels: int, max_columns: int, sharey: bool = False
     return list(axes)
 
 
-def _new_axes(size: tuple[float, float] = FIGSIZE):
-    fig = _new_figure(size)
+def new_axes(size: tuple[float, float] = FIGSIZE):
+    fig = new_figure(size)
     ax = fig.add_subplot()
     ax.grid(True, which="major", alpha=0.3)
     return fig, ax
@@ -148,7 +145,7 @@ def short(label: str, limit: int = MAX_LABEL) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "\u2026"
 
 
-def _note(notes: list[str] | None, text: str) -> None:
+def add_note(notes: list[str] | None, text: str) -> None:
     if notes is not None and text not in notes:
         notes.append(text)
 
@@ -168,7 +165,7 @@ def label_reference_lines(
         return []
     fig.canvas.draw()  # final axes positions and limits
     fig.set_layout_engine("none")
-    renderer = fig.canvas.get_renderer()
+    renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # new_figure's canvas
     texts = []
     for ax, entries in items.items():
         placed = [
@@ -207,13 +204,13 @@ def label_reference_lines(
 
 def _line_score(series: CurveSeries, lower: bool) -> float:
     """The best mean of a line (its highest, or lowest for a metric to minimise)."""
-    means = [p["mean"] for p in series.points if _is_number(p.get("mean"))]
+    means = [p["mean"] for p in series.points if is_number(p.get("mean"))]
     if not means:
         return math.nan
     return min(means) if lower else max(means)
 
 
-def _ranked(series: Sequence[CurveSeries], lower: bool) -> list[CurveSeries]:
+def best_first(series: Sequence[CurveSeries], lower: bool) -> list[CurveSeries]:
     """Best line first (NaN last), ties kept in their order."""
 
     def key(s):
@@ -227,7 +224,7 @@ def _ranked(series: Sequence[CurveSeries], lower: bool) -> list[CurveSeries]:
 Y_REACH = 1.5
 
 
-def _fit_y(ax, means: Sequence[float], bands: Sequence[float]) -> bool:
+def fit_y_axis(ax, means: Sequence[float], bands: Sequence[float]) -> bool:
     """Y limits that show every mean and as much of every interval as is within `Y_REACH`
     spreads of the means (at least 0.5 % of their level, so equal means keep a range): one
     huge interval does not squash the lines. Returns whether an interval was cut."""
@@ -243,7 +240,7 @@ def _fit_y(ax, means: Sequence[float], bands: Sequence[float]) -> bool:
     return any(b < floor or b > ceiling for b in bands)
 
 
-def _thin(values: Sequence[Any], most: int = 10) -> list[Any]:
+def thinned(values: Sequence[Any], most: int = 10) -> list[Any]:
     """At most `most` evenly spaced items of `values` (tick labels), first and last kept."""
     if len(values) <= most:
         return list(values)
@@ -261,9 +258,9 @@ def config_label(row: Mapping[str, Any]) -> str:
     return label
 
 
-def _sort_value(value: Any) -> tuple:
-    return (0, float(value), "") if _is_number(value) else (1, 0.0, json.dumps(value))
+def sort_value(value: Any) -> tuple:
+    return (0, float(value), "") if is_number(value) else (1, 0.0, json.dumps(value))
 
 
-def _tick(value: Any) -> str:
-    return f"{value:.3g}" if _is_number(value) else short(str(value), 10)
+def tick_label(value: Any) -> str:
+    return f"{value:.3g}" if is_number(value) else short(str(value), 10)

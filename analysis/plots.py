@@ -29,6 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from analysis.colors import PALETTE
+from analysis.intervals import table_rows
 from analysis.plot_curves import (
     epoch_time_vs_k,
     heatmaps,
@@ -38,7 +40,6 @@ from analysis.plot_curves import (
     sensitivity_curve,
 )
 from analysis.plot_style import (
-    _PALETTE,
     DPI,
     FIGSIZE,
     MAX_BARS,
@@ -46,18 +47,17 @@ from analysis.plot_style import (
     PANEL_FIGSIZE,
     SHOT_GROUPS,
     WIDE_FIGSIZE,
-    _axis_label,
-    _band,
-    _config_colors,
-    _new_axes,
-    _new_figure,
-    _note,
-    _panel_grid,
-    _rows,
-    _scale,
+    add_note,
+    axis_label,
     choose_xscale,
+    ci_band,
     config_label,
+    display_factor,
+    new_axes,
+    new_figure,
+    panel_grid,
     save_figure,
+    series_colors,
     short,
     variant_colors,
 )
@@ -113,9 +113,7 @@ def _draw_set_sizes(ax, lines: Sequence[tuple[str, Mapping[int, float]]], end: i
     for index, (label, fractions) in enumerate(lines):
         ys = [100.0 * fractions.get(size, 0.0) for size in range(end)]
         ys.append(100.0 * sum(f for size, f in fractions.items() if size >= end))
-        ax.step(
-            range(end + 1), ys, where="mid", color=_PALETTE[index % len(_PALETTE)], linewidth=1.5, label=short(label)
-        )
+        ax.step(range(end + 1), ys, where="mid", color=PALETTE[index % len(PALETTE)], linewidth=1.5, label=short(label))
     ticks = sorted({int(t) for t in ax.get_xticks() if 0 <= t < end} | {end})
     ax.set_xticks(ticks, [str(t) for t in ticks[:-1]] + [f"\u2265{end}"])
     ax.set_xlim(-0.6, end + 0.6)
@@ -140,10 +138,10 @@ def set_size_histograms(
     if not by_config:
         raise ValueError(f"no run stored its average-{k} set sizes")
     if len(by_config) > MAX_LINES:
-        _note(notes, f"{len(by_config) - MAX_LINES} config(s) not drawn in (a) (at most {MAX_LINES} lines).")
+        add_note(notes, f"{len(by_config) - MAX_LINES} config(s) not drawn in (a) (at most {MAX_LINES} lines).")
         by_config = list(by_config)[:MAX_LINES]
     end = _set_size_axis_end([f for _, f in by_config] + [f for _, f in by_shot])
-    fig = _new_figure(WIDE_FIGSIZE)
+    fig = new_figure(WIDE_FIGSIZE)
     left, right = fig.subplots(1, 2)
     for ax in (left, right):
         ax.grid(True, which="major", alpha=0.3)
@@ -174,12 +172,12 @@ def shot_group_bars(
 
     At most MAX_BARS configs, the first of `order` (the report passes the best config of
     each variant first); the figure's size does not depend on how many."""
-    rows = _rows(summary)
+    rows = table_rows(summary)
     metrics = [f"{split}/{g}/{base_metric}" for g in groups]
     present = [m for m in metrics if any(r["metric"] == m for r in rows)]
     if not present:
         raise ValueError(f"no shot-group metric among {metrics} in the summary")
-    firsts = {}
+    firsts: dict[str, Mapping[str, Any]] = {}
     for r in rows:
         if r["metric"] in present:
             firsts.setdefault(r["config_id"], r)
@@ -188,25 +186,27 @@ def shot_group_bars(
     else:
         configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
     if len(configs) > MAX_BARS:
-        _note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
+        add_note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
         configs = configs[:MAX_BARS]
     by_key = {(r["config_id"], r["metric"]): r for r in rows}
-    factor = _scale(present[0], percent)
+    factor = display_factor(present[0], percent)
     width = 0.8 / max(1, len(configs))
-    fig, ax = _new_axes(FIGSIZE)
-    bar_colors = _config_colors([firsts[c].get("variant") for c in configs], colors)
+    fig, ax = new_axes(FIGSIZE)
+    bar_colors = series_colors([firsts[c].get("variant") for c in configs], colors)
     for ci, config_id in enumerate(configs):
         heights, err_low, err_high, label, n_values = [], [], [], None, set()
         for metric in present:
             row = by_key.get((config_id, metric))
             if row is None or row["n"] == 0:
-                heights.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
+                heights.append(math.nan)
+                err_low.append(math.nan)
+                err_high.append(math.nan)
                 continue
             label = label or config_label(row)
             n_values.add(row["n"])
             mean = row["mean"] * factor
             heights.append(mean)
-            (low,), (high,) = _band([row], metric, factor)  # within the metric's range
+            (low,), (high,) = ci_band([row], metric, factor)  # within the metric's range
             err_low.append(mean - low)
             err_high.append(high - mean)
         positions = [g + (ci - (len(configs) - 1) / 2) * width for g in range(len(present))]
@@ -223,7 +223,7 @@ def shot_group_bars(
             label=short(f"{label} (n={n_text} {seeds})"),
         )
     ax.set_xticks(range(len(present)), [m.split("/")[1] + "-shot" for m in present])
-    ax.set_ylabel(_axis_label(f"{split}/{base_metric}", factor))
+    ax.set_ylabel(axis_label(f"{split}/{base_metric}", factor))
     if is_fraction_metric(present[0]) and factor == 100.0:
         ax.set_ylim(0.0, 100.0)
     ax.set_title(f"{split}/{base_metric} per shot group (error bars: CI)", fontsize=10)
@@ -255,7 +255,7 @@ def count_bin_accuracy(
 
     `metrics` are (bin label, metric path) in the bins' order. At most MAX_LINES configs,
     the first of `order` (the report passes the best config of each variant first)."""
-    rows = _rows(summary)
+    rows = table_rows(summary)
     present = [(label, m) for label, m in metrics if any(r["metric"] == m for r in rows)]
     if not present:
         raise ValueError(f"no bin metric among {[m for _, m in metrics]} in the summary")
@@ -265,28 +265,16 @@ def count_bin_accuracy(
             firsts.setdefault(r["config_id"], r)
     configs = [c for c in (order or []) if c in firsts] + [c for c in firsts if c not in (order or [])]
     if len(configs) > MAX_LINES:
-        _note(notes, f"{len(configs) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
+        add_note(notes, f"{len(configs) - MAX_LINES} config(s) not drawn (at most {MAX_LINES} lines).")
         configs = configs[:MAX_LINES]
     by_key = {(r["config_id"], r["metric"]): r for r in rows}
-    factor = _scale(present[0][1], None)
+    factor = display_factor(present[0][1], None)
     xs = list(range(len(present)))
-    fig, ax = _new_axes(FIGSIZE)
+    fig, ax = new_axes(FIGSIZE)
     drawn_published = False
-    line_colors = _config_colors([firsts[c].get("variant") for c in configs], colors)
+    line_colors = series_colors([firsts[c].get("variant") for c in configs], colors)
     for ci, config_id in enumerate(configs):
-        means, err_low, err_high, n_values = [], [], [], set()
-        for _, metric in present:
-            row = by_key.get((config_id, metric))
-            if row is None or row["n"] == 0 or row["mean"] is None:
-                means.append(math.nan), err_low.append(math.nan), err_high.append(math.nan)
-                continue
-            n_values.add(row["n"])
-            mean = row["mean"] * factor
-            (low,), (high,) = _band([row], metric, factor)
-            means.append(mean)
-            err_low.append(mean - low if math.isfinite(low) else 0.0)
-            err_high.append(high - mean if math.isfinite(high) else 0.0)
-        color = line_colors[ci]
+        means, err_low, err_high, n_values = _bin_means(by_key, config_id, present, factor)
         n_text = "/".join(str(n) for n in sorted(n_values))
         label = f"{config_label(firsts[config_id])} (n={n_text} seed{'' if n_values == {1} else 's'})"
         offset = (ci - (len(configs) - 1) / 2) * 0.06
@@ -294,7 +282,7 @@ def count_bin_accuracy(
             [x + offset for x in xs],
             means,
             yerr=[err_low, err_high],
-            color=color,
+            color=line_colors[ci],
             marker="o",
             markersize=4,
             capsize=3,
@@ -315,15 +303,42 @@ def count_bin_accuracy(
                 label=None if drawn_published else short(f"published{': ' + source if source else ''}", 70),
             )
             drawn_published = True
-    ax.set_xticks(xs, [label for label, _ in present])
+    _label_bin_axes(ax, present, factor)
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+    return save_figure(fig, out_base)
+
+
+def _bin_means(
+    by_key: Mapping[tuple[str, str], Mapping], config_id: str, present: Sequence[tuple[str, str]], factor: float
+) -> tuple[list[float], list[float], list[float], set[int]]:
+    """(means, error bars below, error bars above, seed counts) of a config over the bins
+    (NaN where it has no value, no bar where its interval is unknown)."""
+    means, err_low, err_high, n_values = [], [], [], set()
+    for _, metric in present:
+        row = by_key.get((config_id, metric))
+        if row is None or row["n"] == 0 or row["mean"] is None:
+            means.append(math.nan)
+            err_low.append(math.nan)
+            err_high.append(math.nan)
+            continue
+        n_values.add(row["n"])
+        mean = row["mean"] * factor
+        (low,), (high,) = ci_band([row], metric, factor)
+        means.append(mean)
+        err_low.append(mean - low if math.isfinite(low) else 0.0)
+        err_high.append(high - mean if math.isfinite(high) else 0.0)
+    return means, err_low, err_high, n_values
+
+
+def _label_bin_axes(ax, present: Sequence[tuple[str, str]], factor: float) -> None:
+    """The bins as x ticks, the metric's name and unit, the title."""
+    ax.set_xticks(list(range(len(present))), [label for label, _ in present])
     ax.set_xlabel("training images of the class")
     base = present[0][1].rsplit("/", 1)[-1]
     ax.set_ylabel(f"mean per-class {base} (%)" if factor == 100.0 else f"mean per-class {base}")
     if factor == 100.0:
         ax.set_ylim(0.0, 100.0)
     ax.set_title(f"{present[0][1].split('/', 1)[0]}/{base} by number of training images (error bars: CI)", fontsize=10)
-    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
-    return save_figure(fig, out_base)
 
 
 def _thin_points(counts: Sequence[float], values: Sequence[float], most: int) -> tuple[list[float], list[float]]:
@@ -357,11 +372,11 @@ def per_class_accuracy(
     if not panels:
         raise ValueError("no run stored a per-class accuracy for a class with test images")
     if len(panels) > CLASS_PANELS:
-        _note(notes, f"{len(panels) - CLASS_PANELS} config(s) not drawn (at most {CLASS_PANELS} panels).")
+        add_note(notes, f"{len(panels) - CLASS_PANELS} config(s) not drawn (at most {CLASS_PANELS} panels).")
         panels = list(panels)[:CLASS_PANELS]
-    factor = _scale(base_metric, None)
-    fig = _new_figure(PANEL_FIGSIZE)
-    axes = _panel_grid(fig, len(panels), 2, sharey=True)
+    factor = display_factor(base_metric, None)
+    fig = new_figure(PANEL_FIGSIZE)
+    axes = panel_grid(fig, len(panels), 2, sharey=True)
     for index, (ax, (label, data)) in enumerate(zip(axes, panels)):
         pairs = [
             (float(c), float(v) * factor)
@@ -371,7 +386,7 @@ def per_class_accuracy(
         counts, values = [c for c, _ in pairs], [v for _, v in pairs]
         shown_counts, shown_values = _thin_points(counts, values, MAX_CLASS_POINTS)
         if len(shown_counts) < len(counts):
-            _note(
+            add_note(
                 notes,
                 f"At most {MAX_CLASS_POINTS} classes drawn per panel, spread over the "
                 f"class sizes; the bin means use every class.",
@@ -382,7 +397,7 @@ def per_class_accuracy(
             shown_values,
             s=6,
             alpha=0.35,
-            color=_PALETTE[index % len(_PALETTE)],
+            color=PALETTE[index % len(PALETTE)],
             linewidths=0,
         )
         bounds = _bin_bounds(counts, edges)

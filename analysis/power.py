@@ -315,7 +315,7 @@ def _printed(number: Any) -> str:
 
 def published_seeds_needed(
     sources: Sequence[Any],
-    baseline: str,
+    baseline: str | None,
     *,
     difference: float | None = None,
     half_width: float | None = None,

@@ -69,7 +69,9 @@ def mlflow_ui(collected: Collected) -> tuple[str | None, str, str]:
     if uri.startswith(("http://", "https://")):
         parts = urllib.parse.urlsplit(uri)
         base = urllib.parse.urlunsplit(
-            parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""), query="", fragment="")
+            parts._replace(
+                netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else ""), query="", fragment=""
+            )
         ).rstrip("/")
         command = None
     else:

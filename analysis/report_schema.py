@@ -228,7 +228,7 @@ def _labelled(sources: list[Reference]) -> list[Reference]:
                 f"source {i} ({source.source!r}) has no `label`; expected a short name "
                 f"for its column, distinct from the other sources' (such as [GSJS22])"
             )
-    labels = [s.label for s in sources]
+    labels = [s.label for s in sources if s.label is not None]  # every one has a label (above)
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
         raise ValueError(

@@ -104,7 +104,7 @@ class StudyResults:
         metric = self.rank_metric()
         means = {r["config_id"]: r["mean"] for r in self.summary([metric])} if metric else {}
         variant = {r["config_id"]: r["variant"] for r in self.rows}
-        lower = bool(metric) and lower_is_better(metric)
+        lower = lower_is_better(metric) if metric else False
 
         def key(config_id):
             mean = means.get(config_id)

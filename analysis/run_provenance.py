@@ -120,12 +120,12 @@ def read_manifest(client: Any, run_id: str | None) -> dict[str, Any] | None:
     import stat
     import tempfile
 
-    from analysis.collect_store import _quiet_downloads
+    from analysis.collect_store import quiet_downloads
 
     if run_id is None:
         return None
     try:
-        with tempfile.TemporaryDirectory() as folder, _quiet_downloads():
+        with tempfile.TemporaryDirectory() as folder, quiet_downloads():
             path = client.download_artifacts(run_id, ENVIRONMENT_ARTIFACT, folder)
             info = os.lstat(path)
             if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MANIFEST_BYTES:

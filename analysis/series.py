@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from analysis.collect import PARAM_PREFIX
-from analysis.intervals import DEFAULT_LEVEL, _rows, mean_ci, metric_bounds
+from analysis.intervals import DEFAULT_LEVEL, mean_ci, metric_bounds, table_rows
 
 
 def _swept(row: Mapping[str, Any]) -> dict:
@@ -65,16 +65,26 @@ def curve_series(
     version) each is drawn, labelled by what sets it apart. Params that no design sweeps but
     that differ between configs at one value of `x` split the lines too.
     """
-    xcol = PARAM_PREFIX + x
-    rows = [r for r in _rows(summary) if r["metric"] == metric]
+    rows = [r for r in table_rows(summary) if r["metric"] == metric]
     if not rows:
         return []
     by_variant: dict[Any, list[dict]] = {}
     for row in rows:
         key = row.get(series_by) if series_by in row else row.get(PARAM_PREFIX + series_by)
         by_variant.setdefault(key, []).append(row)
+    context, varying = _curve_context(rows, x)
+    out: list[CurveSeries] = []
+    for variant, vrows in by_variant.items():
+        if any(x in _swept(r) for r in vrows):
+            out += _variant_lines(variant, vrows, x)
+        else:
+            out += _baseline_lines(variant, vrows, context, varying)
+    return out
 
-    # values of the other params that every config on x shares (the curve's context)
+
+def _curve_context(rows: Sequence[Mapping[str, Any]], x: str) -> tuple[dict[str, str], set[str]]:
+    """({param: its JSON value} that every config on `x` shares (the curve's context), the
+    other params that vary among the configs on `x`: a baseline may sit at any of their values)."""
     all_on_x = [r for r in rows if x in _swept(r)]
     context: dict[str, str] = {}
     if all_on_x:
@@ -82,60 +92,65 @@ def curve_series(
             values = {json.dumps(r.get(PARAM_PREFIX + key)) for r in all_on_x}
             if len(values) == 1:
                 context[key] = values.pop()
-
-    # the other params that vary among the configs on x: a baseline may sit at any of their values
     varying = {k for r in all_on_x for k in _swept(r)} - {x} - set(context)
-    out: list[CurveSeries] = []
-    for variant, vrows in by_variant.items():
-        on_x = [r for r in vrows if x in _swept(r)]
-        if not on_x:
-            # a baseline: each config in the curve's context becomes a flat line, labelled by
-            # what sets it apart from the others when there are several
-            candidates = [
-                r
-                for r in vrows
-                if all(
-                    k in varying or (k in context and json.dumps(r.get(PARAM_PREFIX + k)) == context[k])
-                    for k in _swept(r)
-                )
-            ]
-            labels = _distinct_labels(candidates, str(variant))
-            out += [CurveSeries(label, variant, [r], flat=True) for r, label in zip(candidates, labels)]
+    return context, varying
+
+
+def _baseline_lines(
+    variant: Any, vrows: Sequence[dict[str, Any]], context: Mapping[str, str], varying: set[str]
+) -> list[CurveSeries]:
+    """A variant with no config on x (a baseline): each config in the curve's context becomes
+    a flat line, labelled by what sets it apart from the others when there are several."""
+    candidates = [
+        r
+        for r in vrows
+        if all(k in varying or (k in context and json.dumps(r.get(PARAM_PREFIX + k)) == context[k]) for k in _swept(r))
+    ]
+    labels = _distinct_labels(candidates, str(variant))
+    return [CurveSeries(label, variant, [r], flat=True) for r, label in zip(candidates, labels)]
+
+
+def _variant_lines(variant: Any, vrows: Sequence[dict[str, Any]], x: str) -> list[CurveSeries]:
+    """A variant's lines on x: its configs on x split by their other params (swept, or hidden
+    ones that differ), each joined by the variant's config that sits at the line's other
+    values without sweeping x (a sensitivity design's base cell); points sorted by x."""
+    xcol = PARAM_PREFIX + x
+    on_x = [r for r in vrows if x in _swept(r)]
+    others = sorted({k for r in on_x for k in _swept(r)} - {x})
+    others += _hidden_splits(on_x, xcol, others)
+
+    def other_key(row):
+        return tuple(json.dumps(row.get(PARAM_PREFIX + k)) for k in others)
+
+    lines: dict[tuple, list[dict]] = {}
+    for row in on_x:
+        lines.setdefault(other_key(row), []).append(row)
+    used = {r["config_id"] for r in on_x}
+    for row in vrows:
+        if row["config_id"] in used:
             continue
-        others = sorted({k for r in on_x for k in _swept(r)} - {x})
-        others += _hidden_splits(on_x, xcol, others)
-
-        def other_key(row):
-            return tuple(json.dumps(row.get(PARAM_PREFIX + k)) for k in others)
-
-        lines: dict[tuple, list[dict]] = {}
-        for row in on_x:
-            lines.setdefault(other_key(row), []).append(row)
-        used = {r["config_id"] for r in on_x}
-        for row in vrows:
-            if row["config_id"] in used:
-                continue
-            key = other_key(row)
-            if key not in lines:
-                continue
-            line = lines[key]
-            # every other param it sweeps must sit at the line's (constant) value
-            fits = all(
-                len({json.dumps(r.get(PARAM_PREFIX + k)) for r in line}) == 1
-                and json.dumps(row.get(PARAM_PREFIX + k)) == json.dumps(line[0].get(PARAM_PREFIX + k))
-                for k in _swept(row)
-                if k != x
-            )
-            xs = {json.dumps(r.get(xcol)) for r in line}
-            if fits and row.get(xcol) is not None and json.dumps(row.get(xcol)) not in xs:
-                line.append(row)
-                used.add(row["config_id"])
-        for key, line in lines.items():
-            label = str(variant)
-            if others:
-                label += ", " + ", ".join(f"{k}={_fmt_value(json.loads(v))}" for k, v in zip(others, key))
-            line.sort(key=lambda r: _sort_key(r.get(xcol)))
-            out.append(CurveSeries(label, variant, line))
+        key = other_key(row)
+        if key not in lines:
+            continue
+        line = lines[key]
+        # every other param it sweeps must sit at the line's (constant) value
+        fits = all(
+            len({json.dumps(r.get(PARAM_PREFIX + k)) for r in line}) == 1
+            and json.dumps(row.get(PARAM_PREFIX + k)) == json.dumps(line[0].get(PARAM_PREFIX + k))
+            for k in _swept(row)
+            if k != x
+        )
+        xs = {json.dumps(r.get(xcol)) for r in line}
+        if fits and row.get(xcol) is not None and json.dumps(row.get(xcol)) not in xs:
+            line.append(row)
+            used.add(row["config_id"])
+    out = []
+    for key, line in lines.items():
+        label = str(variant)
+        if others:
+            label += ", " + ", ".join(f"{k}={_fmt_value(json.loads(v))}" for k, v in zip(others, key))
+        line.sort(key=lambda r: _sort_key(r.get(xcol)))
+        out.append(CurveSeries(label, variant, line))
     return out
 
 
@@ -196,7 +211,7 @@ def epoch_curves(
     epoch. A config's seeds are replicates
     epoch by epoch, so n may drop at the last epochs of a config whose seeds stopped early.
     """
-    rows = [r for r in _rows(history) if r["metric"] == metric]
+    rows = [r for r in table_rows(history) if r["metric"] == metric]
     groups: dict[tuple[str, int], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["config_id"], int(row["epoch"])), []).append(row)
@@ -235,7 +250,7 @@ def set_size_fractions(
     counts as 0 for it), as in thesis Figure 5.4.
     """
     per_run: dict[tuple[str, str], dict[int, float]] = {}
-    for row in _rows(sizes):
+    for row in table_rows(sizes):
         if str(row["avgk"]) != str(k) or row["run_id"] not in config_of_run:
             continue
         for group in ("all", row["shot"]):
@@ -269,11 +284,11 @@ def per_class_means(
     mean over the runs that have a finite value for the class (NaN when none has). Runs
     without the metric's column are left out.
     """
-    rows = _rows(per_class)
+    rows = table_rows(per_class)
     sums: dict[str, dict[int, list]] = {}
     runs_of: dict[str, set] = {}
     for row in rows:
-        run_id = row.get("run_id")
+        run_id: Any = row.get("run_id")
         if run_id not in config_of_run or row.get(metric) is None:
             continue
         config_id = config_of_run[run_id]

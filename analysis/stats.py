@@ -45,9 +45,8 @@ from analysis.intervals import (
     CI_METHODS,
     DEFAULT_LEVEL,
     NOTE_SINGLE,
-    _check_level,
-    _check_method,
-    _rows,
+    check_level,
+    check_method,
     difference_bounds,
     holm,
     is_fraction_metric,
@@ -56,6 +55,7 @@ from analysis.intervals import (
     metric_bounds,
     paired_test,
     t_quantile,
+    table_rows,
 )
 from analysis.series import (
     CurveSeries,
@@ -148,8 +148,8 @@ def summarize(
     that curves and tables can use the parameter values. `bounded`: intervals of a bounded
     metric are cut at its bounds (`metric_bounds`; `clipped` says where that cut one).
     """
-    level, method = _check_level(level), _check_method(method)
-    rows = _rows(table)
+    level, method = check_level(level), check_method(method)
+    rows = table_rows(table)
     params = _param_columns(rows)
     missing = [m for m in metrics if rows and not any(m in r for r in rows)]
     if missing:
@@ -224,7 +224,7 @@ def variant_defining_paths(rows: Sequence[Mapping[str, Any]]) -> set[str]:
     These are what a variant overlay sets (loss name, its parameters, ...); they are not
     part of the context on which a variant is matched with the reference.
     """
-    per_variant: dict[str, dict[str, set]] = {}
+    per_variant: dict[Any, dict[str, set[Any]]] = {}
     for row in rows:
         values = per_variant.setdefault(row.get("variant"), {})
         for key, value in row.items():
@@ -266,7 +266,8 @@ def _context_key(row: Mapping[str, Any], ignore: set[str]) -> tuple[tuple, Any, 
     """(the params outside `loss.*`, the loss name, the `loss.*` params), the ignored paths
     and None values left out: `configs_match(a, b)` holds exactly when the first parts are
     equal and either the loss names differ or the last parts are equal too."""
-    outer, inner = [], []
+    outer: list[tuple[str, Any]] = []
+    inner: list[tuple[str, Any]] = []
     for key, value in row.items():
         if not key.startswith(PARAM_PREFIX) or value is None:
             continue
@@ -293,8 +294,8 @@ def paired_comparisons(
     the losses differ, the `loss.*` parameters. Holm's correction is applied per metric over
     all comparisons against the same reference config.
     """
-    level = _check_level(level)
-    rows = _rows(table)
+    level = check_level(level)
+    rows = table_rows(table)
     variants = list(dict.fromkeys(r.get("variant") for r in rows))
     if reference not in variants:
         raise ValueError(f"reference variant {reference!r} not among the finished variants {variants}")
@@ -302,8 +303,22 @@ def paired_comparisons(
     ignore |= variant_defining_paths(rows)
     groups = group_by_config(rows)
     ref_configs = {c: g for c, g in groups.items() if g[0].get("variant") == reference}
-    # configs_match for every pair, through an index on the context (2,000 configs would
-    # otherwise compare 500 x 1,500 pairs param by param)
+    pairs = _matching_pairs(groups, ref_configs, reference, ignore)
+    records = [
+        _paired_record(metric, groups[config_id], ref_configs[ref_id], reference, level, bounds)
+        for metric, bounds in ((m, difference_bounds(m)) for m in metrics)
+        for config_id, ref_id in pairs
+    ]
+    _add_holm(records)
+    return pa.Table.from_pylist(records, schema=_PAIRED_SCHEMA)
+
+
+def _matching_pairs(
+    groups: Mapping[str, list[dict]], ref_configs: Mapping[str, list[dict]], reference: str, ignore: set[str]
+) -> list[tuple[str, str]]:
+    """(config_id, reference config_id) of every config of another variant and every
+    reference config that `configs_match` it, through an index on the context (2,000 configs
+    would otherwise compare 500 x 1,500 pairs param by param)."""
     by_context: dict[tuple, list[tuple[str, Any, tuple]]] = {}
     for ref_id, ref_group in ref_configs.items():
         outer, loss_name, inner = _context_key(ref_group[0], ignore)
@@ -318,48 +333,58 @@ def paired_comparisons(
             for ref_id, ref_loss, ref_inner in by_context.get(outer, [])
             if ref_loss != loss_name or ref_inner == inner
         ]
-    records = []
-    for metric in metrics:
-        bounds = difference_bounds(metric)
-        for config_id, ref_id in pairs:
-            group, ref_group = groups[config_id], ref_configs[ref_id]
-            variant = group[0].get("variant")
-            a = {r["seed"]: r.get(metric) for r in group}
-            b = {r["seed"]: r.get(metric) for r in ref_group}
-            common = sorted(
-                s
-                for s in a.keys() & b.keys()
-                if a[s] is not None and b[s] is not None and math.isfinite(a[s]) and math.isfinite(b[s])
-            )
-            result = paired_test([a[s] for s in common], [b[s] for s in common], level, bounds)
-            unpaired = len((a.keys() | b.keys()) - set(common))
-            note = result.note
-            if unpaired:
-                note = "; ".join(filter(None, [note, f"{unpaired} seed(s) without a pair"]))
-            records.append(
-                {
-                    "metric": metric,
-                    "variant": variant,
-                    "config_id": config_id,
-                    "swept": group[0].get("swept", "{}"),
-                    "reference": reference,
-                    "reference_config_id": ref_id,
-                    "reference_swept": ref_group[0].get("swept", "{}"),
-                    "n": result.n,
-                    "mean_diff": result.mean_diff,
-                    "sd_diff": result.sd_diff,
-                    "ci_low": result.low,
-                    "ci_high": result.high,
-                    "t": result.t,
-                    "df": result.df,
-                    "p_value": result.p_value,
-                    "level": level,
-                    "seeds": common,
-                    "differences": [a[s] - b[s] for s in common],
-                    "note": note,
-                    "clipped": result.clipped,
-                }
-            )
+    return pairs
+
+
+def _paired_record(
+    metric: str,
+    group: Sequence[Mapping[str, Any]],
+    ref_group: Sequence[Mapping[str, Any]],
+    reference: str,
+    level: float,
+    bounds: Any,
+) -> dict[str, Any]:
+    """One config against one reference config on `metric`: the paired test over the seeds
+    both have a finite value for (the others counted in the note); `p_holm` comes later."""
+    a: dict[Any, Any] = {r["seed"]: r.get(metric) for r in group}
+    b: dict[Any, Any] = {r["seed"]: r.get(metric) for r in ref_group}
+    common = sorted(
+        s
+        for s in a.keys() & b.keys()
+        if a[s] is not None and b[s] is not None and math.isfinite(a[s]) and math.isfinite(b[s])
+    )
+    result = paired_test([a[s] for s in common], [b[s] for s in common], level, bounds)
+    unpaired = len((a.keys() | b.keys()) - set(common))
+    note = result.note
+    if unpaired:
+        note = "; ".join(filter(None, [note, f"{unpaired} seed(s) without a pair"]))
+    return {
+        "metric": metric,
+        "variant": group[0].get("variant"),
+        "config_id": group[0]["config_id"],
+        "swept": group[0].get("swept", "{}"),
+        "reference": reference,
+        "reference_config_id": ref_group[0]["config_id"],
+        "reference_swept": ref_group[0].get("swept", "{}"),
+        "n": result.n,
+        "mean_diff": result.mean_diff,
+        "sd_diff": result.sd_diff,
+        "ci_low": result.low,
+        "ci_high": result.high,
+        "t": result.t,
+        "df": result.df,
+        "p_value": result.p_value,
+        "level": level,
+        "seeds": common,
+        "differences": [a[s] - b[s] for s in common],
+        "note": note,
+        "clipped": result.clipped,
+    }
+
+
+def _add_holm(records: list[dict[str, Any]]) -> None:
+    """Each record's `p_holm`: Holm's correction per metric over the comparisons against
+    the same reference config."""
     families: dict[tuple, list[int]] = {}
     for index, record in enumerate(records):
         families.setdefault((record["metric"], record["reference_config_id"]), []).append(index)
@@ -370,29 +395,31 @@ def paired_comparisons(
             p_holm[i] = float(value)
     for record, value in zip(records, p_holm):
         record["p_holm"] = value
-    schema = pa.schema(
-        [
-            ("metric", pa.string()),
-            ("variant", pa.string()),
-            ("config_id", pa.string()),
-            ("swept", pa.string()),
-            ("reference", pa.string()),
-            ("reference_config_id", pa.string()),
-            ("reference_swept", pa.string()),
-            ("n", pa.int64()),
-            ("mean_diff", pa.float64()),
-            ("sd_diff", pa.float64()),
-            ("ci_low", pa.float64()),
-            ("ci_high", pa.float64()),
-            ("t", pa.float64()),
-            ("df", pa.int64()),
-            ("p_value", pa.float64()),
-            ("p_holm", pa.float64()),
-            ("level", pa.float64()),
-            ("seeds", pa.list_(pa.int64())),
-            ("differences", pa.list_(pa.float64())),  # a - b per common seed
-            ("note", pa.string()),
-            ("clipped", pa.bool_()),
-        ]
-    )
-    return pa.Table.from_pylist(records, schema=schema)
+
+
+#: the columns of `paired_comparisons`
+_PAIRED_SCHEMA = pa.schema(
+    [
+        ("metric", pa.string()),
+        ("variant", pa.string()),
+        ("config_id", pa.string()),
+        ("swept", pa.string()),
+        ("reference", pa.string()),
+        ("reference_config_id", pa.string()),
+        ("reference_swept", pa.string()),
+        ("n", pa.int64()),
+        ("mean_diff", pa.float64()),
+        ("sd_diff", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("t", pa.float64()),
+        ("df", pa.int64()),
+        ("p_value", pa.float64()),
+        ("p_holm", pa.float64()),
+        ("level", pa.float64()),
+        ("seeds", pa.list_(pa.int64())),
+        ("differences", pa.list_(pa.float64())),  # a - b per common seed
+        ("note", pa.string()),
+        ("clipped", pa.bool_()),
+    ]
+)

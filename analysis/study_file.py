@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -19,6 +19,9 @@ from analysis.collect import Collected
 from analysis.layout import flatten_config
 from analysis.published_number import keep_reference_texts
 from analysis.report_schema import Reference, References, Report
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 _REFERENCES = TypeAdapter(References)
 
@@ -106,7 +109,7 @@ def _parse_block(validate: Any, data: dict, key: str, origin: str) -> Any:
         raise ReportError(f"study file {origin}: {problems}") from None
 
 
-def _problem_text(key: str, error: dict, drop_index: bool = False) -> str:
+def _problem_text(key: str, error: ErrorDetails, drop_index: bool = False) -> str:
     """One schema error in the words of study validation:
     "`report.tables[1].columns`: expected 'metrics' or 'variant', got 'sideways'"."""
     loc = error["loc"][1:] if drop_index and error["loc"][:1] == (0,) else error["loc"]
@@ -135,17 +138,17 @@ def version_files(collected: Collected, versions: list[str]) -> dict[str, str | 
     (`analysis.layout.VERSIONS_ARTIFACT_DIR`); None where it cannot be read."""
     import tempfile
 
-    from analysis.collect_store import _client, _quiet_downloads
+    from analysis.collect_store import quiet_downloads, tracking_client
     from analysis.layout import STUDY_ARTIFACT, VERSIONS_ARTIFACT_DIR
 
     texts: dict[str, str | None] = {v: None for v in versions}
     if collected.parent_run_id is None:
         return texts
     try:
-        client = _client(collected.tracking_uri)
+        client = tracking_client(collected.tracking_uri)
     except Exception:  # noqa: BLE001 (no store reachable: the report says the files are missing)
         return texts
-    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
         for version in versions:
             try:
                 local = client.download_artifacts(

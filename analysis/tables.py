@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from analysis.collect import PARAM_PREFIX
 from analysis.distinct import VERSION_PARAM
@@ -207,7 +208,7 @@ def _only_swept(summary: list[dict], spec: ReportTable) -> list[dict]:
     return [r for r in summary if set(swept_of(r)) <= allowed]
 
 
-def _shown(sources: Sequence, published: Mapping[object, list]) -> list:
+def _shown(sources: Sequence[Any], published: Mapping[Any, list[Any]]) -> list[Any]:
     """The sources that have a column in the table, in the file's order (for the caption)."""
     return [s for s in sources if any(s is u for used in published.values() for u in used)]
 
@@ -407,20 +408,10 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tup
     The baseline is `report.compare.reference`, else the study file's first variant (else the
     first finished one); a baseline without a finished cell is never swapped for another
     variant: the reason says so (the report shows it as a note)."""
-    compare = results.study.report.compare
-    named = compare.reference if compare else None
     reference = baseline_variant(results)
-    if reference not in results.variants:
-        failed = results.collected.failed.column("variant").to_pylist().count(reference)
-        how = "`report.compare.reference`" if named else "the study file's first variant"
-        return None, (
-            f"{NO_BASELINE} {reference!r} ({how}) has "
-            f"no finished cell ({failed} failed or unfinished); the other variants "
-            f"are not compared with one another in its place. Finished variants: "
-            f"{', '.join(map(str, results.variants))}."
-        )
-    if len(results.variants) < 2:
-        return None, "Fewer than two variants finished: no paired comparison."
+    reason = _nothing_to_compare(results, reference)
+    if reason:
+        return None, reason
     metrics = compared_metrics(results, table_metrics)
     if not metrics:
         return None, "No metric to compare."
@@ -446,34 +437,74 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tup
         "p (Holm)",
         "note",
     ]
-    rows = []
-    for r in compared:
-        factor = 100.0 if is_fraction_metric(r["metric"]) else 1.0
-        digits = 2 if factor == 100.0 else auto_digits([r["mean_diff"]]) + 1
-        if math.isfinite(r["mean_diff"]):
-            diff = f"{r['mean_diff'] * factor:+.{digits}f}"
-            if r["ci_low"] is not None and math.isfinite(r["ci_low"]):
-                diff += f" [{r['ci_low'] * factor:+.{digits}f}, {r['ci_high'] * factor:+.{digits}f}]"
-        else:
-            diff = "–"
-        rows.append(
-            [
-                TableEntry(r["metric"]),
-                TableEntry(r["variant"]),
-                TableEntry(swept_text(r["swept"])),
-                TableEntry(swept_text(r["reference_swept"])),
-                TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
-                TableEntry(
-                    diff,
-                    bold=_significant(r["p_holm"], results.level),
-                    detail=seed_values_text(r["differences"] or [], factor, digits),
-                ),
-                TableEntry(p_text(r["p_value"])),
-                TableEntry(p_text(r["p_holm"])),
-                TableEntry(r["note"] or ""),
-            ]
+    rows = [_comparison_row(r, results.level) for r in compared]
+    baseline = "baseline config"
+    table, facts = without_idle_columns(
+        Table(
+            f"Each variant against the baseline {reference!r}",
+            header,
+            rows,
+            _comparison_caption(results, reference),
+            label_columns=4,
+            note=small_seed_note([r["n"] for r in compared], sum(1 for r in compared if r["clipped"])),
+        ),
+        droppable=("metric", "variant", baseline, "note"),
+    )
+    if facts:  # one metric, variant or baseline config throughout: said once, in the title
+        table.title += " (" + "; ".join(facts) + ")"
+    return table, ""
+
+
+def _nothing_to_compare(results: StudyResults, reference: str) -> str:
+    """Why no variant can be compared with `reference` (a baseline without a finished cell,
+    fewer than two variants finished); empty when they can."""
+    if reference not in results.variants:
+        compare = results.study.report.compare
+        named = compare.reference if compare else None
+        failed = results.collected.failed.column("variant").to_pylist().count(reference)
+        how = "`report.compare.reference`" if named else "the study file's first variant"
+        return (
+            f"{NO_BASELINE} {reference!r} ({how}) has "
+            f"no finished cell ({failed} failed or unfinished); the other variants "
+            f"are not compared with one another in its place. Finished variants: "
+            f"{', '.join(map(str, results.variants))}."
         )
-    caption = (
+    if len(results.variants) < 2:
+        return "Fewer than two variants finished: no paired comparison."
+    return ""
+
+
+def _comparison_row(r: Mapping, level: float) -> list[TableEntry]:
+    """One paired comparison: the configs, the seeds paired, the mean difference with its
+    interval (percentage points for an accuracy; bold when Holm's p is significant; the
+    per-seed differences as its detail), the p-values."""
+    factor = 100.0 if is_fraction_metric(r["metric"]) else 1.0
+    digits = 2 if factor == 100.0 else auto_digits([r["mean_diff"]]) + 1
+    if math.isfinite(r["mean_diff"]):
+        diff = f"{r['mean_diff'] * factor:+.{digits}f}"
+        if r["ci_low"] is not None and math.isfinite(r["ci_low"]):
+            diff += f" [{r['ci_low'] * factor:+.{digits}f}, {r['ci_high'] * factor:+.{digits}f}]"
+    else:
+        diff = "–"
+    return [
+        TableEntry(r["metric"]),
+        TableEntry(r["variant"]),
+        TableEntry(swept_text(r["swept"])),
+        TableEntry(swept_text(r["reference_swept"])),
+        TableEntry(f"{r['n']} ({', '.join(map(str, r['seeds']))})"),
+        TableEntry(
+            diff,
+            bold=_significant(r["p_holm"], level),
+            detail=seed_values_text(r["differences"] or [], factor, digits),
+        ),
+        TableEntry(p_text(r["p_value"])),
+        TableEntry(p_text(r["p_holm"])),
+        TableEntry(r["note"] or ""),
+    ]
+
+
+def _comparison_caption(results: StudyResults, reference: str) -> str:
+    return (
         f"Each variant's config (by its swept values) minus its baseline: the config of the reference "
         f"variant {reference!r} with the same context (every parameter equal except "
         f"those that define a variant; "
@@ -489,21 +520,6 @@ def comparison_table(results: StudyResults, table_metrics: Sequence[str]) -> tup
             else ""
         )
     )
-    baseline = "baseline config"
-    table, facts = without_idle_columns(
-        Table(
-            f"Each variant against the baseline {reference!r}",
-            header,
-            rows,
-            caption,
-            label_columns=4,
-            note=small_seed_note([r["n"] for r in compared], sum(1 for r in compared if r["clipped"])),
-        ),
-        droppable=("metric", "variant", baseline, "note"),
-    )
-    if facts:  # one metric, variant or baseline config throughout: said once, in the title
-        table.title += " (" + "; ".join(facts) + ")"
-    return table, ""
 
 
 def _significant(p: float, level: float) -> bool:

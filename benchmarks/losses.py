@@ -112,7 +112,7 @@ def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
     path are found once, outside the timing; no hinge, no backward). None when nothing can be
     pruned (the dense regime: the B x M x L floor applies), and off the CPU, where the losses
     draw every class (setvalued.losses.base.fixed_shapes)."""
-    from setvalued.losses.topk_operator import _pruned_candidates, _select_kth_largest
+    from setvalued.losses.topk_operator import _pruned_candidates, select_kth_largest
 
     if scores.device.type != "cpu":
         return None
@@ -125,7 +125,7 @@ def _reach_floor_step(scores: torch.Tensor, k: int, epsilon: float, n_samples: i
         perturbed = torch.randn(candidates.shape[0], n_samples, candidates.shape[2], device=candidates.device).add_(
             candidates
         )
-        _select_kth_largest(perturbed, k, overwrite=True)
+        select_kth_largest(perturbed, k, overwrite=True)
 
     return run
 

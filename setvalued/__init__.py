@@ -3,4 +3,5 @@
 Pure PyTorch: nothing here imports Ray, MLflow or Optuna.
 """
 
-__version__ = "0.1.0"
+#: the version of the distribution (pyproject.toml reads it here; CHANGELOG.md has its entries)
+__version__ = "0.2.0"

@@ -524,7 +524,7 @@ def default_config() -> dict[str, Any]:
     }
 
 
-def reject_unknown_keys(section: str, given: Mapping, known: Iterable[str]) -> None:
+def reject_unknown_keys(section: str, given: Mapping[str, Any], known: Iterable[str]) -> None:
     """Raise a ValueError naming every key of ``given`` not in ``known`` by its dotted path.
 
     ``section`` is the path prefix (``"data"``, ``"model"``...); an empty one names top-level keys.

@@ -42,7 +42,7 @@ def label_kind_problems(config: Mapping[str, Any]) -> list[tuple[tuple[str, ...]
     data, ev = config.get("data") or {}, config.get("eval") or {}
     loss = (config.get("loss") or {}).get("name")
     selection = ev.get("selection", "")
-    problems = []
+    problems: list[tuple[tuple[str, ...], str]] = []
     if is_multi_label(data):
         kind = f"data.max_labels is {max_labels(data)} (multi-label data, multi-hot targets)"
         if loss not in MULTI_LABEL_LOSSES:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +62,7 @@ class Classifier(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor) -> Any:
         return self.head(self.backbone(x))
 
 
@@ -262,7 +262,7 @@ def _cached_weights(name: str) -> str | None:
         try:
             from huggingface_hub import try_to_load_from_cache
         except ImportError:  # pragma: no cover - huggingface_hub is a timm dependency
-            try_to_load_from_cache = None
+            try_to_load_from_cache = None  # type: ignore[assignment]
         if try_to_load_from_cache is not None:
             for filename in ("model.safetensors", "pytorch_model.bin"):
                 found = try_to_load_from_cache(repo_id=hub_id, filename=filename)
@@ -344,7 +344,7 @@ def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Mod
     model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans)
     if weights is not None:
         state = read_state_dict(weights)
-        classifier = model.pretrained_cfg.get("classifier") or ()
+        classifier = cast(dict[str, Any], model.pretrained_cfg).get("classifier") or ()
         prefixes = tuple(f"{c}." for c in ((classifier,) if isinstance(classifier, str) else classifier))
         state = {k: v for k, v in state.items() if not (prefixes and k.startswith(prefixes))}
         try:
@@ -359,7 +359,8 @@ def timm_backbone(name: str, in_chans: int, weights: str | None) -> tuple[nn.Mod
                 f"{len(missing)} missing entries (e.g. {missing[:3]}), {len(unexpected)} unexpected "
                 f"entries (e.g. {unexpected[:3]})"
             )
-    return model, int(getattr(model, "head_hidden_size", None) or model.num_features)
+    width: Any = getattr(model, "head_hidden_size", None) or model.num_features
+    return model, int(width)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,6 +424,7 @@ def build_model(
             f"model.name {name!r} needs image inputs (C, H, W), but the data are vectors of "
             f"shape {input_shape} (use model.name: mlp, or data.form: images)"
         )
+    backbone: nn.Module
     if name == "mlp":
         backbone = MLP(math.prod(input_shape), hidden)
     elif name == "small_cnn":
@@ -440,7 +442,7 @@ def build_model(
             backbone.load_state_dict(state)
         except RuntimeError as err:
             raise ValueError(f"model.pretrained: weights file {weights!r} does not fit model {name!r}: {err}") from err
-    feature_dim = timm_width if name not in OWN_MODELS else int(backbone.out_features)
+    feature_dim = timm_width if name not in OWN_MODELS else int(cast(int, backbone.out_features))
     if head not in HEADS:
         raise ValueError(f"model.head must be one of auto, {', '.join(HEADS)}, got {head!r}")
     return Classifier(backbone, build_head(head, feature_dim, num_classes), feature_dim, head)

@@ -77,7 +77,7 @@ class Param:
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
-    options: tuple | None = None
+    options: tuple[Any, ...] | None = None
     nullable: bool = False
     item: Param | None = None
     length: tuple[int, int | None] | None = None
@@ -192,7 +192,7 @@ class Param:
         return True
 
 
-def check_parameters(declared: Mapping[str, Param], given: Mapping[str, Any], owner: str = "") -> dict:
+def check_parameters(declared: Mapping[str, Param], given: Mapping[str, Any], owner: str = "") -> dict[str, Any]:
     """Every declared parameter of ``given`` checked and coerced, defaults filled in.
 
     Raises :class:`ParameterError` for a bad value or a missing required one; unknown names

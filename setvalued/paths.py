@@ -23,7 +23,7 @@ def split_path(dotted: str) -> tuple[str, ...]:
     return tuple(dotted.split("."))
 
 
-def get_path(config: dict, dotted: str, default: Any = _MISSING) -> Any:
+def get_path(config: dict[str, Any], dotted: str, default: Any = _MISSING) -> Any:
     """Value at a dotted path; KeyError (or ``default``) when a part is missing."""
     node: Any = config
     for part in split_path(dotted):
@@ -35,7 +35,7 @@ def get_path(config: dict, dotted: str, default: Any = _MISSING) -> Any:
     return node
 
 
-def set_path(config: dict, dotted: str, value: Any) -> None:
+def set_path(config: dict[str, Any], dotted: str, value: Any) -> None:
     """Set a dotted path in place, creating the missing mappings on the way.
 
     ValueError when a part on the way holds a value that is not a mapping.
@@ -53,7 +53,7 @@ def set_path(config: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = copy.deepcopy(value)
 
 
-def deep_merge(base: dict, overlay: dict) -> dict:
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     """Copy of ``base`` with ``overlay`` merged in: mappings recursively, anything else replaced.
 
     At the top level, a ``loss`` or ``data`` overlay that changes ``name`` replaces the whole

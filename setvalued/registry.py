@@ -224,6 +224,7 @@ def _discover() -> tuple[dict[str, dict[str, Entry]], tuple[Refusal, ...]]:
             dist_name = dist.metadata["Name"] if dist is not None else "(unknown distribution)"
             version = dist.version if dist is not None else "?"
             where = f"{group}:{point.name}"
+            reason: str | None
             try:
                 declared = point.load()
             except Exception as err:  # noqa: BLE001 - any failure of a plugin's import is its refusal
@@ -308,7 +309,7 @@ def section_fields(kind: str, name: Any) -> dict[str, Param] | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _taken(obj: Callable) -> tuple[set[str], bool]:
+def _taken(obj: Callable[..., Any]) -> tuple[set[str], bool]:
     """The keyword parameters a callable (a class: its constructor) takes, and whether it takes **kwargs."""
     target = obj.__init__ if inspect.isclass(obj) else obj
     params = inspect.signature(target).parameters
@@ -336,7 +337,7 @@ def _import(item: Entry, path: str) -> Any:
 
 
 @functools.cache
-def _load(kind: str, name: str) -> Callable:
+def _load(kind: str, name: str) -> Callable[..., Any]:
     item = entry(kind, name)
     if item is None or item.factory is None:
         raise ValueError(
@@ -368,7 +369,7 @@ def plugin_parameters(item: Entry, section: Mapping[str, Any], builtin_defaults:
     from setvalued.params import ParameterError, check_parameters
 
     name = SECTIONS[item.kind]
-    fields = section_fields(item.kind, item.name)
+    fields = section_fields(item.kind, item.name) or {}
     extra = {k: v for k, v in section.items() if k not in fields}
     reject_unknown_keys(
         name, {k: v for k, v in extra.items() if k not in builtin_defaults or v != builtin_defaults[k]}, fields
@@ -382,7 +383,7 @@ def plugin_parameters(item: Entry, section: Mapping[str, Any], builtin_defaults:
         raise ValueError(str(err)) from None
 
 
-def load_factory(kind: str, name: str) -> Callable:
+def load_factory(kind: str, name: str) -> Callable[..., Any]:
     """The code of a registered entry, imported on first use and checked against its declared
     parameters (:class:`PluginError` naming the distribution and entry point otherwise)."""
     return _load(kind, name)
@@ -425,10 +426,10 @@ def plugin_sections(config: Mapping[str, Any]) -> list[str]:
 
 def plugin_distributions(configs: Any) -> dict[str, str]:
     """``{distribution: version}`` of the plugins the configs use, sorted by name."""
-    found = {}
+    found: dict[str, str] = {}
     for config in configs:
         for item in plugins_of_config(config):
-            found[item.distribution] = item.version
+            found[str(item.distribution)] = str(item.version)
     return dict(sorted(found.items()))
 
 

@@ -32,7 +32,7 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 from studies.errors import caller, option
 
@@ -124,7 +124,7 @@ def dry_run(study, smoke: bool = False, smoke_epochs: int = 1) -> str:
     return format_cells_table(cells(study, smoke, smoke_epochs), study)
 
 
-def _options(output: PathLike, tracking_uri: str | None, **given):
+def _options(output: PathLike | None, tracking_uri: str | None, **given: Any) -> Any:
     from studies.running.runner import RunOptions
 
     return RunOptions(

@@ -321,7 +321,7 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
     _add_output(parser)
 
 
-def _read_back_errors() -> tuple[type, ...]:
+def _read_back_errors() -> tuple[type[Exception], ...]:
     """What a read-only command refuses with exit code 2: a study or store that is not there
     or not what the tool wrote (studies.readback), a store without the study (CollectError)."""
     from analysis.collect import CollectError
@@ -625,7 +625,7 @@ def _compare(args: argparse.Namespace) -> int:
                 output=args.output,
                 tracking_uri=args.tracking_uri,
             )
-    except (*_read_back_errors(), CompareError) as error:
+    except _read_back_errors() + (CompareError,) as error:
         return _fail(str(error))
     print(path)
     return 0

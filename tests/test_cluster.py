@@ -317,6 +317,18 @@ def test_submit_passes_the_smoke_flags_to_studies_run(flags, passed, monkeypatch
     assert sent["extra_args"] == passed
 
 
+def test_ctrl_c_while_following_a_submission_names_the_job_left_running(monkeypatch, capsys):
+    monkeypatch.setattr(sub, "submit_study", lambda *a, **k: "job-7")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sub, "job_logs", interrupted)
+    args = _parser().parse_args(["submit", "s.yaml", "--address", "http://h:8265", "--follow"])
+    assert args.handler(args) == 130
+    assert "job job-7 keeps running on the cluster (`studies stop job-7` ends it)" in capsys.readouterr().err
+
+
 def test_submit_refuses_a_smoke_of_no_epochs(monkeypatch, capsys):
     monkeypatch.setattr(sub, "submit_study", lambda *a, **k: pytest.fail("submitted"))
     args = _parser().parse_args(["submit", "s.yaml", "--address", "http://h:8265", "--smoke-epochs", "0"])

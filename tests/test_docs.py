@@ -20,9 +20,13 @@ PAGES = [
     "docs/notebook.md",
     "docs/performance.md",
     "cluster/README.md",
+    "CONTRIBUTING.md",
+    "CHANGELOG.md",
 ]
 DOCS = [
     README,
+    REPO / "CONTRIBUTING.md",
+    REPO / "CHANGELOG.md",
     *sorted((REPO / "docs").glob("*.md")),
     REPO / "cluster" / "README.md",
     REPO / "studies" / "catalog" / "README.md",

@@ -103,7 +103,7 @@ def test_average_k_helpers_have_no_host_synchronisation():
         with audit:
             avgk.candidate_masks(logits, targets, 5)
             avgk.candidate_indices(logits, targets, 5)
-            avgk._top_entries(logits, 40)
+            avgk._largest_entries(logits, 40)
     assert [str(s) for s in audit.syncs] == []
 
 

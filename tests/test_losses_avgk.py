@@ -16,12 +16,19 @@ from setvalued.losses.avgk import (
     AvgKTwoHeadLoss,
     TwoHeadClassifier,
     _largest_entries,
-    _top_entries,
     candidate_indices,
     candidate_masks,
 )
 
 torch.set_num_threads(1)
+
+
+def top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
+    """Bool mask (shape of ``values``) of the ``count`` largest entries of ``values``, ties at
+    the threshold by flat position (lower first): ``_largest_entries`` as a mask."""
+    chosen = torch.zeros(values.numel(), dtype=torch.bool, device=values.device)
+    chosen.index_fill_(0, _largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count), True)
+    return chosen.view(values.shape)
 
 
 def log_sigmoid(z):
@@ -183,7 +190,7 @@ def test_top_entries_equal_a_stable_descending_sort(seed):
     values[0, 5] = math.inf
     values[1, :] = -math.inf
     for count in (0, 1, 7, 50, 123, 300, 351):
-        chosen = _top_entries(values, count)
+        chosen = top_entries(values, count)
         order = torch.sort(values.reshape(-1), descending=True, stable=True).indices
         expected = torch.zeros(values.numel(), dtype=torch.bool)
         expected[order[:count]] = True

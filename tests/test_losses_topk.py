@@ -17,8 +17,8 @@ from scipy import integrate, optimize, stats
 from setvalued.losses import LOSSES, NormedLinear, build_loss
 from setvalued.losses.topk import (
     PRUNING_FAILURE_PROBABILITY,
-    _select_kth_largest,
     ldam_margins,
+    select_kth_largest,
     smooth_kth_largest,
 )
 from setvalued.losses.topk_operator import (
@@ -370,7 +370,7 @@ def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
     values[0, 0, :] = -math.inf
     values[1, 2, k - 1 :] = -math.inf  # k - 1 finite entries: the k-th largest is -inf
     values[2, 1, :k] = 7.0  # the k largest tie
-    kth, index = _select_kth_largest(values, k)
+    kth, index = select_kth_largest(values, k)
     assert kth.shape == index.shape == (40, 3)
     assert int(index.max()) < length
     rows = values.numpy().reshape(-1, length)
@@ -380,8 +380,8 @@ def test_selection_padded_for_a_heap_equals_the_numpy_kth_largest(k, length):
     # k passes of max on a scratch copy (small k x length) give the same values and indices
     for scratch in (values.clone(), values[3:].clone()):  # with and without a -inf k-th largest
         original = scratch.clone()
-        repeated, where = _select_kth_largest(scratch, k, overwrite=True)
-        topk_values, topk_index = _select_kth_largest(original, k)
+        repeated, where = select_kth_largest(scratch, k, overwrite=True)
+        topk_values, topk_index = select_kth_largest(original, k)
         assert torch.equal(repeated, topk_values)
         assert (original.gather(-1, where.unsqueeze(-1)).squeeze(-1) == repeated).all()
         tie_free = torch.ones_like(repeated, dtype=torch.bool)

@@ -688,14 +688,14 @@ def test_set_size_histograms_of_average_k(mlflow_server, tmp_path):
 
 
 def test_ci_band_of_an_accuracy_stays_within_0_and_100_percent():
-    from analysis.plots import _band
+    from analysis.plots import ci_band
 
     points = [{"ci_low": -0.1, "ci_high": 1.2}, {"ci_low": None, "ci_high": None}, {"ci_low": 0.3, "ci_high": 0.5}]
-    low, high = _band(points, "val/top5", 100.0)
+    low, high = ci_band(points, "val/top5", 100.0)
     assert low[0] == 0.0 and high[0] == 100.0 and (low[2], high[2]) == pytest.approx((30.0, 50.0))
     assert np.isnan(low[1]) and np.isnan(high[1])
     # a loss is not bounded: its interval is drawn as it is
-    assert _band(points[:1], "train/loss", 1.0) == ([-0.1], [1.2])
+    assert ci_band(points[:1], "train/loss", 1.0) == ([-0.1], [1.2])
 
 
 # ----------------------------------------------------------------------------- what a reader sees
@@ -805,12 +805,11 @@ def test_a_parameter_is_written_one_way_with_the_papers_symbol(report_study):
 def test_a_variant_has_one_colour_in_every_figure(report_study):
     """ce (the study's first variant) and noised keep their colours in the curves and the
     bars; a variant's other configs are shades of its colour, never another variant's."""
-    from analysis.colors import SHADES as _SHADES
-    from analysis.plot_style import _PALETTE, _shade, variant_colors
+    from analysis.colors import PALETTE, SHADES, shade, variant_colors
 
     colors = variant_colors(["ce", "noised"])
-    shades = {v: {_shade(c, i) for i in range(len(_SHADES))} for v, c in colors.items()}
-    others = set(_PALETTE) - set(colors.values())
+    shades = {v: {shade(c, i) for i in range(len(SHADES))} for v, c in colors.items()}
+    others = set(PALETTE) - set(colors.values())
     figures = report_study["out_dir"] / "figures"
     for svg in figures.glob("*.svg"):
         drawn = set(re.findall(r"#[0-9a-f]{6}", svg.read_text()))
@@ -853,10 +852,10 @@ def test_one_wide_interval_does_not_stretch_the_curve(tmp_path):
     assert [p.suffix for p in paths] == [".png", ".svg"]
     assert any("cut by the axes" in note for note in notes), notes
     ax = Figure().add_subplot()
-    assert plot_style._fit_y(ax, [94.5, 95.0, 94.0], [94.0, 95.0, 30.0, 100.0, 93.5, 94.5])
+    assert plot_style.fit_y_axis(ax, [94.5, 95.0, 94.0], [94.0, 95.0, 30.0, 100.0, 93.5, 94.5])
     bottom, top = ax.get_ylim()
     assert 92.0 < bottom < 93.5 and 95.0 < top < 97.0  # not 30 to 100
-    assert not plot_style._fit_y(ax, [94.5, 95.0], [94.0, 95.5])
+    assert not plot_style.fit_y_axis(ax, [94.5, 95.0], [94.0, 95.5])
     assert ax.get_ylim()[0] < 94.0 and ax.get_ylim()[1] > 95.5
 
 

@@ -92,7 +92,7 @@ def recorded_study(tmp_path, monkeypatch, stopped: int | None = None) -> tuple[s
     from analysis.layout import TAG_STOPPED_EPOCH
     from setvalued.training import fit
     from studies.cells.space import expand
-    from studies.running.trial import _with_epochs, numeric_metrics
+    from studies.running.trial import numeric_metrics, with_epochs
     from studies.running.tune_experiment import cell_payload
     from studies.studyfile.spec import load_study
     from studies.tracking import CellRun, StudyTracking, default_tracking_uri
@@ -121,7 +121,7 @@ def recorded_study(tmp_path, monkeypatch, stopped: int | None = None) -> tuple[s
     try:
         result = fit(cell.config, 0, on_epoch=on_epoch)
     except Stop:
-        result = fit({**cell.config, "epochs": stopped}, 0, checkpoint=_with_epochs(states[-1], stopped))
+        result = fit({**cell.config, "epochs": stopped}, 0, checkpoint=with_epochs(states[-1], stopped))
         run.set_tags({TAG_STOPPED_EPOCH: str(stopped)})
     run.log_epochs(epochs)
     run.finish(result, final_step=epochs[-1][0])

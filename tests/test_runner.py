@@ -210,7 +210,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     import torch
 
     from setvalued.training import fit
-    from studies.running.trial import _with_epochs
+    from studies.running.trial import with_epochs
 
     torch.set_num_threads(1)
     config = tiny_base(epochs=3)
@@ -218,7 +218,7 @@ def test_stopped_cell_finalises_with_the_real_fit():
     fit(config, 0, on_epoch=lambda e, m, s: states.__setitem__(e, s))
     short = dict(config, epochs=2)
     calls = []
-    stopped = fit(short, 0, on_epoch=lambda *a: calls.append(a), checkpoint=_with_epochs(states[1], 2))
+    stopped = fit(short, 0, on_epoch=lambda *a: calls.append(a), checkpoint=with_epochs(states[1], 2))
     assert calls == []  # nothing trained
     reference = fit(short, 0)
     assert stopped["best_epoch"] == reference["best_epoch"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from analysis.comparison.tables import aggregate_table, pairwise_table, paper_ta
 from analysis.comparison.tasks import CompareError, Scores, StudyRuns, task_scores
 from analysis.document import Document
 from analysis.figures import error_text
-from analysis.intervals import DEFAULT_LEVEL, _check_level, is_fraction_metric
+from analysis.intervals import DEFAULT_LEVEL, check_level, is_fraction_metric
 from analysis.study_file import load_study_info
 
 __all__ = ["Comparison", "compare", "write_comparison", "build_comparison", "study_runs_of"]
@@ -59,7 +60,7 @@ def compare(
 ) -> Comparison:
     """The comparison of `studies` on `metric` against `reference` (default: the first study's
     first variant); `rename`: `analysis.comparison.tasks`."""
-    level = _check_level(level)
+    level = check_level(level)
     scores = task_scores(studies, metric, rename=rename)
     reference = reference or scores.variants[0]
     if reference not in scores.variants:
@@ -129,9 +130,45 @@ def write_comparison(comparison: Comparison, out_dir: str | Path, sources: Seque
     out_dir = Path(out_dir)
     figures_dir = out_dir / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
-    scores, level = comparison.scores, comparison.level
-    studies = list(dict.fromkeys(t.study for t in scores.tasks))
+    studies = list(dict.fromkeys(t.study for t in comparison.scores.tasks))
     doc = Document(f"Comparison: {', '.join(studies)}")
+    _introduction(doc, comparison, studies)
+    figures = _Figures(doc, out_dir)
+    colors = variant_colors(comparison.scores.variants)
+    _results_by_task(doc, comparison, figures, colors, figures_dir)
+    _ranks_across_tasks(doc, comparison, figures, colors, figures_dir)
+    _aggregates_over_tasks(doc, comparison, figures, colors, figures_dir)
+    for error in figures.failed:
+        doc.paragraph(f"Figure failed: {error}", note=True)
+    doc.heading("Provenance")
+    doc.definitions([("study", source) for source in sources] or [("studies", ", ".join(studies))])
+    html_path = out_dir / "report.html"
+    html_path.write_text(doc.render_html(), encoding="utf-8")
+    (out_dir / "report.md").write_text(doc.render_md(), encoding="utf-8")
+    (out_dir / "tables.tex").write_text(doc.render_latex(), encoding="utf-8")
+    return html_path
+
+
+class _Figures:
+    """The report's figures: each drawn into the document, or its failure kept for the end."""
+
+    def __init__(self, doc: Document, out_dir: Path):
+        self.doc, self.out_dir = doc, out_dir
+        self.failed: list[str] = []
+
+    def add(self, draw: Any, *args: Any) -> None:
+        try:
+            drawn = draw(*args)
+        except Exception as exc:  # noqa: BLE001 (a figure that fails is reported, the report goes on)
+            self.failed.append(f"{draw.__name__}: {error_text(exc)}")
+            return
+        if drawn is not None:
+            self.doc.figure(drawn, self.out_dir)
+
+
+def _introduction(doc: Document, comparison: Comparison, studies: Sequence[str]) -> None:
+    """What is compared, on which metric, against which reference; the notes of the comparison."""
+    scores = comparison.scores
     doc.paragraph(
         f"{len(studies)} stud{'y' if len(studies) == 1 else 'ies'}, {len(scores.tasks)} tasks, "
         f"{len(scores.variants)} variants ({', '.join(scores.variants)}), on {scores.metric} "
@@ -142,24 +179,23 @@ def write_comparison(comparison: Comparison, out_dir: str | Path, sources: Seque
     doc.paragraph("The tables are also in tables.tex beside this report (LaTeX, booktabs).")
     for note in scores.notes + comparison.notes:
         doc.paragraph(note, note=True)
-    colors = variant_colors(scores.variants)
-    failed: list[str] = []
 
-    def figure(draw, *args) -> None:
-        try:
-            drawn = draw(*args)
-        except Exception as exc:  # noqa: BLE001 (a figure that fails is reported, the report goes on)
-            failed.append(f"{draw.__name__}: {error_text(exc)}")
-            return
-        if drawn is not None:
-            doc.figure(drawn, out_dir)
 
+def _results_by_task(
+    doc: Document, comparison: Comparison, figures: _Figures, colors: Mapping[str, str], figures_dir: Path
+) -> None:
+    scores, level = comparison.scores, comparison.level
     doc.heading("Results by task")
     doc.table(paper_table(scores, comparison.ranks, level))
-    figure(task_differences, scores, comparison.reference, level, colors, figures_dir / "differences_by_task")
+    figures.add(task_differences, scores, comparison.reference, level, colors, figures_dir / "differences_by_task")
 
+
+def _ranks_across_tasks(
+    doc: Document, comparison: Comparison, figures: _Figures, colors: Mapping[str, str], figures_dir: Path
+) -> None:
+    """The rank table, the pairwise tests and their critical-difference diagram, the notes."""
+    scores, level, ranks = comparison.scores, comparison.level, comparison.ranks
     doc.heading("Ranks across tasks")
-    ranks = comparison.ranks
     pairwise_shown = False
     if ranks.tasks:
         doc.table(rank_table(ranks, level))
@@ -168,50 +204,47 @@ def write_comparison(comparison: Comparison, out_dir: str | Path, sources: Seque
         if pairwise is not None:
             pairwise_shown = True
             doc.table(pairwise)
-            figure(cd_diagram, ranks, level, colors, figures_dir / "critical_difference")
+            figures.add(cd_diagram, ranks, level, colors, figures_dir / "critical_difference")
     for note in ranks.notes:
         if not (pairwise_shown and "Wilcoxon" in note):  # the pairwise table's note says it already
             doc.paragraph(note, note=True)
 
+
+def _aggregates_over_tasks(
+    doc: Document, comparison: Comparison, figures: _Figures, colors: Mapping[str, str], figures_dir: Path
+) -> None:
+    """The IQM and improvement over the reference across tasks and seeds, table and figure."""
+    scores, level = comparison.scores, comparison.level
     doc.heading("Aggregates over tasks and seeds")
-    if comparison.iqms:
-        pooled = {
-            v: [x for t in comparison.aggregate_tasks for x in scores.entries[(t, v)].values] for v in comparison.iqms
-        }
-        per_task = {v: [scores.entries[(t, v)].mean for t in comparison.aggregate_tasks] for v in comparison.iqms}
-        doc.table(
-            aggregate_table(
-                comparison.iqms,
-                comparison.improvements,
-                comparison.reference,
-                scores.metric,
-                level,
-                comparison.n_resamples,
-                per_task,
-            )
-        )
-        figure(
-            aggregates_figure,
+    if not comparison.iqms:
+        doc.paragraph("No aggregate (see the notes above).", note=True)
+        return
+    pooled = {
+        v: [x for t in comparison.aggregate_tasks for x in scores.entries[(t, v)].values] for v in comparison.iqms
+    }
+    per_task = {v: [scores.entries[(t, v)].mean for t in comparison.aggregate_tasks] for v in comparison.iqms}
+    doc.table(
+        aggregate_table(
             comparison.iqms,
             comparison.improvements,
-            pooled,
             comparison.reference,
             scores.metric,
             level,
-            colors,
-            figures_dir / "aggregates",
+            comparison.n_resamples,
+            per_task,
         )
-    else:
-        doc.paragraph("No aggregate (see the notes above).", note=True)
-    for error in failed:
-        doc.paragraph(f"Figure failed: {error}", note=True)
-    doc.heading("Provenance")
-    doc.definitions([("study", source) for source in sources] or [("studies", ", ".join(studies))])
-    html_path = out_dir / "report.html"
-    html_path.write_text(doc.render_html(), encoding="utf-8")
-    (out_dir / "report.md").write_text(doc.render_md(), encoding="utf-8")
-    (out_dir / "tables.tex").write_text(doc.render_latex(), encoding="utf-8")
-    return html_path
+    )
+    figures.add(
+        aggregates_figure,
+        comparison.iqms,
+        comparison.improvements,
+        pooled,
+        comparison.reference,
+        scores.metric,
+        level,
+        colors,
+        figures_dir / "aggregates",
+    )
 
 
 def build_comparison(

@@ -57,7 +57,8 @@ def paper_table(scores: Scores, ranks: RankTests, level: float) -> Table:
     the best mean is best; the average rank in the last row."""
     factor, digits = _factor(scores.metric), _digits(scores)
     bounds = metric_bounds(scores.metric)
-    rows, ns, clipped, seeds_used = [], [], 0, set()
+    rows, ns, clipped = [], [], 0
+    seeds_used: set[int] = set()
     for t, task in enumerate(scores.tasks):
         best = best_by_test(scores, t, level)
         row = [TableEntry(task.label)]
@@ -152,7 +153,7 @@ def rank_table(ranks: RankTests, level: float) -> Table:
 def pairwise_table(ranks: RankTests, level: float, lower_is_better: bool, factor: float) -> Table | None:
     """Every pair: wins/ties/losses over tasks, the median difference of task means, the
     Wilcoxon signed-rank p and its Holm correction (bold: significant)."""
-    if ranks.p_raw is None:
+    if ranks.p_raw is None or ranks.p_holm is None:  # set together
         return None
     k = len(ranks.variants)
     rows = []

@@ -30,7 +30,7 @@ import os
 import stat
 import struct
 import zipfile
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -313,9 +313,11 @@ def check_layout(cfg: dict[str, Any]) -> None:
     at a time, for NaN and infinity (once per version of a file: `check_finite`)."""
     v = settings(cfg)
     files = find_files(v["root"])
-    shapes, ys = {}, {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    ys = {}
     for split, path in files.items():
-        shapes[split], ys[split] = read_npz(path, load_x=False)
+        shape, ys[split] = read_npz(path, load_x=False)
+        shapes[split] = cast(tuple[int, ...], shape)  # load_x=False: the shape, not the array
         example_shape(path, shapes[split], v["layout"])
     _same_example_shape(files, {s: example_shape(files[s], shape, v["layout"]) for s, shape in shapes.items()})
     check_finite(files)
@@ -367,7 +369,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     xs, ys = {}, {}
     for split, path in files.items():
         x, ys[split] = read_npz(path)
-        xs[split] = _as_inputs(path, x, v["layout"])
+        xs[split] = _as_inputs(path, cast(np.ndarray, x), v["layout"])
     shape = _same_example_shape(files, {s: tuple(x.shape[1:]) for s, x in xs.items()})
     num_classes = _labels(files, ys, v["num_classes"])
     ys = {split: y.astype(np.int64) for split, y in ys.items()}
@@ -382,7 +384,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         mean, std = (0.0,) * xs["train"].shape[1], (1.0,) * xs["train"].shape[1]
     class_counts = counts_of(ys["train"], num_classes)
     names = [str(c) for c in range(num_classes)]
-    common = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
+    common: dict[str, Any] = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
     splits = [
         TensorSplit(standardized(xs[s], mean, std, scale=scale), torch.from_numpy(ys[s]), split=s, **common)
         for s in SPLITS
@@ -394,5 +396,12 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         "held_out_of_train": {s: len(i) for s, i in parts.items() if s != "train"},
     }
     return DataSplits(
-        *splits, num_classes=num_classes, class_counts=class_counts, class_names=names, input_shape=shape, info=info
+        splits[0],
+        splits[1],
+        splits[2],
+        num_classes=num_classes,
+        class_counts=class_counts,
+        class_names=names,
+        input_shape=shape,
+        info=info,
     )

@@ -59,7 +59,7 @@ NOISE_GROUPS = ("consecutive", "coarse")
 _NOISE_STREAM = 0x4E4F495345  # "NOISE": separates the label-noise stream from other uses of the seed
 
 
-def resolve_folder(root: str | os.PathLike, download: bool = False) -> str:
+def resolve_folder(root: str | os.PathLike[str] | None, download: bool = False) -> str:
     """The ``cifar-100-python`` folder under ``root`` (or ``root`` itself if it is that folder)."""
     if root is None:
         raise DataLayoutError(f"data.root is required for cifar100. Expected layout: {EXPECTED_LAYOUT}")
@@ -229,6 +229,9 @@ class Cifar100Train(TensorSplit):
 
     #: the per-image ``transform`` as a batch operation, for the split held on the device
     batch_augmentation = AUGMENTATION
+    #: the labels before the noise, and which of them the noise redrew (set by `build`)
+    clean_targets: torch.Tensor
+    redrawn: torch.Tensor
 
 
 def build(cfg: dict[str, Any], seed: int) -> DataSplits:
@@ -287,7 +290,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         std = torch.tensor(STD).view(1, 3, 1, 1)
         return (x - mean) / std
 
-    common = dict(num_classes=num_classes, class_counts=class_counts, class_names=fine_names)
+    common: dict[str, Any] = dict(num_classes=num_classes, class_counts=class_counts, class_names=fine_names)
     train = Cifar100Train(
         torch.from_numpy(np.ascontiguousarray(train_x[train_idx])),
         torch.from_numpy(noisy),

@@ -19,13 +19,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from setvalued.config import DATA_FIELDS, held_out_problem
+
+if TYPE_CHECKING:
+    from setvalued.data.device import BatchAugmentation
 
 #: ImageNet channel statistics, used by every model pre-trained on ImageNet
 #: (Pl@ntNet-300K and ImageNet-LT transforms, docs/papers.md, note P-3).
@@ -44,7 +47,7 @@ class DataLayoutError(FileNotFoundError, ValueError):
     """
 
 
-def layout_error(path: str | os.PathLike, problem: str, expected: str) -> DataLayoutError:
+def layout_error(path: str | os.PathLike[str], problem: str, expected: str) -> DataLayoutError:
     """An error naming the path, what is wrong and the layout that was expected."""
     return DataLayoutError(f"{problem}: {os.fspath(path)!r}. Expected layout: {expected}")
 
@@ -55,7 +58,7 @@ def counts_of(labels: Sequence[int] | np.ndarray | torch.Tensor, num_classes: in
     return torch.bincount(labels, minlength=num_classes).tolist()
 
 
-class IndexedDataset(Dataset):
+class IndexedDataset(Dataset[tuple[Any, Any, int]]):
     """Base class: a split whose items are ``(input, label, index)``.
 
     Subclasses set ``targets``, ``num_classes``, ``class_counts`` and ``class_names`` and
@@ -74,7 +77,7 @@ class IndexedDataset(Dataset):
     def load(self, index: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __getitem__(self, index: int) -> tuple[Any, int, int]:
+    def __getitem__(self, index: int) -> tuple[Any, Any, int]:
         index = int(index)
         label = self.targets[index]
         return self.load(index), (int(label) if label.dim() == 0 else label), index
@@ -94,6 +97,12 @@ class TensorSplit(IndexedDataset):
     the per-item DataLoader path (the synthetic data trains in seconds this way).
     """
 
+    #: where a split drawn from a larger one came from (CIFAR-100's train and val), its
+    #: examples' clarity (synthetic data), its transform as a batch operation on the device
+    source_indices: torch.Tensor
+    clarity: torch.Tensor
+    batch_augmentation: BatchAugmentation | None
+
     def __init__(
         self,
         inputs: torch.Tensor,
@@ -103,8 +112,8 @@ class TensorSplit(IndexedDataset):
         class_counts: list[int],
         class_names: list[str],
         split: str,
-        transform=None,
-    ):
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"{split}: {inputs.shape[0]} inputs but {targets.shape[0]} labels")
         self.inputs = inputs
@@ -162,7 +171,7 @@ def list_image_files(folder: str) -> list[str]:
         return sorted(e.name for e in entries if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))
 
 
-def load_rgb(path: str):
+def load_rgb(path: str) -> Any:
     """Open an image file as an RGB PIL image, naming the file when it cannot be read."""
     from PIL import Image, UnidentifiedImageError
 
@@ -235,9 +244,9 @@ def channel_statistics(
             part = x[start : start + chunk].to(torch.float64) / scale
             total += part.sum(dim=axes)
             squares += (part * part).sum(dim=axes)
-        count = max(1, x.numel() // max(1, channels))
-        mean = total / count
-        var = (squares / count - mean * mean).clamp_min(0)
+        examples = max(1, x.numel() // max(1, channels))
+        mean = total / examples
+        var = (squares / examples - mean * mean).clamp_min(0)
     std = var.sqrt()
     std = torch.where(std > 1e-12, std, torch.ones_like(std))
     return tuple(mean.tolist()), tuple(std.tolist())

@@ -114,7 +114,7 @@ class DeviceSplit:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             x = self.inputs[idx]
-            if draws is not None:
+            if draws is not None and self.augmentation is not None:
                 x = self.augmentation.apply(
                     x, draws[0][start : start + batch_size], draws[1][start : start + batch_size], self.stats
                 )

@@ -111,7 +111,7 @@ def list_folder(root: Any) -> Listing:
             scanned[split][name] = files
     classes = list(scanned["train"])
     index = {name: i for i, name in enumerate(classes)}
-    files = {}
+    found: dict[str, tuple[list[str], list[int]]] = {}
     for split, by_class in scanned.items():
         unknown = [name for name in by_class if name not in index]
         if unknown:
@@ -122,8 +122,8 @@ def list_folder(root: Any) -> Listing:
         for name, names in by_class.items():
             paths += [os.path.join(root, split, name, f) for f in names]
             labels += [index[name]] * len(names)
-        files[split] = (paths, labels)
-    return Listing(root, classes, files)
+        found[split] = (paths, labels)
+    return Listing(root, classes, found)
 
 
 def _image_files(folder: str, limit: int) -> list[str]:
@@ -140,7 +140,7 @@ def _image_files(folder: str, limit: int) -> list[str]:
     return sorted(names)
 
 
-def _open(path: str):
+def _open(path: str) -> Any:
     """The PIL image of ``path`` after the file checks (kind, size) and the header checks
     (format, pixel count), not yet decoded."""
     from PIL import Image, UnidentifiedImageError
@@ -201,7 +201,7 @@ def decode(path: str, image_size: int | None, shape: tuple[int, int, int] | None
         width, height = rgb.size
         scale = image_size / min(width, height)
         size = (max(image_size, round(width * scale)), max(image_size, round(height * scale)))
-        rgb = rgb.resize(size, Image.BILINEAR, reducing_gap=None)
+        rgb = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=None)
         left, top = (size[0] - image_size) // 2, (size[1] - image_size) // 2
         rgb = rgb.crop((left, top, left + image_size, top + image_size))
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
@@ -269,14 +269,14 @@ def _decode_all(paths: list[str], shape: tuple[int, int, int], image_size: int |
     return torch.from_numpy(out)
 
 
-def augmentation_of(kind: str, size: int, mean, std) -> BatchAugmentation | None:
+def augmentation_of(kind: str, size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> BatchAugmentation | None:
     """The training augmentation ``kind`` as a whole-batch operation (None for ``none``)."""
     if kind == "none":
         return None
     return BatchAugmentation(size=size, padding=size // 8, flip=kind == "crop_flip", mean=mean, std=std)
 
 
-def per_image_transform(augmentation: BatchAugmentation):
+def per_image_transform(augmentation: BatchAugmentation) -> Any:
     """The same augmentation per image (torchvision), for DataLoader workers."""
     from torchvision.transforms import v2
 
@@ -304,7 +304,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     class_counts = counts_of(labels["train"], num_classes)
     mean, std = channel_statistics(images["train"], scale=255.0)
     augmentation = augmentation_of(v["augmentation"], shape[1], mean, std)
-    common = dict(num_classes=num_classes, class_counts=class_counts, class_names=listing.classes)
+    common: dict[str, Any] = dict(num_classes=num_classes, class_counts=class_counts, class_names=listing.classes)
     splits = {}
     for split in SPLITS:
         y = torch.from_numpy(labels[split])
@@ -316,7 +316,9 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         splits[split] = ds
     info = {"folder": listing.root, "mean": list(mean), "std": list(std), "held_out_of_train": held_out}
     return DataSplits(
-        *(splits[s] for s in SPLITS),
+        splits["train"],
+        splits["val"],
+        splits["test"],
         num_classes=num_classes,
         class_counts=class_counts,
         class_names=listing.classes,

@@ -90,7 +90,7 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
             names[label] = parent
     class_counts = counts_of(lists["train"][1], num_classes)
     train_tf, eval_tf = imagenet_style_transforms(train_random_resized=True)
-    common = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
+    common: dict[str, Any] = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
     splits = [
         ImageFolderSplit(
             [os.path.join(root, rel) for rel in lists[s][0]],
@@ -102,7 +102,9 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
         for s in ("train", "val", "test")
     ]
     return DataSplits(
-        *splits,
+        splits[0],
+        splits[1],
+        splits[2],
         num_classes=num_classes,
         class_counts=class_counts,
         class_names=names,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ RESIZE = 256
 CROP = 224
 
 
-def resolve_images_folder(root: str | os.PathLike | None) -> str:
+def resolve_images_folder(root: str | os.PathLike[str] | None) -> str:
     """The folder holding ``train``, ``val`` and ``test`` (``ROOT/images`` or ``ROOT``)."""
     if root is None:
         raise layout_error("<data.root not set>", "data.root is required for plantnet300k", EXPECTED_LAYOUT)
@@ -75,8 +76,8 @@ class ImageFolderSplit(IndexedDataset):
         class_counts: list[int],
         class_names: list[str],
         split: str,
-        transform,
-    ):
+        transform: Callable[[Any], torch.Tensor],
+    ) -> None:
         self.paths = paths
         self.targets = torch.as_tensor(targets, dtype=torch.int64)
         self.num_classes = num_classes
@@ -89,7 +90,7 @@ class ImageFolderSplit(IndexedDataset):
         return self.transform(load_rgb(self.paths[index]))
 
 
-def imagenet_style_transforms(train_random_resized: bool = False):
+def imagenet_style_transforms(train_random_resized: bool = False) -> tuple[Any, Any]:
     """(train, eval) transforms: Resize(256) + RandomCrop(224) / CenterCrop(224), ImageNet stats.
 
     With ``train_random_resized`` the training transform is RandomResizedCrop(224) +
@@ -146,12 +147,14 @@ def build(cfg: dict[str, Any], seed: int) -> DataSplits:
     num_classes = len(species)
     class_counts = counts_of(listed["train"][1], num_classes)
     train_tf, eval_tf = imagenet_style_transforms()
-    common = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
+    common: dict[str, Any] = dict(num_classes=num_classes, class_counts=class_counts, class_names=names)
     splits = [
         ImageFolderSplit(*listed[s], split=s, transform=train_tf if s == "train" else eval_tf, **common) for s in SPLITS
     ]
     return DataSplits(
-        *splits,
+        splits[0],
+        splits[1],
+        splits[2],
         num_classes=num_classes,
         class_counts=class_counts,
         class_names=names,

@@ -36,7 +36,7 @@ fixed CIFAR-100 split) and differences between seeds come from training alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -87,14 +87,14 @@ def _check(cfg: dict[str, Any]) -> dict[str, Any]:
     values = {
         # None: the key's union default, where another data set (arrays) declares another default
         "num_classes": int(
-            cfg.get("num_classes")
+            cfg["num_classes"]
             if cfg.get("num_classes") is not None
             else DATA_FIELDS["synthetic"]["num_classes"].default
         ),
         "num_superclasses": int(cfg.get("num_superclasses", 8)),
         "train_size": int(cfg.get("train_size", 2000)),
         "val_size": int(
-            cfg.get("val_size") if cfg.get("val_size") is not None else DATA_FIELDS["synthetic"]["val_size"].default
+            cfg["val_size"] if cfg.get("val_size") is not None else DATA_FIELDS["synthetic"]["val_size"].default
         ),
         "test_size": int(cfg.get("test_size", 1000)),
         "pareto_shape": float(cfg.get("pareto_shape", 1.2)),
@@ -133,7 +133,7 @@ class SyntheticGenerator:
         self.superclass_of = rng.permutation(np.arange(num_classes) % num_superclasses)
         self.centres = rng.normal(0.0, SUPERCLASS_SPREAD, (num_superclasses, feature_dim))
         self.offsets = rng.normal(0.0, CLASS_SPREAD, (num_classes, feature_dim))
-        self.bases = None
+        self.bases: torch.Tensor | None = None
         if form == "images":
             coarse = torch.from_numpy(rng.normal(0.0, 1.0, (feature_dim, 3, 4, 4))).float()
             bases = F.interpolate(coarse, size=(32, 32), mode="bicubic", align_corners=False)
@@ -150,7 +150,7 @@ class SyntheticGenerator:
         x = torch.from_numpy(x).float()
         if self.form == "images":
             pixels = torch.from_numpy(rng.normal(0.0, PIXEL_NOISE, (len(labels), 3 * 32 * 32))).float()
-            x = (x @ self.bases + pixels).view(-1, 3, 32, 32)
+            x = (x @ cast(torch.Tensor, self.bases) + pixels).view(-1, 3, 32, 32)
         return x, torch.from_numpy(labels), clarity
 
     def sample_multilabel(
@@ -176,7 +176,7 @@ class SyntheticGenerator:
         x = torch.from_numpy(points + rng.normal(0.0, NOISE, (n, self.feature_dim))).float()
         if self.form == "images":
             pixels = torch.from_numpy(rng.normal(0.0, PIXEL_NOISE, (n, 3 * 32 * 32))).float()
-            x = (x @ self.bases + pixels).view(-1, 3, 32, 32)
+            x = (x @ cast(torch.Tensor, self.bases) + pixels).view(-1, 3, 32, 32)
         return x, torch.from_numpy(targets)
 
 
@@ -195,7 +195,7 @@ def build(cfg: dict[str, Any], seed: int = 0) -> DataSplits:
         "test": allocate(v["test_size"], weights, 1, "test_size"),
     }
     names = [f"class{c:03d}_group{gen.superclass_of[c]:02d}" for c in range(L)]
-    drawn = []
+    drawn: list[tuple[torch.Tensor, torch.Tensor, np.ndarray | None]] = []
     for i, split in enumerate(("train", "val", "test")):
         rng_split = np.random.default_rng(mix_seed(base_seed, 2 + i))
         if v["max_labels"] > 1:
@@ -213,5 +213,12 @@ def build(cfg: dict[str, Any], seed: int = 0) -> DataSplits:
     shape = (v["feature_dim"],) if v["form"] == "features" else (3, 32, 32)
     info = {"superclass_of": gen.superclass_of.tolist(), "generation_seed": v["split_seed"]}
     return DataSplits(
-        *splits, num_classes=L, class_counts=class_counts, class_names=names, input_shape=shape, info=info
+        splits[0],
+        splits[1],
+        splits[2],
+        num_classes=L,
+        class_counts=class_counts,
+        class_names=names,
+        input_shape=shape,
+        info=info,
     )

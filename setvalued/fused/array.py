@@ -29,11 +29,12 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from setvalued.data import seed_free
+from setvalued.data.common import TensorSplit
 from setvalued.fused.running_metrics import FusedRunningMetrics
 from setvalued.fused.step import FusedStep, RandomState, member_output, own_storage
 from setvalued.losses.base import member_slices
@@ -52,7 +53,7 @@ from setvalued.training import (
 STOP = "stop"
 
 #: ``on_epoch(member, epoch, metrics, state)``: member is the index of the seed in ``seeds``
-ArrayCallback = Callable[[int, int, dict, dict], Any]
+ArrayCallback = Callable[[int, int, dict[str, Any], dict[str, Any]], Any]
 
 
 class FusionError(ValueError):
@@ -119,9 +120,10 @@ class Array:
             )
         if not epochs:
             return
-        for m, state in zip(self.members, states):
+        found = cast(Sequence[Mapping[str, Any]], states)  # none is None (checked above)
+        for m, state in zip(self.members, found):
             m.restore_all_but_optimizer(dict(state))
-        self.step.load_member_optimizer_states([s["optimizer"] for s in states])
+        self.step.load_member_optimizer_states([s["optimizer"] for s in found])
 
     def run(self, on_epoch: ArrayCallback | None = None, after_epoch: Callable[[int], Any] | None = None) -> list[Any]:
         """Train every member to the last epoch; returns, per member, its ``fit`` result or the
@@ -138,7 +140,7 @@ class Array:
             if any(self.live) and all(m.best is not None for m, alive in zip(self.members, self.live) if alive):
                 for m, alive in zip(self.members, self.live):
                     if alive:  # each member's selected checkpoint into its slice: the test pass of all at once
-                        m.model.load_state_dict(m.best["model"])
+                        m.model.load_state_dict(cast(dict[str, Any], m.best)["model"])
                 test_scores = self.predict("test")
             for i, m in enumerate(self.members):
                 if self.failed[i] is None:
@@ -196,17 +198,17 @@ class Array:
         """The members' batches of one epoch, each step's read in one gather from the shared
         split (``orders``: (N, n), each member's order)."""
         size = self.cfg["optim"]["batch_size"]
-        orders = orders.to(self.gather[0].device)
-        inputs, targets = self.gather
+        inputs, targets = cast(tuple[torch.Tensor, torch.Tensor], self.gather)  # shared: set
+        orders = orders.to(inputs.device)
         for start in range(0, orders.shape[1], size):
             idx = orders[:, start : start + size]
             yield inputs[idx], targets[idx], idx
 
-    def _drawn(self, batches: list[Iterator]) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _drawn(self, batches: list[Iterator[Any]]) -> Iterator[tuple[torch.Tensor, ...]]:
         """The members' batches of one epoch, each drawn under its member's random state
         (its loader's order and augmentation), stacked."""
         while True:
-            drawn = []
+            drawn: list[Any] = []
             for it, rng in zip(batches, self.random_states):
                 with rng.active():
                     drawn.append(next(it, None))
@@ -230,7 +232,7 @@ class Array:
             and int(self.cfg["data"]["num_workers"]) == 0
             and getattr(ds, "transform", None) is None
         ):
-            return ds.inputs, ds.targets
+            return cast(TensorSplit, ds).inputs, ds.targets
         return None
 
     def close_epoch(
@@ -342,7 +344,7 @@ def _probe(models: Sequence[torch.nn.Module], trial: Trial) -> str | None:
         )
         step.start_training()
         fused = step.run_model(torch.stack([x] * len(models)))
-        sum(_total(member_output(fused, i)) for i in range(len(models))).backward()
+        cast(torch.Tensor, sum(_total(member_output(fused, i)) for i in range(len(models)))).backward()
     except Exception as error:  # noqa: BLE001  (any failure of the fused form is the reason)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
     for i, model in enumerate(separate):

@@ -76,8 +76,9 @@ class FusedRunningMetrics(RunningTrainMetrics):
         """Member ``member``'s epoch metrics, per training example, as ``RunningTrainMetrics``
         gives them; raises its ``NonFiniteLossError`` if its loss went non-finite."""
         self.fold()
-        if self.errors[member] is not None:
-            raise self.errors[member]
+        error = self.errors[member]
+        if error is not None:
+            raise error
         loss_sum = 0.0  # batch by batch, in float64: the rounding of a running sum
         for loss, size in zip(self.loss_values[member], self.batch_sizes):
             loss_sum += loss * size

@@ -48,7 +48,7 @@ class RandomState:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.saved: tuple | None = None
+        self.saved: tuple[Any, ...] | None = None
 
     @contextlib.contextmanager
     def active(self, torch_only: bool = False) -> Iterator[None]:
@@ -148,7 +148,7 @@ class FusedStep:
         from setvalued.training import compiled_step
 
         compiled_step.release_compiled()
-        options = {} if compiled_step.backend is None else {"backend": compiled_step.backend}
+        options: dict[str, Any] = {} if compiled_step.backend is None else {"backend": compiled_step.backend}
         self.forward = torch.compile(self.eager[0], **options)
         self.forward_shared = torch.compile(self.eager[1], **options)
 
@@ -161,7 +161,7 @@ class FusedStep:
             self.forward, self.forward_shared = self.eager
             self.compiled = False
 
-    def _forward_one(self, params: dict, buffers: dict, x: torch.Tensor) -> Any:
+    def _forward_one(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
         return functional_call(self.template, (params, buffers), (x,))
 
     def set_learning_rate(self, epoch: int) -> float:
@@ -258,7 +258,7 @@ def _norms_in_their_statistics_dtype(template: torch.nn.Module) -> None:
     compute inside anyway; the output keeps the separate model's dtype."""
     for module in template.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-            module.forward = types.MethodType(_norm_in_statistics_dtype, module)
+            module.forward = types.MethodType(_norm_in_statistics_dtype, module)  # type: ignore[method-assign]
 
 
 def _norm_in_statistics_dtype(self: torch.nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:

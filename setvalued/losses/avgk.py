@@ -26,9 +26,9 @@ from setvalued.losses.single_positive import (
     AssumeNegativeLoss,
     EPRLoss,
     ROLELoss,
-    _check_logits,
-    _num_classes,
-    _number,
+    check_logits,
+    checked_num_classes,
+    checked_number,
 )
 
 __all__ = [
@@ -168,16 +168,6 @@ def _largest_entries(values: torch.Tensor, count: int) -> torch.Tensor:
     return positions if where is None else where.index_select(0, positions)
 
 
-def _top_entries(values: torch.Tensor, count: int) -> torch.Tensor:
-    """Bool mask (shape of ``values``) of the ``count`` largest entries of ``values``, ties at
-    the threshold by flat position (lower first): :func:`_largest_entries` as a mask."""
-    chosen = torch.zeros(values.numel(), dtype=torch.bool, device=values.device)
-    # index_fill_ and scatter_ of a Python value here and below: an indexed write of one would
-    # copy a CPU value to the device, blocking (issue #34)
-    chosen.index_fill_(0, _largest_entries(values.reshape(values.shape[0] if values.dim() > 1 else 1, -1), count), True)
-    return chosen.view(values.shape)
-
-
 def _masked_log_probs(sccp_logits: torch.Tensor, targets: torch.Tensor, log_probs: torch.Tensor | None) -> torch.Tensor:
     """Detached ``log varsigma(Z')`` (float32 at least) with -inf at the labels (eq. 5.11)."""
     if log_probs is None:
@@ -222,6 +212,8 @@ def candidate_masks(
     """
     batch, num_classes = sccp_logits.shape
     device = sccp_logits.device
+    # scatter_ and index_fill_ of a Python value: an indexed write of one would copy a CPU
+    # value to the device, blocking (issue #34)
     positive = torch.zeros(batch, num_classes, dtype=torch.bool, device=device).scatter_(1, targets.unsqueeze(1), True)
     candidate = torch.zeros(batch * num_classes, dtype=torch.bool, device=device)
     candidate.index_fill_(0, candidate_indices(sccp_logits, targets, k, log_probs), True)
@@ -279,7 +271,7 @@ class _TwoHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, sccp, ml, targets, k, alpha):
+    def forward(ctx: Any, sccp: Any, ml: Any, targets: Any, k: Any, alpha: Any) -> torch.Tensor:
         batch, num_classes = ml.shape
         column = targets.unsqueeze(1)
         log_probs = torch.log_softmax(sccp, dim=1)
@@ -312,7 +304,7 @@ class _TwoHeadLoss(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         sccp, ml, targets, positives, rows = ctx.saved_tensors
         if ctx.buffers is None:  # a second backward pass: the first one wrote over the buffers
             log_probs, sigmoid = torch.log_softmax(sccp, dim=1), torch.sigmoid(ml)
@@ -359,12 +351,12 @@ class AvgKTwoHeadLoss(SetValuedLoss):
         reduction: str = "mean",
     ):
         super().__init__(reduction)
-        self.k = _number("k", k, 2, integer=True, what="avgk_two_head")
-        self.alpha = _number("alpha", alpha, 0, what="avgk_two_head")
+        self.k = checked_number("k", k, 2, integer=True, what="avgk_two_head")
+        self.alpha = checked_number("alpha", alpha, 0, what="avgk_two_head")
         if prediction_head not in ("ml", "sccp"):
             raise ValueError(f"avgk_two_head parameter prediction_head must be 'ml' or 'sccp', got {prediction_head!r}")
         self.prediction_head = prediction_head
-        self.num_classes = _num_classes("avgk_two_head", num_classes)
+        self.num_classes = checked_num_classes("avgk_two_head", num_classes)
         if self.num_classes is not None:
             self._check_fits(1, self.num_classes)
 
@@ -386,7 +378,7 @@ class AvgKTwoHeadLoss(SetValuedLoss):
                 "avgk_two_head needs a TwoHeadOutput(sccp=..., ml=...) from a two-head model (model.head: two_head)"
             )
         sccp, ml = output.sccp, output.ml
-        _check_logits("avgk_two_head", ml, targets)
+        check_logits("avgk_two_head", ml, targets)
         if sccp.shape != ml.shape:
             raise ValueError(
                 f"avgk_two_head: the heads differ in shape: sccp {tuple(sccp.shape)}, ml {tuple(ml.shape)}"

@@ -36,6 +36,8 @@ class SetValuedLoss(nn.Module):
     requires_indices: bool = False
     #: the declared parameters (set by ``register_loss`` from ``setvalued.losses.parameters``)
     parameter_constraints: dict[str, Param] = {}
+    #: the name it is registered under (set by ``register_loss``)
+    registry_name: str
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -60,7 +62,11 @@ class SetValuedLoss(nn.Module):
     draws_torch_only: bool = False
 
     def member_losses(
-        self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None, draws: Sequence[AbstractContextManager]
+        self,
+        output: Any,
+        targets: torch.Tensor,
+        indices: torch.Tensor | None,
+        draws: Sequence[AbstractContextManager[Any] | None],
     ) -> torch.Tensor:
         """The losses (N,) of the N members of a fused array (``setvalued.fused.step``) from
         their stacked outputs (N, B, ...), targets (N, B, ...) and indices (N, B): entry i is
@@ -121,17 +127,18 @@ def loop_member_losses(
     output: Any,
     targets: torch.Tensor,
     indices: torch.Tensor | None,
-    draws: Sequence[AbstractContextManager],
+    draws: Sequence[AbstractContextManager[Any] | None],
 ) -> torch.Tensor:
     """``SetValuedLoss.member_losses`` one member at a time: member i's loss ``losses[i]`` on
     its slice, under ``draws[i]``; a member whose draw context is None (a member that has
     failed) is not computed (its entry is 0, without gradient)."""
     values = []
     for i, (loss, mine) in enumerate(zip(losses, member_slices(output))):
-        if draws[i] is None:
+        draw = draws[i]
+        if draw is None:
             values.append(torch.zeros((), device=targets.device))
             continue
-        with draws[i]:
+        with draw:
             values.append(loss(mine, targets[i], None if indices is None else indices[i]))
     dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
     return torch.stack([v.to(dtype) for v in values])

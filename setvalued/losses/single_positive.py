@@ -20,7 +20,7 @@ from setvalued.losses.base import SetValuedLoss, TwoHeadOutput, fixed_shapes, on
 # --------------------------------------------------------------------------------------------
 
 
-def _number(
+def checked_number(
     name: str, value: Any, low: float, *, integer: bool = False, low_open: bool = False, what: str = ""
 ) -> float:
     """Check a scalar parameter; raise ValueError naming it and the allowed range."""
@@ -35,13 +35,13 @@ def _number(
     return int(value) if integer else float(value)
 
 
-def _num_classes(name: str, value: Any) -> int | None:
+def checked_num_classes(name: str, value: Any) -> int | None:
     if value is None:
         return None
-    return int(_number("num_classes", value, 1, integer=True, what=name))
+    return int(checked_number("num_classes", value, 1, integer=True, what=name))
 
 
-def _check_logits(name: str, logits: torch.Tensor, targets: torch.Tensor) -> None:
+def check_logits(name: str, logits: torch.Tensor, targets: torch.Tensor) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(
             f"{name} expects scores of shape (batch, classes), got "
@@ -85,9 +85,11 @@ class AssumeNegativeLoss(SetValuedLoss):
     def __init__(self, negative_weight: float | None = None, num_classes: int | None = None, reduction: str = "mean"):
         super().__init__(reduction)
         self.negative_weight = (
-            None if negative_weight is None else _number("negative_weight", negative_weight, 0, what="assume_negative")
+            None
+            if negative_weight is None
+            else checked_number("negative_weight", negative_weight, 0, what="assume_negative")
         )
-        self.num_classes = _num_classes("assume_negative", num_classes)
+        self.num_classes = checked_num_classes("assume_negative", num_classes)
         if self.num_classes is not None and self.num_classes < 2 and negative_weight is None:
             raise ValueError("assume_negative needs num_classes >= 2 for the default weight 1/(L-1)")
 
@@ -99,7 +101,7 @@ class AssumeNegativeLoss(SetValuedLoss):
             )
         batch, num_classes = logits.shape
         if targets.dim() == 1:
-            _check_logits("assume_negative", logits, targets)
+            check_logits("assume_negative", logits, targets)
             # no CPU value copied to the device (issue #34); a label out of range fails, compiled too
             observed = one_hot(targets.to(logits.device), num_classes, torch.long)
         elif targets.shape == logits.shape:
@@ -143,8 +145,8 @@ class EPRLoss(SetValuedLoss):
 
     def __init__(self, k: float = 5, beta: float = 0.01, reduction: str = "mean"):
         super().__init__(reduction)
-        self.k = _number("k", k, 0, low_open=True, what="epr")
-        self.beta = _number("beta", beta, 0, what="epr")
+        self.k = checked_number("k", k, 0, low_open=True, what="epr")
+        self.beta = checked_number("beta", beta, 0, what="epr")
 
     @staticmethod
     def expected_set_size(logits: torch.Tensor) -> torch.Tensor:
@@ -157,7 +159,7 @@ class EPRLoss(SetValuedLoss):
 
     def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         logits = _single_head("epr", output)
-        _check_logits("epr", logits, targets)
+        check_logits("epr", logits, targets)
         targets = targets.to(device=logits.device, dtype=torch.long)
         positive = -F.logsigmoid(logits.gather(1, targets[:, None]))[:, 0]
         return self.reduce(positive + self.penalty(logits))
@@ -193,6 +195,9 @@ class ROLELoss(SetValuedLoss):
     head = "linear"
     requires_indices = True
 
+    #: which training examples' estimates have been initialised (a buffer)
+    seen: torch.Tensor
+
     def __init__(
         self,
         k: float = 5,
@@ -203,31 +208,27 @@ class ROLELoss(SetValuedLoss):
         reduction: str = "mean",
     ):
         super().__init__(reduction)
-        self.k = _number("k", k, 0, low_open=True, what="role")
-        self.lambda_ = _number("lambda_", lambda_, 0, what="role")
-        self.lr_multiplier = _number("lr_multiplier", lr_multiplier, 0, low_open=True, what="role")
+        self.k = checked_number("k", k, 0, low_open=True, what="role")
+        self.lambda_ = checked_number("lambda_", lambda_, 0, what="role")
+        self.lr_multiplier = checked_number("lr_multiplier", lr_multiplier, 0, low_open=True, what="role")
         if num_examples is None or num_classes is None:
             raise ValueError(
                 "role needs the context keys num_examples (training set size) and "
                 f"num_classes, got num_examples={num_examples!r}, num_classes={num_classes!r}"
             )
-        self.num_examples = int(_number("num_examples", num_examples, 1, integer=True, what="role"))
-        self.num_classes = int(_number("num_classes", num_classes, 1, integer=True, what="role"))
+        self.num_examples = int(checked_number("num_examples", num_examples, 1, integer=True, what="role"))
+        self.num_classes = int(checked_number("num_classes", num_classes, 1, integer=True, what="role"))
         init = (torch.rand(self.num_examples, self.num_classes) * 2 - 1) * ROLE_INIT_UNOBSERVED
         #: Theta, the label-estimate logits (a learnable parameter of the loss)
         self.label_logits = nn.Parameter(init)
         self.register_buffer("seen", torch.zeros(self.num_examples, dtype=torch.bool))
-
-    def label_estimates(self, indices: torch.Tensor) -> torch.Tensor:
-        """g = sigma(Theta[indices])."""
-        return torch.sigmoid(self.label_logits[indices])
 
     def _regulariser(self, probs: torch.Tensor) -> torch.Tensor:
         return (probs.sum(dim=1).mean() - self.k) ** 2 / self.num_classes**2
 
     def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         logits = _single_head("role", output)
-        _check_logits("role", logits, targets)
+        check_logits("role", logits, targets)
         if indices is None:
             raise ValueError("role needs the training-set indices of the batch: loss(output, targets, indices)")
         batch, num_classes = logits.shape

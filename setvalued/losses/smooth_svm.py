@@ -37,20 +37,14 @@ differentiable operations, so second derivatives work too.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from setvalued.losses.base import SetValuedLoss, register_loss
-from setvalued.losses.topk import (
-    _check_float,
-    _check_int,
-    _check_k_for_classes,
-    _check_targets,
-    _kth_largest,
-    _score_tensor,
-    _target_scores,
-)
+from setvalued.losses.topk import kth_largest, scores_of_targets
+from setvalued.losses.topk_operator import check_float, check_int, check_k_for_classes, check_targets, score_tensor
 
 __all__ = ["SmoothTopKSVM", "log_elementary_symmetric", "hard_topk_svm", "LOG_ZERO"]
 
@@ -94,7 +88,7 @@ def log_elementary_symmetric(x: torch.Tensor, k: int) -> torch.Tensor:
     of [BZK18], App. B.1). Entries equal to ``LOG_ZERO`` act as exp(x_i) = 0. Requires k <= n.
     """
     n = x.shape[-1]
-    k = _check_int("k", k, 0, n, why=f"sigma_k of {n} values")
+    k = check_int("k", k, 0, n, why=f"sigma_k of {n} values")
     lead = x.shape[:-1]
     if k == 0:
         return torch.zeros(lead + (1,), dtype=x.dtype, device=x.device)
@@ -177,7 +171,7 @@ class _BodyLogSigma(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, shift, k):
+    def forward(ctx: Any, x: Any, shift: Any, k: Any) -> torch.Tensor:
         with torch.no_grad():
             sigma = elementary_symmetric_unit(torch.exp(x - shift), k)
             degrees = torch.arange(k + 1, dtype=x.dtype, device=x.device)
@@ -188,7 +182,7 @@ class _BodyLogSigma(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, shift, out, kept = ctx.saved_tensors
         k = ctx.k
         degrees = torch.arange(k + 1, dtype=x.dtype, device=x.device)
@@ -230,8 +224,8 @@ def hard_topk_svm(scores: torch.Tensor, targets: torch.Tensor, k: int, alpha: fl
     eqs. 7-8, App. A.1).
     """
     is_target = F.one_hot(targets, scores.shape[1]).bool()
-    kth_other = _kth_largest(scores.masked_fill(is_target, float("-inf")), k)
-    return F.relu(alpha + (kth_other - _target_scores(scores, targets)) / k)
+    kth_other = kth_largest(scores.masked_fill(is_target, float("-inf")), k)
+    return F.relu(alpha + (kth_other - scores_of_targets(scores, targets)) / k)
 
 
 #: ``F.softplus(z)`` returns z itself above its threshold: above 40, ``log1p(exp(-z))`` is below
@@ -271,20 +265,20 @@ class SmoothTopKSVM(SetValuedLoss):
         reduction: str = "mean",
     ):
         super().__init__(reduction)
-        self.k = _check_int("k", k, 1)
-        self.tau = _check_float("tau", tau, 0.0)
-        self.alpha = _check_float("alpha", alpha, 0.0)
+        self.k = check_int("k", k, 1)
+        self.tau = check_float("tau", tau, 0.0)
+        self.alpha = check_float("alpha", alpha, 0.0)
         if not isinstance(hard_switch, bool):
             raise ValueError(f"hard_switch must be true or false, got {hard_switch!r}")
         self.hard_switch = hard_switch
         if num_classes is not None:
-            num_classes = _check_int("num_classes", num_classes, 2)
-            _check_k_for_classes(self.k, num_classes, "smooth_topk_svm", _K_REASON)
+            num_classes = check_int("num_classes", num_classes, 2)
+            check_k_for_classes(self.k, num_classes, "smooth_topk_svm", _K_REASON)
 
     def per_sample(self, scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        scores = _score_tensor(scores, "smooth_topk_svm")
-        targets = _check_targets(targets, scores, "smooth_topk_svm")
-        _check_k_for_classes(self.k, scores.shape[1], "smooth_topk_svm", _K_REASON)
+        scores = score_tensor(scores, "smooth_topk_svm")
+        targets = check_targets(targets, scores, "smooth_topk_svm")
+        check_k_for_classes(self.k, scores.shape[1], "smooth_topk_svm", _K_REASON)
         if scores.dtype != torch.float64:
             scores = scores.float()
         k, tau = self.k, self.tau
@@ -303,7 +297,7 @@ class SmoothTopKSVM(SetValuedLoss):
             relative = ((scores - top_score) + (bump - top_bump)) / tau
             smooth = (
                 (top_score + top_bump).squeeze(1)
-                - _target_scores(scores, targets)
+                - scores_of_targets(scores, targets)
                 + tau * torch.logsumexp(relative, dim=1)
             )
         else:
@@ -311,7 +305,7 @@ class SmoothTopKSVM(SetValuedLoss):
             # j c, x_y by c); centring on the row max keeps x <= 0.
             wide = scores.double()
             x = (wide - wide.detach().amax(dim=1, keepdim=True)) / (k * tau)
-            x_target = _target_scores(x, targets)
+            x_target = scores_of_targets(x, targets)
             log_sigma = _log_sigma_top_and_body(x.scatter(1, targets.unsqueeze(1), LOG_ZERO), k)
             # softplus's default threshold (20) returns z above it and drops log1p(exp(-z)) ~ 2e-9:
             # float64 needs 40 (exp(-40) / 40 is below its epsilon)
@@ -328,5 +322,5 @@ class SmoothTopKSVM(SetValuedLoss):
         use_hard = (top[:, k - 1] - top[:, k]) >= k * tau * math.log(HARD_SWITCH_RATIO)
         return torch.where(use_hard, hard_topk_svm(scores, targets, k, self.alpha), smooth)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         return self.reduce(self.per_sample(output, targets))

@@ -192,13 +192,13 @@ class _SparseTop(torch.autograd.Function):
     """q = sparse-top(K, s); backward ``J g = m * (g - mean_M(g))`` ([Gar23] eqs. 6.18, 6.21)."""
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, k: torch.Tensor, method: str) -> torch.Tensor:
+    def forward(ctx: Any, scores: torch.Tensor, k: torch.Tensor, method: str) -> torch.Tensor:
         projection = _project(scores, k, method)
         ctx.save_for_backward(projection)
         return projection
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (projection,) = ctx.saved_tensors
         return _jvp(projection, grad_output), None, None
 

@@ -20,7 +20,8 @@ Public helpers:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -29,18 +30,18 @@ import torch.nn.functional as F
 from setvalued.losses.base import SetValuedLoss, fusion_declared, loop_member_losses, register_loss
 from setvalued.losses.topk_operator import (
     PRUNING_FAILURE_PROBABILITY,
-    _check_bool,
-    _check_float,
-    _check_int,
-    _check_k_for_classes,
-    _check_noise,
-    _check_targets,
-    _perturbed_kth_largest,
-    _score_tensor,
-    _select_kth_largest,
-    _working_dtype,
+    check_bool,
+    check_float,
+    check_int,
+    check_k_for_classes,
+    check_noise,
+    check_targets,
     draws_every_class,
+    perturbed_kth_largest,
+    score_tensor,
+    select_kth_largest,
     smooth_kth_largest,
+    working_dtype,
 )
 
 __all__ = [
@@ -73,8 +74,19 @@ class _NoisedHinge(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, scores, targets, margin, k, epsilon, n_samples, scale, noise, exact):
-        smoothed, indices = _perturbed_kth_largest(scores, k, epsilon, n_samples, noise, exact)
+    def forward(
+        ctx: Any,
+        scores: Any,
+        targets: Any,
+        margin: Any,
+        k: Any,
+        epsilon: Any,
+        n_samples: Any,
+        scale: Any,
+        noise: Any,
+        exact: Any,
+    ) -> torch.Tensor:
+        smoothed, indices = perturbed_kth_largest(scores, k, epsilon, n_samples, noise, exact)
         target_scores = scores.detach().gather(1, targets.unsqueeze(1)).squeeze(1)
         hinge = smoothed.add_(margin).sub_(target_scores)
         if scale != 1.0:
@@ -92,7 +104,7 @@ class _NoisedHinge(torch.autograd.Function):
         return hinge.clamp_(min=0.0)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         picks, weights = ctx.saved_tensors
         grad = weights.new_zeros(picks.shape[0], ctx.num_classes)
         grad.scatter_add_(1, picks, weights * grad_output.unsqueeze(1).to(weights.dtype))
@@ -135,7 +147,7 @@ def ldam_margins(
     gets ``max_margin`` ([Gar23] §4.4.5.1; docs/papers.md, note T-N4). Example: counts
     [17, 23, 55], max 0.3 give [0.3, 0.27816, 0.22369].
     """
-    max_margin = _check_float("max_margin", max_margin, 0.0)
+    max_margin = check_float("max_margin", max_margin, 0.0)
     counts = _class_counts_tensor(class_counts, num_classes)
     inverse_root = counts.pow(-0.25)
     margins = inverse_root * (max_margin / inverse_root.max())
@@ -145,10 +157,12 @@ def ldam_margins(
 class _MarginLoss(SetValuedLoss):
     """Shared part of the losses that hold per-class margins as a buffer."""
 
+    margins: torch.Tensor
+
     def _init_margins(self, class_counts: Any, max_margin: float, num_classes: int | None) -> None:
         if num_classes is not None:
-            num_classes = _check_int("num_classes", num_classes, 2)
-        self.max_margin = _check_float("max_margin", max_margin, 0.0)
+            num_classes = check_int("num_classes", num_classes, 2)
+        self.max_margin = check_float("max_margin", max_margin, 0.0)
         self.register_buffer("margins", ldam_margins(class_counts, self.max_margin, num_classes))
 
     def _target_margins(self, scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -174,10 +188,10 @@ class CrossEntropy(SetValuedLoss):
     def __init__(self, reduction: str = "mean"):
         super().__init__(reduction)
 
-    def forward(self, output, targets, indices=None):
-        scores = _score_tensor(output, "ce")
-        targets = _check_targets(targets, scores, "ce")
-        return self.reduce(F.cross_entropy(_working_dtype(scores), targets, reduction="none"))
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        scores = score_tensor(output, "ce")
+        targets = check_targets(targets, scores, "ce")
+        return self.reduce(F.cross_entropy(working_dtype(scores), targets, reduction="none"))
 
 
 @register_loss("focal")
@@ -192,12 +206,12 @@ class Focal(SetValuedLoss):
 
     def __init__(self, gamma: float = 2.0, reduction: str = "mean"):
         super().__init__(reduction)
-        self.gamma = _check_float("gamma", gamma, 0.0)
+        self.gamma = check_float("gamma", gamma, 0.0)
 
-    def forward(self, output, targets, indices=None):
-        scores = _score_tensor(output, "focal")
-        targets = _check_targets(targets, scores, "focal")
-        ce = F.cross_entropy(_working_dtype(scores), targets, reduction="none")
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        scores = score_tensor(output, "focal")
+        targets = check_targets(targets, scores, "focal")
+        ce = F.cross_entropy(working_dtype(scores), targets, reduction="none")
         # 1 - p_y = -expm1(-CE), accurate when p_y -> 1; the floor keeps the gradient of
         # (1 - p_y)^gamma finite (no 0 * inf) when CE underflows to 0 and gamma < 1.
         one_minus_p = (-torch.expm1(-ce)).clamp_min(torch.finfo(ce.dtype).tiny)
@@ -224,17 +238,17 @@ class LDAM(_MarginLoss):
         self,
         max_margin: float = 0.5,
         scale: float = 30.0,
-        class_counts=None,
+        class_counts: Any = None,
         num_classes: int | None = None,
         reduction: str = "mean",
     ):
         super().__init__(reduction)
-        self.scale = _check_float("scale", scale, 0.0, strict=True)
+        self.scale = check_float("scale", scale, 0.0, strict=True)
         self._init_margins(class_counts, max_margin, num_classes)
 
-    def forward(self, output, targets, indices=None):
-        scores = _working_dtype(_score_tensor(output, "ldam"))
-        targets = _check_targets(targets, scores, "ldam")
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        scores = working_dtype(score_tensor(output, "ldam"))
+        targets = check_targets(targets, scores, "ldam")
         margin = self._target_margins(scores, targets)
         shifted = scores - F.one_hot(targets, scores.shape[1]).to(scores.dtype) * margin.unsqueeze(1)
         return self.reduce(F.cross_entropy(self.scale * shifted, targets, reduction="none"))
@@ -245,13 +259,13 @@ class LDAM(_MarginLoss):
 # --------------------------------------------------------------------------------------
 
 
-def _kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
+def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
     """Exact k-th largest entry of each row of a (B, L) tensor (gradient: one-hot at its index)."""
-    _, index = _select_kth_largest(values.detach(), k)
+    _, index = select_kth_largest(values.detach(), k)
     return values.gather(-1, index.unsqueeze(-1)).squeeze(-1)
 
 
-def _target_scores(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def scores_of_targets(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return scores.gather(1, targets.unsqueeze(1)).squeeze(1)
 
 
@@ -262,15 +276,15 @@ class _TopKLoss(SetValuedLoss):
     k_reason = "the (k+1)-th largest score must exist"
 
     def _init_k(self, k: int, num_classes: int | None) -> None:
-        self.k = _check_int("k", k, 1)
+        self.k = check_int("k", k, 1)
         if num_classes is not None:
-            num_classes = _check_int("num_classes", num_classes, 2)
-            _check_k_for_classes(self.k, num_classes, self.registry_name, self.k_reason)
+            num_classes = check_int("num_classes", num_classes, 2)
+            check_k_for_classes(self.k, num_classes, self.registry_name, self.k_reason)
 
-    def _scores_and_targets(self, output, targets):
-        scores = _working_dtype(_score_tensor(output, self.registry_name))
-        targets = _check_targets(targets, scores, self.registry_name)
-        _check_k_for_classes(self.k, scores.shape[1], self.registry_name, self.k_reason)
+    def _scores_and_targets(self, output: Any, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = working_dtype(score_tensor(output, self.registry_name))
+        targets = check_targets(targets, scores, self.registry_name)
+        check_k_for_classes(self.k, scores.shape[1], self.registry_name, self.k_reason)
         return scores, targets
 
 
@@ -286,11 +300,11 @@ class HingeTopK(_TopKLoss):
         super().__init__(reduction)
         self._init_k(k, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores, targets = self._scores_and_targets(output, targets)
         is_target = F.one_hot(targets, scores.shape[1]).bool()
         others = scores.masked_fill(is_target, float("-inf"))
-        return self.reduce(F.relu(1.0 + _kth_largest(others, self.k) - _target_scores(scores, targets)))
+        return self.reduce(F.relu(1.0 + kth_largest(others, self.k) - scores_of_targets(scores, targets)))
 
 
 @register_loss("cvx_hinge_topk")
@@ -308,11 +322,11 @@ class ConvexHingeTopK(_TopKLoss):
         super().__init__(reduction)
         self._init_k(k, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores, targets = self._scores_and_targets(output, targets)
         shifted = scores + 1.0 - F.one_hot(targets, scores.shape[1]).to(scores.dtype)
         top_mean = torch.topk(shifted, self.k, dim=1).values.mean(dim=1)
-        return self.reduce(F.relu(top_mean - _target_scores(scores, targets)))
+        return self.reduce(F.relu(top_mean - scores_of_targets(scores, targets)))
 
 
 @register_loss("calibrated_hinge_topk")
@@ -329,9 +343,9 @@ class CalibratedHingeTopK(_TopKLoss):
         super().__init__(reduction)
         self._init_k(k, num_classes)
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         scores, targets = self._scores_and_targets(output, targets)
-        return self.reduce(F.relu(1.0 + _kth_largest(scores, self.k + 1) - _target_scores(scores, targets)))
+        return self.reduce(F.relu(1.0 + kth_largest(scores, self.k + 1) - scores_of_targets(scores, targets)))
 
 
 # --------------------------------------------------------------------------------------
@@ -340,7 +354,12 @@ class CalibratedHingeTopK(_TopKLoss):
 
 
 def _noised_member_losses(
-    loss, output: Any, targets: torch.Tensor, indices: torch.Tensor | None, draws: Sequence[Any], margin_of
+    loss: NoisedTopK | NoisedTopKImbalanced,
+    output: Any,
+    targets: torch.Tensor,
+    indices: torch.Tensor | None,
+    draws: Sequence[Any],
+    margin_of: Callable[[torch.Tensor, torch.Tensor], Any],
 ) -> torch.Tensor:
     """``member_losses`` of the noised top-K losses: where the draw is one ``randn(B, M, L)``
     per call whatever the scores (:func:`draws_every_class`), each member draws it under its own
@@ -409,9 +428,9 @@ class NoisedTopK(_TopKLoss):
     ):
         super().__init__(reduction)
         self._init_k(k, num_classes)
-        self.epsilon = _check_float("epsilon", epsilon, 0.0)
-        self.n_samples = _check_int("n_samples", n_samples, 1)
-        self.exact = _check_bool("exact", exact)
+        self.epsilon = check_float("epsilon", epsilon, 0.0)
+        self.n_samples = check_int("n_samples", n_samples, 1)
+        self.exact = check_bool("exact", exact)
 
     def per_sample(
         self, scores: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor | None = None
@@ -419,17 +438,23 @@ class NoisedTopK(_TopKLoss):
         """Per-example losses; ``noise`` (B, M, L) fixes the draw (for tests)."""
         scores, targets = self._scores_and_targets(scores, targets)
         if noise is not None:
-            noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
+            noise = check_noise(noise, scores.shape[:1], self.n_samples, scores)
         return _NoisedHinge.apply(
             scores, targets, 1.0, self.k + 1, self.epsilon, self.n_samples, 1.0, noise, self.exact
         )
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         return self.reduce(self.per_sample(output, targets))
 
     draws_torch_only = True
 
-    def member_losses(self, output, targets, indices, draws):
+    def member_losses(
+        self,
+        output: Any,
+        targets: torch.Tensor,
+        indices: torch.Tensor | None,
+        draws: Sequence[AbstractContextManager[Any] | None],
+    ) -> torch.Tensor:
         return _noised_member_losses(self, output, targets, indices, draws, lambda scores, targets: (1.0, 1.0))
 
 
@@ -454,17 +479,17 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
         n_samples: int = 5,
         max_margin: float = 0.2,
         scale: float = 50.0,
-        class_counts=None,
+        class_counts: Any = None,
         num_classes: int | None = None,
         reduction: str = "mean",
         exact: bool = False,
     ):
         SetValuedLoss.__init__(self, reduction)
         self._init_k(k, num_classes)
-        self.epsilon = _check_float("epsilon", epsilon, 0.0)
-        self.n_samples = _check_int("n_samples", n_samples, 1)
-        self.exact = _check_bool("exact", exact)
-        self.scale = _check_float("scale", scale, 0.0, strict=True)
+        self.epsilon = check_float("epsilon", epsilon, 0.0)
+        self.n_samples = check_int("n_samples", n_samples, 1)
+        self.exact = check_bool("exact", exact)
+        self.scale = check_float("scale", scale, 0.0, strict=True)
         self._init_margins(class_counts, max_margin, num_classes)
 
     def per_sample(
@@ -474,17 +499,23 @@ class NoisedTopKImbalanced(_TopKLoss, _MarginLoss):
         scores, targets = self._scores_and_targets(scores, targets)
         margin = self._target_margins(scores, targets)
         if noise is not None:
-            noise = _check_noise(noise, scores.shape[:1], self.n_samples, scores)
+            noise = check_noise(noise, scores.shape[:1], self.n_samples, scores)
         return _NoisedHinge.apply(
             scores, targets, margin, self.k + 1, self.epsilon, self.n_samples, self.scale, noise, self.exact
         )
 
-    def forward(self, output, targets, indices=None):
+    def forward(self, output: Any, targets: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         return self.reduce(self.per_sample(output, targets))
 
     draws_torch_only = True
 
-    def member_losses(self, output, targets, indices, draws):
+    def member_losses(
+        self,
+        output: Any,
+        targets: torch.Tensor,
+        indices: torch.Tensor | None,
+        draws: Sequence[AbstractContextManager[Any] | None],
+    ) -> torch.Tensor:
         return _noised_member_losses(
             self,
             output,

@@ -22,7 +22,7 @@ from setvalued.losses.base import TwoHeadOutput, fixed_shapes
 # --------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, why: str = "") -> int:
+def check_int(name: str, value: Any, minimum: int, maximum: int | None = None, why: str = "") -> int:
     """``value`` as an int in [minimum, maximum]; ValueError naming ``name`` otherwise.
 
     Integral floats (5.0, as a YAML or sampler may give) are accepted; 5.5 and booleans are not.
@@ -44,7 +44,7 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, 
     return as_int
 
 
-def _check_float(name: str, value: Any, minimum: float | None = None, *, strict: bool = False) -> float:
+def check_float(name: str, value: Any, minimum: float | None = None, *, strict: bool = False) -> float:
     """``value`` as a finite float, >= minimum (> minimum when ``strict``)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a real number, got {value!r}")
@@ -62,13 +62,13 @@ def _check_float(name: str, value: Any, minimum: float | None = None, *, strict:
     return as_float
 
 
-def _check_bool(name: str, value: Any) -> bool:
+def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
 
 
-def _check_k_for_classes(k: int, num_classes: int, loss_name: str, reason: str) -> None:
+def check_k_for_classes(k: int, num_classes: int, loss_name: str, reason: str) -> None:
     """The top-K losses need 1 <= k <= L - 1; ``reason`` says why for this loss."""
     if k > num_classes - 1:
         raise ValueError(
@@ -76,7 +76,7 @@ def _check_k_for_classes(k: int, num_classes: int, loss_name: str, reason: str) 
         )
 
 
-def _score_tensor(output: Any, loss_name: str) -> torch.Tensor:
+def score_tensor(output: Any, loss_name: str) -> torch.Tensor:
     """The (B, L) score tensor of a single-head model output."""
     if isinstance(output, TwoHeadOutput):
         raise ValueError(f"{loss_name} expects a (batch, classes) score tensor, got a two-head output")
@@ -86,7 +86,7 @@ def _score_tensor(output: Any, loss_name: str) -> torch.Tensor:
     return output
 
 
-def _check_targets(targets: torch.Tensor, scores: torch.Tensor, loss_name: str) -> torch.Tensor:
+def check_targets(targets: torch.Tensor, scores: torch.Tensor, loss_name: str) -> torch.Tensor:
     if targets.dim() != 1 or targets.shape[0] != scores.shape[0]:
         raise ValueError(
             f"{loss_name}: targets must have shape ({scores.shape[0]},) to match the scores, got {tuple(targets.shape)}"
@@ -94,7 +94,7 @@ def _check_targets(targets: torch.Tensor, scores: torch.Tensor, loss_name: str) 
     return targets.long()
 
 
-def _working_dtype(scores: torch.Tensor) -> torch.Tensor:
+def working_dtype(scores: torch.Tensor) -> torch.Tensor:
     """Half-precision scores are upcast: eps-sized noise and margins need float32.
 
     docs/papers.md, note T-N3.
@@ -122,7 +122,7 @@ def _heap_selection_pays(k: int, length: int) -> bool:
     return length < padded and padded * (25 + k) < 95 * length
 
 
-#: :func:`_select_kth_largest` with ``overwrite``: on rows shorter than 64k (where ``torch.topk``
+#: :func:`select_kth_largest` with ``overwrite``: on rows shorter than 64k (where ``torch.topk``
 #: on CPU runs an ``nth_element``), k passes of ``max`` (each setting the maximum found to -inf)
 #: beat ``topk`` for k up to 4, and for k up to 6 on rows of at least 10k entries (torch 2.14,
 #: 384 rows: k = 2 of 42 entries 67 against 175 us, k = 4 of 200 375 against 745 us, k = 6 of
@@ -136,7 +136,7 @@ def _repeated_max_pays(k: int, length: int) -> bool:
     return 64 * k > length and (k <= 4 or (k <= _REPEATED_MAX_K and length >= 10 * k))
 
 
-def _select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def select_kth_largest(values: torch.Tensor, k: int, overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and index of the k-th largest entry along the last axis (no gradient).
 
     ``topk(sorted=False)`` followed by a min over the k survivors. On CPU (torch 2.14,
@@ -280,7 +280,7 @@ def _may_prune(k: int, num_classes: int, n_samples: int) -> bool:
 
 
 def draws_every_class(scores: torch.Tensor, k: int, epsilon: float, n_samples: int, exact: bool) -> bool:
-    """Whether :func:`_perturbed_kth_largest` on ``scores`` (B, L) draws its noise as one
+    """Whether :func:`perturbed_kth_largest` on ``scores`` (B, L) draws its noise as one
     ``randn(B, M, L)`` (or none, at epsilon 0), a shape that does not depend on the scores'
     values: with ``exact``, off the CPU or under ``torch.compile``
     (:func:`~setvalued.losses.base.fixed_shapes`), or where pruning cannot apply. A fused array
@@ -355,7 +355,7 @@ def _pruned_candidates(
     return (flat.gather(1, positions).masked_fill_(padding, -math.inf), positions.masked_fill_(padding, num_classes))
 
 
-def _perturbed_kth_largest(
+def perturbed_kth_largest(
     flat: torch.Tensor, k: int, epsilon: float, n_samples: int, noise: torch.Tensor | None, exact: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Monte-Carlo value (B,) and selected class indices (B, M) of the k-th largest of s + eps Z.
@@ -374,7 +374,7 @@ def _perturbed_kth_largest(
         if epsilon == 0.0:
             # No perturbation: every copy is s itself; one copy gives the same value and
             # gradient (the exact s_[k] and its one-hot), without drawing noise.
-            values, indices = _select_kth_largest(flat.unsqueeze(1), k)
+            values, indices = select_kth_largest(flat.unsqueeze(1), k)
             return values.mean(dim=-1), indices
         fixed = exact or fixed_shapes(flat)  # every class drawn: no shape depends on the data
         pruned = None if fixed else _pruned_candidates(flat, k, epsilon, n_samples)
@@ -393,7 +393,7 @@ def _perturbed_kth_largest(
             where = classes.clamp(max=flat.shape[1] - 1).unsqueeze(1).expand(-1, n_samples, -1)
             perturbed = noise.gather(2, where)
         perturbed.add_(shifted)
-        values, indices = _select_kth_largest(perturbed, k, overwrite=True)
+        values, indices = select_kth_largest(perturbed, k, overwrite=True)
         if classes is not None:
             indices = classes.gather(1, indices)
         smoothed = values.mean(dim=-1)
@@ -417,19 +417,19 @@ class _PerturbedKthLargest(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, flat, k, epsilon, n_samples, noise, exact):
-        smoothed, indices = _perturbed_kth_largest(flat, k, epsilon, n_samples, noise, exact)
+    def forward(ctx: Any, flat: Any, k: Any, epsilon: Any, n_samples: Any, noise: Any, exact: Any) -> torch.Tensor:
+        smoothed, indices = perturbed_kth_largest(flat, k, epsilon, n_samples, noise, exact)
         ctx.save_for_backward(indices)
         ctx.num_classes = flat.shape[-1]
         return smoothed
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (indices,) = ctx.saved_tensors
         return _scatter_mean_one_hot(grad_output, indices, ctx.num_classes), None, None, None, None, None
 
 
-def _check_noise(noise: torch.Tensor, lead_shape: tuple, n_samples: int, like: torch.Tensor) -> torch.Tensor:
+def check_noise(noise: torch.Tensor, lead_shape: tuple[int, ...], n_samples: int, like: torch.Tensor) -> torch.Tensor:
     num_classes = like.shape[-1]
     expected = tuple(lead_shape) + (n_samples, num_classes)
     if tuple(noise.shape) != expected:
@@ -470,13 +470,13 @@ def smooth_kth_largest(
     if not isinstance(scores, torch.Tensor) or scores.dim() < 1:
         raise ValueError("scores must be a tensor with the classes on its last axis")
     num_classes = scores.shape[-1]
-    k = _check_int("k", k, 1, num_classes, why=f"the k-th largest of {num_classes} scores")
-    epsilon = _check_float("epsilon", epsilon, 0.0)
-    n_samples = _check_int("n_samples", n_samples, 1)
-    work = _working_dtype(scores)
+    k = check_int("k", k, 1, num_classes, why=f"the k-th largest of {num_classes} scores")
+    epsilon = check_float("epsilon", epsilon, 0.0)
+    n_samples = check_int("n_samples", n_samples, 1)
+    work = working_dtype(scores)
     lead_shape = work.shape[:-1]
     flat = work.reshape(-1, num_classes)
     if noise is not None:
-        noise = _check_noise(noise, lead_shape, n_samples, flat)
-    exact = _check_bool("exact", exact)
+        noise = check_noise(noise, lead_shape, n_samples, flat)
+    exact = check_bool("exact", exact)
     return _PerturbedKthLargest.apply(flat, k, epsilon, n_samples, noise, exact).reshape(lead_shape)

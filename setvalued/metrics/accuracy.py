@@ -197,7 +197,9 @@ def _macro(hits: torch.Tensor, counts: torch.Tensor, mask: torch.Tensor | None =
     return float((hits[present].double() / counts[present].double()).mean())
 
 
-def macro_topk_accuracy(scores: torch.Tensor, targets: torch.Tensor, k: int, num_classes: int | None = None) -> float:
+def macro_topk_accuracy(
+    scores: torch.Tensor, targets: torch.Tensor, k: int, num_classes: int | None = None
+) -> float | None:
     """Per-class top-K recall averaged over the classes present in the split (thesis 3.3.1)."""
     hits, counts = per_class_topk(scores, targets, k, num_classes)
     return _macro(hits, counts)
@@ -360,7 +362,7 @@ def per_class_avgk(
 
 def macro_avgk_accuracy(
     scores: torch.Tensor, targets: torch.Tensor, threshold: float, num_classes: int | None = None
-) -> float:
+) -> float | None:
     """Per-class average-K accuracy (one global threshold) averaged over present classes."""
     hits, counts = per_class_avgk(scores, targets, threshold, num_classes)
     return _macro(hits, counts)
@@ -379,7 +381,7 @@ def evaluate(
     avgk_threshold: Mapping[float, float] | None = None,
     shot_thresholds: Sequence[int] = DEFAULT_SHOT_THRESHOLDS,
     count_bins: Sequence[int] = (),
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """The flat metric dict of docs/interfaces.md section 3 (no split prefix).
 
     For every K in ``ks``: ``topK``, ``macro_topK``, ``few/topK``, ``medium/topK``,
@@ -398,11 +400,11 @@ def evaluate(
         groups.update(count_bin_groups(class_counts, count_bins))
         if groups["few"].numel() != num_classes:
             raise ValueError(f"class_counts has {groups['few'].numel()} entries, the scores have {num_classes} classes")
-    out: dict[str, float] = {}
-    for k in ks:
-        if isinstance(k, bool) or int(k) != k or int(k) < 1:
-            raise ValueError(f"ks must hold positive integers, got {k!r}")
-        k = int(k)
+    out: dict[str, float | None] = {}  # a macro mean over no class present: None
+    for given in ks:
+        if isinstance(given, bool) or int(given) != given or int(given) < 1:
+            raise ValueError(f"ks must hold positive integers, got {given!r}")
+        k = int(given)
         if k > num_classes:
             continue
         hits, counts = _per_class(topk_hits(scores, targets, k), targets, num_classes)
@@ -411,8 +413,8 @@ def evaluate(
         out[f"macro_{name}"] = _macro(hits, counts)
         for group, value in group_macro_accuracy(hits, counts, groups).items():
             out[f"{group}/{name}"] = value
-    for k, threshold in (avgk_threshold or {}).items():
-        name = f"avg{_fmt_k(k)}"
+    for size, threshold in (avgk_threshold or {}).items():
+        name = f"avg{_fmt_k(size)}"
         hits, counts = _per_class(avgk_hits(scores, targets, threshold), targets, num_classes)
         out[name] = float(hits.sum()) / targets.numel()
         out[f"macro_{name}"] = _macro(hits, counts)

@@ -43,13 +43,13 @@ from setvalued.metrics.accuracy import DEFAULT_SHOT_THRESHOLDS, SHOT_GROUPS
 from setvalued.metrics.conformal_sets import (
     MONDRIAN,
     SCORES,
-    _check_labels,
-    _check_probs,
-    _check_score,
-    _class_groups,
-    _GroupedScores,
+    GroupedScores,
     aps_scores,
     calibrate,
+    check_labels,
+    check_probs,
+    check_score,
+    class_groups,
     conformal_quantile,
     coverage_and_size,
     lac_scores,
@@ -129,8 +129,8 @@ def match_average_size(
     (``1/(2(n + 1))`` for ``+inf``). Mondrian: bisection on alpha (``steps`` halvings), keeping
     the end of the final bracket nearest the target.
     """
-    probs = _check_probs(probs_cal, "probs_cal")
-    labels = _check_labels(labels_cal, probs, "labels_cal")
+    probs = check_probs(probs_cal, "probs_cal")
+    labels = check_labels(labels_cal, probs, "labels_cal")
     if (
         isinstance(target_size, bool)
         or not isinstance(target_size, (int, float))
@@ -138,31 +138,44 @@ def match_average_size(
         or target_size < 0
     ):
         raise ValueError(f"target_size must be a number >= 0, got {target_size!r}")
-    sized = probs if size_probs is None else _check_probs(size_probs, "size_probs")
+    sized = probs if size_probs is None else check_probs(size_probs, "size_probs")
     if sized.shape[1] != probs.shape[1]:
         raise ValueError(f"size_probs has {sized.shape[1]} classes, probs_cal has {probs.shape[1]}")
     calibration_scores = nonconformity(probs, score, randomized, generator)
     label_scores = calibration_scores.gather(1, labels[:, None])[:, 0]
-    grouping = _class_groups(mondrian, probs.shape[1], class_counts, shot_thresholds)
+    grouping = class_groups(mondrian, probs.shape[1], class_counts, shot_thresholds)
     # sizes on the calibration data use the same draw of U as the calibration scores
     size_scores = calibration_scores if size_probs is None else nonconformity(sized, score, randomized, generator)
-    n_cal, n_size = probs.shape[0], sized.shape[0]
-
     if grouping is None:
-        flat = torch.sort(size_scores.reshape(-1)).values
-        candidates = torch.cat(
-            [torch.sort(label_scores).values, torch.tensor([math.inf], dtype=torch.float64, device=probs.device)]
-        )
-        sizes = torch.searchsorted(flat, candidates, right=True).to(torch.float64) / n_size
-        best = int(torch.argmin((sizes - target_size).abs()))  # the first, i.e. the smaller, on a tie
-        k = best + 1
-        alpha = 1.0 - k / (n_cal + 1) if k <= n_cal else 0.5 / (n_cal + 1)
-        thresholds = conformal_quantile(label_scores, alpha)
-        return MatchedLevel(alpha, thresholds, float(sizes[best]))
-
+        return _matched_marginal(label_scores, size_scores, target_size)
     class_group, num_groups = grouping
     class_group = class_group.to(probs.device)
-    grouped = _GroupedScores(label_scores, class_group[labels], num_groups)
+    grouped = GroupedScores(label_scores, class_group[labels], num_groups)
+    return _matched_by_bisection(grouped, class_group, size_scores, target_size, int(steps))
+
+
+def _matched_marginal(label_scores: torch.Tensor, size_scores: torch.Tensor, target_size: float) -> MatchedLevel:
+    """Marginal sets: every attainable threshold tried at once, the nearest the target kept
+    (the smaller on a tie); see `match_average_size`."""
+    n_cal, n_size = label_scores.shape[0], size_scores.shape[0]
+    flat = torch.sort(size_scores.reshape(-1)).values
+    candidates = torch.cat(
+        [torch.sort(label_scores).values, torch.tensor([math.inf], dtype=torch.float64, device=label_scores.device)]
+    )
+    sizes = torch.searchsorted(flat, candidates, right=True).to(torch.float64) / n_size
+    best = int(torch.argmin((sizes - target_size).abs()))  # the first, i.e. the smaller, on a tie
+    k = best + 1
+    alpha = 1.0 - k / (n_cal + 1) if k <= n_cal else 0.5 / (n_cal + 1)
+    thresholds = conformal_quantile(label_scores, alpha)
+    return MatchedLevel(alpha, thresholds, float(sizes[best]))
+
+
+def _matched_by_bisection(
+    grouped: GroupedScores, class_group: torch.Tensor, size_scores: torch.Tensor, target_size: float, steps: int
+) -> MatchedLevel:
+    """Mondrian sets: bisection on alpha (`steps` halvings), the end of the final bracket
+    nearest the target kept."""
+    n_size = size_scores.shape[0]
     columns = _sorted_columns(size_scores)
 
     def size_at(alpha: float) -> tuple[float, torch.Tensor]:
@@ -177,7 +190,7 @@ def match_average_size(
     elif target_size <= size_high:
         low = high
     else:
-        for _ in range(int(steps)):
+        for _ in range(steps):
             middle = 0.5 * (low + high)
             size_middle, _ = size_at(middle)
             if size_middle >= target_size:
@@ -245,8 +258,8 @@ def conformal_metrics(
     the shot-group coverage and size (:func:`coverage_and_size`). Probabilities as in
     :func:`calibrate`; no randomisation (APS is the deterministic variant, note C-N2).
     """
-    probs_cal = _check_probs(probs_cal, "probs_cal")
-    probs_test = _check_probs(probs_test, "probs_test")
+    probs_cal = check_probs(probs_cal, "probs_cal")
+    probs_test = check_probs(probs_test, "probs_test")
     if probs_test.shape[1] != probs_cal.shape[1]:
         raise ValueError(f"probs_test has {probs_test.shape[1]} classes, probs_cal has {probs_cal.shape[1]}")
     out: dict[str, float] = {}
@@ -256,7 +269,7 @@ def conformal_metrics(
         out.update(_named(prefix, coverage_and_size(sets, labels_test, class_counts, shot_thresholds)))
 
     for method in methods:
-        _check_score(method.score)
+        check_score(method.score)
         if method.mondrian not in _MONDRIAN_OF:
             raise ValueError(f"mondrian must be one of {', '.join(_MONDRIAN_OF)}, got {method.mondrian!r}")
         mondrian = _MONDRIAN_OF[method.mondrian]

@@ -24,7 +24,7 @@ MONDRIAN = (False, True, "none", "class", "shot")
 # --------------------------------------------------------------------------------------------
 
 
-def _check_probs(probs: Any, name: str = "probs") -> torch.Tensor:
+def check_probs(probs: Any, name: str = "probs") -> torch.Tensor:
     """(n, L) probabilities as float64 (the APS cumulative sums and 1 - p need it near 1)."""
     if not isinstance(probs, torch.Tensor):
         probs = torch.as_tensor(probs)
@@ -36,7 +36,7 @@ def _check_probs(probs: Any, name: str = "probs") -> torch.Tensor:
     return probs
 
 
-def _check_labels(labels: Any, probs: torch.Tensor, name: str = "labels") -> torch.Tensor:
+def check_labels(labels: Any, probs: torch.Tensor, name: str = "labels") -> torch.Tensor:
     if not isinstance(labels, torch.Tensor):
         labels = torch.as_tensor(labels)
     if labels.dim() != 1 or labels.shape[0] != probs.shape[0]:
@@ -60,7 +60,7 @@ def _check_alpha(alpha: Any) -> float:
     return float(alpha)
 
 
-def _check_score(score: str) -> str:
+def check_score(score: str) -> str:
     if score not in SCORES:
         raise ValueError(f"score must be one of {', '.join(repr(s) for s in SCORES)}, got {score!r}")
     return score
@@ -95,8 +95,8 @@ def nonconformity(
     from ``generator`` ([RSC20]). Along the probability order the APS score
     increases, so APS sets are prefixes of that order. ``randomized`` applies to APS only.
     """
-    probs = _check_probs(probs)
-    score = _check_score(score)
+    probs = check_probs(probs)
+    score = check_score(score)
     if score == "lac":
         if randomized:
             raise ValueError("randomized applies to the 'aps' score only")
@@ -111,8 +111,8 @@ def nonconformity(
 
 def lac_scores(probs: Any, labels: Any) -> torch.Tensor:
     """(n,) LAC calibration scores ``1 - p_y`` ([Gar23] §2.2.2)."""
-    probs = _check_probs(probs)
-    labels = _check_labels(labels, probs)
+    probs = check_probs(probs)
+    labels = check_labels(labels, probs)
     return nonconformity(probs, "lac").gather(1, labels[:, None])[:, 0]
 
 
@@ -121,8 +121,8 @@ def aps_scores(
 ) -> torch.Tensor:
     """(n,) APS calibration scores: the sorted probability mass up to and including the label
     (randomised: the mass before it plus ``(1 - U) p_y``); see :func:`nonconformity`."""
-    probs = _check_probs(probs)
-    labels = _check_labels(labels, probs)
+    probs = check_probs(probs)
+    labels = check_labels(labels, probs)
     return nonconformity(probs, "aps", randomized, generator).gather(1, labels[:, None])[:, 0]
 
 
@@ -146,7 +146,7 @@ def conformal_quantile(scores: Any, alpha: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _class_groups(
+def class_groups(
     mondrian: Any, num_classes: int, class_counts: Any, shot_thresholds: Sequence[int]
 ) -> tuple[torch.Tensor, int] | None:
     """The group id of every class (L,) and the number of groups; None for marginal."""
@@ -169,7 +169,7 @@ def _class_groups(
     raise ValueError(f"mondrian must be one of False, True, 'none', 'class', 'shot', got {mondrian!r}")
 
 
-class _GroupedScores:
+class GroupedScores:
     """Calibration scores sorted within each group, for group thresholds at any alpha."""
 
     def __init__(self, label_scores: torch.Tensor, label_groups: torch.Tensor, num_groups: int):
@@ -209,16 +209,16 @@ def calibrate(
     class, groups of ``setvalued.metrics.shot_groups``), expanded to (L,). A class (group) with
     fewer than ``1/alpha - 1`` calibration examples gets ``+inf``: it is in every set.
     """
-    probs = _check_probs(probs_cal, "probs_cal")
-    labels = _check_labels(labels_cal, probs, "labels_cal")
+    probs = check_probs(probs_cal, "probs_cal")
+    labels = check_labels(labels_cal, probs, "labels_cal")
     alpha = _check_alpha(alpha)
     label_scores = nonconformity(probs, score, randomized, generator).gather(1, labels[:, None])[:, 0]
-    grouping = _class_groups(mondrian, probs.shape[1], class_counts, shot_thresholds)
+    grouping = class_groups(mondrian, probs.shape[1], class_counts, shot_thresholds)
     if grouping is None:
         return conformal_quantile(label_scores, alpha)
     class_group, num_groups = grouping
     class_group = class_group.to(probs.device)
-    per_group = _GroupedScores(label_scores, class_group[labels], num_groups).thresholds(alpha)
+    per_group = GroupedScores(label_scores, class_group[labels], num_groups).thresholds(alpha)
     return per_group[class_group]
 
 
@@ -240,7 +240,7 @@ def prediction_sets(
     """Bool (n, L): ``C(x_i) = {j : S(x_i, j) <= q_hat_j}`` with the score used to calibrate
     (for LAC ``p_j >= 1 - q_hat``, [Gar23] §2.2.2). ``thresholds``: the output of
     :func:`calibrate` (a float, or one per class)."""
-    probs = _check_probs(probs)
+    probs = check_probs(probs)
     scores = nonconformity(probs, score, randomized, generator)
     return scores <= _threshold_row(thresholds, probs.shape[1], probs.device)
 
@@ -271,7 +271,7 @@ def coverage_and_size(
         )
     sets = sets.bool()
     num_classes = sets.shape[1]
-    labels = _check_labels(labels, sets)
+    labels = check_labels(labels, sets)
     hits = sets.gather(1, labels[:, None])[:, 0]
     sizes = sets.sum(dim=1).to(torch.float64)
     counts = torch.bincount(labels, minlength=num_classes)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 __all__ = [
     "METRIC_FORMAT",
@@ -74,7 +75,7 @@ PER_EPOCH_EXTRA_METRICS = ("train/loss", "lr", *TIME_METRICS, "grad_nonzero", "g
 FINAL_EXTRA_METRICS = ("best_val", "best_epoch")
 
 
-def common_metrics(eval_section: Mapping) -> list[str]:
+def common_metrics(eval_section: Mapping[str, Any]) -> list[str]:
     """The usual metric paths of an eval section (not every one: no conformal or multi-label
     names), for a "did you mean" beside a mistyped path."""
     tops = [f"top{k}" for k in eval_section.get("ks", [])]
@@ -92,7 +93,7 @@ def parse_metric(metric: str) -> Mapping[str, str | None] | None:
     return match.groupdict() if match else None
 
 
-def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> str | None:
+def check_metric(metric: str, eval_section: Mapping[str, Any], splits: tuple[str, ...] = ("val",)) -> str | None:
     """None when ``metric`` is a metric the trainer reports for this eval section, else why not."""
     if not isinstance(metric, str):
         return f"expected {METRIC_FORMAT}, got {metric!r}"
@@ -122,7 +123,7 @@ def check_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = (
                 f"{metric!r} needs the bin {group} in eval.count_bins (now "
                 f"{eval_section.get('count_bins') or []}, bins: {', '.join(names) or 'none'})"
             )
-    k = int(match["k"])
+    k = int(cast(str, match["k"]))  # the pattern requires K
     if match["kind"] == "top" and k not in eval_section.get("ks", []):
         return f"{metric!r} needs K={k} in eval.ks (now {eval_section.get('ks')})"
     if match["kind"] == "avg" and k not in eval_section.get("avgk", []):
@@ -176,7 +177,9 @@ def parse_conformal_metric(metric: str) -> Mapping[str, str | None] | None:
     return match.groupdict() if match else None
 
 
-def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("test",)) -> str | None:
+def check_conformal_metric(
+    metric: str, eval_section: Mapping[str, Any], splits: tuple[str, ...] = ("test",)
+) -> str | None:
     """None when the trainer logs the conformal metric ``metric`` for this eval section, else why not."""
     match = parse_conformal_metric(metric)
     if not match:
@@ -189,7 +192,7 @@ def check_conformal_metric(metric: str, eval_section: Mapping, splits: tuple[str
         return f"_alpha is the level of the size-matched sets only (test/lac_avg5_alpha), got {metric!r}"
     from setvalued.config import EVAL_FIELDS  # the defaults of the fields a config may leave out
 
-    def field(key: str):
+    def field(key: str) -> Any:
         return eval_section.get(key, EVAL_FIELDS[key].default)
 
     scores, mondrians = field("conformal_scores"), field("conformal_mondrian")
@@ -241,7 +244,9 @@ def is_multilabel_metric(metric: str) -> bool:
     return parse_multilabel_metric(metric) is not None
 
 
-def check_multilabel_metric(metric: str, eval_section: Mapping, splits: tuple[str, ...] = ("val",)) -> str | None:
+def check_multilabel_metric(
+    metric: str, eval_section: Mapping[str, Any], splits: tuple[str, ...] = ("val",)
+) -> str | None:
     """None when ``metric`` is a multi-label metric the trainer reports for this eval section
     (whether the data are multi-label is checked with the whole config), else why not."""
     match = parse_multilabel_metric(metric)
@@ -255,6 +260,6 @@ def check_multilabel_metric(metric: str, eval_section: Mapping, splits: tuple[st
         return f"precision at K is not split by class; write {match['split']}/prec{match['k']}, not {metric!r}"
     if match["group"] and match["macro"]:
         return f"shot-group recalls are already macro averages: write {match['split']}/{match['group']}/rec{match['k']}"
-    if int(match["k"]) not in eval_section.get("ks", []):
+    if int(cast(str, match["k"])) not in eval_section.get("ks", []):
         return f"{metric!r} needs K={match['k']} in eval.ks (now {eval_section.get('ks')})"
     return None

@@ -26,7 +26,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from setvalued.provenance.file_digests import DigestCache, DigestProgress, combined_digest
 
@@ -85,7 +85,7 @@ class DataFingerprint:
         )
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -121,7 +121,8 @@ def _parameters(data_config: Mapping[str, Any]) -> dict[str, Any]:
 def data_files(data_config: Mapping[str, Any]) -> tuple[str, list[str]]:
     """(the root, every file the data set reads) of a built-in data set with files, listed by
     its own loader (a DataLayoutError names what is missing)."""
-    name, root = data_config.get("name"), data_config.get("root")
+    name = data_config.get("name")
+    root: Any = data_config.get("root")  # a data set read from files has one
     if name == "arrays":
         from setvalued.data import arrays
 
@@ -202,7 +203,7 @@ def data_fingerprint(
     return DataFingerprint(
         name,
         combined_digest(entries)[:DIGEST_LENGTH],
-        os.path.abspath(os.fspath(data_config.get("root"))),
+        os.path.abspath(os.fspath(cast(str, data_config.get("root")))),
         _schema(data_config, files),
         len(files),
         size,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CACHE_ENV",
@@ -66,7 +67,7 @@ def cache_path() -> Path | None:
     return Path(root) / "setvalued-studies" / "file-digests.sqlite"
 
 
-def file_digest(path: str | os.PathLike) -> str:
+def file_digest(path: str | os.PathLike[str]) -> str:
     """The SHA-256 of a file's bytes (hex)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -82,13 +83,14 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-                if isinstance(body[0].value.value, str):
+            first = body[0] if body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
                     node.body = body[1:] or [ast.Pass()]
     return tree
 
 
-def python_digest(path: str | os.PathLike) -> str:
+def python_digest(path: str | os.PathLike[str]) -> str:
     """The SHA-256 of a Python source's syntax tree without its docstrings (comments and layout
     are not in it); the file's bytes when it does not parse."""
     data = Path(path).read_bytes()
@@ -134,7 +136,7 @@ def _signature(info: os.stat_result) -> tuple[int, int, int, int]:
 class DigestCache:
     """The digests of files, each read once per version of the file (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *, use_default: bool = True):
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, use_default: bool = True):
         """``path``: the cache file; None: `cache_path()` (``use_default`` false: no cache)."""
         self.path = Path(path) if path is not None else (cache_path() if use_default else None)
         self.warning: str | None = None  # why the cache was not used, if it was not
@@ -169,10 +171,12 @@ class DigestCache:
         except OSError:
             pass
 
-    def _lookup(self, connection: sqlite3.Connection | None, paths: Sequence[str], kind: str) -> dict[str, tuple]:
+    def _lookup(
+        self, connection: sqlite3.Connection | None, paths: Sequence[str], kind: str
+    ) -> dict[str, tuple[Any, ...]]:
         if connection is None:
             return {}
-        found: dict[str, tuple] = {}
+        found: dict[str, tuple[Any, ...]] = {}
         try:
             for start in range(0, len(paths), _LOOKUP_ROWS):
                 part = paths[start : start + _LOOKUP_ROWS]
@@ -189,7 +193,7 @@ class DigestCache:
             return {}
         return found
 
-    def _store(self, connection: sqlite3.Connection | None, rows: list[tuple]) -> None:
+    def _store(self, connection: sqlite3.Connection | None, rows: list[tuple[Any, ...]]) -> None:
         if connection is None or not rows:
             return
         try:
@@ -206,7 +210,7 @@ class DigestCache:
 
     def digests(
         self,
-        paths: Sequence[str | os.PathLike],
+        paths: Sequence[str | os.PathLike[str]],
         kind: str = "bytes",
         progress: Callable[[DigestProgress], None] | None = None,
         every_s: float = 2.0,
@@ -255,7 +259,7 @@ class DigestCache:
     @staticmethod
     def _read(
         names: list[str],
-        signatures: list[tuple],
+        signatures: list[tuple[Any, ...]],
         missing: list[int],
         digester: Callable[[str], str],
         result: list[str | None],

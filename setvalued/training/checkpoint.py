@@ -75,7 +75,7 @@ def trial_state(
     optimizer_state: Mapping[str, Any],
     scaler: Any,
     best: Any,
-    history: list,
+    history: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """Everything needed to continue after ``epoch`` (CPU tensors, ``torch.save``-able)."""
     return {
@@ -118,7 +118,7 @@ def training_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     field the config lacks (added to the library after it was saved) at its default."""
     flat = flat_config(cfg)
     data = cfg.get("data") or {}
-    fields = DATA_FIELDS.get(data.get("name"))  # None: a plugin's section, all its own
+    fields = DATA_FIELDS.get(str(data.get("name")))  # None: a plugin's section, all its own
     defaults = flat_config(default_config())
     if fields is not None:
         flat = {k: v for k, v in flat.items() if not k.startswith("data.") or k[5:] in fields}

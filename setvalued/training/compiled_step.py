@@ -66,7 +66,7 @@ class CompiledStep:
         model: torch.nn.Module,
         loss: SetValuedLoss,
         num_classes: int,
-        autocast: Callable[[], AbstractContextManager],
+        autocast: Callable[[], AbstractContextManager[Any]],
         cudagraphs: bool,
         scores_dtype: torch.dtype = torch.float32,
     ):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -121,7 +121,11 @@ class Evaluation:
         return metrics, thresholds
 
     def test(
-        self, model: torch.nn.Module, best: Mapping[str, Any], history: list, scores: torch.Tensor | None = None
+        self,
+        model: torch.nn.Module,
+        best: Mapping[str, Any],
+        history: list[dict[str, Any]],
+        scores: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """Evaluate the selected checkpoint ``best`` (loaded into ``model``) once on the test
         set, with its thresholds: the result of ``fit``. ``scores``: ``predict``'s test scores
@@ -135,7 +139,7 @@ class Evaluation:
         if self.conformal_split is not None:
             test.update(self.conformal_test(model, scores, targets, thresholds))
         L = self.data.num_classes
-        per_class: dict[str, list] = {
+        per_class: dict[str, list[Any]] = {
             "class": list(range(L)),
             "name": list(self.data.class_names),
             "train_count": [int(c) for c in self.data.class_counts],
@@ -152,7 +156,7 @@ class Evaluation:
                 per_class[f"rec{k}"] = rates(*per_class_recall(scores, targets, k))
             elif k <= L:
                 per_class[f"top{k}"] = rates(*per_class_topk(scores, targets, k, L))
-        set_sizes: dict[str, list] = {"avgk": [], "shot": [], "size": [], "count": []}
+        set_sizes: dict[str, list[Any]] = {"avgk": [], "shot": [], "size": [], "count": []}
         if thresholds:
             probs = activate(scores, self.cfg["eval"]["avgk_activation"])
             shot_of_example = [per_class["shot"][c] for c in targets.tolist()]
@@ -186,7 +190,7 @@ class Evaluation:
         softmax probabilities (the thesis's ``1 - p_y``); average-K sets on ``eval.avgk_activation``."""
         e = self.cfg["eval"]
         counts, shots = self.data.class_counts, tuple(e["shot_thresholds"])
-        calibration, rest = self.conformal_split
+        calibration, rest = cast(tuple[torch.Tensor, torch.Tensor], self.conformal_split)  # conformal: set
         val_scores, val_targets = self.predict(model, self.data.val), self.data.val.targets
         val_probs = activate(val_scores, "softmax")
         out: dict[str, float] = {}

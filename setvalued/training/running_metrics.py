@@ -5,12 +5,19 @@ the device (folded every few steps), set sizes, a non-finite loss stopping the t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from setvalued.losses import SetValuedLoss, TwoHeadOutput
 from setvalued.metrics import label_rank
+
+
+class EpochSummary(Protocol):
+    """What a trial reads of an epoch's running metrics (`RunningTrainMetrics`, or a fused
+    array member's share of `setvalued.fused`'s)."""
+
+    def summary(self, num_examples: int) -> dict[str, float]: ...
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -36,7 +43,7 @@ def _widened(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def count_set_sizes(out: dict[str, list], k: str, sizes: list[int], shots: list[str]) -> None:
+def count_set_sizes(out: dict[str, list[Any]], k: str, sizes: list[int], shots: list[str]) -> None:
     """Append to the columns of ``out`` the number of test inputs of each (shot group of the
     label, set size) for the average-``k`` sets: the thesis Figure 5.4 histograms."""
     counts: dict[tuple[str, int], int] = {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from setvalued.config import (
     placement_problem,
     reject_unknown_keys,
 )
-from setvalued.data.common import IndexedDataset
+from setvalued.data.common import IndexedDataset, TensorSplit
 from setvalued.label_kinds import label_kind_problems
 from setvalued.losses import SetValuedLoss
 from setvalued.metrics import parse_metric
@@ -56,7 +56,7 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
         if section in ("data", "model"):  # a plugin's section: its own fields' defaults
             plugin = registry.entry("dataset" if section == "data" else "model", given.get("name"))
             if plugin is not None and not plugin.builtin:
-                fields = registry.section_fields(plugin.kind, plugin.name)
+                fields = registry.section_fields(plugin.kind, plugin.name) or {}
                 cfg[section] = {key: copy.deepcopy(p.default) for key, p in fields.items() if not p.required}
         cfg[section].update(copy.deepcopy(dict(given)))
     if config.get("loss") is not None:
@@ -169,7 +169,7 @@ def resolve_head(requested: str, loss: SetValuedLoss) -> str:
     return requested
 
 
-def lr_at(base_lr: float, gamma: float, milestones, epoch: int) -> float:
+def lr_at(base_lr: float, gamma: float, milestones: Iterable[int], epoch: int) -> float:
     """Learning rate of a 0-indexed epoch: ``base * gamma ** #{m in milestones : m <= epoch}``."""
     return base_lr * gamma ** sum(1 for m in milestones if m <= epoch)
 
@@ -190,7 +190,7 @@ def split_batches(
     """
     if getattr(ds, "supports_batches", False) and num_workers == 0:
         for start in range(0, len(order), batch_size):
-            yield ds.get_batch(order[start : start + batch_size])
+            yield cast(TensorSplit, ds).get_batch(order[start : start + batch_size])
         return
     generator = torch.Generator()
     generator.manual_seed(loader_seed)

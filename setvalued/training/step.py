@@ -88,7 +88,7 @@ class TrainingStep:
             self.compiled = None
             self.forward = self.model
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Mixed precision on CUDA; with it off, no autocast region at all (entering even a
         disabled one costs microseconds, a few percent of a small model's training step)."""
         if self.amp_dtype is None:
@@ -118,6 +118,7 @@ class TrainingStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, loss, backward and optimizer step on one batch. Returns the loss and the
         scores that the metrics rank, their ``.grad`` kept (None when the output has none)."""
+        scores: torch.Tensor | None
         if self.compiled is not None:  # model, float32 cast and loss: one compiled function
             scores, loss = self.compiled.forward_and_loss(model_inputs(x, self.dtype), y, idx)
         else:

@@ -51,21 +51,21 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from setvalued.config import DATASET_NAMES, DEVICE_DATASETS, conformal_enabled
 from setvalued.data import build_datasets
-from setvalued.data.common import DataSplits, mix_seed
+from setvalued.data.common import DataSplits, TensorSplit, mix_seed
 from setvalued.data.device import DeviceSplit
 from setvalued.losses import build_loss
 from setvalued.metrics import split_calibration
 from setvalued.models import build_model
 from setvalued.training.checkpoint import CHECKPOINT_FORMAT, check_resumable, keep_if_best, load_checkpoint, trial_state
 from setvalued.training.evaluation import Evaluation
-from setvalued.training.running_metrics import NonFiniteLossError, RunningTrainMetrics
+from setvalued.training.running_metrics import EpochSummary, NonFiniteLossError, RunningTrainMetrics
 from setvalued.training.setup import (
     DEFAULT_CONFIG,
     reseed_epoch,
@@ -119,7 +119,9 @@ class Trial:
         self.model.to(self.device)
         self.loss.to(self.device)
         #: the splits held on the training device (``data.placement``), or None: DataLoader batches
-        self.on_device = data_of.on_device if data_of is not None else self._device_splits()
+        self.on_device: dict[str, DeviceSplit] | None = (
+            data_of.on_device if data_of is not None else self._device_splits()
+        )
         self.step = TrainingStep(cfg, self.device, self.model, self.loss, self.data.num_classes)
         #: (calibration, validation) indices of the validation set when conformal sets are asked for
         self.conformal_split = self._conformal_split() if conformal_enabled(cfg["eval"]) else None
@@ -155,7 +157,7 @@ class Trial:
                     f"data.placement: device needs in-memory splits; the {ds.split} split of "
                     f"{d['name']!r} has a per-image transform without a batched form"
                 )
-            splits[ds.split] = DeviceSplit(ds.inputs, ds.targets, self.device, augmentation)
+            splits[ds.split] = DeviceSplit(cast(TensorSplit, ds).inputs, ds.targets, self.device, augmentation)
         return splits
 
     def _conformal_split(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +189,7 @@ class Trial:
         ks = [] if self.multi_label else [k for k in self.cfg["eval"]["ks"] if k <= self.data.num_classes]
         return RunningTrainMetrics(epoch, ks, self.device)
 
-    def training_metrics(self, running: RunningTrainMetrics, lr: float, seconds: float) -> dict[str, float]:
+    def training_metrics(self, running: EpochSummary, lr: float, seconds: float) -> dict[str, float]:
         """The epoch's training metrics, its base learning rate and time."""
         metrics = running.summary(len(self.data.train))
         metrics.update({"lr": lr, "epoch_time_s": seconds})
@@ -222,7 +224,7 @@ class Trial:
         self,
         epoch: int,
         metrics: dict[str, float],
-        on_epoch: Callable[[int, dict, dict], Any] | None,
+        on_epoch: Callable[[int, dict[str, Any], dict[str, Any]], Any] | None,
         optimizer_state: Mapping[str, Any] | None = None,
         val_scores: torch.Tensor | None = None,
         val_seconds: float = 0.0,
@@ -282,9 +284,9 @@ class Trial:
         self.start_epoch = int(state["epoch"]) + 1
 
     # -- the whole run ---------------------------------------------------------------------------
-    def run(self, on_epoch: Callable[[int, dict, dict], Any] | None) -> dict[str, Any]:
+    def run(self, on_epoch: Callable[[int, dict[str, Any], dict[str, Any]], Any] | None) -> dict[str, Any]:
         for epoch in range(self.start_epoch, self.cfg["epochs"]):
-            metrics = {"epoch": epoch}
+            metrics: dict[str, float] = {"epoch": epoch}
             metrics.update(self.train_epoch(epoch))
             self.close_epoch(epoch, metrics, on_epoch)
         return self.test()
@@ -292,14 +294,14 @@ class Trial:
     def test(self, scores: torch.Tensor | None = None) -> dict[str, Any]:
         """Evaluate the selected checkpoint once on the test set, with its thresholds
         (``scores``: its test scores when already computed)."""
-        return self.evaluation.test(self.model, self.best, self.history, scores)
+        return self.evaluation.test(self.model, cast(dict[str, Any], self.best), self.history, scores)
 
 
 def fit(
     config: Mapping[str, Any],
     seed: int,
-    on_epoch: Callable[[int, dict, dict], Any] | None = None,
-    checkpoint: Mapping[str, Any] | str | os.PathLike | None = None,
+    on_epoch: Callable[[int, dict[str, Any], dict[str, Any]], Any] | None = None,
+    checkpoint: Mapping[str, Any] | str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Train one trial and evaluate its selected checkpoint on the test set.
 

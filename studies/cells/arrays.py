@@ -49,7 +49,7 @@ def fused_arrays(
     start_epochs = start_epochs or {}
     groups: dict[tuple[str, int, int], list] = {}
     for cell in config_major(cells):
-        start = int(start_epochs.get(getattr(cell, "cell_id", None), -1))
+        start = int(start_epochs.get(getattr(cell, "cell_id", ""), -1))
         key = (cell.config_id, start, round_of(cell) if round_of else 0)
         groups.setdefault(key, []).append(cell)
     return [group[i : i + per_trial] for group in groups.values() for i in range(0, len(group), per_trial)]

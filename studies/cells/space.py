@@ -19,7 +19,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from setvalued.label_kinds import max_labels
 from setvalued.paths import copy_config, get_path, set_path
@@ -27,6 +27,7 @@ from studies.cells.run_names import run_names
 from studies.studyfile.config_ids import canonical_json, config_id
 from studies.studyfile.configs import build_config, format_value
 from studies.studyfile.design import OptunaBlock
+from studies.studyfile.problems import Path_
 from studies.studyfile.study import Study
 from studies.studyfile.trial_config import validate_config
 
@@ -104,7 +105,9 @@ def _block_index(study: Study, block: int | OptunaBlock) -> tuple[int, OptunaBlo
     raise ValueError("the block is not one of this study's design blocks")
 
 
-def optuna_block_suggest(study: Study, block: int | OptunaBlock, optuna_trial) -> tuple[str, dict, dict]:
+def optuna_block_suggest(
+    study: Study, block: int | OptunaBlock, optuna_trial: Any
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """Ask an Optuna trial for one config of an optuna block: ``(variant, config, swept)``.
 
     Each distribution becomes ``suggest_float`` (``log=True`` for loguniform),
@@ -134,11 +137,11 @@ def optuna_block_suggest(study: Study, block: int | OptunaBlock, optuna_trial) -
             else:  # Optuna's categorical values must be scalars: choose by JSON text
                 texts = [json.dumps(c, sort_keys=True) for c in choices]
                 values[path] = copy.deepcopy(choices[texts.index(optuna_trial.suggest_categorical(path, texts))])
-    origins = {p: ("design", index, "parameters", p) for p in values}
+    origins: dict[str, Path_] = {p: ("design", index, "parameters", p) for p in values}
     config, problems = build_config(study, variant, values, origins)
     if problems:
         raise study.error(problems)
-    return variant, config, values
+    return variant, cast(dict[str, Any], config), values  # no problem: a config
 
 
 def optuna_sampler(block: OptunaBlock):
@@ -237,7 +240,7 @@ def smoke_config(config: dict, keep: Iterable[str] = (), epochs: int = 1) -> dic
         checked, problems = validate_config(trial)
         if not problems:
             smoke, result = trial, checked
-    return result
+    return cast(dict[str, Any], result)  # validated without a problem
 
 
 def smoke_cells(cells: list[Cell], epochs: int = 1) -> list[Cell]:

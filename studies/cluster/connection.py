@@ -85,7 +85,7 @@ def mask_secrets(text: str, secret_values: Iterable[str | None]) -> str:
     return text
 
 
-def _local_secrets(token: RayToken | None) -> list[str]:
+def local_secrets(token: RayToken | None) -> list[str]:
     values = [
         token.value if token else None,
         os.environ.get("MLFLOW_TRACKING_PASSWORD"),
@@ -156,10 +156,10 @@ def job_client(address: str | None, token_file: str | os.PathLike | None = None)
                 f"{TOKEN_ENV}, {TOKEN_PATH_ENV}, {DEFAULT_TOKEN_FILE})"
             )
         )
-        detail = mask_secrets(str(error).split("\n")[0], _local_secrets(token))
+        detail = mask_secrets(str(error).split("\n")[0], local_secrets(token))
         raise SubmitError(f"the Ray cluster at {url} {status}: {detail}") from None
     except ConnectionError as error:
-        detail = mask_secrets(str(error).split("\n")[0], _local_secrets(token))
+        detail = mask_secrets(str(error).split("\n")[0], local_secrets(token))
         raise SubmitError(
             f"cannot reach the Ray Jobs API at {url} ({detail}); is the head "
             f"node's dashboard running and reachable from here?"

@@ -11,7 +11,7 @@ import time
 import warnings
 from typing import IO
 
-from studies.cluster.connection import SubmitError, _local_secrets, job_client, mask_secrets
+from studies.cluster.connection import SubmitError, job_client, local_secrets, mask_secrets
 from studies.running.termination import JOB_STOP_GRACE_S
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -55,7 +55,7 @@ def wait_for_job(
         time.sleep(poll_s)
 
 
-def _follow(client, job_id: str, stream: IO[str], secret_values: list[str]) -> str:
+def follow_job(client, job_id: str, stream: IO[str], secret_values: list[str]) -> str:
     """Stream the job's log until it ends; returns the final status."""
 
     async def tail() -> None:
@@ -91,9 +91,9 @@ def job_logs(
     `follow`: keep streaming until the job ends. Returns the job's status afterwards."""
     client, token = job_client(address, token_file)
     stream = stream or sys.stdout
-    secret_values = _local_secrets(token)
+    secret_values = local_secrets(token)
     if follow:
-        return _follow(client, job_id, stream, secret_values)
+        return follow_job(client, job_id, stream, secret_values)
     status = _status(client, job_id)  # a clear error for an unknown job first
     stream.write(mask_secrets(client.get_job_logs(job_id), secret_values))
     stream.flush()

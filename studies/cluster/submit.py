@@ -46,7 +46,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 from urllib.parse import urlparse
 
 from studies.cluster.connection import (
@@ -56,15 +56,15 @@ from studies.cluster.connection import (
     TOKEN_PATH_ENV,
     RayToken,
     SubmitError,
-    _local_secrets,
     job_client,
+    local_secrets,
     mask_secrets,
     normalize_address,
     resolve_ray_token,
 )
 from studies.cluster.jobs import (
     TERMINAL_STATUSES,
-    _follow,
+    follow_job,
     job_logs,
     job_status,
     list_jobs,
@@ -228,7 +228,7 @@ def _submission_id(name: str) -> str:
 
 
 def _refuse_secrets(token: RayToken | None, **parts: Any) -> None:
-    secrets_here = _local_secrets(token)
+    secrets_here = local_secrets(token)
     for label, value in parts.items():
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         for secret in secrets_here:
@@ -281,25 +281,10 @@ def submit_study(
     if output is not None and not str(output).startswith("/"):
         raise SubmitError(f"--output {output!r}: must be an absolute folder on the head node")
     name, plugins = _study_name(study_path, validate)
-    if project_dir is True:
-        project = find_project_dir()
-    elif project_dir in (False, None):
-        project = None
-    else:
-        project = Path(project_dir).resolve()
-        if not project.is_dir():
-            raise SubmitError(f"project folder {project} does not exist")
-
+    project = _project_to_ship(project_dir)
     client, token = job_client(address, token_file)
-    if validate:  # a changed study refused before the job, from the server's versions
-        from studies.errors import RunnerError
-        from studies.running.versions import check_submission
-        from studies.studyfile.spec import load_study
-
-        try:
-            check_submission(load_study(study_path), tracking_uri, extra_args)
-        except RunnerError as error:
-            raise SubmitError(str(error)) from None
+    if validate:
+        _check_submission(study_path, tracking_uri, extra_args)
     with tempfile.TemporaryDirectory(prefix="studies-submit-") as tmp:
         staging = Path(tmp) / "working_dir"
         staging.mkdir()
@@ -317,21 +302,66 @@ def submit_study(
         }
         job_id = submission_id or _submission_id(name)
         _refuse_secrets(token, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata, submission_id=job_id)
-        kwargs: dict[str, Any] = {}
-        if entrypoint_num_cpus is not None:
-            kwargs["entrypoint_num_cpus"] = entrypoint_num_cpus
-        if entrypoint_resources:
-            kwargs["entrypoint_resources"] = dict(entrypoint_resources)
-        try:
-            job_id = client.submit_job(
-                entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata, submission_id=job_id, **kwargs
-            )
-        except RuntimeError as error:
-            detail = mask_secrets(str(error), _local_secrets(token))
-            raise SubmitError(f"the Ray cluster refused the job: {detail}") from None
+        job_id = _submit_job(
+            client,
+            token,
+            entrypoint=entrypoint,
+            runtime_env=runtime_env,
+            metadata=metadata,
+            submission_id=job_id,
+            entrypoint_num_cpus=entrypoint_num_cpus,
+            entrypoint_resources=entrypoint_resources,
+        )
     if follow:
-        _follow(client, job_id, stream or sys.stdout, _local_secrets(token))
+        follow_job(client, job_id, stream or sys.stdout, local_secrets(token))
     return job_id
+
+
+def _project_to_ship(project_dir: str | os.PathLike | None | bool) -> Path | None:
+    """The source tree the job travels with: True this package's (none when installed), a
+    path that tree, False or None none."""
+    if project_dir is True:
+        return find_project_dir()
+    if project_dir in (False, None):
+        return None
+    project = Path(cast("str | os.PathLike[str]", project_dir)).resolve()
+    if not project.is_dir():
+        raise SubmitError(f"project folder {project} does not exist")
+    return project
+
+
+def _check_submission(study_path: Path, tracking_uri: str, extra_args: Sequence[str]) -> None:
+    """A changed study refused before the job, from the server's versions."""
+    from studies.errors import RunnerError
+    from studies.running.versions import check_submission
+    from studies.studyfile.spec import load_study
+
+    try:
+        check_submission(load_study(study_path), tracking_uri, extra_args)
+    except RunnerError as error:
+        raise SubmitError(str(error)) from None
+
+
+def _submit_job(
+    client: Any,
+    token: Any,
+    *,
+    entrypoint_num_cpus: float | None,
+    entrypoint_resources: dict[str, float] | None,
+    **job: Any,
+) -> str:
+    """The job submitted through the Jobs client; its id. A refusal is a `SubmitError` with
+    the secrets masked."""
+    kwargs: dict[str, Any] = {}
+    if entrypoint_num_cpus is not None:
+        kwargs["entrypoint_num_cpus"] = entrypoint_num_cpus
+    if entrypoint_resources:
+        kwargs["entrypoint_resources"] = dict(entrypoint_resources)
+    try:
+        return client.submit_job(**job, **kwargs)
+    except RuntimeError as error:
+        detail = mask_secrets(str(error), local_secrets(token))
+        raise SubmitError(f"the Ray cluster refused the job: {detail}") from None
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -373,7 +403,7 @@ def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except (SubmitError, StudyError) as error:
             return _fail(str(error))
         except KeyboardInterrupt:
-            job = getattr(args, "job_id", None) or getattr(args, "_submitted", None)
+            job = getattr(args, "job_id", None)  # `studies logs JOB`, or the job `submit --follow` follows
             if job:
                 print(
                     f"\n[studies] stopped following; job {job} keeps running on the "
@@ -431,7 +461,7 @@ def _submit(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 0
-    args._submitted = job_id
+    args.job_id = job_id  # named by `_guard` when Ctrl-C stops the following
     status = job_logs(args.address, job_id, follow=True, token_file=args.token_file)
     print(f"[studies] job {job_id}: {status}", file=sys.stderr, flush=True)
     return _exit_code(status)

@@ -270,41 +270,12 @@ def estimate(
     worker. ``start_epochs`` (cell_id -> the epoch a resumed cell's checkpoint holds) cuts fused
     arrays as the runner does."""
     slots, slots_text = trial_slots(study, gpus, cpus)
-    scheduler = study.scheduler
-    notes = []
-    unknown = VariantTime(math.nan, math.nan, "unknown", "no pilot run of it, no probe")
-    times = {c.variant: timings.variants.get(c.variant) or unknown for c in cells}
-    epochs = [int(c.config.get("epochs", 1)) for c in cells]
-    if scheduler.kind == "asha":
-        epochs = [asha_expected_epochs(e, scheduler.grace_epochs, scheduler.reduction_factor) for e in epochs]
-    plain = [times[c.variant].fixed_s + e * times[c.variant].epoch_s for c, e in zip(cells, epochs)]
-    positions: dict[str, list[int]] = {}
-    for i, cell in enumerate(cells):
-        positions.setdefault(cell.variant, []).append(i)
-    rows = []
-    for variant, mine in positions.items():
-        variant_time = times[variant]
-        rows.append(
-            VariantCost(
-                variant,
-                len({cells[i].config_id for i in mine}),
-                len(mine),
-                sum(epochs[i] for i in mine) / len(mine),
-                variant_time,
-                sum(plain[i] for i in mine),
-            )
-        )
-    # each Tune experiment deals its cells in order to the slots, the first cell of each
-    # slot in a fresh worker that warms up
+    epochs = _expected_epochs(study.scheduler, cells)
+    rows, plain = _variant_costs(cells, epochs, timings)
     per_trial = int(getattr(study.resources, "seeds_per_trial", 1))
-    round_of = None
-    if per_trial > 1 and getattr(study, "racing", None) is not None:
-        from studies.scheduling.racing import race_rounds
-
-        round_of = race_rounds(study)  # a race's arrays hold the seeds of one round
-    parts = experiments(cells, per_trial, round_of, start_epochs)
+    parts = experiments(cells, per_trial, _race_round_of(study, per_trial), start_epochs)
     schedules, cell_seconds = [], 0.0
-    for trials in parts:
+    for trials in parts:  # dealt in order to the slots, the first cell of each slot in a fresh worker
         durations = [
             sum(plain[i] for i in trial) + (timings.warm_up_s if n < slots else 0.0) for n, trial in enumerate(trials)
         ]
@@ -314,25 +285,93 @@ def estimate(
     wall = (
         start_up + EXPERIMENT_START_S * (len(parts) - 1) + sum(schedules) if math.isfinite(cell_seconds) else math.nan
     )
-    schedule_note = ""
+    return ComputeEstimate(
+        rows,
+        slots,
+        slots_text,
+        float(study.resources.gpus),
+        float(study.resources.cpus),
+        wall,
+        cell_seconds,
+        start_up,
+        timings.warm_up_s,
+        len(parts),
+        _schedule_note(study, cells, rows),
+        _estimate_notes(study, rows, per_trial, gpus),
+        per_trial,
+    )
+
+
+def _expected_epochs(scheduler: Any, cells: Sequence[Any]) -> Sequence[float]:
+    """The epochs each cell is expected to train: its `epochs`, under ASHA the expected share."""
+    epochs = [int(c.config.get("epochs", 1)) for c in cells]
+    if scheduler.kind == "asha":
+        return [asha_expected_epochs(e, scheduler.grace_epochs, scheduler.reduction_factor) for e in epochs]
+    return epochs
+
+
+def _variant_costs(
+    cells: Sequence[Any], epochs: Sequence[float], timings: Timings
+) -> tuple[list[VariantCost], list[float]]:
+    """(a row per variant: its configs, cells, mean epochs, time and seconds; each cell's
+    seconds, one after the other in its slot)."""
+    unknown = VariantTime(math.nan, math.nan, "unknown", "no pilot run of it, no probe")
+    times = {c.variant: timings.variants.get(c.variant) or unknown for c in cells}
+    plain = [times[c.variant].fixed_s + e * times[c.variant].epoch_s for c, e in zip(cells, epochs)]
+    positions: dict[str, list[int]] = {}
+    for i, cell in enumerate(cells):
+        positions.setdefault(cell.variant, []).append(i)
+    rows = [
+        VariantCost(
+            variant,
+            len({cells[i].config_id for i in mine}),
+            len(mine),
+            sum(epochs[i] for i in mine) / len(mine),
+            times[variant],
+            sum(plain[i] for i in mine),
+        )
+        for variant, mine in positions.items()
+    ]
+    return rows, plain
+
+
+def _race_round_of(study: Any, per_trial: int) -> Callable[[Any], int] | None:
+    """A racing study's rounds when its seeds train as fused arrays (an array holds the seeds of one round)."""
+    if per_trial > 1 and getattr(study, "racing", None) is not None:
+        from studies.scheduling.racing import race_rounds
+
+        return race_rounds(study)
+    return None
+
+
+def _schedule_note(study: Any, cells: Sequence[Any], rows: Sequence[VariantCost]) -> str:
+    """What the config-level scheduler or the race does to the count of epochs."""
+    scheduler = study.scheduler
+    note = ""
     if scheduler.kind == "asha":
         full = sum(int(c.config.get("epochs", 1)) for c in cells)
         expected = sum(r.epochs * r.cells for r in rows)
-        schedule_note = (
+        note = (
             f"ASHA (grace {scheduler.grace_epochs}, eta "
             f"{scheduler.reduction_factor}): {expected:.0f} of {full} epochs "
             f"expected, {1 - expected / full:.0%} saved (synchronous halving's "
             f"budget; a lower bound)"
         )
     elif scheduler.kind == "early_stopping":
-        schedule_note = "early stopping: every epoch counted (an upper bound)"
+        note = "early stopping: every epoch counted (an upper bound)"
     if getattr(study, "racing", None) is not None:
         race = study.racing
-        schedule_note = (
+        note = (
             f"racing: {race.initial}-{race.max} seeds per config, counted at "
             f"{race.max} ({1 - race.initial / race.max:.0%} less if all are "
             f"decided at {race.initial})"
         )
+    return note
+
+
+def _estimate_notes(study: Any, rows: Sequence[VariantCost], per_trial: int, gpus: int | None) -> list[str]:
+    """The estimate's caveats: fused arrays timed as their cells, a busy machine, variants of unknown speed."""
+    notes = []
     if per_trial > 1:
         notes.append(
             f"fused arrays: each trial slot trains up to {per_trial} seeds of a config as one "
@@ -350,21 +389,7 @@ def estimate(
     for row in rows:
         if row.time.source == "unknown":
             notes.append(f"{row.variant}: seconds per epoch unknown ({row.time.note}); give --pilot NAME")
-    return ComputeEstimate(
-        rows,
-        slots,
-        slots_text,
-        float(study.resources.gpus),
-        float(study.resources.cpus),
-        wall,
-        cell_seconds,
-        start_up,
-        timings.warm_up_s,
-        len(parts),
-        schedule_note,
-        notes,
-        per_trial,
-    )
+    return notes
 
 
 def experiments(

@@ -36,7 +36,7 @@ import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from setvalued.metrics import TIME_METRICS
 from studies.planning.estimate import (
@@ -377,7 +377,7 @@ def make_plan(
     pilot_text = ""
     if pilot is not None:
         try:
-            rows = load_pilot(pilot_uri, pilot)
+            rows = load_pilot(cast(str, pilot_uri), pilot)  # the CLI finds it under --output
         except CollectError as error:
             raise PlanError(f"--pilot {pilot}: {error}") from None
         pilot_text = f"pilot: study {pilot!r}, {len(rows)} finished cells"
@@ -389,11 +389,12 @@ def make_plan(
     raced = racing_expected_cells(study, rows, slots=est.slots)
     if raced is not None:  # the cells of the expected seeds, the first of each config's
         per_config, note = raced
-        keep = max(study.racing.initial, round(per_config))
+        keep = max(int(cast(Any, study.racing).initial), round(per_config))  # raced: a race is set
         order = {seed: i for i, seed in enumerate(study.seed_list)}
         est = estimate(study, [c for c in cells if order[c.seed] < keep], timings, gpus=gpus, load_s=load_s)
         est.schedule_note = note
     level = float(study.report.level)
+    plans: list[Any]
     if smoke_epochs and not rows:
         plans, reason = (
             [],
@@ -441,10 +442,10 @@ def run_estimate(
         expected = sum(
             asha_expected_epochs(int(c.config.get("epochs", 1)), s.grace_epochs, s.reduction_factor) for c in cells
         )
-        epochs = f"{epochs} epochs ({expected:.0f} expected under ASHA)"
+        epochs_text = f"{epochs} epochs ({expected:.0f} expected under ASHA)"
     else:
-        epochs = f"{epochs} epochs"
-    text = f"estimate: {len(cells)} cells, {epochs}, {slots} trial slots {where}"
+        epochs_text = f"{epochs} epochs"
+    text = f"estimate: {len(cells)} cells, {epochs_text}, {slots} trial slots {where}"
     if cluster:
         text = f"estimate: {len(cells)} cells, {epochs} (slots: the cluster's)"
     return text + (f"; time: `{plan}`" if plan else "")

@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from studies.running.checkpoints import read_checkpoint, save_checkpoint
 from studies.running.trial import (
@@ -52,6 +52,9 @@ from studies.tracking.provenance import array_tag
 class MemberReporter(EpochReporter):
     """A member's `on_epoch`: its history and MLflow epochs as a cell's; the Tune reports and the
     checkpoint are the array's (`ArrayEpochs`), once every member has closed the epoch."""
+
+    #: the error an earlier session's attempt of this member's run recorded (set by `run_array`)
+    earlier_error: str | None
 
     def __call__(self, epoch: int, metrics: Mapping[str, Any], state: Any) -> None:
         epoch = int(epoch)
@@ -86,8 +89,9 @@ class ArrayEpochs:
         self._report(epoch, closed)
         if closed[0].coordinator is None:
             return None
-        statuses = [r.coordinator.record(r.epochs_done, r.closed[1]) for r in closed]
-        status = closed[-1].coordinator.wait(closed[-1].epochs_done, statuses[-1])
+        coordinators = [cast(CoordinatorClient, r.coordinator) for r in closed]  # all or none have one
+        statuses = [c.record(r.epochs_done, r.closed[1]) for c, r in zip(coordinators, closed)]
+        status = coordinators[-1].wait(closed[-1].epochs_done, statuses[-1])
         if status == "stop":
             self.stopped_at = closed[-1].epochs_done
             return "stop"

@@ -115,7 +115,7 @@ def find_resume_checkpoints(
             if refused is not None:
                 refused.append(str(error))
             continue
-        cell_id = meta.get("cell_id")
+        cell_id: Any = meta.get("cell_id")
         if meta.get("study") != study_name or "run_id" not in meta or (wanted is not None and cell_id not in wanted):
             continue
         best = found.get(cell_id)

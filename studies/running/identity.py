@@ -278,7 +278,7 @@ def _grouped(found: Sequence[Difference]) -> list[tuple[tuple[str, str, str], in
     return sorted(counts.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
-_WHOLE_WORDS = {"break_long_words": False, "break_on_hyphens": False}
+_WHOLE_WORDS: dict[str, Any] = {"break_long_words": False, "break_on_hyphens": False}
 
 
 def change_lines(found: Sequence[Difference]) -> list[str]:

@@ -303,7 +303,7 @@ class ProgressReporter:
         self.live = is_terminal(self.stream)
         self._last_print = 0.0
         self._shown = ""
-        self._on_error = on_error  # called with the cell_id of a cell that errored in Tune
+        self.on_error = on_error  # called with the cell_id of a cell that errored in Tune
         self.metric, self.mode = metric, mode
         self.labels: dict[str, str] = {}
         self._seeds: Counter = Counter()  # config key -> its cells (seeds) with a label
@@ -359,7 +359,7 @@ class ProgressReporter:
         if not means:
             return None
         pick = max if self.mode == "max" else min
-        key = pick(means, key=means.get)
+        key = pick(means, key=lambda config: means[config])
         label = next((self.labels[c] for c in self._best_of if _config_key(c) == key and c in self.labels), key)
         return label, means[key]
 
@@ -472,8 +472,8 @@ class ProgressReporter:
                 continue
             self.progress.fail(cell, error)
             self._print(f"{PREFIX} cell {self.name(cell)} FAILED: {error}")
-            if self._on_error is not None:
-                self._on_error(cell)
+            if self.on_error is not None:
+                self.on_error(cell)
         self._show()
 
     def on_step_end(self, iteration, trials, **info):

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from studies.errors import RunnerError
 
@@ -181,7 +181,7 @@ def _train(config: dict, seed: int, stopped: int | None, array: Mapping[str, Any
             raise results[member]
         return epochs, results[member]
     from setvalued.training import fit
-    from studies.running.trial import _with_epochs
+    from studies.running.trial import with_epochs
 
     epochs, last = [], {}
 
@@ -195,7 +195,7 @@ def _train(config: dict, seed: int, stopped: int | None, array: Mapping[str, Any
         return epochs, fit(config, seed, on_epoch=on_epoch)
     except _Stop:
         truncated = {**config, "epochs": stopped}
-        return epochs, fit(truncated, seed, checkpoint=_with_epochs(last["state"], stopped))
+        return epochs, fit(truncated, seed, checkpoint=with_epochs(last["state"], cast(int, stopped)))  # set by _Stop
 
 
 def reproduce_cell(

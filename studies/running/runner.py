@@ -278,8 +278,7 @@ def _run(session: StudySession, cells: Sequence, study_copy: Path, leases: list)
     done, pending = session.plan(cells)
     if (pending or study.optuna_blocks) and not fresh:
         session.start()
-    parent_run = tracking.parent_run_id(study_copy)
-    session.context = tracking.context(session.session_id)
+    parent_run = session.open_parent_run(study_copy)
     proposals = sum(b.n_configs for _, b in study.optuna_blocks)
     session.say(
         f"study {session.name}: {len(cells)} cells"
@@ -333,12 +332,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     """
     options = options or RunOptions()
     stream = options.stream or sys.stdout
-    # MLflow's client retries a failed request silently for minutes; a few quick retries, then
-    # the runner's own backoff (studies.tracking.with_retry) that says so (workers inherit this)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-    # no "View run ... at ..." line per ended run: with a server it costs a request per cell
-    # and two console lines per cell from every worker (docs/scale.md)
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    _quiet_mlflow_client()
     _set_log_levels(options.verbose)
     study, cells, name = _load(study_file, options)
     if int(study.resources.seeds_per_trial) > 1:
@@ -347,25 +341,56 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         with activity(stream, "probing the fused form of every model (resources.seeds_per_trial)"):
             check_fusion(study_file, study, cells)
     if options.dry_run:
-        from studies.cells.space import format_cells_table
-
-        print(format_cells_table(cells, study), file=stream, flush=True)
-        if int(study.resources.seeds_per_trial) > 1 and cells:
-            from studies.cells.arrays import fused_arrays
-            from studies.scheduling.racing import race_rounds
-
-            arrays = fused_arrays(cells, int(study.resources.seeds_per_trial), round_of=race_rounds(study))
-            print(
-                f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds (one trial each)",
-                file=stream,
-                flush=True,
-            )
+        _print_dry_run(study, cells, stream)
         return RunOutcome(0, name, cells=len(cells))
+    unversioned = cells
+    version, cells = _versioned(study, cells, name, options)
+    session, study_copy, to_run = _open_session(study_file, study, unversioned, cells, name, version, options, stream)
+    outcome, interrupted = _run_trapped(session, to_run, study_copy, stream)
+    if not outcome.failed:
+        for folder in session.tune_dirs:  # Tune's folder is a per-session cache
+            shutil.rmtree(folder, ignore_errors=True)
+    if options.report and not interrupted:
+        outcome.report_path = _build_report(session.tracking.tracking_uri, name, session.study_dir, study_copy, stream)
+    _print(stream, f"[studies] MLflow UI: {ui_command(session.tracking.tracking_uri)}")
+    if session.ray.warm_note():  # --keep-warm: how long the local Ray stays, and how to end it
+        _print(stream, f"[studies] {session.ray.warm_note()}")
+    return outcome
 
-    from studies.running.versions import check_version, save_versions, versioned_cells, versions_in_mlflow
 
-    # a changed file under this name is refused here: before Ray or any file is touched, and
-    # before MLflow unless the folder is new and a tracking store is given (it may hold versions)
+def _quiet_mlflow_client() -> None:
+    """MLflow's client without its silent retries and its per-run console lines (workers inherit this)."""
+    # MLflow's client retries a failed request silently for minutes; a few quick retries, then
+    # the runner's own backoff (studies.tracking.with_retry) that says so
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    # no "View run ... at ..." line per ended run: with a server it costs a request per cell
+    # and two console lines per cell from every worker (docs/scale.md)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def _print_dry_run(study: Any, cells: list[Any], stream: IO[str]) -> None:
+    """`--dry-run`: the table of cells, and the fused arrays they would train as."""
+    from studies.cells.space import format_cells_table
+
+    print(format_cells_table(cells, study), file=stream, flush=True)
+    if int(study.resources.seeds_per_trial) > 1 and cells:
+        from studies.cells.arrays import fused_arrays
+        from studies.scheduling.racing import race_rounds
+
+        arrays = fused_arrays(cells, int(study.resources.seeds_per_trial), round_of=race_rounds(study))
+        print(
+            f"as {len(arrays)} fused arrays of up to {study.resources.seeds_per_trial} seeds (one trial each)",
+            file=stream,
+            flush=True,
+        )
+
+
+def _versioned(study: Any, cells: Sequence, name: str, options: RunOptions) -> tuple[Any, list]:
+    """(the study's version, the cells tagged with it) (`studies.running.versions`): a changed
+    file under this name is refused here, before Ray or any file is touched, and before MLflow
+    unless the folder is new and a tracking store is given (it may hold versions)."""
+    from studies.running.versions import check_version, versioned_cells, versions_in_mlflow
+
     given = options.tracking_uri
     version = check_version(
         study,
@@ -375,7 +400,24 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         options.smoke_epochs if options.smoke else None,
         elsewhere=(lambda: versions_in_mlflow(given, name)) if given else None,
     )
-    unversioned, cells = cells, versioned_cells(cells, version)
+    return version, versioned_cells(cells, version)
+
+
+def _open_session(
+    study_file: str | Path,
+    study: Any,
+    unversioned: Sequence,
+    cells: Sequence,
+    name: str,
+    version: Any,
+    options: RunOptions,
+    stream: IO[str],
+) -> tuple[StudySession, Path, Sequence]:
+    """(the session, the study folder's copy of the study file, the cells to run): what trains
+    the finished cells checked (issue 39), the study folder written and checked, the tracking
+    store opened, the estimate and version lines printed."""
+    from studies.running.versions import save_versions
+
     ray = RaySession.of(options)
     new_study = not os.path.lexists(_settings_path(study_dir_of(options.output, name)))
     with activity(
@@ -397,6 +439,10 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
                 description=study_description(study.description, study.source_text),
                 run_tags=source_tags(read_settings(study_dir).get("source") or study_file),
                 ui_view=study_view(study, cells),
+                version=version.version,
+                version_definition=definition_file,
+                data_fingerprints=identity.data_json(),
+                parent_record=identity.parent,
             )
         except BaseException:
             ray.stop()
@@ -404,8 +450,6 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
     from studies.planning.plan import run_estimate_line  # the compute estimate, first (docs/planning.md)
 
     _print(stream, "[studies] " + run_estimate_line(study, cells, options))
-    tracking.version, tracking.version_definition = version.version, definition_file
-    tracking.data_fingerprints, tracking.parent_record = identity.data_json(), identity.parent
     if version.several:
         index = [v["version"] for v in version.record].index(version.version) + 1
         _print(
@@ -423,7 +467,13 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             f"workers on other nodes cannot reach it; pass "
             f"--tracking-uri http://<mlflow server>"
         )
+    return session, study_copy, cells
 
+
+def _run_trapped(session: StudySession, cells: Sequence, study_copy: Path, stream: IO[str]) -> tuple[RunOutcome, bool]:
+    """(the summary's outcome, whether a signal stopped the run): the cells run with SIGTERM
+    and SIGHUP raised as Ctrl-C; Ray stopped and the leases released whatever happens; the
+    exit code of a stopped run its signal's."""
     started = time.monotonic()
     stop: KeyboardInterrupt | None = None
     leases: list = []
@@ -433,7 +483,7 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
         except KeyboardInterrupt as error:
             stop = error
             session.say(
-                f"{termination.describe(error)}; `studies resume {name}` (or the same "
+                f"{termination.describe(error)}; `studies resume {session.name}` (or the same "
                 f"`studies run`) completes what is missing"
             )
         finally:
@@ -441,18 +491,10 @@ def run_study(study_file: str | Path, options: RunOptions | None = None) -> RunO
             for lease in leases:
                 lease.release()
         interrupted = stop is not None
-        outcome = _summarise(session, started, stream, termination.describe(stop) if interrupted else None)
+        outcome = _summarise(session, started, stream, termination.describe(stop) if stop is not None else None)
     if stop is not None:
         outcome.exit_code = termination.exit_code(stop)
-    if not outcome.failed:
-        for folder in session.tune_dirs:  # Tune's folder is a per-session cache
-            shutil.rmtree(folder, ignore_errors=True)
-    if options.report and not interrupted:
-        outcome.report_path = _build_report(tracking_uri, name, study_dir, study_copy, stream)
-    _print(stream, f"[studies] MLflow UI: {ui_command(tracking_uri)}")
-    if session.ray.warm_note():  # --keep-warm: how long the local Ray stays, and how to end it
-        _print(stream, f"[studies] {session.ray.warm_note()}")
-    return outcome
+    return outcome, interrupted
 
 
 def resume_study(name: str, options: RunOptions | None = None) -> RunOutcome:
@@ -483,7 +525,7 @@ def _summarise(session: StudySession, started: float, stream: IO[str], stopped: 
     interrupted = stopped is not None
     ids = list(session.known_cells)
     states = session.tracking.cell_states(ids)
-    if interrupted:
+    if stopped is not None:
         _close_stopped(session, states, stopped, stream)
     not_needed: list[str] = []
     if session.race is not None:  # cells of configs the race decided: never started, not failures

@@ -14,7 +14,7 @@ import functools
 import gc
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from studies.cells.arrays import array_id, experiment_parts, fused_arrays
 from studies.cells.cell_queue import config_major
@@ -25,7 +25,11 @@ from studies.running.progress import StudyProgress, activity, say
 from studies.running.ray_session import RaySession
 from studies.running.run_options import RunOptions
 from studies.scheduling import session_scheduling
-from studies.tracking import StudyTracking, finished_runs, new_session_id
+from studies.tracking import StudyTracking, TrackingContext, finished_runs, new_session_id
+
+if TYPE_CHECKING:
+    from studies.running.tune_experiment import ExperimentParameters
+    from studies.scheduling.race_driver import RaceDriver
 
 
 class StudySession:
@@ -59,15 +63,16 @@ class StudySession:
 
                 self.block_scheduling[index] = block_scheduling(study, tracking, self.session_id, index)
         self.concurrency = 1
-        self.context = None
+        self.context: TrackingContext | None = None  # what the trials write under, by `open_parent_run`
         self.tune_dirs: list[Path] = []
         self.known_cells: dict[str, Any] = {}  # every cell of the study seen so far
         self.namer = RunNamer()  # their run names
         self._colors: tuple[int, dict[str, str]] = (0, {})  # (configs named, their colours)
         self.other_versions: dict[str, list[str]] = {}  # variant -> configs of the study's other versions
         self.resume = ResumePoints()  # cells that continue from an earlier session
-        self.race = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
-        self.parameters = None  # what its Tune experiments pass to their trials, put once
+        self.checkpoints_left = ResumePoints()  # every cell's, for an optuna block's proposals
+        self.race: RaceDriver | None = None  # a racing study's race (studies.scheduling.race_driver), rebuilt by `plan`
+        self.parameters: ExperimentParameters | None = None  # what its Tune experiments pass to their trials, put once
         self.callback = None  # the progress line's callback: its counts go on from one experiment to the next
         self.proposals: list = []  # the optuna blocks run (studies.scheduling.optuna_rounds.OptunaProposals)
         self.finished_runs: list = []  # the finished run of each done cell, by `plan` (with its times)
@@ -75,6 +80,13 @@ class StudySession:
 
     def say(self, text: str) -> None:
         say(self.stream, text)
+
+    def open_parent_run(self, study_copy: Path) -> str:
+        """The study's parent run (found, else created; `study_copy` logged to it), and the
+        tracking context its trials write their runs under."""
+        parent_run = self.tracking.parent_run_id(study_copy)
+        self.context = self.tracking.context(self.session_id)
+        return parent_run
 
     def warn_refused(self, found: ResumePoints) -> None:
         """One warning line per checkpoint skipped as unreadable (at most 5, then a count):
@@ -128,8 +140,9 @@ class StudySession:
         if self.study.racing is not None:  # only the cells of configs still racing may run
             from studies.scheduling.race_driver import RaceDriver
 
-            self.race = RaceDriver.rebuild(self.study, cells, self.tracking, resumable=self.resume.folders())
-            wanted = set(self.race.runnable(to_run))
+            race = RaceDriver.rebuild(self.study, cells, self.tracking, resumable=self.resume.folders())
+            self.race = race
+            wanted = set(race.runnable(to_run))
         return done, [c for c in cells if c.cell_id in wanted]
 
     def best_values(self, runs: Sequence) -> dict[str, float]:
@@ -301,7 +314,8 @@ class StudySession:
                 epochs[cell.cell_id] = int(cell.config.get("epochs", 1))
             payloads = {c.cell_id: self.payload(c, names, resume_from.get(c.cell_id)) for c in pending}
             if per_trial > 1:  # the config's seeds as fused arrays, each one trial
-                payloads = self.array_payloads(fused_arrays(pending, per_trial), payloads)
+                arrays = fused_arrays(pending, per_trial, self.resume.start_epochs())
+                payloads = self.array_payloads(arrays, payloads)
             return list(payloads.values())
 
         per_trial = int(self.study.resources.seeds_per_trial)
@@ -342,7 +356,7 @@ class StudySession:
                 arrays=per_trial > 1,
             )
 
-    def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str], list]:
+    def plan_proposal(self, cells: Sequence) -> tuple[dict[str, str | None], list]:
         """({cell_id: run_id} of the proposal's cells already finished, cells to run), from
         the runs of its config alone (one query, whatever the size of the study); an
         unfinished cell continues from the checkpoint an earlier session left, if any."""
@@ -407,7 +421,7 @@ class StudySession:
 
         if callback is None:
             callback = self.progress_callback(cells, total=total, done_before=done_before, epochs=epochs, names=names)
-        callback._on_error = on_error  # this experiment's scheduler learns of a failed cell
+        callback.on_error = on_error  # this experiment's scheduler learns of a failed cell
         run_name = f"tune-{self.session_id}-{len(self.tune_dirs)}"
         root = self.storage_root()
         if root is not None:
@@ -422,7 +436,7 @@ class StudySession:
             parameters=self.parameters,
             name=run_name,
             storage=str(root) if root is not None else str(self.options.storage),
-            context=self.context,
+            context=cast(TrackingContext, self.context),  # set by open_parent_run
             fit_fn=self.options.fit_fn,
             early_stopping=early,
             resources=self.trial_resources(arrays),

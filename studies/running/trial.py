@@ -532,17 +532,17 @@ def _train(fit: FitFunction, cell: Mapping[str, Any], reporter: EpochReporter) -
         except StopTraining:
             stopped_at = reporter.epochs_done
     tags = {TAG_STOPPED_EPOCH: str(stopped_at)}
-    if coordinator.prunes:
+    if coordinator is not None and coordinator.prunes:  # a stop comes from a coordinator
         tags[TAG_PRUNED] = coordinator.prunes
     reporter.run.set_tags(tags)
     # epochs cut to those done: fit resumes after the last one, trains nothing more and
     # evaluates the checkpoint it selected on validation
     truncated = copy.deepcopy(config)
     truncated["epochs"] = stopped_at
-    return fit(truncated, seed, on_epoch=None, checkpoint=_with_epochs(reporter.state, stopped_at))
+    return fit(truncated, seed, on_epoch=None, checkpoint=with_epochs(reporter.state, stopped_at))
 
 
-def _with_epochs(state: Any, epochs: int) -> Any:
+def with_epochs(state: Any, epochs: int) -> Any:
     """The fit state with its recorded config's `epochs` set to `epochs`.
 
     `setvalued.train.fit` refuses a checkpoint whose config differs from the run's config;

@@ -270,7 +270,7 @@ def cell_payload(
     }
 
 
-def array_payload(array_id: str, members: Sequence[dict]) -> dict:
+def array_payload(array_id: str, members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A fused array's payload (``resources.seeds_per_trial``): its members' cell payloads,
     trained by `studies.running.array_trial.run_array` in one trial named ``array_id``."""
     return {"cell_id": array_id, "members": list(members)}

@@ -127,7 +127,7 @@ class ConfigScheduling:
         self.label = label
         self.prunes = prunes
         self.actor_name = actor_name
-        self.actor = None
+        self.actor: Any = None  # its Ray actor, started by `prepare`
         self._told: set[str] = set()  # configs the actor knows
         self._replayed: set[str] = set()
 
@@ -231,7 +231,7 @@ class CoordinatorClient:
             return None
         import ray
 
-        return cls(ray.get_actor(spec["actor"]), spec.get("metric"), cell, spec.get("prunes"))
+        return cls(ray.get_actor(spec["actor"]), spec["metric"], cell, spec.get("prunes"))
 
     def decision(self, epochs_done: int) -> str:
         """The config's status at `epochs_done`: 'stop', 'continue' or 'wait'."""

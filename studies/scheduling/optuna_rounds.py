@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from studies.tracking import STATUS_FINISHED, TAG_PRUNED, TAG_STATUS, StudyTracking, cell_objective
 
@@ -178,7 +178,7 @@ class OptunaProposals:
             if tags.get(TAG_STATUS) != STATUS_FINISHED:
                 break
             pruned = pruned or bool(tags.get(TAG_PRUNED))
-            value = cell_objective(self.tracking, run_id, self.metric)
+            value = cell_objective(self.tracking, cast(str, run_id), self.metric)  # finished: it has a run
             if value != value:  # NaN: the metric is missing
                 break
             values.append(value)
@@ -203,7 +203,7 @@ class OptunaProposals:
             trial = self.ostudy.best_trial
         except ValueError:  # no complete trial
             return None
-        return trial.user_attrs.get("config_id", f"trial {trial.number}"), float(trial.value)
+        return trial.user_attrs.get("config_id", f"trial {trial.number}"), float(cast(float, trial.value))
 
 
 def run_optuna_block(

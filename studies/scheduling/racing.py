@@ -283,20 +283,36 @@ class SeedRace:
         if not self._dirty:
             return
         self._dirty = False
-        n_configs, m = self.values.shape
+        m = self.values.shape[1]
         done = np.where(self.finished.all(axis=1), m, self.finished.argmin(axis=1))
         idle = ~(self.started & ~self.finished & ~self.failed).any(axis=1)
         state = [self.states[c].state if c in self.states else RACING for c in self.config_ids]
         racing = np.array([s == RACING for s in state], dtype=bool)
         boundary = racing & idle & (done >= self.allowed)
         standing = racing | np.array([s in (MAX, BEST) for s in state], dtype=bool)
-        contenders = np.flatnonzero(standing & (done >= self.initial))
         score = self._score()
-        best = None
-        if contenders.size:
-            sums = np.where(np.arange(m)[None, :] < done[contenders, None], score[contenders], 0.0)
-            means = sums.sum(axis=1) / done[contenders]
-            best = int(contenders[int(np.argmax(means))])  # argmax: the first of ties
+        best = self._leader(standing, done, score)
+        self._decide_against_best(racing, boundary, best, done, score)
+        if best is not None and racing[best] and boundary[best]:
+            self._decide_best(racing, best, done)
+        self._offer = self._cells_to_offer(racing, boundary, done)
+
+    def _leader(self, standing: np.ndarray, done: np.ndarray, score: np.ndarray) -> int | None:
+        """The standing config with at least `initial` seeds done whose mean score over them is
+        the best (the first of ties); None when there is none."""
+        contenders = np.flatnonzero(standing & (done >= self.initial))
+        if not contenders.size:
+            return None
+        m = self.values.shape[1]
+        sums = np.where(np.arange(m)[None, :] < done[contenders, None], score[contenders], 0.0)
+        means = sums.sum(axis=1) / done[contenders]
+        return int(contenders[int(np.argmax(means))])  # argmax: the first of ties
+
+    def _decide_against_best(
+        self, racing: np.ndarray, boundary: np.ndarray, best: int | None, done: np.ndarray, score: np.ndarray
+    ) -> None:
+        """Every other racing config at its round boundary: WORSE when significantly worse than
+        the best (Holm over them all), MAX at the most seeds; `racing` updated."""
         others = np.flatnonzero(racing)
         others = others[others != best] if best is not None else others
         p_raw, diffs, common = self._paired_against(others, best, done, score)
@@ -336,37 +352,45 @@ class SeedRace:
                     ),
                 )
                 racing[c] = False
-        if best is not None and racing[best] and boundary[best]:
-            left = [
-                c
-                for c in range(n_configs)
-                if c != best and (self.config_ids[c] not in self.states or self.states[self.config_ids[c]].state == MAX)
-            ]
-            if not left:
-                self._decide(
+
+    def _decide_best(self, racing: np.ndarray, best: int, done: np.ndarray) -> None:
+        """The best config at its round boundary: BEST when every other config stopped as
+        worse, MAX at the most seeds; `racing` updated."""
+        best_id = self.config_ids[best]
+        left = [
+            c
+            for c in range(len(self.config_ids))
+            if c != best and (self.config_ids[c] not in self.states or self.states[self.config_ids[c]].state == MAX)
+        ]
+        if not left:
+            self._decide(
+                best_id,
+                RaceStatus(
+                    int(done[best]),
+                    BEST,
+                    "clearly the best: every other config stopped as significantly worse than the best of its time",
+                    None,
                     best_id,
-                    RaceStatus(
-                        int(done[best]),
-                        BEST,
-                        "clearly the best: every other config stopped as significantly worse than the best of its time",
-                        None,
-                        best_id,
-                    ),
-                )
-                racing[best] = False
-            elif done[best] >= self.max_seeds:
-                self._decide(
+                ),
+            )
+            racing[best] = False
+        elif done[best] >= self.max_seeds:
+            self._decide(
+                best_id,
+                RaceStatus(
+                    int(done[best]),
+                    MAX,
+                    f"the best after {int(done[best])} seeds, not significantly better than every other config",
+                    None,
                     best_id,
-                    RaceStatus(
-                        int(done[best]),
-                        MAX,
-                        f"the best after {int(done[best])} seeds, not significantly better than every other config",
-                        None,
-                        best_id,
-                    ),
-                )
-                racing[best] = False
-        # the cells to offer: those committed and not started, then a new round at a boundary
+                ),
+            )
+            racing[best] = False
+
+    def _cells_to_offer(self, racing: np.ndarray, boundary: np.ndarray, done: np.ndarray) -> list[tuple[str, int]]:
+        """The cells to offer, by round, config and seed: those committed and not started,
+        then a new round of each racing config at its boundary."""
+        m = self.values.shape[1]
         index = np.arange(m)[None, :]
         committed = racing[:, None] & (index < self.allowed[:, None]) & ~self.started
         fresh = (
@@ -377,7 +401,7 @@ class SeedRace:
         configs, seeds = np.nonzero(committed | fresh)
         rounds = np.where(seeds < self.initial, 0, 1 + (seeds - self.initial) // self.step)
         order = np.lexsort((seeds, configs, rounds))
-        self._offer = [(self.config_ids[configs[j]], self.seeds[seeds[j]]) for j in order]
+        return [(self.config_ids[configs[j]], self.seeds[seeds[j]]) for j in order]
 
     def _paired_against(
         self, others: np.ndarray, best: int | None, done: np.ndarray, score: np.ndarray
@@ -401,10 +425,6 @@ class SeedRace:
             degenerate = np.sqrt(var) <= 1e-12 * np.maximum(1.0, np.abs(mean))  # as analysis.intervals
         p = np.where((k >= 2) & np.isfinite(p) & ~degenerate, p, np.nan)
         return p, np.where(k >= 1, mean, np.nan), k
-
-    def _round(self, index: int) -> int:
-        """Round of the seed at `index` of the sequence: 0 for the initial seeds."""
-        return seed_round(index, self.initial, self.step)
 
     def _signed(self, diff: float) -> float:
         """A difference of scores back in the metric's direction."""

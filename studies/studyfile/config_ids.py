@@ -20,13 +20,13 @@ def round_float(x: float) -> float:
     return float(f"{x:.12g}") if math.isfinite(x) else x
 
 
-def _canonical(value: Any) -> Any:
+def canonical(value: Any) -> Any:
     """Normalised copy: sorted mappings, lists for tuples, floats to 12 significant digits
     and integral floats as ints (so 0.1 == 1e-1 and 64 == 64.0 give one id)."""
     if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
+        return {str(k): canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [canonical(v) for v in value]
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):
@@ -41,12 +41,12 @@ def _canonical(value: Any) -> Any:
     raise TypeError(f"a config holds only YAML values (mappings, lists, numbers, strings), got {type(value).__name__}")
 
 
-def canonical_json(config: dict) -> str:
+def canonical_json(config: dict[str, Any]) -> str:
     """The canonical JSON text of a config without its seed (sorted keys, no spaces)."""
     body = {k: v for k, v in config.items() if k != "seed"}
-    return json.dumps(_canonical(body), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return json.dumps(canonical(body), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def config_id(config: dict) -> str:
+def config_id(config: dict[str, Any]) -> str:
     """First 10 hex digits of the sha256 of :func:`canonical_json` (docs/interfaces.md §6)."""
     return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:10]

@@ -19,15 +19,23 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from analysis.layout import flatten_config
 from setvalued.paths import get_path, set_path, split_path
 from studies.studyfile.config_ids import config_id, round_float
 from studies.studyfile.cross_checks import origin_in_variant
-from studies.studyfile.design import GridBlock, OptunaBlock, RandomBlock, SensitivityBlock, SingleBlock
+from studies.studyfile.design import (
+    DesignBlock,
+    Distribution,
+    GridBlock,
+    OptunaBlock,
+    RandomBlock,
+    SensitivityBlock,
+    SingleBlock,
+)
 from studies.studyfile.expressions import ExpressionError
-from studies.studyfile.problems import Problem
+from studies.studyfile.problems import Path_, Problem
 from studies.studyfile.study import Study
 from studies.studyfile.trial_config import declared_param, validate_config
 
@@ -44,12 +52,12 @@ class DesignedConfig:
     ``config_id`` once `design_configs` has computed it."""
 
     variant: str
-    config: dict
-    swept: dict
+    config: dict[str, Any]
+    swept: dict[str, Any]
     config_id: str | None = None
 
 
-def _context(variant: str, values: dict, study: Study) -> str:
+def _context(variant: str, values: dict[str, Any], study: Study) -> str:
     parts = []
     if study.variants:
         parts.append(f"variant '{variant}'")
@@ -58,7 +66,7 @@ def _context(variant: str, values: dict, study: Study) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _map_problem(study: Study, variant: str, problem: Problem, origins: dict[str, tuple]) -> tuple:
+def _map_problem(study: Study, variant: str, problem: Problem, origins: dict[str, Path_]) -> Path_:
     """YAML path of a config problem: the design entry, the derived entry, the variant or base."""
     path = tuple(problem.path)
     for swept, origin in origins.items():
@@ -82,8 +90,8 @@ def _is_path_problem(message: str) -> bool:
 
 
 def build_config(
-    study: Study, variant: str, values: dict[str, Any], origins: dict[str, tuple] | None = None
-) -> tuple[dict | None, list[Problem]]:
+    study: Study, variant: str, values: dict[str, Any], origins: dict[str, Path_] | None = None
+) -> tuple[dict[str, Any] | None, list[Problem]]:
     """The validated config of ``variant`` with the design ``values`` set, then ``derived``.
 
     ``origins`` gives the YAML path of each value (for the error messages). Returns
@@ -133,7 +141,7 @@ def build_config(
         filled, found = validate_config(raw)
         if found:
             return fail(found)
-        lookup = flatten_config(filled)
+        lookup = flatten_config(cast(dict[str, Any], filled))  # no problem found: a config
         for target, expr in study.derived_expressions:
             missing = sorted(n for n in expr.names if n not in lookup)
             if missing:
@@ -161,7 +169,7 @@ def build_config(
     return config, []
 
 
-def _sample(dist, rng: random.Random) -> Any:
+def _sample(dist: Distribution, rng: random.Random) -> Any:
     """One value of a distribution from ``rng.random()`` only (stable across Python versions)."""
     kind, bounds = dist.kind, dist.bounds
     u = rng.random()
@@ -176,11 +184,15 @@ def _sample(dist, rng: random.Random) -> Any:
     return copy.deepcopy(bounds[min(len(bounds) - 1, int(u * len(bounds)))])
 
 
-def _block_configs(study: Study, index: int, block, problems: list[Problem], seen: set) -> list[DesignedConfig]:
+def _block_configs(
+    study: Study, index: int, block: DesignBlock, problems: list[Problem], seen: set[tuple[Path_, str]]
+) -> list[DesignedConfig]:
     """The configs of one design block (none for optuna: its corners are only checked)."""
     drafts: list[DesignedConfig] = []
 
-    def add(variant: str, values: dict, origins: dict, swept: dict | None = None) -> dict | None:
+    def add(
+        variant: str, values: dict[str, Any], origins: dict[str, Any], swept: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         if len(problems) >= _MAX_PROBLEMS:
             return None
         config, found = build_config(study, variant, values, origins)
@@ -205,7 +217,7 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
         indexed = [list(enumerate(block.parameters[p])) for p in paths]
         for combo in itertools.product(*indexed):
             values = {p: v for p, (_, v) in zip(paths, combo)}
-            origins = {p: where + (p, j) for p, (j, _) in zip(paths, combo)}
+            origins: dict[str, Path_] = {p: where + (p, j) for p, (j, _) in zip(paths, combo)}
             for variant in variants:
                 add(variant, values, origins)
     elif isinstance(block, SensitivityBlock):
@@ -215,8 +227,8 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
                 continue
             # the base cell is on every curve: its swept holds each parameter's base value
             drafts[-1].swept = {p: get_path(base, p) for p in block.parameters if get_path(base, p, None) is not None}
-            for path, values in block.parameters.items():
-                for j, value in enumerate(values):
+            for path, listed in block.parameters.items():
+                for j, value in enumerate(listed):
                     add(variant, {path: value}, {path: where + (path, j)})
     elif isinstance(block, RandomBlock):
         if _distribution_problems(study, index, block, variants, problems):
@@ -240,7 +252,9 @@ def _block_configs(study: Study, index: int, block, problems: list[Problem], see
     return drafts
 
 
-def _distribution_problems(study: Study, index: int, block, variants: list[str], problems: list[Problem]) -> bool:
+def _distribution_problems(
+    study: Study, index: int, block: RandomBlock | OptunaBlock, variants: list[str], problems: list[Problem]
+) -> bool:
     """Whether a distribution of a random or optuna block cannot give values of its field's
     declared type (a uniform on an integer field would give 3.7 epochs, or leave an Optuna
     trial with a float where an integer is needed); adds one problem per such parameter."""
@@ -266,7 +280,7 @@ def design_configs(study: Study) -> tuple[list[DesignedConfig], list[Problem]]:
     """Every config of the design (union of the blocks, deduplicated by config_id) and the
     problems found while building them."""
     problems: list[Problem] = []
-    seen: set = set()
+    seen: set[tuple[Path_, str]] = set()
     unique: dict[str, DesignedConfig] = {}
     for index, block in enumerate(study.design):
         for draft in _block_configs(study, index, block, problems, seen):

@@ -32,14 +32,37 @@ DERIVED_TARGET = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
 
 
 def check_study(study: Study) -> None:
-    """Stage 3 of load_study: variant configs, names used by the design/derived/report, derived expressions."""
+    """Stage 3 of load_study: variant configs, names used by the design/derived/report, derived expressions.
+
+    Every variant's config first (a mistake there stops here); then the problems of every
+    other part, all reported together. The objective's, the scheduler's and the race's
+    metric and mode are resolved on `study` on the way (the runner reads them directly)."""
+    raws, configs = _variant_configs(study)
+    study.set_variants(raws, configs)
+    problems = [
+        *_design_variant_problems(study, configs),
+        *_derived_problems(study),
+        *_objective_problems(study, configs),
+        *_scheduler_problems(study, configs),
+        *_asha_problems(study, configs),
+        *_pruner_problems(study, configs),
+        *_racing_problems(study, configs),
+        *_report_problems(study, configs),
+        *_reference_problems(study, configs),
+    ]
+    if problems:
+        raise Problems(problems)
+
+
+def _variant_configs(study: Study) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """({variant: base deep-merged with its overlay}, {variant: its validated config}); every
+    problem at the YAML path where it was written, raised together."""
     problems: list[Problem] = []
-    raws: dict[str, dict] = {}
-    configs: dict[str, dict] = {}
-    base = study.base
+    raws: dict[str, dict[str, Any]] = {}
+    configs: dict[str, dict[str, Any]] = {}
     overlays = {name: (overlay or {}) for name, overlay in study.variants.items()} or {DEFAULT_VARIANT: {}}
     for name, overlay in overlays.items():
-        raw = deep_merge(base, overlay)
+        raw = deep_merge(study.base, overlay)
         config, found = validate_config(raw)
         for p in found:
             where = origin_in_variant(study, name, p.path)
@@ -58,20 +81,27 @@ def check_study(study: Study) -> None:
             configs[name] = config
     if problems:
         raise Problems(problems)
-    study.set_variants(raws, configs)
+    return raws, configs
 
-    names = list(configs)
-    for i, block in enumerate(study.design):
-        for j, variant in enumerate(block.variants or []):
-            if variant not in configs:
-                problems.append(
-                    Problem(
-                        ("design", i, "variants", j),
-                        f"unknown variant {variant!r}; expected one of: {', '.join(names)}",
-                    )
-                )
 
-    # derived: parse, forbid sweeping a derived target, order by dependencies
+def _unknown_variant(variant: str, configs: dict[str, dict[str, Any]]) -> str:
+    return f"unknown variant {variant!r}; expected one of: {', '.join(configs)}"
+
+
+def _design_variant_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The variants each design block names exist."""
+    return [
+        Problem(("design", i, "variants", j), _unknown_variant(variant, configs))
+        for i, block in enumerate(study.design)
+        for j, variant in enumerate(block.variants or [])
+        if variant not in configs
+    ]
+
+
+def _derived_problems(study: Study) -> list[Problem]:
+    """``derived``: each target a dotted path, each expression parsed, no target also swept,
+    no cycle; the expressions set on `study` in the order they are computed."""
+    problems: list[Problem] = []
     exprs: dict[str, Expression] = {}
     for target, text in study.derived.items():
         if not re.match(DERIVED_TARGET, target):
@@ -92,50 +122,80 @@ def check_study(study: Study) -> None:
                 )
     order = _topological(exprs, problems)
     study.set_derived_order([(t, exprs[t]) for t in order])
+    return problems
 
-    # objective (default: the selection metric of the first variant) and scheduler metric
-    first = configs[names[0]]
+
+def _objective_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The objective: by default the first variant's selection metric (set on `study`), else a
+    metric every variant logs."""
     if study.objective is None:
+        first = next(iter(configs.values()))
         study.objective = Objective(metric=first["eval"]["selection"], mode=first["eval"]["selection_mode"])
-    else:
-        for name, config in configs.items():
-            reason = check_metric(study.objective.metric, config["eval"], ("val", "test", "train"))
-            if reason:
-                problems.append(
-                    Problem(("objective", "metric"), reason + (f" (variant '{name}')" if study.variants else ""))
+        return []
+    for name, config in configs.items():
+        reason = check_metric(study.objective.metric, config["eval"], ("val", "test", "train"))
+        if reason:
+            return [Problem(("objective", "metric"), reason + (f" (variant '{name}')" if study.variants else ""))]
+    return []
+
+
+def _scheduler_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """Early stopping and ASHA: their metric (default: the objective's) a validation metric of
+    every variant; metric and mode resolved on `study.scheduler`."""
+    objective = _objective(study)
+    scheduler = study.scheduler
+    if not isinstance(scheduler, (EarlyStopping, Asha)):
+        return []
+    problems = []
+    rule = "early stopping" if isinstance(scheduler, EarlyStopping) else "asha"
+    metric = scheduler.metric or objective.metric
+    if scheduler.mode is None:
+        scheduler.mode = (
+            objective.mode
+            if scheduler.metric in (None, objective.metric)
+            else ("min" if metric == "train/loss" else "max")
+        )
+    for config in configs.values():
+        reason = check_metric(metric, config["eval"], ("val",))
+        if reason:
+            where = ("scheduler", "metric") if scheduler.metric else ("objective", "metric")
+            problems.append(Problem(where, f"{rule} needs a validation metric: " + reason))
+            break
+    scheduler.metric = metric  # resolved: the runner reads metric and mode directly
+    return problems
+
+
+def _objective(study: Study) -> Objective:
+    """The study's objective, resolved by `_objective_problems` before the checks that read it."""
+    if study.objective is None:
+        raise RuntimeError("the objective is resolved before the checks that read it")
+    return study.objective
+
+
+def _asha_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """ASHA's first rung comes before every variant's last epoch."""
+    if not isinstance(study.scheduler, Asha):
+        return []
+    grace = study.scheduler.grace_epochs
+    for name, config in configs.items():
+        if grace >= config["epochs"]:
+            return [
+                Problem(
+                    ("scheduler", "grace_epochs"),
+                    (
+                        f"asha's first rung ({grace} epochs) must come before the last epoch; "
+                        f"{'variant ' + repr(name) + ' trains' if study.variants else 'the study trains'} "
+                        f"{config['epochs']} epochs: expected grace_epochs < {config['epochs']}"
+                    ),
                 )
-                break
-    if isinstance(study.scheduler, (EarlyStopping, Asha)):
-        rule = "early stopping" if isinstance(study.scheduler, EarlyStopping) else "asha"
-        metric = study.scheduler.metric or study.objective.metric
-        if study.scheduler.mode is None:
-            study.scheduler.mode = (
-                study.objective.mode
-                if study.scheduler.metric in (None, study.objective.metric)
-                else ("min" if metric == "train/loss" else "max")
-            )
-        for config in configs.values():
-            reason = check_metric(metric, config["eval"], ("val",))
-            if reason:
-                where = ("scheduler", "metric") if study.scheduler.metric else ("objective", "metric")
-                problems.append(Problem(where, f"{rule} needs a validation metric: " + reason))
-                break
-        study.scheduler.metric = metric  # resolved: the runner reads metric and mode directly
-    if isinstance(study.scheduler, Asha):
-        grace = study.scheduler.grace_epochs
-        for name, config in configs.items():
-            if grace >= config["epochs"]:
-                problems.append(
-                    Problem(
-                        ("scheduler", "grace_epochs"),
-                        (
-                            f"asha's first rung ({grace} epochs) must come before the last epoch; "
-                            f"{'variant ' + repr(name) + ' trains' if study.variants else 'the study trains'} "
-                            f"{config['epochs']} epochs: expected grace_epochs < {config['epochs']}"
-                        ),
-                    )
-                )
-                break
+            ]
+    return []
+
+
+def _pruner_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """An optuna block's pruner: alone to stop its configs, on a validation objective."""
+    objective = _objective(study)
+    problems = []
     for index, block in study.optuna_blocks:
         if block.pruner is None:
             continue
@@ -150,7 +210,7 @@ def check_study(study: Study) -> None:
                 )
             )
         for config in configs.values():
-            reason = check_metric(study.objective.metric, config["eval"], ("val",))
+            reason = check_metric(objective.metric, config["eval"], ("val",))
             if reason:
                 problems.append(
                     Problem(
@@ -162,78 +222,100 @@ def check_study(study: Study) -> None:
                     )
                 )
                 break
+    return problems
 
-    # racing: the metric that decides it (default: the objective's) is logged by every variant
+
+def _racing_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """Racing: the metric that decides it (default: the objective's) logged by every variant,
+    metric and mode resolved on `study.racing.until`; no optuna block beside it."""
+    objective = _objective(study)
     racing = study.racing
-    if racing is not None:
-        until = racing.until
-        metric = until.metric or study.objective.metric
-        if until.mode is None:
-            from analysis.stats import lower_is_better  # (scipy: only for a race)
+    if racing is None:
+        return []
+    problems = []
+    until = racing.until
+    metric = until.metric or objective.metric
+    if until.mode is None:
+        from analysis.stats import lower_is_better  # (scipy: only for a race)
 
-            until.mode = (
-                study.objective.mode
-                if metric == study.objective.metric
-                else ("min" if lower_is_better(metric) else "max")
-            )
-        for config in configs.values():
-            reason = check_metric(metric, config["eval"], ("val", "test", "train"))
-            if reason:
-                where = ("seeds", "until", "metric") if until.metric else ("objective", "metric")
-                problems.append(Problem(where, "racing needs a metric every config logs: " + reason))
-                break
-        until.metric = metric  # resolved: the runner reads metric and mode directly
-        for i, _block in study.optuna_blocks:
-            problems.append(
-                Problem(
-                    ("design", i, "kind"),
-                    "an optuna block runs each proposal on "
-                    "every seed; racing (seeds: {initial, max}) needs a fixed set of "
-                    "configs: expected a seed list, or no optuna block",
-                )
-            )
-
-    # report and reference: variant names exist; curve x is a swept path
-    swept = {p for b in study.design for p in b.parameter_paths}
-    compare = study.report.compare
-    if compare is not None and compare.reference is not None and compare.reference not in configs:
+        until.mode = objective.mode if metric == objective.metric else ("min" if lower_is_better(metric) else "max")
+    for config in configs.values():
+        reason = check_metric(metric, config["eval"], ("val", "test", "train"))
+        if reason:
+            where = ("seeds", "until", "metric") if until.metric else ("objective", "metric")
+            problems.append(Problem(where, "racing needs a metric every config logs: " + reason))
+            break
+    until.metric = metric  # resolved: the runner reads metric and mode directly
+    for i, _block in study.optuna_blocks:
         problems.append(
             Problem(
-                ("report", "compare", "reference"),
-                f"unknown variant {compare.reference!r}; expected one of: {', '.join(names)}",
+                ("design", i, "kind"),
+                "an optuna block runs each proposal on "
+                "every seed; racing (seeds: {initial, max}) needs a fixed set of "
+                "configs: expected a seed list, or no optuna block",
             )
         )
-    for i, curve in enumerate(study.report.curves or []):
-        if curve.x not in swept:
-            problems.append(
-                Problem(
-                    ("report", "curves", i, "x"),
-                    f"'{curve.x}' is not swept by any design "
-                    f"block; expected one of: {', '.join(sorted(swept)) or '(none)'}",
-                )
-            )
+    return problems
+
+
+def _report_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The report block: the variants it names exist, a curve's x is swept, every metric it
+    reads is logged by some variant."""
+    return [
+        *_compare_problems(study, configs),
+        *_curve_x_problems(study),
+        *_set_size_problems(study, configs),
+        *_per_group_problems(study, configs),
+        *_report_metric_problems(study, configs),
+        *_learning_curve_problems(study, configs),
+    ]
+
+
+def _compare_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    compare = study.report.compare
+    if compare is not None and compare.reference is not None and compare.reference not in configs:
+        return [Problem(("report", "compare", "reference"), _unknown_variant(compare.reference, configs))]
+    return []
+
+
+def _curve_x_problems(study: Study) -> list[Problem]:
+    swept = {p for b in study.design for p in b.parameter_paths}
+    return [
+        Problem(
+            ("report", "curves", i, "x"),
+            f"'{curve.x}' is not swept by any design block; expected one of: {', '.join(sorted(swept)) or '(none)'}",
+        )
+        for i, curve in enumerate(study.report.curves or [])
+        if curve.x not in swept
+    ]
+
+
+def _set_size_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """``report.set_sizes``: its shot-group variant exists, its Ks are computed (``eval.avgk``)."""
     set_sizes = study.report.set_sizes
-    if isinstance(set_sizes, ReportSetSizes):
-        if set_sizes.by_shot is not None and set_sizes.by_shot not in configs:
+    if not isinstance(set_sizes, ReportSetSizes):
+        return []
+    problems = []
+    if set_sizes.by_shot is not None and set_sizes.by_shot not in configs:
+        problems.append(Problem(("report", "set_sizes", "by_shot"), _unknown_variant(set_sizes.by_shot, configs)))
+    computed = {float(k) for c in configs.values() for k in c["eval"]["avgk"]}
+    for i, k in enumerate(set_sizes.ks or []):
+        if float(k) not in computed:
             problems.append(
                 Problem(
-                    ("report", "set_sizes", "by_shot"),
-                    f"unknown variant {set_sizes.by_shot!r}; expected one of: {', '.join(names)}",
+                    ("report", "set_sizes", "ks", i),
+                    f"average-{k:g} sets are not computed: expected a K of eval.avgk ({sorted(computed) or 'empty'})",
                 )
             )
-        computed = {float(k) for c in configs.values() for k in c["eval"]["avgk"]}
-        for i, k in enumerate(set_sizes.ks or []):
-            if float(k) not in computed:
-                problems.append(
-                    Problem(
-                        ("report", "set_sizes", "ks", i),
-                        f"average-{k:g} sets are not computed: "
-                        f"expected a K of eval.avgk ({sorted(computed) or 'empty'})",
-                    )
-                )
+    return problems
+
+
+def _per_group_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """``report.count_bins`` and ``report.per_class``: some variant computes each metric (for
+    count_bins, on one of its bins of training images)."""
+    problems = []
     for key in ("count_bins", "per_class"):
         for i, base in enumerate(getattr(study.report, key) or []):
-            # computed by some variant: the test metric itself, and for count_bins one of its bins
             reasons = []
             for config in configs.values():
                 bins = [name for name, _, _ in count_bins(config["eval"].get("count_bins", []))]
@@ -253,7 +335,12 @@ def check_study(study: Study) -> None:
                         f"{reasons[0]}",
                     )
                 )
-    problems += _report_metric_problems(study, configs)
+    return problems
+
+
+def _learning_curve_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """``report.learning_curves``: per-epoch metrics that every variant logs."""
+    problems = []
     for i, metric in enumerate(study.report.learning_curves or []):
         if metric in PER_EPOCH_EXTRA_METRICS:
             continue
@@ -269,20 +356,20 @@ def check_study(study: Study) -> None:
                     )
                 )
                 break
-    for s, source in enumerate(study.reference or []):
-        for i, row in enumerate(source.rows):
-            if row.variant is not None and row.variant not in configs:
-                problems.append(
-                    Problem(
-                        ("reference", s, "rows", i, "variant"),
-                        f"unknown variant {row.variant!r}; expected one of: {', '.join(names)}",
-                    )
-                )
-    if problems:
-        raise Problems(problems)
+    return problems
 
 
-def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Problem]:
+def _reference_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The variants the reference numbers' rows name exist."""
+    return [
+        Problem(("reference", s, "rows", i, "variant"), _unknown_variant(row.variant, configs))
+        for s, source in enumerate(study.reference or [])
+        for i, row in enumerate(source.rows)
+        if row.variant is not None and row.variant not in configs
+    ]
+
+
+def _report_metric_problems(study: Study, configs: dict[str, dict[str, Any]]) -> list[Problem]:
     """The metric paths of the report's tables, curves and comparison: each one some variant
     logs (a typo such as ``tset/top5`` would leave its column out of the report)."""
     report = study.report
@@ -314,7 +401,7 @@ def _report_metric_problems(study: Study, configs: dict[str, dict]) -> list[Prob
     return problems
 
 
-def _overlay_touches(overlay: dict, config_path: Path_) -> bool:
+def _overlay_touches(overlay: dict[str, Any], config_path: Path_) -> bool:
     """Whether the overlay sets anything in the config section of ``config_path`` (so that a
     problem found in base may come from the combination with this variant)."""
     return bool(config_path) and config_path[0] in overlay

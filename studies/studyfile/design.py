@@ -87,14 +87,14 @@ class Distribution(StrictModel):
         return list(self.bounds)
 
 
-class _Block(StrictModel):
+class BlockBase(StrictModel):
     """What every design block has: the variants it applies to (default: all)."""
 
     variants: list[str] | None = Field(None, min_length=1)
 
     @field_validator("parameters", check_fields=False)
     @classmethod
-    def _dotted_paths(cls, parameters: dict) -> dict:
+    def _dotted_paths(cls, parameters: dict[str, Any]) -> dict[str, Any]:
         return _check_paths(parameters)
 
     def configs_per_variant(self) -> int:
@@ -107,14 +107,14 @@ class _Block(StrictModel):
         return list(getattr(self, "parameters", {}) or {})
 
 
-def _check_paths(parameters: dict) -> dict:
+def _check_paths(parameters: dict[str, Any]) -> dict[str, Any]:
     for path in parameters:
         if not re.match(DOTTED_PATH, path):
             raise ValueError(f"{path!r} is not a dotted config path such as loss.epsilon")
     return parameters
 
 
-class GridBlock(_Block):
+class GridBlock(BlockBase):
     """Cartesian product of the listed values, for every variant of the block."""
 
     kind: Literal["grid"]
@@ -124,7 +124,7 @@ class GridBlock(_Block):
         return math.prod(len(values) for values in self.parameters.values())
 
 
-class SensitivityBlock(_Block):
+class SensitivityBlock(BlockBase):
     """One parameter at a time around each variant's own value; the base config is one cell."""
 
     kind: Literal["sensitivity"]
@@ -134,7 +134,7 @@ class SensitivityBlock(_Block):
         return 1 + sum(len(values) for values in self.parameters.values())
 
 
-class RandomBlock(_Block):
+class RandomBlock(BlockBase):
     """``n_configs`` configs sampled from the distributions, deterministic in ``sampler_seed``."""
 
     kind: Literal["random"]
@@ -179,7 +179,7 @@ Pruner = Annotated[MedianPruner | SuccessiveHalvingPruner | HyperbandPruner, Fie
 PRUNER_CLASSES = {"median": MedianPruner, "successive_halving": SuccessiveHalvingPruner, "hyperband": HyperbandPruner}
 
 
-class OptunaBlock(_Block):
+class OptunaBlock(BlockBase):
     """``n_configs`` proposals from an Optuna sampler; each runs on every seed (seed mean told).
     With a ``pruner``, Optuna's pruner gets each config's seed mean after every epoch as its
     intermediate value and may stop the config (all its seeds): the trial ends PRUNED."""
@@ -195,7 +195,7 @@ class OptunaBlock(_Block):
         return self.n_configs
 
 
-class SingleBlock(_Block):
+class SingleBlock(BlockBase):
     """The variants as they are."""
 
     kind: Literal["single"]

@@ -19,7 +19,7 @@ import ast
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["Expression", "ExpressionError", "parse_expression", "FUNCTIONS"]
 
@@ -157,7 +157,7 @@ class Expression:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, (ast.Name, ast.Attribute)):
-            name = _dotted_name(node)
+            name = cast(str, _dotted_name(node))  # a dotted name (checked by _check)
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ExpressionError(f"{name} is {value!r}, expected a number")
@@ -185,7 +185,7 @@ class Expression:
             return self._bounded(_BINARY[type(node.op)](left, right))
         if isinstance(node, ast.Call):
             args = [self._eval(arg, values) for arg in node.args]
-            return self._bounded(FUNCTIONS[node.func.id](*args))
+            return self._bounded(FUNCTIONS[cast(ast.Name, node.func).id](*args))
         raise ExpressionError(f"unsupported construct in {self.text!r}")  # unreachable after _check
 
 

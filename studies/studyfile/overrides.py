@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from analysis.published_number import PublishedNumber
-from studies.studyfile.problems import Path_, Problem, Problems, format_yaml_path
+from studies.studyfile.problems import Lines, Path_, Problem, Problems, format_yaml_path
 from studies.studyfile.yaml_source import read_yaml
 
 __all__ = [
@@ -68,7 +68,7 @@ def looks_like_override(text: str) -> bool:
 
 def _path(key: str, top_fields: Iterable[str]) -> Path_:
     parts = key.split(".")
-    path: list = [] if parts[0] in set(top_fields) else ["base"]
+    path: list[Any] = [] if parts[0] in set(top_fields) else ["base"]
     while parts:
         part = parts.pop(0)
         path.append(int(part) if part.isdigit() else part)
@@ -102,7 +102,7 @@ def parse_overrides(texts: Sequence[str], top_fields: Iterable[str]) -> list[Ove
     return out
 
 
-def apply_overrides(data: dict, overrides: Sequence[Override], lines: dict) -> dict:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[Override], lines: Lines) -> dict[str, Any]:
     """A copy of the file's data with the overrides set; in `lines` each overridden path (and
     what was under it) names its override instead of a line."""
     data = copy.deepcopy(data)
@@ -147,11 +147,11 @@ def apply_overrides(data: dict, overrides: Sequence[Override], lines: dict) -> d
     return data
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML has no types
     """Writes a published reference number as the file wrote it (`68.20`), and a list of
     scalars on one line (`ks: [1, 5]`)."""
 
-    def represent_list(self, data):
+    def represent_list(self, data: list[Any]) -> Any:
         flat = all(not isinstance(item, (dict, list)) for item in data)
         return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
@@ -167,7 +167,7 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
-def resolved_text(data: dict, overrides: Sequence[Override], file: str) -> str:
+def resolved_text(data: dict[str, Any], overrides: Sequence[Override], file: str) -> str:
     """The study file with its overrides applied, headed by where it came from."""
     header = [f"# {file} with the command-line overrides below applied (studies run ... KEY=VALUE):"]
     header += [f"#   {override.text}" for override in overrides]

@@ -30,6 +30,8 @@ MAX_PROBLEMS_SHOWN = 8
 
 #: a YAML path as a tuple of keys and list indices: ("design", 0, "parameters", "loss.k")
 Path_ = tuple[str | int, ...]
+#: the line of each YAML path of a study file, or the command-line override that set it
+Lines = dict[Path_, int | str]
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def line_of(lines: dict, path: Path_) -> int | str | None:
+def line_of(lines: Lines, path: Path_) -> int | str | None:
     """Line of the longest prefix of ``path`` that is in the file (keys compared as text), or
     the override that set it (``"override optim.lr=-1"``)."""
     path = tuple(path)

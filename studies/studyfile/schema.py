@@ -7,11 +7,14 @@ mistakes, no inf or NaN); :func:`pydantic_problems` turns pydantic's errors into
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from studies.studyfile.problems import Path_, Problem
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 __all__ = ["StrictModel", "pydantic_problems", "pydantic_message", "short_repr", "fields_of"]
 
@@ -33,7 +36,7 @@ def pydantic_problems(err: ValidationError, prefix: Path_ = ()) -> list[Problem]
     return [Problem(prefix + tuple(e["loc"]), pydantic_message(e)) for e in err.errors()]
 
 
-def pydantic_message(e: dict) -> str:
+def pydantic_message(e: ErrorDetails) -> str:
     """A pydantic error in the words of the study-file messages ("expected ..., got ...")."""
     kind = e["type"]
     if kind == "extra_forbidden":

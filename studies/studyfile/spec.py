@@ -32,7 +32,7 @@ from studies.studyfile.config_bounds import bound_problems
 from studies.studyfile.configs import design_configs
 from studies.studyfile.cross_checks import check_study
 from studies.studyfile.overrides import apply_overrides, parse_overrides, resolved_text
-from studies.studyfile.problems import Path_, Problem, Problems, StudyError, dedupe, format_yaml_path, line_of
+from studies.studyfile.problems import Lines, Path_, Problem, Problems, StudyError, dedupe, format_yaml_path, line_of
 from studies.studyfile.study import DEFAULT_MAX_CELLS, Study, schema_problem
 from studies.studyfile.yaml_source import MAX_FILE_BYTES, read_yaml
 
@@ -82,7 +82,7 @@ def parse_study(
     """Validate study-file text; ``file`` names it in the error messages (``max_cells`` and
     ``overrides``: see :func:`load_study`). With overrides, the study's ``source_text`` is the
     file with them applied (``studies.studyfile.overrides.resolved_text``)."""
-    lines: dict = {}
+    lines: Lines = {}
     design_is_list = True
     reference_is_list = True
     try:

@@ -9,7 +9,7 @@ docs/interfaces.md section 6 for the format).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
@@ -28,15 +28,27 @@ from studies.readback import STUDY_NAME_MAX, STUDY_NAME_PATTERN
 from studies.studyfile.design import (
     BLOCK_CLASSES,
     PRUNER_CLASSES,
+    BlockBase,
     DesignBlock,
     Distribution,
     OptunaBlock,
     SingleBlock,
-    _Block,
 )
 from studies.studyfile.expressions import Expression
-from studies.studyfile.problems import Path_, Problem, StudyError, dedupe, did_you_mean, format_yaml_path, line_of
+from studies.studyfile.problems import (
+    Lines,
+    Path_,
+    Problem,
+    StudyError,
+    dedupe,
+    did_you_mean,
+    format_yaml_path,
+    line_of,
+)
 from studies.studyfile.schema import StrictModel, fields_of, pydantic_message
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 __all__ = [
     "DEFAULT_MAX_CELLS",
@@ -228,6 +240,11 @@ def _seed_list(value: Any) -> Any:
     return value
 
 
+def _one_single_block() -> list[DesignBlock]:
+    """The default design: the variants as they are."""
+    return [SingleBlock(kind="single")]
+
+
 class Study(StrictModel):
     """A validated study file. Built by :func:`load_study`; see docs/interfaces.md section 6.
 
@@ -240,7 +257,7 @@ class Study(StrictModel):
     description: str = ""
     base: dict[str, Any]
     variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], dict[str, Any] | None] = {}
-    design: list[DesignBlock] = Field(default_factory=lambda: [SingleBlock(kind="single")], min_length=1)
+    design: list[DesignBlock] = Field(default_factory=lambda: _one_single_block(), min_length=1)
     derived: dict[str, Any] = {}
     # a list: every config runs on every seed; a mapping: racing (SeedRacing)
     seeds: Annotated[
@@ -263,12 +280,12 @@ class Study(StrictModel):
 
     _path: str = PrivateAttr("<string>")
     _source_text: str = PrivateAttr("")
-    _variant_configs: dict[str, dict] = PrivateAttr(default_factory=dict)
-    _variant_raw: dict[str, dict] = PrivateAttr(default_factory=dict)
+    _variant_configs: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+    _variant_raw: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
     _derived_order: list[tuple[str, Expression]] = PrivateAttr(default_factory=list)
     _design_is_list: bool = PrivateAttr(True)
-    _lines: dict = PrivateAttr(default_factory=dict)
-    _designed: list | None = PrivateAttr(None)  # configs of the design, set by load_study
+    _lines: Lines = PrivateAttr(default_factory=dict)
+    _designed: list[Any] | None = PrivateAttr(None)  # configs of the design, set by load_study
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -344,15 +361,15 @@ class Study(StrictModel):
         """The variants in file order; ``["base"]`` when the file has no variants."""
         return list(self._variant_configs)
 
-    def variant_config(self, name: str) -> dict:
+    def variant_config(self, name: str) -> dict[str, Any]:
         """The validated, default-filled config of a variant (a copy)."""
         return copy_config(self._variant_configs[name])
 
-    def variant_raw_config(self, name: str) -> dict:
+    def variant_raw_config(self, name: str) -> dict[str, Any]:
         """``base`` deep-merged with the variant's overlay, as written (no defaults filled in)."""
         return copy_config(self._variant_raw[name])
 
-    def block_variants(self, block: _Block) -> list[str]:
+    def block_variants(self, block: BlockBase) -> list[str]:
         """The variants a design block applies to (its filter, or every variant)."""
         return list(block.variants) if block.variants else self.variant_names
 
@@ -398,9 +415,9 @@ class Study(StrictModel):
         return configs, configs * len(self.seed_list)
 
     @property
-    def designed_configs(self) -> list:
+    def designed_configs(self) -> list[Any]:
         """The configs of the design (``studies.studyfile.configs.DesignedConfig``), built once by load_study."""
-        return list(self._designed)
+        return list(self._designed or ())
 
     @property
     def validated(self) -> bool:
@@ -409,12 +426,12 @@ class Study(StrictModel):
 
     # ----- set by the checks of studies.studyfile.spec.load_study ------------------------------------
 
-    def set_source(self, file: str, text: str, lines: dict, design_is_list: bool) -> None:
+    def set_source(self, file: str, text: str, lines: Lines, design_is_list: bool) -> None:
         """The file it was read from, its text, the line of every YAML path, and whether
         ``design`` was written as one block instead of a list."""
         self._path, self._source_text, self._lines, self._design_is_list = file, text, lines, design_is_list
 
-    def set_variants(self, raw: dict[str, dict], validated: dict[str, dict]) -> None:
+    def set_variants(self, raw: dict[str, dict[str, Any]], validated: dict[str, dict[str, Any]]) -> None:
         """The variants' configs: as written (base + overlay) and validated with defaults."""
         self._variant_raw, self._variant_configs = raw, validated
 
@@ -422,7 +439,7 @@ class Study(StrictModel):
         """The derived expressions, dependencies first."""
         self._derived_order = order
 
-    def set_designed_configs(self, configs: list) -> None:
+    def set_designed_configs(self, configs: list[Any]) -> None:
         """The configs of the design, built and checked."""
         self._designed = configs
 
@@ -444,7 +461,7 @@ _MODEL_AT = {
 def _strip_union_tags(loc: Path_, raw: Any) -> Path_:
     """Drop the union tags pydantic inserts in error locations (``design.0.grid.parameters``)
     and the ``[key]`` marker of dictionary-key errors."""
-    out: list = []
+    out: list[Any] = []
     node = raw
     for part in loc:
         if part == "[key]" or (loc[:1] == ("seeds",) and part in (SEED_LIST_TAG, SEED_RACING_TAG)):
@@ -469,7 +486,7 @@ def _union_kinds(loc: Path_) -> list[str]:
     return list(SCHEDULER_CLASSES)
 
 
-def schema_problem(e: dict, raw: dict) -> Problem:
+def schema_problem(e: ErrorDetails, raw: dict[str, Any]) -> Problem:
     """A pydantic error of the Study schema as a Problem at the YAML path of the file."""
     loc = _strip_union_tags(tuple(e["loc"]), raw)
     message = pydantic_message(e)
@@ -481,24 +498,24 @@ def schema_problem(e: dict, raw: dict) -> Problem:
         return Problem(loc + ("kind",), f"unknown kind {e['ctx']['tag']!r}; expected one of: {expected}")
     if kind == "extra_forbidden":
         parent = loc[:-1]
-        model = None
+        model: Any = None
         if parent[:1] == ("design",) and len(parent) == 2:
             block = raw.get("design", [])[parent[1]] if isinstance(raw.get("design"), list) else None
-            model = BLOCK_CLASSES.get(block.get("kind")) if isinstance(block, dict) else None
+            model = BLOCK_CLASSES.get(str(block.get("kind"))) if isinstance(block, dict) else None
         elif parent[:1] == ("design",) and len(parent) == 4 and parent[2] == "parameters":
             model = Distribution
         elif parent == ("scheduler",):
             sched = raw.get("scheduler")
-            model = SCHEDULER_CLASSES.get(sched.get("kind") if isinstance(sched, dict) else None, NoScheduler)
+            model = SCHEDULER_CLASSES.get(str(sched.get("kind")) if isinstance(sched, dict) else "", NoScheduler)
         elif parent[:1] == ("design",) and len(parent) == 3 and parent[2] == "pruner":
             block = raw.get("design", [])[parent[1]] if isinstance(raw.get("design"), list) else None
             pruner = block.get("pruner") if isinstance(block, dict) else None
-            model = PRUNER_CLASSES.get(pruner.get("kind")) if isinstance(pruner, dict) else None
+            model = PRUNER_CLASSES.get(str(pruner.get("kind"))) if isinstance(pruner, dict) else None
         else:
             normal = tuple(0 if isinstance(p, int) else p for p in parent)
             model = _MODEL_AT.get(normal)
         fields = fields_of(model) if model else None
-        hint = did_you_mean(loc[-1], fields.split(", ")) if fields else ""
+        hint = did_you_mean(str(loc[-1]), fields.split(", ")) if fields else ""
         message = f"unknown field '{loc[-1]}'" + hint + (f"; expected one of: {fields}" if fields else "")
     elif kind == "missing":
         message = f"missing required field '{loc[-1]}'"

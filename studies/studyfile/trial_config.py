@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, Optional, cast
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
@@ -29,6 +29,9 @@ from setvalued.metrics import check_metric
 from setvalued.params import REQUIRED, Param, ParameterError
 from studies.studyfile.problems import Problem, did_you_mean
 from studies.studyfile.schema import StrictModel, fields_of, pydantic_problems, short_repr
+
+#: a rule over a whole config section (``setvalued.config.SECTION_RULES``): why not, or None
+SectionRule = Callable[[Mapping[str, Any]], str | None]
 
 __all__ = ["validate_config", "declared_param", "data_schema", "TrialConfigSchema"]
 
@@ -49,7 +52,7 @@ def _annotation(param: Param) -> Any:
         kind: Any = Literal[param.options]
     elif param.type == "list":
         item = _annotation(param.item) if param.item else Any
-        kind = list[item]
+        kind = list[item]  # type: ignore[valid-type]  # a type built at run time, for pydantic
     else:
         kind = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}[param.type]
     if bounds:
@@ -59,7 +62,7 @@ def _annotation(param: Param) -> Any:
 
 def _field(param: Param) -> tuple[Any, Any]:
     """``(annotation, FieldInfo)`` of a declared parameter for ``create_model``."""
-    length = {}
+    length: dict[str, Any] = {}
     if param.length is not None:
         length["min_length"] = param.length[0]
         if param.length[1] is not None:
@@ -70,18 +73,20 @@ def _field(param: Param) -> tuple[Any, Any]:
     return _annotation(param), Field(default_factory=lambda: copy.deepcopy(default), **length)
 
 
-def _rule_validator(param: Param):
-    def check(cls, value: Any) -> Any:
+def _rule_validator(param: Param) -> Any:
+    rule = cast(Callable[[Any], Any], param.rule)  # a parameter with a rule
+
+    def check(cls: Any, value: Any) -> Any:
         try:
-            return param.rule(value)
+            return rule(value)
         except ValueError as err:
             raise ValueError(f"expected {err}, got {value!r}") from None
 
     return classmethod(check)
 
 
-def _section_validator(rules):
-    def check(self):
+def _section_validator(rules: Sequence[SectionRule]) -> Callable[[Any], Any]:
+    def check(self: Any) -> Any:
         for rule in rules:
             reason = rule(self.model_dump())
             if reason:
@@ -91,28 +96,28 @@ def _section_validator(rules):
     return check
 
 
-def section_model(name: str, fields: Mapping[str, Param], rules=()) -> type[BaseModel]:
+def section_model(name: str, fields: Mapping[str, Param], rules: Sequence[SectionRule] = ()) -> type[BaseModel]:
     """A strict pydantic model of one config section from its declarations."""
-    validators = {
+    validators: dict[str, Any] = {
         f"_rule_{key}": field_validator(key)(_rule_validator(p)) for key, p in fields.items() if p.rule is not None
     }
     if rules:
         validators["_section_rules"] = model_validator(mode="after")(_section_validator(rules))
-    return create_model(
-        name, __base__=StrictModel, __validators__=validators, **{key: _field(p) for key, p in fields.items()}
-    )
+    declared: dict[str, Any] = {key: _field(p) for key, p in fields.items()}
+    return create_model(name, __base__=StrictModel, __validators__=validators, **declared)
 
 
 @functools.cache
 def data_schema(name: str) -> type[BaseModel]:
     """The ``data`` section of a registered data set (built-in or plugin)."""
-    return section_model(f"{name}_data", registry.section_fields("dataset", name), SECTION_RULES["data"])
+    fields = cast(dict[str, Param], registry.section_fields("dataset", name))  # a registered name
+    return section_model(f"{name}_data", fields, SECTION_RULES["data"])
 
 
 @functools.cache
 def _plugin_model_schema(name: str) -> type[BaseModel]:
     """The ``model`` section of a plugin model: name, head and its declared parameters."""
-    return section_model(f"{name}_model", registry.section_fields("model", name))
+    return section_model(f"{name}_model", cast(dict[str, Param], registry.section_fields("model", name)))
 
 
 def _plugin_model(name: Any) -> bool:
@@ -130,14 +135,15 @@ class TrialConfigSchema(StrictModel):
     """The top level of a trial config; ``data`` and ``loss`` are checked by their own schemas."""
 
     data: dict[str, Any] = Field(default_factory=lambda: {"name": "synthetic"})
-    model: ModelSection = Field(default_factory=ModelSection)
+    # the section models are built at import from the declarations: mypy sees variables
+    model: ModelSection = Field(default_factory=ModelSection)  # type: ignore[valid-type]
     loss: dict[str, Any]
-    optim: OptimSection = Field(default_factory=OptimSection)
-    epochs: _annotation(TOP_FIELDS["epochs"]) = TOP_FIELDS["epochs"].default
-    eval: EvalSection = Field(default_factory=EvalSection)
-    device: _annotation(TOP_FIELDS["device"]) = TOP_FIELDS["device"].default
-    amp: _annotation(TOP_FIELDS["amp"]) = TOP_FIELDS["amp"].default
-    compile: _annotation(TOP_FIELDS["compile"]) = TOP_FIELDS["compile"].default
+    optim: OptimSection = Field(default_factory=OptimSection)  # type: ignore[valid-type]
+    epochs: _annotation(TOP_FIELDS["epochs"]) = TOP_FIELDS["epochs"].default  # type: ignore[valid-type]
+    eval: EvalSection = Field(default_factory=EvalSection)  # type: ignore[valid-type]
+    device: _annotation(TOP_FIELDS["device"]) = TOP_FIELDS["device"].default  # type: ignore[valid-type]
+    amp: _annotation(TOP_FIELDS["amp"]) = TOP_FIELDS["amp"].default  # type: ignore[valid-type]
+    compile: _annotation(TOP_FIELDS["compile"]) = TOP_FIELDS["compile"].default  # type: ignore[valid-type]
 
     _device = field_validator("device")(_rule_validator(TOP_FIELDS["device"]))
 
@@ -147,7 +153,7 @@ class TrialConfigSchema(StrictModel):
 # --------------------------------------------------------------------------------------------
 
 
-def _validate_loss(raw: Any, num_classes: int | None, problems: list[Problem]) -> dict | None:
+def _validate_loss(raw: Any, num_classes: int | None, problems: list[Problem]) -> dict[str, Any] | None:
     """The loss section checked against its declaration, defaults filled in; None on problems."""
     if not isinstance(raw, dict):
         problems.append(
@@ -246,81 +252,117 @@ def _timm_model(name: str) -> bool:
     return bool(timm.is_model(name))
 
 
-def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
+def validate_config(raw: Any) -> tuple[dict[str, Any] | None, list[Problem]]:
     """Check one trial config (docs/interfaces.md section 1) and fill in its defaults.
 
     Returns ``(config, [])`` or ``(None, problems)``; problem paths are relative to the config.
     """
-    problems: list[Problem] = []
     if not isinstance(raw, dict):
         return None, [Problem((), f"expected a mapping (the trial config), got {short_repr(raw)}")]
     if "seed" in raw:
         return None, [
             Problem(("seed",), "the seed is not part of a config; list the seeds in the study's top-level 'seeds'")
         ]
-    plugin_model = isinstance(raw.get("model"), dict) and _plugin_model(raw["model"].get("name"))
+    plugin_model = bool(isinstance(raw.get("model"), dict) and _plugin_model(raw["model"].get("name")))
+    top, config, problems = _sections(raw, plugin_model)
+    if problems:
+        return None, problems
+    data, num_classes, problems = _data_section(top.data)
+    if problems:
+        return None, problems
+    config["data"] = data
+    problems = _model_problems(config["model"], data, plugin_model)
+    loss = _validate_loss(top.loss, num_classes, problems)
+    if loss is not None:
+        config["loss"] = loss
+    problems += _eval_problems(config["eval"], num_classes)
+    if not problems:
+        problems.extend(Problem(path, message) for path, message in label_kind_problems(config))
+    if problems:
+        return None, problems
+    return _without_implicit_defaults(config), []
+
+
+def _sections(raw: dict[str, Any], plugin_model: bool) -> tuple[Any, dict[str, Any], list[Problem]]:
+    """(the validated top level, its config with defaults, problems): a plugin model's
+    section validated by its own schema (name, head and the plugin's parameters)."""
     try:
         top = TrialConfigSchema.model_validate({k: v for k, v in raw.items() if not (plugin_model and k == "model")})
     except ValidationError as err:
-        return None, [_unknown_field_hint(p, TrialConfigSchema) for p in pydantic_problems(err)]
+        return None, {}, [_unknown_field_hint(p, TrialConfigSchema) for p in pydantic_problems(err)]
     config = top.model_dump()
-    if plugin_model:  # its own section: name, head and the plugin's parameters
+    if plugin_model:
         name = raw["model"]["name"]
         try:
             config["model"] = _plugin_model_schema(name).model_validate(raw["model"]).model_dump()
         except ValidationError as err:
-            return None, [
-                _unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
-                for p in pydantic_problems(err, ("model",))
-            ]
+            return (
+                top,
+                config,
+                [
+                    _unknown_field_hint(p, _plugin_model_schema(name), f"for model '{name}'")
+                    for p in pydantic_problems(err, ("model",))
+                ],
+            )
+    return top, config, []
 
-    data_raw = top.data
+
+def _data_section(data_raw: dict[str, Any]) -> tuple[dict[str, Any], int | None, list[Problem]]:
+    """(the data section with its data set's defaults, its number of classes, problems): the
+    data set registered, its parameters its own."""
     data_name = data_raw.get("name", "synthetic")
     datasets = registry.entries("dataset")
     if not isinstance(data_name, str) or data_name not in datasets:
-        problems.append(
-            Problem(
-                ("data", "name"),
-                f"unknown data set {data_name!r}"
-                f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
-                "expected one of: " + ", ".join(datasets),
-            )
+        return (
+            {},
+            None,
+            [
+                Problem(
+                    ("data", "name"),
+                    f"unknown data set {data_name!r}"
+                    f"{did_you_mean(str(data_name), datasets)}{registry.refusal_note('dataset', data_name)}; "
+                    "expected one of: " + ", ".join(datasets),
+                )
+            ],
         )
-        return None, problems
     schema = data_schema(data_name)
     try:
         data = schema.model_validate({"name": data_name, **data_raw}).model_dump()
     except ValidationError as err:
-        return None, [
-            _unknown_field_hint(p, schema, f"for data set '{data_name}'") for p in pydantic_problems(err, ("data",))
-        ]
-    config["data"] = data
-    num_classes = data.get("num_classes", datasets[data_name].num_classes)
+        return (
+            {},
+            None,
+            [_unknown_field_hint(p, schema, f"for data set '{data_name}'") for p in pydantic_problems(err, ("data",))],
+        )
+    return data, data.get("num_classes", datasets[data_name].num_classes), []
 
-    model = config["model"]
+
+def _model_problems(model: dict[str, Any], data: dict[str, Any], plugin_model: bool) -> list[Problem]:
+    """The model registered (or a timm architecture), and able to read the data's form."""
     if not _model_exists(model["name"]):
-        problems.append(
+        return [
             Problem(
                 ("model", "name"),
                 f"unknown model {model['name']!r}"
                 f"{registry.refusal_note('model', model['name'])}; expected one of "
                 f"{', '.join(registry.entries('model'))} or a timm architecture name",
             )
-        )
-    elif data_name == "synthetic" and data["form"] == "features" and model["name"] != "mlp" and not plugin_model:
-        problems.append(
+        ]
+    if data["name"] == "synthetic" and data["form"] == "features" and model["name"] != "mlp" and not plugin_model:
+        return [
             Problem(
                 ("model", "name"),
                 f"data.form is 'features' (vectors): only the 'mlp' "
                 f"model takes them; use data.form: images for {model['name']!r}",
             )
-        )
+        ]
+    return []
 
-    loss = _validate_loss(top.loss, num_classes, problems)
-    if loss is not None:
-        config["loss"] = loss
 
-    ev = config["eval"]
+def _eval_problems(ev: dict[str, Any], num_classes: int | None) -> list[Problem]:
+    """Every K of ``eval.ks`` and ``eval.avgk`` at most the number of classes; the selection
+    metric one the trial logs."""
+    problems = []
     if num_classes is not None:
         for field in ("ks", "avgk"):
             for i, k in enumerate(ev[field]):
@@ -335,20 +377,16 @@ def validate_config(raw: Any) -> tuple[dict | None, list[Problem]]:
     reason = check_metric(ev["selection"], ev)
     if reason:
         problems.append(Problem(("eval", "selection"), reason))
-    if not problems:
-        problems.extend(Problem(path, message) for path, message in label_kind_problems(config))
-    if problems:
-        return None, problems
-    return _without_implicit_defaults(config), []
+    return problems
 
 
-def _without_implicit_defaults(config: dict) -> dict:
+def _without_implicit_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """The config without the section fields declared ``implicit`` that hold their default
     (``Param.implicit``: a config holds them only when they differ, so adding such a field
     changed no config_id); the trainer fills them in again."""
     model = config["model"].get("name")
     sections = {
-        "model": registry.section_fields("model", model) if _plugin_model(model) else MODEL_FIELDS,
+        "model": (registry.section_fields("model", model) or {}) if _plugin_model(model) else MODEL_FIELDS,
         "optim": OPTIM_FIELDS,
         "eval": EVAL_FIELDS,
         "data": registry.section_fields("dataset", config["data"].get("name")) or {},
@@ -367,7 +405,7 @@ def _unknown_field_hint(problem: Problem, model: type[BaseModel], context: str =
     """Add the accepted field names to an 'unknown field' problem of a trial-config section."""
     if problem.message != "unknown field":
         return problem
-    path: list = [p for p in problem.path if isinstance(p, str)]
+    path: list[str] = [p for p in problem.path if isinstance(p, str)]
     target: Any = model
     section = path[:-1]
     if model is TrialConfigSchema and section:

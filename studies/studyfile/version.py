@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from studies.studyfile.config_ids import _canonical
+from studies.studyfile.config_ids import canonical
 
 __all__ = [
     "Change",
@@ -81,7 +81,7 @@ def short_version(version: str) -> str:
     return str(version)[:7]
 
 
-def definition(study: Any, smoke_epochs: int | None = None) -> dict:
+def definition(study: Any, smoke_epochs: int | None = None) -> dict[str, Any]:
     """What defines the configs of a validated `study` (module docstring), as canonical
     JSON data; `smoke_epochs`: the epochs of a smoke run's cells (None: not a smoke run)."""
     design = []
@@ -102,12 +102,12 @@ def definition(study: Any, smoke_epochs: int | None = None) -> dict:
         content["objective"] = study.objective.model_dump(mode="json")
     if smoke_epochs is not None:
         content["smoke_epochs"] = int(smoke_epochs)
-    return _canonical(content)
+    return canonical(content)
 
 
 def version_digest(content: Mapping[str, Any]) -> str:
     """The first `VERSION_LENGTH` hex digits of the sha256 of the definition's canonical JSON."""
-    text = json.dumps(_canonical(dict(content)), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(canonical(dict(content)), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:VERSION_LENGTH]
 
 
@@ -121,7 +121,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value} if prefix else {}
 
 
-def _diff(old: Mapping, new: Mapping, prefix: str = "") -> list[Change]:
+def _diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[Change]:
     a, b = _flat(old), _flat(new)
     out = []
     for path in list(dict.fromkeys(list(a) + list(b))):
@@ -142,7 +142,7 @@ def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     found: list[Change] = []
     common = [v for v in old.get("variants", {}) if v in new.get("variants", {})]
     per_variant = {v: _diff(old["variants"][v], new["variants"][v]) for v in common}
-    seen: dict[tuple, list[str]] = {}
+    seen: dict[tuple[Any, ...], list[str]] = {}
     for variant, diffs in per_variant.items():
         for change in diffs:
             seen.setdefault((change.path, _text(change.old), _text(change.new)), []).append(variant)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from analysis.published_number import keep_reference_texts
-from studies.studyfile.problems import Path_, Problem, Problems
+from studies.studyfile.problems import Lines, Path_, Problem, Problems
 
 __all__ = ["read_yaml", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "MAX_FILE_BYTES"]
 
@@ -32,7 +32,7 @@ MAX_YAML_DEPTH = 32
 _SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_SafeBase):
+class _Loader(_SafeBase):  # type: ignore[misc,valid-type]  # PyYAML has no types
     """SafeLoader that also reads ``1e-3`` and ``1e3`` as floats (YAML 1.2; PyYAML's 1.1
     resolver needs a dot and a signed exponent and would give the string "1e-3")."""
 
@@ -44,7 +44,7 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _index_nodes(node: yaml.Node, path: Path_, lines: dict[Path_, int], problems: list[Problem]) -> None:
+def _index_nodes(node: yaml.Node, path: Path_, lines: Lines, problems: list[Problem]) -> None:
     """Map every YAML path to the line where its key (or list item) starts; find duplicate keys."""
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
@@ -196,7 +196,7 @@ def _flow_depth_exceeded(text: str) -> int | None:
     return None
 
 
-class _PyLoader(yaml.SafeLoader):
+class _PyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no types
     """The pure-Python parser, used only to word a syntax error (its messages say what it expected)."""
 
 
@@ -213,7 +213,7 @@ def _python_parser_error(text: str) -> yaml.MarkedYAMLError | None:
     return None
 
 
-def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
+def read_yaml(text: str) -> tuple[Any, Lines]:
     """Parse the text; return (data, {yaml path: line}). Raises Problems on syntax errors and
     on files too large or too deep once their aliases are expanded."""
     if len(text) > MAX_FILE_BYTES:
@@ -272,7 +272,7 @@ def read_yaml(text: str) -> tuple[Any, dict[Path_, int]]:
         ) from None
     except yaml.YAMLError as err:
         raise Problems([Problem(("YAML syntax",), f"{err}")]) from None
-    lines: dict[Path_, int] = {}
+    lines: Lines = {}
     problems: list[Problem] = []
     if root is not None:
         lines[()] = root.start_mark.line + 1

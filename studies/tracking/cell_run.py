@@ -22,17 +22,17 @@ from analysis.layout import (
     tag_filter,
 )
 from studies.tracking.contract import (
-    _MAX_METRICS_PER_BATCH,
-    _MAX_PARAMS_TAGS_PER_BATCH,
-    _MAX_TAG_LENGTH,
     EPOCH_MARKER_METRIC,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_LENGTH,
     MODEL_ARTIFACT,
-    _as_float,
-    _chunks,
-    _client,
-    _search_all,
+    as_float,
     cell_tags,
     config_params,
+    in_chunks,
+    search_all,
+    tracking_client,
 )
 from studies.tracking.provenance import CellProvenance, environment_tags
 from studies.tracking.retry import with_retry
@@ -61,7 +61,7 @@ class CellRun:
     def __init__(self, context: TrackingContext, run_id: str, client=None):
         self.context = context
         self.run_id = run_id
-        self.client = client or _client(context.tracking_uri)
+        self.client = client or tracking_client(context.tracking_uri)
 
     @classmethod
     def open(
@@ -78,9 +78,9 @@ class CellRun:
         Returns (run, reused). A new run gets the contract tags with its creation and the
         params in one batched call.
         """
-        client = _client(context.tracking_uri)
+        client = tracking_client(context.tracking_uri)
         if run_id is None:
-            existing = _search_all(
+            existing = search_all(
                 client,
                 context.experiment_id,
                 tag_filter({TAG_CELL_ID: cell["cell_id"], TAG_SESSION: context.session_id}),
@@ -118,15 +118,15 @@ class CellRun:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, str(v)[:_MAX_TAG_LENGTH]) for k, v in tags.items()]
-        for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
+        items = [RunTag(k, str(v)[:MAX_TAG_LENGTH]) for k, v in tags.items()]
+        for chunk in in_chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
             with_retry(lambda: self.client.log_batch(self.run_id, tags=list(chunk), synchronous=True))
 
     def log_params(self, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in sorted(params.items())]
-        for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
+        for chunk in in_chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
             with_retry(lambda: self.client.log_batch(self.run_id, params=list(chunk), synchronous=True))
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int, tags: Mapping[str, str] | None = None) -> None:
@@ -149,20 +149,20 @@ class CellRun:
         items = []
         for step, metrics in epochs:
             for key, value in metrics.items():
-                number = _as_float(value)
+                number = as_float(value)
                 if number is None or isinstance(value, bool):
                     continue
                 items.append(Metric(key, number, timestamp, int(step)))
-        tag_items = [RunTag(k, str(v)[:_MAX_TAG_LENGTH]) for k, v in (tags or {}).items()]
-        chunks = list(_chunks(items, _MAX_METRICS_PER_BATCH)) or [[]]
+        tag_items = [RunTag(k, str(v)[:MAX_TAG_LENGTH]) for k, v in (tags or {}).items()]
+        chunks = list(in_chunks(items, MAX_METRICS_PER_BATCH)) or [[]]
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
-            with_tags = tag_items if last and len(tag_items) <= _MAX_PARAMS_TAGS_PER_BATCH else []
+            with_tags = tag_items if last and len(tag_items) <= MAX_PARAMS_TAGS_PER_BATCH else []
             if chunk or with_tags:
                 with_retry(
                     lambda: self.client.log_batch(self.run_id, metrics=list(chunk), tags=with_tags, synchronous=True)
                 )
-        if tag_items and len(tag_items) > _MAX_PARAMS_TAGS_PER_BATCH:
+        if tag_items and len(tag_items) > MAX_PARAMS_TAGS_PER_BATCH:
             self.set_tags(dict(tags or {}))
 
     def last_logged_epoch(self) -> int | None:

@@ -39,11 +39,11 @@ from studies.tracking.retry import with_retry
 # trial adds it when a fit function does not).
 EPOCH_MARKER_METRIC = "epoch_time_s"
 
-_SEARCH_PAGE = 1_000  # runs per search_runs page: what one page holds in memory is bounded
-_MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
-_MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
+SEARCH_PAGE = 1_000  # runs per search_runs page: what one page holds in memory is bounded
+MAX_PARAMS_TAGS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
+MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 _MAX_PARAM_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
-_MAX_TAG_LENGTH = 8000
+MAX_TAG_LENGTH = 8000
 
 T = TypeVar("T")
 
@@ -185,12 +185,12 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+def in_chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
 
-def _as_float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -198,7 +198,7 @@ def _as_float(value: Any) -> float | None:
     return number
 
 
-def _client(tracking_uri: str):
+def tracking_client(tracking_uri: str):
     """An MLflow client of `tracking_uri`, retried while the store is locked (`with_retry`): a
     SQLite store's client reads its tables when it is made, and a trial starting while another
     process holds the lock would fail the cell."""
@@ -207,12 +207,12 @@ def _client(tracking_uri: str):
     return with_retry(lambda: MlflowClient(tracking_uri=tracking_uri))
 
 
-def _search_all(client, experiment_id: str, filter_string: str) -> list:
+def search_all(client, experiment_id: str, filter_string: str) -> list:
     """Every active run of the experiment matching the filter (all pages), oldest first; each
     page's request retried through an outage (`with_retry`)."""
     from analysis.collect import search_all_runs
 
-    return list(search_all_runs(client, experiment_id, filter_string, page_size=_SEARCH_PAGE, call=with_retry))
+    return list(search_all_runs(client, experiment_id, filter_string, page_size=SEARCH_PAGE, call=with_retry))
 
 
 def finished_runs(runs: Iterable) -> list:

@@ -29,7 +29,7 @@ from analysis.layout import (
     tag_filter,
 )
 from studies.tracking.cell_run import TrackingContext
-from studies.tracking.contract import _SEARCH_PAGE, _client, _search_all, experiment_tags, finished_runs
+from studies.tracking.contract import SEARCH_PAGE, experiment_tags, finished_runs, search_all, tracking_client
 from studies.tracking.provenance import ParentRecord
 from studies.tracking.retry import with_retry
 from studies.tracking.sqlite_store import seed_sqlite_store
@@ -60,6 +60,10 @@ class StudyTracking:
         description: str = "",
         run_tags: Mapping[str, str] | None = None,
         ui_view: Mapping[str, Any] | None = None,
+        version: str = "",
+        version_definition: Path | None = None,
+        data_fingerprints: Mapping[str, str] | None = None,
+        parent_record: ParentRecord | None = None,
     ):
         self.tracking_uri = tracking_uri
         self.ui_view = ui_view  # the MLflow UI's view of the cell runs (studies.tracking.ui_view)
@@ -67,18 +71,18 @@ class StudyTracking:
         self.description = description
         self.run_tags = dict(run_tags or {})
         seed_sqlite_store(tracking_uri)  # a new local store: a copy, not 70 migrations
-        self.client = _client(tracking_uri)
+        self.client = tracking_client(tracking_uri)
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
         self._parent_run_id: str | None = None
         #: the version of the study this driver runs (`studies.running.versions`): tagged on
         #: the parent run and on every cell run, its study file kept under `versions/`
-        self.version = ""
-        self.version_definition: Path | None = None  # its entry (studies.running.versions)
+        self.version = version
+        self.version_definition = version_definition  # its entry (studies.running.versions)
         #: the driver's data fingerprints by data key (JSON), sent to the trials; what the parent
         #: run gets of this run's provenance (studies.tracking.provenance)
-        self.data_fingerprints: dict[str, str] = {}
-        self.parent_record: ParentRecord | None = None
+        self.data_fingerprints: dict[str, str] = dict(data_fingerprints or {})
+        self.parent_record = parent_record
 
     # -- experiment and parent run
 
@@ -131,7 +135,7 @@ class StudyTracking:
         """
         if self._parent_run_id is not None:
             return self._parent_run_id
-        runs = _search_all(
+        runs = search_all(
             self.client, self.experiment_id, tag_filter({TAG_ROLE: ROLE_PARENT, TAG_STUDY: self.study_name})
         )
         if runs:
@@ -210,7 +214,7 @@ class StudyTracking:
         grouped: dict[str, list[RunRecord]] = {}
         for run in with_retry(
             lambda: study_runs(
-                self.client, experiment_id, wanted, params=False, metrics=tuple(metrics), page_size=_SEARCH_PAGE
+                self.client, experiment_id, wanted, params=False, metrics=tuple(metrics), page_size=SEARCH_PAGE
             )
         ):
             cell_id = run.tags.get(TAG_CELL_ID)
@@ -271,7 +275,7 @@ class StudyTracking:
         return states
 
     def prepare(
-        self, cell_ids: Sequence[str], keep: Mapping[str, str] | None = None, grouped: Mapping[str, list] | None = None
+        self, cell_ids: Sequence[str], keep: dict[str, str] | None = None, grouped: Mapping[str, list] | None = None
     ) -> tuple[list[str], list[str]]:
         """Split the cells into (done, to_run) and clear what an earlier driver left.
 
@@ -285,7 +289,8 @@ class StudyTracking:
         """
         grouped = self.cell_runs() if grouped is None else grouped
         keep = keep if keep is not None else {}
-        done, to_run = [], []
+        done: list[str] = []
+        to_run: list[str] = []
         for cell_id in cell_ids:
             runs = grouped.get(cell_id, [])
             finished = finished_runs(runs)

@@ -164,7 +164,7 @@ def dataset_input(data: Any):
     import numpy as np
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.data.sources import LocalArtifactDatasetSource
+    from mlflow.data.sources import LocalArtifactDatasetSource  # type: ignore[attr-defined]  # made at import
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.types import Schema, TensorSpec
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
@@ -175,8 +175,12 @@ def dataset_input(data: Any):
     else:
         source = CodeDatasetSource({"generator": data.source, "parameters": _canonical(data.parameters)})
         name = data.name
-    specs = [TensorSpec(np.dtype(spec["dtype"]), tuple(spec["shape"]), key) for key, spec in data.schema.items()]
-    dataset = MetaDataset(source, name=name, digest=data.digest, schema=Schema(specs) if specs else None)
+    specs: list[Any] = [
+        TensorSpec(np.dtype(spec["dtype"]), tuple(spec["shape"]), key) for key, spec in data.schema.items()
+    ]
+    schema = Schema(specs) if specs else None
+    # MLflow's own class, built as its docs build it (its stubs mark `profile` abstract)
+    dataset = MetaDataset(source, name=name, digest=data.digest, schema=schema)  # type: ignore[abstract]
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train, val, test")])
 
 
@@ -355,8 +359,8 @@ class KeptCells:
             data = {}
         if not isinstance(data, dict):
             data = {}
-        accepted = data.get("accepted") if isinstance(data.get("accepted"), dict) else {}
-        decisions = data.get("decisions") if isinstance(data.get("decisions"), list) else []
+        accepted = data["accepted"] if isinstance(data.get("accepted"), dict) else {}
+        decisions = data["decisions"] if isinstance(data.get("decisions"), list) else []
         return cls(
             {str(k): {str(a): str(b) for a, b in v.items()} for k, v in accepted.items() if isinstance(v, dict)},
             [d for d in decisions if isinstance(d, dict)],
@@ -425,8 +429,9 @@ class ParentRecord:
             manifest = Path(folder) / ENVIRONMENT_ARTIFACT
             manifest.write_text(json.dumps(self.manifest(), indent=1, default=str))
             with_retry(lambda: client.log_artifact(run_id, str(manifest)))
-            if self.kept is not None and self.decision is not None:
-                with_retry(lambda: client.set_tag(run_id, TAG_KEPT, self.kept.tag()))
+            kept = self.kept
+            if kept is not None and self.decision is not None:
+                with_retry(lambda: client.set_tag(run_id, TAG_KEPT, kept.tag()))
                 record = Path(folder) / f"kept-{time.strftime('%Y%m%d-%H%M%S')}.json"
                 record.write_text(json.dumps(self.decision, indent=1))
                 with_retry(lambda: client.log_artifact(run_id, str(record), "identity"))
