@@ -379,7 +379,7 @@ class ProgressReporter:
                 else f"{text} | elapsed {elapsed}"
             )
         best = self.best()
-        if best is not None:  # an accuracy in percent, as the report prints it
+        if best is not None and self.metric:  # an accuracy in percent, as the report prints it
             from analysis.units import shown
 
             text += f" | best {best[0]} {self.metric}={shown(self.metric, best[1])}"

@@ -25,7 +25,7 @@ import threading
 from typing import IO, Any
 
 from studies.errors import RunnerError
-from studies.running.warm_ray import LOCAL_SYSTEM_CONFIG
+from studies.running.warm_ray import LOCAL_SYSTEM_CONFIG, DriverLease
 
 
 def _set_tune_environment() -> None:
@@ -64,7 +64,7 @@ class RaySession:
         self.object_store_mb = object_store_mb  # local Ray only
         # local Ray only: keep it warm this many minutes after the study (studies.running.warm_ray)
         self.keep_warm_minutes = keep_warm_minutes
-        self.warm_lease = None  # the lease of the warm local Ray joined, if one was
+        self.warm_lease: DriverLease | None = None  # the lease of the warm local Ray joined, if one was
         self.started = False
         self.cluster_gpus = 0.0  # the cluster's GPUs, counted by trial_slots
         self.cluster_cpus = 0.0  # the cluster's CPUs, counted by trial_slots
@@ -174,7 +174,7 @@ class RaySession:
         if warm is None and idle_s:
             warm = warm_ray.launch(key, idle_s, self.num_cpus, self.num_gpus, self.object_store_mb)
         lease = warm.join(idle_s) if warm is not None else None
-        if lease is None:
+        if warm is None or lease is None:
             return False
         import ray
 

@@ -178,7 +178,7 @@ class WarmRay:
         if self.auth_mode:  # how Ray reads it: from the environment, when Ray is imported
             os.environ.setdefault("RAY_AUTH_MODE", self.auth_mode)
             if "ray" in sys.modules:  # Ray 2.60 caches its config at import: read it again
-                from ray._raylet import Config
+                from ray._raylet import Config  # type: ignore[attr-defined]  # Ray's compiled module
 
                 Config.initialize("")
         return DriverLease(lease, self)
