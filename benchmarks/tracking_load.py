@@ -64,6 +64,7 @@ STORES = ("sqlite", "pg", "pg-auth", "pg-auth-cached")
 CLIENT_CALLS = (
     "search_runs",
     "create_run",
+    "log_inputs",
     "log_batch",
     "log_artifact",
     "log_artifacts",
@@ -91,9 +92,9 @@ class CellPattern:
         return self.checkpoints * self.epochs_per_checkpoint + 1
 
     def client_calls(self) -> int:
-        """MLflow client calls per cell (no retries): search, create, params, checkpoints,
-        artifacts, final log_batch, set_terminated."""
-        return 3 + self.checkpoints + (2 if self.set_sizes else 1) + 2
+        """MLflow client calls per cell (no retries): search, create, the data set's input,
+        params, checkpoints, artifacts, final log_batch, set_terminated."""
+        return 4 + self.checkpoints + (2 if self.set_sizes else 1) + 2
 
     def http_requests(self) -> int:
         """HTTP requests per cell against a server: each client call is one; the first

@@ -40,7 +40,7 @@ from analysis.layout import (
     TAG_ROLE,
     tag_filter,
 )
-from setvalued.provenance import data_fingerprint
+from setvalued.provenance import DataFingerprint, data_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -529,3 +529,54 @@ def test_the_report_lists_where_the_cells_differ():
     assert rows["environment of the cells (3)"] == "python 3.11.7, gpu NVIDIA H200, device cuda:0"
     assert rows["code of the cells"] == "code 1" and "finished cells kept knowingly" not in rows
     assert "environment of the driver" not in rows  # no manifest: a study run before them
+
+
+def _log_same_data_set(uri: str, run_id: str, digest: str, barrier, errors) -> None:
+    from mlflow import MlflowClient
+
+    from studies.tracking.provenance import log_data_input
+
+    client = MlflowClient(uri)
+    client.get_run(run_id)  # the store opened before the race
+    data = DataFingerprint(name="arrays", digest=digest, source="/data/digits", files=1, bytes=10)
+    barrier.wait()
+    try:
+        log_data_input(client, run_id, data)
+    except Exception as error:  # noqa: BLE001  (reported to the parent, which fails the test)
+        errors.put(f"{type(error).__name__}: {str(error)[:200]}")
+
+
+@pytest.mark.slow  # ~10 s: forked writers on one SQLite store
+def test_cells_starting_together_all_log_their_new_data_set(tmp_path):
+    """Cells of one study open their runs at once and each logs the same, new data set: MLflow
+    inserts the data set's row on the first sight of it, so all but one insert are refused
+    (a unique constraint); every run must still end with the data set as its input."""
+    import multiprocessing
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("race")
+    context = multiprocessing.get_context("fork")
+    writers, rounds = 6, 3
+    errors = context.Queue()
+    for round_ in range(rounds):
+        digest = f"{round_:02d}" * 16  # 32 hex characters, as recorded
+        runs = [client.create_run(experiment).info.run_id for _ in range(writers)]
+        barrier = context.Barrier(writers)
+        processes = [
+            context.Process(target=_log_same_data_set, args=(uri, run, digest, barrier, errors)) for run in runs
+        ]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=120)
+        assert [p.exitcode for p in processes] == [0] * writers
+        found = []
+        while not errors.empty():
+            found.append(errors.get())
+        assert found == []
+        for run in runs:
+            (logged,) = client.get_run(run).inputs.dataset_inputs
+            assert logged.dataset.digest == digest

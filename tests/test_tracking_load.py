@@ -71,7 +71,7 @@ def test_writers_times_cells_finished_runs_on_sqlite(tmp_path):
     assert (point.cells, point.errors) == (6, 0)
     # every call either succeeded once or was retried (a locked SQLite file): the successful
     # ones are exactly the per-cell pattern
-    assert point.calls == 6 * pattern.client_calls() == 6 * 8
+    assert point.calls == 6 * pattern.client_calls() == 6 * 9
     assert point.http == 0  # no server
     assert set(point.latency_ms) == {"call", "open", "checkpoint", "finish"}
     assert point.cells_per_s == pytest.approx(6 / point.wall_s)

@@ -184,8 +184,23 @@ def dataset_input(data: Any):
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train, val, test")])
 
 
+#: what a SQL store answers when two runs log the same new data set at once (SQLite, PostgreSQL)
+_DUPLICATE_SIGNS = ("unique constraint", "duplicate key")
+
+
 def log_data_input(client: Any, run_id: str, data: Any) -> None:
-    with_retry(lambda: client.log_inputs(run_id, datasets=[dataset_input(data)]))
+    """Log `data` as the run's dataset input. MLflow keeps one row per (experiment, name,
+    digest) and inserts it when it finds none: cells of a study starting together race to
+    insert the same row, and the losers' inserts are refused with a unique-constraint error
+    (their transaction rolled back). The row then exists, so the loser's second try links it."""
+    entity = dataset_input(data)
+    for attempt in range(3):
+        try:
+            with_retry(lambda: client.log_inputs(run_id, datasets=[entity]))
+            return
+        except Exception as error:  # MlflowException of the store's IntegrityError
+            if attempt == 2 or not any(sign in str(error).lower() for sign in _DUPLICATE_SIGNS):
+                raise
 
 
 def array_tag(members: Sequence[Mapping[str, Any]], cell: Mapping[str, Any]) -> dict[str, str]:
