@@ -160,6 +160,25 @@ def set_size_histograms(
     return save_figure(fig, out_base)
 
 
+def _bar_configs(
+    rows: Sequence[Mapping[str, Any]], present: Sequence[str], order: Sequence[str] | None, notes: list[str] | None
+) -> tuple[dict[str, Mapping[str, Any]], list[str]]:
+    """({config: its first row of a `present` metric}, the configs drawn as bars): the first
+    MAX_BARS of `order` (else by variant and swept values), the rest said in `notes`."""
+    firsts: dict[str, Mapping[str, Any]] = {}
+    for r in rows:
+        if r["metric"] in present:
+            firsts.setdefault(r["config_id"], r)
+    if order is None:
+        configs = sorted(firsts, key=lambda c: (str(firsts[c].get("variant")), firsts[c].get("swept") or ""))
+    else:
+        configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
+    if len(configs) > MAX_BARS:
+        add_note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
+        configs = configs[:MAX_BARS]
+    return firsts, configs
+
+
 def shot_group_bars(
     summary: pa.Table | Sequence[Mapping[str, Any]],
     base_metric: str,
@@ -184,17 +203,7 @@ def shot_group_bars(
     present = [m for m in metrics if any(r["metric"] == m for r in rows)]
     if not present:
         raise ValueError(f"no shot-group metric among {metrics} in the summary")
-    firsts: dict[str, Mapping[str, Any]] = {}
-    for r in rows:
-        if r["metric"] in present:
-            firsts.setdefault(r["config_id"], r)
-    if order is None:
-        configs = sorted(firsts, key=lambda c: (str(firsts[c].get("variant")), firsts[c].get("swept") or ""))
-    else:
-        configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
-    if len(configs) > MAX_BARS:
-        add_note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
-        configs = configs[:MAX_BARS]
+    firsts, configs = _bar_configs(rows, present, order, notes)
     by_key = {(r["config_id"], r["metric"]): r for r in rows}
     factor = display_factor(present[0], percent)
     width = 0.8 / max(1, len(configs))
