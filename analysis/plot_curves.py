@@ -87,7 +87,7 @@ def plot_series(
     axis = _SweptAxis.of(lines, PARAM_PREFIX + x)
     fig, panels = _curve_panels(lines, metric, notes)
     references: dict[Any, list[tuple[float, str, str]]] = {}
-    cut_bands = strips = False
+    shown: tuple[list[float], list[float], list[float]] = ([], [], [])  # means, band bounds, seeds' values
     flat_colors = (
         series_colors([f.variant for f in flats], colors)
         if colors is not None
@@ -102,20 +102,20 @@ def plot_series(
             line = _draw_reference(ax, s, (index, flat_colors[index]), metric, factor, (means, bands, seeds))
             references.setdefault(ax, []).append(line)
         axis.set_ticks(ax)
-        cut_bands |= fit_y_axis(ax, means, bands, seeds)
-        strips |= bool(seeds)
+        for every, drawn_here in zip(shown, (means, bands, seeds)):
+            every += drawn_here
         ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
             total = len(drawn) + len(rest)
             ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""), fontsize=9)
             ax.legend(fontsize=6.5, loc="best")
-    if cut_bands:
+    if fit_y_axis(panels[0][0], *shown):  # one fit for all: the small multiples share their y axis
         add_note(
             notes,
             "Intervals far wider than the spread of the means (few seeds) are cut "
             "by the axes; the tables give them whole.",
         )
-    if strips:
+    if shown[2]:
         add_note(notes, STRIP_NOTE)
     band = f"band: {level:.0%} CI" if level else "band: CI"
     _label_curve_figure(

@@ -608,6 +608,36 @@ def test_the_curves_draw_each_seed_beside_a_mean_over_at_most_ten(tmp_path, monk
     assert plot_style.STRIP_NOTE in notes
 
 
+def test_small_multiples_share_one_y_axis_that_shows_every_panel(tmp_path, monkeypatch):
+    """More than MAX_LINES lines: a panel per variant on one shared y axis, fitted to the means
+    and seeds of every panel (it was fitted to each panel in turn, the last one winning, so
+    the other variants' lines ran off the axes)."""
+    saved = _capture_figures(monkeypatch)
+    rows = [
+        {
+            "config_id": f"{variant}-{lr}-{wd}",
+            "seed": seed,
+            "variant": variant,
+            "swept": json.dumps({"optim.lr": lr, "optim.weight_decay": wd}),
+            "param:optim.lr": lr,
+            "param:optim.weight_decay": wd,
+            "test/top5": level - 0.02 * lr - wd + 0.003 * seed,
+        }
+        for variant, level in (("best", 0.9), ("middle", 0.7), ("worst", 0.5))
+        for lr in (0.1, 1.0, 2.0)
+        for wd in (0.0, 0.01, 0.02, 0.03)
+        for seed in range(3)
+    ]
+    plots.sensitivity_curve(summarize(rows, ["test/top5"]), "optim.lr", "test/top5", tmp_path / "s")
+    panels = [ax for ax in saved[0].axes if ax.get_title()]
+    assert len(panels) == 3
+    for ax in panels:
+        bottom, top = ax.get_ylim()
+        means = [y for line in ax.get_lines() if line.get_marker() == "o" for y in line.get_ydata()]
+        seeds = [y for c in ax.collections if c.get_gid() == plot_style.SEED_STRIP for _, y in c.get_offsets()]
+        assert means and seeds and all(bottom <= y <= top for y in means + seeds), (ax.get_title(), bottom, top)
+
+
 def test_learning_curves_draw_each_seed_at_the_last_epoch_only(tmp_path, monkeypatch):
     """The learning curves' seed points: a line over 3 seeds gets its seeds' values at its
     last epoch, from the same history rows as its mean; not at the other epochs, and not a
