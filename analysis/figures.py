@@ -13,7 +13,9 @@ bars, learning curves and set-size lines show the best config of each variant, r
 the mean of `best_val` (the best validation value of the selection metric: configs are
 chosen on validation, never on test) or, when no run logged it, of the main test metric;
 each caption says what was left out. Only the runs of the configs drawn are read for the
-learning curves and set sizes.
+learning curves and set sizes. Every mean over at most `formatting.SEED_VALUES_UP_TO`
+seeds (the tables' rule) has its seeds' values drawn beside it, from the rows of the mean
+(`plot_style.seed_strip`; the learning curves at each line's last epoch only).
 
 A figure that cannot be drawn (nothing to draw, a metric not logged) is not an error: the
 report says why it is missing ("Not drawn"). A figure that fails for any other reason

@@ -117,10 +117,16 @@ SEED_VALUES_UP_TO = 10
 FEW_SEEDS = 5
 
 
+def shows_seed_values(n: int) -> bool:
+    """Whether a mean over `n` seeds shows its per-seed values, in the tables and the figures
+    alike: from 2 (one seed is its own mean) to `SEED_VALUES_UP_TO`."""
+    return 2 <= n <= SEED_VALUES_UP_TO
+
+
 def seed_values_text(values: Sequence[float], factor: float, digits: int) -> str:
     """`seeds: 41.0, 95.1, 99.2`: the per-seed values of a mean over 2 to `SEED_VALUES_UP_TO`
     seeds, in the printed unit (`factor` 100 for an accuracy); empty otherwise."""
-    if not 2 <= len(values) <= SEED_VALUES_UP_TO:
+    if not shows_seed_values(len(values)):
         return ""
     return "seeds: " + ", ".join(f"{v * factor:.{digits}f}" for v in values)
 

@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow as pa
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import blended_transform_factory
 
 from analysis.collect import PARAM_PREFIX
-from analysis.formatting import param_label
+from analysis.formatting import SEED_VALUES_UP_TO, param_label
 from analysis.intervals import table_rows
 from analysis.plot_style import (
     FIGSIZE,
@@ -27,6 +28,7 @@ from analysis.plot_style import (
     PANEL_FIGSIZE,
     PANEL_LINES,
     REFERENCE_PALETTE,
+    STRIP_NOTE,
     add_note,
     axis_label,
     best_first,
@@ -41,10 +43,12 @@ from analysis.plot_style import (
     new_figure,
     panel_grid,
     save_figure,
+    seed_strip,
     seeds_label,
     series_colors,
     short,
     sort_value,
+    strip_offset,
     thinned,
     tick_label,
 )
@@ -68,8 +72,10 @@ def plot_series(
     """Draw curve lines (mean, CI band) and flat reference lines; save PNG and SVG.
 
     Up to MAX_LINES lines share one axes; more become small multiples by variant (module
-    docstring). A line has its variant's colour (`colors`, `variant_colors`). The legend sits
-    inside the axes; the y axis spans the means and the intervals, but an interval far
+    docstring). A line has its variant's colour (`colors`, `variant_colors`); beside each
+    mean over at most `SEED_VALUES_UP_TO` seeds, a strip of its seeds' values in that colour
+    (a reference line's at the left edge). The legend sits inside the axes; the y axis spans
+    the means, the seeds' values and the intervals, but an interval far
     wider than the spread of the means (a t interval over two seeds) is cut by the axes and
     said so in `notes`. What is left out is appended to `notes`."""
     if not series:
@@ -81,7 +87,7 @@ def plot_series(
     axis = _SweptAxis.of(lines, PARAM_PREFIX + x)
     fig, panels = _curve_panels(lines, metric, notes)
     references: dict[Any, list[tuple[float, str, str]]] = {}
-    cut_bands = False
+    shown: tuple[list[float], list[float], list[float]] = ([], [], [])  # means, band bounds, seeds' values
     flat_colors = (
         series_colors([f.variant for f in flats], colors)
         if colors is not None
@@ -89,25 +95,28 @@ def plot_series(
     )
     for ax, variant, drawn, rest in panels:
         ax.grid(True, which="major", alpha=0.3)
-        means, bands = _draw_lines(ax, variant, drawn, axis, metric, factor, colors)
+        means, bands, seeds = _draw_lines(ax, variant, drawn, axis, metric, factor, colors)
         if rest:
             _draw_envelope(ax, rest, axis, factor)
         for index, s in enumerate(flats):
-            line = _draw_reference(ax, s, flat_colors[index], metric, factor, means, bands)
+            line = _draw_reference(ax, s, (index, flat_colors[index]), metric, factor, (means, bands, seeds))
             references.setdefault(ax, []).append(line)
         axis.set_ticks(ax)
-        cut_bands |= fit_y_axis(ax, means, bands)
+        for every, drawn_here in zip(shown, (means, bands, seeds)):
+            every += drawn_here
         ax.set_xlabel(xlabel or param_label(x), fontsize=9)
         if variant is not None:
             total = len(drawn) + len(rest)
             ax.set_title(f"{variant}" + (f": {len(drawn)} best of {total} lines" if rest else ""), fontsize=9)
             ax.legend(fontsize=6.5, loc="best")
-    if cut_bands:
+    if fit_y_axis(panels[0][0], *shown):  # one fit for all: the small multiples share their y axis
         add_note(
             notes,
             "Intervals far wider than the spread of the means (few seeds) are cut "
             "by the axes; the tables give them whole.",
         )
+    if shown[2]:
+        add_note(notes, STRIP_NOTE)
     band = f"band: {level:.0%} CI" if level else "band: CI"
     _label_curve_figure(
         fig, panels, title or f"{metric} vs {param_label(x)} ({band})", ylabel or axis_label(metric, factor)
@@ -204,11 +213,12 @@ def _draw_lines(
     metric: str,
     factor: float,
     colors: Mapping[Any, str] | None,
-) -> tuple[list[float], list[float]]:
-    """Each line's means with its CI band (points without an interval hollow); returns the
-    (means, band bounds) drawn, for the y axis."""
+) -> tuple[list[float], list[float], list[float]]:
+    """Each line's means with its CI band (points without an interval hollow) and the strips
+    of its seeds' values; returns the (means, band bounds, seeds' values) drawn, for the y axis."""
     means_drawn: list[float] = []
     bands_drawn: list[float] = []
+    seeds_drawn: list[float] = []
     line_colors = series_colors([d.variant for d in drawn], colors)
     for index, s in enumerate(drawn):
         color = line_colors[index]
@@ -231,6 +241,7 @@ def _draw_lines(
             label=short(f"{label} ({seeds_label(s)})"),
         )
         ax.fill_between(xv, low, high, color=color, alpha=0.16, linewidth=0)
+        seeds_drawn += seed_strip(ax, xv, points, factor, color, beside_pt=strip_offset(index))
         single = [(xi, yi) for xi, yi, p in zip(xv, mean, points) if p["n"] < 2]
         if single:  # points without an interval: hollow markers
             ax.plot(
@@ -242,7 +253,7 @@ def _draw_lines(
                 markerfacecolor="white",
                 color=color,
             )
-    return means_drawn, bands_drawn
+    return means_drawn, bands_drawn, seeds_drawn
 
 
 def _draw_envelope(ax, rest: Sequence[CurveSeries], axis: _SweptAxis, factor: float) -> None:
@@ -266,10 +277,18 @@ def _draw_envelope(ax, rest: Sequence[CurveSeries], axis: _SweptAxis, factor: fl
 
 
 def _draw_reference(
-    ax, s: CurveSeries, color: str, metric: str, factor: float, means: list[float], bands: list[float]
+    ax,
+    s: CurveSeries,
+    place: tuple[int, str],
+    metric: str,
+    factor: float,
+    drawn: tuple[list[float], list[float], list[float]],
 ) -> tuple[float, str, str]:
-    """A flat reference line (dashed, its interval shaded); its mean and bounds appended to
-    `means` and `bands`. Returns its (height, label, colour) for `label_reference_lines`."""
+    """The `place` = (index, colour)-th flat reference line (dashed, its interval shaded, the
+    strip of its seeds' values at the left edge); its mean, bounds and seeds' values appended
+    to the lists `drawn`. Returns its (height, label, colour) for `label_reference_lines`."""
+    index, color = place
+    means, bands, seeds = drawn
     p = s.points[0]
     ax.axhline(p["mean"] * factor, color=color, linestyle="--", linewidth=1.2)
     means.append(p["mean"] * factor)
@@ -277,6 +296,8 @@ def _draw_reference(
         low, high = ci_band([p], metric, factor)
         ax.axhspan(low[0], high[0], color=color, alpha=0.10, linewidth=0)
         bands += [b for b in (low[0], high[0]) if math.isfinite(b)]
+    edge = blended_transform_factory(ax.transAxes, ax.transData)
+    seeds += seed_strip(ax, [0.0], [p], factor, color, beside_pt=strip_offset(index), transform=edge)
     return (p["mean"] * factor, f"{s.label} (one config, n={p['n']})", color)
 
 
@@ -388,6 +409,13 @@ def epoch_time_vs_k(
     )
 
 
+#: the sentence a learning-curve figure that drew strips adds to its caption
+LAST_EPOCH_STRIP_NOTE = (
+    f"Points right of a line's last epoch: each seed's value there, where that mean is over at most "
+    f"{SEED_VALUES_UP_TO} seeds (not at every epoch, where they would bury the bands)."
+)
+
+
 def learning_curves(
     curves: Sequence[Mapping[str, Any]],
     metric: str,
@@ -402,7 +430,10 @@ def learning_curves(
 
     `curves` is `analysis.stats.epoch_curves(...)`; `order` lists config_ids in the order
     of the legend (default: as they come). The first MAX_LINES configs are drawn (the caller
-    chooses them: the report passes the best config of each variant first)."""
+    chooses them: the report passes the best config of each variant first). Each seed's value
+    is drawn at a line's last epoch only, a strip beside its end where that mean is over at
+    most `SEED_VALUES_UP_TO` seeds: points at every epoch (hundreds of epochs, up to ten
+    seeds, several lines) would bury the bands that show the spread along the way."""
     by_config: dict[str, list[Mapping[str, Any]]] = {}
     for row in curves:
         by_config.setdefault(row["config_id"], []).append(row)
@@ -415,6 +446,7 @@ def learning_curves(
     factor = display_factor(metric, None)
     fig, ax = new_axes(FIGSIZE)
     line_colors = series_colors([by_config[c][0].get("variant") for c in ids], colors)
+    strips = False
     for index, config_id in enumerate(ids):
         points = sorted(by_config[config_id], key=lambda r: r["epoch"])
         color = line_colors[index]
@@ -432,6 +464,9 @@ def learning_curves(
         )
         low, high = ci_band(points, metric, factor)
         ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0)
+        strips |= bool(seed_strip(ax, epochs[-1:], points[-1:], factor, color, beside_pt=strip_offset(index)))
+    if strips:
+        add_note(notes, LAST_EPOCH_STRIP_NOTE)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     first, last = ax.dataLim.intervalx

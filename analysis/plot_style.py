@@ -1,5 +1,6 @@
 """What every figure of `analysis.plots` shares: sizes and limits, colours, scales and
-axis labels, CI bands, reference-line labels, saving a figure as PNG and SVG.
+axis labels, CI bands, the strips of per-seed values beside a mean, reference-line labels,
+saving a figure as PNG and SVG.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from typing import Any, cast
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.transforms import ScaledTranslation, Transform
 
 from analysis.colors import (
     PALETTE,
     shade,
     variant_colors,  # noqa: F401 (the figures' colours, shared)
 )
-from analysis.formatting import assignments
+from analysis.formatting import SEED_VALUES_UP_TO, assignments, shows_seed_values
 from analysis.stats import CurveSeries, is_fraction_metric
 
 # A log axis is used when the positive values span at least this ratio (about 1.7 decades).
@@ -103,6 +105,75 @@ def ci_band(points: Sequence[Mapping[str, Any]], metric: str, factor: float) -> 
         return math.nan if value is None else min(max(value * factor, lo), hi)
 
     return [bound(p, "ci_low") for p in points], [bound(p, "ci_high") for p in points]
+
+
+#: the gid of every strip of per-seed values (`seed_strip`): the SVG's group of its points
+SEED_STRIP = "seed-values"
+#: a per-seed point: its area (points², about 3 pt across) and opacity, small and light
+#: beside the mean and its band, so that thousands of configs' figures stay readable
+SEED_POINT_SIZE = 9.0
+SEED_POINT_ALPHA = 0.55
+#: how far a series' strip stands to the right of its means (points), and how much further
+#: the next series' stands, so that the strips of lines at one x sit side by side
+STRIP_GAP_PT = 3.5
+STRIP_STEP_PT = 2.0
+#: the sentence a figure that drew strips adds to its caption
+STRIP_NOTE = f"Points: each seed's value, beside its mean where that mean is over at most {SEED_VALUES_UP_TO} seeds."
+
+
+def strip_values(row: Mapping[str, Any]) -> list[float]:
+    """The per-seed values (`values`, from the same collected rows as the mean) of a summary
+    or per-epoch row whose figure shows them (`formatting.shows_seed_values`), else none."""
+    values = row.get("values") or []
+    return [float(v) for v in values] if shows_seed_values(len(values)) else []
+
+
+def strip_offset(index: int) -> float:
+    """How far (points) the strip of a figure's `index`-th series stands right of its means."""
+    return STRIP_GAP_PT + STRIP_STEP_PT * index
+
+
+def seed_strip(
+    ax,
+    xs: Sequence[float],
+    rows: Sequence[Mapping[str, Any]],
+    factor: float,
+    color: str,
+    *,
+    beside_pt: float = STRIP_GAP_PT,
+    spread: float = 0.0,
+    transform: Transform | None = None,
+) -> list[float]:
+    """Each seed's value of every row of one series as a small light point of its colour, at
+    the row's x (`xs`, data units unless `transform` says otherwise), `beside_pt` points to
+    its right on any scale (linear, log, categorical), or spread evenly in seed order over
+    `spread` x units centred on it (a bar); only rows over 2 to `SEED_VALUES_UP_TO` seeds.
+    Returns the values drawn (in the axis' unit, for the y axis); the points join the data
+    limits unless they are placed by another `transform`."""
+    offsets = [
+        (x + spread * (i / max(len(values) - 1, 1) - 0.5), v * factor)
+        for x, row in zip(xs, rows)
+        for values in [strip_values(row)]
+        for i, v in enumerate(values)
+    ]
+    if not offsets:
+        return []
+    shift = ScaledTranslation(beside_pt / 72.0, 0.0, ax.figure.dpi_scale_trans)
+    ax.scatter(
+        [x for x, _ in offsets],
+        [y for _, y in offsets],
+        s=SEED_POINT_SIZE,
+        color=color,
+        alpha=SEED_POINT_ALPHA,
+        linewidths=0,
+        zorder=2.5,
+        transform=(transform if transform is not None else ax.transData) + shift,
+        gid=SEED_STRIP,
+    )
+    if transform is None:
+        ax.update_datalim(offsets)
+        ax.autoscale_view()
+    return [y for _, y in offsets]
 
 
 def save_figure(fig: Figure, out_base: str | Path) -> list[Path]:
@@ -224,20 +295,21 @@ def best_first(series: Sequence[CurveSeries], lower: bool) -> list[CurveSeries]:
 Y_REACH = 1.5
 
 
-def fit_y_axis(ax, means: Sequence[float], bands: Sequence[float]) -> bool:
-    """Y limits that show every mean and as much of every interval as is within `Y_REACH`
-    spreads of the means (at least 0.5 % of their level, so equal means keep a range): one
-    huge interval does not squash the lines. Returns whether an interval was cut."""
+def fit_y_axis(ax, means: Sequence[float], bands: Sequence[float], seeds: Sequence[float] = ()) -> bool:
+    """Y limits that show every mean, every per-seed value drawn (`seeds`: observed values,
+    never out of range as a two-seed interval can be) and as much of every interval as is
+    within `Y_REACH` spreads of the means (at least 0.5 % of their level, so equal means keep
+    a range): one huge interval does not squash the lines. Returns whether an interval was cut."""
     if not means:
         return False
     low, high = min(means), max(means)
     spread = max(high - low, 0.005 * max(abs(low), abs(high)), 1e-9)
     floor, ceiling = low - Y_REACH * spread, high + Y_REACH * spread
-    bottom = max(min([low, *bands]), floor)
-    top = min(max([high, *bands]), ceiling)
+    bottom = min([max(min([low, *bands]), floor), *seeds])
+    top = max([min(max([high, *bands]), ceiling), *seeds])
     pad = 0.05 * (top - bottom)
     ax.set_ylim(bottom - pad, top + pad)
-    return any(b < floor or b > ceiling for b in bands)
+    return any(b < bottom or b > top for b in bands)
 
 
 def thinned(values: Sequence[Any], most: int = 10) -> list[Any]:

@@ -46,6 +46,7 @@ from analysis.plot_style import (
     MAX_LINES,
     PANEL_FIGSIZE,
     SHOT_GROUPS,
+    STRIP_NOTE,
     WIDE_FIGSIZE,
     add_note,
     axis_label,
@@ -57,6 +58,7 @@ from analysis.plot_style import (
     new_figure,
     panel_grid,
     save_figure,
+    seed_strip,
     series_colors,
     short,
     variant_colors,
@@ -91,6 +93,9 @@ __all__ = [
     "per_class_accuracy",
 ]
 
+
+#: the per-seed points on a bar: dark, for the bar is the series' colour
+BAR_SEED_COLOR = "#1a1a1a"
 
 #: The set-size axis stops at the size below which this share of every series lies; the
 #: rest is drawn as one last bin "≥ size" (a few huge sets would squash the histogram).
@@ -155,6 +160,25 @@ def set_size_histograms(
     return save_figure(fig, out_base)
 
 
+def _bar_configs(
+    rows: Sequence[Mapping[str, Any]], present: Sequence[str], order: Sequence[str] | None, notes: list[str] | None
+) -> tuple[dict[str, Mapping[str, Any]], list[str]]:
+    """({config: its first row of a `present` metric}, the configs drawn as bars): the first
+    MAX_BARS of `order` (else by variant and swept values), the rest said in `notes`."""
+    firsts: dict[str, Mapping[str, Any]] = {}
+    for r in rows:
+        if r["metric"] in present:
+            firsts.setdefault(r["config_id"], r)
+    if order is None:
+        configs = sorted(firsts, key=lambda c: (str(firsts[c].get("variant")), firsts[c].get("swept") or ""))
+    else:
+        configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
+    if len(configs) > MAX_BARS:
+        add_note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
+        configs = configs[:MAX_BARS]
+    return firsts, configs
+
+
 def shot_group_bars(
     summary: pa.Table | Sequence[Mapping[str, Any]],
     base_metric: str,
@@ -168,7 +192,9 @@ def shot_group_bars(
     colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """Bars of `<split>/<group>/<base_metric>` for the few/medium/many-shot groups, one bar
-    per config, error bars = CI (thesis Tables 4.5, 4.6 and 5.2, numbers in parentheses).
+    per config, error bars = CI (thesis Tables 4.5, 4.6 and 5.2, numbers in parentheses),
+    each seed's value a dark point on its bar (the bar's own colour would hide it) where the
+    mean is over at most `SEED_VALUES_UP_TO` seeds.
 
     At most MAX_BARS configs, the first of `order` (the report passes the best config of
     each variant first); the figure's size does not depend on how many."""
@@ -177,22 +203,13 @@ def shot_group_bars(
     present = [m for m in metrics if any(r["metric"] == m for r in rows)]
     if not present:
         raise ValueError(f"no shot-group metric among {metrics} in the summary")
-    firsts: dict[str, Mapping[str, Any]] = {}
-    for r in rows:
-        if r["metric"] in present:
-            firsts.setdefault(r["config_id"], r)
-    if order is None:
-        configs = sorted(firsts, key=lambda c: (str(firsts[c].get("variant")), firsts[c].get("swept") or ""))
-    else:
-        configs = [c for c in order if c in firsts] + [c for c in firsts if c not in order]
-    if len(configs) > MAX_BARS:
-        add_note(notes, f"{len(configs) - MAX_BARS} config(s) not drawn (at most {MAX_BARS} bars per group).")
-        configs = configs[:MAX_BARS]
+    firsts, configs = _bar_configs(rows, present, order, notes)
     by_key = {(r["config_id"], r["metric"]): r for r in rows}
     factor = display_factor(present[0], percent)
     width = 0.8 / max(1, len(configs))
     fig, ax = new_axes(FIGSIZE)
     bar_colors = series_colors([firsts[c].get("variant") for c in configs], colors)
+    strips = False
     for ci, config_id in enumerate(configs):
         heights, err_low, err_high, label, n_values = [], [], [], None, set()
         for metric in present:
@@ -222,6 +239,10 @@ def shot_group_bars(
             capsize=3,
             label=short(f"{label} (n={n_text} {seeds})"),
         )
+        rows_drawn = [by_key.get((config_id, metric)) or {} for metric in present]
+        strips |= bool(seed_strip(ax, positions, rows_drawn, factor, BAR_SEED_COLOR, beside_pt=0.0, spread=width * 0.5))
+    if strips:
+        add_note(notes, STRIP_NOTE)
     ax.set_xticks(range(len(present)), [m.split("/")[1] + "-shot" for m in present])
     ax.set_ylabel(axis_label(f"{split}/{base_metric}", factor))
     if is_fraction_metric(present[0]) and factor == 100.0:
@@ -250,7 +271,8 @@ def count_bin_accuracy(
     colors: Mapping[Any, str] | None = None,
 ) -> list[Path]:
     """Mean per-class accuracy per bin of training images (thesis Table 3.1): a line per
-    config with CI error bars, and the published numbers (`published`: config_id -> metric
+    config with CI error bars (each seed's value beside them where the mean is over at most
+    `SEED_VALUES_UP_TO` seeds), and the published numbers (`published`: config_id -> metric
     -> percent) as black crosses joined by a dashed line.
 
     `metrics` are (bin label, metric path) in the bins' order. At most MAX_LINES configs,
@@ -271,7 +293,7 @@ def count_bin_accuracy(
     factor = display_factor(present[0][1], None)
     xs = list(range(len(present)))
     fig, ax = new_axes(FIGSIZE)
-    drawn_published = False
+    drawn_published = strips = False
     line_colors = series_colors([firsts[c].get("variant") for c in configs], colors)
     for ci, config_id in enumerate(configs):
         means, err_low, err_high, n_values = _bin_means(by_key, config_id, present, factor)
@@ -289,6 +311,8 @@ def count_bin_accuracy(
             linewidth=1.4,
             label=short(label),
         )
+        rows_drawn = [by_key.get((config_id, metric)) or {} for _, metric in present]
+        strips |= bool(seed_strip(ax, [x + offset for x in xs], rows_drawn, factor, line_colors[ci]))
         reference = (published or {}).get(config_id) or {}
         ref_values = [reference.get(metric, math.nan) for _, metric in present]
         if any(math.isfinite(v) for v in ref_values):
@@ -303,6 +327,8 @@ def count_bin_accuracy(
                 label=None if drawn_published else short(f"published{': ' + source if source else ''}", 70),
             )
             drawn_published = True
+    if strips:
+        add_note(notes, STRIP_NOTE)
     _label_bin_axes(ax, present, factor)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     return save_figure(fig, out_base)

@@ -194,6 +194,12 @@ def _sort_key(value: Any) -> tuple:
     return (1, 0.0, str(value))
 
 
+def _seed_values(group: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The finite `value`s of one (config, epoch)'s history rows, in seed order."""
+    ordered = sorted(group, key=lambda r: r.get("seed") or 0)
+    return [float(r["value"]) for r in ordered if r["value"] is not None and math.isfinite(r["value"])]
+
+
 def epoch_curves(
     history: pa.Table | Sequence[Mapping[str, Any]],
     metric: str,
@@ -207,9 +213,10 @@ def epoch_curves(
 
     `history` is `analysis.collect.collect_histories(...)`. Returns one record per (config,
     epoch): `config_id`, `variant`, `swept`, `epoch`, `n`, `mean`, `ci_low`, `ci_high`
-    (NaN bounds when n < 2, cut at the metric's bounds: `clipped`), sorted by config then
-    epoch. A config's seeds are replicates
-    epoch by epoch, so n may drop at the last epochs of a config whose seeds stopped early.
+    (NaN bounds when n < 2, cut at the metric's bounds: `clipped`) and `values` (the finite
+    per-seed values behind the mean, in seed order: the figures' strips), sorted by config
+    then epoch. A config's seeds are replicates epoch by epoch, so n may drop at the last
+    epochs of a config whose seeds stopped early.
     """
     rows = [r for r in table_rows(history) if r["metric"] == metric]
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -230,6 +237,7 @@ def epoch_curves(
                 "ci_low": interval.low,
                 "ci_high": interval.high,
                 "clipped": interval.clipped,
+                "values": _seed_values(group),
             }
         )
     return out

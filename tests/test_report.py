@@ -520,6 +520,176 @@ def test_epoch_time_and_shot_group_figures(tmp_path):
         plots.shot_group_bars(summary, "top1", tmp_path / "none")
 
 
+# ----------------------------------------------------------------------------- seeds in the figures
+
+
+def _capture_figures(monkeypatch) -> list:
+    """The figures the plotting functions save, kept to read their artists."""
+    from analysis import plot_curves
+
+    saved: list = []
+
+    def keep(fig, out_base):
+        saved.append(fig)
+        return plot_style.save_figure(fig, out_base)
+
+    monkeypatch.setattr(plot_curves, "save_figure", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
+    return saved
+
+
+def _seed_points(fig) -> dict[str, list[tuple[float, float]]]:
+    """{colour: the (x, y) offsets of the scatter points drawn in it}, over every axes."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.colors import to_hex
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    for ax in fig.axes:
+        for c in ax.collections:
+            if isinstance(c, PathCollection):
+                out.setdefault(to_hex(c.get_facecolor()[0]), []).extend(map(tuple, c.get_offsets().tolist()))
+    return out
+
+
+def _small_and_large_seed_rows() -> list[dict]:
+    """Collected rows: noised swept on epsilon over 3 seeds (one seed far below the others),
+    hinge swept over 12 seeds, ce a single config over 4 seeds."""
+    rows = []
+    for variant, epsilons, seeds in (
+        ("noised", (0.0, 0.1, 1.0), 3),
+        ("hinge", (0.0, 0.1, 1.0), 12),
+        ("ce", (None,), 4),
+    ):
+        for eps in epsilons:
+            for seed in range(seeds):
+                value = 0.85 - 0.05 * (eps or 0.0) + 0.0041 * seed
+                if variant == "noised" and eps == 0.1 and seed == 1:
+                    value = 0.41  # the seed a table's interval hides
+                rows.append(
+                    {
+                        "config_id": f"{variant}{eps}",
+                        "seed": seed,
+                        "variant": variant,
+                        "swept": json.dumps({} if eps is None else {"loss.epsilon": eps}),
+                        "param:loss.epsilon": 0.5 if eps is None else eps,
+                        "test/top5": value,
+                        "test/few/top5": value - 0.3,
+                        "test/many/top5": value + 0.002 * seed,
+                    }
+                )
+    return rows
+
+
+def test_the_curves_draw_each_seed_beside_a_mean_over_at_most_ten(tmp_path, monkeypatch):
+    """Issue 40: beside each mean of a sensitivity curve (and a reference line), its seeds'
+    values as points in its colour, exactly the collected rows' values, when the mean is over
+    at most `SEED_VALUES_UP_TO` seeds; none for a mean over 12. The y axis shows every one,
+    the 41 % seed included, and the caption says what the points are."""
+    from analysis.formatting import SEED_VALUES_UP_TO
+
+    saved = _capture_figures(monkeypatch)
+    rows = _small_and_large_seed_rows()
+    colors = plots.variant_colors(["ce", "noised", "hinge"])
+    notes: list[str] = []
+    plots.sensitivity_curve(
+        summarize(rows, ["test/top5"]), "loss.epsilon", "test/top5", tmp_path / "c", colors=colors, notes=notes
+    )
+    (fig,) = saved
+    drawn = _seed_points(fig)
+    counts = {v: len({r["seed"] for r in rows if r["variant"] == v}) for v in colors}
+    assert counts["hinge"] > SEED_VALUES_UP_TO >= counts["noised"]
+    assert colors["hinge"] not in drawn
+    line = sorted((r["param:loss.epsilon"], r["test/top5"] * 100.0) for r in rows if r["variant"] == "noised")
+    assert sorted(drawn.get(colors["noised"], [])) == line
+    reference = sorted(r["test/top5"] * 100.0 for r in rows if r["variant"] == "ce")
+    assert sorted(y for _, y in drawn.get(colors["ce"], [])) == reference
+    bottom, top = fig.axes[0].get_ylim()
+    assert bottom < 41.0 and top > max(y for _, y in line)
+    assert plot_style.STRIP_NOTE in notes
+
+
+def test_small_multiples_share_one_y_axis_that_shows_every_panel(tmp_path, monkeypatch):
+    """More than MAX_LINES lines: a panel per variant on one shared y axis, fitted to the means
+    and seeds of every panel (it was fitted to each panel in turn, the last one winning, so
+    the other variants' lines ran off the axes)."""
+    saved = _capture_figures(monkeypatch)
+    rows = [
+        {
+            "config_id": f"{variant}-{lr}-{wd}",
+            "seed": seed,
+            "variant": variant,
+            "swept": json.dumps({"optim.lr": lr, "optim.weight_decay": wd}),
+            "param:optim.lr": lr,
+            "param:optim.weight_decay": wd,
+            "test/top5": level - 0.02 * lr - wd + 0.003 * seed,
+        }
+        for variant, level in (("best", 0.9), ("middle", 0.7), ("worst", 0.5))
+        for lr in (0.1, 1.0, 2.0)
+        for wd in (0.0, 0.01, 0.02, 0.03)
+        for seed in range(3)
+    ]
+    plots.sensitivity_curve(summarize(rows, ["test/top5"]), "optim.lr", "test/top5", tmp_path / "s")
+    panels = [ax for ax in saved[0].axes if ax.get_title()]
+    assert len(panels) == 3
+    for ax in panels:
+        bottom, top = ax.get_ylim()
+        means = [y for line in ax.get_lines() if line.get_marker() == "o" for y in line.get_ydata()]
+        seeds = [y for c in ax.collections if c.get_gid() == plot_style.SEED_STRIP for _, y in c.get_offsets()]
+        assert means and seeds and all(bottom <= y <= top for y in means + seeds), (ax.get_title(), bottom, top)
+
+
+def test_learning_curves_draw_each_seed_at_the_last_epoch_only(tmp_path, monkeypatch):
+    """The learning curves' seed points: a line over 3 seeds gets its seeds' values at its
+    last epoch, from the same history rows as its mean; not at the other epochs, and not a
+    line over 12 seeds."""
+    from analysis.stats import epoch_curves
+
+    saved = _capture_figures(monkeypatch)
+    history = [
+        {
+            "config_id": config,
+            "variant": config,
+            "swept": "{}",
+            "seed": seed,
+            "metric": "val/top5",
+            "epoch": epoch,
+            "value": 0.5 + 0.04 * epoch + 0.011 * seed + (0.02 if config == "few" else 0.0),
+        }
+        for config, seeds in (("few", 3), ("many", 12))
+        for seed in range(seeds)
+        for epoch in range(5)
+    ]
+    colors = plots.variant_colors(["few", "many"])
+    notes: list[str] = []
+    plots.learning_curves(epoch_curves(history, "val/top5"), "val/top5", tmp_path / "l", colors=colors, notes=notes)
+    drawn = _seed_points(saved[0])
+    assert colors["many"] not in drawn
+    last = sorted((4.0, r["value"] * 100.0) for r in history if r["config_id"] == "few" and r["epoch"] == 4)
+    assert sorted(drawn.get(colors["few"], [])) == last
+    from analysis.plot_curves import LAST_EPOCH_STRIP_NOTE
+
+    assert LAST_EPOCH_STRIP_NOTE in notes
+
+
+def test_bars_and_bins_draw_each_seed_of_a_mean_over_at_most_ten(tmp_path, monkeypatch):
+    """Shot-group bars and the accuracy by training images: a mean over 3 seeds has its
+    seeds' values drawn (on its bar, beside its error bar), one over 12 has none."""
+    saved = _capture_figures(monkeypatch)
+    rows = [r for r in _small_and_large_seed_rows() if r["config_id"] in ("noised0.1", "hinge0.1")]
+    summary = summarize(rows, ["test/few/top5", "test/many/top5"])
+    colors = plots.variant_colors(["noised", "hinge"])
+    plots.shot_group_bars(summary, "top5", tmp_path / "b", groups=("few", "many"), colors=colors)
+    plots.count_bin_accuracy(
+        summary, [("≤10", "test/few/top5"), (">10", "test/many/top5")], tmp_path / "n", colors=colors
+    )
+    bars, bins = (_seed_points(fig) for fig in saved)
+    few = [r for r in rows if r["variant"] == "noised"]
+    expected = sorted([r["test/few/top5"] * 100.0 for r in few] + [r["test/many/top5"] * 100.0 for r in few])
+    assert sorted(y for points in bars.values() for _, y in points) == expected  # dark points on the bars
+    assert len(bars) <= 1 and not set(bars) & set(colors.values())
+    assert colors["hinge"] not in bins and sorted(y for _, y in bins.get(colors["noised"], [])) == expected
+
+
 def test_format_mean_ci():
     assert format_mean_ci(94.44, 0.06, 1) == "94.4 ± 0.1"
     assert format_mean_ci(94.44, float("nan"), 1) == "94.4"
