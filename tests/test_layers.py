@@ -261,3 +261,23 @@ NARROW = {
 def test_narrow_setvalued_modules_import_only_what_they_declare(name):
     deps = {d for d in _graph()[name] if d.startswith(("setvalued", "studies", "analysis"))}
     assert deps <= set(NARROW[name]), f"{name} imports {sorted(deps - set(NARROW[name]))}"
+
+
+def test_the_metrics_packages_table_names_what_its_modules_define():
+    """`setvalued.metrics` lists its public names without importing its modules (torch-free
+    names): each listed name is defined by the module it points to, and a module's `__all__`
+    is in the table (a public name added to a module and not to the table fails)."""
+    import importlib
+    from collections import defaultdict
+
+    import setvalued.metrics as metrics
+
+    by_module: dict[str, set[str]] = defaultdict(set)
+    for name, module in metrics._HOME.items():
+        by_module[module].add(name)
+        assert hasattr(importlib.import_module(f"setvalued.metrics.{module}"), name), (module, name)
+    for module, names in by_module.items():
+        declared = getattr(importlib.import_module(f"setvalued.metrics.{module}"), "__all__", None)
+        if declared is not None:
+            assert names <= set(declared), module
+            assert set(declared) <= set(metrics._HOME), module
