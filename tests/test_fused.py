@@ -348,7 +348,7 @@ def test_a_fused_densenet_under_cuda_autocast_hands_batch_norm_dtypes_the_cuda_k
     assert refused == []
 
 
-def test_the_fusion_probe_runs_in_full_float32_and_restores_tensor_float_32(monkeypatch):
+def test_the_fusion_probe_runs_in_full_float32_and_restores_tensor_float_32():
     """Measured on an H200: the probe refused every DenseNet-BC array ("its fused gradient
     differs ... backbone.conv1.weight"): TensorFloat-32, on by default for cuDNN's
     convolutions, rounds the stacked (grouped) convolutions apart from the separate ones by more
@@ -365,9 +365,14 @@ def test_the_fusion_probe_runs_in_full_float32_and_restores_tensor_float_32(monk
             return self.inner(x)
 
     trial = Trial(resolve_config(tiny_cfg()), 0)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    models = [Recording(copy.deepcopy(trial.model)) for _ in range(2)]
-    assert fusion_problem(models, trial) is None
-    assert seen and set(seen) == {(False, False)}
-    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    # set and restored by hand: `matmul.allow_tf32` is answered by its module's __getattr__,
+    # which pytest >= 9.2's monkeypatch undoes with a delattr that the module refuses
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        models = [Recording(copy.deepcopy(trial.model)) for _ in range(2)]
+        assert fusion_problem(models, trial) is None
+        assert seen and set(seen) == {(False, False)}
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
