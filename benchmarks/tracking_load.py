@@ -348,13 +348,26 @@ def _writer(
     )
 
 
-def _setup(uri: str, name: str, queue) -> None:
+def _data_fingerprints(templates: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The templates' data fingerprints by data key, as the driver sends them
+    (`studies.running.identity`)."""
+    from setvalued.provenance import data_fingerprint, data_key
+
+    out = {}
+    for template in templates:
+        data = template["cell"]["config"].get("data") or {}
+        if data_key(data) not in out:
+            out[data_key(data)] = json.dumps(data_fingerprint(data).to_json(), sort_keys=True)
+    return out
+
+
+def _setup(uri: str, name: str, data: Mapping[str, str], queue) -> None:
     """Create the study's experiment and parent run, as the driver does (in a child process,
     so that the writers never inherit this process's store connections)."""
     from studies.tracking import StudyTracking, new_session_id
 
     try:
-        tracking = StudyTracking(uri, name)
+        tracking = StudyTracking(uri, name, data_fingerprints=data)
         queue.put(("ok", tracking.context(new_session_id())))
     except Exception as error:  # noqa: BLE001
         queue.put(("error", f"{type(error).__name__}: {error}"))
@@ -389,7 +402,7 @@ def run_point(
     templates = templates or template_cells(pattern=pattern)
     fork = multiprocessing.get_context("fork")
     queue = fork.Queue()
-    setup = fork.Process(target=_setup, args=(uri, name, queue))
+    setup = fork.Process(target=_setup, args=(uri, name, _data_fingerprints(templates), queue))
     setup.start()
     status, context = queue.get(timeout=300)
     setup.join()

@@ -423,6 +423,8 @@ def test_the_issues_run_recorded_refused_and_reproduced(local_ray, tmp_path, cap
         assert "tensor-spec" in dataset.dataset.schema
     artifacts = [a.path for a in client.list_artifacts(collected.parent_run_id)]
     assert ENVIRONMENT_ARTIFACT in artifacts
+    (study_data,) = client.get_run(collected.parent_run_id).inputs.dataset_inputs  # before the cells
+    assert study_data.dataset.digest == dataset.dataset.digest
     experiment = client.get_experiment_by_name("digits")
     assert not [k for k in experiment.tags if k.startswith(TAG_LEASE_PREFIX)]
 
@@ -580,3 +582,26 @@ def test_cells_starting_together_all_log_their_new_data_set(tmp_path):
         for run in runs:
             (logged,) = client.get_run(run).inputs.dataset_inputs
             assert logged.dataset.digest == digest
+
+
+def test_the_parent_run_logs_the_studys_data_sets_before_any_cell(tmp_path):
+    """The driver logs each data set of the study on its parent run when it opens it, so that
+    the data sets' rows exist before cells that start together log them (they would race to
+    insert the same row); once however often the parent is opened."""
+    from mlflow import MlflowClient
+
+    from studies.tracking import StudyTracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fingerprints = [
+        DataFingerprint(name="arrays", digest="ab" * 16, source="/data/a.npz", files=1, bytes=10),
+        DataFingerprint(name="synthetic", digest="cd" * 16, source="setvalued.data.synthetic", parameters={"n": 3}),
+    ]
+    data = {f"key{i}": json.dumps(f.to_json(), sort_keys=True) for i, f in enumerate(fingerprints)}
+    for _ in range(2):  # a study run, then resumed
+        parent = StudyTracking(uri, "study", data_fingerprints=data).parent_run_id()
+    inputs = MlflowClient(uri).get_run(parent).inputs.dataset_inputs
+    assert sorted((i.dataset.name, i.dataset.digest) for i in inputs) == [
+        ("arrays:a.npz", "ab" * 16),
+        ("synthetic", "cd" * 16),
+    ]

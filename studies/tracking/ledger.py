@@ -30,7 +30,7 @@ from analysis.layout import (
 )
 from studies.tracking.cell_run import TrackingContext
 from studies.tracking.contract import SEARCH_PAGE, experiment_tags, finished_runs, search_all, tracking_client
-from studies.tracking.provenance import ParentRecord
+from studies.tracking.provenance import ParentRecord, data_fingerprints, log_data_inputs
 from studies.tracking.retry import with_retry
 from studies.tracking.sqlite_store import seed_sqlite_store
 
@@ -164,6 +164,9 @@ class StudyTracking:
         if self.parent_record is not None:  # the environment manifest, cells kept knowingly (once)
             self.parent_record.write(self.client, run_id)
             self.parent_record = None
+        # the study's data sets, before any cell logs them: a cell then links an existing row
+        # instead of racing the others to insert it (`provenance.log_data_inputs`)
+        log_data_inputs(self.client, run_id, list(data_fingerprints(sorted(self.data_fingerprints.items())).values()))
         self._parent_run_id = run_id
         return run_id
 

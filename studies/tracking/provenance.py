@@ -189,14 +189,25 @@ _DUPLICATE_SIGNS = ("unique constraint", "duplicate key")
 
 
 def log_data_input(client: Any, run_id: str, data: Any) -> None:
-    """Log `data` as the run's dataset input. MLflow keeps one row per (experiment, name,
-    digest) and inserts it when it finds none: cells of a study starting together race to
-    insert the same row, and the losers' inserts are refused with a unique-constraint error
-    (their transaction rolled back). The row then exists, so the loser's second try links it."""
-    entity = dataset_input(data)
+    """Log `data` as the run's dataset input (`log_data_inputs`)."""
+    log_data_inputs(client, run_id, [data])
+
+
+def log_data_inputs(client: Any, run_id: str, fingerprints: Sequence[Any]) -> None:
+    """Log data fingerprints as the run's dataset inputs, in one request.
+
+    MLflow keeps one row per (experiment, name, digest) and inserts it when it finds none:
+    runs logging the same new data set at once race to insert it, and the losers' inserts are
+    refused with a unique-constraint error (their transaction rolled back). The driver logs a
+    study's data sets on its parent run before any cell starts (`StudyTracking`), so cells
+    find the rows; a cell that still loses such a race (a data set the driver did not know: an
+    optuna proposal's) tries again, which links the row that now exists."""
+    entities = [dataset_input(data) for data in fingerprints]
+    if not entities:
+        return
     for attempt in range(3):
         try:
-            with_retry(lambda: client.log_inputs(run_id, datasets=[entity]))
+            with_retry(lambda: client.log_inputs(run_id, datasets=entities))
             return
         except Exception as error:  # MlflowException of the store's IntegrityError
             if attempt == 2 or not any(sign in str(error).lower() for sign in _DUPLICATE_SIGNS):
