@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,17 +48,13 @@ if str(REPO) not in sys.path:
 from setvalued.fused import Array, fit_array
 from setvalued.training import Trial, fit, resolve_config
 
-#: the quickstart's MLP study (studies/catalog/quickstart.yaml) with the noised top-K loss
+QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
+_QUICKSTART_BASE = yaml.safe_load(QUICKSTART.read_text())["base"]
+
+#: the quickstart's MLP study (its data and model) with the noised top-K loss
 MLP = {
-    "data": {
-        "name": "synthetic",
-        "num_classes": 40,
-        "num_superclasses": 8,
-        "train_size": 2000,
-        "val_size": 500,
-        "test_size": 1000,
-    },
-    "model": {"name": "mlp", "hidden_dim": 128},
+    "data": _QUICKSTART_BASE["data"],
+    "model": _QUICKSTART_BASE["model"],
     "loss": {"name": "noised_topk", "k": 5, "epsilon": 0.1, "n_samples": 5},
     "optim": {"lr": 0.1, "batch_size": 64, "milestones": [10], "weight_decay": 1e-4},
     "eval": {"ks": [1, 3, 5, 10], "selection": "val/top5"},

@@ -43,21 +43,15 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
+QUICKSTART = REPO / "studies" / "catalog" / "quickstart.yaml"
+_QUICKSTART_BASE = yaml.safe_load(QUICKSTART.read_text())["base"]
+
 #: the quickstart's MLP on its synthetic data, one epoch, one seed, CE
 ONE_CELL = {
     "name": "startup",
     "base": {
-        "data": {
-            "name": "synthetic",
-            "num_classes": 40,
-            "num_superclasses": 8,
-            "train_size": 2000,
-            "val_size": 500,
-            "test_size": 1000,
-            "form": "features",
-            "feature_dim": 32,
-        },
-        "model": {"name": "mlp", "hidden_dim": 128},
+        "data": _QUICKSTART_BASE["data"],
+        "model": _QUICKSTART_BASE["model"],
         "loss": {"name": "ce"},
         "optim": {"lr": 0.1, "batch_size": 64, "milestones": [10]},
         "epochs": 1,
