@@ -22,8 +22,10 @@ trials (``cpus: 0.25``: four on a CPU), one **fused** array (``seeds_per_trial: 
 takes the eight trials' CPUs, up to the machine's) and **fused-1cpu** (the same array on one
 CPU, ``per_array: {cpus: 1}``; ``--forms`` picks some); the ratios to the separate form are
 taken round by round, and each run's seconds are split into the cells (first cell run's start
-to the last one's end, in MLflow) and the rest. The fused form's probe is kept between runs as
-it is between a person's studies (the first round's probe is in its figure).
+to the last one's end, in MLflow) and the rest; the separate form's rest over its whole bounds
+what fusing can save end to end (an array of no time at all would still take that much). The
+fused form's probe is kept between runs as it is between a person's studies (the first round's
+probe is in its figure).
 
     python benchmarks/fused_seeds.py                  # a few minutes on 2 cores
     python benchmarks/fused_seeds.py --steps 3 --rounds 1 --members 1 2 --study-epochs 1   # plumbing
@@ -252,6 +254,12 @@ def end_to_end(rounds: int, epochs: int, forms: list[str] | None = None) -> None
             f"cells {statistics.median(x['cells'] for x in results[form]):4.1f} s, "
             f"{statistics.median(ratios):.2f}x the separate trials; {results[form][-1]['line']}"
         )
+    outside = [(x["wall"] - x["cells"]) / x["wall"] for x in results["separate"]]
+    print(
+        f"  bound: the separate form's time outside its cells is {statistics.median(outside):.2f}x its whole "
+        f"({min(outside):.2f}-{max(outside):.2f}): what any form pays alike (Ray, Tune, the imports, the "
+        "report), the least a fused study could take were its array free"
+    )
     print(f"load average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
 

@@ -8,8 +8,16 @@ Each round runs, in alternating order, the commands a person types, each in a fr
 - ``study``: ``studies run`` of a one-cell study (the quickstart's MLP, one epoch, synthetic
   data, its report included) on a local Ray that it starts and stops;
 - ``second`` (``--warm``): the same study under another name, run within a minute of a first
-  ``studies run --keep-warm`` that left its local Ray warm (`studies.running.warm_ray`);
+  ``studies run --keep-warm`` that left its local Ray warm (`studies.running.warm_ray`),
+  then plain Ray Tune's trivial trial joining that same warm Ray (its yardstick);
   ``studies stop --local`` ends that Ray after the round.
+
+The second study's floor: a Tune trial runs in a new worker process whatever Ray is warm, and
+a cell's worker, beyond what Tune's trivial trial pays, imports torch and MLflow (its SQL store)
+and pays torch's compiler stack once (``torch.optim``'s step imports ``torch._dynamo``; the
+Logged Model's ``torch.export``). Those are measured in a fresh process each round
+(``NEW_WORKER_SCRIPT``) and added to plain Tune's trial on the warm Ray: what a second study is
+made of before any work of its own (its driver's, its cell's training).
 
 and, once, a ``--cells``-cell study of the same cell one at a time (``max_concurrent: 1``):
 **cell to cell** is the median gap between one cell run's end and the next one's start (as
@@ -75,6 +83,30 @@ def trainable(config):
 ray.init()
 tune.Tuner(trainable, run_config=tune.RunConfig(storage_path=sys.argv[1])).fit()
 ray.shutdown()
+"""
+
+#: plain Ray Tune's trivial trial joining a running Ray (argv: storage, address)
+TUNE_WARM_SCRIPT = TUNE_SCRIPT.replace("ray.init()", "ray.init(address=sys.argv[2])")
+
+#: what a cell's new worker pays that Tune's trivial trial does not, each first use timed in
+#: one fresh process: torch, MLflow with its SQL store, the first optimizer step (torch's
+#: step imports torch._dynamo) and the first torch.export (the Logged Model's format)
+NEW_WORKER_SCRIPT = """
+import json, time
+marks = [time.perf_counter()]
+import torch
+marks.append(time.perf_counter())
+import mlflow, mlflow.store.tracking.sqlalchemy_store
+marks.append(time.perf_counter())
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 40))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.randn(8, 64)).sum().backward()
+optimizer.step()
+marks.append(time.perf_counter())
+torch.export.export(model.eval(), (torch.randn(2, 64),))
+marks.append(time.perf_counter())
+names = ["torch", "MLflow and its SQL store", "first optimizer step (torch._dynamo)", "first torch.export"]
+print(json.dumps(dict(zip(names, [b - a for a, b in zip(marks, marks[1:])]))))
 """
 
 #: `studies` as a console script, each line it writes stamped with the wall clock as written
@@ -146,6 +178,44 @@ def run_tune(folder: Path) -> float:
         raise RuntimeError(f"plain Ray Tune failed: {done.stderr[-2000:]}")
     shutil.rmtree(storage, ignore_errors=True)
     return wall
+
+
+def run_tune_warm(folder: Path) -> float:
+    """Wall seconds of plain Ray Tune's trivial trial joining the warm Ray of this benchmark's
+    state folder (its address and authentication as a `studies` driver joins it)."""
+    from studies.running import warm_ray
+
+    os.environ["STUDIES_STATE_DIR"] = str(STATE_DIR)
+    warm = next(iter(warm_ray.running()), None)
+    if warm is None:
+        raise RuntimeError("no warm Ray to join: the first study's --keep-warm left none")
+    child_env = env()
+    if warm.auth_mode:
+        child_env["RAY_AUTH_MODE"] = warm.auth_mode
+    storage = folder / f"tune-warm-{time.monotonic_ns()}"
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", TUNE_WARM_SCRIPT, str(storage), warm.address],
+        capture_output=True,
+        text=True,
+        env=child_env,
+        timeout=600,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"plain Ray Tune on the warm Ray failed: {done.stderr[-2000:]}")
+    shutil.rmtree(storage, ignore_errors=True)
+    return wall
+
+
+def new_worker_costs() -> dict[str, float]:
+    """Seconds of each first use a cell's new worker pays beyond Tune's (NEW_WORKER_SCRIPT)."""
+    done = subprocess.run(
+        [sys.executable, "-c", NEW_WORKER_SCRIPT], capture_output=True, text=True, env=env(), timeout=600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the new worker's imports failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def write_study(folder: Path, name: str, cells: int = 1) -> Path:
@@ -266,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     STATE_DIR = folder / "warm-ray"
     print(f"load average at the start: {load_average()}; {os.cpu_count()} CPUs; {folder}", flush=True)
-    tune_s, study_s, second_s, breakdowns = [], [], [], []
+    tune_s, study_s, second_s, tune_warm_s, worker_costs, breakdowns = [], [], [], [], [], []
     for r in range(args.rounds):
         steps = ["tune", "study"] if r % 2 == 0 else ["study", "tune"]
         for step in steps:
@@ -280,11 +350,17 @@ def main(argv: list[str] | None = None) -> int:
             run_study(folder, f"first-{r}", "--keep-warm", "5")
             second = run_study(folder, f"second-{r}")
             second_s.append(second["wall"])
+            tune_warm_s.append(run_tune_warm(folder))
             stop_local()
+            worker_costs.append(new_worker_costs())
         print(
             f"round {r + 1}: plain Ray Tune {tune_s[-1]:.2f} s, one-cell study {study_s[-1]:.2f} s "
             f"({study_s[-1] / tune_s[-1]:.2f}x)"
-            + (f", second study on a warm Ray {second_s[-1]:.2f} s" if second_s else "")
+            + (
+                f", second study on a warm Ray {second_s[-1]:.2f} s (plain Ray Tune there {tune_warm_s[-1]:.2f} s)"
+                if second_s
+                else ""
+            )
             + f"; load {load_average()}",
             flush=True,
         )
@@ -294,6 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"study / plain Tune, round by round: median {statistics.median(ratios):.2f}x (goal <= 1.5x)")
     if second_s:
         print(f"second study on a warm Ray:        median {statistics.median(second_s):.2f} s (goal <= 5 s)")
+        tune_warm = statistics.median(tune_warm_s)
+        print(f"plain Ray Tune on that warm Ray:   median {tune_warm:.2f} s")
+        costs = {k: statistics.median(c[k] for c in worker_costs) for k in worker_costs[0]}
+        print("what a cell's new worker pays beyond Tune's trivial trial (first uses, fresh process, median):")
+        for name, seconds in costs.items():
+            print(f"  {name:52s} {seconds:6.2f} s")
+        floor = tune_warm + sum(costs.values())
+        print(
+            f"plain Tune on the warm Ray + the worker's first uses: {floor:.2f} s (second study / that: "
+            f"{statistics.median(second_s) / floor:.2f}x); plain Tune there + torch's import alone: "
+            f"{tune_warm + costs['torch']:.2f} s"
+        )
     print("\nwhere the one-cell study's seconds go (median over rounds):")
     labels = [label for label, _ in breakdowns[0]]
     for label in labels:
