@@ -166,44 +166,29 @@ def env() -> dict[str, str]:
     return out
 
 
-def run_tune(folder: Path) -> float:
-    """Wall seconds of plain Ray Tune's one trivial trial in a fresh process."""
+def run_tune(folder: Path, warm: bool = False) -> float:
+    """Wall seconds of plain Ray Tune's one trivial trial in a fresh process: on a Ray of its
+    own, or (`warm`) joining the warm Ray of this benchmark's state folder, with its address
+    and authentication as a `studies` driver joins it."""
+    script, args, child_env = TUNE_SCRIPT, [], env()
+    if warm:
+        from studies.running import warm_ray
+
+        os.environ["STUDIES_STATE_DIR"] = str(STATE_DIR)
+        running = next(iter(warm_ray.running()), None)
+        if running is None:
+            raise RuntimeError("no warm Ray to join: the first study's --keep-warm left none")
+        script, args = TUNE_WARM_SCRIPT, [running.address]
+        if running.auth_mode:
+            child_env["RAY_AUTH_MODE"] = running.auth_mode
     storage = folder / f"tune-{time.monotonic_ns()}"
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", TUNE_SCRIPT, str(storage)], capture_output=True, text=True, env=env(), timeout=600
+        [sys.executable, "-c", script, str(storage), *args], capture_output=True, text=True, env=child_env, timeout=600
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"plain Ray Tune failed: {done.stderr[-2000:]}")
-    shutil.rmtree(storage, ignore_errors=True)
-    return wall
-
-
-def run_tune_warm(folder: Path) -> float:
-    """Wall seconds of plain Ray Tune's trivial trial joining the warm Ray of this benchmark's
-    state folder (its address and authentication as a `studies` driver joins it)."""
-    from studies.running import warm_ray
-
-    os.environ["STUDIES_STATE_DIR"] = str(STATE_DIR)
-    warm = next(iter(warm_ray.running()), None)
-    if warm is None:
-        raise RuntimeError("no warm Ray to join: the first study's --keep-warm left none")
-    child_env = env()
-    if warm.auth_mode:
-        child_env["RAY_AUTH_MODE"] = warm.auth_mode
-    storage = folder / f"tune-warm-{time.monotonic_ns()}"
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", TUNE_WARM_SCRIPT, str(storage), warm.address],
-        capture_output=True,
-        text=True,
-        env=child_env,
-        timeout=600,
-    )
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"plain Ray Tune on the warm Ray failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"plain Ray Tune{' on the warm Ray' if warm else ''} failed: {done.stderr[-2000:]}")
     shutil.rmtree(storage, ignore_errors=True)
     return wall
 
@@ -350,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             run_study(folder, f"first-{r}", "--keep-warm", "5")
             second = run_study(folder, f"second-{r}")
             second_s.append(second["wall"])
-            tune_warm_s.append(run_tune_warm(folder))
+            tune_warm_s.append(run_tune(folder, warm=True))
             stop_local()
             worker_costs.append(new_worker_costs())
         print(
@@ -379,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         floor = tune_warm + sum(costs.values())
         print(
             f"plain Tune on the warm Ray + the worker's first uses: {floor:.2f} s (second study / that: "
-            f"{statistics.median(second_s) / floor:.2f}x); plain Tune there + torch's import alone: "
-            f"{tune_warm + costs['torch']:.2f} s"
+            f"{statistics.median(second_s) / floor:.2f}x); plain Tune there + the imports of torch and MLflow "
+            f"alone: {tune_warm + costs['torch'] + costs['MLflow and its SQL store']:.2f} s"
         )
     print("\nwhere the one-cell study's seconds go (median over rounds):")
     labels = [label for label, _ in breakdowns[0]]
